@@ -1,0 +1,61 @@
+"""The watermark of one (flow, partition): the source versions reflected in state and sink."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """Intent written before a run commits anything: which run, up to which versions.
+
+    On the next start, the Delta app transaction of the state and sink tables
+    tells whether this run's commits landed; the record is then completed or
+    discarded (see `docs/ARCHITECTURE.md`, watermark protocol).
+    """
+
+    seq: int
+    run_id: str
+    target_versions: dict[str, int]
+    mode: str
+    reason: str
+    input_schema: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Durable progress of one (flow, partition).
+
+    `seq` is the number of the last run whose state and sink commits both
+    landed; the same number is the Delta app-transaction version in the state
+    and sink tables, which is how a crash between commits is detected.
+    """
+
+    flow: str
+    partition: str
+    spec_hash: str
+    source_versions: dict[str, int]
+    seq: int
+    input_schema: dict[str, str] = field(default_factory=dict)
+    last_mode: str | None = None
+    last_reason: str | None = None
+    failed_attempt: str | None = None  # set when a run failed; the next run refills
+    pending: PendingRun | None = None
+    updated_at: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Watermark":
+        pending = data.get("pending")
+        return cls(**{**data, "pending": PendingRun(**pending) if pending else None})
+
+    def with_(self, **changes: Any) -> "Watermark":
+        return replace(self, **changes)
+
+    @property
+    def committed(self) -> bool:
+        """False only for the placeholder of a partition that never completed a run."""
+        return self.seq > 0

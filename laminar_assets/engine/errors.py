@@ -1,0 +1,81 @@
+"""The one error hierarchy of Laminar.
+
+Every error carries the facts a data engineer needs to act: what was expected,
+what was found, where (flow, table, column, version, field) and how to fix it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LaminarError(Exception):
+    """Base class of every error Laminar raises on purpose."""
+
+    def __init__(self, message: str, **facts: Any) -> None:
+        self.message = message
+        self.facts = {k: v for k, v in facts.items() if v is not None}
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if not self.facts:
+            return self.message
+        where = ", ".join(f"{k}={v}" for k, v in self.facts.items())
+        return f"{self.message} [{where}]"
+
+
+class SpecError(LaminarError):
+    """A flow or stage spec is invalid; names the flow and the field."""
+
+    def __init__(self, message: str, *, flow: str, field: str, **facts: Any) -> None:
+        super().__init__(message, flow=flow, field=field, **facts)
+        self.flow = flow
+        self.field = field
+
+
+class EnvironmentProblem(LaminarError):
+    """The machine lacks something Laminar needs (Java, a writable directory)."""
+
+
+class SourceError(LaminarError):
+    """A source table cannot be read as the flow needs it."""
+
+
+class SourceNotFoundError(SourceError):
+    """The source table does not exist at the configured location."""
+
+
+class SchemaMismatchError(SourceError):
+    """A source column a flow uses is missing or has an incompatible type."""
+
+
+class UnsupportedTableFeatureError(SourceError):
+    """The table uses a Delta feature a plain Parquet read would get wrong."""
+
+
+class StrictRefreshError(LaminarError):
+    """A flow with refresh policy `incremental_strict` would have needed a refill."""
+
+    def __init__(self, message: str, *, reason: str, **facts: Any) -> None:
+        super().__init__(message, reason=reason, **facts)
+        self.reason = reason
+
+
+class ConcurrentRunError(LaminarError):
+    """Another run holds (or just committed) the same flow partition."""
+
+
+class CommitConflictError(LaminarError):
+    """A Delta commit kept conflicting with concurrent writers after retries."""
+
+
+class CheckpointError(LaminarError):
+    """A watermark record is unreadable or inconsistent with the tables."""
+
+
+class RunFailedError(LaminarError):
+    """Spark failed while executing a run; the watermark did not move."""
+
+
+class InjectedCrash(LaminarError):
+    """Raised by the crash-injection hook in tests (simulates a kill)."""

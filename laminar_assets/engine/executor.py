@@ -1,0 +1,529 @@
+"""Carrying out a plan: read changes, build partial state, merge, commit, advance the watermark.
+
+The watermark protocol (see docs/ARCHITECTURE.md):
+  1. take the partition lease; recover an interrupted run from its intent record;
+  2. write the intent (`pending`: run seq + target versions) into the watermark file;
+  3. commit the partition's new state rows  (Delta txn app_id=<flow>/<partition>, version=seq);
+  4. commit the partition's sink rows, derived from the committed state (same txn);
+  5. replace the watermark with the target versions and seq.
+A crash after 3 is finished on restart from the committed state; a crash before
+3 leaves nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from deltalake import DeltaTable
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from py4j.protocol import Py4JError
+
+from laminar_assets.checkpoints import CheckpointStore, PendingRun, Watermark
+
+from .aggregates import EVENT_TS, ROWS, SIGN, AggImpl, implementation
+from .delta_source import CommitKind, SourceHistory, TableInfo, resolve_uri, snapshot_files, source_history, table_info
+from .errors import ConcurrentRunError, InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
+from .plan import Mode, PartitionPlan, Reason
+from .planner import PlannerInput, plan_partition
+from .spark_io import CHANGE_TYPE, new_run_id, read_files, replace_range, spark_path
+from .spec import FlowSpec, RefreshPolicy, StageSpec
+from .validate import apply_row_logic, check_source, event_time_column
+from .windows import Interval, assign_windows, partition_interval
+
+Hook = Callable[[str], None]
+STEPS = ("after_intent", "after_read", "after_state_commit", "after_sink_commit", "after_watermark")
+_SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
+
+
+class _Escalate(Exception):
+    def __init__(self, reason: Reason) -> None:
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run did for one (flow, partition): the plan, and measured numbers."""
+
+    plan: PartitionPlan
+    run_id: str
+    metrics: dict[str, float | int] = field(default_factory=dict, hash=False)
+    seconds: dict[str, float] = field(default_factory=dict, hash=False)
+
+    @property
+    def mode(self) -> Mode:
+        return self.plan.mode
+
+    @property
+    def reason(self) -> Reason:
+        return self.plan.reason
+
+    @property
+    def detail(self) -> str:
+        return self.plan.detail
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, **self.plan.to_json(), "metrics": self.metrics, "seconds": self.seconds}
+
+
+@dataclass
+class _Inputs:
+    infos: dict[str, TableInfo]
+    histories: dict[str, SourceHistory]
+    dims: dict[str, TableInfo]
+    input_schema: dict[str, str]
+
+
+class Engine:
+    """Brings (flow, partition) pairs up to date. A plain library: no Dagster here.
+
+    `root` is the storage root: source, sink and stage tables are resolved under
+    it by name (or given as absolute paths), and Laminar keeps its state tables
+    and watermarks under `<root>/_laminar/`.
+    """
+
+    def __init__(self, spark: SparkSession, root: str, *, hook: Hook | None = None,
+                 lease_seconds: float = 6 * 3600) -> None:
+        self.spark = spark
+        self.root = root.rstrip("/")
+        self.store = CheckpointStore(self.root, lease_seconds=lease_seconds)
+        self.hook = hook or (lambda step: None)
+
+    # --- locations -------------------------------------------------------
+    def table_uri(self, name: str) -> str:
+        return resolve_uri(self.root, name)
+
+    def state_uri(self, spec: FlowSpec) -> str:
+        return f"{self.root}/_laminar/state/{spec.name}/{spec.spec_hash}"
+
+    def sink_uri(self, spec: FlowSpec | StageSpec) -> str:
+        return self.table_uri(spec.sink)
+
+    @staticmethod
+    def app_id(spec, partition: str) -> str:
+        return f"laminar/{spec.name}/{partition}"
+
+    # --- public API ------------------------------------------------------
+    def plan(self, spec: FlowSpec | StageSpec, partition: str, *, force: bool = False) -> PartitionPlan:
+        """What a run would do now; reads, never writes."""
+        self._check_partition(spec, partition)
+        mark = self.store.load(spec.name, partition)
+        if mark is not None and mark.pending is not None:
+            mark = self._settled(spec, partition, mark, write=False)
+        inputs = self._gather(spec, mark)
+        return plan_partition(self._planner_input(spec, partition, mark, inputs, force))
+
+    def run(self, spec: FlowSpec | StageSpec, partition: str, *, force: bool = False) -> RunResult:
+        """Bring one partition up to date; returns what was done and measured."""
+        self._check_partition(spec, partition)
+        run_id = new_run_id()
+        with self.store.lease(spec.name, partition, run_id):
+            mark = self.store.load(spec.name, partition)
+            if mark is not None and mark.pending is not None:
+                mark = self._settled(spec, partition, mark, write=True)
+            started = time.perf_counter()
+            inputs = self._gather(spec, mark)
+            plan = plan_partition(self._planner_input(spec, partition, mark, inputs, force))
+            if spec.refresh is RefreshPolicy.INCREMENTAL_STRICT and plan.mode is Mode.REFILL:
+                raise StrictRefreshError(
+                    f"flow '{spec.name}' is incremental_strict but partition {partition} needs a refill: "
+                    f"{plan.detail}. Run an explicit refill (force=True / `laminar refill`) or relax the policy",
+                    reason=plan.reason.value, flow=spec.name, partition=partition,
+                )
+            gather_s = time.perf_counter() - started
+            if plan.mode is Mode.NOOP:
+                if mark is not None and mark.committed and plan.to_versions != mark.source_versions:
+                    self.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
+                                               last_reason=plan.reason.value))
+                return RunResult(plan, run_id, {"pending_versions": sum(plan.pending_versions.values())},
+                                 {"plan": gather_s})
+            try:
+                try:
+                    result = self._execute(spec, plan, mark, inputs, run_id)
+                except _Escalate as esc:
+                    plan = plan_partition(self._planner_input(spec, partition, mark, inputs, force, esc.reason))
+                    result = self._execute(spec, plan, mark, inputs, run_id)
+            except InjectedCrash:
+                raise  # a simulated kill: nothing more is written
+            except Exception as exc:
+                self._record_failure(spec, partition, mark, exc)
+                if isinstance(exc, LaminarError):
+                    raise
+                raise RunFailedError(
+                    f"run of '{spec.name}' partition {partition} failed: {_short(exc)}; the watermark did not "
+                    "move and the next run refills", flow=spec.name, partition=partition, run_id=run_id,
+                ) from exc
+            result.seconds["plan"] = gather_s
+            return result
+
+    # --- recovery --------------------------------------------------------
+    def _txn(self, uri: str, app: str) -> int | None:
+        try:
+            return DeltaTable(uri).transaction_version(app)
+        except Exception:
+            return None
+
+    def _settled(self, spec, partition: str, mark: Watermark, *, write: bool) -> Watermark:
+        """Finish or discard the interrupted run recorded in `mark.pending`."""
+        p = mark.pending
+        app = self.app_id(spec, partition)
+        sink_uri = self.sink_uri(spec)
+        done_uri = self.state_uri(spec) if isinstance(spec, FlowSpec) else sink_uri
+        if self._txn(done_uri, app) == p.seq:
+            if write and isinstance(spec, FlowSpec) and self._txn(sink_uri, app) != p.seq:
+                self._write_sink(spec, partition, p.seq, p.run_id + "-recovered")
+            settled = mark.with_(
+                seq=p.seq, source_versions=dict(p.target_versions), input_schema=dict(p.input_schema),
+                last_mode=p.mode, last_reason=p.reason, pending=None, failed_attempt=None,
+                spec_hash=spec.spec_hash if isinstance(spec, FlowSpec) else mark.spec_hash,
+            )
+        else:
+            settled = mark.with_(pending=None, failed_attempt=f"run {p.run_id} stopped before it committed")
+        if write:
+            self.store.save(settled)
+        return settled
+
+    def _record_failure(self, spec, partition: str, mark: Watermark | None, exc: Exception) -> None:
+        # Keep the intent record: if the state commit landed, the next run completes it.
+        current = self.store.load(spec.name, partition) or mark
+        base = current or Watermark(spec.name, partition, spec.spec_hash, {}, 0)
+        try:
+            self.store.save(base.with_(failed_attempt=_short(exc)))
+        except OSError:
+            pass
+
+    # --- inputs ----------------------------------------------------------
+    def _check_partition(self, spec, partition: str) -> None:
+        try:
+            partition_interval(partition, spec.granularity)
+        except ValueError as exc:
+            raise LaminarError(f"bad partition key for '{spec.name}': {exc}", flow=spec.name) from None
+
+    def _gather(self, spec, mark: Watermark | None) -> _Inputs:
+        infos, histories, schema = {}, {}, {}
+        for src in spec.sources:
+            uri = self.table_uri(src)
+            info = table_info(src, uri)
+            fingerprint = check_source(self.spark, spec, info)
+            for col, typ in fingerprint.items():
+                if col in schema and schema[col] != typ:
+                    raise LaminarError(f"sources of '{spec.name}' disagree on the type of {col!r}: "
+                                       f"{schema[col]} vs {typ} in '{src}'", flow=spec.name, table=src, column=col)
+                schema[col] = typ
+            infos[src] = info
+            since = mark.source_versions.get(src) if (mark and mark.committed) else None
+            histories[src] = source_history(src, uri, since, info.version, spec.event_time)
+        dims = {}
+        if isinstance(spec, StageSpec):
+            for join in spec.joins:
+                dims[join.table] = table_info(join.table, self.table_uri(join.table))
+        return _Inputs(infos, histories, dims, schema)
+
+    def _planner_input(self, spec, partition, mark, inputs: _Inputs, force: bool, escalation=None) -> PlannerInput:
+        return PlannerInput(
+            spec=spec, partition=partition, watermark=mark, histories=inputs.histories,
+            dimension_versions={d: i.version for d, i in inputs.dims.items()},
+            input_schema=inputs.input_schema, force=force, escalation=escalation,
+        )
+
+    # --- execution -------------------------------------------------------
+    def _execute(self, spec, plan: PartitionPlan, mark: Watermark | None, inputs: _Inputs, run_id: str) -> RunResult:
+        seq = (mark.seq if mark else 0) + 1
+        app = self.app_id(spec, plan.partition)
+        guard_uri = self.state_uri(spec) if isinstance(spec, FlowSpec) else self.sink_uri(spec)
+        committed = self._txn(guard_uri, app)
+        if committed is not None and committed >= seq:
+            raise ConcurrentRunError(
+                f"the table already holds run {committed} of this partition but the watermark says {seq - 1}: "
+                "another process wrote it concurrently", flow=spec.name, partition=plan.partition, table=guard_uri,
+            )
+        pending = PendingRun(seq=seq, run_id=run_id, target_versions=dict(plan.to_versions),
+                             mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(inputs.input_schema))
+        base = mark or Watermark(spec.name, plan.partition, spec.spec_hash, {}, 0)
+        self.store.save(base.with_(pending=pending))
+        self.hook("after_intent")
+        seconds: dict[str, float] = {}
+        metrics: dict[str, float | int] = {}
+        if isinstance(spec, FlowSpec):
+            self._execute_flow(spec, plan, inputs, run_id, seq, metrics, seconds)
+        else:
+            self._execute_stage(spec, plan, mark, inputs, run_id, seq, metrics, seconds)
+        t = time.perf_counter()
+        self.store.save(Watermark(
+            flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
+            source_versions=dict(plan.to_versions), seq=seq, input_schema=dict(inputs.input_schema),
+            last_mode=plan.mode.value, last_reason=plan.reason.value,
+        ))
+        seconds["watermark"] = time.perf_counter() - t
+        self.hook("after_watermark")
+        metrics["versions_read"] = sum(
+            (to - (plan.from_versions.get(s) or 0)) if plan.from_versions.get(s) is not None else 0
+            for s, to in plan.to_versions.items()
+        )
+        metrics["pending_versions"] = sum(plan.pending_versions.values())
+        return RunResult(plan, run_id, metrics, seconds)
+
+    def _commit_meta(self, plan: PartitionPlan, run_id: str) -> dict:
+        return {"laminar.run_id": run_id, "laminar.flow": plan.flow, "laminar.partition": plan.partition,
+                "laminar.mode": plan.mode.value, "laminar.reason": plan.reason.value}
+
+    # --- reading ---------------------------------------------------------
+    def _changes(self, spec, plan: PartitionPlan, inputs: _Inputs, metrics: dict) -> list[DataFrame]:
+        """Signed changed rows of the incremental versions, pruned to the partition's event range."""
+        frames = []
+        for src, versions in plan.incremental_versions.items():
+            if not versions:
+                continue
+            info = inputs.infos[src]
+            wanted = set(versions)
+            adds, cdc = [], []
+            for commit in inputs.histories[src].commits:
+                if commit.version not in wanted:
+                    continue
+                files = commit.adds if commit.kind is CommitKind.APPEND else commit.cdc
+                chosen = [f for f in files if f.time_range is None or f.time_range.overlaps(plan.needed)]
+                (adds if commit.kind is CommitKind.APPEND else cdc).extend(chosen)
+            metrics["files_read"] = metrics.get("files_read", 0) + len(adds) + len(cdc)
+            metrics["bytes_read"] = metrics.get("bytes_read", 0) + sum(f.size for f in adds + cdc)
+            if adds:
+                df = read_files(self.spark, adds, info.schema, info.partition_columns)
+                frames.append(df.withColumn(SIGN, F.lit(1)))
+            if cdc:
+                df = read_files(self.spark, cdc, info.schema, info.partition_columns, change_data=True)
+                sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
+                frames.append(df.withColumn(SIGN, sign).where(F.col(SIGN) != 0).drop(CHANGE_TYPE))
+        return frames
+
+    def _snapshot(self, spec, plan: PartitionPlan, inputs: _Inputs, events: list[Interval], metrics: dict) -> list[DataFrame]:
+        frames = []
+        for src in spec.sources:
+            info = table_info(src, self.table_uri(src), plan.to_versions[src])
+            files = snapshot_files(info, spec.event_time, events)
+            metrics["files_read"] = metrics.get("files_read", 0) + len(files)
+            metrics["bytes_read"] = metrics.get("bytes_read", 0) + sum(f.size for f in files)
+            if files:
+                frames.append(read_files(self.spark, files, info.schema, info.partition_columns).withColumn(SIGN, F.lit(1)))
+        return frames
+
+    def _prepare(self, spec, frame: DataFrame) -> DataFrame:
+        df = apply_row_logic(frame, spec)
+        return df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+
+    # --- flows -----------------------------------------------------------
+    def _execute_flow(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, run_id: str, seq: int,
+                      metrics: dict, seconds: dict) -> None:
+        t0 = time.perf_counter()
+        part = plan.interval
+        ws = F.col("window_start")
+        in_part = (ws >= F.lit(part.start)) & (ws < F.lit(part.end))
+        in_refill = F.lit(False)
+        for r in plan.refill:
+            in_refill = in_refill | ((ws >= F.lit(r.start)) & (ws < F.lit(r.end)))
+        sources: list[tuple[DataFrame, object]] = []
+        for frame in self._changes(spec, plan, inputs, metrics):
+            sources.append((frame, in_part & ~in_refill))
+        if plan.refill:
+            events = [spec.shape.events_of_starts(r) for r in plan.refill]
+            for frame in self._snapshot(spec, plan, inputs, events, metrics):
+                sources.append((frame, in_part & in_refill))
+        if not sources:  # nothing to read: an empty frame still gives the state its schema
+            sources.append((self._empty_source(spec, inputs), F.lit(False)))
+        group = ["window_start", "window_end", *spec.keys]
+        partials = []
+        impls: list[AggImpl] | None = None
+        for frame, keep in sources:
+            df = assign_windows(self._prepare(spec, frame), EVENT_TS, spec.shape)
+            df = df.where(ws.isNull() | keep)
+            if impls is None:
+                impls = [implementation(a, df.schema[a.column].dataType if a.column else None) for a in spec.aggregates]
+            sign = F.col(SIGN)
+            partials.append(df.groupBy(*group, SIGN).agg(
+                F.sum(F.when(F.col("__primary"), 1).otherwise(0)).alias("__in_rows"),
+                (sign * F.count(F.lit(1))).alias(ROWS),
+                *[c for impl in impls for c in impl.partial(sign)],
+            ))
+        state_cols = [c for impl in impls for c in impl.state_columns]
+        bad = ws.isNull()
+        for k in spec.keys:
+            bad = bad | F.col(k).isNull()
+        pieces = []
+        if True:
+            partial = partials[0]
+            for p in partials[1:]:
+                partial = partial.unionByName(p)
+            partial = partial.persist()
+            stats = partial.agg(
+                F.sum("__in_rows").alias("rows"),
+                F.sum(F.when(ws.isNull(), F.col("__in_rows")).otherwise(0)).alias("null_ts"),
+                F.sum(F.when(ws.isNotNull() & bad, F.col("__in_rows")).otherwise(0)).alias("null_keys"),
+                F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
+                F.countDistinct(F.when(~bad, ws)).alias("windows"),
+                F.count(F.when(~bad, F.lit(1))).alias("groups"),
+            ).first()
+            metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
+                           rows_null_keys=int(stats["null_keys"] or 0), rows_retracted=int(stats["retracted"] or 0),
+                           windows_touched=int(stats["windows"] or 0), partial_groups=int(stats["groups"] or 0))
+            pieces.append(partial.where(~bad).select(*group, ROWS, *state_cols))
+        self.hook("after_read")
+        seconds["read"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if not plan.refill_all:
+            old = self._read_state(spec, plan.partition)
+            if old is not None:
+                pieces.insert(0, old.where(~in_refill).select(*group, ROWS, *state_cols))
+        combined = pieces[0]
+        for p in pieces[1:]:
+            combined = combined.unionByName(p)
+        window = Window.partitionBy(*group)
+        extra = [c.alias(n) for impl in impls for n, c in impl.pre_merge(window)]
+        if extra:
+            combined = combined.select("*", *extra)
+        merged = combined.groupBy(*group).agg(F.sum(ROWS).alias(ROWS), *[c for i in impls for c in i.merge()])
+        merged = merged.where(F.col(ROWS) != 0)
+        seconds["state"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        rows = replace_range(
+            self.spark, merged, table_uri=self.state_uri(spec), column="window_start", rng=part,
+            run_id=run_id, app_id=self.app_id(spec, plan.partition), txn_version=seq,
+            metadata=self._commit_meta(plan, run_id),
+        )
+        metrics["state_rows"] = rows
+        seconds["merge"] = time.perf_counter() - t2
+        for p in partials:
+            p.unpersist()
+        self.hook("after_state_commit")
+        t3 = time.perf_counter()
+        metrics["sink_rows"] = self._write_sink(spec, plan.partition, seq, run_id, plan=plan)
+        seconds["write"] = time.perf_counter() - t3
+        self.hook("after_sink_commit")
+
+    def _empty_source(self, spec, inputs: _Inputs) -> DataFrame:
+        from .spark_io import spark_schema
+
+        info = inputs.infos[spec.sources[0]]
+        return self.spark.createDataFrame([], spark_schema(info.schema)).withColumn(SIGN, F.lit(1))
+
+    def _read_state(self, spec: FlowSpec, partition: str) -> DataFrame | None:
+        uri = self.state_uri(spec)
+        if not DeltaTable.is_deltatable(uri):
+            return None
+        part = partition_interval(partition, spec.granularity)
+        info = table_info(f"{spec.name} state", uri)
+        files = snapshot_files(info, "window_start", [part])
+        df = read_files(self.spark, files, info.schema, info.partition_columns)
+        ws = F.col("window_start")
+        return df.where((ws >= F.lit(part.start)) & (ws < F.lit(part.end)))
+
+    def _write_sink(self, spec: FlowSpec, partition: str, seq: int, run_id: str, *, plan: PartitionPlan | None = None) -> int:
+        """Finalize the committed state of the partition into the sink (idempotent)."""
+        state = self._read_state(spec, partition)
+        impls = [implementation(a) for a in spec.aggregates]
+        out = state.select("window_start", "window_end", *spec.keys,
+                           *[impl.finalize().alias(impl.agg.name) for impl in impls])
+        for name, expr in spec.post:
+            out = out.withColumn(name, F.expr(expr))
+        meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": partition}
+        return replace_range(
+            self.spark, out, table_uri=self.sink_uri(spec), column="window_start",
+            rng=partition_interval(partition, spec.granularity), run_id=run_id + "-sink",
+            app_id=self.app_id(spec, partition), txn_version=seq, metadata=meta, reset_on_schema_change=True,
+        )
+
+    # --- stages ----------------------------------------------------------
+    def _execute_stage(self, spec: StageSpec, plan: PartitionPlan, mark, inputs: _Inputs, run_id: str, seq: int,
+                       metrics: dict, seconds: dict) -> None:
+        t0 = time.perf_counter()
+        part = plan.interval
+        refill = plan.mode is Mode.REFILL
+        frames = (self._snapshot(spec, plan, inputs, [part], metrics) if refill
+                  else self._changes(spec, plan, inputs, metrics))
+        frames = frames or [self._empty_source(spec, inputs)]
+        ts = F.col(EVENT_TS)
+        prepared = None
+        for frame in frames:
+            df = self._prepare(spec, frame)
+            prepared = df if prepared is None else prepared.unionByName(df)
+        if True:
+            prepared = prepared.where(ts.isNull() | ((ts >= F.lit(part.start)) & (ts < F.lit(part.end))))
+            bad = ts.isNull()
+            for k in spec.dedup_key:
+                bad = bad | F.col(k).isNull()
+            joined = prepared.withColumn("__bad", bad)
+            for join in spec.joins:
+                dim_info = inputs.dims[join.table]
+                dim = read_files(self.spark, snapshot_files(dim_info, None), dim_info.schema,
+                                 dim_info.partition_columns)
+                dim = dim.select(*join.on, *join.columns).withColumn(f"__m_{join.table}", F.lit(True))
+                joined = joined.join(dim, list(join.on), "left")
+            unmatched = F.lit(False)
+            for join in spec.joins:
+                if join.how == "inner":
+                    unmatched = unmatched | F.col(f"__m_{join.table}").isNull()
+            joined = joined.withColumn("__unmatched", ~F.col("__bad") & unmatched).persist()
+            stats = joined.agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.sum(F.when(ts.isNull(), 1).otherwise(0)).alias("null_ts"),
+                F.sum(F.when(ts.isNotNull() & F.col("__bad"), 1).otherwise(0)).alias("null_keys"),
+                F.sum(F.when(F.col("__unmatched"), 1).otherwise(0)).alias("unmatched"),
+            ).first()
+            metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
+                           rows_null_keys=int(stats["null_keys"] or 0), rows_unmatched=int(stats["unmatched"] or 0))
+            good = joined.where(~F.col("__bad") & ~F.col("__unmatched"))
+            cols = list(spec.columns) or [c for c in prepared.columns if not c.startswith("__")] + \
+                [c for j in spec.joins for c in j.columns if c not in prepared.columns]
+            out = good.select(*cols, EVENT_TS)
+            if spec.dedup_key:
+                order = [EVENT_TS] + [c for c in cols if c not in spec.dedup_key]
+                w = Window.partitionBy(*spec.dedup_key).orderBy(*order)
+                out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
+                if not refill and mark is not None:
+                    out = self._dedup_against_sink(spec, part, out, cols, order)
+            out = out.drop(EVENT_TS)
+        self.hook("after_read")
+        seconds["read"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        rows = replace_range(
+            self.spark, out, table_uri=self.sink_uri(spec), column=spec.event_time, rng=part, run_id=run_id,
+            app_id=self.app_id(spec, plan.partition), txn_version=seq, metadata=self._commit_meta(plan, run_id),
+            max_files=1, append_only=not refill, reset_on_schema_change=refill and plan.reason is Reason.SPEC_CHANGED,
+        )
+        metrics["sink_rows"] = rows
+        seconds["write"] = time.perf_counter() - t1
+        self.hook("after_state_commit")
+        self.hook("after_sink_commit")
+
+    def _dedup_against_sink(self, spec: StageSpec, part: Interval, new: DataFrame, cols, order) -> DataFrame:
+        uri = self.sink_uri(spec)
+        if not DeltaTable.is_deltatable(uri):
+            return new
+        info = table_info(spec.sink, uri)
+        files = snapshot_files(info, spec.event_time, [part])
+        if not files:
+            return new
+        existing = read_files(self.spark, files, info.schema, info.partition_columns)
+        existing = self._prepare_existing(spec, existing, part)
+        key = list(spec.dedup_key)
+        rank_new = F.struct(*[F.col(c) for c in order])
+        e = existing.select(*key, F.struct(*[F.col(c) for c in order]).alias("__old"))
+        joined = new.withColumn("__new", rank_new).join(e, key, "left")
+        lost = joined.where(F.col("__old").isNotNull() & (F.col("__new") < F.col("__old"))).limit(1).count()
+        if lost:
+            raise _Escalate(Reason.DEDUP_REPLACED_ROW)
+        return joined.where(F.col("__old").isNull()).drop("__new", "__old")
+
+    def _prepare_existing(self, spec: StageSpec, df: DataFrame, part: Interval) -> DataFrame:
+        df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+        ts = F.col(EVENT_TS)
+        return df.where((ts >= F.lit(part.start)) & (ts < F.lit(part.end)))
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, LaminarError):
+        return exc.message
+    text = str(exc).strip()
+    if isinstance(exc, (PySparkException, Py4JError)):
+        text = text.split("\n")[0]
+    return text[:400] or type(exc).__name__

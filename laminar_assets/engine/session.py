@@ -1,0 +1,99 @@
+"""Building the SparkSession Laminar runs on, after checking the machine can run one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from .errors import EnvironmentProblem
+
+MIN_JAVA = 17
+
+
+@dataclass(frozen=True)
+class SparkOptions:
+    """Where Spark runs. `master` for a cluster, `remote` for a Spark Connect endpoint."""
+
+    master: str = "local[*]"
+    remote: str | None = None
+    app_name: str = "laminar"
+    shuffle_partitions: int = 4
+    driver_memory: str = "2g"
+    conf: dict[str, str] = field(default_factory=dict, hash=False)
+
+
+def java_major_version() -> int | None:
+    """The major version of the `java` Spark would start, or None if there is none."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return None
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) else major
+
+
+def check_java() -> None:
+    """Raise a clear `EnvironmentProblem` unless Java 17+ is available."""
+    major = java_major_version()
+    if major is None:
+        raise EnvironmentProblem(
+            f"Spark needs Java {MIN_JAVA} or newer and no `java` was found: install a JDK/JRE "
+            f"(e.g. `apt-get install openjdk-17-jre-headless` or `brew install openjdk@17`) "
+            "and put it on PATH or set JAVA_HOME"
+        )
+    if major < MIN_JAVA:
+        raise EnvironmentProblem(
+            f"Spark needs Java {MIN_JAVA} or newer, found Java {major}: install Java {MIN_JAVA}+ "
+            "and point JAVA_HOME at it"
+        )
+
+
+def _quiet_python_loggers() -> None:
+    # PySpark logs every analysis error as JSON before raising it; Laminar reports its own message.
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger", "py4j", "py4j.clientserver"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def build_session(options: SparkOptions | None = None):
+    """Create (or reuse) the SparkSession for `options`."""
+    from pyspark.sql import SparkSession
+
+    options = options or SparkOptions()
+    _quiet_python_loggers()
+    if options.remote:
+        builder = SparkSession.builder.remote(options.remote)
+    else:
+        check_java()
+        builder = SparkSession.builder.master(options.master).config("spark.driver.memory", options.driver_memory)
+    conf = {
+        "spark.app.name": options.app_name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(options.shuffle_partitions),
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        "spark.hadoop.parquet.enable.summary-metadata": "false",
+        "spark.sql.adaptive.enabled": "true",
+        **({} if options.remote else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem"}),
+        **options.conf,
+    }
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if not options.remote:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,273 @@
+"""Spark reads of Delta file sets, and Spark writes of Parquet that `deltalake` commits.
+
+Spark never opens the Delta log: it reads exactly the Parquet files a pinned
+snapshot or a commit names, and writes new Parquet files into the table's
+folder. The commit (adds, removes, the app transaction that makes a run
+idempotent) goes through `deltalake.DeltaTable.create_write_transaction`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructField, StructType
+
+from .delta_source import DataFile, _local_path, snapshot_files, table_info
+from .errors import CommitConflictError
+from .windows import Interval
+
+CHANGE_TYPE = "_change_type"
+
+
+def spark_path(uri: str) -> str:
+    local = _local_path(uri)
+    return f"file://{os.path.abspath(local)}" if local is not None else uri
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+
+
+def read_files(
+    spark: SparkSession, files: Sequence[DataFile], schema: pa.Schema, partition_columns: Sequence[str] = (),
+    *, change_data: bool = False,
+) -> DataFrame:
+    """Rows of `files` with the table's schema; partition values come from the Delta log."""
+    full = spark_schema(schema)
+    file_fields = [f for f in full.fields if f.name not in partition_columns]
+    if change_data:
+        file_fields.append(StructField(CHANGE_TYPE, pa_string_type(), True))
+    file_schema = StructType(file_fields)
+    if not files:
+        return spark.createDataFrame([], StructType(list(full.fields) + ([file_schema[CHANGE_TYPE]] if change_data else [])))
+    groups: dict[tuple, list[str]] = {}
+    for f in files:
+        groups.setdefault(f.partition_values, []).append(spark_path(f.uri))
+    frames = []
+    for values, paths in groups.items():
+        df = spark.read.schema(file_schema).parquet(*paths)
+        lookup = dict(values)
+        for field in full.fields:
+            if field.name in partition_columns:
+                df = df.withColumn(field.name, F.lit(lookup.get(field.name)).cast(field.dataType))
+        order = [f.name for f in full.fields] + ([CHANGE_TYPE] if change_data else [])
+        frames.append(df.select(*order))
+    out = frames[0]
+    for df in frames[1:]:
+        out = out.unionByName(df)
+    return out
+
+
+def pa_string_type():
+    from pyspark.sql.types import StringType
+
+    return StringType()
+
+
+# --- writing ---------------------------------------------------------------
+
+
+def _stat_value(value):
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    if isinstance(value, (bytes, bytearray)):
+        return None
+    return value
+
+
+def _file_stats(path: str) -> tuple[int, str]:
+    """numRecords, min/max/nullCount of top-level primitive columns, from the Parquet footer."""
+    import json
+
+    meta = pq.read_metadata(path)
+    mins, maxs, nulls = {}, {}, {}
+    schema = meta.schema.to_arrow_schema()
+    for idx, field in enumerate(schema):
+        if pa.types.is_nested(field.type) or pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+            continue
+        lo = hi = None
+        nc = 0
+        complete = True
+        for rg in range(meta.num_row_groups):
+            col = meta.row_group(rg).column(meta.schema.names.index(field.name))
+            st = col.statistics
+            if st is None:
+                complete = False
+                break
+            nc += st.null_count or 0
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not complete:
+            continue
+        nulls[field.name] = nc
+        if lo is not None:
+            if isinstance(lo, datetime):
+                # Delta statistics may be read at millisecond precision: floor min, ceil max.
+                lo = lo - timedelta(microseconds=lo.microsecond % 1000)
+                if hi.microsecond % 1000:
+                    hi = hi + timedelta(microseconds=1000 - hi.microsecond % 1000)
+            mins[field.name], maxs[field.name] = _stat_value(lo), _stat_value(hi)
+    stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return meta.num_rows, json.dumps(stats, default=str)
+
+
+@dataclass(frozen=True)
+class StagedFiles:
+    """Parquet files Spark wrote into a table folder, not yet committed."""
+
+    adds: tuple[AddAction, ...]
+    rows: int
+    schema: pa.Schema | None
+
+
+def stage(df: DataFrame, table_uri: str, run_id: str, *, max_files: int = 1) -> StagedFiles:
+    """Write `df` as Parquet under the table folder; empty files are dropped."""
+    local = _local_path(table_uri)
+    if local is None:
+        raise NotImplementedError("writing to object stores needs a local staging path in this version")
+    rel_dir = f"laminar/{run_id}"
+    out = df.coalesce(max_files) if max_files else df
+    out.write.mode("errorifexists").parquet(spark_path(f"{table_uri}/{rel_dir}"))
+    adds, rows, schema = [], 0, None
+    folder = os.path.join(local, rel_dir)
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not name.endswith(".parquet"):
+            if name.startswith(".") or name.startswith("_"):
+                os.remove(path)
+            continue
+        n, stats = _file_stats(path)
+        if schema is None:
+            schema = pq.read_schema(path).remove_metadata()
+        if n == 0:
+            os.remove(path)
+            continue
+        rows += n
+        adds.append(AddAction(
+            path=f"{rel_dir}/{name}", size=os.path.getsize(path), partition_values={},
+            modification_time=int(time.time() * 1000), data_change=True, stats=stats,
+        ))
+    return StagedFiles(tuple(adds), rows, schema)
+
+
+def nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, f.type, True) for f in schema])
+
+
+def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool) -> bool:
+    """Create the table if needed; returns True if an existing table was reset to a new schema."""
+    schema = nullable(schema)
+    try:
+        dt = DeltaTable(uri)
+    except TableNotFoundError:
+        try:
+            DeltaTable.create(uri, schema=schema, mode="ignore")
+        except Exception:  # a concurrent run created it first
+            if not DeltaTable.is_deltatable(uri):
+                raise
+        return False
+    current = pa.schema(dt.schema().to_arrow())
+    if [(f.name, str(f.type)) for f in current] == [(f.name, str(f.type)) for f in schema]:
+        return False
+    if not reset_on_schema_change:
+        raise CommitConflictError(f"table at {uri} has schema {current} but this run writes {schema}")
+    write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite")
+    return True
+
+
+def files_in_range(table_uri: str, column: str, rng: Interval) -> tuple[list[DataFile], list[DataFile]]:
+    """Current files of a table wholly inside `rng` (by stats) and files only partly inside it."""
+    info = table_info(os.path.basename(table_uri), table_uri)
+    inside, partial = [], []
+    for f in snapshot_files(info, column, [rng]):
+        if f.time_range is not None and f.time_range.start >= rng.start and f.time_range.end <= rng.end:
+            inside.append(f)
+        else:
+            partial.append(f)
+    return inside, partial
+
+
+def replace_range(
+    spark: SparkSession, df: DataFrame, *, table_uri: str, column: str, rng: Interval, run_id: str,
+    app_id: str, txn_version: int, metadata: dict, max_files: int = 1, append_only: bool = False,
+    reset_on_schema_change: bool = False,
+) -> int:
+    """Atomically replace the rows of `table_uri` with `column` in `rng` by `df`.
+
+    One Delta commit removes the files holding only rows of the range, rewrites
+    files that also hold rows outside it, adds the new files, and records the app
+    transaction (`app_id`, `txn_version`). Retries on concurrent commits.
+    With `append_only`, nothing is removed. Returns the number of rows written.
+    """
+    staged = stage(df, table_uri, run_id, max_files=max_files)
+    schema = staged.schema or pa.schema([])
+    if staged.schema is None:  # nothing written and Spark wrote no schema file
+        schema = _arrow_schema_of(df)
+    reset = ensure_table(table_uri, schema, reset_on_schema_change=reset_on_schema_change)
+    attempts = 0
+    while True:
+        attempts += 1
+        removes: list[RemoveAction] = []
+        extra: list[AddAction] = []
+        if not append_only and not reset:
+            inside, partial = files_in_range(table_uri, column, rng)
+            for f in inside + partial:
+                removes.append(_remove_action(table_uri, f))
+            if partial:
+                keep = read_partial_keep(spark, table_uri, partial, column, rng)
+                extra = list(stage(keep, table_uri, f"{run_id}-keep-{attempts}", max_files=1).adds)
+        dt = DeltaTable(table_uri)
+        props = CommitProperties(
+            app_transactions=[Transaction(app_id, txn_version)], custom_metadata=metadata, max_commit_retries=0,
+        )
+        try:
+            dt.create_write_transaction(
+                list(staged.adds) + extra + removes, mode="append", schema=nullable(schema), commit_properties=props,
+            )
+            return staged.rows
+        except CommitFailedError as exc:
+            if attempts >= 8:
+                raise CommitConflictError(
+                    f"commit to {table_uri} kept conflicting with concurrent writers after {attempts} attempts: {exc}",
+                    table=table_uri,
+                ) from exc
+            time.sleep(0.05 * attempts)
+
+
+def _remove_action(table_uri: str, f: DataFile) -> RemoveAction:
+    rel = os.path.relpath(_local_path(f.uri) or f.uri, _local_path(table_uri) or table_uri)
+    return RemoveAction(
+        path=rel, data_change=True, deletion_timestamp=int(time.time() * 1000),
+        size=f.size, partition_values=dict(f.partition_values),
+    )
+
+
+def read_partial_keep(spark: SparkSession, table_uri: str, files: Iterable[DataFile], column: str, rng: Interval) -> DataFrame:
+    info = table_info(os.path.basename(table_uri), table_uri)
+    df = read_files(spark, list(files), info.schema, info.partition_columns)
+    c = F.col(column)
+    return df.where(c.isNull() | (c < F.lit(rng.start)) | (c >= F.lit(rng.end)))
+
+
+def _arrow_schema_of(df: DataFrame) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema)
+
+
+def new_run_id() -> str:
+    return f"{datetime.utcnow():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:10]}"

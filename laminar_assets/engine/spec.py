@@ -1,0 +1,387 @@
+"""Flow and stage specs: what a data engineer declares, validated when it is built.
+
+Specs are frozen plain data (no Spark objects), so they hash, compare and
+serialise; the Spark behaviour of each aggregate lives in `aggregates.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
+from typing import Any, Mapping
+
+from .errors import SpecError
+from .windows import Granularity, WindowShape, divides, parse_duration
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_COLUMNS = ("window_start", "window_end")
+
+AGGREGATE_KINDS = (
+    "count", "sum", "avg", "min", "max", "var_samp", "stddev_samp",
+    "first", "last", "approx_count_distinct", "approx_percentile",
+)
+
+
+class RefreshPolicy(str, Enum):
+    """How a flow may be brought up to date."""
+
+    AUTO = "auto"  # incremental when provable, else refill the affected windows
+    INCREMENTAL_STRICT = "incremental_strict"  # fail with the reason instead of refilling
+    FULL = "full"  # always refill the partition
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Fixed, non-overlapping windows of `size`, aligned to the UTC epoch."""
+
+    size: timedelta | str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", parse_duration(self.size))
+
+    @property
+    def shape(self) -> WindowShape:
+        return WindowShape(self.size, self.size)
+
+
+@dataclass(frozen=True)
+class Hopping:
+    """Overlapping windows of `size` starting every `slide` (slide must divide size)."""
+
+    size: timedelta | str
+    slide: timedelta | str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", parse_duration(self.size))
+        object.__setattr__(self, "slide", parse_duration(self.slide))
+
+    @property
+    def shape(self) -> WindowShape:
+        return WindowShape(self.size, self.slide)
+
+
+@dataclass(frozen=True)
+class Agg:
+    """One aggregate of a flow: `kind` over `column`, output as `name`.
+
+    Build them with the class methods, e.g. `Agg.sum("quantity", name="volume")`.
+    """
+
+    kind: str
+    column: str | None = None
+    name: str | None = None
+    quantile: float | None = None
+    precision: int | None = None  # HLL lgConfigK or KLL k
+
+    def __post_init__(self) -> None:
+        if self.name is None:
+            default = self.kind if self.column is None else f"{self.kind}_{self.column}"
+            object.__setattr__(self, "name", default)
+
+    @classmethod
+    def count(cls, column: str | None = None, *, name: str | None = None) -> "Agg":
+        """`count(*)` when no column is given, else the count of non-null values."""
+        return cls("count", column, name)
+
+    @classmethod
+    def sum(cls, column: str, *, name: str | None = None) -> "Agg":
+        return cls("sum", column, name)
+
+    @classmethod
+    def avg(cls, column: str, *, name: str | None = None) -> "Agg":
+        return cls("avg", column, name)
+
+    @classmethod
+    def min(cls, column: str, *, name: str | None = None) -> "Agg":
+        return cls("min", column, name)
+
+    @classmethod
+    def max(cls, column: str, *, name: str | None = None) -> "Agg":
+        return cls("max", column, name)
+
+    @classmethod
+    def var_samp(cls, column: str, *, name: str | None = None) -> "Agg":
+        return cls("var_samp", column, name)
+
+    @classmethod
+    def stddev_samp(cls, column: str, *, name: str | None = None) -> "Agg":
+        return cls("stddev_samp", column, name)
+
+    @classmethod
+    def first(cls, column: str, *, name: str | None = None) -> "Agg":
+        """Value at the earliest event time (ties: the smallest value); nulls ignored."""
+        return cls("first", column, name)
+
+    @classmethod
+    def last(cls, column: str, *, name: str | None = None) -> "Agg":
+        """Value at the latest event time (ties: the largest value); nulls ignored."""
+        return cls("last", column, name)
+
+    @classmethod
+    def approx_count_distinct(cls, column: str, *, name: str | None = None, lg_config_k: int = 12) -> "Agg":
+        """Distinct count from an HLL sketch (Spark's hll_sketch_agg / hll_union_agg)."""
+        return cls("approx_count_distinct", column, name, precision=lg_config_k)
+
+    @classmethod
+    def approx_percentile(cls, column: str, quantile: float, *, name: str | None = None, k: int = 200) -> "Agg":
+        """Quantile from a KLL sketch (Spark's kll_sketch_agg_double / kll_merge_agg_double)."""
+        return cls("approx_percentile", column, name, quantile=quantile, precision=k)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class LatePolicy:
+    """What to do with changes to old partitions.
+
+    By default every late row, correction and delete updates its windows. With
+    `freeze_after`, a partition whose end is older than that before the newest
+    source commit is frozen: runs leave it as it is and report the ignored changes.
+    """
+
+    freeze_after: timedelta | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.freeze_after is not None:
+            object.__setattr__(self, "freeze_after", parse_duration(self.freeze_after))
+
+
+@dataclass(frozen=True)
+class DimensionJoin:
+    """A join with a small dimension table (fan-in); a change to it refills (`DIMENSION_CHANGED`)."""
+
+    table: str
+    on: tuple[str, ...]
+    columns: tuple[str, ...]
+    how: str = "inner"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on", _as_tuple(self.on))
+        object.__setattr__(self, "columns", _as_tuple(self.columns))
+
+
+def _as_tuple(value: Any) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+def _as_pairs(value: Mapping[str, str] | tuple | None) -> tuple[tuple[str, str], ...]:
+    if not value:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple((str(k), str(v)) for k, v in items)
+
+
+@dataclass(frozen=True)
+class _Common:
+    name: str
+    source: str | tuple[str, ...]
+    event_time: str
+    partitioning: Granularity | str = Granularity.HOURLY
+    filter: str | None = None
+    derived: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    sink: str | None = None
+    refresh: RefreshPolicy | str = RefreshPolicy.AUTO
+    late: LatePolicy = field(default_factory=LatePolicy)
+    max_versions_per_run: int | None = None
+    max_rows_per_run: int | None = None
+    description: str = ""
+
+    def _normalise_common(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "source", _as_tuple(self.source))
+        set_(self, "derived", _as_pairs(self.derived))
+        if self.sink is None:
+            set_(self, "sink", self.name)
+        try:
+            set_(self, "partitioning", Granularity(self.partitioning))
+        except ValueError:
+            self._fail("partitioning", f"expected 'hourly' or 'daily', found {self.partitioning!r}")
+        try:
+            set_(self, "refresh", RefreshPolicy(self.refresh))
+        except ValueError:
+            allowed = ", ".join(p.value for p in RefreshPolicy)
+            self._fail("refresh", f"expected one of {allowed}, found {self.refresh!r}")
+
+    def _fail(self, field_name: str, message: str) -> None:
+        raise SpecError(f"{type(self).__name__} '{self.name}': {message}", flow=self.name, field=field_name)
+
+    def _validate_common(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            self._fail("name", f"expected an identifier (letters, digits, _), found {self.name!r}")
+        if not self.source:
+            self._fail("source", "expected at least one source table, found none")
+        for i, src in enumerate(self.source):
+            if not isinstance(src, str) or not src.strip():
+                self._fail(f"source[{i}]", f"expected a table name or URI, found {src!r}")
+        if not isinstance(self.event_time, str) or not self.event_time:
+            self._fail("event_time", f"expected a column name, found {self.event_time!r}")
+        for i, (col, expr) in enumerate(self.derived):
+            if not _NAME_RE.match(col) or col.startswith("__"):
+                self._fail(f"derived[{i}]", f"expected an identifier not starting with '__', found {col!r}")
+            if not expr.strip():
+                self._fail(f"derived.{col}", "expected a Spark SQL expression, found an empty string")
+        for attr in ("max_versions_per_run", "max_rows_per_run"):
+            value = getattr(self, attr)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                self._fail(attr, f"expected a positive integer or None, found {value!r}")
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.source  # normalised to a tuple
+
+    @property
+    def granularity(self) -> Granularity:
+        return self.partitioning  # normalised to a Granularity
+
+    def _hash_payload(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def spec_hash(self) -> str:
+        """Stable hash of everything that changes results; a new hash invalidates state."""
+        payload = json.dumps(self._hash_payload(), sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class FlowSpec(_Common):
+    """A time-window aggregation kept up to date incrementally.
+
+    `SELECT window, keys, aggregates FROM source [WHERE filter] GROUP BY window, keys`,
+    with optional `derived` input columns and `post` expressions over the results.
+    """
+
+    window: Tumbling | Hopping | None = None
+    keys: tuple[str, ...] = ()
+    aggregates: tuple[Agg, ...] = ()
+    post: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        self._normalise_common()
+        object.__setattr__(self, "keys", _as_tuple(self.keys))
+        object.__setattr__(self, "aggregates", _as_tuple(self.aggregates))
+        object.__setattr__(self, "post", _as_pairs(self.post))
+        self._validate_common()
+        self._validate_flow()
+
+    kind = "flow"
+
+    def _validate_flow(self) -> None:
+        if not isinstance(self.window, (Tumbling, Hopping)):
+            self._fail("window", f"expected Tumbling(size) or Hopping(size, slide), found {self.window!r}")
+        shape = self.window.shape
+        step = self.granularity.step
+        if isinstance(self.window, Hopping):
+            if not divides(shape.slide, shape.size):
+                self._fail("window.slide", f"hopping slide {shape.slide} does not divide window size {shape.size}")
+            if not divides(shape.slide, step):
+                self._fail("window.slide", f"hopping slide {shape.slide} does not divide the {self.granularity.value} partition")
+        elif not divides(shape.size, step):
+            self._fail("window.size", f"window size {shape.size} does not divide the {self.granularity.value} partition ({step})")
+        for i, key in enumerate(self.keys):
+            if not isinstance(key, str) or not _NAME_RE.match(key):
+                self._fail(f"keys[{i}]", f"expected a column name, found {key!r}")
+        if len(set(self.keys)) != len(self.keys):
+            self._fail("keys", f"duplicate group-by key in {list(self.keys)}")
+        if not self.aggregates:
+            self._fail("aggregates", "expected at least one aggregate, found none")
+        seen: set[str] = set(self.keys) | set(RESERVED_COLUMNS)
+        for i, agg in enumerate(self.aggregates):
+            where = f"aggregates[{i}]"
+            if not isinstance(agg, Agg):
+                self._fail(where, f"expected an Agg, found {agg!r}")
+            if agg.kind not in AGGREGATE_KINDS:
+                self._fail(where, f"unknown aggregate {agg.kind!r}; expected one of {', '.join(AGGREGATE_KINDS)}")
+            if agg.column is None and agg.kind != "count":
+                self._fail(where, f"aggregate {agg.kind!r} needs a column")
+            if agg.kind == "approx_percentile" and not (agg.quantile is not None and 0.0 <= agg.quantile <= 1.0):
+                self._fail(where, f"approx_percentile needs a quantile in [0, 1], found {agg.quantile!r}")
+            if not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
+                self._fail(where, f"output name {agg.name!r} is not an identifier")
+            if agg.name in seen:
+                self._fail(where, f"duplicate output column {agg.name!r}")
+            seen.add(agg.name)
+        for col, _expr in self.post:
+            if col in seen:
+                self._fail(f"post.{col}", f"duplicate output column {col!r}")
+            seen.add(col)
+
+    @property
+    def shape(self) -> WindowShape:
+        return self.window.shape
+
+    @property
+    def retractable(self) -> bool:
+        from .aggregates import implementation
+
+        return all(implementation(a).retractable for a in self.aggregates)
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        cols = [self.event_time, *self.keys]
+        cols += [a.column for a in self.aggregates if a.column]
+        return tuple(dict.fromkeys(cols))
+
+    def _hash_payload(self) -> dict[str, Any]:
+        return {
+            "kind": "flow", "sources": self.sources, "event_time": self.event_time,
+            "window": [str(self.shape.size), str(self.shape.slide)], "keys": self.keys,
+            "aggregates": [a.to_json() for a in self.aggregates], "filter": self.filter,
+            "derived": self.derived, "post": self.post, "partitioning": self.granularity.value,
+        }
+
+
+@dataclass(frozen=True)
+class StageSpec(_Common):
+    """A row-level shared stage: filter, derived columns, dedup, dimension joins.
+
+    Its output is a Delta table keyed by the same event time that downstream
+    flows read as their source, version by version.
+    """
+
+    columns: tuple[str, ...] = ()  # output columns; empty = all
+    dedup_key: tuple[str, ...] = ()
+    joins: tuple[DimensionJoin, ...] = ()
+
+    kind = "stage"
+
+    def __post_init__(self) -> None:
+        self._normalise_common()
+        object.__setattr__(self, "columns", _as_tuple(self.columns))
+        object.__setattr__(self, "dedup_key", _as_tuple(self.dedup_key))
+        object.__setattr__(self, "joins", _as_tuple(self.joins))
+        self._validate_common()
+        for i, join in enumerate(self.joins):
+            if not isinstance(join, DimensionJoin):
+                self._fail(f"joins[{i}]", f"expected a DimensionJoin, found {join!r}")
+            if not join.on:
+                self._fail(f"joins[{i}].on", "expected at least one join column")
+            if join.how not in ("inner", "left"):
+                self._fail(f"joins[{i}].how", f"expected 'inner' or 'left', found {join.how!r}")
+        if self.columns and self.event_time not in self.columns:
+            self._fail("columns", f"output columns must include the event time column {self.event_time!r}")
+
+    @property
+    def dimension_tables(self) -> tuple[str, ...]:
+        return tuple(j.table for j in self.joins)
+
+    def _hash_payload(self) -> dict[str, Any]:
+        return {
+            "kind": "stage", "sources": self.sources, "event_time": self.event_time,
+            "filter": self.filter, "derived": self.derived, "columns": self.columns,
+            "dedup_key": self.dedup_key,
+            "joins": [[j.table, j.on, j.columns, j.how] for j in self.joins],
+            "partitioning": self.granularity.value,
+        }
+
+
+Spec = FlowSpec | StageSpec

@@ -1,0 +1,98 @@
+"""Checks of a spec against the real schema of its sources (needs Spark's analyzer, runs no job)."""
+
+from __future__ import annotations
+
+from pyspark.errors import AnalysisException, PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampType
+
+from .aggregates import NEEDS_NUMERIC, is_numeric
+from .delta_source import TableInfo
+from .errors import SchemaMismatchError, SpecError
+from .spark_io import spark_schema
+from .spec import FlowSpec, StageSpec
+
+TIME_TYPES = (TimestampType, TimestampNTZType, DateType, StringType)
+
+
+def apply_row_logic(df: DataFrame, spec: FlowSpec | StageSpec) -> DataFrame:
+    """Derived columns then the row filter, as the spec declares them."""
+    for name, expr in spec.derived:
+        df = df.withColumn(name, F.expr(expr))
+    if spec.filter:
+        df = df.where(F.expr(spec.filter))
+    return df
+
+
+def event_time_column(df: DataFrame, column: str):
+    """The event time as a timestamp; strings that do not parse become null (counted, not fatal)."""
+    dtype = df.schema[column].dataType
+    if isinstance(dtype, StringType):
+        return F.try_to_timestamp(F.col(column))
+    if isinstance(dtype, (TimestampNTZType, DateType)):
+        return F.col(column).cast("timestamp")
+    return F.col(column)
+
+
+def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInfo) -> dict[str, str]:
+    """Fail clearly if `info` lacks a column the spec uses or has it with an unusable type.
+
+    Returns the types of the columns the spec reads (its input-schema fingerprint).
+    """
+    facts = dict(flow=spec.name, table=info.name, version=info.version)
+    base = spark.createDataFrame([], spark_schema(info.schema))
+    try:
+        df = apply_row_logic(base, spec)
+        _ = df.schema
+    except (AnalysisException, PySparkException) as exc:
+        col = _unresolved(exc)
+        if col:
+            raise SchemaMismatchError(
+                f"flow '{spec.name}': source '{info.name}' at version {info.version} has no column {col!r} "
+                f"used by its derived columns or filter; found columns {base.columns}", column=col, **facts,
+            ) from None
+        raise SpecError(f"flow '{spec.name}': derived column or filter does not compile against "
+                        f"'{info.name}': {_first_line(exc)}", field="derived/filter", **facts) from None
+    needed = [spec.event_time]
+    if isinstance(spec, FlowSpec):
+        needed += list(spec.keys) + [a.column for a in spec.aggregates if a.column]
+    else:
+        needed += list(spec.dedup_key) + [c for j in spec.joins for c in j.on]
+        needed += [c for c in spec.columns if c not in {c2 for j in spec.joins for c2 in j.columns}]
+    for col in dict.fromkeys(needed):
+        if col not in df.columns:
+            raise SchemaMismatchError(
+                f"flow '{spec.name}' uses column {col!r}, which source '{info.name}' does not have at "
+                f"version {info.version}; found columns {df.columns}. Add the column to the source or "
+                f"fix the spec", column=col, **facts,
+            )
+    ts_type = df.schema[spec.event_time].dataType
+    if not isinstance(ts_type, TIME_TYPES):
+        raise SchemaMismatchError(
+            f"event time column {spec.event_time!r} of '{info.name}' must be a timestamp, date or string, "
+            f"found {ts_type.simpleString()} at version {info.version}", column=spec.event_time, **facts,
+        )
+    if isinstance(spec, FlowSpec):
+        for agg in spec.aggregates:
+            if agg.kind in NEEDS_NUMERIC and agg.column:
+                t = df.schema[agg.column].dataType
+                if not is_numeric(t):
+                    raise SchemaMismatchError(
+                        f"aggregate {agg.kind}({agg.column}) of flow '{spec.name}' needs a numeric column, "
+                        f"found {t.simpleString()} in '{info.name}' at version {info.version}",
+                        column=agg.column, **facts,
+                    )
+    return {c: df.schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _unresolved(exc: Exception) -> str | None:
+    getter = getattr(exc, "getMessageParameters", None)
+    params = getter() if callable(getter) else None
+    if params and "objectName" in params:
+        return params["objectName"].strip("`")
+    return None

@@ -1,0 +1,229 @@
+"""Window, partition and interval math. Time is UTC; every interval is [start, end).
+
+This module is the only place that knows how event times map to windows and
+windows to Dagster-style partitions. Everything except `window_columns` is a
+pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Iterable, Sequence
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|seconds?|minutes?|hours?|days?)\s*$", re.I)
+_UNITS = {
+    "ms": timedelta(milliseconds=1),
+    "s": timedelta(seconds=1), "second": timedelta(seconds=1), "seconds": timedelta(seconds=1),
+    "m": timedelta(minutes=1), "min": timedelta(minutes=1),
+    "minute": timedelta(minutes=1), "minutes": timedelta(minutes=1),
+    "h": timedelta(hours=1), "hour": timedelta(hours=1), "hours": timedelta(hours=1),
+    "d": timedelta(days=1), "day": timedelta(days=1), "days": timedelta(days=1),
+}
+
+
+def parse_duration(value: str | timedelta) -> timedelta:
+    """Parse '1m', '15 minutes', '1h', '1d' (or pass a timedelta through)."""
+    if isinstance(value, timedelta):
+        return value
+    match = _DURATION_RE.match(str(value))
+    if not match:
+        raise ValueError(f"expected a duration like '1m', '15 minutes', '1h' or '1d', found {value!r}")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def to_utc(value: datetime) -> datetime:
+    """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+def to_micros(value: datetime) -> int:
+    delta = to_utc(value) - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def _micros(delta: timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+@dataclass(frozen=True, order=True)
+class Interval:
+    """A half-open UTC time interval [start, end)."""
+
+    start: datetime
+    end: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", to_utc(self.start))
+        object.__setattr__(self, "end", to_utc(self.end))
+        if self.end < self.start:
+            raise ValueError(f"interval end {self.end} is before start {self.start}")
+
+    def overlaps(self, other: "Interval") -> bool:
+        return self.start < other.end and other.start < self.end
+
+    def contains(self, ts: datetime) -> bool:
+        return self.start <= to_utc(ts) < self.end
+
+    def intersect(self, other: "Interval") -> "Interval | None":
+        start, end = max(self.start, other.start), min(self.end, other.end)
+        return Interval(start, end) if start < end else None
+
+    def __str__(self) -> str:
+        return f"[{self.start.isoformat()}, {self.end.isoformat()})"
+
+
+def closed_range(lo: datetime, hi: datetime) -> Interval:
+    """The smallest [start, end) interval holding the closed range [lo, hi] (stats min/max)."""
+    return Interval(lo, to_utc(hi) + timedelta(microseconds=1))
+
+
+def coalesce(intervals: Iterable[Interval]) -> tuple[Interval, ...]:
+    """Merge overlapping or touching intervals; the result is sorted and disjoint."""
+    out: list[Interval] = []
+    for iv in sorted(intervals):
+        if out and iv.start <= out[-1].end:
+            if iv.end > out[-1].end:
+                out[-1] = Interval(out[-1].start, iv.end)
+        else:
+            out.append(iv)
+    return tuple(out)
+
+
+def any_overlap(intervals: Sequence[Interval], target: Interval) -> bool:
+    return any(iv.overlaps(target) for iv in intervals)
+
+
+# --- windows ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowShape:
+    """Tumbling (slide == size) or hopping (slide divides size) windows aligned to the epoch."""
+
+    size: timedelta
+    slide: timedelta
+
+    @property
+    def is_hopping(self) -> bool:
+        return self.slide != self.size
+
+    @property
+    def copies(self) -> int:
+        """How many windows contain one event time."""
+        return _micros(self.size) // _micros(self.slide)
+
+    def windows_of(self, ts: datetime) -> list[Interval]:
+        """Every window containing `ts`, earliest first."""
+        us, size, slide = to_micros(ts), _micros(self.size), _micros(self.slide)
+        last = us - (us % slide)
+        starts = [last - i * slide for i in range(self.copies)]
+        return [Interval(from_micros(s), from_micros(s + size)) for s in sorted(starts)]
+
+    def starts_overlapping(self, events: Interval) -> Interval | None:
+        """The range of window starts whose window overlaps `events` (as [first, last + slide))."""
+        size, slide = _micros(self.size), _micros(self.slide)
+        lo, hi = to_micros(events.start), to_micros(events.end)  # events are [lo, hi)
+        if hi <= lo:
+            return None
+        first = (lo - size) - ((lo - size) % slide) + slide  # smallest start with start + size > lo
+        if first + size <= lo:
+            first += slide
+        last = (hi - 1) - ((hi - 1) % slide)  # largest start <= hi - 1
+        if last < first:
+            return None
+        return Interval(from_micros(first), from_micros(last + slide))
+
+    def events_of_starts(self, starts: Interval) -> Interval:
+        """The event-time range covered by windows whose start lies in `starts`."""
+        return Interval(starts.start, starts.end - self.slide + self.size)
+
+
+def assign_windows(df, ts_col: str, shape: WindowShape):
+    """Add `window_start`, `window_end` and `__primary` to a Spark DataFrame of events.
+
+    Tumbling windows give one row per event; hopping windows give `copies` rows,
+    one per window holding the event. `__primary` marks exactly one copy so input
+    rows can be counted once.
+    """
+    from pyspark.sql import functions as F
+
+    size, slide = _micros(shape.size), _micros(shape.slide)
+    us = F.unix_micros(F.col(ts_col))
+    last = us - F.pmod(us, F.lit(slide))
+    if shape.copies == 1:
+        out = df.withColumn("__ws_us", last).withColumn("__primary", F.lit(True))
+    else:
+        out = (
+            df.select("*", F.posexplode(F.sequence(F.lit(0), F.lit(shape.copies - 1))).alias("__copy", "__copy_v"))
+            .withColumn("__ws_us", last - F.col("__copy") * F.lit(slide))
+            .withColumn("__primary", F.col("__copy") == 0)
+            .drop("__copy", "__copy_v")
+        )
+    return (
+        out.withColumn("window_start", F.timestamp_micros(F.col("__ws_us")))
+        .withColumn("window_end", F.timestamp_micros(F.col("__ws_us") + F.lit(size)))
+        .drop("__ws_us")
+    )
+
+
+# --- partitions ------------------------------------------------------------
+
+
+class Granularity(str, Enum):
+    """Dagster-style time partitioning of a flow."""
+
+    HOURLY = "hourly"
+    DAILY = "daily"
+
+    @property
+    def step(self) -> timedelta:
+        return timedelta(hours=1) if self is Granularity.HOURLY else timedelta(days=1)
+
+    @property
+    def key_format(self) -> str:
+        # The same formats Dagster uses for HourlyPartitionsDefinition / DailyPartitionsDefinition.
+        return "%Y-%m-%d-%H:%M" if self is Granularity.HOURLY else "%Y-%m-%d"
+
+
+def partition_key(ts: datetime, granularity: Granularity) -> str:
+    """The key of the partition containing `ts`."""
+    step = _micros(granularity.step)
+    us = to_micros(ts)
+    return from_micros(us - us % step).strftime(granularity.key_format)
+
+
+def partition_interval(key: str, granularity: Granularity) -> Interval:
+    """The [start, end) interval of a partition key; raises ValueError on a malformed key."""
+    try:
+        start = datetime.strptime(key, granularity.key_format).replace(tzinfo=timezone.utc)
+    except ValueError as exc:
+        example = datetime(2024, 1, 31, 13).strftime(granularity.key_format)
+        raise ValueError(f"expected a {granularity.value} partition key like '{example}', found {key!r}") from exc
+    return Interval(start, start + granularity.step)
+
+
+def partitions_overlapping(events: Interval, granularity: Granularity) -> list[str]:
+    """Keys of every partition overlapping `events`, in time order."""
+    step = _micros(granularity.step)
+    first = to_micros(events.start) - to_micros(events.start) % step
+    keys = []
+    cursor = first
+    end = to_micros(events.end)
+    while cursor < end:
+        keys.append(from_micros(cursor).strftime(granularity.key_format))
+        cursor += step
+    return keys
+
+
+def divides(part: timedelta, whole: timedelta) -> bool:
+    return _micros(part) > 0 and _micros(whole) % _micros(part) == 0
