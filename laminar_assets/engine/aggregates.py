@@ -5,15 +5,15 @@ state as identity, so state can be built from any split of the rows. Partial
 states are signed: a deleted row (or an update pre-image) contributes with
 sign -1. Only `retractable` aggregates accept negative partials; the planner
 refills the affected windows for the others.
+
+Expressions are Spark SQL text: one analyzer call each, and readable in `explain`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DecimalType, IntegralType, NumericType
 
 from .spec import Agg
@@ -23,13 +23,14 @@ EVENT_TS = "__ts"
 ROWS = "__n"  # signed row count of a group; a group whose count reaches 0 is gone
 
 
-def _state(agg: Agg, part: str) -> str:
-    return f"__st_{agg.name}_{part}"
+def q(name: str) -> str:
+    """A quoted Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclass(frozen=True)
 class AggImpl:
-    """Spark behaviour of one `Agg`."""
+    """Spark behaviour of one `Agg`, as SQL expressions over named columns."""
 
     agg: Agg
     input_type: DataType | None
@@ -38,162 +39,173 @@ class AggImpl:
 
     @property
     def state_columns(self) -> list[str]:
-        return [_state(self.agg, p) for p in self.parts]
+        return [f"__st_{self.agg.name}_{p}" for p in self.parts]
 
-    def col(self, part: str) -> Column:
-        return F.col(_state(self.agg, part))
+    def s(self, part: str) -> str:
+        return q(f"__st_{self.agg.name}_{part}")
 
-    def value(self) -> Column:
-        return F.col(self.agg.column)
+    @property
+    def x(self) -> str:
+        return q(self.agg.column) if self.agg.column else "1"
+
+    def _named(self, exprs: Sequence[str]) -> list[str]:
+        return [f"{e} AS {q(n)}" for e, n in zip(exprs, self.state_columns)]
 
     # overridden per kind
-    def partial(self, sign: Column) -> list[Column]:
+    def partial_exprs(self, sign: str) -> list[str]:
+        """Aggregate expressions over input rows (grouped by window, keys and sign)."""
         raise NotImplementedError
 
-    def pre_merge(self, window) -> list[tuple[str, Column]]:
+    def pre_merge_exprs(self, group: Sequence[str]) -> list[str]:
+        """Window expressions added before merging (only the variance needs one)."""
         return []
 
-    def merge(self) -> list[Column]:
+    def merge_exprs(self) -> list[str]:
+        """Aggregate expressions over state rows: associative, commutative, identity = no rows."""
         raise NotImplementedError
 
-    def finalize(self) -> Column:
+    def finalize_expr(self) -> str:
         raise NotImplementedError
+
+    # helpers for callers
+    def partial(self, sign: str = q(SIGN)) -> list[str]:
+        return self._named(self.partial_exprs(sign))
+
+    def merge(self) -> list[str]:
+        return self._named(self.merge_exprs())
+
+    def finalize(self) -> str:
+        return f"{self.finalize_expr()} AS {q(self.agg.name)}"
 
     def describe(self) -> dict:
         return {
             "name": self.agg.name, "kind": self.agg.kind, "column": self.agg.column,
             "state_columns": self.state_columns, "retractable": self.retractable,
+            "partial": self.partial_exprs(q(SIGN)), "merge": self.merge_exprs(), "finalize": self.finalize_expr(),
         }
-
-    def _alias(self, cols: list[Column]) -> list[Column]:
-        return [c.alias(n) for c, n in zip(cols, self.state_columns)]
 
 
 class _Count(AggImpl):
-    def partial(self, sign):
-        target = F.count(F.lit(1)) if self.agg.column is None else F.count(self.value())
-        return self._alias([sign * target])
+    def partial_exprs(self, sign):
+        target = "count(1)" if self.agg.column is None else f"count({self.x})"
+        return [f"{sign} * {target}"]
 
-    def merge(self):
-        return self._alias([F.sum(self.col("c"))])
+    def merge_exprs(self):
+        return [f"sum({self.s('c')})"]
 
-    def finalize(self):
-        return self.col("c").cast("long")
+    def finalize_expr(self):
+        return f"CAST({self.s('c')} AS BIGINT)"
 
 
 class _Sum(AggImpl):
-    def _typed(self) -> Column:
+    def _cast(self) -> str:
         integral = isinstance(self.input_type, IntegralType)
-        return self.value().cast("long" if integral else "double")
+        return f"CAST({self.x} AS {'BIGINT' if integral else 'DOUBLE'})"
 
-    def partial(self, sign):
-        return self._alias([sign * F.coalesce(F.sum(self._typed()), F.lit(0)), sign * F.count(self.value())])
+    def partial_exprs(self, sign):
+        return [f"{sign} * coalesce(sum({self._cast()}), 0)", f"{sign} * count({self.x})"]
 
-    def merge(self):
-        return self._alias([F.sum(self.col("s")), F.sum(self.col("nn"))])
+    def merge_exprs(self):
+        return [f"sum({self.s('s')})", f"sum({self.s('nn')})"]
 
-    def finalize(self):
-        return F.when(self.col("nn") > 0, self.col("s"))
+    def finalize_expr(self):
+        return f"CASE WHEN {self.s('nn')} > 0 THEN {self.s('s')} END"
 
 
 class _Avg(_Sum):
-    def _typed(self) -> Column:
-        return self.value().cast("double")
+    def _cast(self) -> str:
+        return f"CAST({self.x} AS DOUBLE)"
 
-    def finalize(self):
-        return F.when(self.col("nn") > 0, self.col("s") / self.col("nn"))
+    def finalize_expr(self):
+        return f"CASE WHEN {self.s('nn')} > 0 THEN {self.s('s')} / {self.s('nn')} END"
 
 
 class _Variance(AggImpl):
     """Moments (n, mean, M2) merged with Chan's parallel formula, stable for signed parts."""
 
-    def partial(self, sign):
-        x = self.value().cast("double")
-        n = F.count(x)
-        return self._alias([sign * n, F.avg(x), sign * F.coalesce(F.var_pop(x) * n, F.lit(0.0))])
+    @property
+    def _gmean(self) -> str:
+        return q(f"__g_{self.agg.name}_mean")
 
-    def pre_merge(self, window):
-        n, mean = self.col("n"), self.col("mean")
-        total = F.sum(n).over(window)
-        weighted = F.sum(F.coalesce(n * mean, F.lit(0.0))).over(window)
-        return [
-            (f"__g_{self.agg.name}_mean", F.when(total != 0, weighted / total)),
-        ]
+    def partial_exprs(self, sign):
+        x = f"CAST({self.x} AS DOUBLE)"
+        return [f"{sign} * count({x})", f"avg({x})", f"{sign} * coalesce(var_pop({x}) * count({x}), 0D)"]
 
-    def merge(self):
-        n, mean, m2 = self.col("n"), self.col("mean"), self.col("m2")
-        gmean = F.col(f"__g_{self.agg.name}_mean")
-        spread = F.coalesce(n * (mean - gmean) * (mean - gmean), F.lit(0.0))
-        return self._alias([F.sum(n), F.max(gmean), F.sum(F.coalesce(m2, F.lit(0.0)) + spread)])
+    def pre_merge_exprs(self, group):
+        n, mean = self.s("n"), self.s("mean")
+        over = f"OVER (PARTITION BY {', '.join(q(g) for g in group)})"
+        total = f"sum({n}) {over}"
+        weighted = f"sum(coalesce({n} * {mean}, 0D)) {over}"
+        return [f"CASE WHEN {total} != 0 THEN {weighted} / {total} END AS {self._gmean}"]
 
-    def _var(self) -> Column:
-        n = self.col("n")
-        return F.when(n > 1, F.greatest(self.col("m2"), F.lit(0.0)) / (n - 1))
+    def merge_exprs(self):
+        n, mean, m2, g = self.s("n"), self.s("mean"), self.s("m2"), self._gmean
+        spread = f"coalesce({n} * ({mean} - {g}) * ({mean} - {g}), 0D)"
+        return [f"sum({n})", f"max({g})", f"sum(coalesce({m2}, 0D) + {spread})"]
 
-    def finalize(self):
-        return self._var() if self.agg.kind == "var_samp" else F.sqrt(self._var())
+    def finalize_expr(self):
+        n = self.s("n")
+        var = f"CASE WHEN {n} > 1 THEN greatest({self.s('m2')}, 0D) / ({n} - 1) END"
+        return var if self.agg.kind == "var_samp" else f"sqrt({var})"
 
 
 class _Extreme(AggImpl):
-    def partial(self, sign):
-        fn = F.min if self.agg.kind == "min" else F.max
-        return self._alias([fn(self.value())])
+    def partial_exprs(self, sign):
+        return [f"{self.agg.kind}({self.x})"]
 
-    def merge(self):
-        fn = F.min if self.agg.kind == "min" else F.max
-        return self._alias([fn(self.col("m"))])
+    def merge_exprs(self):
+        return [f"{self.agg.kind}({self.s('m')})"]
 
-    def finalize(self):
-        return self.col("m")
+    def finalize_expr(self):
+        return self.s("m")
 
 
 class _FirstLast(AggImpl):
     """Value at the earliest (first) or latest (last) event time; ties broken by value."""
 
-    def partial(self, sign):
-        pair = F.when(self.value().isNotNull(), F.struct(F.col(EVENT_TS).alias("t"), self.value().alias("v")))
-        fn = F.min if self.agg.kind == "first" else F.max
-        return self._alias([fn(pair)])
+    @property
+    def _fn(self) -> str:
+        return "min" if self.agg.kind == "first" else "max"
 
-    def merge(self):
-        fn = F.min if self.agg.kind == "first" else F.max
-        return self._alias([fn(self.col("p"))])
+    def partial_exprs(self, sign):
+        pair = f"CASE WHEN {self.x} IS NOT NULL THEN named_struct('t', {q(EVENT_TS)}, 'v', {self.x}) END"
+        return [f"{self._fn}({pair})"]
 
-    def finalize(self):
-        return self.col("p").getField("v")
+    def merge_exprs(self):
+        return [f"{self._fn}({self.s('p')})"]
+
+    def finalize_expr(self):
+        return f"{self.s('p')}.v"
 
 
 class _DistinctSketch(AggImpl):
-    """HyperLogLog sketch; union is exact on registers, so merges equal one sketch of all rows."""
+    """HyperLogLog sketch; a union is exact on registers, so merges equal one sketch of all rows."""
 
-    def _input(self) -> Column:
-        t = self.input_type
-        if isinstance(t, IntegralType):
-            return self.value().cast("long")
-        return self.value().cast("string")
+    def partial_exprs(self, sign):
+        integral = isinstance(self.input_type, IntegralType)
+        value = f"CAST({self.x} AS {'BIGINT' if integral else 'STRING'})"
+        return [f"hll_sketch_agg({value}, {self.agg.precision or 12})"]
 
-    def partial(self, sign):
-        return self._alias([F.hll_sketch_agg(self._input(), self.agg.precision or 12)])
+    def merge_exprs(self):
+        return [f"hll_union_agg({self.s('sk')}, true)"]
 
-    def merge(self):
-        return self._alias([F.hll_union_agg(self.col("sk"), True)])
-
-    def finalize(self):
-        return F.hll_sketch_estimate(self.col("sk"))
+    def finalize_expr(self):
+        return f"hll_sketch_estimate({self.s('sk')})"
 
 
 class _QuantileSketch(AggImpl):
     """KLL sketch of doubles; `nn` keeps the non-null count so an empty sketch yields null."""
 
-    def partial(self, sign):
-        x = self.value().cast("double")
-        return self._alias([F.kll_sketch_agg_double(x, self.agg.precision or 200), F.count(x)])
+    def partial_exprs(self, sign):
+        x = f"CAST({self.x} AS DOUBLE)"
+        return [f"kll_sketch_agg_double({x}, {self.agg.precision or 200})", f"count({x})"]
 
-    def merge(self):
-        return self._alias([F.kll_merge_agg_double(self.col("sk"), self.agg.precision or 200), F.sum(self.col("nn"))])
+    def merge_exprs(self):
+        return [f"kll_merge_agg_double({self.s('sk')}, {self.agg.precision or 200})", f"sum({self.s('nn')})"]
 
-    def finalize(self):
-        return F.when(self.col("nn") > 0, F.kll_sketch_get_quantile_double(self.col("sk"), F.lit(float(self.agg.quantile))))
+    def finalize_expr(self):
+        return (f"CASE WHEN {self.s('nn')} > 0 THEN "
+                f"kll_sketch_get_quantile_double({self.s('sk')}, CAST({float(self.agg.quantile)!r} AS DOUBLE)) END")
 
 
 _KINDS: dict[str, tuple[Callable[..., AggImpl], bool, tuple[str, ...]]] = {

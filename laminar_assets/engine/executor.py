@@ -24,7 +24,7 @@ from py4j.protocol import Py4JError
 
 from laminar_assets.checkpoints import CheckpointStore, PendingRun, Watermark
 
-from .aggregates import EVENT_TS, ROWS, SIGN, AggImpl, implementation
+from .aggregates import EVENT_TS, ROWS, SIGN, AggImpl, implementation, q
 from .delta_source import CommitKind, SourceHistory, TableInfo, resolve_uri, snapshot_files, source_history, table_info
 from .errors import ConcurrentRunError, InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 from .plan import Mode, PartitionPlan, Reason
@@ -127,7 +127,8 @@ class Engine:
             started = time.perf_counter()
             inputs = self._gather(spec, mark)
             plan = plan_partition(self._planner_input(spec, partition, mark, inputs, force))
-            if spec.refresh is RefreshPolicy.INCREMENTAL_STRICT and plan.mode is Mode.REFILL:
+            strict = spec.refresh is RefreshPolicy.INCREMENTAL_STRICT and plan.reason is not Reason.FORCED_BY_USER
+            if strict and plan.mode is Mode.REFILL:
                 raise StrictRefreshError(
                     f"flow '{spec.name}' is incremental_strict but partition {partition} needs a refill: "
                     f"{plan.detail}. Run an explicit refill (force=True / `laminar refill`) or relax the policy",
@@ -339,11 +340,10 @@ class Engine:
             df = df.where(ws.isNull() | keep)
             if impls is None:
                 impls = [implementation(a, df.schema[a.column].dataType if a.column else None) for a in spec.aggregates]
-            sign = F.col(SIGN)
             partials.append(df.groupBy(*group, SIGN).agg(
-                F.sum(F.when(F.col("__primary"), 1).otherwise(0)).alias("__in_rows"),
-                (sign * F.count(F.lit(1))).alias(ROWS),
-                *[c for impl in impls for c in impl.partial(sign)],
+                F.expr("sum(CASE WHEN __primary THEN 1 ELSE 0 END) AS __in_rows"),
+                F.expr(f"{SIGN} * count(1) AS {ROWS}"),
+                *[F.expr(e) for impl in impls for e in impl.partial()],
             ))
         state_cols = [c for impl in impls for c in impl.state_columns]
         bad = ws.isNull()
@@ -377,11 +377,11 @@ class Engine:
         combined = pieces[0]
         for p in pieces[1:]:
             combined = combined.unionByName(p)
-        window = Window.partitionBy(*group)
-        extra = [c.alias(n) for impl in impls for n, c in impl.pre_merge(window)]
+        extra = [e for impl in impls for e in impl.pre_merge_exprs(group)]
         if extra:
-            combined = combined.select("*", *extra)
-        merged = combined.groupBy(*group).agg(F.sum(ROWS).alias(ROWS), *[c for i in impls for c in i.merge()])
+            combined = combined.selectExpr("*", *extra)
+        merged = combined.groupBy(*group).agg(F.expr(f"sum({ROWS}) AS {ROWS}"),
+                                              *[F.expr(e) for i in impls for e in i.merge()])
         merged = merged.where(F.col(ROWS) != 0)
         seconds["state"] = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -421,8 +421,8 @@ class Engine:
         """Finalize the committed state of the partition into the sink (idempotent)."""
         state = self._read_state(spec, partition)
         impls = [implementation(a) for a in spec.aggregates]
-        out = state.select("window_start", "window_end", *spec.keys,
-                           *[impl.finalize().alias(impl.agg.name) for impl in impls])
+        out = state.selectExpr("window_start", "window_end", *[q(k) for k in spec.keys],
+                               *[impl.finalize() for impl in impls])
         for name, expr in spec.post:
             out = out.withColumn(name, F.expr(expr))
         meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": partition}

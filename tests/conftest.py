@@ -1,0 +1,78 @@
+"""Shared fixtures: one SparkSession per test process, and factories that write real Delta tables."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from laminar_assets.engine import Engine, SparkOptions, build_session
+
+TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = build_session(SparkOptions(master="local[2]", shuffle_partitions=2, driver_memory="2g"))
+    yield session
+    session.stop()
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+
+
+def trades_frame(rows) -> pd.DataFrame:
+    """rows: (ts, sym, px, qty) tuples; ts as ISO text (None for a missing event time)."""
+    df = pd.DataFrame(list(rows), columns=TRADE_COLUMNS)
+    df["ts"] = pd.to_datetime(df["ts"], utc=True).astype("datetime64[us, UTC]")
+    df["sym"] = df["sym"].astype("string")
+    df["px"] = df["px"].astype("float64")
+    df["qty"] = df["qty"].astype("Int64")
+    return df
+
+
+class Lake:
+    """A storage root in tmp_path with helpers that commit to real Delta tables."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def create(self, name: str, rows=(), *, cdf: bool = True, frame: pd.DataFrame | None = None, **config) -> None:
+        configuration = {"delta.enableChangeDataFeed": "true" if cdf else "false", **config}
+        data = frame if frame is not None else trades_frame(rows)
+        write_deltalake(self.path(name), data, configuration=configuration)
+
+    def append(self, name: str, rows=(), *, frame: pd.DataFrame | None = None) -> None:
+        write_deltalake(self.path(name), frame if frame is not None else trades_frame(rows), mode="append")
+
+    def table(self, name: str) -> DeltaTable:
+        return DeltaTable(self.path(name))
+
+    def delete(self, name: str, predicate: str) -> None:
+        self.table(name).delete(predicate)
+
+    def update(self, name: str, updates: dict, predicate: str) -> None:
+        self.table(name).update(updates=updates, predicate=predicate)
+
+    def compact(self, name: str) -> None:
+        self.table(name).optimize.compact()
+
+    def read(self, name: str) -> pd.DataFrame:
+        return self.table(name).to_pandas()
+
+
+@pytest.fixture
+def lake(tmp_path) -> Lake:
+    return Lake(str(tmp_path / "lake"))
+
+
+@pytest.fixture
+def engine(spark, lake) -> Engine:
+    return Engine(spark, lake.root)

@@ -1,0 +1,123 @@
+"""The aggregate algebra: merge is associative with an identity, retraction undoes a merge,
+and finalize(merge of partials) equals Spark's own aggregate over all rows."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+
+from laminar_assets.engine import Agg
+from laminar_assets.engine.aggregates import EVENT_TS, SIGN, implementation, q
+
+pytestmark = pytest.mark.spark
+
+AGGS = (
+    Agg.count(), Agg.count("x", name="cx"), Agg.sum("x"), Agg.sum("i"), Agg.avg("x"), Agg.var_samp("x"),
+    Agg.stddev_samp("x"), Agg.min("x"), Agg.max("i"), Agg.first("x"), Agg.last("i"),
+    Agg.approx_count_distinct("i"), Agg.approx_percentile("x", 0.3),
+)
+SCHEMA = "x double, i bigint, __ts timestamp, part int, __sign int"
+T0 = datetime(2024, 1, 1)
+
+values = st.tuples(
+    st.one_of(st.none(), st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False)),
+    st.one_of(st.none(), st.integers(-50, 50)),
+    st.integers(0, 3600),
+    st.integers(0, 2),
+)
+
+
+def _impls(df):
+    return [implementation(a, df.schema[a.column].dataType if a.column else None) for a in AGGS]
+
+
+def partials(spark, rows, sign=1):
+    df = spark.createDataFrame([(x, i, T0 + timedelta(seconds=s), p, sign) for x, i, s, p in rows], SCHEMA)
+    impls = _impls(df)
+    return df.groupBy("part", SIGN).agg(*[F.expr(e) for im in impls for e in im.partial()]).drop(SIGN), impls
+
+
+def merge(states, impls):
+    """Merge state rows that share `part` into one state per group (here: everything)."""
+    df = states.withColumn("g", F.lit(1))
+    extra = [e for im in impls for e in im.pre_merge_exprs(["g"])]
+    if extra:
+        df = df.selectExpr("*", *extra)
+    return df.groupBy("g").agg(*[F.expr(e) for im in impls for e in im.merge()]).withColumn("part", F.lit(0)).drop("g")
+
+
+def finalize(state, impls):
+    row = state.selectExpr(*[im.finalize() for im in impls]).collect()
+    return row[0].asDict() if row else None
+
+
+def close(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+    return a == b
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert close(a[k], b[k]), (k, a[k], b[k])
+
+
+def _settings(n: int):
+    return settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@_settings(6)
+@given(st.lists(values, min_size=1, max_size=30))
+def test_merge_is_associative_and_matches_spark(spark, rows):
+    parts, impls = partials(spark, rows)
+    p = {i: parts.where(f"part = {i}") for i in range(3)}
+    left = merge(merge(p[0].unionByName(p[1]), impls).unionByName(p[2]), impls)
+    right = merge(p[0].unionByName(merge(p[1].unionByName(p[2]), impls)), impls)
+    flat = merge(parts, impls)
+    a, b, c = finalize(left, impls), finalize(right, impls), finalize(flat, impls)
+    assert_same(a, b)
+    assert_same(a, c)
+    # and equal to Spark's own aggregates over all rows
+    df = spark.createDataFrame([(x, i, T0 + timedelta(seconds=s), p_, 1) for x, i, s, p_ in rows], SCHEMA)
+    ref = df.agg(
+        F.count(F.lit(1)).alias("count"), F.count("x").alias("cx"), F.sum("x").alias("sum_x"),
+        F.sum("i").alias("sum_i"), F.avg("x").alias("avg_x"), F.var_samp("x").alias("var_samp_x"),
+        F.stddev_samp("x").alias("stddev_samp_x"), F.min("x").alias("min_x"), F.max("i").alias("max_i"),
+        F.min_by("x", F.when(F.col("x").isNotNull(), F.struct(EVENT_TS, "x"))).alias("first_x"),
+        F.max_by("i", F.when(F.col("i").isNotNull(), F.struct(EVENT_TS, "i"))).alias("last_i"),
+        F.hll_sketch_estimate(F.hll_sketch_agg("i")).alias("approx_count_distinct_i"),
+        F.when(F.count("x") > 0, F.kll_sketch_get_quantile_double(F.kll_sketch_agg_double("x"), F.lit(0.3)))
+        .alias("approx_percentile_x"),
+    ).first().asDict()
+    assert_same(a, ref)
+
+
+@_settings(3)
+@given(st.lists(values, min_size=1, max_size=20))
+def test_empty_state_is_the_identity(spark, rows):
+    parts, impls = partials(spark, rows)
+    empty, _ = partials(spark, [])
+    assert_same(finalize(merge(parts.unionByName(empty), impls), impls), finalize(merge(parts, impls), impls))
+
+
+@_settings(5)
+@given(st.lists(values, min_size=2, max_size=25), st.data())
+def test_retraction_undoes_rows_for_retractable_aggregates(spark, rows, data):
+    removed = data.draw(st.lists(st.sampled_from(range(len(rows))), unique=True, max_size=len(rows) - 1))
+    kept = [r for k, r in enumerate(rows) if k not in removed]
+    all_state, impls = partials(spark, rows)
+    minus, _ = partials(spark, [rows[k] for k in removed], sign=-1)
+    retracted = finalize(merge(merge(all_state, impls).unionByName(minus), impls), impls)
+    direct = finalize(merge(partials(spark, kept)[0], impls), impls)
+    for im in impls:
+        if im.retractable:
+            name = im.agg.name
+            assert close(retracted[name], direct[name]), (name, retracted[name], direct[name])

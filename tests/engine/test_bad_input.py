@@ -1,0 +1,114 @@
+"""Bad input: counted and kept out, or a clear error naming table, column and version — never a Py4J trace."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+from deltalake import write_deltalake
+
+from laminar_assets.engine import (
+    Agg, Engine, FlowSpec, LaminarError, RunFailedError, SchemaMismatchError, SourceNotFoundError, Tumbling,
+    UnsupportedTableFeatureError,
+)
+from tests.conftest import trades_frame
+
+pytestmark = pytest.mark.spark
+
+PART = "2024-01-01-00:00"
+FLOW = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                aggregates=(Agg.count(), Agg.sum("px")))
+
+
+def no_trace(err: Exception) -> None:
+    text = str(err)
+    assert "Py4J" not in text and "Traceback" not in text and "\n\tat " not in text, text
+
+
+def nothing_written(lake, flow=FLOW):
+    assert not os.path.exists(lake.path(flow.sink))
+    assert not os.path.exists(os.path.join(lake.root, "_laminar", "checkpoints", flow.name, "2024-01-01-00-00.json")) \
+        or "failed_attempt" in open(os.path.join(lake.root, "_laminar", "checkpoints", flow.name, "2024-01-01-00-00.json")).read()
+
+
+def test_null_event_times_and_keys_are_counted_and_excluded(lake, engine):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1), (None, "a", 2.0, 1), ("2024-01-01 00:02:00", None, 3.0, 1)])
+    r = engine.run(FLOW, PART)
+    assert r.metrics["rows_null_event_time"] == 1
+    assert r.metrics["rows_null_keys"] == 1
+    sink = lake.read("f")
+    assert sink["count"].tolist() == [1] and sink["sum_px"].tolist() == [1.0]
+
+
+def test_unparsable_string_event_times_are_counted(lake, engine):
+    frame = pd.DataFrame({"ts": ["2024-01-01 00:01:00", "yesterday-ish", "2024-01-01 00:03:00"],
+                          "sym": ["a", "a", "a"], "px": [1.0, 2.0, 3.0]})
+    lake.create("trades", frame=frame)
+    r = engine.run(FLOW, PART)
+    assert r.metrics["rows_null_event_time"] == 1
+    assert lake.read("f")["count"].tolist() == [2]
+
+
+def test_missing_column_fails_before_writing(lake, engine):
+    lake.create("trades", frame=trades_frame([("2024-01-01 00:01:00", "a", 1.0, 1)]).drop(columns=["px"]))
+    with pytest.raises(SchemaMismatchError) as info:
+        engine.run(FLOW, PART)
+    err = info.value
+    assert err.facts["table"] == "trades" and err.facts["column"] == "px" and err.facts["version"] == 0
+    assert "does not have at version 0" in str(err)
+    no_trace(err)
+    assert not os.path.exists(lake.path("f"))
+
+
+def test_retyped_column_fails_clearly(lake, engine):
+    lake.create("trades", frame=trades_frame([("2024-01-01 00:01:00", "a", 1.0, 1)]).astype({"px": "string"}))
+    with pytest.raises(SchemaMismatchError, match=r"sum\(px\) of flow 'f' needs a numeric column, found string") as info:
+        engine.run(FLOW, PART)
+    no_trace(info.value)
+
+
+def test_filter_on_missing_column_names_it(lake, engine):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"),
+                    aggregates=(Agg.count(),), filter="venue = 'X'")
+    with pytest.raises(SchemaMismatchError) as info:
+        engine.run(flow, PART)
+    assert info.value.facts["column"] == "venue"
+    no_trace(info.value)
+
+
+def test_missing_source_table(lake, engine):
+    with pytest.raises(SourceNotFoundError, match="source table 'trades' does not exist") as info:
+        engine.run(FLOW, PART)
+    no_trace(info.value)
+
+
+def test_column_mapping_is_refused(lake, engine):
+    write_deltalake(lake.path("trades"), trades_frame([("2024-01-01 00:01:00", "a", 1.0, 1)]),
+                    configuration={"delta.columnMapping.mode": "name"})
+    with pytest.raises(UnsupportedTableFeatureError, match="column mapping"):
+        engine.run(FLOW, PART)
+
+
+def test_bad_partition_key(lake, engine):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    with pytest.raises(LaminarError, match="hourly partition key like '2024-01-31-13:00', found '2024-01-01'"):
+        engine.run(FLOW, "2024-01-01")
+
+
+def test_runtime_failure_keeps_watermark_and_refills_next_time(lake, engine):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    engine.run(FLOW, PART)
+    lake.append("trades", [("2024-01-01 00:02:00", "a", 2.0, 1)])
+    failing = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                       aggregates=(Agg.count(), Agg.sum("px")), derived={"bad": "CAST(sym AS INT)"},
+                       filter="bad IS NULL OR bad > 0")
+    with pytest.raises(RunFailedError) as info:
+        engine.run(failing, PART)
+    no_trace(info.value)
+    assert "watermark did not move" in str(info.value)
+    assert lake.read("f")["count"].tolist() == [1]  # sink untouched
+    again = engine.run(FLOW, PART)
+    assert again.reason.value == "PREVIOUS_ATTEMPT_FAILED"
+    assert lake.read("f")["count"].tolist() == [2]

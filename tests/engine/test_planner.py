@@ -1,0 +1,183 @@
+"""The planner is a pure function: each reason from a constructed situation, no Spark, no files."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from laminar_assets.checkpoints import Watermark
+from laminar_assets.engine import Agg, FlowSpec, Hopping, LatePolicy, Mode, Reason, StageSpec, Tumbling
+from laminar_assets.engine.delta_source import CommitKind, CommitSummary, DataFile, SourceHistory
+from laminar_assets.engine.planner import PlannerInput, plan_partition
+from laminar_assets.engine.spec import DimensionJoin
+from laminar_assets.engine.windows import Interval
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+PART = "2024-01-01-00:00"
+RETRACT = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                   aggregates=(Agg.sum("x"), Agg.count()))
+EXTREME = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                   aggregates=(Agg.max("x"),))
+
+
+def at(minute: int, second: int = 0) -> datetime:
+    return T0.replace(minute=minute % 60, hour=minute // 60, second=second)
+
+
+def file(lo: int, hi: int, rows: int = 10) -> DataFile:
+    return DataFile(uri=f"mem://{lo}-{hi}", rows=rows, size=100, time_range=Interval(at(lo), at(hi)))
+
+
+def commit(version: int, kind: CommitKind, *files: DataFile, ts: datetime = T0) -> CommitSummary:
+    if kind is CommitKind.CHANGE_DATA:
+        return CommitSummary(version, ts, "DELETE", kind, cdc=files)
+    if kind is CommitKind.REWRITE:
+        return CommitSummary(version, ts, "DELETE", kind, removes=files, adds=files)
+    return CommitSummary(version, ts, "WRITE", kind, adds=files)
+
+
+def history(*commits: CommitSummary, start: int = 3, expired: str | None = None) -> SourceHistory:
+    latest = commits[-1].version if commits else start
+    return SourceHistory("src", "mem://src", start, latest, tuple(commits), expired)
+
+
+def mark(spec=RETRACT, version: int = 3, **kw) -> Watermark:
+    return Watermark(spec.name, PART, spec.spec_hash, {"src": version, **kw.pop("extra", {})}, 1, **kw)
+
+
+def plan(spec=RETRACT, watermark=None, hist=None, **kw):
+    hist = hist if hist is not None else history()
+    return plan_partition(PlannerInput(spec=spec, partition=PART, watermark=watermark, histories={"src": hist}, **kw))
+
+
+def test_no_watermark_refills_whole_partition():
+    p = plan(watermark=None)
+    assert (p.mode, p.reason, p.refill_all) == (Mode.REFILL, Reason.NO_WATERMARK, True)
+
+
+def test_append_only_is_incremental():
+    p = plan(watermark=mark(), hist=history(commit(4, CommitKind.APPEND, file(1, 2)), commit(5, CommitKind.APPEND, file(3, 4))))
+    assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
+    assert p.incremental_versions == {"src": (4, 5)}
+    assert p.to_versions == {"src": 5} and p.from_versions == {"src": 3}
+
+
+def test_retractable_changes_stay_incremental():
+    p = plan(watermark=mark(), hist=history(commit(4, CommitKind.CHANGE_DATA, file(1, 2))))
+    assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
+
+
+def test_delete_under_non_retractable_refills_only_touched_windows():
+    p = plan(EXTREME, mark(EXTREME), history(commit(4, CommitKind.APPEND, file(1, 2)),
+                                              commit(5, CommitKind.CHANGE_DATA, file(21, 22))))
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert p.refill == (Interval(at(20), at(30)),) and not p.refill_all
+    assert p.incremental_versions == {"src": (4,)}  # the append still merges into the other windows
+    assert "max" in p.detail and "commit 5" in p.detail
+
+
+def test_hopping_refill_scope_covers_every_window_holding_the_change():
+    spec = FlowSpec(name="h", source="src", event_time="ts", window=Hopping("30m", "10m"),
+                    aggregates=(Agg.min("x"),))
+    p = plan(spec, mark(spec), history(commit(4, CommitKind.CHANGE_DATA, file(25, 26))))
+    assert p.refill == (Interval(at(0), at(30)),)  # windows starting 00:00, 00:10, 00:20
+
+
+def test_rewrite_without_change_data_refills():
+    p = plan(watermark=mark(), hist=history(commit(4, CommitKind.REWRITE, file(5, 6))))
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.REWRITE_WITHOUT_CHANGE_DATA)
+    assert "enableChangeDataFeed" in p.detail
+
+
+def test_unknown_time_range_refills_whole_partition():
+    unknown = DataFile(uri="mem://x", rows=1, size=1, time_range=None)
+    p = plan(EXTREME, mark(EXTREME), history(commit(4, CommitKind.CHANGE_DATA, unknown)))
+    assert p.refill_all and p.reason is Reason.NON_APPEND_ON_NON_RETRACTABLE
+
+
+def test_expired_history_refills():
+    p = plan(watermark=mark(), hist=history(expired="commit 4 is gone"))
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.CHECKPOINT_EXPIRED)
+
+
+def test_spec_change_refills():
+    old = mark().with_(spec_hash="0123456789abcdef")
+    assert plan(watermark=old).reason is Reason.SPEC_CHANGED
+
+
+def test_failed_attempt_refills():
+    assert plan(watermark=mark(failed_attempt="boom")).reason is Reason.PREVIOUS_ATTEMPT_FAILED
+
+
+def test_policy_full_and_forced():
+    full = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                    aggregates=(Agg.sum("x"), Agg.count()), refresh="full")
+    assert plan(full, mark(full)).reason is Reason.FORCED_BY_POLICY
+    assert plan(watermark=mark(), force=True).reason is Reason.FORCED_BY_USER
+
+
+def test_schema_change_refills():
+    p = plan(watermark=mark(input_schema={"x": "int"}), input_schema={"x": "bigint"})
+    assert p.reason is Reason.SCHEMA_CHANGED and "int -> bigint" in p.detail
+
+
+def test_dimension_change_refills():
+    stage = StageSpec(name="s", source="src", event_time="ts",
+                      joins=(DimensionJoin("dim", on=("k",), columns=("v",)),))
+    same = plan(stage, mark(stage, extra={"dim": 2}), dimension_versions={"dim": 2})
+    assert same.reason is Reason.NO_NEW_VERSIONS
+    moved = plan(stage, mark(stage, extra={"dim": 2}), dimension_versions={"dim": 3})
+    assert (moved.mode, moved.reason) == (Mode.REFILL, Reason.DIMENSION_CHANGED)
+
+
+def test_stage_refills_on_deletes():
+    stage = StageSpec(name="s", source="src", event_time="ts")
+    p = plan(stage, mark(stage), history(commit(4, CommitKind.CHANGE_DATA, file(1, 2))))
+    assert p.reason is Reason.NON_APPEND_ON_NON_RETRACTABLE
+
+
+def test_no_new_versions_and_no_changes_in_partition():
+    assert plan(watermark=mark()).reason is Reason.NO_NEW_VERSIONS
+    elsewhere = file(90, 95)  # 01:30 - 01:35, another partition
+    p = plan(watermark=mark(), hist=history(commit(4, CommitKind.APPEND, elsewhere)))
+    assert (p.mode, p.reason) == (Mode.NOOP, Reason.NO_CHANGES_IN_PARTITION)
+    assert p.to_versions == {"src": 4}  # the watermark still moves past the irrelevant version
+    assert p.other_partitions == ("2024-01-01-01:00",)
+
+
+def test_layout_only_commits_change_nothing():
+    compaction = CommitSummary(4, T0, "OPTIMIZE", CommitKind.LAYOUT)
+    assert plan(EXTREME, mark(EXTREME), history(compaction)).reason is Reason.NO_CHANGES_IN_PARTITION
+
+
+@pytest.mark.parametrize("limits,expected_to,expected_pending", [
+    ({"max_versions_per_run": 2}, 5, 2),
+    ({"max_rows_per_run": 25}, 5, 2),  # 10 + 10 rows fit, the third commit would pass 25
+    ({"max_rows_per_run": 1}, 4, 3),  # always at least one commit
+])
+def test_bounded_work_leaves_versions_pending(limits, expected_to, expected_pending):
+    spec = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                    aggregates=(Agg.sum("x"), Agg.count()), **limits)
+    hist = history(*[commit(v, CommitKind.APPEND, file(1, 2)) for v in range(4, 8)])
+    p = plan(spec, mark(spec), hist)
+    assert p.to_versions == {"src": expected_to}
+    assert p.pending_versions == {"src": expected_pending}
+
+
+def test_frozen_partition_ignores_late_changes():
+    spec = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                    aggregates=(Agg.sum("x"),), late=LatePolicy(freeze_after="1d"))
+    late = commit(4, CommitKind.APPEND, file(1, 2), ts=datetime(2024, 1, 5, tzinfo=timezone.utc))
+    p = plan(spec, mark(spec), history(late))
+    assert (p.mode, p.reason) == (Mode.NOOP, Reason.PARTITION_FROZEN)
+    fresh = commit(4, CommitKind.APPEND, file(1, 2), ts=datetime(2024, 1, 1, 12, tzinfo=timezone.utc))
+    assert plan(spec, mark(spec), history(fresh)).reason is Reason.APPEND_ONLY
+
+
+def test_plan_is_frozen_and_serialises():
+    p = plan(watermark=mark(), hist=history(commit(4, CommitKind.APPEND, file(1, 2))))
+    with pytest.raises(AttributeError):
+        p.mode = Mode.NOOP  # type: ignore[misc]
+    data = p.to_json()
+    assert data["mode"] == "INCREMENTAL" and data["reason"] == "APPEND_ONLY"

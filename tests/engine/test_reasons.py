@@ -1,0 +1,179 @@
+"""Each planner reason, produced by a real situation on real Delta tables."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pandas as pd
+import pytest
+from deltalake import write_deltalake
+
+from laminar_assets.engine import (
+    Agg, Engine, FlowSpec, LatePolicy, Mode, Reason, StrictRefreshError, Tumbling,
+)
+from tests.conftest import trades_frame
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = pytest.mark.spark
+
+PART = "2024-01-01-00:00"
+BASE = [("2024-01-01 00:01:00", "a", 10.0, 1), ("2024-01-01 00:12:00", "a", 12.0, 2),
+        ("2024-01-01 00:31:00", "b", 7.0, 3)]
+
+
+def sums(**kw):
+    return FlowSpec(**{**dict(name="sums", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                              aggregates=(Agg.count(), Agg.sum("qty"))), **kw})
+
+
+def highs(**kw):
+    return FlowSpec(**{**dict(name="highs", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                              aggregates=(Agg.max("px"), Agg.count())), **kw})
+
+
+def check(spark, lake, flow):
+    expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
+    assert_frames_match(lake.read(flow.sink), expected, flow.keys)
+
+
+def test_first_run_then_appends_then_nothing(spark, lake, engine):
+    lake.create("trades", BASE)
+    assert engine.run(sums(), PART).reason is Reason.NO_WATERMARK
+    lake.append("trades", [("2024-01-01 00:02:00", "b", 1.0, 5)])
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
+    assert r.metrics["rows_read"] == 1 and r.metrics["files_read"] == 1
+    assert engine.run(sums(), PART).reason is Reason.NO_NEW_VERSIONS
+    lake.append("trades", [("2024-01-01 05:00:00", "b", 1.0, 5)])
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.NOOP, Reason.NO_CHANGES_IN_PARTITION)
+    assert r.plan.other_partitions == ("2024-01-01-05:00",)
+    sink = lake.read("sums")
+    assert sorted(sink["count"].tolist()) == [1, 1, 1, 1]
+
+
+def test_delete_on_retractable_flow_is_incremental(spark, lake, engine):
+    lake.create("trades", BASE)
+    engine.run(sums(), PART)
+    lake.delete("trades", "qty = 2")
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
+    assert r.metrics["rows_retracted"] == 1
+    check(spark, lake, sums())
+
+
+def test_delete_on_non_retractable_flow_refills_only_touched_windows(spark, lake, engine):
+    lake.create("trades", BASE)
+    engine.run(highs(), PART)
+    lake.update("trades", {"px": "100.0"}, "qty = 2")  # 00:12 -> window 00:10
+    r = engine.run(highs(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert not r.plan.refill_all and len(r.plan.refill) == 1
+    assert r.plan.refill[0].start.minute == 10 and r.plan.refill[0].end.minute == 20
+    assert r.metrics["windows_touched"] == 1
+    check(spark, lake, highs())
+
+
+def test_rewrite_without_change_data_feed_refills(spark, lake, engine):
+    lake.create("trades", BASE, cdf=False)
+    engine.run(sums(), PART)
+    lake.delete("trades", "qty = 1")
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.REWRITE_WITHOUT_CHANGE_DATA)
+    check(spark, lake, sums())
+
+
+def test_log_cleanup_expires_checkpoint(spark, lake, engine):
+    lake.create("trades", BASE, **{"delta.logRetentionDuration": "interval 0 seconds"})
+    engine.run(sums(), PART)
+    lake.append("trades", [("2024-01-01 00:03:00", "a", 1.0, 1)])
+    lake.append("trades", [("2024-01-01 00:04:00", "a", 1.0, 1)])
+    dt = lake.table("trades")
+    dt.create_checkpoint()
+    dt.cleanup_metadata()
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.CHECKPOINT_EXPIRED)
+    assert "no longer in the Delta log" in r.detail
+    check(spark, lake, sums())
+
+
+def test_vacuumed_files_expire_checkpoint(spark, lake, engine):
+    lake.create("trades", BASE)
+    engine.run(sums(), PART)
+    lake.append("trades", [("2024-01-01 00:03:00", "a", 1.0, 1)])
+    lake.delete("trades", "qty = 1")  # removes the file the append added
+    lake.table("trades").vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.CHECKPOINT_EXPIRED)
+    assert "vacuumed" in r.detail
+    check(spark, lake, sums())
+
+
+def test_spec_change_refills_and_reshapes_sink(spark, lake, engine):
+    lake.create("trades", BASE)
+    engine.run(sums(), PART)
+    wider = sums(aggregates=(Agg.count(), Agg.sum("qty"), Agg.avg("px")))
+    r = engine.run(wider, PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.SPEC_CHANGED)
+    check(spark, lake, wider)
+
+
+def test_schema_change_refills(spark, lake, engine):
+    lake.create("trades", frame=trades_frame(BASE).astype({"qty": "int32"}))
+    engine.run(sums(), PART)
+    widened = trades_frame(BASE + [("2024-01-01 00:05:00", "a", 1.0, 9)]).astype({"qty": "int64"})
+    write_deltalake(lake.path("trades"), widened, mode="overwrite", schema_mode="overwrite")
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.SCHEMA_CHANGED)
+    assert "qty: int -> bigint" in r.detail
+    check(spark, lake, sums())
+
+
+def test_policies_and_forced_refill(spark, lake, engine):
+    lake.create("trades", BASE)
+    full = sums(refresh="full")
+    engine.run(full, PART)
+    assert engine.run(full, PART).reason is Reason.FORCED_BY_POLICY
+    engine.run(sums(), PART)
+    assert engine.run(sums(), PART, force=True).reason is Reason.FORCED_BY_USER
+
+
+def test_incremental_strict_fails_with_the_reason(spark, lake, engine):
+    lake.create("trades", BASE)
+    strict = highs(refresh="incremental_strict")
+    with pytest.raises(StrictRefreshError) as info:
+        engine.run(strict, PART)
+    assert info.value.reason == "NO_WATERMARK"
+    engine.run(strict, PART, force=True)  # an explicit refill bootstraps it
+    lake.append("trades", [("2024-01-01 00:02:00", "b", 1.0, 5)])
+    assert engine.run(strict, PART).reason is Reason.APPEND_ONLY
+    lake.delete("trades", "qty = 5")
+    with pytest.raises(StrictRefreshError) as info:
+        engine.run(strict, PART)
+    assert info.value.reason == "NON_APPEND_ON_NON_RETRACTABLE"
+    assert "incremental_strict" in str(info.value)
+
+
+def test_frozen_partition_ignores_late_rows(spark, lake, engine):
+    lake.create("trades", BASE)
+    frozen = sums(late=LatePolicy(freeze_after="1d"))
+    engine.run(frozen, PART)
+    lake.append("trades", [("2024-01-01 00:02:00", "b", 1.0, 5)])  # committed "now", years later
+    r = engine.run(frozen, PART)
+    assert (r.mode, r.reason) == (Mode.NOOP, Reason.PARTITION_FROZEN)
+    assert lake.read("sums")["count"].sum() == 3
+
+
+def test_bounded_work_leaves_versions_pending_then_catches_up(spark, lake, engine):
+    lake.create("trades", BASE)
+    bounded = sums(max_versions_per_run=1)
+    engine.run(bounded, PART)
+    for minute in (2, 3, 4):
+        lake.append("trades", [(f"2024-01-01 00:0{minute}:00", "a", 1.0, minute)])
+    r = engine.run(bounded, PART)
+    assert r.metrics["pending_versions"] == 2 and r.plan.to_versions == {"trades": 1}
+    engine.run(bounded, PART)
+    r = engine.run(bounded, PART)
+    assert r.metrics["pending_versions"] == 0
+    check(spark, lake, sums())

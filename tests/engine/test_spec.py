@@ -1,0 +1,67 @@
+"""Spec validation names the flow and the field; the hash tracks what changes results."""
+
+from __future__ import annotations
+
+import pytest
+
+from laminar_assets.engine import Agg, FlowSpec, Hopping, SpecError, StageSpec, Tumbling
+from laminar_assets.engine.spec import DimensionJoin
+
+
+def flow(**kw):
+    base = dict(name="vwap", source="trades", event_time="ts", window=Tumbling("1m"), keys=("sym",),
+                aggregates=(Agg.sum("qty"),))
+    return FlowSpec(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw,field,text", [
+    (dict(aggregates=(Agg("median", "px"),)), "aggregates[0]", "unknown aggregate 'median'"),
+    (dict(window=Tumbling("7m")), "window.size", "does not divide the hourly partition"),
+    (dict(window=Hopping("10m", "3m")), "window.slide", "does not divide window size"),
+    (dict(window=Hopping("2h", "7m")), "window.slide", "does not divide window size"),
+    (dict(aggregates=(Agg.sum("qty"), Agg.sum("qty"))), "aggregates[1]", "duplicate output column 'sum_qty'"),
+    (dict(aggregates=(Agg.sum("qty", name="sym"),)), "aggregates[0]", "duplicate output column 'sym'"),
+    (dict(partitioning="weekly"), "partitioning", "expected 'hourly' or 'daily'"),
+    (dict(refresh="sometimes"), "refresh", "expected one of auto"),
+    (dict(name="bad name"), "name", "expected an identifier"),
+    (dict(aggregates=()), "aggregates", "at least one aggregate"),
+    (dict(aggregates=(Agg("sum"),)), "aggregates[0]", "needs a column"),
+    (dict(aggregates=(Agg.approx_percentile("px", 1.5),)), "aggregates[0]", "quantile in [0, 1]"),
+    (dict(window=None), "window", "expected Tumbling"),
+    (dict(keys=("sym", "sym")), "keys", "duplicate group-by key"),
+    (dict(max_versions_per_run=0), "max_versions_per_run", "positive integer"),
+    (dict(derived={"__x": "1"}), "derived[0]", "not starting with '__'"),
+])
+def test_invalid_specs_name_flow_and_field(kw, field, text):
+    with pytest.raises(SpecError) as info:
+        flow(**kw)
+    err = info.value
+    assert err.flow == kw.get("name", "vwap") and err.field == field
+    assert text in str(err)
+
+
+def test_daily_partition_accepts_hour_windows():
+    assert flow(window=Tumbling("1h"), partitioning="daily").granularity.value == "daily"
+
+
+def test_hash_is_stable_and_tracks_results_not_docs():
+    a = flow()
+    assert a.spec_hash == flow().spec_hash
+    assert flow(description="docs only").spec_hash == a.spec_hash
+    assert flow(max_versions_per_run=5).spec_hash == a.spec_hash
+    assert flow(filter="qty > 0").spec_hash != a.spec_hash
+    assert flow(aggregates=(Agg.sum("qty"), Agg.count())).spec_hash != a.spec_hash
+    assert flow(window=Tumbling("5m")).spec_hash != a.spec_hash
+
+
+def test_retractable_property():
+    assert flow(aggregates=(Agg.sum("x"), Agg.avg("x"), Agg.var_samp("x"), Agg.count())).retractable
+    assert not flow(aggregates=(Agg.sum("x"), Agg.min("x"))).retractable
+
+
+def test_stage_validation():
+    with pytest.raises(SpecError, match="must include the event time"):
+        StageSpec(name="s", source="t", event_time="ts", columns=("a",))
+    with pytest.raises(SpecError) as info:
+        StageSpec(name="s", source="t", event_time="ts", joins=(DimensionJoin("d", on=(), columns=("x",)),))
+    assert info.value.field == "joins[0].on"

@@ -1,0 +1,136 @@
+"""Row-level shared stages: dedup, dimension join (fan-in), and flows that read a stage by version."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from laminar_assets.engine import Agg, DimensionJoin, FlowSpec, Mode, Reason, StageSpec, Tumbling
+from laminar_assets.engine.errors import InjectedCrash
+from laminar_assets.engine.executor import Engine
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = pytest.mark.spark
+
+PART = "2024-01-01-00:00"
+STAGE = StageSpec(
+    name="norm", source="raw", event_time="ts", dedup_key=("trade_id",), filter="qty > 0",
+    derived={"notional": "px * qty"},
+    joins=(DimensionJoin("symbols", on=("sym",), columns=("sector",)),),
+)
+SECTORS = FlowSpec(name="sectors", source="norm", event_time="ts", window=Tumbling("10m"), keys=("sector",),
+                   aggregates=(Agg.count(), Agg.sum("notional"), Agg.max("px")))
+
+
+def raw(rows):
+    df = pd.DataFrame(rows, columns=["trade_id", "ts", "sym", "px", "qty"])
+    df["ts"] = pd.to_datetime(df["ts"], utc=True).astype("datetime64[us, UTC]")
+    return df.astype({"trade_id": "int64", "px": "float64", "qty": "int64"})
+
+
+def symbols(rows):
+    return pd.DataFrame(rows, columns=["sym", "sector"])
+
+
+def expected_stage(lake) -> pd.DataFrame:
+    """Pandas reference: filter, derive, dedup (earliest ts, then smallest other values), inner join."""
+    src = lake.read("raw")
+    dim = lake.read("symbols")
+    src = src[src["qty"] > 0].assign(notional=lambda d: d.px * d.qty)
+    src = src.sort_values(["trade_id", "ts", "sym", "px", "qty", "notional"]).drop_duplicates("trade_id")
+    out = src.merge(dim, on="sym", how="inner")
+    return out[["trade_id", "ts", "sym", "px", "qty", "notional", "sector"]].sort_values("trade_id").reset_index(drop=True)
+
+
+def actual_stage(lake) -> pd.DataFrame:
+    df = lake.read("norm")
+    return df[["trade_id", "ts", "sym", "px", "qty", "notional", "sector"]].sort_values("trade_id").reset_index(drop=True)
+
+
+def assert_stage(lake):
+    pd.testing.assert_frame_equal(actual_stage(lake), expected_stage(lake), check_dtype=False)
+
+
+def setup(lake):
+    lake.create("raw", frame=raw([
+        (1, "2024-01-01 00:01:00", "AAA", 10.0, 2), (2, "2024-01-01 00:02:00", "BBB", 20.0, 1),
+        (2, "2024-01-01 00:02:00", "BBB", 20.0, 1), (3, "2024-01-01 00:15:00", "ZZZ", 5.0, 1),
+        (4, "2024-01-01 00:16:00", "AAA", 11.0, 0),
+    ]))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+
+
+def test_stage_output_and_unmatched_rows(spark, lake, engine):
+    setup(lake)
+    r = engine.run(STAGE, PART)
+    assert r.reason is Reason.NO_WATERMARK
+    assert r.metrics["rows_unmatched"] == 1  # ZZZ has no sector
+    assert_stage(lake)
+    assert set(lake.read("norm").columns) == {"trade_id", "ts", "sym", "px", "qty", "notional", "sector"}
+
+
+def test_stage_incremental_appends_dedup_and_downstream_flow(spark, lake, engine):
+    setup(lake)
+    engine.run(STAGE, PART)
+    engine.run(SECTORS, PART)
+    lake.append("raw", frame=raw([(1, "2024-01-01 00:01:00", "AAA", 10.0, 2), (5, "2024-01-01 00:03:00", "AAA", 12.0, 3)]))
+    r = engine.run(STAGE, PART)
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
+    assert r.metrics["sink_rows"] == 1  # the duplicate of trade 1 is not appended again
+    assert_stage(lake)
+    d = engine.run(SECTORS, PART)
+    assert (d.mode, d.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
+    expected = full_recompute(spark, SECTORS, lake.table("norm").to_pyarrow_table())
+    assert_frames_match(lake.read("sectors"), expected, SECTORS.keys)
+
+
+def test_earlier_duplicate_replaces_kept_row(spark, lake, engine):
+    setup(lake)
+    engine.run(STAGE, PART)
+    lake.append("raw", frame=raw([(2, "2024-01-01 00:00:30", "BBB", 19.0, 1)]))
+    r = engine.run(STAGE, PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.DEDUP_REPLACED_ROW)
+    assert_stage(lake)
+
+
+def test_dimension_change_refills_stage_and_downstream(spark, lake, engine):
+    setup(lake)
+    engine.run(STAGE, PART)
+    engine.run(SECTORS, PART)
+    from deltalake import write_deltalake
+
+    write_deltalake(lake.path("symbols"), symbols([("AAA", "tech"), ("BBB", "utilities"), ("ZZZ", "misc")]),
+                    mode="overwrite")
+    r = engine.run(STAGE, PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.DIMENSION_CHANGED)
+    assert r.plan.from_versions["symbols"] == 0 and r.plan.to_versions["symbols"] == 1
+    assert_stage(lake)
+    d = engine.run(SECTORS, PART)
+    assert d.reason is Reason.REWRITE_WITHOUT_CHANGE_DATA  # the stage rewrote its partition
+    expected = full_recompute(spark, SECTORS, lake.table("norm").to_pyarrow_table())
+    assert_frames_match(lake.read("sectors"), expected, SECTORS.keys)
+
+
+def test_source_delete_refills_stage(spark, lake, engine):
+    setup(lake)
+    engine.run(STAGE, PART)
+    lake.delete("raw", "trade_id = 1")
+    r = engine.run(STAGE, PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert_stage(lake)
+
+
+@pytest.mark.parametrize("step", ["after_intent", "after_read", "after_sink_commit"])
+def test_stage_crash_then_rerun(spark, lake, step):
+    setup(lake)
+    Engine(spark, lake.root).run(STAGE, PART)
+    lake.append("raw", frame=raw([(6, "2024-01-01 00:04:00", "BBB", 1.0, 1)]))
+
+    def hook(current):
+        if current == step:
+            raise InjectedCrash(step)
+
+    with pytest.raises(InjectedCrash):
+        Engine(spark, lake.root, hook=hook).run(STAGE, PART)
+    Engine(spark, lake.root).run(STAGE, PART)
+    assert_stage(lake)

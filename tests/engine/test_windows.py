@@ -1,0 +1,83 @@
+"""Window and interval math (pure)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from laminar_assets.engine.windows import (
+    Granularity, Interval, WindowShape, coalesce, parse_duration, partition_interval, partition_key,
+    partitions_overlapping,
+)
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+times = st.integers(-10**6, 10**7).map(lambda s: T0 + timedelta(seconds=s, microseconds=s % 997))
+shapes = st.sampled_from([
+    WindowShape(timedelta(minutes=1), timedelta(minutes=1)),
+    WindowShape(timedelta(minutes=10), timedelta(minutes=5)),
+    WindowShape(timedelta(hours=1), timedelta(minutes=15)),
+])
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("1m", timedelta(minutes=1)), ("15 minutes", timedelta(minutes=15)), ("1h", timedelta(hours=1)),
+    ("1d", timedelta(days=1)), ("30s", timedelta(seconds=30)),
+])
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == expected
+
+
+def test_parse_duration_rejects_garbage():
+    with pytest.raises(ValueError, match="expected a duration"):
+        parse_duration("soon")
+
+
+@given(times, shapes)
+def test_windows_of_contain_the_time(ts, shape):
+    windows = shape.windows_of(ts)
+    assert len(windows) == shape.copies
+    assert all(w.contains(ts) and w.end - w.start == shape.size for w in windows)
+
+
+@given(times, times, shapes)
+def test_starts_overlapping_matches_brute_force(a, b, shape):
+    lo, hi = min(a, b), max(a, b) + timedelta(microseconds=1)
+    events = Interval(lo, hi)
+    starts = shape.starts_overlapping(events)
+    # every window holding an endpoint of the range is inside the computed start range
+    for ts in (lo, hi - timedelta(microseconds=1)):
+        for w in shape.windows_of(ts):
+            assert starts is not None and starts.contains(w.start)
+    # and the range is tight: its first and last windows do overlap the events
+    first = Interval(starts.start, starts.start + shape.size)
+    last = Interval(starts.end - shape.slide, starts.end - shape.slide + shape.size)
+    assert first.overlaps(events) and last.overlaps(events)
+
+
+@given(times)
+def test_partition_key_round_trip(ts):
+    for g in Granularity:
+        key = partition_key(ts, g)
+        assert partition_interval(key, g).contains(ts)
+
+
+def test_partition_keys_use_dagster_formats():
+    assert partition_key(T0.replace(hour=13, minute=5), Granularity.HOURLY) == "2024-01-01-13:00"
+    assert partition_key(T0.replace(hour=13), Granularity.DAILY) == "2024-01-01"
+    with pytest.raises(ValueError, match="hourly partition key like"):
+        partition_interval("2024-01-01", Granularity.HOURLY)
+
+
+def test_partitions_overlapping_and_coalesce():
+    rng = Interval(T0.replace(hour=1, minute=30), T0.replace(hour=3))
+    assert partitions_overlapping(rng, Granularity.HOURLY) == ["2024-01-01-01:00", "2024-01-01-02:00"]
+    merged = coalesce([Interval(T0, T0 + timedelta(hours=1)), Interval(T0 + timedelta(minutes=30), T0 + timedelta(hours=2)),
+                       Interval(T0 + timedelta(hours=3), T0 + timedelta(hours=4))])
+    assert merged == (Interval(T0, T0 + timedelta(hours=2)), Interval(T0 + timedelta(hours=3), T0 + timedelta(hours=4)))
+
+
+def test_naive_times_are_utc():
+    assert Interval(datetime(2024, 1, 1), datetime(2024, 1, 2)).start.tzinfo == timezone.utc

@@ -1,0 +1,103 @@
+"""An independent full recompute: Spark's own window() and aggregate functions over a snapshot.
+
+It shares no code with the engine's state algebra or window math, so agreement
+between the two is evidence, not tautology.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegralType
+
+from laminar_assets.engine import FlowSpec
+
+
+def _agg(agg, df):
+    c = F.col(agg.column) if agg.column else None
+    kind = agg.kind
+    if kind == "count":
+        return F.count(F.lit(1)) if c is None else F.count(c)
+    if kind == "sum":
+        integral = isinstance(df.schema[agg.column].dataType, IntegralType)
+        return F.sum(c.cast("long" if integral else "double"))
+    if kind == "avg":
+        return F.avg(c)
+    if kind == "var_samp":
+        return F.var_samp(c)
+    if kind == "stddev_samp":
+        return F.stddev_samp(c)
+    if kind == "min":
+        return F.min(c)
+    if kind == "max":
+        return F.max(c)
+    if kind in ("first", "last"):
+        fn = F.min_by if kind == "first" else F.max_by
+        # earliest/latest event time; ties broken by the smaller/larger value
+        order = F.struct(F.col("__t"), c)
+        return fn(c, F.when(c.isNotNull(), order))
+    if kind == "approx_count_distinct":
+        integral = isinstance(df.schema[agg.column].dataType, IntegralType)
+        return F.hll_sketch_estimate(F.hll_sketch_agg(c.cast("long" if integral else "string"), agg.precision or 12))
+    if kind == "approx_percentile":
+        sk = F.kll_sketch_agg_double(c.cast("double"), agg.precision or 200)
+        return F.when(F.count(c) > 0, F.kll_sketch_get_quantile_double(sk, F.lit(agg.quantile)))
+    raise AssertionError(kind)
+
+
+def full_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
+    """Every window of `spec` over all rows of `source` (a pyarrow snapshot, e.g. DeltaTable.to_pyarrow_table())."""
+    if source.num_rows == 0:
+        return pd.DataFrame()
+    df = spark.createDataFrame(source)
+    for name, expr in spec.derived:
+        df = df.withColumn(name, F.expr(expr))
+    if spec.filter:
+        df = df.where(F.expr(spec.filter))
+    df = df.withColumn("__t", F.col(spec.event_time)).where(F.col("__t").isNotNull())
+    for k in spec.keys:
+        df = df.where(F.col(k).isNotNull())
+    size = f"{int(spec.shape.size.total_seconds())} seconds"
+    slide = f"{int(spec.shape.slide.total_seconds())} seconds"
+    df = df.withColumn("__w", F.window("__t", size, slide))
+    out = df.groupBy(F.col("__w.start").alias("window_start"), F.col("__w.end").alias("window_end"), *spec.keys).agg(
+        *[_agg(a, df).alias(a.name) for a in spec.aggregates]
+    )
+    for name, expr in spec.post:
+        out = out.withColumn(name, F.expr(expr))
+    return out.toPandas()
+
+
+def normalise(df: pd.DataFrame, keys) -> pd.DataFrame:
+    if df.empty:
+        return df
+    df = df.copy()
+    for col in ("window_start", "window_end"):
+        df[col] = pd.to_datetime(df[col], utc=True)
+    return df.sort_values(["window_start", *keys]).reset_index(drop=True)
+
+
+def assert_frames_match(actual: pd.DataFrame, expected: pd.DataFrame, keys, rel: float = 1e-9) -> None:
+    """Equal rows; integers exactly, floats within `rel` relative (1e-12 absolute near zero)."""
+    a, e = normalise(actual, keys), normalise(expected, keys)
+    if e.empty:
+        assert a.empty, f"expected no rows, found {len(a)}:\n{a}"
+        return
+    assert list(a.columns) == list(e.columns) or set(a.columns) == set(e.columns), (a.columns, e.columns)
+    a = a[list(e.columns)]
+    assert len(a) == len(e), f"row count {len(a)} != {len(e)}\nactual:\n{a}\nexpected:\n{e}"
+    for col in e.columns:
+        for i, (x, y) in enumerate(zip(a[col].tolist(), e[col].tolist())):
+            if _missing(x) and _missing(y):
+                continue
+            assert not (_missing(x) or _missing(y)), f"{col} row {i}: {x!r} != {y!r}\n{a.iloc[i]}\n{e.iloc[i]}"
+            if isinstance(y, float) or isinstance(x, float):
+                assert math.isclose(float(x), float(y), rel_tol=rel, abs_tol=1e-9), f"{col} row {i}: {x} != {y}\n{a.iloc[i]}"
+            else:
+                assert x == y, f"{col} row {i}: {x!r} != {y!r}\n{a.iloc[i]}\n{e.iloc[i]}"
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT
