@@ -23,6 +23,7 @@ class SparkOptions:
     app_name: str = "laminar"
     shuffle_partitions: int = 4
     driver_memory: str = "2g"
+    log_level: str = "FATAL"  # Spark's own console logging; Laminar reports failures itself
     conf: dict[str, str] = field(default_factory=dict, hash=False)
 
 
@@ -75,7 +76,12 @@ def build_session(options: SparkOptions | None = None):
         builder = SparkSession.builder.remote(options.remote)
     else:
         check_java()
-        builder = SparkSession.builder.master(options.master).config("spark.driver.memory", options.driver_memory)
+        log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+        builder = (
+            SparkSession.builder.master(options.master)
+            .config("spark.driver.memory", options.driver_memory)
+            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        )
     conf = {
         "spark.app.name": options.app_name,
         "spark.sql.session.timeZone": "UTC",
@@ -95,5 +101,5 @@ def build_session(options: SparkOptions | None = None):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not options.remote:
-        spark.sparkContext.setLogLevel("ERROR")
+        spark.sparkContext.setLogLevel(options.log_level)
     return spark

@@ -148,30 +148,35 @@ class WindowShape:
         return Interval(starts.start, starts.end - self.slide + self.size)
 
 
-def assign_windows(df, ts_col: str, shape: WindowShape):
+def assign_windows(df, ts_col: str, shape: WindowShape, *, primary_before: datetime | None = None):
     """Add `window_start`, `window_end` and `__primary` to a Spark DataFrame of events.
 
     Tumbling windows give one row per event; hopping windows give `copies` rows,
     one per window holding the event. `__primary` marks exactly one copy so input
-    rows can be counted once.
+    rows can be counted once: the latest window starting before `primary_before`
+    (the end of the partition being computed), or the latest window if not given.
     """
     from pyspark.sql import functions as F
 
-    size, slide = _micros(shape.size), _micros(shape.slide)
+    # Microsecond arithmetic in 64 bits: a 15-minute slide times 3 copies overflows an int.
+    size, slide = F.lit(_micros(shape.size)).cast("long"), F.lit(_micros(shape.slide)).cast("long")
     us = F.unix_micros(F.col(ts_col))
-    last = us - F.pmod(us, F.lit(slide))
+    last = us - F.pmod(us, slide)
     if shape.copies == 1:
         out = df.withColumn("__ws_us", last).withColumn("__primary", F.lit(True))
     else:
+        primary = last
+        if primary_before is not None:
+            primary = F.least(last, F.lit(to_micros(primary_before) - _micros(shape.slide)).cast("long"))
         out = (
             df.select("*", F.posexplode(F.sequence(F.lit(0), F.lit(shape.copies - 1))).alias("__copy", "__copy_v"))
-            .withColumn("__ws_us", last - F.col("__copy") * F.lit(slide))
-            .withColumn("__primary", F.col("__copy") == 0)
+            .withColumn("__ws_us", last - F.col("__copy").cast("long") * slide)
+            .withColumn("__primary", F.col("__ws_us") == primary)
             .drop("__copy", "__copy_v")
         )
     return (
         out.withColumn("window_start", F.timestamp_micros(F.col("__ws_us")))
-        .withColumn("window_end", F.timestamp_micros(F.col("__ws_us") + F.lit(size)))
+        .withColumn("window_end", F.timestamp_micros(F.col("__ws_us") + size))
         .drop("__ws_us")
     )
 

@@ -105,8 +105,10 @@ def test_dimension_change_refills_stage_and_downstream(spark, lake, engine):
     assert (r.mode, r.reason) == (Mode.REFILL, Reason.DIMENSION_CHANGED)
     assert r.plan.from_versions["symbols"] == 0 and r.plan.to_versions["symbols"] == 1
     assert_stage(lake)
+    assert r.metrics["rows_deleted"] == 1 and r.metrics["rows_inserted"] == 2  # BBB re-sectored, ZZZ now joins
     d = engine.run(SECTORS, PART)
-    assert d.reason is Reason.REWRITE_WITHOUT_CHANGE_DATA  # the stage rewrote its partition
+    # the stage published exact change data: only the windows holding changed rows are refilled
+    assert d.reason is Reason.NON_APPEND_ON_NON_RETRACTABLE and not d.plan.refill_all
     expected = full_recompute(spark, SECTORS, lake.table("norm").to_pyarrow_table())
     assert_frames_match(lake.read("sectors"), expected, SECTORS.keys)
 
@@ -134,3 +136,29 @@ def test_stage_crash_then_rerun(spark, lake, step):
         Engine(spark, lake.root, hook=hook).run(STAGE, PART)
     Engine(spark, lake.root).run(STAGE, PART)
     assert_stage(lake)
+
+
+VOLUME = FlowSpec(name="volume", source="norm", event_time="ts", window=Tumbling("10m"), keys=("sector",),
+                  aggregates=(Agg.count(), Agg.sum("notional"), Agg.avg("px")))
+
+
+def test_stage_correction_keeps_retractable_downstream_incremental(spark, lake, engine):
+    setup(lake)
+    engine.run(STAGE, PART)
+    engine.run(VOLUME, PART)
+    lake.update("raw", {"px": "99.0"}, "trade_id = 1")
+    r = engine.run(STAGE, PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert (r.metrics["rows_deleted"], r.metrics["rows_inserted"]) == (1, 1)
+    assert_stage(lake)
+    # delta-rs's own change data reader sees exactly our delete and insert
+    from deltalake import DeltaTable
+
+    import pyarrow as pa
+
+    cdf = pa.table(DeltaTable(lake.path("norm")).load_cdf(starting_version=2).read_all()).to_pandas()
+    assert sorted(zip(cdf["_change_type"], cdf["px"])) == [("delete", 10.0), ("insert", 99.0)]
+    d = engine.run(VOLUME, PART)
+    assert (d.mode, d.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
+    expected = full_recompute(spark, VOLUME, lake.table("norm").to_pyarrow_table())
+    assert_frames_match(lake.read("volume"), expected, VOLUME.keys)

@@ -1,0 +1,133 @@
+"""Deterministic trade data written as real Delta commits: in-order trades, late rows,
+duplicates, corrections (updates) and cancellations (deletes)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+SYMBOLS = (
+    ("AAPL", "tech", "USD", 100, 190.0), ("MSFT", "tech", "USD", 100, 410.0), ("NVDA", "tech", "USD", 100, 880.0),
+    ("XOM", "energy", "USD", 100, 110.0), ("CVX", "energy", "USD", 100, 150.0), ("JPM", "financials", "USD", 100, 195.0),
+    ("GS", "financials", "USD", 100, 440.0), ("SAP", "tech", "EUR", 50, 180.0), ("SHEL", "energy", "GBP", 50, 27.0),
+    ("HSBA", "financials", "GBP", 50, 6.5),
+)
+VENUES = ("XNYS", "XNAS", "BATS", "XLON", "XETR")
+START = datetime(2024, 1, 2, 9, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """One commit batch of generated trades."""
+
+    rows: int = 2000
+    hours: int = 3
+    late_share: float = 0.05
+    duplicate_share: float = 0.02
+    update_share: float = 0.02
+    delete_share: float = 0.01
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    appended: int
+    late: int
+    duplicates: int
+    updated: int
+    deleted: int
+    first_time: datetime
+    last_time: datetime
+    versions: tuple[int, ...]
+
+
+def _symbols_frame() -> pd.DataFrame:
+    return pd.DataFrame([s[:4] for s in SYMBOLS], columns=["symbol", "sector", "currency", "lot_size"]).astype(
+        {"lot_size": "int64"})
+
+
+def _trades(rng: np.random.Generator, first_id: int, times: list[datetime]) -> pd.DataFrame:
+    n = len(times)
+    idx = rng.integers(0, len(SYMBOLS), n)
+    base = np.array([SYMBOLS[i][4] for i in idx])
+    lots = np.array([SYMBOLS[i][3] for i in idx])
+    price = np.round(base * (1 + rng.normal(0, 0.004, n)), 2)
+    qty = lots * rng.integers(1, 40, n)
+    df = pd.DataFrame({
+        "trade_id": np.arange(first_id, first_id + n, dtype="int64"),
+        "event_time": pd.to_datetime(times, utc=True).astype("datetime64[us, UTC]"),
+        "symbol": [SYMBOLS[i][0] for i in idx],
+        "account": [f"ACC-{a:03d}" for a in rng.integers(0, 60, n)],
+        "side": np.where(rng.random(n) < 0.5, "BUY", "SELL"),
+        "price": price.astype("float64"),
+        "quantity": qty.astype("int64"),
+        "venue": [VENUES[v] for v in rng.integers(0, len(VENUES), n)],
+    })
+    return df
+
+
+def _stats(uri: str) -> tuple[int, datetime | None]:
+    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+    max_id = max((a.get("max.trade_id") or 0 for a in actions), default=0)
+    max_t = max((a["max.event_time"] for a in actions if a.get("max.event_time") is not None), default=None)
+    return int(max_id), max_t
+
+
+def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int = 0) -> BatchSummary:
+    """Write one batch of commits to `<root>/raw_trades` (and create `<root>/symbols` if missing).
+
+    The first batch covers `hours` hours from 2024-01-02 09:00 UTC; each later batch
+    continues in order for one more hour and also writes late rows into the earlier
+    hours, duplicates of existing trades, corrections and cancellations.
+    """
+    rng = np.random.default_rng(options.seed + 1000 * batch)
+    trades_uri, symbols_uri = os.path.join(root, "raw_trades"), os.path.join(root, "symbols")
+    if not DeltaTable.is_deltatable(symbols_uri):
+        write_deltalake(symbols_uri, _symbols_frame(), configuration={"delta.enableChangeDataFeed": "true"})
+    exists = DeltaTable.is_deltatable(trades_uri)
+    max_id, last_time = _stats(trades_uri) if exists else (0, None)
+    span_start = START if last_time is None else last_time.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    span = timedelta(hours=options.hours if last_time is None else 1)
+    late = int(options.rows * options.late_share) if exists else 0
+    in_order = options.rows - late
+    offsets = np.sort(rng.random(in_order)) * span.total_seconds()
+    times = [span_start + timedelta(seconds=float(o)) for o in offsets]
+    if late:
+        late_offsets = rng.random(late) * (span_start - START).total_seconds()
+        times += [START + timedelta(seconds=float(o)) for o in late_offsets]
+    new = _trades(rng, max_id + 1, times)
+    versions = []
+    config = {"delta.enableChangeDataFeed": "true"}
+    write_deltalake(trades_uri, new, mode="append", configuration=None if exists else config)
+    versions.append(DeltaTable(trades_uri).version())
+    dups = updated = deleted = 0
+    if exists:
+        dups = int(options.rows * options.duplicate_share)
+        if dups:
+            again = new.sample(n=min(dups, len(new)), random_state=options.seed + batch).reset_index(drop=True)
+            write_deltalake(trades_uri, again, mode="append")
+            versions.append(DeltaTable(trades_uri).version())
+        dt = DeltaTable(trades_uri)
+        ids = rng.choice(np.arange(1, max_id + 1), size=min(max_id, int(options.rows * (options.update_share + options.delete_share))), replace=False)
+        n_upd = int(len(ids) * options.update_share / max(options.update_share + options.delete_share, 1e-9))
+        upd, dele = ids[:n_upd], ids[n_upd:]
+        if len(upd):
+            dt.update(updates={"price": "price * 1.01", "quantity": "quantity + 1"},
+                      predicate=f"trade_id IN ({', '.join(str(int(i)) for i in upd)})")
+            versions.append(dt.version())
+            updated = len(upd)
+        if len(dele):
+            dt = DeltaTable(trades_uri)
+            dt.delete(f"trade_id IN ({', '.join(str(int(i)) for i in dele)})")
+            versions.append(dt.version())
+            deleted = len(dele)
+    return BatchSummary(
+        appended=in_order, late=late, duplicates=dups, updated=updated, deleted=deleted,
+        first_time=min(times), last_time=max(times), versions=tuple(versions),
+    )

@@ -1,0 +1,19 @@
+"""Per-minute volume-weighted average price per symbol."""
+
+from laminar_assets.engine import Agg, FlowSpec, Tumbling
+
+vwap_1m = FlowSpec(
+    name="vwap_1m",
+    description="Per symbol and minute: VWAP, volume and trade count.",
+    source="normalized_trades",
+    event_time="event_time",
+    window=Tumbling("1m"),
+    keys=("symbol",),
+    aggregates=(
+        Agg.sum("notional", name="notional"),
+        Agg.sum("quantity", name="volume"),
+        Agg.count(name="trades"),
+    ),
+    post={"vwap": "notional / volume"},
+    partitioning="hourly",
+)
