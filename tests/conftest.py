@@ -64,6 +64,9 @@ class Lake:
     def compact(self, name: str) -> None:
         self.table(name).optimize.compact()
 
+    def table_exists(self, name: str) -> bool:
+        return DeltaTable.is_deltatable(self.path(name))
+
     def read(self, name: str) -> pd.DataFrame:
         return self.table(name).to_pandas()
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Iterator
 
-from laminar_assets.engine.errors import CheckpointError, ConcurrentRunError
+from laminar_assets.errors import CheckpointError, ConcurrentRunError
 
 from .watermark import Watermark
 

@@ -6,7 +6,7 @@
     print(result.mode, result.reason)
 """
 
-from .errors import (
+from laminar_assets.errors import (
     CheckpointError,
     CommitConflictError,
     ConcurrentRunError,

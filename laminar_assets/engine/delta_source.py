@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from .errors import SourceNotFoundError, UnsupportedTableFeatureError
+from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureError
 from .windows import Interval, closed_range, to_utc
 
 

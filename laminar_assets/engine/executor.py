@@ -27,7 +27,7 @@ from laminar_assets.checkpoints import CheckpointStore, PendingRun, Watermark
 
 from .aggregates import EVENT_TS, ROWS, SIGN, AggImpl, implementation, q
 from .delta_source import CommitKind, SourceHistory, TableInfo, resolve_uri, snapshot_files, source_history, table_info
-from .errors import ConcurrentRunError, InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
+from laminar_assets.errors import ConcurrentRunError, InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 from .plan import Mode, PartitionPlan, Reason
 from .planner import PlannerInput, plan_partition
 from .spark_io import (
@@ -162,6 +162,20 @@ class Engine:
                 ) from exc
             result.seconds["plan"] = gather_s
             return result
+
+    def preview(self, spec: FlowSpec | StageSpec, partition: str, *, limit: int = 5):
+        """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
+        uri = self.sink_uri(spec)
+        if not DeltaTable.is_deltatable(uri):
+            raise LaminarError(f"sink table of '{spec.name}' does not exist yet", flow=spec.name)
+        part = partition_interval(partition, spec.granularity)
+        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
+        info = table_info(spec.sink, uri)
+        files = snapshot_files(info, column, [part])
+        df = read_files(self.spark, files, info.schema, info.partition_columns)
+        c = F.col(column)
+        df = df.where((c >= F.lit(part.start)) & (c < F.lit(part.end))).orderBy(column)
+        return df.limit(limit).toPandas()
 
     # --- recovery --------------------------------------------------------
     def _txn(self, uri: str, app: str) -> int | None:

@@ -7,7 +7,7 @@ import pkgutil
 from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
 
-from .errors import SpecError
+from laminar_assets.errors import SpecError
 from .spec import FlowSpec, StageSpec
 
 Spec = FlowSpec | StageSpec

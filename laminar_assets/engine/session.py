@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from .errors import EnvironmentProblem
+from laminar_assets.errors import EnvironmentProblem
 
 MIN_JAVA = 17
 

@@ -26,7 +26,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
 from .delta_source import DataFile, _local_path, snapshot_files, table_info
-from .errors import CommitConflictError
+from laminar_assets.errors import CommitConflictError
 from .windows import Interval
 
 CHANGE_TYPE = "_change_type"

@@ -14,7 +14,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, Mapping
 
-from .errors import SpecError
+from laminar_assets.errors import SpecError
 from .windows import Granularity, WindowShape, divides, parse_duration
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -9,7 +9,7 @@ from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampT
 
 from .aggregates import NEEDS_NUMERIC, is_numeric
 from .delta_source import TableInfo
-from .errors import SchemaMismatchError, SpecError
+from laminar_assets.errors import SchemaMismatchError, SpecError
 from .spark_io import spark_schema
 from .spec import FlowSpec, StageSpec
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from laminar_assets.engine import Agg, Engine, FlowSpec, Hopping, Mode, Reason, Tumbling
-from laminar_assets.engine.errors import InjectedCrash
+from laminar_assets.errors import InjectedCrash
 from laminar_assets.engine.executor import STEPS
 from tests.reference import assert_frames_match, full_recompute
 

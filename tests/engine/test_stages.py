@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from laminar_assets.engine import Agg, DimensionJoin, FlowSpec, Mode, Reason, StageSpec, Tumbling
-from laminar_assets.engine.errors import InjectedCrash
+from laminar_assets.errors import InjectedCrash
 from laminar_assets.engine.executor import Engine
 from tests.reference import assert_frames_match, full_recompute
 

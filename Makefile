@@ -1,0 +1,31 @@
+# Two commands do all the set-up on a fresh clone:
+#   make demo   install into .venv and run the demo pipeline end to end
+#   make test   install into .venv and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: install demo test test-fast clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@$(BIN)/python -c "from laminar_assets.engine import check_java; check_java()" || \
+		(echo "Laminar needs Java 17+ for Spark (see the message above)"; exit 1)
+	touch $@
+
+demo: install
+	$(BIN)/laminar demo
+
+test: install
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not spark"
+
+clean:
+	rm -rf .laminar .dagster_home

@@ -1,0 +1,45 @@
+"""The one Dagster `Definitions` object, built from the specs in `laminar_assets/flows/`.
+
+Loaded by `workspace.yaml`, `dagster dev` and `dagster asset materialize` (via
+`[tool.dagster]` in pyproject.toml). Adding a flow module adds an asset.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from laminar_assets.assets import build_asset, build_source_asset, source_tables
+from laminar_assets.checks import build_lag_check
+from laminar_assets.engine import FlowSpec, StageSpec
+from laminar_assets.flows import load_specs
+from laminar_assets.resources import LaminarResource, SparkResource
+from laminar_assets.schedules import build_schedule
+from laminar_assets.sensors import build_stale_sensor, build_version_sensor, consumers_by_table
+from laminar_assets.settings import LaminarSettings, load_settings
+
+
+def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettings,
+                      resources: dict | None = None) -> dg.Definitions:
+    assets = [build_source_asset(t) for t in source_tables(specs)] + [build_asset(s, settings) for s in specs]
+    checks = [build_lag_check(s) for s in specs]
+    sensors = [build_version_sensor(t, c, settings) for t, c in consumers_by_table(specs).items()]
+    sensors.append(build_stale_sensor(specs, settings))
+    jobs, schedules = [], []
+    by_name = {s.name: s for s in specs}
+    for name, cron in settings.schedules.items():
+        if name in by_name:
+            job, schedule = build_schedule(by_name[name], cron, settings)
+            jobs.append(job)
+            schedules.append(schedule)
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=checks,
+        sensors=sensors,
+        schedules=schedules,
+        jobs=jobs,
+        resources=resources or {"laminar": LaminarResource(spark=SparkResource())},
+        executor=dg.in_process_executor,
+    )
+
+
+defs = build_definitions(load_specs(), load_settings())

@@ -1,0 +1,38 @@
+"""The Spark session of a Dagster run."""
+
+
+from typing import Any
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from laminar_assets.engine import SparkOptions, build_session
+
+
+class SparkResource(dg.ConfigurableResource):
+    """A SparkSession for the run: `local[*]` by default, a cluster via `master`,
+    or a Spark Connect endpoint via `remote` (e.g. `sc://spark-connect:15002`)."""
+
+    master: str = "local[*]"
+    remote: str | None = None
+    shuffle_partitions: int = 4
+    driver_memory: str = "2g"
+    conf: dict[str, str] = {}
+    stop_at_end: bool = True
+
+    _session: Any = PrivateAttr(default=None)
+
+    def options(self) -> SparkOptions:
+        return SparkOptions(master=self.master, remote=self.remote, shuffle_partitions=self.shuffle_partitions,
+                            driver_memory=self.driver_memory, conf=dict(self.conf))
+
+    def get_session(self):
+        """The run's session, started on first use."""
+        if self._session is None:
+            self._session = build_session(self.options())
+        return self._session
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._session is not None and self.stop_at_end:
+            self._session.stop()
+        self._session = None

@@ -1,0 +1,24 @@
+"""Cron schedules that materialize a flow's current partition (incremental), from `[tool.laminar.schedules]`."""
+
+
+import dagster as dg
+
+from laminar_assets.assets import PARTITION_TAG, partitions_def
+from laminar_assets.engine import FlowSpec, StageSpec
+from laminar_assets.engine.windows import partition_key
+from laminar_assets.settings import LaminarSettings
+
+
+def build_schedule(spec: FlowSpec | StageSpec, cron: str, settings: LaminarSettings) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    job = dg.define_asset_job(f"{spec.name}_latest", selection=[dg.AssetKey(spec.name)],
+                              partitions_def=partitions_def(spec, settings))
+
+    @dg.schedule(name=f"{spec.name}_schedule", cron_schedule=cron, job=job, execution_timezone="UTC",
+                 default_status=dg.DefaultScheduleStatus.STOPPED,
+                 description=f"Brings the current partition of `{spec.name}` up to date ({cron}).")
+    def _schedule(context: dg.ScheduleEvaluationContext):
+        key = partition_key(context.scheduled_execution_time, spec.granularity)
+        return dg.RunRequest(run_key=f"{spec.name}:{key}:{context.scheduled_execution_time.isoformat()}",
+                             partition_key=key, tags={PARTITION_TAG: f"{spec.name}/{key}"})
+
+    return job, _schedule

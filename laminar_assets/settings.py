@@ -1,0 +1,30 @@
+"""Project settings that shape the Dagster definitions, from `[tool.laminar]` in pyproject.toml.
+
+Runtime settings (storage root, Spark master) are resource config instead, so
+nothing here reads environment variables.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tomllib
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+
+class LaminarSettings(BaseModel):
+    """Definition-time settings; defaults suit the demo."""
+
+    partitions_start: datetime = Field(default=datetime(2024, 1, 1), description="First partition of every flow.")
+    sensor_interval_seconds: int = Field(default=5, ge=1, description="How often the Delta-version sensors look.")
+    backfill_threshold: int = Field(default=24, ge=1, description="More dirty partitions than this become one range run.")
+    schedules: dict[str, str] = Field(default_factory=dict, description="Flow name -> cron schedule of its latest partition.")
+
+
+def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:
+    path = pathlib.Path(path) if path else pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if not path.exists():
+        return LaminarSettings()
+    data = tomllib.loads(path.read_text()).get("tool", {}).get("laminar", {})
+    return LaminarSettings(**data)
