@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast ui clean
 
 install: $(VENV)/.installed
 
@@ -18,8 +18,15 @@ $(VENV)/.installed: pyproject.toml
 		(echo "Laminar needs Java 17+ for Spark (see the message above)"; exit 1)
 	touch $@
 
-demo: install
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar demo
+
+ui: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev
 
 test: install
 	$(BIN)/python -m pytest

@@ -15,6 +15,7 @@ from laminar_assets.settings import LaminarSettings
 
 Spec = FlowSpec | StageSpec
 PARTITION_TAG = "laminar/partition"
+FORCE_TAG = "laminar/force_refill"  # "true": recompute the partitions (reason FORCED_BY_USER)
 
 
 def partitions_def(spec: Spec, settings: LaminarSettings) -> dg.TimeWindowPartitionsDefinition:
@@ -107,11 +108,12 @@ def build_asset(spec: Spec, settings: LaminarSettings) -> dg.AssetsDefinition:
     def _asset(context: dg.AssetExecutionContext, laminar: LaminarResource) -> dg.MaterializeResult:
         engine = laminar.engine()
         keys = list(context.partition_keys)
+        force = context.run.tags.get(FORCE_TAG) == "true"
         results: list[RunResult] = []
         started = time.perf_counter()
         for key in keys:
             try:
-                result = engine.run(spec, key)
+                result = engine.run(spec, key, force=force)
             except LaminarError as exc:
                 raise dg.Failure(description=str(exc), metadata={"partition": key, **{
                     k: str(v) for k, v in exc.facts.items()}}, allow_retries=False) from None

@@ -1,8 +1,10 @@
-"""The `laminar` command line: a thin layer over the engine (and, for runs, Dagster)."""
+"""The `laminar` command line: a thin layer over the engine and the Dagster definitions."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -10,11 +12,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from laminar_assets.engine import LaminarError
+from laminar_assets.errors import LaminarError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Incremental time-window rollups over Delta tables.")
-console = Console()
-err_console = Console(stderr=True)
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Incremental time-window rollups over Delta tables (Spark + Dagster).")
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 @dataclass
@@ -22,23 +25,61 @@ class CliContext:
     """Options shared by every command."""
 
     root: str
+    dagster_home: str
     debug: bool
+
+    def specs(self):
+        from laminar_assets.flows import load_specs
+
+        return load_specs()
+
+    def spec(self, name: str):
+        specs = {s.name: s for s in self.specs()}
+        if name not in specs:
+            raise LaminarError(f"unknown flow {name!r}; known flows: {', '.join(sorted(specs))}", flow=name)
+        return specs[name]
+
+    def engine(self):
+        from laminar_assets.engine import Engine, SparkOptions, build_session
+
+        return Engine(build_session(SparkOptions()), self.root)
+
+    def instance(self):
+        """The local Dagster instance (SQLite under DAGSTER_HOME), created from dagster.yaml if needed."""
+        import dagster as dg
+
+        os.makedirs(self.dagster_home, exist_ok=True)
+        target = os.path.join(self.dagster_home, "dagster.yaml")
+        if not os.path.exists(target):
+            template = os.path.join(os.getcwd(), "dagster.yaml")
+            if os.path.exists(template):
+                shutil.copy(template, target)
+            else:
+                open(target, "w").write("telemetry:\n  enabled: false\n")
+        return dg.DagsterInstance.from_config(self.dagster_home)
+
+    def definitions(self, *, stop_spark_per_run: bool = False):
+        from laminar_assets.definitions import build_definitions
+        from laminar_assets.resources import LaminarResource, SparkResource
+        from laminar_assets.settings import load_settings
+
+        resources = {"laminar": LaminarResource(root=self.root, spark=SparkResource(stop_at_end=stop_spark_per_run))}
+        return build_definitions(self.specs(), load_settings(), resources=resources)
 
 
 @app.callback()
 def _main(
     ctx: typer.Context,
-    root: str = typer.Option(None, "--root", help="Storage root of the Delta tables (default: $LAMINAR_ROOT or ./.laminar/lake)."),
+    root: str = typer.Option(None, "--root", help="Storage root of the Delta tables (default $LAMINAR_ROOT or ./.laminar/lake)."),
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
 ) -> None:
-    ctx.obj = CliContext(root=os.path.abspath(root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake"), debug=debug)
+    root = os.path.abspath(root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
+    home = os.path.abspath(os.environ.get("DAGSTER_HOME") or ".dagster_home")
+    ctx.obj = CliContext(root=root, dagster_home=home, debug=debug)
 
 
-def _engine(root: str):
-    from laminar_assets.engine import Engine, SparkOptions, build_session
-
-    spark = build_session(SparkOptions(master=os.environ.get("LAMINAR_SPARK_MASTER", "local[*]")))
-    return Engine(spark, root)
+def _emit_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 @app.command()
@@ -47,61 +88,215 @@ def demo(
     rows: int = typer.Option(3000, "--rows", min=50, help="Trades in the first batch (the second batch is a quarter)."),
     seed: int = typer.Option(7, "--seed", help="Random seed of the generator."),
 ) -> None:
-    """Generate the trades sources, bring every flow up to date, then apply late rows,
-    corrections and cancellations and bring everything up to date again."""
+    """The main job: generate sources, let Dagster's sensors bring every asset up to date, commit late
+    rows, corrections and cancellations, and let Dagster bring everything up to date again."""
     from laminar_assets.demo.run import run_demo
-    from laminar_assets.flows import load_specs
 
-    root = ctx.obj.root
-    specs = load_specs()
-    with console.status("starting Spark...") as status:
-        engine = _engine(root)
+    c: CliContext = ctx.obj
+    defs = c.definitions()
+    instance = c.instance()
+    with console.status("starting Spark and the Dagster instance...") as status:
+        def progress(row):
+            status.update(f"{row.flow} {row.partition}: {row.mode} ({row.reason})")
 
-        def progress(spec, result):
-            status.update(f"{spec.name} {result.plan.partition}: {result.mode.value} ({result.reason.value})")
-
-        steps = run_demo(engine, specs, rows=rows, seed=seed, on_result=progress)
+        steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress)
+    failed = 0
     for step in steps:
         b = step.batch
-        console.print(f"\n[bold]{step.title}[/bold] — appended {b.appended}, late {b.late}, duplicates {b.duplicates}, "
-                      f"updated {b.updated}, deleted {b.deleted}; source versions {list(b.versions)}; "
-                      f"{step.seconds:.1f}s")
+        console.print(f"\n[bold]{step.title}[/bold]: appended {b.appended}, late {b.late}, duplicates {b.duplicates}, "
+                      f"corrected {b.updated}, cancelled {b.deleted}; raw_trades versions {list(b.versions)}; "
+                      f"{step.requests} runs from {step.sensor_ticks} sensor ticks in {step.seconds:.1f}s")
         table = Table("flow", "partition", "mode", "reason", "versions", "rows read", "sink rows", "seconds")
-        for r in step.results:
-            p = r.plan
-            versions = ", ".join(f"{s}: {p.from_versions.get(s)}→{v}" for s, v in p.to_versions.items())
-            table.add_row(p.flow, p.partition, r.mode.value, r.reason.value, versions,
-                          str(r.metrics.get("rows_read", 0)), str(r.metrics.get("sink_rows", "-")),
-                          f"{sum(r.seconds.values()):.2f}")
+        for r in step.runs:
+            failed += not r.success
+            table.add_row(r.flow, r.partition, r.mode if r.success else "[red]FAILED[/red]",
+                          r.reason if r.success else r.error, r.versions, str(r.rows_read), str(r.sink_rows),
+                          f"{r.seconds:.2f}")
         console.print(table)
-    console.print(f"\nTables are under {root}. Explore them with any Delta reader, e.g. "
-                  f"`python -c \"import deltalake; print(deltalake.DeltaTable('{root}/vwap_1m').to_pandas())\"`.")
+    console.print(f"\nDelta tables: {c.root}\nDagster runs and metadata: DAGSTER_HOME={c.dagster_home} "
+                  f"{sys.prefix}/bin/dagster dev   (then open http://localhost:3000)")
+    if failed:
+        raise LaminarError(f"{failed} run(s) failed; see the table above")
+
+
+@app.command()
+def generate(
+    ctx: typer.Context,
+    rows: int = typer.Option(1000, "--rows", min=1),
+    batch: int = typer.Option(1, "--batch", help="Batch number (0 creates the sources; later batches add late rows etc.)."),
+    late_share: float = typer.Option(0.05, "--late-share", min=0.0, max=1.0),
+    duplicate_share: float = typer.Option(0.02, "--duplicate-share", min=0.0, max=1.0),
+    update_share: float = typer.Option(0.02, "--update-share", min=0.0, max=1.0),
+    delete_share: float = typer.Option(0.01, "--delete-share", min=0.0, max=1.0),
+    seed: int = typer.Option(7, "--seed"),
+) -> None:
+    """Write more source commits to raw_trades (creating the sources if needed)."""
+    from laminar_assets.demo.generator import BatchOptions, write_batch
+
+    s = write_batch(ctx.obj.root, BatchOptions(rows=rows, late_share=late_share, duplicate_share=duplicate_share,
+                                               update_share=update_share, delete_share=delete_share, seed=seed),
+                    batch=batch)
+    console.print(f"raw_trades: appended {s.appended}, late {s.late}, duplicates {s.duplicates}, corrected "
+                  f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}")
+
+
+@app.command()
+def dag(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """The topology: sources, shared stages and flows."""
+    from laminar_assets.engine.report import topology
+
+    rows = topology(ctx.obj.specs())
+    if as_json:
+        _emit_json(rows)
+        return
+    table = Table("node", "kind", "inputs", "outputs", "shared", "partitioning")
+    for r in rows:
+        table.add_row(r["node"], r["kind"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
+                      "yes" if r["is_shared"] else "", r["partitioning"] or "")
+    console.print(table)
+
+
+def _default_partition(c: CliContext, spec) -> str:
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.engine.delta_source import resolve_uri
+    from laminar_assets.engine.inspect import new_commits
+    from laminar_assets.engine.windows import partition_key
+
+    done = CheckpointStore(c.root).partitions(spec.name)
+    if done:
+        return done[-1]
+    changes = new_commits(c.root, spec.sources[0], spec.event_time, None)
+    if changes is None or not changes.ranges:
+        raise LaminarError(f"no data in '{spec.sources[0]}' yet: pass --partition", flow=spec.name)
+    return partition_key(changes.ranges[-1].start, spec.granularity)
+
+
+@app.command()
+def explain(
+    ctx: typer.Context,
+    flow: str = typer.Argument(..., help="Flow or stage name."),
+    partition: str = typer.Option(None, "--partition", help="Partition key (default: the latest materialized)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Logical (the spec), physical (Spark's plan) and strategy (mode, reason, versions, estimates). Writes nothing."""
+    from laminar_assets.engine.report import explain as explain_report
+    from laminar_assets.engine.windows import partition_interval
+
+    c: CliContext = ctx.obj
+    spec = c.spec(flow)
+    key = partition or _default_partition(c, spec)
+    try:
+        partition_interval(key, spec.granularity)
+    except ValueError as exc:
+        raise LaminarError(f"bad --partition for '{flow}': {exc}", flow=flow) from None
+    report = explain_report(c.engine(), spec, key)
+    if as_json:
+        _emit_json(report)
+        return
+    lg, st = report["logical"], report["strategy"]
+    console.print(f"[bold]== logical ==[/bold]\n{lg['kind']} {lg['name']}: {lg['description']}")
+    console.print(f"source {', '.join(lg['sources'])}, event time {lg['event_time']}, filter {lg['filter'] or '-'}")
+    if lg["kind"] == "flow":
+        w = lg["window"]
+        console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}")
+        for a in lg["aggregates"]:
+            console.print(f"  {a['name']} = {a['kind']}({a['column'] or '*'})  state {a['state_columns']}  "
+                          f"{'retractable' if a['retractable'] else 'not retractable'}")
+    console.print(f"\n[bold]== physical ==[/bold]\n{report['physical']}")
+    console.print(f"\n[bold]== strategy ==[/bold]\npartition {st['partition']}: [bold]{st['mode']}[/bold] "
+                  f"({st['reason']}) — {st['detail']}")
+    console.print(f"watermark {st['watermark']['source_versions'] if st['watermark'] else None} -> target "
+                  f"{st['to_versions']}; pending after this run {st['pending_versions']}")
+    console.print(f"commits to read: {len(st['pending_commits'])}; estimated read {st['estimated_read']}")
+    console.print(f"refill scope: {'whole partition' if st['refill_all'] else st['refill'] or 'none'}")
+
+
+@app.command()
+def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions."""
+    from laminar_assets.engine.report import status as status_report
+
+    rows = status_report(ctx.obj.root, ctx.obj.specs())
+    if as_json:
+        _emit_json(rows)
+        return
+    table = Table("flow", "kind", "source versions", "materialized", "stale", "pending versions")
+    for r in rows:
+        stale = ", ".join(f"{s['partition']} ({s['reason']})" for s in r["stale_partitions"]) or "-"
+        table.add_row(r["flow"], r["kind"], json.dumps(r["source_versions"]), str(r["partitions_materialized"]),
+                      stale, str(r["pending_versions"]))
+    console.print(table)
+
+
+@app.command()
+def refill(
+    ctx: typer.Context,
+    flow: str = typer.Argument(...),
+    partition_range: str = typer.Option(None, "--partition-range", help="A...B (inclusive); default: every materialized partition."),
+) -> None:
+    """Recompute partitions through Dagster, recorded with reason FORCED_BY_USER."""
+    import dagster as dg
+
+    from laminar_assets.assets import FORCE_TAG
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.engine.windows import partition_interval
+    from laminar_assets.orchestrate import execute_request
+    from laminar_assets.sensors import RANGE_END, RANGE_START
+
+    c: CliContext = ctx.obj
+    spec = c.spec(flow)
+    if partition_range:
+        if "..." not in partition_range:
+            raise LaminarError(f"--partition-range must look like A...B, found {partition_range!r}", flow=flow)
+        start, end = partition_range.split("...", 1)
+    else:
+        done = CheckpointStore(c.root).partitions(flow)
+        if not done:
+            raise LaminarError(f"'{flow}' has no materialized partitions; pass --partition-range A...B", flow=flow)
+        start, end = done[0], done[-1]
+    for key in (start, end):
+        try:
+            partition_interval(key, spec.granularity)
+        except ValueError as exc:
+            raise LaminarError(f"bad partition in --partition-range: {exc}", flow=flow) from None
+    request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
+                            tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
+    with console.status(f"refilling {flow} {start}...{end}"):
+        outcome = execute_request(c.definitions(), request, c.instance())
+    if not outcome.success:
+        failure = next((e for e in outcome.all_events if e.is_step_failure), None)
+        raise LaminarError(failure.step_failure_data.error.message.strip().splitlines()[0] if failure else "refill failed",
+                           flow=flow)
+    mats = outcome.asset_materializations_for_node(flow)
+    console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
+                  f"(run {outcome.run_id})")
 
 
 def main() -> None:
-    """Entry point: run the app; a LaminarError becomes one red line and exit code 1."""
+    """Entry point: a LaminarError (or a usage error) becomes one red line and a non-zero exit."""
     debug = "--debug" in sys.argv
     try:
         app(standalone_mode=False)
     except LaminarError as exc:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("[red]aborted[/red]")
         sys.exit(130)
-    except Exception as exc:  # click usage errors and anything unexpected
+    except Exception as exc:
         import click
 
         if isinstance(exc, click.ClickException):
-            exc.show()
+            err_console.print(f"[red]error:[/red] {exc.format_message()}", soft_wrap=True)
             sys.exit(exc.exit_code)
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {exc} (run with --debug for the traceback)")
+        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+                          soft_wrap=True)
         sys.exit(1)
 
 

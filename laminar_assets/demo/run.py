@@ -1,78 +1,114 @@
-"""The end-to-end demo: generate sources, bring every asset up to date, commit late rows,
-corrections and cancellations, bring everything up to date again, and show what happened."""
+"""The end-to-end demo through Dagster: generate sources, let the Delta-version sensors
+request runs and execute them on the local instance, then commit late rows, corrections
+and cancellations and let the sensors bring everything up to date again."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import time
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
 
-import pyarrow as pa
-from deltalake import DeltaTable
+import dagster as dg
 
-from laminar_assets.engine import Engine, FlowSpec, RunResult
-from laminar_assets.engine.delta_source import resolve_uri
-from laminar_assets.engine.windows import Interval, partitions_overlapping
-from laminar_assets.engine.windows import to_utc
+from laminar_assets.orchestrate import evaluate_sensor, execute_request
 
 from .generator import BatchOptions, BatchSummary, write_batch
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One materialized partition, as the demo table shows it (from the run's Dagster metadata)."""
+
+    flow: str
+    partition: str
+    mode: str
+    reason: str
+    versions: str
+    rows_read: int
+    sink_rows: int
+    seconds: float
+    success: bool = True
+    error: str = ""
 
 
 @dataclass(frozen=True)
 class DemoStep:
     title: str
     batch: BatchSummary
-    results: tuple[RunResult, ...]
+    runs: tuple[RunRow, ...]
     seconds: float
+    sensor_ticks: int = 0
+    requests: int = 0
 
 
-def event_range(uri: str, column: str) -> Interval | None:
-    """The event-time range of a table, from Delta file statistics (no data scan)."""
-    if not DeltaTable.is_deltatable(uri):
-        return None
-    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
-    lows = [a[f"min.{column}"] for a in actions if a.get(f"min.{column}") is not None]
-    highs = [a[f"max.{column}"] for a in actions if a.get(f"max.{column}") is not None]
-    if not lows:
-        return None
-    return Interval(to_utc(min(lows)), to_utc(max(highs)) + timedelta(microseconds=1))
+@dataclass
+class Driver:
+    """Evaluates every Delta-version sensor in graph order and runs what they request, until quiet."""
+
+    defs: dg.Definitions
+    instance: dg.DagsterInstance
+    sensor_names: list[str]
+    cursors: dict[str, str | None] = field(default_factory=dict)
+
+    def until_quiet(self, on_run=None, max_rounds: int = 10) -> tuple[list[RunRow], int, int]:
+        rows, ticks, requested = [], 0, 0
+        for _ in range(max_rounds):
+            launched = 0
+            for name in self.sensor_names:
+                result = evaluate_sensor(self.defs, name, self.instance, self.cursors.get(name))
+                ticks += 1
+                if not isinstance(result, dg.SensorResult):
+                    continue
+                self.cursors[name] = result.cursor
+                for request in result.run_requests:
+                    launched += 1
+                    outcome = execute_request(self.defs, request, self.instance)
+                    row = _row(request, outcome)
+                    rows.append(row)
+                    if on_run:
+                        on_run(row)
+            requested += launched
+            if not launched:
+                break
+        return rows, ticks, requested
 
 
-def partitions_for(spec, events: Interval) -> list[str]:
-    """Partitions whose windows can hold rows of `events` (hopping windows reach back one window)."""
-    if isinstance(spec, FlowSpec):
-        events = Interval(events.start - spec.shape.size + spec.shape.slide, events.end)
-    return partitions_overlapping(events, spec.granularity)
+def _row(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> RunRow:
+    name = request.asset_selection[0].to_user_string()
+    if not outcome.success:
+        failure = next((e for e in outcome.all_events if e.is_step_failure), None)
+        message = failure.step_failure_data.error.message.strip().splitlines()[0] if failure else "run failed"
+        return RunRow(name, request.partition_key or "range", "FAILED", "-", "-", 0, 0, 0.0, False, message)
+    mat = outcome.asset_materializations_for_node(name)[0]
+    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    frm, to = md.get("versions_from", {}), md.get("versions_to", {})
+    versions = ", ".join(f"{s} {frm.get(s)}→{v}" for s, v in to.items())
+    return RunRow(name, mat.partition or "", str(md.get("mode", "")), str(md.get("reason", "")), versions,
+                  int(md.get("rows_read", 0)), int(md.get("sink_rows", 0)), float(md.get("seconds_total", 0.0)))
 
 
-def bring_up_to_date(engine: Engine, specs, on_result=None) -> list[RunResult]:
-    """Run every spec (in dependency order) for every partition its source data touches."""
-    results = []
-    for spec in specs:
-        rng = event_range(resolve_uri(engine.root, spec.sources[0]), spec.event_time)
-        if rng is None:
-            continue
-        for partition in partitions_for(spec, rng):
-            result = engine.run(spec, partition)
-            results.append(result)
-            if on_result:
-                on_result(spec, result)
-    return results
+def version_sensor_names(defs: dg.Definitions, specs) -> list[str]:
+    """Sensors of source tables first, then of stage outputs in dependency order (graph order)."""
+    produced = [s.sink for s in specs]
+    names = [s.name for s in defs.sensors if s.name.endswith("_versions")]
+    return sorted(names, key=lambda n: (produced.index(n[:-9]) + 1) if n[:-9] in produced else 0)
 
 
-def run_demo(engine: Engine, specs, *, rows: int, seed: int, on_result=None, fresh: bool = True) -> list[DemoStep]:
-    if fresh and os.path.isdir(engine.root):
-        shutil.rmtree(engine.root)
+def run_demo(defs: dg.Definitions, instance: dg.DagsterInstance, specs, root: str, *, rows: int, seed: int,
+             on_run=None) -> list[DemoStep]:
+    if os.path.isdir(root):
+        shutil.rmtree(root)
+    driver = Driver(defs, instance, version_sensor_names(defs, specs))
     steps = []
     t = time.perf_counter()
-    first = write_batch(engine.root, BatchOptions(rows=rows, seed=seed), batch=0)
-    results = bring_up_to_date(engine, specs, on_result)
-    steps.append(DemoStep("batch 1: in-order trades", first, tuple(results), time.perf_counter() - t))
+    first = write_batch(root, BatchOptions(rows=rows, seed=seed), batch=0)
+    runs, ticks, requested = driver.until_quiet(on_run)
+    steps.append(DemoStep("batch 1: three hours of in-order trades", first, tuple(runs), time.perf_counter() - t,
+                          ticks, requested))
     t = time.perf_counter()
-    second = write_batch(engine.root, BatchOptions(rows=max(rows // 4, 50), seed=seed), batch=1)
-    results = bring_up_to_date(engine, specs, on_result)
-    steps.append(DemoStep("batch 2: new hour + late rows, duplicates, corrections, cancellations",
-                          second, tuple(results), time.perf_counter() - t))
+    second = write_batch(root, BatchOptions(rows=max(rows // 4, 50), seed=seed), batch=1)
+    runs, ticks, requested = driver.until_quiet(on_run)
+    steps.append(DemoStep("batch 2: a new hour + late rows, duplicates, corrections, cancellations", second,
+                          tuple(runs), time.perf_counter() - t, ticks, requested))
     return steps

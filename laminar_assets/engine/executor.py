@@ -331,9 +331,8 @@ class Engine:
         return df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
 
     # --- flows -----------------------------------------------------------
-    def _execute_flow(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, run_id: str, seq: int,
-                      metrics: dict, seconds: dict) -> None:
-        t0 = time.perf_counter()
+    def _flow_partial(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, metrics: dict):
+        """Lazy partial states of everything the plan reads (changes and refill snapshot); runs no job."""
         part = plan.interval
         ws = F.col("window_start")
         in_part = (ws >= F.lit(part.start)) & (ws < F.lit(part.end))
@@ -362,44 +361,61 @@ class Engine:
                 F.expr(f"{SIGN} * count(1) AS {ROWS}"),
                 *[F.expr(e) for impl in impls for e in impl.partial()],
             ))
-        state_cols = [c for impl in impls for c in impl.state_columns]
+        partial = partials[0]
+        for p in partials[1:]:
+            partial = partial.unionByName(p)
         bad = ws.isNull()
         for k in spec.keys:
             bad = bad | F.col(k).isNull()
-        pieces = []
-        if True:
-            partial = partials[0]
-            for p in partials[1:]:
-                partial = partial.unionByName(p)
-            partial = partial.persist()
-            stats = partial.agg(
-                F.sum("__in_rows").alias("rows"),
-                F.sum(F.when(ws.isNull(), F.col("__in_rows")).otherwise(0)).alias("null_ts"),
-                F.sum(F.when(ws.isNotNull() & bad, F.col("__in_rows")).otherwise(0)).alias("null_keys"),
-                F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
-                F.countDistinct(F.when(~bad, ws)).alias("windows"),
-                F.count(F.when(~bad, F.lit(1))).alias("groups"),
-            ).first()
-            metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
-                           rows_null_keys=int(stats["null_keys"] or 0), rows_retracted=int(stats["retracted"] or 0),
-                           windows_touched=int(stats["windows"] or 0), partial_groups=int(stats["groups"] or 0))
-            pieces.append(partial.where(~bad).select(*group, ROWS, *state_cols))
-        self.hook("after_read")
-        seconds["read"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
+        return partial, impls, group, in_refill, bad
+
+    def _flow_merge(self, spec: FlowSpec, plan: PartitionPlan, good_partial: DataFrame, impls, group, in_refill):
+        """Lazy merge of the kept old state with the new partial states; runs no job."""
+        state_cols = [c for impl in impls for c in impl.state_columns]
+        combined = good_partial.select(*group, ROWS, *state_cols)
         if not plan.refill_all:
             old = self._read_state(spec, plan.partition)
             if old is not None:
-                pieces.insert(0, old.where(~in_refill).select(*group, ROWS, *state_cols))
-        combined = pieces[0]
-        for p in pieces[1:]:
-            combined = combined.unionByName(p)
+                combined = old.where(~in_refill).select(*group, ROWS, *state_cols).unionByName(combined)
         extra = [e for impl in impls for e in impl.pre_merge_exprs(group)]
         if extra:
             combined = combined.selectExpr("*", *extra)
         merged = combined.groupBy(*group).agg(F.expr(f"sum({ROWS}) AS {ROWS}"),
                                               *[F.expr(e) for i in impls for e in i.merge()])
-        merged = merged.where(F.col(ROWS) != 0)
+        return merged.where(F.col(ROWS) != 0)
+
+    def state_query(self, spec: FlowSpec, partition: str) -> tuple[PartitionPlan, DataFrame]:
+        """The plan and the (lazy) Spark query a run would execute now, for `explain`. Writes nothing."""
+        mark = self.store.load(spec.name, partition)
+        if mark is not None and mark.pending is not None:
+            mark = self._settled(spec, partition, mark, write=False)
+        inputs = self._gather(spec, mark)
+        plan = plan_partition(self._planner_input(spec, partition, mark, inputs, False))
+        partial, impls, group, in_refill, bad = self._flow_partial(spec, plan, inputs, {})
+        return plan, self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill)
+
+    def _execute_flow(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, run_id: str, seq: int,
+                      metrics: dict, seconds: dict) -> None:
+        t0 = time.perf_counter()
+        part = plan.interval
+        ws = F.col("window_start")
+        partial, impls, group, in_refill, bad = self._flow_partial(spec, plan, inputs, metrics)
+        partial = partial.persist()
+        stats = partial.agg(
+            F.sum("__in_rows").alias("rows"),
+            F.sum(F.when(ws.isNull(), F.col("__in_rows")).otherwise(0)).alias("null_ts"),
+            F.sum(F.when(ws.isNotNull() & bad, F.col("__in_rows")).otherwise(0)).alias("null_keys"),
+            F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
+            F.countDistinct(F.when(~bad, ws)).alias("windows"),
+            F.count(F.when(~bad, F.lit(1))).alias("groups"),
+        ).first()
+        metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
+                       rows_null_keys=int(stats["null_keys"] or 0), rows_retracted=int(stats["retracted"] or 0),
+                       windows_touched=int(stats["windows"] or 0), partial_groups=int(stats["groups"] or 0))
+        self.hook("after_read")
+        seconds["read"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        merged = self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill)
         seconds["state"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         rows = replace_range(
@@ -409,8 +425,7 @@ class Engine:
         )
         metrics["state_rows"] = rows
         seconds["merge"] = time.perf_counter() - t2
-        for p in partials:
-            p.unpersist()
+        partial.unpersist()
         self.hook("after_state_commit")
         t3 = time.perf_counter()
         metrics["sink_rows"] = self._write_sink(spec, plan.partition, seq, run_id, plan=plan)

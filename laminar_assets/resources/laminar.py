@@ -14,16 +14,16 @@ from .spark import SparkResource
 class LaminarResource(dg.ConfigurableResource):
     """Storage root of the Delta tables (sources, stages, sinks, and Laminar's state and watermarks).
 
-    `root` is a local path (relative paths are taken from the working directory);
-    `LAMINAR_ROOT`, read when a run or sensor starts, overrides it.
+    `root` is a local path (relative paths are taken from the working directory). When it
+    is not configured, `LAMINAR_ROOT` (read when a run or sensor starts) or `.laminar/lake`.
     """
 
-    root: str = ".laminar/lake"
+    root: str | None = None
     spark: SparkResource
     lease_seconds: float = 6 * 3600
 
     def resolved_root(self) -> str:
-        return os.path.abspath(os.environ.get("LAMINAR_ROOT") or self.root)
+        return os.path.abspath(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
 
     def engine(self) -> Engine:
         """An engine on this run's Spark session."""

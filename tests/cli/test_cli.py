@@ -1,0 +1,101 @@
+"""The `laminar` CLI end to end: the demo (through Dagster), dag, status, explain, refill, generate, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from laminar_assets.cli import app
+from laminar_assets.flows import load_specs
+from tests.reference import assert_frames_match, full_recompute
+
+SPECS = {s.name: s for s in load_specs()}
+
+
+def invoke(*args, home):
+    result = CliRunner().invoke(app, list(args), env={"DAGSTER_HOME": str(home)}, catch_exceptions=False)
+    return result
+
+
+def test_dag_json_shape(tmp_path):
+    out = invoke("--root", str(tmp_path), "dag", "--json", home=tmp_path / "dh")
+    assert out.exit_code == 0, out.output
+    rows = {r["node"]: r for r in json.loads(out.output)}
+    assert set(rows["normalized_trades"]) == {"node", "kind", "inputs", "outputs", "is_shared", "partitioning"}
+    assert rows["raw_trades"]["kind"] == "source" and rows["symbols"]["kind"] == "source"
+    assert rows["normalized_trades"] == {
+        "node": "normalized_trades", "kind": "stage", "inputs": ["raw_trades", "symbols"],
+        "outputs": ["large_trades", "ohlc_5m", "positions_1h", "sector_stats_1h", "vwap_1m"],
+        "is_shared": True, "partitioning": "hourly"}
+    assert rows["vwap_1m"]["kind"] == "flow" and rows["vwap_1m"]["outputs"] == []
+
+
+def test_errors_are_one_red_line_and_nonzero(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh")}
+    for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
+                       (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
+                       (["refill", "vwap_1m", "--partition-range", "2024-01-02...2024-01-03"],
+                        "bad partition in --partition-range"),
+                       (["status", "--bogus"], "No such option")]:
+        proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "--root", str(tmp_path), *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode != 0, args
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        assert len(lines) == 1 and text in lines[0], (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.spark
+def test_demo_then_status_explain_refill_generate(spark, tmp_path):
+    root, home = tmp_path / "lake", tmp_path / "dh"
+    out = invoke("--root", str(root), "demo", "--rows", "200", home=home)
+    assert out.exit_code == 0, out.output
+    assert "batch 2" in out.output and "RETRACTABLE_CHANGES" in out.output and "NO_WATERMARK" in out.output
+    assert "dagster dev" in out.output
+    # every flow's sink equals a full recompute of its input after the second batch
+    from deltalake import DeltaTable
+
+    stage = DeltaTable(str(root / "normalized_trades")).to_pyarrow_table()
+    for name in ("vwap_1m", "ohlc_5m", "sector_stats_1h", "positions_1h"):
+        spec = SPECS[name]
+        expected = full_recompute(spark, spec, stage)
+        assert_frames_match(DeltaTable(str(root / name)).to_pandas(), expected, spec.keys)
+    large = DeltaTable(str(root / "large_trades")).to_pandas()
+    assert sorted(large["trade_id"]) == sorted(t for t, n in zip(stage["trade_id"].to_pylist(),
+                                                                  stage["notional"].to_pylist()) if n > 250_000)
+
+    status = json.loads(invoke("--root", str(root), "status", "--json", home=home).output)
+    vwap = next(r for r in status if r["flow"] == "vwap_1m")
+    assert set(vwap) == {"flow", "kind", "source_versions", "partitions_materialized", "stale_partitions",
+                         "pending_versions", "partitions"}
+    assert vwap["partitions_materialized"] == 4 and vwap["stale_partitions"] == [] and vwap["pending_versions"] == 0
+
+    report = json.loads(invoke("--root", str(root), "explain", "ohlc_5m", "--partition", "2024-01-02-10:00",
+                               "--json", home=home).output)
+    assert set(report) == {"logical", "physical", "strategy"}
+    assert [a["retractable"] for a in report["logical"]["aggregates"]] == [False, False, False, False, True]
+    assert "HashAggregate" in report["physical"] or "Aggregate" in report["physical"]
+    assert report["strategy"]["mode"] == "NOOP" and report["strategy"]["reason"] == "NO_NEW_VERSIONS"
+
+    generated = invoke("--root", str(root), "generate", "--rows", "50", "--batch", "2", home=home)
+    assert generated.exit_code == 0 and "new versions" in generated.output
+    stale = json.loads(invoke("--root", str(root), "status", "--json", home=home).output)
+    [stage_status] = [r for r in stale if r["flow"] == "normalized_trades"]
+    assert stage_status["stale_partitions"], stage_status
+    key = stage_status["stale_partitions"][0]["partition"]
+    text = invoke("--root", str(root), "explain", "normalized_trades", "--partition", key, home=home).output
+    assert "== logical ==" in text and "== physical ==" in text and "== strategy ==" in text
+    assert ("INCREMENTAL" in text or "REFILL" in text) and "NOOP" not in text
+
+    refilled = invoke("--root", str(root), "refill", "vwap_1m", "--partition-range",
+                      "2024-01-02-09:00...2024-01-02-10:00", home=home)
+    assert refilled.exit_code == 0, refilled.output
+    assert "2 partition(s)" in refilled.output and "FORCED_BY_USER" in refilled.output
+    from laminar_assets.checkpoints import CheckpointStore
+
+    assert CheckpointStore(str(root)).load("vwap_1m", "2024-01-02-09:00").last_reason == "FORCED_BY_USER"
