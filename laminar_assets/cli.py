@@ -42,7 +42,7 @@ class CliContext:
     def engine(self):
         from laminar_assets.engine import Engine, SparkOptions, build_session
 
-        return Engine(build_session(SparkOptions()), self.root)
+        return Engine(build_session(SparkOptions.from_env()), self.root)
 
     def instance(self):
         """The local Dagster instance (SQLite under DAGSTER_HOME), created from dagster.yaml if needed."""

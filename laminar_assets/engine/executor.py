@@ -351,7 +351,10 @@ class Engine:
         group = ["window_start", "window_end", *spec.keys]
         partials = []
         impls: list[AggImpl] | None = None
+        in_range = self._event_range_filter(spec, inputs, plan.needed)
         for frame, keep in sources:
+            if in_range is not None:
+                frame = frame.where(in_range)  # pushed down to Parquet row groups
             df = assign_windows(self._prepare(spec, frame), EVENT_TS, spec.shape, primary_before=part.end)
             df = df.where(ws.isNull() | keep)
             if impls is None:
@@ -368,6 +371,18 @@ class Engine:
         for k in spec.keys:
             bad = bad | F.col(k).isNull()
         return partial, impls, group, in_refill, bad
+
+    def _event_range_filter(self, spec, inputs: _Inputs, rng: Interval):
+        """`ts IS NULL OR ts in rng` on the raw event-time column when it is a UTC timestamp
+        (nulls stay so they are counted); None when the column is derived or not a timestamp."""
+        schema = inputs.infos[spec.sources[0]].schema
+        if spec.event_time not in schema.names or spec.event_time in dict(spec.derived):
+            return None
+        typ = schema.field(spec.event_time).type
+        if not (pa.types.is_timestamp(typ) and typ.tz is not None):
+            return None
+        c = F.col(spec.event_time)
+        return c.isNull() | ((c >= F.lit(rng.start)) & (c < F.lit(rng.end)))
 
     def _flow_merge(self, spec: FlowSpec, plan: PartitionPlan, good_partial: DataFrame, impls, group, in_refill):
         """Lazy merge of the kept old state with the new partial states; runs no job."""

@@ -26,6 +26,12 @@ class SparkOptions:
     log_level: str = "FATAL"  # Spark's own console logging; Laminar reports failures itself
     conf: dict[str, str] = field(default_factory=dict, hash=False)
 
+    @classmethod
+    def from_env(cls, *, master: str | None = None, remote: str | None = None, **kw) -> "SparkOptions":
+        """Options where an unset master/remote comes from LAMINAR_SPARK_MASTER / LAMINAR_SPARK_REMOTE."""
+        return cls(master=master or os.environ.get("LAMINAR_SPARK_MASTER") or "local[*]",
+                   remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None, **kw)
+
 
 def java_major_version() -> int | None:
     """The major version of the `java` Spark would start, or None if there is none."""

@@ -11,9 +11,10 @@ from laminar_assets.engine import SparkOptions, build_session
 
 class SparkResource(dg.ConfigurableResource):
     """A SparkSession for the run: `local[*]` by default, a cluster via `master`,
-    or a Spark Connect endpoint via `remote` (e.g. `sc://spark-connect:15002`)."""
+    or a Spark Connect endpoint via `remote` (e.g. `sc://spark-connect:15002`).
+    Unset fields fall back to `LAMINAR_SPARK_MASTER` / `LAMINAR_SPARK_REMOTE`, read when the run starts."""
 
-    master: str = "local[*]"
+    master: str | None = None
     remote: str | None = None
     shuffle_partitions: int = 4
     driver_memory: str = "2g"
@@ -23,8 +24,8 @@ class SparkResource(dg.ConfigurableResource):
     _session: Any = PrivateAttr(default=None)
 
     def options(self) -> SparkOptions:
-        return SparkOptions(master=self.master, remote=self.remote, shuffle_partitions=self.shuffle_partitions,
-                            driver_memory=self.driver_memory, conf=dict(self.conf))
+        return SparkOptions.from_env(master=self.master, remote=self.remote, shuffle_partitions=self.shuffle_partitions,
+                                     driver_memory=self.driver_memory, conf=dict(self.conf))
 
     def get_session(self):
         """The run's session, started on first use."""

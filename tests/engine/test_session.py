@@ -1,0 +1,33 @@
+"""A machine without Java gets a message that says what to install, not a Py4J trace."""
+
+from __future__ import annotations
+
+import pytest
+
+from laminar_assets.engine import EnvironmentProblem, SparkOptions, check_java
+
+
+def test_missing_java_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    with pytest.raises(EnvironmentProblem, match=r"Java 17 or newer .* install a JDK/JRE"):
+        check_java()
+
+
+def test_old_java_is_refused(monkeypatch, tmp_path):
+    fake = tmp_path / "jdk" / "bin"
+    fake.mkdir(parents=True)
+    java = fake / "java"
+    java.write_text('#!/bin/sh\necho \'openjdk version "11.0.2" 2019-01-15\' >&2\n')
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    with pytest.raises(EnvironmentProblem, match="found Java 11"):
+        check_java()
+
+
+def test_spark_options_from_env(monkeypatch):
+    monkeypatch.setenv("LAMINAR_SPARK_MASTER", "spark://cluster:7077")
+    monkeypatch.delenv("LAMINAR_SPARK_REMOTE", raising=False)
+    assert SparkOptions.from_env().master == "spark://cluster:7077"
+    assert SparkOptions.from_env(master="local[1]").master == "local[1]"
+    monkeypatch.setenv("LAMINAR_SPARK_REMOTE", "sc://connect:15002")
+    assert SparkOptions.from_env().remote == "sc://connect:15002"
