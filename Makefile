@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test test-fast ui clean
+.PHONY: install demo test test-fast quality ui clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,10 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 
 test: install
 	$(BIN)/python -m pytest
+
+# Quality gate: the demo at a small size, then every contract and equivalence check.
+quality: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/laminar --root .laminar/quality check --demo --rows 200
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not spark"

@@ -90,8 +90,25 @@ def run_metadata(result: RunResult) -> dict:
     return md
 
 
-def build_asset(spec: Spec, settings: LaminarSettings) -> dg.AssetsDefinition:
+def _guard_sources(spec: Spec, contracts: dict, root: str) -> dict:
+    """Check each source with a contract against its Delta schema before anything is read."""
+    from laminar_assets.contracts.guard import guard_source
+    from laminar_assets.engine.validate import columns_used
+
+    added = {}
+    for src in (*spec.sources, *(spec.dimension_tables if isinstance(spec, StageSpec) else ())):
+        if src not in contracts:
+            continue
+        info = table_info(src, resolve_uri(root, src))
+        report = guard_source(contracts[src], info.schema, info.version, columns_used(spec, src))
+        if report.added_columns:
+            added[src] = list(report.added_columns)
+    return added
+
+
+def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = None) -> dg.AssetsDefinition:
     """The partitioned asset of one spec: a materialization brings its partitions up to date."""
+    contracts = contracts or {}
     inputs = (*spec.sources, *(spec.dimension_tables if isinstance(spec, StageSpec) else ()))
 
     @dg.asset(
@@ -106,6 +123,11 @@ def build_asset(spec: Spec, settings: LaminarSettings) -> dg.AssetsDefinition:
         code_version=spec.spec_hash,
     )
     def _asset(context: dg.AssetExecutionContext, laminar: LaminarResource) -> dg.MaterializeResult:
+        try:
+            added = _guard_sources(spec, contracts, laminar.resolved_root())
+        except LaminarError as exc:
+            raise dg.Failure(description=str(exc), metadata={k: str(v) for k, v in exc.facts.items()},
+                             allow_retries=False) from None
         engine = laminar.engine()
         keys = list(context.partition_keys)
         force = context.run.tags.get(FORCE_TAG) == "true"
@@ -121,6 +143,7 @@ def build_asset(spec: Spec, settings: LaminarSettings) -> dg.AssetsDefinition:
             results.append(result)
         if len(results) == 1:
             md = run_metadata(results[0])
+            md["source_columns_added"] = dg.MetadataValue.json(added)
             md["preview"] = _preview(engine, spec, keys[0])
             return dg.MaterializeResult(metadata=md)
         return dg.MaterializeResult(metadata=_range_metadata(results, time.perf_counter() - started))

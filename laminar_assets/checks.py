@@ -3,9 +3,12 @@
 
 import dagster as dg
 
+from laminar_assets.assets import partitions_def
+from laminar_assets.contracts import Contract
 from laminar_assets.engine import FlowSpec, LaminarError, StageSpec
 from laminar_assets.engine.inspect import inspect_partition, is_stale, lag
 from laminar_assets.resources import LaminarResource
+from laminar_assets.settings import LaminarSettings
 
 
 def build_lag_check(spec: FlowSpec | StageSpec) -> dg.AssetChecksDefinition:
@@ -37,5 +40,60 @@ def build_lag_check(spec: FlowSpec | StageSpec) -> dg.AssetChecksDefinition:
                 "stale": dg.MetadataValue.json(stale[:50]),
             },
         )
+
+    return _check
+
+
+def contract_result(engine, spec: FlowSpec | StageSpec, contract: Contract, partition: str) -> dg.AssetCheckResult:
+    """Run the contract's Great Expectations suite on one partition of the spec's output."""
+    from laminar_assets.contracts.expectations import validate
+
+    summary = validate(engine.sink_frame(spec, partition), contract, name=partition.replace(":", "").replace("-", ""))
+    return dg.AssetCheckResult(
+        passed=summary.success,
+        severity=dg.AssetCheckSeverity.ERROR if contract.blocking else dg.AssetCheckSeverity.WARN,
+        metadata={
+            "partition": partition,
+            "expectations_evaluated": summary.evaluated,
+            "expectations_failed": len(summary.failures),
+            "unexpected_rows": sum(f.unexpected_count or 0 for f in summary.failures),
+            "failures": dg.MetadataValue.json([f.__dict__ for f in summary.failures]),
+            "contract": contract.path,
+        },
+    )
+
+
+def build_contract_check(spec: FlowSpec | StageSpec, contract: Contract, settings: LaminarSettings) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=dg.AssetKey(spec.name), name="contract", blocking=contract.blocking,
+                    partitions_def=partitions_def(spec, settings),
+                    description=f"Great Expectations suite from {contract.path or 'data_contracts/'} on the partition.")
+    def _check(context: dg.AssetCheckExecutionContext, laminar: LaminarResource) -> dg.AssetCheckResult:
+        return contract_result(laminar.engine(), spec, contract, context.partition_key)
+
+    return _check
+
+
+def equivalence_result(engine, spec: FlowSpec, partition: str, sample: int = 8) -> dg.AssetCheckResult:
+    from laminar_assets.engine.equivalence import check_equivalence
+
+    result = check_equivalence(engine, spec, partition, sample=sample)
+    if result is None:
+        return dg.AssetCheckResult(passed=True, metadata={"partition": partition, "windows_checked": 0,
+                                                          "note": "no watermark yet"})
+    return dg.AssetCheckResult(
+        passed=result.passed,
+        metadata={"partition": partition, "windows_checked": result.windows_checked,
+                  "mismatches": len(result.mismatches),
+                  "mismatched_windows": dg.MetadataValue.json(list(result.mismatches)),
+                  "at_versions": dg.MetadataValue.json(result.versions)},
+    )
+
+
+def build_equivalence_check(spec: FlowSpec, settings: LaminarSettings) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=dg.AssetKey(spec.name), name="equivalence", partitions_def=partitions_def(spec, settings),
+                    description="Recomputes a sample of the partition's windows from the source snapshot at the "
+                                "watermark version and compares them with the sink.")
+    def _check(context: dg.AssetCheckExecutionContext, laminar: LaminarResource) -> dg.AssetCheckResult:
+        return equivalence_result(laminar.engine(), spec, context.partition_key)
 
     return _check

@@ -50,12 +50,13 @@ class CliContext:
 
         os.makedirs(self.dagster_home, exist_ok=True)
         target = os.path.join(self.dagster_home, "dagster.yaml")
-        if not os.path.exists(target):
-            template = os.path.join(os.getcwd(), "dagster.yaml")
-            if os.path.exists(template):
+        template = os.path.join(os.getcwd(), "dagster.yaml")
+        if os.path.exists(template):
+            if not os.path.exists(target) or os.path.getmtime(template) > os.path.getmtime(target):
                 shutil.copy(template, target)
-            else:
-                open(target, "w").write("telemetry:\n  enabled: false\n")
+        elif not os.path.exists(target):
+            with open(target, "w") as fh:
+                fh.write("telemetry:\n  enabled: false\n")
         return dg.DagsterInstance.from_config(self.dagster_home)
 
     def definitions(self, *, stop_spark_per_run: bool = False):
@@ -272,9 +273,72 @@ def refill(
                   f"(run {outcome.run_id})")
 
 
+@app.command()
+def check(
+    ctx: typer.Context,
+    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources)."),
+    rows: int = typer.Option(200, "--rows", min=50, help="Demo size with --demo."),
+    sample: int = typer.Option(8, "--sample", min=1, help="Windows per partition for the equivalence check."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Quality gate: every contract (Great Expectations) and equivalence check on every materialized
+    partition; exits non-zero if any fails."""
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.checks import contract_result, equivalence_result
+    from laminar_assets.contracts import load_contracts
+    from laminar_assets.definitions import CONTRACTS
+    from laminar_assets.engine import FlowSpec
+
+    c: CliContext = ctx.obj
+    if demo_first:
+        from laminar_assets.demo.run import run_demo
+
+        with console.status("running the demo pipeline..."):
+            run_demo(c.definitions(), c.instance(), c.specs(), c.root, rows=rows, seed=7)
+    contracts = load_contracts(CONTRACTS)
+    engine = c.engine()
+    store = CheckpointStore(c.root)
+    rows_out = []
+    with console.status("checking...") as status:
+        for spec in c.specs():
+            for key in store.partitions(spec.name):
+                status.update(f"{spec.name} {key}")
+                if spec.sink in contracts:
+                    r = contract_result(engine, spec, contracts[spec.sink], key)
+                    rows_out.append({"check": "contract", "asset": spec.name, "partition": key, "passed": r.passed,
+                                     "details": r.metadata["failures"].value})
+                if isinstance(spec, FlowSpec):
+                    r = equivalence_result(engine, spec, key, sample=sample)
+                    rows_out.append({"check": "equivalence", "asset": spec.name, "partition": key, "passed": r.passed,
+                                     "details": r.metadata.get("mismatched_windows").value
+                                     if "mismatched_windows" in r.metadata else []})
+    failed = [r for r in rows_out if not r["passed"]]
+    if as_json:
+        _emit_json(rows_out)
+    else:
+        table = Table("check", "asset", "partitions", "passed", "failures")
+        summary: dict[tuple, list] = {}
+        for r in rows_out:
+            summary.setdefault((r["check"], r["asset"]), []).append(r)
+        for (name, asset), items in summary.items():
+            bad = [i for i in items if not i["passed"]]
+            table.add_row(name, asset, str(len(items)), "[green]yes[/green]" if not bad else "[red]no[/red]",
+                          "; ".join(f"{i['partition']}: {json.dumps(i['details'], default=str)[:200]}" for i in bad))
+        console.print(table)
+    if not rows_out:
+        raise LaminarError(f"nothing to check under {c.root}: materialize something first (or pass --demo)")
+    if failed:
+        raise LaminarError(f"{len(failed)} of {len(rows_out)} checks failed: "
+                           + ", ".join(sorted({f"{r['check']} on {r['asset']}" for r in failed})))
+    console.print(f"all {len(rows_out)} checks passed")
+
+
 def main() -> None:
     """Entry point: a LaminarError (or a usage error) becomes one red line and a non-zero exit."""
+    import warnings
+
     debug = "--debug" in sys.argv
+    warnings.filterwarnings("ignore", message=r".*is currently in (beta|preview).*")
     try:
         app(standalone_mode=False)
     except LaminarError as exc:

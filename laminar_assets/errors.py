@@ -79,3 +79,7 @@ class RunFailedError(LaminarError):
 
 class InjectedCrash(LaminarError):
     """Raised by the crash-injection hook in tests (simulates a kill)."""
+
+
+class ContractError(LaminarError):
+    """A data contract file is malformed or disagrees with its table."""

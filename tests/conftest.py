@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
+import dagster as dg
 import pandas as pd
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from laminar_assets.engine import Engine, SparkOptions, build_session
+from laminar_assets.resources import LaminarResource, SparkResource
 
 TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
 
@@ -79,3 +81,18 @@ def lake(tmp_path) -> Lake:
 @pytest.fixture
 def engine(spark, lake) -> Engine:
     return Engine(spark, lake.root)
+
+
+@pytest.fixture
+def instance(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as inst:
+        yield inst
+
+
+@pytest.fixture
+def laminar(lake) -> LaminarResource:
+    # stop_at_end=False: reuse the test session's SparkSession instead of one per run.
+    return LaminarResource(root=lake.root, spark=SparkResource(master="local[2]", shuffle_partitions=2,
+                                                               stop_at_end=False))

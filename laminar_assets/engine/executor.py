@@ -163,8 +163,8 @@ class Engine:
             result.seconds["plan"] = gather_s
             return result
 
-    def preview(self, spec: FlowSpec | StageSpec, partition: str, *, limit: int = 5):
-        """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
+    def sink_frame(self, spec: FlowSpec | StageSpec, partition: str) -> DataFrame:
+        """The sink rows of one partition, as a (lazy) Spark DataFrame."""
         uri = self.sink_uri(spec)
         if not DeltaTable.is_deltatable(uri):
             raise LaminarError(f"sink table of '{spec.name}' does not exist yet", flow=spec.name)
@@ -174,8 +174,21 @@ class Engine:
         files = snapshot_files(info, column, [part])
         df = read_files(self.spark, files, info.schema, info.partition_columns)
         c = F.col(column)
-        df = df.where((c >= F.lit(part.start)) & (c < F.lit(part.end))).orderBy(column)
-        return df.limit(limit).toPandas()
+        return df.where((c >= F.lit(part.start)) & (c < F.lit(part.end)))
+
+    def preview(self, spec: FlowSpec | StageSpec, partition: str, *, limit: int = 5):
+        """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
+        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
+        return self.sink_frame(spec, partition).orderBy(column).limit(limit).toPandas()
+
+    def finalize(self, spec: FlowSpec, state: DataFrame) -> DataFrame:
+        """Sink rows (business columns only) from state rows."""
+        impls = [implementation(a) for a in spec.aggregates]
+        out = state.selectExpr("window_start", "window_end", *[q(k) for k in spec.keys],
+                               *[impl.finalize() for impl in impls])
+        for name, expr in spec.post:
+            out = out.withColumn(name, F.expr(expr))
+        return out
 
     # --- recovery --------------------------------------------------------
     def _txn(self, uri: str, app: str) -> int | None:
@@ -466,12 +479,7 @@ class Engine:
 
     def _write_sink(self, spec: FlowSpec, partition: str, seq: int, run_id: str, *, plan: PartitionPlan | None = None) -> int:
         """Finalize the committed state of the partition into the sink (idempotent)."""
-        state = self._read_state(spec, partition)
-        impls = [implementation(a) for a in spec.aggregates]
-        out = state.selectExpr("window_start", "window_end", *[q(k) for k in spec.keys],
-                               *[impl.finalize() for impl in impls])
-        for name, expr in spec.post:
-            out = out.withColumn(name, F.expr(expr))
+        out = self.finalize(spec, self._read_state(spec, partition))
         meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": partition}
         return replace_range(
             self.spark, out, table_uri=self.sink_uri(spec), column="window_start",

@@ -96,3 +96,20 @@ def _unresolved(exc: Exception) -> str | None:
     if params and "objectName" in params:
         return params["objectName"].strip("`")
     return None
+
+
+def columns_used(spec: FlowSpec | StageSpec, table: str) -> set[str]:
+    """Source columns a spec may read from `table` (all declared ones when expressions are involved)."""
+    if isinstance(spec, StageSpec) and table in spec.dimension_tables:
+        join = next(j for j in spec.joins if j.table == table)
+        return set(join.on) | set(join.columns)
+    cols = {spec.event_time}
+    if isinstance(spec, FlowSpec):
+        cols |= set(spec.keys) | {a.column for a in spec.aggregates if a.column}
+    else:
+        cols |= set(spec.dedup_key) | {c for j in spec.joins for c in j.on} | set(spec.columns)
+        if not spec.columns:
+            return {"*"}
+    if spec.filter or spec.derived:
+        return {"*"}
+    return cols

@@ -99,3 +99,10 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     from laminar_assets.checkpoints import CheckpointStore
 
     assert CheckpointStore(str(root)).load("vwap_1m", "2024-01-02-09:00").last_reason == "FORCED_BY_USER"
+
+    # the quality gate: every contract and equivalence check passes (equivalence compares at each
+    # partition's watermark versions, so partitions left stale by `generate` are still comparable)
+    checked = invoke("--root", str(root), "check", "--json", home=home)
+    assert checked.exit_code == 0, checked.output
+    results = json.loads(checked.output)
+    assert {r["check"] for r in results} == {"contract", "equivalence"} and all(r["passed"] for r in results)

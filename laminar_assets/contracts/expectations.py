@@ -1,0 +1,107 @@
+"""Great Expectations glue: a contract becomes an expectation suite, run on a Spark DataFrame."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .model import Contract, ExpectationRule
+
+
+@dataclass(frozen=True)
+class Failure:
+    expectation: str
+    unexpected_count: int | None
+    examples: list = field(default_factory=list)
+    observed: object = None
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    success: bool
+    evaluated: int
+    failures: tuple[Failure, ...]
+
+    def to_json(self) -> dict:
+        return {"success": self.success, "evaluated": self.evaluated,
+                "failures": [f.__dict__ for f in self.failures]}
+
+
+@lru_cache(maxsize=1)
+def _context():
+    import great_expectations as gx
+
+    return gx.get_context(mode="ephemeral")
+
+
+def _expectation(rule: ExpectationRule):
+    import great_expectations as gx
+
+    e = gx.expectations
+    if rule.expect == "not_null":
+        return e.ExpectColumnValuesToNotBeNull(column=rule.column)
+    if rule.expect == "unique":
+        cols = rule.columns_used()
+        return e.ExpectColumnValuesToBeUnique(column=cols[0]) if len(cols) == 1 else \
+            e.ExpectCompoundColumnsToBeUnique(column_list=cols)
+    if rule.expect == "between":
+        return e.ExpectColumnValuesToBeBetween(column=rule.column, min_value=rule.min, max_value=rule.max,
+                                               strict_min=rule.strict_min)
+    if rule.expect == "in_set":
+        return e.ExpectColumnValuesToBeInSet(column=rule.column, value_set=list(rule.values or []))
+    if rule.expect == "row_count_between":
+        return e.ExpectTableRowCountToBeBetween(min_value=rule.min, max_value=rule.max)
+    if rule.expect == "match_regex":
+        return e.ExpectColumnValuesToMatchRegex(column=rule.column, regex=rule.regex)
+    raise ValueError(rule.expect)
+
+
+def expectation_suite(contract: Contract):
+    import great_expectations as gx
+
+    suite = gx.ExpectationSuite(name=f"laminar.{contract.table}")
+    for rule in contract.rules():
+        suite.add_expectation(_expectation(rule))
+    return suite
+
+
+def validate(df, contract: Contract, *, name: str = "partition") -> ValidationSummary:
+    """Run the contract's suite on a Spark DataFrame with Great Expectations' Spark data source."""
+    import logging
+    import os
+
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    ctx = _context()
+    source_name = "laminar_spark"
+    try:
+        source = ctx.data_sources.get(source_name)
+    except (KeyError, ValueError, Exception):
+        source = ctx.data_sources.add_spark(name=source_name)
+    asset_name = f"{contract.table}_{name}"
+    try:
+        asset = source.get_asset(asset_name)
+    except (LookupError, Exception):
+        asset = source.add_dataframe_asset(name=asset_name)
+    try:
+        batch_def = asset.get_batch_definition("whole")
+    except (KeyError, Exception):
+        batch_def = asset.add_batch_definition_whole_dataframe("whole")
+    batch = batch_def.get_batch(batch_parameters={"dataframe": df})
+    rules = contract.rules()
+    result = batch.validate(expectation_suite(contract), result_format={"result_format": "SUMMARY",
+                                                                        "partial_unexpected_count": 5})
+    failures = []
+    for rule, r in zip(rules, result.results):
+        if not r.success:
+            res = r.result or {}
+            failures.append(Failure(rule.describe(), res.get("unexpected_count"),
+                                    [_plain(v) for v in (res.get("partial_unexpected_list") or [])][:5],
+                                    _plain(res.get("observed_value"))))
+    return ValidationSummary(bool(result.success), len(rules), tuple(failures))
+
+
+def _plain(value):
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

@@ -1,0 +1,87 @@
+"""Each quality check can fail: a corrupted sink row fails the contract and the equivalence check,
+a retyped source column stops the run before anything is written."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+from deltalake import write_deltalake
+
+from laminar_assets.assets import build_asset
+from laminar_assets.checks import build_contract_check, build_equivalence_check, contract_result, equivalence_result
+from laminar_assets.contracts import load_contracts
+from laminar_assets.definitions import CONTRACTS
+from laminar_assets.engine import Engine
+from laminar_assets.flows import load_specs
+from laminar_assets.settings import LaminarSettings
+from tests.dagster.pipeline import BASE, create_sources, trades
+
+pytestmark = pytest.mark.spark
+
+SPECS = {s.name: s for s in load_specs()}
+CONTRACT = load_contracts(CONTRACTS)
+SETTINGS = LaminarSettings()
+P9 = "2024-01-02-09:00"
+
+
+def materialized(spark, lake, laminar, instance):
+    create_sources(lake, BASE)
+    stage = build_asset(SPECS["normalized_trades"], SETTINGS, CONTRACT)
+    vwap = build_asset(SPECS["vwap_1m"], SETTINGS, CONTRACT)
+    checks = [build_contract_check(SPECS["vwap_1m"], CONTRACT["vwap_1m"], SETTINGS),
+              build_equivalence_check(SPECS["vwap_1m"], SETTINGS)]
+    assert dg.materialize([stage], partition_key=P9, resources={"laminar": laminar}, instance=instance).success
+    result = dg.materialize([vwap, *checks], partition_key=P9, resources={"laminar": laminar}, instance=instance)
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_checks_pass_then_fail_on_a_corrupted_sink_row(spark, lake, laminar, instance):
+    evaluations = materialized(spark, lake, laminar, instance)
+    assert evaluations["contract"].passed, evaluations["contract"].metadata
+    assert evaluations["contract"].metadata["expectations_evaluated"].value == 11
+    assert evaluations["equivalence"].passed and evaluations["equivalence"].metadata["windows_checked"].value >= 4
+
+    lake.table("vwap_1m").update(updates={"vwap": "-1.0"}, predicate="symbol = 'XOM'")
+    engine = Engine(spark, lake.root)
+    contract = contract_result(engine, SPECS["vwap_1m"], CONTRACT["vwap_1m"], P9)
+    assert not contract.passed
+    [failure] = contract.metadata["failures"].value
+    assert failure["expectation"].startswith("between(vwap") and failure["unexpected_count"] == 1
+    assert failure["examples"] == [-1.0]
+    equivalence = equivalence_result(engine, SPECS["vwap_1m"], P9, sample=60)
+    assert not equivalence.passed
+    [mismatch] = equivalence.metadata["mismatched_windows"].value
+    assert mismatch["keys"] == {"symbol": "XOM"} and mismatch["columns"] == ["vwap"]
+    assert mismatch["window_start"].startswith("2024-01-02 09:40") and mismatch["sink"]["vwap"] == -1.0
+
+
+def test_lost_sink_row_fails_equivalence(spark, lake, laminar, instance):
+    materialized(spark, lake, laminar, instance)
+    lake.delete("vwap_1m", "symbol = 'AAPL'")
+    result = equivalence_result(Engine(spark, lake.root), SPECS["vwap_1m"], P9, sample=60)
+    assert not result.passed and result.metadata["windows_checked"].value == 60
+    missing = result.metadata["mismatched_windows"].value
+    assert {m["keys"]["symbol"] for m in missing} == {"AAPL"} and all(m["sink"]["trades"] is None for m in missing)
+
+
+def test_retyped_source_column_stops_the_run_before_writing(spark, lake, laminar, instance):
+    create_sources(lake, BASE)
+    retyped = trades(BASE).astype({"price": "string"})
+    write_deltalake(lake.path("raw_trades"), retyped, mode="overwrite", schema_mode="overwrite")
+    stage = build_asset(SPECS["normalized_trades"], SETTINGS, CONTRACT)
+    result = dg.materialize([stage], partition_key=P9, resources={"laminar": laminar}, instance=instance,
+                            raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "column 'price' at version 1: expected double (contract), found string" in failure.step_failure_data.error.message
+    assert not lake.table_exists("normalized_trades")
+
+
+def test_added_nullable_source_column_is_accepted_and_reported(spark, lake, laminar, instance):
+    create_sources(lake, BASE)
+    wider = trades(BASE).assign(fee=0.5)
+    write_deltalake(lake.path("raw_trades"), wider, mode="overwrite", schema_mode="merge")
+    stage = build_asset(SPECS["normalized_trades"], SETTINGS, CONTRACT)
+    result = dg.materialize([stage], partition_key=P9, resources={"laminar": laminar}, instance=instance)
+    [mat] = result.asset_materializations_for_node("normalized_trades")
+    assert mat.metadata["source_columns_added"].value == {"raw_trades": ["fee"]}

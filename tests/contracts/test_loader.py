@@ -1,0 +1,86 @@
+"""Contract files: loaded and validated at definition load, errors name the file and the entry."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pyarrow as pa
+import pytest
+
+from laminar_assets.contracts import load_contracts
+from laminar_assets.contracts.guard import guard_source
+from laminar_assets.definitions import CONTRACTS, build_definitions
+from laminar_assets.errors import ContractError, SchemaMismatchError
+from laminar_assets.flows import load_specs
+from laminar_assets.settings import LaminarSettings
+
+GOOD = """
+table: t
+kind: sink
+columns:
+  window_start: {type: timestamp, nullable: false}
+  x: {type: double}
+unique_key: [window_start]
+expectations:
+  - {expect: between, column: x, min: 0}
+"""
+
+
+def write(tmp_path: pathlib.Path, text: str, name: str = "t.yaml") -> pathlib.Path:
+    (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_project_contracts_load_against_the_specs():
+    defs = build_definitions(load_specs(), LaminarSettings())
+    names = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
+    assert names == {"watermark_lag", "contract", "equivalence"}
+    contracts = load_contracts(CONTRACTS)
+    assert set(contracts) >= {"raw_trades", "symbols", "normalized_trades", "vwap_1m", "ohlc_5m", "positions_1h",
+                              "sector_stats_1h", "large_trades"}
+    assert contracts["vwap_1m"].unique_key == ["window_start", "window_end", "symbol"]
+
+
+@pytest.mark.parametrize("text,entry,message", [
+    ("table: t\nkind: sink\ncolumns: {a: {type: varchar}}\n", "columns.a.type", "Input should be"),
+    ("table: t\nkind: sink\ncolumns: {a: {type: bigint}}\nexpectations:\n  - {expect: be_nice, column: a}\n",
+     "expectations.0.expect", "Input should be"),
+    ("table: t\nkind: sink\ncolumns: {a: {type: bigint}}\nexpectations:\n  - {expect: between, column: b, min: 1}\n",
+     "expectations.0", "names column 'b'"),
+    ("table: t\nkind: sink\ncolumns: {a: {type: bigint}}\nexpectations:\n  - {expect: between, column: a}\n",
+     "expectations.0", "needs 'min' and/or 'max'"),
+    ("table: t\nkind: sink\ncolumns: {a: {type: bigint}}\nunique_key: [z]\n", "unique_key", "undeclared column 'z'"),
+    ("table: t\nkind: sink\ncolumns: {a: {type: bigint}}\ncolour: blue\n", "colour", "Extra inputs"),
+])
+def test_bad_contracts_name_file_and_entry(tmp_path, text, entry, message):
+    with pytest.raises(ContractError) as info:
+        load_contracts(write(tmp_path, text))
+    assert info.value.facts["file"].endswith("t.yaml") and info.value.facts["entry"] == entry
+    assert message in str(info.value) and "t.yaml" in str(info.value)
+
+
+def test_malformed_yaml_and_column_the_table_lacks(tmp_path):
+    with pytest.raises(ContractError, match="t.yaml is not valid YAML"):
+        load_contracts(write(tmp_path, "table: [unclosed"))
+    folder = write(tmp_path, GOOD)
+    with pytest.raises(ContractError, match=r"entry 'columns.x': table 't' has no column 'x'"):
+        load_contracts(folder, {"t": ["window_start", "y"]})
+    assert load_contracts(folder, {"t": ["window_start", "x"]})["t"].rules()[0].expect == "not_null"
+
+
+def test_schema_guard():
+    contract = load_contracts(CONTRACTS)["raw_trades"]
+    fields = {n: pa.int64() if c.type == "bigint" else pa.float64() if c.type == "double" else
+              pa.timestamp("us", tz="UTC") if c.type == "timestamp" else pa.string()
+              for n, c in contract.columns.items()}
+    schema = pa.schema(list(fields.items()))
+    assert guard_source(contract, schema, 3, {"*"}).added_columns == ()
+    wider = schema.append(pa.field("fee", pa.float64(), nullable=True))
+    assert guard_source(contract, wider, 4, {"*"}).added_columns == ("fee",)
+    retyped = pa.schema([(n, pa.string() if n == "price" else t) for n, t in fields.items()])
+    with pytest.raises(SchemaMismatchError, match=r"column 'price' at version 5: expected double \(contract\), found string"):
+        guard_source(contract, retyped, 5, {"*"})
+    missing = pa.schema([(n, t) for n, t in fields.items() if n != "quantity"])
+    with pytest.raises(SchemaMismatchError, match="has no column 'quantity'"):
+        guard_source(contract, missing, 6, {"*"})
+    assert guard_source(contract, missing, 6, {"event_time", "price"}).table == "raw_trades"  # unused: fine
