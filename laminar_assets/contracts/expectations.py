@@ -30,8 +30,11 @@ class ValidationSummary:
 @lru_cache(maxsize=1)
 def _context():
     import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    return gx.get_context(mode="ephemeral")
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    return ctx
 
 
 def _expectation(rule: ExpectationRule):

@@ -182,6 +182,14 @@ def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
     return info
 
 
+def temporal(schema: pa.Schema, column: str) -> bool:
+    """Statistics of `column` order like time only for timestamp and date columns (not strings)."""
+    if column not in schema.names:
+        return False
+    t = schema.field(column).type
+    return pa.types.is_timestamp(t) or pa.types.is_date(t)
+
+
 def _parse_stat_time(value) -> datetime | None:
     if value is None:
         return None
@@ -249,11 +257,20 @@ def _range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | No
     return closed_range(lo, hi), meta.num_rows
 
 
-def _file(root: str, action: dict, column: str, *, change_data: bool = False, use_footer: bool = False) -> DataFile:
+def _file(root: str, action: dict, column: str | None, *, change_data: bool = False, use_footer: bool = False) -> DataFile:
     from urllib.parse import unquote
 
     path = unquote(action["path"])
     uri = path if "://" in path or path.startswith("/") else f"{root}/{path}"
+    if column is None:
+        rows = None
+        try:
+            rows = json.loads(action.get("stats") or "{}").get("numRecords")
+        except ValueError:
+            pass
+        return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0),
+                        partition_values=tuple(sorted((action.get("partitionValues") or {}).items())),
+                        time_range=None, change_data=change_data)
     rng, rows = _range_from_stats(action.get("stats"), column)
     if rng is None and use_footer:
         rng, rows = _range_from_footer(uri, column)
@@ -262,8 +279,9 @@ def _file(root: str, action: dict, column: str, *, change_data: bool = False, us
                     time_range=rng, change_data=change_data)
 
 
-def read_commit(table: str, uri: str, version: int, event_time: str) -> CommitSummary | None:
-    """Summarise commit `version`, or None if its log entry no longer exists."""
+def read_commit(table: str, uri: str, version: int, event_time: str | None) -> CommitSummary | None:
+    """Summarise commit `version`, or None if its log entry no longer exists.
+    `event_time` None: the column's statistics cannot locate rows (every range is unknown)."""
     text = _read_text(f"{uri}/_delta_log/{version:020d}.json")
     if text is None:
         return None
@@ -324,21 +342,26 @@ def read_commit(table: str, uri: str, version: int, event_time: str) -> CommitSu
 
 
 @lru_cache(maxsize=4096)
-def _cached_commit(table: str, uri: str, version: int, event_time: str, stamp: float) -> CommitSummary | None:
+def _cached_commit(table: str, uri: str, version: int, event_time: str | None, stamp: float) -> CommitSummary | None:
     return read_commit(table, uri, version, event_time)
 
 
 def source_history(table: str, uri: str, from_version: int | None, latest: int, event_time: str) -> SourceHistory:
     """Commits in (from_version, latest]; `expired` says why the range is unreadable, if it is."""
     info = table_info(table, uri, latest)
+    if from_version is not None and from_version > latest:
+        return SourceHistory(table, uri, from_version, latest, (), (
+            f"'{table}' is at version {latest}, behind the checkpoint at version {from_version}: "
+            "the table was recreated or restored, so its history since the checkpoint is unknown"), info.cdf_enabled)
     if from_version is None or from_version >= latest:
         return SourceHistory(table, uri, from_version, latest, (), None, info.cdf_enabled)
+    stats_column = event_time if temporal(info.schema, event_time) else None
     commits: list[CommitSummary] = []
     for version in range(from_version + 1, latest + 1):
         path = f"{uri}/_delta_log/{version:020d}.json"
         local = _local_path(path)
         stamp = os.path.getmtime(local) if local and os.path.exists(local) else 0.0
-        summary = _cached_commit(table, uri, version, event_time, stamp)
+        summary = _cached_commit(table, uri, version, stats_column, stamp)
         if summary is None:
             return SourceHistory(
                 table, uri, from_version, latest, tuple(commits),
@@ -370,15 +393,17 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
                 "materialise them, or disable deletion vectors", table=info.name, version=info.version,
             )
     actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    if event_time is not None and not temporal(info.schema, event_time):
+        event_time = None  # e.g. string times: their statistics do not order like time
     files = []
     for a in actions:
-        lo, hi = a.get(f"min.{event_time}"), a.get(f"max.{event_time}")
+        lo, hi = (a.get(f"min.{event_time}"), a.get(f"max.{event_time}")) if event_time else (None, None)
         rng = None
         if lo is not None and hi is not None:
             lo_t, hi_t = _parse_stat_time(lo), _parse_stat_time(hi)
             if lo_t is not None and hi_t is not None:
                 rng = closed_range(lo_t, hi_t + timedelta(milliseconds=1))
-        elif a.get("num_records") is not None and a.get(f"null_count.{event_time}") == a.get("num_records"):
+        elif event_time and a.get("num_records") is not None and a.get(f"null_count.{event_time}") == a.get("num_records"):
             continue  # all event times null: no window can use these rows
         if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
             continue

@@ -99,8 +99,14 @@ class Engine:
     def table_uri(self, name: str) -> str:
         return resolve_uri(self.root, name)
 
-    def state_uri(self, spec: FlowSpec) -> str:
-        return f"{self.root}/_laminar/state/{spec.name}/{spec.spec_hash}"
+    def state_uri(self, spec: FlowSpec, input_schema: dict[str, str]) -> str:
+        """State of one spec over one input schema: a compatible type change (SCHEMA_CHANGED) refills
+        into a fresh table instead of clashing with the old state's column types."""
+        import hashlib
+        import json
+
+        schema = hashlib.sha256(json.dumps(sorted(input_schema.items())).encode()).hexdigest()[:8]
+        return f"{self.root}/_laminar/state/{spec.name}/{spec.spec_hash}-{schema}"
 
     def sink_uri(self, spec: FlowSpec | StageSpec) -> str:
         return self.table_uri(spec.sink)
@@ -202,10 +208,10 @@ class Engine:
         p = mark.pending
         app = self.app_id(spec, partition)
         sink_uri = self.sink_uri(spec)
-        done_uri = self.state_uri(spec) if isinstance(spec, FlowSpec) else sink_uri
+        done_uri = self.state_uri(spec, p.input_schema) if isinstance(spec, FlowSpec) else sink_uri
         if self._txn(done_uri, app) == p.seq:
             if write and isinstance(spec, FlowSpec) and self._txn(sink_uri, app) != p.seq:
-                self._write_sink(spec, partition, p.seq, p.run_id + "-recovered")
+                self._write_sink(spec, partition, p.seq, p.run_id + "-recovered", dict(p.input_schema))
             settled = mark.with_(
                 seq=p.seq, source_versions=dict(p.target_versions), input_schema=dict(p.input_schema),
                 last_mode=p.mode, last_reason=p.reason, pending=None, failed_attempt=None,
@@ -262,10 +268,14 @@ class Engine:
 
     # --- execution -------------------------------------------------------
     def _execute(self, spec, plan: PartitionPlan, mark: Watermark | None, inputs: _Inputs, run_id: str) -> RunResult:
-        seq = (mark.seq if mark else 0) + 1
         app = self.app_id(spec, plan.partition)
-        guard_uri = self.state_uri(spec) if isinstance(spec, FlowSpec) else self.sink_uri(spec)
+        guard_uri = self.state_uri(spec, inputs.input_schema) if isinstance(spec, FlowSpec) else self.sink_uri(spec)
         committed = self._txn(guard_uri, app)
+        seq = (mark.seq if mark else 0) + 1
+        if (mark is None or not mark.committed) and committed is not None:
+            # The watermark is gone (deleted by hand) but the table has run `committed`: this run
+            # refills anyway, so it continues the table's sequence instead of clashing with it.
+            seq = committed + 1
         if committed is not None and committed >= seq:
             raise ConcurrentRunError(
                 f"the table already holds run {committed} of this partition but the watermark says {seq - 1}: "
@@ -397,12 +407,13 @@ class Engine:
         c = F.col(spec.event_time)
         return c.isNull() | ((c >= F.lit(rng.start)) & (c < F.lit(rng.end)))
 
-    def _flow_merge(self, spec: FlowSpec, plan: PartitionPlan, good_partial: DataFrame, impls, group, in_refill):
+    def _flow_merge(self, spec: FlowSpec, plan: PartitionPlan, good_partial: DataFrame, impls, group, in_refill,
+                    schema: dict[str, str]):
         """Lazy merge of the kept old state with the new partial states; runs no job."""
         state_cols = [c for impl in impls for c in impl.state_columns]
         combined = good_partial.select(*group, ROWS, *state_cols)
         if not plan.refill_all:
-            old = self._read_state(spec, plan.partition)
+            old = self._read_state(spec, plan.partition, schema)
             if old is not None:
                 combined = old.where(~in_refill).select(*group, ROWS, *state_cols).unionByName(combined)
         extra = [e for impl in impls for e in impl.pre_merge_exprs(group)]
@@ -420,7 +431,7 @@ class Engine:
         inputs = self._gather(spec, mark)
         plan = plan_partition(self._planner_input(spec, partition, mark, inputs, False))
         partial, impls, group, in_refill, bad = self._flow_partial(spec, plan, inputs, {})
-        return plan, self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill)
+        return plan, self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill, inputs.input_schema)
 
     def _execute_flow(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, run_id: str, seq: int,
                       metrics: dict, seconds: dict) -> None:
@@ -443,11 +454,11 @@ class Engine:
         self.hook("after_read")
         seconds["read"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        merged = self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill)
+        merged = self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill, inputs.input_schema)
         seconds["state"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         rows = replace_range(
-            self.spark, merged, table_uri=self.state_uri(spec), column="window_start", rng=part,
+            self.spark, merged, table_uri=self.state_uri(spec, inputs.input_schema), column="window_start", rng=part,
             run_id=run_id, app_id=self.app_id(spec, plan.partition), txn_version=seq,
             metadata=self._commit_meta(plan, run_id),
         )
@@ -456,7 +467,7 @@ class Engine:
         partial.unpersist()
         self.hook("after_state_commit")
         t3 = time.perf_counter()
-        metrics["sink_rows"] = self._write_sink(spec, plan.partition, seq, run_id, plan=plan)
+        metrics["sink_rows"] = self._write_sink(spec, plan.partition, seq, run_id, inputs.input_schema)
         seconds["write"] = time.perf_counter() - t3
         self.hook("after_sink_commit")
 
@@ -466,8 +477,8 @@ class Engine:
         info = inputs.infos[spec.sources[0]]
         return self.spark.createDataFrame([], spark_schema(info.schema)).withColumn(SIGN, F.lit(1))
 
-    def _read_state(self, spec: FlowSpec, partition: str) -> DataFrame | None:
-        uri = self.state_uri(spec)
+    def _read_state(self, spec: FlowSpec, partition: str, schema: dict[str, str]) -> DataFrame | None:
+        uri = self.state_uri(spec, schema)
         if not DeltaTable.is_deltatable(uri):
             return None
         part = partition_interval(partition, spec.granularity)
@@ -477,9 +488,9 @@ class Engine:
         ws = F.col("window_start")
         return df.where((ws >= F.lit(part.start)) & (ws < F.lit(part.end)))
 
-    def _write_sink(self, spec: FlowSpec, partition: str, seq: int, run_id: str, *, plan: PartitionPlan | None = None) -> int:
+    def _write_sink(self, spec: FlowSpec, partition: str, seq: int, run_id: str, schema: dict[str, str]) -> int:
         """Finalize the committed state of the partition into the sink (idempotent)."""
-        out = self.finalize(spec, self._read_state(spec, partition))
+        out = self.finalize(spec, self._read_state(spec, partition, schema))
         meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": partition}
         return replace_range(
             self.spark, out, table_uri=self.sink_uri(spec), column="window_start",

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 
-from .delta_source import CommitSummary, read_commit, resolve_uri, snapshot_files, source_history, table_info
+from .delta_source import CommitSummary, read_commit, resolve_uri, snapshot_files, source_history, table_info, temporal
 from .plan import Mode, PartitionPlan
 from .planner import PlannerInput, plan_partition
 from .spec import FlowSpec, StageSpec
@@ -44,9 +44,12 @@ def new_commits(root: str, table: str, event_time: str, after: int | None) -> Ne
     unknown = False
     commits: list[CommitSummary] = []
     expired = False
+    stats_column = event_time if temporal(info.schema, event_time) else None
+    if stats_column is None:
+        unknown = True
     if after is not None:
         for version in range(after + 1, info.version + 1):
-            commit = read_commit(table, uri, version, event_time)
+            commit = read_commit(table, uri, version, stats_column)
             if commit is None:
                 expired = True
                 break
@@ -57,13 +60,16 @@ def new_commits(root: str, table: str, event_time: str, after: int | None) -> Ne
             else:
                 ranges.extend(t for t in touched if t.end > t.start)
     if after is None or expired or unknown:
-        # Everything the table holds may be affected: use the snapshot's statistics.
+        # Everything the table holds may be affected: use the snapshot's statistics. Rows that were
+        # deleted are not in the snapshot, so `unknown` stays set and callers also take every
+        # partition already materialized.
         for f in snapshot_files(info, event_time):
             if f.time_range is None:
                 unknown = True
             elif f.time_range.end > f.time_range.start:
                 ranges.append(f.time_range)
-        unknown = unknown and not ranges
+        if after is None and not expired:
+            unknown = False  # a first look: everything there is, is in the snapshot
     return NewCommits(table, after, info.version, coalesce(ranges), unknown, tuple(commits))
 
 

@@ -190,9 +190,9 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, c
     return True
 
 
-def files_in_range(table_uri: str, column: str, rng: Interval) -> tuple[list[DataFile], list[DataFile]]:
-    """Current files of a table wholly inside `rng` (by stats) and files only partly inside it."""
-    info = table_info(os.path.basename(table_uri), table_uri)
+def files_in_range(table_uri: str, column: str, rng: Interval, version: int | None = None) -> tuple[list[DataFile], list[DataFile]]:
+    """Files of a table (at `version`, else the latest) wholly inside `rng` by stats, and files partly inside it."""
+    info = table_info(os.path.basename(table_uri), table_uri, version)
     inside, partial = [], []
     for f in snapshot_files(info, column, [rng]):
         if f.time_range is not None and f.time_range.start >= rng.start and f.time_range.end <= rng.end:
@@ -224,14 +224,18 @@ def replace_range(
         attempts += 1
         removes: list[RemoveAction] = []
         extra: list[AddAction] = []
+        # The commit is based on the same snapshot the file list comes from: a concurrent commit
+        # in between makes it fail (max_commit_retries=0) and we list again, instead of removing
+        # a file another run already rewrote.
+        dt = DeltaTable(table_uri)
+        read_version = dt.version()
         if not append_only and not reset:
-            inside, partial = files_in_range(table_uri, column, rng)
+            inside, partial = files_in_range(table_uri, column, rng, read_version)
             for f in inside + partial:
                 removes.append(_remove_action(table_uri, f))
             if partial:
                 keep = read_partial_keep(spark, table_uri, partial, column, rng)
                 extra = list(stage(keep, table_uri, f"{run_id}-keep-{attempts}", max_files=1).adds)
-        dt = DeltaTable(table_uri)
         props = CommitProperties(
             app_transactions=[Transaction(app_id, txn_version)], custom_metadata=metadata, max_commit_retries=0,
         )
@@ -297,7 +301,7 @@ def replace_range_with_change_data(
         for attempt in range(1, 9):
             dt = DeltaTable(table_uri)
             read_version = dt.version()
-            inside, partial = files_in_range(table_uri, column, rng)
+            inside, partial = files_in_range(table_uri, column, rng, read_version)
             info = table_info(os.path.basename(table_uri), table_uri, read_version)
             old_all = read_files(spark, inside + partial, info.schema, info.partition_columns).select(*new.columns)
             c = F.col(column)

@@ -229,6 +229,9 @@ class _Common:
                 self._fail(f"derived[{i}]", f"expected an identifier not starting with '__', found {col!r}")
             if not expr.strip():
                 self._fail(f"derived.{col}", "expected a Spark SQL expression, found an empty string")
+            if col == self.event_time:
+                self._fail(f"derived.{col}", f"a derived column may not replace the event time column {col!r} "
+                           "(file statistics of the source locate rows by it); derive a new name and use it as event_time")
         for attr in ("max_versions_per_run", "max_rows_per_run"):
             value = getattr(self, attr)
             if value is not None and (not isinstance(value, int) or value < 1):

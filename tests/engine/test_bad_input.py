@@ -112,3 +112,17 @@ def test_runtime_failure_keeps_watermark_and_refills_next_time(lake, engine):
     again = engine.run(FLOW, PART)
     assert again.reason.value == "PREVIOUS_ATTEMPT_FAILED"
     assert lake.read("f")["count"].tolist() == [2]
+
+
+def test_string_event_times_with_offsets_are_not_pruned_by_statistics(lake, engine):
+    # As strings, '2024-01-01T10:15:00+02:00' sorts after 09:30 but is 08:15 UTC: string min/max
+    # statistics must not be used to skip the file.
+    frame = pd.DataFrame({"ts": ["2024-01-01T09:30:00+00:00", "2024-01-01T10:15:00+02:00", "2024-01-01T11:00:00+00:00"],
+                          "sym": ["a", "a", "a"], "px": [1.0, 2.0, 3.0]})
+    lake.create("trades", frame=frame)
+    r = engine.run(FLOW, "2024-01-01-08:00")
+    assert lake.read("f")["count"].tolist() == [1] and r.metrics["rows_read"] == 1
+    lake.append("trades", frame=frame.assign(ts=["2024-01-01T10:20:00+02:00"] * 3))
+    lake.delete("trades", "px = 3.0")
+    r = engine.run(FLOW, "2024-01-01-08:00")
+    assert sorted(lake.read("f")["count"].tolist()) == [1, 2]  # windows 08:10 (1 row) and 08:20 (3 - 1 deleted)

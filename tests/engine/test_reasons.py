@@ -177,3 +177,39 @@ def test_bounded_work_leaves_versions_pending_then_catches_up(spark, lake, engin
     r = engine.run(bounded, PART)
     assert r.metrics["pending_versions"] == 0
     check(spark, lake, sums())
+
+
+def test_schema_widening_under_non_retractable_aggregate_refills(spark, lake, engine):
+    lake.create("trades", frame=trades_frame(BASE).astype({"qty": "int32"}))
+    flow = sums(name="qmax", aggregates=(Agg.max("qty"), Agg.count()))
+    engine.run(flow, PART)
+    widened = trades_frame(BASE + [("2024-01-01 00:05:00", "a", 1.0, 9)]).astype({"qty": "int64"})
+    write_deltalake(lake.path("trades"), widened, mode="overwrite", schema_mode="overwrite")
+    assert engine.run(flow, PART).reason is Reason.SCHEMA_CHANGED
+    check(spark, lake, flow)
+
+
+def test_recreated_source_expires_the_checkpoint(spark, lake, engine):
+    lake.create("trades", BASE)
+    for minute in (2, 3):
+        lake.append("trades", [(f"2024-01-01 00:0{minute}:00", "a", 1.0, 1)])
+    engine.run(sums(), PART)  # watermark at version 2
+    import shutil
+
+    shutil.rmtree(lake.path("trades"))
+    lake.create("trades", BASE[:1])  # version 0 again
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.CHECKPOINT_EXPIRED)
+    assert "recreated" in r.detail
+    check(spark, lake, sums())
+
+
+def test_deleted_watermark_file_refills_instead_of_wedging(spark, lake, engine):
+    lake.create("trades", BASE)
+    engine.run(sums(), PART)
+    engine.run(sums(), PART, force=True)
+    os.remove(os.path.join(lake.root, "_laminar", "checkpoints", "sums", "2024-01-01-00-00.json"))
+    r = engine.run(sums(), PART)
+    assert r.reason is Reason.NO_WATERMARK
+    assert engine.run(sums(), PART).reason is Reason.NO_NEW_VERSIONS
+    check(spark, lake, sums())

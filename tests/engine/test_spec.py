@@ -31,6 +31,7 @@ def flow(**kw):
     (dict(keys=("sym", "sym")), "keys", "duplicate group-by key"),
     (dict(max_versions_per_run=0), "max_versions_per_run", "positive integer"),
     (dict(derived={"__x": "1"}), "derived[0]", "not starting with '__'"),
+    (dict(derived={"ts": "ts - INTERVAL 30 MINUTES"}), "derived.ts", "may not replace the event time"),
 ])
 def test_invalid_specs_name_flow_and_field(kw, field, text):
     with pytest.raises(SpecError) as info:
