@@ -330,7 +330,8 @@ def check(
     if failed:
         raise LaminarError(f"{len(failed)} of {len(rows_out)} checks failed: "
                            + ", ".join(sorted({f"{r['check']} on {r['asset']}" for r in failed})))
-    console.print(f"all {len(rows_out)} checks passed")
+    if not as_json:
+        console.print(f"all {len(rows_out)} checks passed")
 
 
 def main() -> None:
