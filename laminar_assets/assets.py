@@ -1,7 +1,6 @@
 """Dagster assets built from flow and stage specs; a thin adapter over the engine."""
 
 
-import json
 import time
 
 import dagster as dg
@@ -174,20 +173,15 @@ def _preview(engine, spec: Spec, key: str) -> dg.MetadataValue:
         return dg.MetadataValue.text(f"no preview: {exc.message}")
     if frame.empty:
         return dg.MetadataValue.text("(no rows in this partition)")
-    return dg.MetadataValue.md(frame.to_markdown(index=False) if _has_tabulate() else frame.to_string(index=False))
+    return dg.MetadataValue.md(frame.to_markdown(index=False))  # tabulate comes with dagster
 
 
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# The numeric metadata keys of a single-partition materialization (documented in the README).
+NUMERIC_METADATA = (
+    "pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "windows_touched",
+    "state_rows", "sink_rows", "seconds_read", "seconds_state", "seconds_merge", "seconds_write", "seconds_total",
+)
 
 
 def metadata_keys() -> list[str]:
-    """The numeric metadata keys of a single-partition materialization (documented in the README)."""
-    return json.loads(json.dumps([
-        "pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "windows_touched",
-        "state_rows", "sink_rows", "seconds_read", "seconds_state", "seconds_merge", "seconds_write", "seconds_total",
-    ]))
+    return list(NUMERIC_METADATA)

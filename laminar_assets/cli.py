@@ -159,7 +159,6 @@ def dag(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="
 
 def _default_partition(c: CliContext, spec) -> str:
     from laminar_assets.checkpoints import CheckpointStore
-    from laminar_assets.engine.delta_source import resolve_uri
     from laminar_assets.engine.inspect import new_commits
     from laminar_assets.engine.windows import partition_key
 

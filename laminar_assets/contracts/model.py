@@ -6,9 +6,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-TYPES = ("string", "bigint", "int", "double", "float", "boolean", "timestamp", "date", "binary")
-KINDS = ("not_null", "unique", "between", "in_set", "row_count_between", "match_regex")
-
 
 class ContractColumn(BaseModel):
     """A column: its Spark SQL type name and whether nulls are allowed."""

@@ -63,9 +63,7 @@ class CommitSummary:
     adds: tuple[DataFile, ...] = ()
     removes: tuple[DataFile, ...] = ()
     cdc: tuple[DataFile, ...] = ()
-    schema_changed: bool = False
     missing_files: tuple[str, ...] = ()
-    uses_deletion_vectors: bool = False
 
     @property
     def touched(self) -> tuple[Interval, ...] | None:
@@ -204,6 +202,15 @@ def _parse_stat_time(value) -> datetime | None:
             return None
 
 
+def _stats_interval(lo, hi) -> Interval | None:
+    """The interval of a file's min/max statistics. JSON statistics may be truncated to
+    milliseconds, so the max is widened by 1 ms."""
+    lo_t, hi_t = _parse_stat_time(lo), _parse_stat_time(hi)
+    if lo_t is None or hi_t is None:
+        return None
+    return closed_range(lo_t, hi_t + timedelta(milliseconds=1))
+
+
 def _range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | None, int | None]:
     if not stats_json:
         return None, None
@@ -212,15 +219,11 @@ def _range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | N
     except ValueError:
         return None, None
     rows = stats.get("numRecords")
-    lo = _parse_stat_time((stats.get("minValues") or {}).get(column))
-    hi = _parse_stat_time((stats.get("maxValues") or {}).get(column))
-    if lo is None or hi is None:
-        if rows is not None and (stats.get("nullCount") or {}).get(column) == rows:
-            # every event time is null: the file touches no window
-            return Interval(datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1, tzinfo=timezone.utc)), rows
-        return None, rows
-    # JSON statistics may be truncated to milliseconds: widen the max by 1 ms.
-    return closed_range(lo, hi + timedelta(milliseconds=1)), rows
+    rng = _stats_interval((stats.get("minValues") or {}).get(column), (stats.get("maxValues") or {}).get(column))
+    if rng is None and rows is not None and (stats.get("nullCount") or {}).get(column) == rows:
+        # every event time is null: the file touches no window
+        return Interval(datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1, tzinfo=timezone.utc)), rows
+    return rng, rows
 
 
 def _range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | None]:
@@ -289,7 +292,6 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None) -> C
     info: dict = {}
     metadata_changed = protocol_changed = False
     data_removes = data_adds = layout_only = 0
-    dv = False
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -302,7 +304,6 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None) -> C
             protocol_changed = True
         elif "add" in action:
             add = action["add"]
-            dv = dv or bool(add.get("deletionVector"))
             if add.get("dataChange", True):
                 data_adds += 1
                 adds.append(_file(uri, add, event_time))
@@ -310,7 +311,6 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None) -> C
                 layout_only += 1
         elif "remove" in action:
             rem = action["remove"]
-            dv = dv or bool(rem.get("deletionVector"))
             if rem.get("dataChange", True):
                 data_removes += 1
                 removes.append(_file(uri, rem, event_time, use_footer=True))
@@ -336,8 +336,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None) -> C
     return CommitSummary(
         version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc),
         operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
-        removes=tuple(removes), cdc=tuple(cdc), schema_changed=metadata_changed,
-        missing_files=tuple(missing), uses_deletion_vectors=dv,
+        removes=tuple(removes), cdc=tuple(cdc), missing_files=tuple(missing),
     )
 
 
@@ -346,9 +345,11 @@ def _cached_commit(table: str, uri: str, version: int, event_time: str | None, s
     return read_commit(table, uri, version, event_time)
 
 
-def source_history(table: str, uri: str, from_version: int | None, latest: int, event_time: str) -> SourceHistory:
-    """Commits in (from_version, latest]; `expired` says why the range is unreadable, if it is."""
-    info = table_info(table, uri, latest)
+def source_history(table: str, uri: str, from_version: int | None, latest: int, event_time: str,
+                   *, info: TableInfo | None = None) -> SourceHistory:
+    """Commits in (from_version, latest]; `expired` says why the range is unreadable, if it is.
+    `info`: the snapshot at `latest` if the caller already opened it."""
+    info = info if info is not None and info.version == latest else table_info(table, uri, latest)
     if from_version is not None and from_version > latest:
         return SourceHistory(table, uri, from_version, latest, (), (
             f"'{table}' is at version {latest}, behind the checkpoint at version {from_version}: "
@@ -397,13 +398,10 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
         event_time = None  # e.g. string times: their statistics do not order like time
     files = []
     for a in actions:
-        lo, hi = (a.get(f"min.{event_time}"), a.get(f"max.{event_time}")) if event_time else (None, None)
-        rng = None
-        if lo is not None and hi is not None:
-            lo_t, hi_t = _parse_stat_time(lo), _parse_stat_time(hi)
-            if lo_t is not None and hi_t is not None:
-                rng = closed_range(lo_t, hi_t + timedelta(milliseconds=1))
-        elif event_time and a.get("num_records") is not None and a.get(f"null_count.{event_time}") == a.get("num_records"):
+        rng = _stats_interval(a.get(f"min.{event_time}"), a.get(f"max.{event_time}")) if event_time else None
+        all_null = event_time and a.get("num_records") is not None and \
+            a.get(f"null_count.{event_time}") == a.get("num_records")
+        if rng is None and all_null:
             continue  # all event times null: no window can use these rows
         if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
             continue

@@ -119,11 +119,15 @@ class Engine:
     def plan(self, spec: FlowSpec | StageSpec, partition: str, *, force: bool = False) -> PartitionPlan:
         """What a run would do now; reads, never writes."""
         self._check_partition(spec, partition)
+        return self._current(spec, partition, force)[2]
+
+    def _current(self, spec, partition: str, force: bool = False):
+        """(watermark, inputs, plan) as a run would see them now, without settling anything on disk."""
         mark = self.store.load(spec.name, partition)
         if mark is not None and mark.pending is not None:
             mark = self._settled(spec, partition, mark, write=False)
         inputs = self._gather(spec, mark)
-        return plan_partition(self._planner_input(spec, partition, mark, inputs, force))
+        return mark, inputs, plan_partition(self._planner_input(spec, partition, mark, inputs, force))
 
     def run(self, spec: FlowSpec | StageSpec, partition: str, *, force: bool = False) -> RunResult:
         """Bring one partition up to date; returns what was done and measured."""
@@ -252,7 +256,7 @@ class Engine:
                 schema[col] = typ
             infos[src] = info
             since = mark.source_versions.get(src) if (mark and mark.committed) else None
-            histories[src] = source_history(src, uri, since, info.version, spec.event_time)
+            histories[src] = source_history(src, uri, since, info.version, spec.event_time, info=info)
         dims = {}
         if isinstance(spec, StageSpec):
             for join in spec.joins:
@@ -425,11 +429,7 @@ class Engine:
 
     def state_query(self, spec: FlowSpec, partition: str) -> tuple[PartitionPlan, DataFrame]:
         """The plan and the (lazy) Spark query a run would execute now, for `explain`. Writes nothing."""
-        mark = self.store.load(spec.name, partition)
-        if mark is not None and mark.pending is not None:
-            mark = self._settled(spec, partition, mark, write=False)
-        inputs = self._gather(spec, mark)
-        plan = plan_partition(self._planner_input(spec, partition, mark, inputs, False))
+        _mark, inputs, plan = self._current(spec, partition)
         partial, impls, group, in_refill, bad = self._flow_partial(spec, plan, inputs, {})
         return plan, self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill, inputs.input_schema)
 
@@ -512,42 +512,41 @@ class Engine:
         for frame in frames:
             df = self._prepare(spec, frame)
             prepared = df if prepared is None else prepared.unionByName(df)
-        if True:
-            prepared = prepared.where(ts.isNull() | ((ts >= F.lit(part.start)) & (ts < F.lit(part.end))))
-            bad = ts.isNull()
-            for k in spec.dedup_key:
-                bad = bad | F.col(k).isNull()
-            joined = prepared.withColumn("__bad", bad)
-            for join in spec.joins:
-                dim_info = inputs.dims[join.table]
-                dim = read_files(self.spark, snapshot_files(dim_info, None), dim_info.schema,
-                                 dim_info.partition_columns)
-                dim = dim.select(*join.on, *join.columns).withColumn(f"__m_{join.table}", F.lit(True))
-                joined = joined.join(dim, list(join.on), "left")
-            unmatched = F.lit(False)
-            for join in spec.joins:
-                if join.how == "inner":
-                    unmatched = unmatched | F.col(f"__m_{join.table}").isNull()
-            joined = joined.withColumn("__unmatched", ~F.col("__bad") & unmatched).persist()
-            stats = joined.agg(
-                F.count(F.lit(1)).alias("rows"),
-                F.sum(F.when(ts.isNull(), 1).otherwise(0)).alias("null_ts"),
-                F.sum(F.when(ts.isNotNull() & F.col("__bad"), 1).otherwise(0)).alias("null_keys"),
-                F.sum(F.when(F.col("__unmatched"), 1).otherwise(0)).alias("unmatched"),
-            ).first()
-            metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
-                           rows_null_keys=int(stats["null_keys"] or 0), rows_unmatched=int(stats["unmatched"] or 0))
-            good = joined.where(~F.col("__bad") & ~F.col("__unmatched"))
-            cols = list(spec.columns) or [c for c in prepared.columns if not c.startswith("__")] + \
-                [c for j in spec.joins for c in j.columns if c not in prepared.columns]
-            out = good.select(*cols, EVENT_TS)
-            if spec.dedup_key:
-                order = [EVENT_TS] + [c for c in cols if c not in spec.dedup_key]
-                w = Window.partitionBy(*spec.dedup_key).orderBy(*order)
-                out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
-                if not refill and mark is not None:
-                    out = self._dedup_against_sink(spec, part, out, cols, order)
-            out = out.drop(EVENT_TS)
+        prepared = prepared.where(ts.isNull() | ((ts >= F.lit(part.start)) & (ts < F.lit(part.end))))
+        bad = ts.isNull()
+        for k in spec.dedup_key:
+            bad = bad | F.col(k).isNull()
+        joined = prepared.withColumn("__bad", bad)
+        for join in spec.joins:
+            dim_info = inputs.dims[join.table]
+            dim = read_files(self.spark, snapshot_files(dim_info, None), dim_info.schema,
+                             dim_info.partition_columns)
+            dim = dim.select(*join.on, *join.columns).withColumn(f"__m_{join.table}", F.lit(True))
+            joined = joined.join(dim, list(join.on), "left")
+        unmatched = F.lit(False)
+        for join in spec.joins:
+            if join.how == "inner":
+                unmatched = unmatched | F.col(f"__m_{join.table}").isNull()
+        joined = joined.withColumn("__unmatched", ~F.col("__bad") & unmatched).persist()
+        stats = joined.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.sum(F.when(ts.isNull(), 1).otherwise(0)).alias("null_ts"),
+            F.sum(F.when(ts.isNotNull() & F.col("__bad"), 1).otherwise(0)).alias("null_keys"),
+            F.sum(F.when(F.col("__unmatched"), 1).otherwise(0)).alias("unmatched"),
+        ).first()
+        metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
+                       rows_null_keys=int(stats["null_keys"] or 0), rows_unmatched=int(stats["unmatched"] or 0))
+        good = joined.where(~F.col("__bad") & ~F.col("__unmatched"))
+        cols = list(spec.columns) or [c for c in prepared.columns if not c.startswith("__")] + \
+            [c for j in spec.joins for c in j.columns if c not in prepared.columns]
+        out = good.select(*cols, EVENT_TS)
+        if spec.dedup_key:
+            order = [EVENT_TS] + [c for c in cols if c not in spec.dedup_key]
+            w = Window.partitionBy(*spec.dedup_key).orderBy(*order)
+            out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
+            if not refill and mark is not None:
+                out = self._dedup_against_sink(spec, part, out, cols, order)
+        out = out.drop(EVENT_TS)
         self.hook("after_read")
         seconds["read"] = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -563,6 +562,7 @@ class Engine:
         else:
             written, inserted, deleted = replace_range_with_change_data(self.spark, out, **common)
             metrics.update(sink_rows=written, rows_inserted=inserted, rows_deleted=deleted)
+        joined.unpersist()
         seconds["write"] = time.perf_counter() - t1
         self.hook("after_state_commit")
         self.hook("after_sink_commit")

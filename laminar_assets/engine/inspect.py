@@ -90,7 +90,7 @@ def inspect_partition(root: str, spec: FlowSpec | StageSpec, partition: str,
         uri = resolve_uri(root, src)
         info = table_info(src, uri)
         since = mark.source_versions.get(src) if (mark and mark.committed) else None
-        histories[src] = source_history(src, uri, since, info.version, spec.event_time)
+        histories[src] = source_history(src, uri, since, info.version, spec.event_time, info=info)
     if isinstance(spec, StageSpec):
         for join in spec.joins:
             dims[join.table] = table_info(join.table, resolve_uri(root, join.table)).version

@@ -62,12 +62,6 @@ _DESCRIPTIONS = {
     Reason.PARTITION_FROZEN: "the partition is older than the late-data policy's freeze_after",
 }
 
-REFILL_REASONS = frozenset({
-    Reason.NO_WATERMARK, Reason.CHECKPOINT_EXPIRED, Reason.NON_APPEND_ON_NON_RETRACTABLE,
-    Reason.REWRITE_WITHOUT_CHANGE_DATA, Reason.SPEC_CHANGED, Reason.DIMENSION_CHANGED,
-    Reason.SCHEMA_CHANGED, Reason.FORCED_BY_POLICY, Reason.FORCED_BY_USER,
-    Reason.PREVIOUS_ATTEMPT_FAILED, Reason.DEDUP_REPLACED_ROW,
-})
 
 
 @dataclass(frozen=True)
@@ -91,13 +85,6 @@ class PartitionPlan:
     other_partitions: tuple[str, ...] = ()
     other_partitions_unknown: bool = False
 
-    @property
-    def versions_planned(self) -> int:
-        return sum(
-            (to - (self.from_versions.get(src) if self.from_versions.get(src) is not None else to))
-            for src, to in self.to_versions.items()
-        )
-
     def to_json(self) -> dict:
         return {
             "flow": self.flow, "partition": self.partition, "mode": self.mode.value,
@@ -109,4 +96,5 @@ class PartitionPlan:
             "incremental_versions": {k: list(v) for k, v in self.incremental_versions.items()},
             "pending_versions": self.pending_versions,
             "other_partitions": list(self.other_partitions),
+            "other_partitions_unknown": self.other_partitions_unknown,
         }

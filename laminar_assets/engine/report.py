@@ -12,8 +12,9 @@ import io
 from laminar_assets.checkpoints import CheckpointStore
 
 from .aggregates import implementation
-from .delta_source import CommitKind, resolve_uri, snapshot_files, table_info
+from .delta_source import CommitKind, resolve_uri, snapshot_files, source_history, table_info
 from .inspect import inspect_partition, is_stale
+from .spark_io import read_files
 from .spec import FlowSpec, StageSpec
 from .validate import apply_row_logic
 
@@ -78,15 +79,11 @@ def explain(engine, spec: Spec, partition: str) -> dict:
         plan = engine.plan(spec, partition)
         src = spec.sources[0]
         info = table_info(src, resolve_uri(engine.root, src))
-        from .spark_io import read_files
-
         physical = _formatted(apply_row_logic(read_files(engine.spark, [], info.schema, info.partition_columns), spec))
     estimate = {"files": 0, "bytes": 0, "rows": 0}
     pending_commits = []
     for src in spec.sources:
         uri = resolve_uri(engine.root, src)
-        from .delta_source import source_history
-
         since = plan.from_versions.get(src)
         history = source_history(src, uri, since, table_info(src, uri).version, spec.event_time)
         wanted = set(plan.incremental_versions.get(src, ()))

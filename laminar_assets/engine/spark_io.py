@@ -23,7 +23,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from .delta_source import DataFile, _local_path, snapshot_files, table_info
 from laminar_assets.errors import CommitConflictError
@@ -49,7 +49,7 @@ def read_files(
     full = spark_schema(schema)
     file_fields = [f for f in full.fields if f.name not in partition_columns]
     if change_data:
-        file_fields.append(StructField(CHANGE_TYPE, pa_string_type(), True))
+        file_fields.append(StructField(CHANGE_TYPE, StringType(), True))
     file_schema = StructType(file_fields)
     if not files:
         return spark.createDataFrame([], StructType(list(full.fields) + ([file_schema[CHANGE_TYPE]] if change_data else [])))
@@ -69,12 +69,6 @@ def read_files(
     for df in frames[1:]:
         out = out.unionByName(df)
     return out
-
-
-def pa_string_type():
-    from pyspark.sql.types import StringType
-
-    return StringType()
 
 
 # --- writing ---------------------------------------------------------------

@@ -328,12 +328,6 @@ class FlowSpec(_Common):
 
         return all(implementation(a).retractable for a in self.aggregates)
 
-    @property
-    def input_columns(self) -> tuple[str, ...]:
-        cols = [self.event_time, *self.keys]
-        cols += [a.column for a in self.aggregates if a.column]
-        return tuple(dict.fromkeys(cols))
-
     def _hash_payload(self) -> dict[str, Any]:
         return {
             "kind": "flow", "sources": self.sources, "event_time": self.event_time,

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
-from typing import Iterable, Sequence
+from typing import Iterable
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|seconds?|minutes?|hours?|days?)\s*$", re.I)
@@ -97,10 +97,6 @@ def coalesce(intervals: Iterable[Interval]) -> tuple[Interval, ...]:
         else:
             out.append(iv)
     return tuple(out)
-
-
-def any_overlap(intervals: Sequence[Interval], target: Interval) -> bool:
-    return any(iv.overlaps(target) for iv in intervals)
 
 
 # --- windows ---------------------------------------------------------------

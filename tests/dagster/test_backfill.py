@@ -1,11 +1,9 @@
 """Stale partitions after late rows and deletes: one catch-up pass brings every sink to a full recompute."""
 
 import dagster as dg
-import pandas as pd
 import pytest
 
 from laminar_assets.definitions import build_definitions
-from laminar_assets.engine import Agg, FlowSpec, Tumbling
 from laminar_assets.flows import load_specs
 from laminar_assets.orchestrate import execute_request
 from laminar_assets.sensors import stale_requests

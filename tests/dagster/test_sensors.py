@@ -4,7 +4,6 @@ range runs for large dirty sets, graph order through a stage's own output sensor
 from __future__ import annotations
 
 import dagster as dg
-import pytest
 
 from laminar_assets.flows import load_specs
 from laminar_assets.schedules import build_schedule

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from laminar_assets.engine import Agg
-from laminar_assets.engine.aggregates import EVENT_TS, SIGN, implementation, q
+from laminar_assets.engine.aggregates import EVENT_TS, SIGN, implementation
 
 pytestmark = pytest.mark.spark
 

@@ -9,7 +9,7 @@ import pytest
 from deltalake import write_deltalake
 
 from laminar_assets.engine import (
-    Agg, Engine, FlowSpec, LaminarError, RunFailedError, SchemaMismatchError, SourceNotFoundError, Tumbling,
+    Agg, FlowSpec, LaminarError, RunFailedError, SchemaMismatchError, SourceNotFoundError, Tumbling,
     UnsupportedTableFeatureError,
 )
 from tests.conftest import trades_frame

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import time
 
-import pandas as pd
 import pytest
 from deltalake import write_deltalake
 
 from laminar_assets.engine import (
-    Agg, Engine, FlowSpec, LatePolicy, Mode, Reason, StrictRefreshError, Tumbling,
+    Agg, FlowSpec, LatePolicy, Mode, Reason, StrictRefreshError, Tumbling,
 )
 from tests.conftest import trades_frame
 from tests.reference import assert_frames_match, full_recompute
