@@ -52,11 +52,16 @@ def full_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
     if source.num_rows == 0:
         return pd.DataFrame()
     df = spark.createDataFrame(source)
+    for rule in spec.rules:  # good rows meet every rule (NULL counts as broken)
+        df = df.where(F.coalesce(F.expr(rule.check), F.lit(False)))
     for name, expr in spec.derived:
         df = df.withColumn(name, F.expr(expr))
     if spec.filter:
         df = df.where(F.expr(spec.filter))
     df = df.withColumn("__t", F.col(spec.event_time)).where(F.col("__t").isNotNull())
+    if spec.event_time_bounds:
+        lo, hi = spec.event_time_bounds
+        df = df.where((F.col("__t") >= F.lit(lo)) & (F.col("__t") < F.lit(hi)))
     for k in spec.keys:
         df = df.where(F.col(k).isNotNull())
     size = f"{int(spec.shape.size.total_seconds())} seconds"

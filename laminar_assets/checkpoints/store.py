@@ -3,6 +3,7 @@
 Layout under the storage root:
     _laminar/checkpoints/<flow>/<partition>.json   watermark (atomic replace)
     _laminar/locks/<flow>/<partition>.lock         lease of the run processing it
+    _laminar/sweeps/<flow>.json                    source versions the quarantine sweep has read
 """
 
 from __future__ import annotations
@@ -59,6 +60,28 @@ class CheckpointStore:
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(stamped.to_json(), fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def load_sweep(self, flow: str) -> dict[str, int]:
+        """Source versions whose partition-less rows `flow` has quarantined ({} if none yet)."""
+        path = os.path.join(self.base, "sweeps", f"{flow}.json")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return {str(k): int(v) for k, v in json.load(fh).items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"sweep progress file is unreadable: {exc}; delete it and the next run sweeps "
+                                  "the sources again (nothing is recorded twice)", flow=flow, path=path) from exc
+
+    def save_sweep(self, flow: str, versions: dict[str, int]) -> None:
+        path = os.path.join(self.base, "sweeps", f"{flow}.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(versions, fh, sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

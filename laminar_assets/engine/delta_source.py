@@ -50,6 +50,7 @@ class DataFile:
     partition_values: tuple[tuple[str, str | None], ...] = ()
     time_range: Interval | None = None  # None: not known from statistics
     change_data: bool = False
+    time_nulls: int | None = None  # null event times in the file; None: not known from statistics
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,15 @@ def _file(root: str, action: dict, column: str | None, *, change_data: bool = Fa
         rng, rows = _range_from_footer(uri, column)
     pv = tuple(sorted((action.get("partitionValues") or {}).items()))
     return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
-                    time_range=rng, change_data=change_data)
+                    time_range=rng, change_data=change_data, time_nulls=_null_count(action.get("stats"), column))
+
+
+def _null_count(stats_json: str | None, column: str) -> int | None:
+    try:
+        value = (json.loads(stats_json or "{}").get("nullCount") or {}).get(column)
+    except ValueError:
+        return None
+    return int(value) if isinstance(value, int) else None
 
 
 def read_commit(table: str, uri: str, version: int, event_time: str | None) -> CommitSummary | None:
@@ -381,8 +390,10 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
     return SourceHistory(table, uri, from_version, latest, tuple(commits), None, info.cdf_enabled)
 
 
-def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Interval] | None = None) -> list[DataFile]:
-    """Data files of the pinned snapshot, pruned to those whose statistics overlap `within`."""
+def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Interval] | None = None,
+                   *, keep_null_files: bool = False) -> list[DataFile]:
+    """Data files of the pinned snapshot, pruned to those whose statistics overlap `within`.
+    Files whose event times are all null are left out unless `keep_null_files`."""
     dt = open_table(info.name, info.uri, info.version)
     ranges = list(within) if within is not None else None
     if "deletionVectors" in (dt.protocol().reader_features or []):
@@ -401,7 +412,7 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
         rng = _stats_interval(a.get(f"min.{event_time}"), a.get(f"max.{event_time}")) if event_time else None
         all_null = event_time and a.get("num_records") is not None and \
             a.get(f"null_count.{event_time}") == a.get("num_records")
-        if rng is None and all_null:
+        if rng is None and all_null and not keep_null_files:
             continue  # all event times null: no window can use these rows
         if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
             continue
@@ -411,6 +422,8 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
 
         path = unquote(a["path"])
         uri = path if "://" in path or path.startswith("/") else f"{info.uri}/{path}"
+        nulls = a.get(f"null_count.{event_time}") if event_time else None
         files.append(DataFile(uri=uri, rows=a.get("num_records"), size=int(a.get("size_bytes") or 0),
-                              partition_values=pv, time_range=rng))
+                              partition_values=pv, time_range=rng,
+                              time_nulls=int(nulls) if nulls is not None else None))
     return files

@@ -52,7 +52,7 @@ def check_equivalence(engine, spec: FlowSpec, partition: str, *, sample: int = 8
                          spec_hash=spec.spec_hash, to_versions=dict(mark.source_versions), refill=refill,
                          refill_all=True)
     inputs = engine._gather(spec, mark)
-    partial, impls, group, in_refill, bad = engine._flow_partial(spec, plan, inputs, {})
+    partial, impls, group, in_refill, bad, _rejects = engine._flow_partial(spec, plan, inputs, {})
     state = engine._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill, inputs.input_schema)
     recomputed = engine.finalize(spec, state)
     ws = F.col("window_start")

@@ -26,16 +26,20 @@ from py4j.protocol import Py4JError
 from laminar_assets.checkpoints import CheckpointStore, PendingRun, Watermark
 
 from .aggregates import EVENT_TS, ROWS, SIGN, AggImpl, implementation, q
-from .delta_source import CommitKind, SourceHistory, TableInfo, resolve_uri, snapshot_files, source_history, table_info
+from .delta_source import (
+    CommitKind, DataFile, SourceHistory, TableInfo, resolve_uri, snapshot_files, source_history, table_info, temporal,
+)
 from laminar_assets.errors import ConcurrentRunError, InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 from .plan import Mode, PartitionPlan, Reason
+from . import quarantine as qr
+from .quarantine import FILE, ROW, RULE, VERSION
 from .planner import PlannerInput, plan_partition
 from .spark_io import (
     CHANGE_TYPE, _arrow_schema_of, new_run_id, nullable, read_files, replace_range, replace_range_with_change_data,
 )
 from .spec import FlowSpec, RefreshPolicy, StageSpec
 from .validate import apply_row_logic, check_source, event_time_column
-from .windows import Interval, assign_windows, partition_interval
+from .windows import Interval, assign_windows, partition_interval, to_micros
 
 Hook = Callable[[str], None]
 STEPS = ("after_intent", "after_read", "after_state_commit", "after_sink_commit", "after_watermark")
@@ -55,6 +59,7 @@ class RunResult:
     run_id: str
     metrics: dict[str, float | int] = field(default_factory=dict, hash=False)
     seconds: dict[str, float] = field(default_factory=dict, hash=False)
+    quarantined: dict[str, int] = field(default_factory=dict, hash=False)  # new quarantine rows by rule
 
     @property
     def mode(self) -> Mode:
@@ -69,7 +74,8 @@ class RunResult:
         return self.plan.detail
 
     def to_json(self) -> dict:
-        return {"run_id": self.run_id, **self.plan.to_json(), "metrics": self.metrics, "seconds": self.seconds}
+        return {"run_id": self.run_id, **self.plan.to_json(), "metrics": self.metrics, "seconds": self.seconds,
+                "quarantined": self.quarantined}
 
 
 @dataclass
@@ -107,6 +113,10 @@ class Engine:
 
         schema = hashlib.sha256(json.dumps(sorted(input_schema.items())).encode()).hexdigest()[:8]
         return f"{self.root}/_laminar/state/{spec.name}/{spec.spec_hash}-{schema}"
+
+    def quarantine_uri(self, source: str) -> str:
+        """The quarantine table of one source (see quarantine.py)."""
+        return f"{self.root}/_laminar/quarantine/{qr.table_name(source)}"
 
     def sink_uri(self, spec: FlowSpec | StageSpec) -> str:
         return self.table_uri(spec.sink)
@@ -148,12 +158,20 @@ class Engine:
                     reason=plan.reason.value, flow=spec.name, partition=partition,
                 )
             gather_s = time.perf_counter() - started
+            try:
+                swept = self._sweep(spec, plan, run_id)
+            except LaminarError:
+                raise
+            except Exception as exc:
+                raise RunFailedError(f"quarantine sweep of '{spec.name}' failed: {_short(exc)}; nothing was written "
+                                     "to the partition", flow=spec.name, partition=partition, run_id=run_id) from exc
             if plan.mode is Mode.NOOP:
                 if mark is not None and mark.committed and plan.to_versions != mark.source_versions:
                     self.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
                                                last_reason=plan.reason.value))
-                return RunResult(plan, run_id, {"pending_versions": sum(plan.pending_versions.values())},
-                                 {"plan": gather_s})
+                return RunResult(plan, run_id, {"pending_versions": sum(plan.pending_versions.values()),
+                                                "rows_quarantined": sum(swept.values())}, {"plan": gather_s},
+                                 dict(swept))
             try:
                 try:
                     result = self._execute(spec, plan, mark, inputs, run_id)
@@ -171,6 +189,9 @@ class Engine:
                     "move and the next run refills", flow=spec.name, partition=partition, run_id=run_id,
                 ) from exc
             result.seconds["plan"] = gather_s
+            for rule, n in swept.items():
+                result.quarantined[rule] = result.quarantined.get(rule, 0) + n
+            result.metrics["rows_quarantined"] = sum(result.quarantined.values())
             return result
 
     def sink_frame(self, spec: FlowSpec | StageSpec, partition: str) -> DataFrame:
@@ -292,10 +313,11 @@ class Engine:
         self.hook("after_intent")
         seconds: dict[str, float] = {}
         metrics: dict[str, float | int] = {}
+        quarantined: dict[str, int] = {}
         if isinstance(spec, FlowSpec):
-            self._execute_flow(spec, plan, inputs, run_id, seq, metrics, seconds)
+            self._execute_flow(spec, plan, inputs, run_id, seq, metrics, seconds, quarantined)
         else:
-            self._execute_stage(spec, plan, mark, inputs, run_id, seq, metrics, seconds)
+            self._execute_stage(spec, plan, mark, inputs, run_id, seq, metrics, seconds, quarantined)
         t = time.perf_counter()
         self.store.save(Watermark(
             flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
@@ -309,40 +331,49 @@ class Engine:
             for s, to in plan.to_versions.items()
         )
         metrics["pending_versions"] = sum(plan.pending_versions.values())
-        return RunResult(plan, run_id, metrics, seconds)
+        return RunResult(plan, run_id, metrics, seconds, quarantined)
 
     def _commit_meta(self, plan: PartitionPlan, run_id: str) -> dict:
         return {"laminar.run_id": run_id, "laminar.flow": plan.flow, "laminar.partition": plan.partition,
                 "laminar.mode": plan.mode.value, "laminar.reason": plan.reason.value}
 
     # --- reading ---------------------------------------------------------
-    def _changes(self, spec, plan: PartitionPlan, inputs: _Inputs, metrics: dict) -> list[DataFrame]:
-        """Signed changed rows of the incremental versions, pruned to the partition's event range."""
+    def _changes(self, spec, plan: PartitionPlan, inputs: _Inputs, metrics: dict) -> list[tuple[str, DataFrame]]:
+        """(source, signed changed rows) of the incremental versions, pruned to the partition's event range."""
         frames = []
         for src, versions in plan.incremental_versions.items():
             if not versions:
                 continue
-            info = inputs.infos[src]
             wanted = set(versions)
-            adds, cdc = [], []
+            adds, cdc, version_of = [], [], {}
             for commit in inputs.histories[src].commits:
                 if commit.version not in wanted:
                     continue
                 files = commit.adds if commit.kind is CommitKind.APPEND else commit.cdc
                 chosen = [f for f in files if f.time_range is None or f.time_range.overlaps(plan.needed)]
                 (adds if commit.kind is CommitKind.APPEND else cdc).extend(chosen)
+                version_of.update({_basename(f): commit.version for f in chosen})
             metrics["files_read"] = metrics.get("files_read", 0) + len(adds) + len(cdc)
             metrics["bytes_read"] = metrics.get("bytes_read", 0) + sum(f.size for f in adds + cdc)
-            if adds:
-                df = read_files(self.spark, adds, info.schema, info.partition_columns)
-                frames.append(df.withColumn(SIGN, F.lit(1)))
-            if cdc:
-                df = read_files(self.spark, cdc, info.schema, info.partition_columns, change_data=True)
-                sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
-                frames.append(df.withColumn(SIGN, sign).where(F.col(SIGN) != 0).drop(CHANGE_TYPE))
+            frames += [(src, f) for f in self._read_changed(inputs.infos[src], adds, cdc, version_of)]
         return frames
 
-    def _snapshot(self, spec, plan: PartitionPlan, inputs: _Inputs, events: list[Interval], metrics: dict) -> list[DataFrame]:
+    def _read_changed(self, info: TableInfo, adds: list[DataFile], cdc: list[DataFile],
+                      version_of: dict[str, int], *, inserts_only: bool = False) -> list[DataFrame]:
+        """Signed rows of added and change-data files, each with the commit version it came from."""
+        out = []
+        if adds:
+            df = read_files(self.spark, adds, info.schema, info.partition_columns, file_column=FILE)
+            out.append(df.withColumn(SIGN, F.lit(1)))
+        if cdc:
+            df = read_files(self.spark, cdc, info.schema, info.partition_columns, change_data=True, file_column=FILE)
+            sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
+            keep = F.col(SIGN) > 0 if inserts_only else F.col(SIGN) != 0
+            out.append(df.withColumn(SIGN, sign).where(keep).drop(CHANGE_TYPE))
+        return [df.withColumn(VERSION, qr.version_of_file(version_of)).drop(FILE) for df in out]
+
+    def _snapshot(self, spec, plan: PartitionPlan, inputs: _Inputs, events: list[Interval],
+                  metrics: dict) -> list[tuple[str, DataFrame]]:
         frames = []
         for src in spec.sources:
             info = table_info(src, self.table_uri(src), plan.to_versions[src])
@@ -350,12 +381,89 @@ class Engine:
             metrics["files_read"] = metrics.get("files_read", 0) + len(files)
             metrics["bytes_read"] = metrics.get("bytes_read", 0) + sum(f.size for f in files)
             if files:
-                frames.append(read_files(self.spark, files, info.schema, info.partition_columns).withColumn(SIGN, F.lit(1)))
+                df = read_files(self.spark, files, info.schema, info.partition_columns)
+                frames.append((src, df.withColumn(SIGN, F.lit(1)).withColumn(VERSION, F.lit(info.version).cast("long"))))
         return frames
 
-    def _prepare(self, spec, frame: DataFrame) -> DataFrame:
-        df = apply_row_logic(frame, spec)
-        return df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+    def _prepare(self, spec, frame: DataFrame, source: str) -> DataFrame:
+        """Source rows with the event time, the first rule each breaks (RULE) and the original row (ROW).
+        Rows breaking a rule pass the spec's filter so they reach the quarantine."""
+        raw = [c for c in frame.columns if c not in (SIGN, VERSION)]
+        df = frame.withColumn(ROW, qr.original_row(raw)).withColumn(RULE, qr.declared_rule(spec, source))
+        df = apply_row_logic(df, spec, keep=F.col(RULE).isNotNull())
+        df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+        return df.withColumn(RULE, F.coalesce(F.col(RULE), qr.key_rule(spec)))
+
+    def _record_rejects(self, spec, rejects: list[tuple[str, DataFrame]], partition: str | None, run_id: str,
+                        counts: dict[str, int]) -> None:
+        """Append rejected rows (RULE, ROW, VERSION, EVENT_TS) to each source's quarantine table."""
+        by_source: dict[str, DataFrame] = {}
+        for src, df in rejects:
+            by_source[src] = df if src not in by_source else by_source[src].unionByName(df)
+        for src, df in by_source.items():
+            new = qr.record(self.spark, df, uri=self.quarantine_uri(src), flow=spec.name, partition=partition,
+                            run_id=run_id)
+            for rule, n in new.items():
+                counts[rule] = counts.get(rule, 0) + n
+
+    def _sweep(self, spec, plan: PartitionPlan, run_id: str) -> dict[str, int]:
+        """Quarantine the rows no partition owns (missing, unparseable or out-of-bounds event time)
+        in the source versions this flow has not swept yet. Idempotent; one sweeper at a time."""
+        done = self.store.load_sweep(spec.name)
+        todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
+        if not todo:
+            return {}
+        counts: dict[str, int] = {}
+        try:
+            lease = self.store.lease(spec.name, "_sweep", run_id)
+            lease.__enter__()
+        except ConcurrentRunError:
+            return {}  # another run of this flow is sweeping these versions
+        try:
+            done = self.store.load_sweep(spec.name)
+            for src, target in todo.items():
+                if done.get(src, -1) >= target:
+                    continue
+                frames = self._unswept(spec, src, done.get(src), target)
+                rejects = []
+                for frame in frames:
+                    rows = self._prepare(spec, frame, src).where(~qr.assigned(spec))
+                    rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec)))
+                    rejects.append((src, rows.select(RULE, ROW, VERSION, EVENT_TS)))
+                self._record_rejects(spec, rejects, None, run_id, counts)
+                done[src] = target
+                self.store.save_sweep(spec.name, done)
+        finally:
+            lease.__exit__(None, None, None)
+        return counts
+
+    def _unswept(self, spec, src: str, done: int | None, target: int) -> list[DataFrame]:
+        """Rows of `src` added after version `done` up to `target` that may lack a usable event time:
+        files whose statistics prove every event time present and in bounds are skipped."""
+        uri = self.table_uri(src)
+        info = table_info(src, uri, target)
+        provable = temporal(info.schema, spec.event_time)
+        bounds = spec.bounds
+
+        def may_hold(f: DataFile) -> bool:
+            if not provable or f.time_nulls is None or f.time_nulls > 0 or f.time_range is None:
+                return True
+            return bounds is not None and not (bounds.start <= f.time_range.start and f.time_range.end <= bounds.end)
+
+        history = source_history(src, uri, done, target, spec.event_time, info=info) if done is not None else None
+        if history is None or history.expired:
+            files = [f for f in snapshot_files(info, spec.event_time, keep_null_files=True) if may_hold(f)]
+            if not files:
+                return []
+            df = read_files(self.spark, files, info.schema, info.partition_columns)
+            return [df.withColumn(SIGN, F.lit(1)).withColumn(VERSION, F.lit(target).cast("long"))]
+        adds, cdc, version_of = [], [], {}
+        for commit in history.commits:
+            files = commit.cdc if commit.kind is CommitKind.CHANGE_DATA else commit.adds
+            chosen = [f for f in files if may_hold(f)]
+            (cdc if commit.kind is CommitKind.CHANGE_DATA else adds).extend(chosen)
+            version_of.update({_basename(f): commit.version for f in chosen})
+        return self._read_changed(info, adds, cdc, version_of, inserts_only=True)
 
     # --- flows -----------------------------------------------------------
     def _flow_partial(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, metrics: dict):
@@ -366,42 +474,46 @@ class Engine:
         in_refill = F.lit(False)
         for r in plan.refill:
             in_refill = in_refill | ((ws >= F.lit(r.start)) & (ws < F.lit(r.end)))
-        sources: list[tuple[DataFrame, object]] = []
-        for frame in self._changes(spec, plan, inputs, metrics):
-            sources.append((frame, in_part & ~in_refill))
+        sources: list[tuple[str, DataFrame, object]] = []
+        for src, frame in self._changes(spec, plan, inputs, metrics):
+            sources.append((src, frame, in_part & ~in_refill))
         if plan.refill:
             events = [spec.shape.events_of_starts(r) for r in plan.refill]
-            for frame in self._snapshot(spec, plan, inputs, events, metrics):
-                sources.append((frame, in_part & in_refill))
+            for src, frame in self._snapshot(spec, plan, inputs, events, metrics):
+                sources.append((src, frame, in_part & in_refill))
         if not sources:  # nothing to read: an empty frame still gives the state its schema
-            sources.append((self._empty_source(spec, inputs), F.lit(False)))
+            sources.append((spec.sources[0], self._empty_source(spec, inputs), F.lit(False)))
         group = ["window_start", "window_end", *spec.keys]
-        partials = []
+        partials, rejects = [], []
         impls: list[AggImpl] | None = None
         in_range = self._event_range_filter(spec, inputs, plan.needed)
-        for frame, keep in sources:
+        ts = F.col(EVENT_TS)
+        own = (ts >= F.lit(part.start)) & (ts < F.lit(part.end))
+        for src, frame, keep in sources:
             if in_range is not None:
                 frame = frame.where(in_range)  # pushed down to Parquet row groups
-            df = assign_windows(self._prepare(spec, frame), EVENT_TS, spec.shape, primary_before=part.end)
-            df = df.where(ws.isNull() | keep)
+            rows = self._prepare(spec, frame, src).where(qr.assigned(spec))
+            rejects.append((src, rows.where(F.col(RULE).isNotNull() & (F.col(SIGN) > 0) & own)
+                            .select(RULE, ROW, VERSION, EVENT_TS)))
+            df = assign_windows(rows, EVENT_TS, spec.shape, primary_before=part.end).where(keep)
             if impls is None:
                 impls = [implementation(a, df.schema[a.column].dataType if a.column else None) for a in spec.aggregates]
-            partials.append(df.groupBy(*group, SIGN).agg(
+            partials.append(df.groupBy(*group, SIGN, RULE).agg(
                 F.expr("sum(CASE WHEN __primary THEN 1 ELSE 0 END) AS __in_rows"),
+                F.expr(f"sum(CASE WHEN {RULE} IS NOT NULL AND {SIGN} > 0 AND __primary AND {EVENT_TS} >= "
+                       f"timestamp_micros({to_micros(part.start)}) AND {EVENT_TS} < "
+                       f"timestamp_micros({to_micros(part.end)}) THEN 1 ELSE 0 END) AS __rejected"),
                 F.expr(f"{SIGN} * count(1) AS {ROWS}"),
                 *[F.expr(e) for impl in impls for e in impl.partial()],
             ))
         partial = partials[0]
         for p in partials[1:]:
             partial = partial.unionByName(p)
-        bad = ws.isNull()
-        for k in spec.keys:
-            bad = bad | F.col(k).isNull()
-        return partial, impls, group, in_refill, bad
+        return partial, impls, group, in_refill, F.col(RULE).isNotNull(), rejects
 
     def _event_range_filter(self, spec, inputs: _Inputs, rng: Interval):
-        """`ts IS NULL OR ts in rng` on the raw event-time column when it is a UTC timestamp
-        (nulls stay so they are counted); None when the column is derived or not a timestamp."""
+        """`ts in rng` on the raw event-time column when it is a UTC timestamp (rows without one
+        belong to the sweep); None when the column is derived or not a timestamp."""
         schema = inputs.infos[spec.sources[0]].schema
         if spec.event_time not in schema.names or spec.event_time in dict(spec.derived):
             return None
@@ -409,7 +521,7 @@ class Engine:
         if not (pa.types.is_timestamp(typ) and typ.tz is not None):
             return None
         c = F.col(spec.event_time)
-        return c.isNull() | ((c >= F.lit(rng.start)) & (c < F.lit(rng.end)))
+        return (c >= F.lit(rng.start)) & (c < F.lit(rng.end))
 
     def _flow_merge(self, spec: FlowSpec, plan: PartitionPlan, good_partial: DataFrame, impls, group, in_refill,
                     schema: dict[str, str]):
@@ -430,27 +542,28 @@ class Engine:
     def state_query(self, spec: FlowSpec, partition: str) -> tuple[PartitionPlan, DataFrame]:
         """The plan and the (lazy) Spark query a run would execute now, for `explain`. Writes nothing."""
         _mark, inputs, plan = self._current(spec, partition)
-        partial, impls, group, in_refill, bad = self._flow_partial(spec, plan, inputs, {})
+        partial, impls, group, in_refill, bad, _rejects = self._flow_partial(spec, plan, inputs, {})
         return plan, self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill, inputs.input_schema)
 
     def _execute_flow(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, run_id: str, seq: int,
-                      metrics: dict, seconds: dict) -> None:
+                      metrics: dict, seconds: dict, quarantined: dict) -> None:
         t0 = time.perf_counter()
         part = plan.interval
         ws = F.col("window_start")
-        partial, impls, group, in_refill, bad = self._flow_partial(spec, plan, inputs, metrics)
+        partial, impls, group, in_refill, bad, rejects = self._flow_partial(spec, plan, inputs, metrics)
         partial = partial.persist()
         stats = partial.agg(
             F.sum("__in_rows").alias("rows"),
-            F.sum(F.when(ws.isNull(), F.col("__in_rows")).otherwise(0)).alias("null_ts"),
-            F.sum(F.when(ws.isNotNull() & bad, F.col("__in_rows")).otherwise(0)).alias("null_keys"),
+            F.sum("__rejected").alias("rejected"),
             F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
             F.countDistinct(F.when(~bad, ws)).alias("windows"),
             F.count(F.when(~bad, F.lit(1))).alias("groups"),
         ).first()
-        metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
-                       rows_null_keys=int(stats["null_keys"] or 0), rows_retracted=int(stats["retracted"] or 0),
+        metrics.update(rows_read=int(stats["rows"] or 0), rows_rejected=int(stats["rejected"] or 0),
+                       rows_retracted=int(stats["retracted"] or 0),
                        windows_touched=int(stats["windows"] or 0), partial_groups=int(stats["groups"] or 0))
+        if metrics["rows_rejected"]:
+            self._record_rejects(spec, rejects, plan.partition, run_id, quarantined)
         self.hook("after_read")
         seconds["read"] = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -475,7 +588,8 @@ class Engine:
         from .spark_io import spark_schema
 
         info = inputs.infos[spec.sources[0]]
-        return self.spark.createDataFrame([], spark_schema(info.schema)).withColumn(SIGN, F.lit(1))
+        return (self.spark.createDataFrame([], spark_schema(info.schema)).withColumn(SIGN, F.lit(1))
+                .withColumn(VERSION, F.lit(None).cast("long")))
 
     def _read_state(self, spec: FlowSpec, partition: str, schema: dict[str, str]) -> DataFrame | None:
         uri = self.state_uri(spec, schema)
@@ -500,43 +614,44 @@ class Engine:
 
     # --- stages ----------------------------------------------------------
     def _execute_stage(self, spec: StageSpec, plan: PartitionPlan, mark, inputs: _Inputs, run_id: str, seq: int,
-                       metrics: dict, seconds: dict) -> None:
+                       metrics: dict, seconds: dict, quarantined: dict) -> None:
         t0 = time.perf_counter()
         part = plan.interval
         refill = plan.mode is Mode.REFILL
         frames = (self._snapshot(spec, plan, inputs, [part], metrics) if refill
                   else self._changes(spec, plan, inputs, metrics))
-        frames = frames or [self._empty_source(spec, inputs)]
+        frames = frames or [(spec.sources[0], self._empty_source(spec, inputs))]
         ts = F.col(EVENT_TS)
         prepared = None
-        for frame in frames:
-            df = self._prepare(spec, frame)
+        by_source = []
+        for src, frame in frames:
+            df = self._prepare(spec, frame, src).withColumn("__src", F.lit(src))
+            by_source.append(src)
             prepared = df if prepared is None else prepared.unionByName(df)
-        prepared = prepared.where(ts.isNull() | ((ts >= F.lit(part.start)) & (ts < F.lit(part.end))))
-        bad = ts.isNull()
-        for k in spec.dedup_key:
-            bad = bad | F.col(k).isNull()
-        joined = prepared.withColumn("__bad", bad)
+        prepared = prepared.where(qr.assigned(spec) & (ts >= F.lit(part.start)) & (ts < F.lit(part.end)))
+        joined = prepared
         for join in spec.joins:
             dim_info = inputs.dims[join.table]
             dim = read_files(self.spark, snapshot_files(dim_info, None), dim_info.schema,
                              dim_info.partition_columns)
             dim = dim.select(*join.on, *join.columns).withColumn(f"__m_{join.table}", F.lit(True))
             joined = joined.join(dim, list(join.on), "left")
-        unmatched = F.lit(False)
-        for join in spec.joins:
+        unmatched = F.lit(None).cast("string")
+        for join in reversed(spec.joins):
             if join.how == "inner":
-                unmatched = unmatched | F.col(f"__m_{join.table}").isNull()
-        joined = joined.withColumn("__unmatched", ~F.col("__bad") & unmatched).persist()
+                unmatched = F.when(F.col(f"__m_{join.table}").isNull(), F.lit(f"unmatched_{join.table}")).otherwise(unmatched)
+        joined = joined.withColumn(RULE, F.coalesce(F.col(RULE), unmatched)).persist()
+        rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
         stats = joined.agg(
             F.count(F.lit(1)).alias("rows"),
-            F.sum(F.when(ts.isNull(), 1).otherwise(0)).alias("null_ts"),
-            F.sum(F.when(ts.isNotNull() & F.col("__bad"), 1).otherwise(0)).alias("null_keys"),
-            F.sum(F.when(F.col("__unmatched"), 1).otherwise(0)).alias("unmatched"),
+            F.sum(F.when(rejected, 1).otherwise(0)).alias("rejected"),
         ).first()
-        metrics.update(rows_read=int(stats["rows"] or 0), rows_null_event_time=int(stats["null_ts"] or 0),
-                       rows_null_keys=int(stats["null_keys"] or 0), rows_unmatched=int(stats["unmatched"] or 0))
-        good = joined.where(~F.col("__bad") & ~F.col("__unmatched"))
+        metrics.update(rows_read=int(stats["rows"] or 0), rows_rejected=int(stats["rejected"] or 0))
+        if metrics["rows_rejected"]:
+            rejects = [(src, joined.where(rejected & (F.col("__src") == src)).select(RULE, ROW, VERSION, EVENT_TS))
+                       for src in dict.fromkeys(by_source)]
+            self._record_rejects(spec, rejects, plan.partition, run_id, quarantined)
+        good = joined.where(F.col(RULE).isNull())
         cols = list(spec.columns) or [c for c in prepared.columns if not c.startswith("__")] + \
             [c for j in spec.joins for c in j.columns if c not in prepared.columns]
         out = good.select(*cols, EVENT_TS)
@@ -598,6 +713,12 @@ class Engine:
         df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
         ts = F.col(EVENT_TS)
         return df.where((ts >= F.lit(part.start)) & (ts < F.lit(part.end)))
+
+
+def _basename(f: DataFile) -> str:
+    import os
+
+    return os.path.basename(f.uri)
 
 
 def _short(exc: BaseException) -> str:

@@ -43,27 +43,32 @@ def spark_schema(schema: pa.Schema) -> StructType:
 
 def read_files(
     spark: SparkSession, files: Sequence[DataFile], schema: pa.Schema, partition_columns: Sequence[str] = (),
-    *, change_data: bool = False,
+    *, change_data: bool = False, file_column: str | None = None,
 ) -> DataFrame:
-    """Rows of `files` with the table's schema; partition values come from the Delta log."""
+    """Rows of `files` with the table's schema; partition values come from the Delta log.
+    `file_column`: also return the name of the file each row came from (its basename)."""
     full = spark_schema(schema)
     file_fields = [f for f in full.fields if f.name not in partition_columns]
     if change_data:
         file_fields.append(StructField(CHANGE_TYPE, StringType(), True))
     file_schema = StructType(file_fields)
     if not files:
-        return spark.createDataFrame([], StructType(list(full.fields) + ([file_schema[CHANGE_TYPE]] if change_data else [])))
+        empty = spark.createDataFrame([], StructType(list(full.fields) + ([file_schema[CHANGE_TYPE]] if change_data else [])))
+        return empty.withColumn(file_column, F.lit(None).cast("string")) if file_column else empty
     groups: dict[tuple, list[str]] = {}
     for f in files:
         groups.setdefault(f.partition_values, []).append(spark_path(f.uri))
     frames = []
     for values, paths in groups.items():
         df = spark.read.schema(file_schema).parquet(*paths)
+        if file_column:
+            df = df.select("*", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1).alias(file_column))
         lookup = dict(values)
         for field in full.fields:
             if field.name in partition_columns:
                 df = df.withColumn(field.name, F.lit(lookup.get(field.name)).cast(field.dataType))
-        order = [f.name for f in full.fields] + ([CHANGE_TYPE] if change_data else [])
+        order = [f.name for f in full.fields] + ([CHANGE_TYPE] if change_data else []) + \
+            ([file_column] if file_column else [])
         frames.append(df.select(*order))
     out = frames[0]
     for df in frames[1:]:
@@ -128,8 +133,10 @@ class StagedFiles:
     schema: pa.Schema | None
 
 
-def stage(df: DataFrame, table_uri: str, run_id: str, *, max_files: int = 1, folder: str = "laminar") -> StagedFiles:
-    """Write `df` as Parquet under `<table>/<folder>/<run_id>/`; empty files are dropped."""
+def stage(df: DataFrame, table_uri: str, run_id: str, *, max_files: int = 1, folder: str = "laminar",
+          partition_values: dict[str, str] | None = None) -> StagedFiles:
+    """Write `df` as Parquet under `<table>/<folder>/<run_id>/`; empty files are dropped.
+    `partition_values`: the Delta partition the files belong to (their columns are not in `df`)."""
     local = _local_path(table_uri)
     if local is None:
         raise NotImplementedError("writing to object stores needs a local staging path in this version")
@@ -152,7 +159,7 @@ def stage(df: DataFrame, table_uri: str, run_id: str, *, max_files: int = 1, fol
             continue
         rows += n
         adds.append(AddAction(
-            path=f"{rel_dir}/{name}", size=os.path.getsize(path), partition_values={},
+            path=f"{rel_dir}/{name}", size=os.path.getsize(path), partition_values=dict(partition_values or {}),
             modification_time=int(time.time() * 1000), data_change=True, stats=stats,
         ))
     return StagedFiles(tuple(adds), rows, schema)

@@ -10,14 +10,16 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Mapping
 
 from laminar_assets.errors import SpecError
-from .windows import Granularity, WindowShape, divides, parse_duration
+from .windows import Granularity, Interval, WindowShape, divides, parse_duration, to_utc
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Rules the engine always applies; a row breaking one is quarantined under this name.
+BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "key_missing", "unmatched")
 RESERVED_COLUMNS = ("window_start", "window_end")
 
 AGGREGATE_KINDS = (
@@ -165,6 +167,20 @@ class DimensionJoin:
         object.__setattr__(self, "columns", _as_tuple(self.columns))
 
 
+@dataclass(frozen=True)
+class RowRule:
+    """A condition every good source row meets (Spark SQL over the raw source columns).
+
+    A row for which `check` is false or NULL is not aggregated: it goes to the
+    quarantine table of its source with the rule's name. `source` limits the rule
+    to one source table of a fan-in (None: every source).
+    """
+
+    name: str
+    check: str
+    source: str | None = None
+
+
 def _as_tuple(value: Any) -> tuple:
     if value is None:
         return ()
@@ -194,6 +210,26 @@ class _Common:
     max_versions_per_run: int | None = None
     max_rows_per_run: int | None = None
     description: str = ""
+    rules: tuple[RowRule, ...] = ()
+    event_time_bounds: tuple[datetime | str, datetime | str] | None = None  # [lo, hi): plausible event times
+
+    @property
+    def bounds(self) -> Interval | None:
+        """Plausible event times; rows outside them are quarantined (event_time_out_of_bounds)."""
+        return Interval(*self.event_time_bounds) if self.event_time_bounds else None
+
+    def rules_for(self, source: str) -> tuple[RowRule, ...]:
+        return tuple(r for r in self.rules if r.source in (None, source))
+
+    def _rules_payload(self) -> dict[str, Any]:
+        """Quarantine rules change what is aggregated, so they count in the hash (only when declared,
+        so specs without rules keep their hash)."""
+        out: dict[str, Any] = {}
+        if self.rules:
+            out["rules"] = [[r.name, r.check, r.source] for r in self.rules]
+        if self.event_time_bounds:
+            out["event_time_bounds"] = [b.isoformat() for b in self.event_time_bounds]
+        return out
 
     def _normalise_common(self) -> None:
         set_ = object.__setattr__
@@ -201,6 +237,16 @@ class _Common:
         set_(self, "derived", _as_pairs(self.derived))
         if self.sink is None:
             set_(self, "sink", self.name)
+        set_(self, "rules", _as_tuple(self.rules))
+        if self.event_time_bounds is not None:
+            try:
+                lo, hi = (to_utc(datetime.fromisoformat(b) if isinstance(b, str) else b) for b in self.event_time_bounds)
+            except (TypeError, ValueError) as exc:
+                self._fail("event_time_bounds", f"expected two UTC datetimes (ISO strings), found "
+                           f"{self.event_time_bounds!r}: {exc}")
+            if not lo < hi:
+                self._fail("event_time_bounds", f"expected lower < upper, found {lo.isoformat()} >= {hi.isoformat()}")
+            set_(self, "event_time_bounds", (lo, hi))
         try:
             set_(self, "partitioning", Granularity(self.partitioning))
         except ValueError:
@@ -232,6 +278,21 @@ class _Common:
             if col == self.event_time:
                 self._fail(f"derived.{col}", f"a derived column may not replace the event time column {col!r} "
                            "(file statistics of the source locate rows by it); derive a new name and use it as event_time")
+        names: set[str] = set()
+        for i, rule in enumerate(self.rules):
+            if not isinstance(rule, RowRule):
+                self._fail(f"rules[{i}]", f"expected a RowRule, found {rule!r}")
+            if not _NAME_RE.match(rule.name) or rule.name in BUILTIN_RULES:
+                self._fail(f"rules[{i}].name", f"expected an identifier other than {', '.join(BUILTIN_RULES)}, "
+                           f"found {rule.name!r}")
+            if (rule.name, rule.source) in names:
+                self._fail(f"rules[{i}].name", f"duplicate rule {rule.name!r}")
+            names.add((rule.name, rule.source))
+            if not isinstance(rule.check, str) or not rule.check.strip():
+                self._fail(f"rules.{rule.name}", "expected a Spark SQL condition, found an empty string")
+            if rule.source is not None and rule.source not in self.source:
+                self._fail(f"rules.{rule.name}.source", f"expected one of the sources {list(self.source)}, "
+                           f"found {rule.source!r}")
         for attr in ("max_versions_per_run", "max_rows_per_run"):
             value = getattr(self, attr)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -334,6 +395,7 @@ class FlowSpec(_Common):
             "window": [str(self.shape.size), str(self.shape.slide)], "keys": self.keys,
             "aggregates": [a.to_json() for a in self.aggregates], "filter": self.filter,
             "derived": self.derived, "post": self.post, "partitioning": self.granularity.value,
+            **self._rules_payload(),
         }
 
 
@@ -377,7 +439,7 @@ class StageSpec(_Common):
             "filter": self.filter, "derived": self.derived, "columns": self.columns,
             "dedup_key": self.dedup_key,
             "joins": [[j.table, j.on, j.columns, j.how] for j in self.joins],
-            "partitioning": self.granularity.value,
+            "partitioning": self.granularity.value, **self._rules_payload(),
         }
 
 

@@ -16,12 +16,14 @@ from .spec import FlowSpec, StageSpec
 TIME_TYPES = (TimestampType, TimestampNTZType, DateType, StringType)
 
 
-def apply_row_logic(df: DataFrame, spec: FlowSpec | StageSpec) -> DataFrame:
-    """Derived columns then the row filter, as the spec declares them."""
+def apply_row_logic(df: DataFrame, spec: FlowSpec | StageSpec, *, keep=None) -> DataFrame:
+    """Derived columns then the row filter, as the spec declares them. Rows where the
+    Column `keep` is true pass the filter too (rows on their way to the quarantine)."""
     for name, expr in spec.derived:
         df = df.withColumn(name, F.expr(expr))
     if spec.filter:
-        df = df.where(F.expr(spec.filter))
+        cond = F.expr(spec.filter)
+        df = df.where(cond | keep if keep is not None else cond)
     return df
 
 
@@ -42,6 +44,14 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
     """
     facts = dict(flow=spec.name, table=info.name, version=info.version)
     base = spark.createDataFrame([], spark_schema(info.schema))
+    for rule in spec.rules_for(info.name):
+        try:
+            _ = base.select(F.expr(rule.check)).schema
+        except (AnalysisException, PySparkException) as exc:
+            raise SpecError(
+                f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) does not compile against source "
+                f"'{info.name}' at version {info.version}: {_first_line(exc)}. Fix the rule in the source's "
+                "contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
     try:
         df = apply_row_logic(base, spec)
         _ = df.schema

@@ -1,4 +1,4 @@
-"""Bad input: counted and kept out, or a clear error naming table, column and version — never a Py4J trace."""
+"""Bad input: quarantined and kept out, or a clear error naming table, column and version — never a Py4J trace."""
 
 from __future__ import annotations
 
@@ -32,21 +32,21 @@ def nothing_written(lake, flow=FLOW):
         or "failed_attempt" in open(os.path.join(lake.root, "_laminar", "checkpoints", flow.name, "2024-01-01-00-00.json")).read()
 
 
-def test_null_event_times_and_keys_are_counted_and_excluded(lake, engine):
+def test_null_event_times_and_keys_are_quarantined_and_excluded(lake, engine):
     lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1), (None, "a", 2.0, 1), ("2024-01-01 00:02:00", None, 3.0, 1)])
     r = engine.run(FLOW, PART)
-    assert r.metrics["rows_null_event_time"] == 1
-    assert r.metrics["rows_null_keys"] == 1
+    assert r.quarantined == {"event_time_missing": 1, "key_missing": 1}
+    assert r.metrics["rows_quarantined"] == 2
     sink = lake.read("f")
     assert sink["count"].tolist() == [1] and sink["sum_px"].tolist() == [1.0]
 
 
-def test_unparsable_string_event_times_are_counted(lake, engine):
+def test_unparsable_string_event_times_are_quarantined(lake, engine):
     frame = pd.DataFrame({"ts": ["2024-01-01 00:01:00", "yesterday-ish", "2024-01-01 00:03:00"],
                           "sym": ["a", "a", "a"], "px": [1.0, 2.0, 3.0]})
     lake.create("trades", frame=frame)
     r = engine.run(FLOW, PART)
-    assert r.metrics["rows_null_event_time"] == 1
+    assert r.quarantined == {"event_time_missing": 1}
     assert lake.read("f")["count"].tolist() == [2]
 
 

@@ -64,7 +64,7 @@ def test_stage_output_and_unmatched_rows(spark, lake, engine):
     setup(lake)
     r = engine.run(STAGE, PART)
     assert r.reason is Reason.NO_WATERMARK
-    assert r.metrics["rows_unmatched"] == 1  # ZZZ has no sector
+    assert r.quarantined == {"unmatched_symbols": 1}  # ZZZ has no sector
     assert_stage(lake)
     assert set(lake.read("norm").columns) == {"trade_id", "ts", "sym", "px", "qty", "notional", "sector"}
 

@@ -1,0 +1,153 @@
+"""Quarantine: source rows that break a rule, kept with the rule, the source version and the row.
+
+One Delta table per source, `<root>/_laminar/quarantine/<source>`, partitioned by
+the flow that rejected the rows. Each rejected row has exactly one writer:
+  - a row whose event time is usable and inside the spec's bounds belongs to the
+    partition run of that time (`partition` = its key);
+  - a row with a missing, unparseable or out-of-bounds event time belongs to no
+    partition; the flow's sweep records it (`partition` NULL), reading each source
+    version once.
+A write appends only rows not yet recorded for (flow, partition) — an anti-join on
+(rule, row) — so retried, repeated and refilled runs never record a row twice.
+The quarantine is a record of what was rejected: a rejected row later deleted from
+the source stays in it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .aggregates import EVENT_TS
+from .delta_source import _local_path, snapshot_files, table_info
+from .spark_io import read_files, stage
+from .spec import FlowSpec, StageSpec
+
+RULE, ROW, VERSION, FILE = "__rule", "__row", "__src_version", "__file"
+MISSING, OUT_OF_BOUNDS, KEY_MISSING = "event_time_missing", "event_time_out_of_bounds", "key_missing"
+
+SCHEMA = pa.schema([
+    ("flow", pa.string()), ("partition", pa.string()), ("rule", pa.string()), ("source_version", pa.int64()),
+    ("event_time", pa.timestamp("us", tz="UTC")), ("row", pa.string()), ("run_id", pa.string()),
+    ("quarantined_at", pa.timestamp("us", tz="UTC")),
+])
+
+
+def table_name(source: str) -> str:
+    return os.path.basename(source.rstrip("/"))
+
+
+def declared_rule(spec: FlowSpec | StageSpec, source: str) -> Column:
+    """Name of the first declared rule the raw row breaks (false or NULL), else NULL."""
+    out = F.lit(None).cast("string")
+    for rule in reversed(spec.rules_for(source)):
+        out = F.when(~F.coalesce(F.expr(rule.check), F.lit(False)), F.lit(rule.name)).otherwise(out)
+    return out
+
+
+def key_columns(spec: FlowSpec | StageSpec) -> tuple[str, ...]:
+    return spec.keys if isinstance(spec, FlowSpec) else spec.dedup_key
+
+
+def key_rule(spec: FlowSpec | StageSpec) -> Column:
+    missing = F.lit(False)
+    for k in key_columns(spec):
+        missing = missing | F.col(k).isNull()
+    return F.when(missing, F.lit(KEY_MISSING))
+
+
+def assigned(spec: FlowSpec | StageSpec) -> Column:
+    """True for rows a partition run owns: a usable event time inside the bounds."""
+    ts = F.col(EVENT_TS)
+    ok = ts.isNotNull()
+    if spec.bounds is not None:
+        ok = ok & (ts >= F.lit(spec.bounds.start)) & (ts < F.lit(spec.bounds.end))
+    return ok
+
+
+def unassigned_rule(spec: FlowSpec | StageSpec) -> Column:
+    ts = F.col(EVENT_TS)
+    return F.when(ts.isNull(), F.lit(MISSING)).when(~assigned(spec), F.lit(OUT_OF_BOUNDS))
+
+
+def version_of_file(file_versions: dict[str, int]) -> Column:
+    """The commit version of each row, from the file it was read from."""
+    if not file_versions:
+        return F.lit(None).cast("long")
+    pairs = [x for name, v in sorted(file_versions.items()) for x in (F.lit(name), F.lit(v).cast("long"))]
+    return F.element_at(F.create_map(*pairs), F.col(FILE))
+
+
+def original_row(columns: list[str]) -> Column:
+    """The source row as JSON (timestamps in ISO 8601 UTC)."""
+    return F.to_json(F.struct(*[F.col(c) for c in columns]), {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "ignoreNullFields": "false"})
+
+
+def _existing(spark: SparkSession, uri: str, flow: str, partition: str | None) -> DataFrame | None:
+    if not DeltaTable.is_deltatable(uri):
+        return None
+    info = table_info(table_name(uri), uri)
+    files = [f for f in snapshot_files(info, None) if dict(f.partition_values).get("flow") == flow]
+    if not files:
+        return None
+    df = read_files(spark, files, info.schema, info.partition_columns)
+    same = F.col("partition").isNull() if partition is None else (F.col("partition") == F.lit(partition))
+    return df.where(same).select("rule", "row")
+
+
+def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, partition: str | None,
+           run_id: str) -> dict[str, int]:
+    """Append the rows of `rejects` (RULE, ROW, VERSION, EVENT_TS) not yet recorded for
+    (flow, partition); returns the number of new rows by rule. One Spark job, one commit."""
+    rows = (rejects.groupBy(F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
+            .agg(F.min(VERSION).alias("source_version"), F.min(EVENT_TS).alias("event_time")))
+    old = _existing(spark, uri, flow, partition)
+    if old is not None:
+        rows = rows.join(old, ["rule", "row"], "left_anti")
+    now = datetime.now(timezone.utc)
+    out = rows.select(
+        F.lit(partition).cast("string").alias("partition"), "rule", F.col("source_version").cast("long"),
+        "event_time", "row", F.lit(run_id).alias("run_id"), F.lit(now).alias("quarantined_at"),
+    )
+    staged = stage(out, uri, f"{run_id}-{uuid.uuid4().hex[:8]}", max_files=1, folder=f"flow={flow}/laminar",
+                   partition_values={"flow": flow})
+    if not staged.rows:
+        return {}
+    if not DeltaTable.is_deltatable(uri):
+        try:
+            DeltaTable.create(uri, schema=SCHEMA, mode="ignore", partition_by=["flow"])
+        except Exception:  # a concurrent run created it first
+            if not DeltaTable.is_deltatable(uri):
+                raise
+    DeltaTable(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"])
+    local = _local_path(uri)
+    counts: dict[str, int] = {}
+    for add in staged.adds:  # only the rule column of what this run just wrote
+        for rule in pq.read_table(os.path.join(local, add.path), columns=["rule"]).column("rule").to_pylist():
+            counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
+def summarize(uri: str, *, examples: int = 3) -> list[dict]:
+    """Counts by (flow, rule) of one quarantine table, with version range and example rows.
+    Spark-free: the quarantine holds rejected rows only, read with deltalake/pyarrow."""
+    if not DeltaTable.is_deltatable(uri):
+        return []
+    table = DeltaTable(uri).to_pyarrow_table(columns=["flow", "rule", "source_version", "row"])
+    grouped = table.group_by(["flow", "rule"]).aggregate(
+        [("source_version", "min"), ("source_version", "max"), ("row", "count")])
+    out = []
+    for g in sorted(grouped.to_pylist(), key=lambda r: (r["flow"], r["rule"])):
+        mask = pa.compute.and_(pa.compute.equal(table["flow"], g["flow"]), pa.compute.equal(table["rule"], g["rule"]))
+        rows = table.filter(mask).column("row").slice(0, examples).to_pylist()
+        out.append({"source": table_name(uri), "flow": g["flow"], "rule": g["rule"], "rows": g["row_count"],
+                    "min_version": g["source_version_min"], "max_version": g["source_version_max"], "examples": rows})
+    return out

@@ -1,0 +1,133 @@
+"""Quarantine: rows breaking a rule go to `_laminar/quarantine/<source>` once each, with the rule,
+the source version and the original row; the good rows are aggregated exactly as a full recompute."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from deltalake import DeltaTable
+
+from laminar_assets.engine import Agg, Engine, FlowSpec, Hopping, RowRule, SpecError, Tumbling
+from laminar_assets.errors import InjectedCrash
+from tests.engine.test_crash_safety import crash_at
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = pytest.mark.spark
+
+PART = "2024-01-01-00:00"
+NEXT = "2024-01-01-01:00"
+RULES = (RowRule("positive_qty", "qty > 0"), RowRule("known_sym", "sym IN ('a', 'b')"))
+FLOW = FlowSpec(name="q", source="trades", event_time="ts", window=Hopping("20m", "10m"), keys=("sym",),
+                aggregates=(Agg.count(), Agg.sum("qty"), Agg.max("px")), rules=RULES,
+                event_time_bounds=("2023-01-01T00:00:00+00:00", "2030-01-01T00:00:00+00:00"))
+BASE = [
+    ("2024-01-01 00:01:00", "a", 10.0, 1),
+    ("2024-01-01 00:02:00", "a", 11.0, -5),   # positive_qty
+    ("2024-01-01 00:03:00", "zz", 12.0, 1),   # known_sym
+    ("2024-01-01 00:04:00", None, 13.0, 1),   # known_sym (NULL is broken), before key_missing
+    (None, "b", 14.0, 1),                      # event_time_missing (the sweep's)
+    ("1999-01-01 00:00:00", "b", 15.0, 1),    # event_time_out_of_bounds (the sweep's)
+    ("2024-01-01 01:05:00", "b", 16.0, 0),    # positive_qty, next partition
+    ("2024-01-01 01:06:00", "b", 17.0, 2),
+]
+
+
+def quarantine(lake, source="trades"):
+    path = os.path.join(lake.root, "_laminar", "quarantine", source)
+    if not DeltaTable.is_deltatable(path):
+        return []
+    return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda r: (r["rule"], r["row"]))
+
+
+def check_sink(spark, lake, flow=FLOW, until="2024-01-01 02:00"):
+    expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
+    expected = expected[(expected["window_start"] >= "2024-01-01") & (expected["window_start"] < until)]
+    assert_frames_match(lake.read(flow.sink), expected.reset_index(drop=True), flow.keys)
+
+
+def test_each_broken_row_is_quarantined_once_with_rule_version_and_row(spark, lake, engine):
+    lake.create("trades", BASE)
+    first = engine.run(FLOW, PART)
+    second = engine.run(FLOW, NEXT)
+    assert first.quarantined == {"positive_qty": 1, "known_sym": 2, "event_time_missing": 1,
+                                 "event_time_out_of_bounds": 1}
+    assert second.quarantined == {"positive_qty": 1}  # the sweep already recorded the partition-less rows
+    rows = quarantine(lake)
+    assert [(r["flow"], r["rule"], r["partition"], r["source_version"]) for r in rows] == [
+        ("q", "event_time_missing", None, 0), ("q", "event_time_out_of_bounds", None, 0),
+        ("q", "known_sym", PART, 0), ("q", "known_sym", PART, 0),
+        ("q", "positive_qty", PART, 0), ("q", "positive_qty", NEXT, 0),
+    ]
+    originals = [json.loads(r["row"]) for r in rows]
+    assert {"ts": None, "sym": "b", "px": 14.0, "qty": 1} in originals
+    assert {"ts": "2024-01-01T00:02:00.000000Z", "sym": "a", "px": 11.0, "qty": -5} in originals
+    check_sink(spark, lake)
+
+
+def test_reruns_and_refills_record_nothing_twice(spark, lake, engine):
+    lake.create("trades", BASE)
+    engine.run(FLOW, PART)
+    before = quarantine(lake)
+    again = engine.run(FLOW, PART, force=True)
+    assert again.metrics["rows_rejected"] == 3 and again.quarantined == {}
+    assert quarantine(lake) == before
+
+
+def test_incremental_bad_rows_carry_their_commit_version(spark, lake, engine):
+    lake.create("trades", BASE[:1])
+    engine.run(FLOW, PART)
+    lake.append("trades", [("2024-01-01 00:11:00", "a", 9.0, -1), ("2024-01-01 00:12:00", "b", 9.5, 3)])
+    lake.append("trades", [(None, "a", 1.0, 1)])
+    r = engine.run(FLOW, PART)
+    assert r.mode.value == "INCREMENTAL"
+    assert r.quarantined == {"positive_qty": 1, "event_time_missing": 1}
+    versions = {r["rule"]: r["source_version"] for r in quarantine(lake)}
+    assert versions == {"positive_qty": 1, "event_time_missing": 2}
+    check_sink(spark, lake, until="2024-01-01 01:00")
+
+
+def test_crash_after_quarantine_write_does_not_duplicate(spark, lake):
+    lake.create("trades", BASE)
+    with pytest.raises(InjectedCrash):
+        Engine(spark, lake.root, hook=crash_at("after_read")).run(FLOW, PART)
+    assert len(quarantine(lake)) == 5  # written before the crash
+    r = Engine(spark, lake.root).run(FLOW, PART)
+    assert r.mode.value == "REFILL" and r.quarantined == {}
+    assert len(quarantine(lake)) == 5
+    check_sink(spark, lake, until="2024-01-01 01:00")
+
+
+def test_flows_share_a_source_quarantine_table_by_flow(spark, lake, engine):
+    other = FlowSpec(name="q2", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                     aggregates=(Agg.count(),), rules=(RowRule("positive_qty", "qty > 0"),))
+    lake.create("trades", BASE)
+    engine.run(FLOW, PART)
+    engine.run(other, PART)
+    rows = quarantine(lake)
+    assert sorted({r["flow"] for r in rows}) == ["q", "q2"]
+    assert {r["rule"] for r in rows if r["flow"] == "q2"} == {"positive_qty", "event_time_missing", "key_missing"}
+
+
+def test_a_rule_that_does_not_compile_names_flow_rule_and_table(lake, engine):
+    bad = FlowSpec(name="b", source="trades", event_time="ts", window=Tumbling("10m"), aggregates=(Agg.count(),),
+                   rules=(RowRule("typo", "quantity > 0"),))
+    lake.create("trades", BASE[:1])
+    with pytest.raises(SpecError) as info:
+        engine.run(bad, PART)
+    text = str(info.value)
+    assert "'typo'" in text and "trades" in text and "version 0" in text and "Py4J" not in text
+
+
+def test_rule_and_bounds_validation():
+    with pytest.raises(SpecError, match="rules\\[0\\].name"):
+        FlowSpec(name="x", source="t", event_time="ts", window=Tumbling("1m"), aggregates=(Agg.count(),),
+                 rules=(RowRule("key_missing", "a > 0"),))
+    with pytest.raises(SpecError, match="event_time_bounds"):
+        FlowSpec(name="x", source="t", event_time="ts", window=Tumbling("1m"), aggregates=(Agg.count(),),
+                 event_time_bounds=("2030-01-01", "2020-01-01"))
+    plain = FlowSpec(name="x", source="t", event_time="ts", window=Tumbling("1m"), aggregates=(Agg.count(),))
+    ruled = FlowSpec(name="x", source="t", event_time="ts", window=Tumbling("1m"), aggregates=(Agg.count(),),
+                     rules=(RowRule("r", "a > 0"),))
+    assert plain.spec_hash != ruled.spec_hash
