@@ -78,11 +78,11 @@ def run_metadata(result: RunResult) -> dict:
     }
     for src, version in p.to_versions.items():
         md[f"source_version_{src}"] = int(version)
-    for key in ("versions_read", "files_read", "bytes_read", "rows_read", "rows_null_event_time", "rows_null_keys",
-                "rows_unmatched", "rows_retracted", "windows_touched", "state_rows", "sink_rows",
-                "rows_inserted", "rows_deleted"):
+    for key in ("versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined",
+                "rows_retracted", "windows_touched", "state_rows", "sink_rows", "rows_inserted", "rows_deleted"):
         if key in m:
             md[key] = int(m[key])
+    md["quarantined_by_rule"] = dg.MetadataValue.json(dict(result.quarantined))
     for stage in ("plan", "read", "state", "merge", "write", "watermark"):
         md[f"seconds_{stage}"] = float(round(result.seconds.get(stage, 0.0), 4))
     md["seconds_total"] = float(round(sum(result.seconds.values()), 4))
@@ -178,7 +178,8 @@ def _preview(engine, spec: Spec, key: str) -> dg.MetadataValue:
 
 # The numeric metadata keys of a single-partition materialization (documented in the README).
 NUMERIC_METADATA = (
-    "pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "windows_touched",
+    "pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected",
+    "rows_quarantined", "windows_touched",
     "state_rows", "sink_rows", "seconds_read", "seconds_state", "seconds_merge", "seconds_write", "seconds_total",
 )
 

@@ -105,14 +105,16 @@ def demo(
     for step in steps:
         b = step.batch
         console.print(f"\n[bold]{step.title}[/bold]: appended {b.appended}, late {b.late}, duplicates {b.duplicates}, "
-                      f"corrected {b.updated}, cancelled {b.deleted}; raw_trades versions {list(b.versions)}; "
+                      f"corrected {b.updated}, cancelled {b.deleted}, broken {b.bad}; raw_trades versions "
+                      f"{list(b.versions)}; "
                       f"{step.requests} runs from {step.sensor_ticks} sensor ticks in {step.seconds:.1f}s")
-        table = Table("flow", "partition", "mode", "reason", "versions", "rows read", "sink rows", "seconds")
+        table = Table("flow", "partition", "mode", "reason", "versions", "rows read", "sink rows", "quarantined",
+                      "seconds")
         for r in step.runs:
             failed += not r.success
             table.add_row(r.flow, r.partition, r.mode if r.success else "[red]FAILED[/red]",
                           r.reason if r.success else r.error, r.versions, str(r.rows_read), str(r.sink_rows),
-                          f"{r.seconds:.2f}")
+                          str(r.quarantined), f"{r.seconds:.2f}")
         console.print(table)
     console.print(f"\nDelta tables: {c.root}\nDagster runs and metadata: DAGSTER_HOME={c.dagster_home} "
                   f"{sys.prefix}/bin/dagster dev   (then open http://localhost:3000)")
@@ -129,13 +131,16 @@ def generate(
     duplicate_share: float = typer.Option(0.02, "--duplicate-share", min=0.0, max=1.0),
     update_share: float = typer.Option(0.02, "--update-share", min=0.0, max=1.0),
     delete_share: float = typer.Option(0.01, "--delete-share", min=0.0, max=1.0),
+    bad_share: float = typer.Option(0.003, "--bad-share", min=0.0, max=1.0,
+                                    help="Share of rows that break raw_trades' contract rules."),
     seed: int = typer.Option(7, "--seed"),
 ) -> None:
     """Write more source commits to raw_trades (creating the sources if needed)."""
     from laminar_assets.demo.generator import BatchOptions, write_batch
 
     s = write_batch(ctx.obj.root, BatchOptions(rows=rows, late_share=late_share, duplicate_share=duplicate_share,
-                                               update_share=update_share, delete_share=delete_share, seed=seed),
+                                               update_share=update_share, delete_share=delete_share,
+                                               bad_share=bad_share, seed=seed),
                     batch=batch)
     console.print(f"raw_trades: appended {s.appended}, late {s.late}, duplicates {s.duplicates}, corrected "
                   f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}")
@@ -270,6 +275,32 @@ def refill(
     mats = outcome.asset_materializations_for_node(flow)
     console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
                   f"(run {outcome.run_id})")
+
+
+@app.command()
+def quarantine(
+    ctx: typer.Context,
+    source: str = typer.Argument(None, help="Source table (default: every quarantined source)."),
+    examples: int = typer.Option(3, "--examples", min=0, help="Example rows per flow and rule."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Rows kept out of the flows because they broke a rule: counts by source, flow and rule."""
+    from laminar_assets.engine.quarantine import summarize
+
+    c: CliContext = ctx.obj
+    folder = os.path.join(c.root, "_laminar", "quarantine")
+    names = [source] if source else sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    out = [row for name in names for row in summarize(os.path.join(folder, name), examples=examples)]
+    if source and not out and not os.path.isdir(os.path.join(folder, source)):
+        raise LaminarError(f"no quarantine table for source {source!r} under {folder}", table=source)
+    if as_json:
+        _emit_json(out)
+        return
+    table = Table("source", "flow", "rule", "rows", "source versions", "example row")
+    for r in out:
+        table.add_row(r["source"], r["flow"], r["rule"], str(r["rows"]),
+                      f"{r['min_version']}..{r['max_version']}", (r["examples"] or [""])[0])
+    console.print(table if out else "nothing quarantined")
 
 
 @app.command()

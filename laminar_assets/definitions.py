@@ -12,7 +12,7 @@ from laminar_assets.assets import build_asset, build_source_asset, source_tables
 import pathlib
 
 from laminar_assets.checks import build_contract_check, build_equivalence_check, build_lag_check
-from laminar_assets.contracts import load_contracts
+from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
 from laminar_assets.engine import FlowSpec, StageSpec
 from laminar_assets.flows import load_specs
 from laminar_assets.resources import LaminarResource, SparkResource
@@ -20,8 +20,6 @@ from laminar_assets.schedules import build_schedule
 from laminar_assets.sensors import build_stale_sensor, build_version_sensor, consumers_by_table
 from laminar_assets.settings import LaminarSettings, load_settings
 
-
-CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "data_contracts"
 
 
 def output_columns(spec: FlowSpec | StageSpec) -> list[str] | None:
@@ -35,11 +33,13 @@ def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettin
                       resources: dict | None = None, contracts_dir: str | pathlib.Path | None = CONTRACTS) -> dg.Definitions:
     known = {s.sink: cols for s in specs if (cols := output_columns(s))}
     contracts = load_contracts(contracts_dir, known) if contracts_dir else {}
+    specs = [with_contract_rules(s, contracts) for s in specs]
     assets = [build_source_asset(t) for t in source_tables(specs)] + [build_asset(s, settings, contracts) for s in specs]
     checks = [build_lag_check(s) for s in specs]
     checks += [build_contract_check(s, contracts[s.sink], settings) for s in specs if s.sink in contracts]
     checks += [build_equivalence_check(s, settings) for s in specs if isinstance(s, FlowSpec)]
-    sensors = [build_version_sensor(t, c, settings) for t, c in consumers_by_table(specs).items()]
+    blocking = {s.sink: s for s in specs if s.sink in contracts and contracts[s.sink].blocking}
+    sensors = [build_version_sensor(t, c, settings, blocking.get(t)) for t, c in consumers_by_table(specs).items()]
     sensors.append(build_stale_sensor(specs, settings))
     jobs, schedules = [], []
     by_name = {s.name: s for s in specs}

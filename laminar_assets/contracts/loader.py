@@ -54,6 +54,10 @@ def _check_columns(contract: Contract, path: pathlib.Path) -> None:
                 raise ContractError(
                     f"contract {path.name}: entry 'expectations.{i}' ({rule.expect}) names column {col!r}, "
                     f"which the contract does not declare", file=str(path), entry=f"expectations.{i}")
+    q = contract.quarantine
+    if q is not None and q.event_time is not None and q.event_time.column not in contract.columns:
+        raise ContractError(f"contract {path.name}: entry 'quarantine.event_time.column' names undeclared column "
+                            f"{q.event_time.column!r}", file=str(path), entry="quarantine.event_time.column")
     for col in contract.unique_key:
         if col not in contract.columns:
             raise ContractError(f"contract {path.name}: entry 'unique_key' names undeclared column {col!r}",

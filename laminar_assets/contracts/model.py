@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ContractColumn(BaseModel):
@@ -53,6 +57,42 @@ class ExpectationRule(BaseModel):
         return f"{self.expect}({cols}{', ' if args else ''}{', '.join(f'{k}={v}' for k, v in args.items())})"
 
 
+class EventTimeRule(BaseModel):
+    """Plausible event times `[not_before, before)`; rows outside (or without one) are quarantined."""
+
+    model_config = ConfigDict(extra="forbid")
+    column: str
+    not_before: AwareDatetime
+    before: AwareDatetime
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "EventTimeRule":
+        if not self.not_before < self.before:
+            raise ValueError(f"expected not_before < before, found {self.not_before} >= {self.before}")
+        return self
+
+
+class QuarantineRules(BaseModel):
+    """Row rules of a source: rows breaking one are quarantined instead of aggregated.
+    `rules` maps a rule name to a Spark SQL condition every good row meets (NULL counts as broken)."""
+
+    model_config = ConfigDict(extra="forbid")
+    event_time: EventTimeRule | None = None
+    rules: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("rules")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        from laminar_assets.engine.spec import BUILTIN_RULES
+
+        for name, check in value.items():
+            if not _NAME.match(name) or name in BUILTIN_RULES:
+                raise ValueError(f"rule name {name!r} must be an identifier other than {', '.join(BUILTIN_RULES)}")
+            if not str(check).strip():
+                raise ValueError(f"rule {name!r} needs a Spark SQL condition")
+        return value
+
+
 class Contract(BaseModel):
     """What one table (source, stage or sink) must look like."""
 
@@ -64,6 +104,7 @@ class Contract(BaseModel):
     unique_key: list[str] = Field(default_factory=list)
     expectations: list[ExpectationRule] = Field(default_factory=list)
     blocking: bool = False  # a failed check stops downstream materializations
+    quarantine: QuarantineRules | None = None
     path: str = Field(default="", exclude=True)
 
     def rules(self) -> list[ExpectationRule]:

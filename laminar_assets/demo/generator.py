@@ -3,6 +3,7 @@ duplicates, corrections (updates) and cancellations (deletes)."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -32,6 +33,7 @@ class BatchOptions:
     duplicate_share: float = 0.02
     update_share: float = 0.02
     delete_share: float = 0.01
+    bad_share: float = 0.003  # rows breaking raw_trades' contract rules (they end up in quarantine)
     seed: int = 7
 
 
@@ -42,6 +44,7 @@ class BatchSummary:
     duplicates: int
     updated: int
     deleted: int
+    bad: int
     first_time: datetime
     last_time: datetime
     versions: tuple[int, ...]
@@ -70,6 +73,23 @@ def _trades(rng: np.random.Generator, first_id: int, times: list[datetime]) -> p
         "venue": [VENUES[v] for v in rng.integers(0, len(VENUES), n)],
     })
     return df
+
+
+def _break_rows(df: pd.DataFrame, rng: np.random.Generator, n: int, *, first_kind: int = 0) -> int:
+    """Break `n` rows in place, one rule after another: negative quantity, zero price, unknown
+    symbol (no match in `symbols`), missing event time."""
+    rows = rng.choice(len(df), size=min(n, len(df)), replace=False)
+    for i, row in enumerate(rows):
+        kind = (i + first_kind) % 4
+        if kind == 0:
+            df.loc[row, "quantity"] = -df.loc[row, "quantity"]
+        elif kind == 1:
+            df.loc[row, "price"] = 0.0
+        elif kind == 2:
+            df.loc[row, "symbol"] = "ZZZZ"
+        else:
+            df.loc[row, "event_time"] = pd.NaT
+    return len(rows)
 
 
 def _stats(uri: str) -> tuple[int, datetime | None]:
@@ -102,6 +122,7 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
         late_offsets = rng.random(late) * (span_start - START).total_seconds()
         times += [START + timedelta(seconds=float(o)) for o in late_offsets]
     new = _trades(rng, max_id + 1, times)
+    bad = _break_rows(new, rng, math.ceil(options.rows * options.bad_share), first_kind=batch)
     versions = []
     config = {"delta.enableChangeDataFeed": "true"}
     write_deltalake(trades_uri, new, mode="append", configuration=None if exists else config)
@@ -128,6 +149,6 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
             versions.append(dt.version())
             deleted = len(dele)
     return BatchSummary(
-        appended=in_order, late=late, duplicates=dups, updated=updated, deleted=deleted,
+        appended=in_order, late=late, duplicates=dups, updated=updated, deleted=deleted, bad=bad,
         first_time=min(times), last_time=max(times), versions=tuple(versions),
     )

@@ -28,6 +28,7 @@ class RunRow:
     rows_read: int
     sink_rows: int
     seconds: float
+    quarantined: int = 0
     success: bool = True
     error: str = ""
 
@@ -79,13 +80,14 @@ def _row(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> RunRow:
     if not outcome.success:
         failure = next((e for e in outcome.all_events if e.is_step_failure), None)
         message = failure.step_failure_data.error.message.strip().splitlines()[0] if failure else "run failed"
-        return RunRow(name, request.partition_key or "range", "FAILED", "-", "-", 0, 0, 0.0, False, message)
+        return RunRow(name, request.partition_key or "range", "FAILED", "-", "-", 0, 0, 0.0, 0, False, message)
     mat = outcome.asset_materializations_for_node(name)[0]
     md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
     frm, to = md.get("versions_from", {}), md.get("versions_to", {})
     versions = ", ".join(f"{s} {frm.get(s)}→{v}" for s, v in to.items())
     return RunRow(name, mat.partition or "", str(md.get("mode", "")), str(md.get("reason", "")), versions,
-                  int(md.get("rows_read", 0)), int(md.get("sink_rows", 0)), float(md.get("seconds_total", 0.0)))
+                  int(md.get("rows_read", 0)), int(md.get("sink_rows", 0)), float(md.get("seconds_total", 0.0)),
+                  int(md.get("rows_quarantined", 0)))
 
 
 def version_sensor_names(defs: dg.Definitions, specs) -> list[str]:

@@ -1,4 +1,7 @@
-"""Shared stage: raw trades deduplicated by trade_id, joined with the symbols dimension."""
+"""Shared stage: raw trades deduplicated by trade_id, joined with the symbols dimension.
+
+Rows breaking raw_trades' contract rules (data_contracts/raw_trades.yaml, `quarantine`) and
+trades of unknown symbols go to the quarantine table `_laminar/quarantine/raw_trades`."""
 
 from laminar_assets.engine import DimensionJoin, StageSpec
 
@@ -9,7 +12,6 @@ normalized_trades = StageSpec(
     source="raw_trades",
     event_time="event_time",
     partitioning="hourly",
-    filter="quantity > 0 AND price > 0",
     derived={
         "notional": "price * quantity",
         "signed_quantity": "CASE WHEN side = 'SELL' THEN -quantity ELSE quantity END",

@@ -69,11 +69,21 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     assert sorted(large["trade_id"]) == sorted(t for t, n in zip(stage["trade_id"].to_pylist(),
                                                                   stage["notional"].to_pylist()) if n > 250_000)
 
+    # the broken rows of both batches (negative quantity, then zero price) are quarantined, not aggregated
+    quarantined = json.loads(invoke("--root", str(root), "quarantine", "--json", home=home).output)
+    assert {(q["source"], q["flow"], q["rule"]) for q in quarantined} >= {
+        ("raw_trades", "normalized_trades", "positive_quantity"), ("raw_trades", "normalized_trades", "positive_price")}
+    assert all(q["examples"] for q in quarantined)
+    assert min(stage["quantity"].to_pylist()) > 0 and min(stage["price"].to_pylist()) > 0
+    assert "quarantined" in out.output
+
     status = json.loads(invoke("--root", str(root), "status", "--json", home=home).output)
     vwap = next(r for r in status if r["flow"] == "vwap_1m")
     assert set(vwap) == {"flow", "kind", "source_versions", "partitions_materialized", "stale_partitions",
                          "pending_versions", "partitions"}
-    assert vwap["partitions_materialized"] == 4 and vwap["stale_partitions"] == [] and vwap["pending_versions"] == 0
+    assert vwap["partitions_materialized"] == 4 and vwap["stale_partitions"] == []
+    # versions behind, not stale: later stage commits that touched none of this partition's windows
+    assert vwap["pending_versions"] == max(max(p["versions_behind"].values()) for p in vwap["partitions"])
 
     report = json.loads(invoke("--root", str(root), "explain", "ohlc_5m", "--partition", "2024-01-02-10:00",
                                "--json", home=home).output)

@@ -19,7 +19,7 @@ SPECS = {s.name: s for s in load_specs()}
 SETTINGS = LaminarSettings()
 STAGE, VWAP = build_asset(SPECS["normalized_trades"], SETTINGS), build_asset(SPECS["vwap_1m"], SETTINGS)
 P9, P10 = "2024-01-02-09:00", "2024-01-02-10:00"
-NUMERIC = ["pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "windows_touched",
+NUMERIC = ["pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined", "windows_touched",
            "state_rows", "sink_rows", "seconds_read", "seconds_state", "seconds_merge", "seconds_write",
            "seconds_total", "source_version_normalized_trades"]
 
