@@ -8,13 +8,17 @@ stage has committed the new version (graph order).
 """
 
 
+import json
+
 import dagster as dg
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from deltalake import DeltaTable
 
 from laminar_assets.assets import PARTITION_TAG, partitions_def
 from laminar_assets.engine import FlowSpec, LaminarError, StageSpec
 from laminar_assets.engine.delta_source import resolve_uri
 from laminar_assets.engine.inspect import dirty_partitions, inspect_partition, is_stale, new_commits
+from laminar_assets.engine.windows import partition_interval, partitions_overlapping
 from laminar_assets.resources import LaminarResource
 from laminar_assets.settings import LaminarSettings
 
@@ -55,7 +59,49 @@ def partition_requests(spec: Spec, keys: list[str], settings: LaminarSettings, *
     ) for k in keys]
 
 
-def build_version_sensor(table: str, consumers: list[Spec], settings: LaminarSettings) -> dg.SensorDefinition:
+def parse_cursor(text: str | None) -> tuple[int | None, dict[str, list[str]]]:
+    """(last Delta version seen, partitions held back per consumer by a failed upstream check)."""
+    if not text:
+        return None, {}
+    if text.lstrip("-").isdigit():
+        return int(text), {}
+    data = json.loads(text)
+    return data.get("version"), {k: list(v) for k, v in (data.get("held") or {}).items()}
+
+
+def format_cursor(version: int | None, held: dict[str, list[str]]) -> str:
+    held = {k: sorted(v) for k, v in held.items() if v}
+    return str(version) if not held else json.dumps({"version": version, "held": held}, sort_keys=True)
+
+
+def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: set[str]) -> set[str]:
+    """Partitions of `producer` whose latest blocking `contract` check evaluation failed."""
+    if not keys:
+        return set()
+    check = dg.AssetCheckKey(dg.AssetKey(producer.name), "contract")
+    infos = instance.event_log_storage.get_asset_check_partition_info([check], partition_keys=sorted(keys))
+    return {i.partition_key for i in infos if i.latest_execution_status is AssetCheckExecutionRecordStatus.FAILED}
+
+
+def split_blocked(instance: dg.DagsterInstance, producer: Spec | None, consumer: Spec,
+                  keys: list[str]) -> tuple[list[str], list[str]]:
+    """(keys to run, keys held back) — held when an upstream partition they read failed its blocking check."""
+    if producer is None or not keys:
+        return keys, []
+    def reads(key: str):  # the event range a consumer partition reads (hopping windows reach past it)
+        part = partition_interval(key, consumer.granularity)
+        return consumer.shape.events_of_starts(part) if isinstance(consumer, FlowSpec) else part
+
+    upstream = {k: set(partitions_overlapping(reads(k), producer.granularity)) for k in keys}
+    failed = failed_check_partitions(instance, producer, set().union(*upstream.values()))
+    held = [k for k in keys if upstream[k] & failed]
+    return [k for k in keys if k not in held], held
+
+
+def build_version_sensor(table: str, consumers: list[Spec], settings: LaminarSettings,
+                         blocking_producer: Spec | None = None) -> dg.SensorDefinition:
+    """`blocking_producer`: the spec writing `table` when its contract check is blocking; consumer
+    partitions reading a partition that failed that check are held (kept in the cursor) until it passes."""
     dims_only = [s for s in consumers if isinstance(s, StageSpec) and table in s.dimension_tables]
 
     @dg.sensor(
@@ -63,40 +109,49 @@ def build_version_sensor(table: str, consumers: list[Spec], settings: LaminarSet
         minimum_interval_seconds=settings.sensor_interval_seconds,
         target=[dg.AssetKey(s.name) for s in consumers],
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Watches Delta table `{table}`; requests runs for the partitions new commits touch.",
+        description=f"Watches Delta table `{table}`; requests runs for the partitions new commits touch"
+                    + (f", holding back those whose upstream `{blocking_producer.name}` partition failed its "
+                       "blocking contract check." if blocking_producer else "."),
     )
     def _sensor(context: dg.SensorEvaluationContext, laminar: LaminarResource):
         root = laminar.resolved_root()
         uri = resolve_uri(root, table)
         if not DeltaTable.is_deltatable(uri):
             return dg.SkipReason(f"no Delta table at {uri} yet")
-        after = int(context.cursor) if context.cursor else None
+        after, held = parse_cursor(context.cursor)
         requests: list[dg.RunRequest] = []
         latest = None
+        new_held: dict[str, list[str]] = {}
         for spec in consumers:
+            keys: list[str] = []
             if spec in dims_only:
                 # A dimension change refills every materialized partition of the stage.
                 latest_dim = DeltaTable(uri).version()
                 if after is not None and latest_dim > after:
                     keys = laminar.checkpoints().partitions(spec.name)
-                    requests += partition_requests(spec, keys, settings, run_key_prefix=f"{table}@{after}..{latest_dim}")
                 latest = latest_dim
-                continue
-            try:
-                changes = new_commits(root, table, spec.event_time, after)
-            except LaminarError as exc:
-                return dg.SkipReason(f"cannot read {table}: {exc.message}")
-            if changes is None:
-                continue
-            latest = changes.to_version
-            keys = dirty_partitions(spec, changes)
-            if changes.unknown_range:
-                keys = sorted(set(keys) | set(laminar.checkpoints().partitions(spec.name)))
-            requests += partition_requests(spec, keys, settings,
-                                           run_key_prefix=f"{table}@{after}..{changes.to_version}")
-        if latest is None or (after is not None and latest <= after):
+            else:
+                try:
+                    changes = new_commits(root, table, spec.event_time, after)
+                except LaminarError as exc:
+                    return dg.SkipReason(f"cannot read {table}: {exc.message}")
+                if changes is not None:
+                    latest = changes.to_version
+                    keys = dirty_partitions(spec, changes)
+                    if changes.unknown_range:
+                        keys = sorted(set(keys) | set(laminar.checkpoints().partitions(spec.name)))
+            keys = sorted(set(keys) | set(held.get(spec.name, [])))
+            run, blocked = split_blocked(context.instance, blocking_producer, spec, keys)
+            if blocked:
+                new_held[spec.name] = blocked
+                context.log.info(f"{spec.name}: holding {len(blocked)} partition(s) whose upstream "
+                                 f"{blocking_producer.name} contract check failed: {', '.join(blocked[:5])}")
+            requests += partition_requests(spec, run, settings,
+                                           run_key_prefix=f"{table}@{after}..{latest if latest is not None else after}")
+        version = latest if latest is not None and (after is None or latest > after) else after
+        if not requests and version == after and new_held == held:
             return dg.SkipReason(f"no new versions of {table} after {after}")
-        return dg.SensorResult(run_requests=requests, cursor=str(latest))
+        return dg.SensorResult(run_requests=requests, cursor=format_cursor(version, new_held))
 
     return _sensor
 

@@ -95,3 +95,47 @@ def test_schedule_requests_the_current_partition():
     ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 2, 10, 45, tzinfo=timezone.utc))
     request = schedule(ctx)
     assert request.partition_key == "2024-01-02-10:00"
+
+
+def test_partitions_reading_a_failed_blocking_check_are_held_until_it_passes(lake, laminar, instance):
+    from laminar_assets.sensors import parse_cursor
+
+    stage = next(s for s in SPECS if s.name == "normalized_trades")
+    sensor = build_version_sensor("normalized_trades", CONSUMERS["normalized_trades"], SETTINGS, stage)
+
+    def tick(cursor):
+        with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"laminar": laminar}) as ctx:
+            return sensor(ctx)
+
+    from laminar_assets.assets import partitions_def
+
+    pdef = partitions_def(stage, SETTINGS)
+
+    def report(passed):  # a real run of a `contract` check on the stage's 09:00 partition
+        @dg.asset(name="normalized_trades", partitions_def=pdef)
+        def _stage():
+            return None
+
+        @dg.asset_check(asset=_stage, name="contract", partitions_def=pdef)
+        def _contract():
+            return dg.AssetCheckResult(passed=passed)
+
+        dg.materialize([_stage, _contract], partition_key="2024-01-02-09:00", instance=instance,
+                       raise_on_error=False)
+
+    create_sources(lake, BASE)
+    lake.create("normalized_trades", frame=trades([(1, "2024-01-02 09:01:00", "AAPL", "ACC-1", "BUY", 190.0, 100),
+                                                   (2, "2024-01-02 10:01:00", "AAPL", "ACC-1", "BUY", 190.0, 100)])
+                .assign(notional=19000.0, signed_quantity=100, sector="tech", currency="USD"))
+    report(False)
+    held = tick(None)
+    assert {k for _, k in requested(held)} == {"2024-01-02-10:00"}  # 09:00 reads the failed partition
+    version, parked = parse_cursor(held.cursor)
+    assert version == 0 and parked["vwap_1m"] == ["2024-01-02-09:00"]
+    # hopping 1 h windows starting at 08:xx read 09:xx rows too
+    assert parked["sector_stats_1h"] == ["2024-01-02-08:00", "2024-01-02-09:00"]
+    assert isinstance(tick(held.cursor), dg.SkipReason) or not tick(held.cursor).run_requests
+    report(True)
+    released = tick(held.cursor)
+    assert {k for _, k in requested(released)} == {"2024-01-02-08:00", "2024-01-02-09:00"}
+    assert released.cursor == "0"
