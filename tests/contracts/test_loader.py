@@ -51,6 +51,14 @@ def test_project_contracts_load_against_the_specs():
      "expectations.0", "needs 'min' and/or 'max'"),
     ("table: t\nkind: sink\ncolumns: {a: {type: bigint}}\nunique_key: [z]\n", "unique_key", "undeclared column 'z'"),
     ("table: t\nkind: sink\ncolumns: {a: {type: bigint}}\ncolour: blue\n", "colour", "Extra inputs"),
+    ("table: t\nkind: source\ncolumns: {a: {type: bigint}}\nquarantine: {rules: {key_missing: 'a > 0'}}\n",
+     "quarantine.rules", "other than event_time_missing"),
+    ("table: t\nkind: source\ncolumns: {a: {type: bigint}}\nquarantine:\n  event_time: {column: ts, "
+     "not_before: '2000-01-01T00:00:00Z', before: '2100-01-01T00:00:00Z'}\n",
+     "quarantine.event_time.column", "undeclared column 'ts'"),
+    ("table: t\nkind: source\ncolumns: {a: {type: bigint}}\nquarantine:\n  event_time: {column: a, "
+     "not_before: '2100-01-01T00:00:00Z', before: '2000-01-01T00:00:00Z'}\n",
+     "quarantine.event_time", "not_before < before"),
 ])
 def test_bad_contracts_name_file_and_entry(tmp_path, text, entry, message):
     with pytest.raises(ContractError) as info:
@@ -84,3 +92,15 @@ def test_schema_guard():
     with pytest.raises(SchemaMismatchError, match="has no column 'quantity'"):
         guard_source(contract, missing, 6, {"*"})
     assert guard_source(contract, missing, 6, {"event_time", "price"}).table == "raw_trades"  # unused: fine
+
+
+def test_source_rules_are_carried_into_the_specs_that_read_the_source():
+    from laminar_assets.contracts import with_contract_rules
+
+    stage = next(s for s in load_specs() if s.name == "normalized_trades")
+    assert {(r.name, r.source) for r in stage.rules} == {
+        ("positive_quantity", "raw_trades"), ("positive_price", "raw_trades"), ("known_side", "raw_trades")}
+    assert stage.bounds is not None and stage.bounds.start.year == 2000
+    assert with_contract_rules(stage, load_contracts(CONTRACTS)) is stage  # applying twice changes nothing
+    flow = next(s for s in load_specs() if s.name == "vwap_1m")
+    assert flow.rules == () and flow.event_time_bounds is None  # normalized_trades declares no rules
