@@ -12,7 +12,9 @@ A crash after 3 is finished on restart from the committed state; a crash before
 
 from __future__ import annotations
 
+import json
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -100,6 +102,7 @@ class Engine:
         self.root = root.rstrip("/")
         self.store = CheckpointStore(self.root, lease_seconds=lease_seconds)
         self.hook = hook or (lambda step: None)
+        self._checked: dict[tuple, dict[str, str]] = {}
 
     # --- locations -------------------------------------------------------
     def table_uri(self, name: str) -> str:
@@ -139,39 +142,51 @@ class Engine:
         inputs = self._gather(spec, mark)
         return mark, inputs, plan_partition(self._planner_input(spec, partition, mark, inputs, force))
 
+    def _prepared(self, spec, partition: str, run_id: str, force: bool):
+        """Under the partition's lease: settle an interrupted run, gather and plan. (mark, inputs, plan)."""
+        mark = self.store.load(spec.name, partition)
+        if mark is not None and mark.pending is not None:
+            mark = self._settled(spec, partition, mark, write=True)
+        inputs = self._gather(spec, mark)
+        plan = plan_partition(self._planner_input(spec, partition, mark, inputs, force))
+        strict = spec.refresh is RefreshPolicy.INCREMENTAL_STRICT and plan.reason is not Reason.FORCED_BY_USER
+        if strict and plan.mode is Mode.REFILL:
+            raise StrictRefreshError(
+                f"flow '{spec.name}' is incremental_strict but partition {partition} needs a refill: "
+                f"{plan.detail}. Run an explicit refill (force=True / `laminar refill`) or relax the policy",
+                reason=plan.reason.value, flow=spec.name, partition=partition,
+            )
+        return mark, inputs, plan
+
+    def _sweep_or_fail(self, spec, plan: PartitionPlan, run_id: str) -> dict[str, int]:
+        try:
+            return self._sweep(spec, plan, run_id)
+        except LaminarError:
+            raise
+        except Exception as exc:
+            raise RunFailedError(f"quarantine sweep of '{spec.name}' failed: {_short(exc)}; nothing was written "
+                                 "to the partition", flow=spec.name, partition=plan.partition, run_id=run_id) from exc
+
+    def _noop(self, spec, plan: PartitionPlan, mark: Watermark | None, run_id: str, seconds: dict,
+              swept: dict[str, int]) -> RunResult:
+        """Nothing to compute: record the newer versions the partition is already up to date with."""
+        if mark is not None and mark.committed and plan.to_versions != mark.source_versions:
+            self.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
+                                       last_reason=plan.reason.value))
+        return RunResult(plan, run_id, {"pending_versions": sum(plan.pending_versions.values()),
+                                        "rows_quarantined": sum(swept.values())}, seconds, dict(swept))
+
     def run(self, spec: FlowSpec | StageSpec, partition: str, *, force: bool = False) -> RunResult:
         """Bring one partition up to date; returns what was done and measured."""
         self._check_partition(spec, partition)
         run_id = new_run_id()
         with self.store.lease(spec.name, partition, run_id):
-            mark = self.store.load(spec.name, partition)
-            if mark is not None and mark.pending is not None:
-                mark = self._settled(spec, partition, mark, write=True)
             started = time.perf_counter()
-            inputs = self._gather(spec, mark)
-            plan = plan_partition(self._planner_input(spec, partition, mark, inputs, force))
-            strict = spec.refresh is RefreshPolicy.INCREMENTAL_STRICT and plan.reason is not Reason.FORCED_BY_USER
-            if strict and plan.mode is Mode.REFILL:
-                raise StrictRefreshError(
-                    f"flow '{spec.name}' is incremental_strict but partition {partition} needs a refill: "
-                    f"{plan.detail}. Run an explicit refill (force=True / `laminar refill`) or relax the policy",
-                    reason=plan.reason.value, flow=spec.name, partition=partition,
-                )
+            mark, inputs, plan = self._prepared(spec, partition, run_id, force)
             gather_s = time.perf_counter() - started
-            try:
-                swept = self._sweep(spec, plan, run_id)
-            except LaminarError:
-                raise
-            except Exception as exc:
-                raise RunFailedError(f"quarantine sweep of '{spec.name}' failed: {_short(exc)}; nothing was written "
-                                     "to the partition", flow=spec.name, partition=partition, run_id=run_id) from exc
+            swept = self._sweep_or_fail(spec, plan, run_id)
             if plan.mode is Mode.NOOP:
-                if mark is not None and mark.committed and plan.to_versions != mark.source_versions:
-                    self.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
-                                               last_reason=plan.reason.value))
-                return RunResult(plan, run_id, {"pending_versions": sum(plan.pending_versions.values()),
-                                                "rows_quarantined": sum(swept.values())}, {"plan": gather_s},
-                                 dict(swept))
+                return self._noop(spec, plan, mark, run_id, {"plan": gather_s}, swept)
             try:
                 try:
                     result = self._execute(spec, plan, mark, inputs, run_id)
@@ -193,6 +208,135 @@ class Engine:
                 result.quarantined[rule] = result.quarantined.get(rule, 0) + n
             result.metrics["rows_quarantined"] = sum(result.quarantined.values())
             return result
+
+    def run_many(self, spec: FlowSpec | StageSpec, partitions: list[str], *, force: bool = False) -> list[RunResult]:
+        """Bring several partitions of a flow up to date in one pass: one Spark job reads and merges
+        all of them, one state commit and one sink commit carry every partition's transaction.
+
+        Plans, reasons, results and the commit protocol are those of `run` per partition (each
+        partition keeps its own lease, intent, app transaction and watermark); only the Spark work is
+        shared, so per-job latency is paid once instead of once per partition. Stages run partition
+        by partition. Results come back in the order of `partitions`.
+        """
+        keys = list(dict.fromkeys(partitions))
+        if isinstance(spec, StageSpec) or len(keys) < 2:
+            return [self.run(spec, k, force=force) for k in keys]
+        for k in keys:
+            self._check_partition(spec, k)
+        run_id = new_run_id()
+        with ExitStack() as leases:
+            for k in keys:
+                leases.enter_context(self.store.lease(spec.name, k, run_id))
+            started = time.perf_counter()
+            prepared = {k: self._prepared(spec, k, run_id, force) for k in keys}
+            gather_s = (time.perf_counter() - started) / len(keys)
+            swept = self._sweep_or_fail(spec, prepared[keys[0]][2], run_id)
+            results: dict[str, RunResult] = {}
+            todo = []
+            for k in keys:
+                mark, inputs, plan = prepared[k]
+                if plan.mode is Mode.NOOP:
+                    results[k] = self._noop(spec, plan, mark, run_id, {"plan": gather_s}, {})
+                else:
+                    todo.append((k, mark, inputs, plan))
+            schemas = {json.dumps(sorted(i.input_schema.items())) for _, _, i, _ in todo}
+            if len(schemas) > 1:  # sources changed type between plans: no shared state table
+                for k, *_ in todo:
+                    results[k] = self.run(spec, k, force=force)
+                todo = []
+            if todo:
+                try:
+                    results.update(self._execute_many(spec, todo, run_id))
+                except InjectedCrash:
+                    raise
+                except Exception as exc:
+                    for k, mark, _, _ in todo:
+                        self._record_failure(spec, k, mark, exc)
+                    if isinstance(exc, LaminarError):
+                        raise
+                    raise RunFailedError(
+                        f"run of '{spec.name}' partitions {todo[0][0]}..{todo[-1][0]} failed: {_short(exc)}; "
+                        "no watermark moved and the next run refills", flow=spec.name, run_id=run_id,
+                    ) from exc
+                for k, *_ in todo:
+                    results[k].seconds["plan"] = gather_s
+        first = results[keys[0]]
+        for rule, n in swept.items():
+            first.quarantined[rule] = first.quarantined.get(rule, 0) + n
+        for k in keys:
+            results[k].metrics["rows_quarantined"] = sum(results[k].quarantined.values())
+        return [results[k] for k in keys]
+
+    def _execute_many(self, spec: FlowSpec, todo: list, run_id: str) -> dict[str, RunResult]:
+        """`_execute` for several partitions of one flow with shared Spark jobs and commits."""
+        schema = todo[0][2].input_schema
+        seqs = {k: self._begin(spec, plan, mark, inputs, run_id) for k, mark, inputs, plan in todo}
+        self.hook("after_intent")
+        n = len(todo)
+        t0 = time.perf_counter()
+        metrics: dict[str, dict] = {k: {} for k, *_ in todo}
+        quarantined: dict[str, dict] = {k: {} for k, *_ in todo}
+        partials, rejects, in_refill = [], {}, F.lit(False)
+        impls = group = None
+        for k, _mark, inputs, plan in todo:
+            partial, impls, group, refill_k, bad, rejects[k] = self._flow_partial(spec, plan, inputs, metrics[k])
+            partials.append(partial.withColumn("__part", F.lit(k)))
+            in_refill = in_refill | refill_k
+        partial = partials[0]
+        for p in partials[1:]:
+            partial = partial.unionByName(p)
+        partial = partial.persist()
+        ws = F.col("window_start")
+        for row in partial.groupBy("__part").agg(
+            F.sum("__in_rows").alias("rows"),
+            F.sum("__rejected").alias("rejected"),
+            F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
+            F.countDistinct(F.when(~bad, ws)).alias("windows"),
+            F.count(F.when(~bad, F.lit(1))).alias("groups"),
+        ).collect():  # one row per partition
+            metrics[row["__part"]].update(
+                rows_read=int(row["rows"] or 0), rows_rejected=int(row["rejected"] or 0),
+                rows_retracted=int(row["retracted"] or 0), windows_touched=int(row["windows"] or 0),
+                partial_groups=int(row["groups"] or 0))
+        for k, *_ in todo:
+            metrics[k].setdefault("rows_read", 0)
+            if metrics[k].get("rows_rejected"):
+                self._record_rejects(spec, rejects[k], k, run_id, quarantined[k])
+        self.hook("after_read")
+        read_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        plans = [plan for *_, plan in todo]
+        merged = self._flow_merge(spec, plans, partial.where(~bad).drop("__part"), impls, group, in_refill, schema)
+        state_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        keys = [k for k, *_ in todo]
+        meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": ",".join(keys),
+                "laminar.mode": ",".join(sorted({p.mode.value for p in plans}))}
+        rows = replace_range(
+            self.spark, merged, table_uri=self.state_uri(spec, schema), column="window_start",
+            rng=[p.interval for p in plans], run_id=run_id, metadata=meta,
+            transactions=[(self.app_id(spec, k), seqs[k]) for k in keys],
+        )
+        merge_s = time.perf_counter() - t2
+        partial.unpersist()
+        self.hook("after_state_commit")
+        t3 = time.perf_counter()
+        sink_rows = self._write_sink(spec, keys, [seqs[k] for k in keys], run_id, schema)
+        write_s = time.perf_counter() - t3
+        self.hook("after_sink_commit")
+        t4 = time.perf_counter()
+        for k, _mark, inputs, plan in todo:
+            self._finish(spec, plan, inputs, seqs[k], metrics[k])
+            metrics[k]["batch_partitions"] = n
+        self.hook("after_watermark")
+        seconds = {"read": read_s / n, "state": state_s / n, "merge": merge_s / n, "write": write_s / n,
+                   "watermark": (time.perf_counter() - t4) / n}
+        out = {}
+        for i, (k, _mark, _inputs, plan) in enumerate(todo):
+            # the commits are shared: their row counts are reported once, on the batch's first partition
+            metrics[k]["state_rows"], metrics[k]["sink_rows"] = (rows, sink_rows) if i == 0 else (0, 0)
+            out[k] = RunResult(plan, run_id, metrics[k], dict(seconds), quarantined[k])
+        return out
 
     def sink_frame(self, spec: FlowSpec | StageSpec, partition: str) -> DataFrame:
         """The sink rows of one partition, as a (lazy) Spark DataFrame."""
@@ -236,7 +380,7 @@ class Engine:
         done_uri = self.state_uri(spec, p.input_schema) if isinstance(spec, FlowSpec) else sink_uri
         if self._txn(done_uri, app) == p.seq:
             if write and isinstance(spec, FlowSpec) and self._txn(sink_uri, app) != p.seq:
-                self._write_sink(spec, partition, p.seq, p.run_id + "-recovered", dict(p.input_schema))
+                self._write_sink(spec, partition, p.seq, f"{new_run_id()}-recovered", dict(p.input_schema))
             settled = mark.with_(
                 seq=p.seq, source_versions=dict(p.target_versions), input_schema=dict(p.input_schema),
                 last_mode=p.mode, last_reason=p.reason, pending=None, failed_attempt=None,
@@ -269,7 +413,12 @@ class Engine:
         for src in spec.sources:
             uri = self.table_uri(src)
             info = table_info(src, uri)
-            fingerprint = check_source(self.spark, spec, info)
+            key = (spec.name, spec.spec_hash, uri, info.version)
+            if key not in self._checked:  # the analyzer costs a Spark round trip; run_many asks per partition
+                if len(self._checked) > 256:
+                    self._checked.clear()
+                self._checked[key] = check_source(self.spark, spec, info)
+            fingerprint = self._checked[key]
             for col, typ in fingerprint.items():
                 if col in schema and schema[col] != typ:
                     raise LaminarError(f"sources of '{spec.name}' disagree on the type of {col!r}: "
@@ -293,6 +442,23 @@ class Engine:
 
     # --- execution -------------------------------------------------------
     def _execute(self, spec, plan: PartitionPlan, mark: Watermark | None, inputs: _Inputs, run_id: str) -> RunResult:
+        seq = self._begin(spec, plan, mark, inputs, run_id)
+        self.hook("after_intent")
+        seconds: dict[str, float] = {}
+        metrics: dict[str, float | int] = {}
+        quarantined: dict[str, int] = {}
+        if isinstance(spec, FlowSpec):
+            self._execute_flow(spec, plan, inputs, run_id, seq, metrics, seconds, quarantined)
+        else:
+            self._execute_stage(spec, plan, mark, inputs, run_id, seq, metrics, seconds, quarantined)
+        t = time.perf_counter()
+        self._finish(spec, plan, inputs, seq, metrics)
+        seconds["watermark"] = time.perf_counter() - t
+        self.hook("after_watermark")
+        return RunResult(plan, run_id, metrics, seconds, quarantined)
+
+    def _begin(self, spec, plan: PartitionPlan, mark: Watermark | None, inputs: _Inputs, run_id: str) -> int:
+        """Check the run sequence against the table's transaction and write the intent; returns the seq."""
         app = self.app_id(spec, plan.partition)
         guard_uri = self.state_uri(spec, inputs.input_schema) if isinstance(spec, FlowSpec) else self.sink_uri(spec)
         committed = self._txn(guard_uri, app)
@@ -310,28 +476,20 @@ class Engine:
                              mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(inputs.input_schema))
         base = mark or Watermark(spec.name, plan.partition, spec.spec_hash, {}, 0)
         self.store.save(base.with_(pending=pending))
-        self.hook("after_intent")
-        seconds: dict[str, float] = {}
-        metrics: dict[str, float | int] = {}
-        quarantined: dict[str, int] = {}
-        if isinstance(spec, FlowSpec):
-            self._execute_flow(spec, plan, inputs, run_id, seq, metrics, seconds, quarantined)
-        else:
-            self._execute_stage(spec, plan, mark, inputs, run_id, seq, metrics, seconds, quarantined)
-        t = time.perf_counter()
+        return seq
+
+    def _finish(self, spec, plan: PartitionPlan, inputs: _Inputs, seq: int, metrics: dict) -> None:
+        """Move the watermark to the plan's target versions (both commits have landed)."""
         self.store.save(Watermark(
             flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
             source_versions=dict(plan.to_versions), seq=seq, input_schema=dict(inputs.input_schema),
             last_mode=plan.mode.value, last_reason=plan.reason.value,
         ))
-        seconds["watermark"] = time.perf_counter() - t
-        self.hook("after_watermark")
         metrics["versions_read"] = sum(
             (to - (plan.from_versions.get(s) or 0)) if plan.from_versions.get(s) is not None else 0
             for s, to in plan.to_versions.items()
         )
         metrics["pending_versions"] = sum(plan.pending_versions.values())
-        return RunResult(plan, run_id, metrics, seconds, quarantined)
 
     def _commit_meta(self, plan: PartitionPlan, run_id: str) -> dict:
         return {"laminar.run_id": run_id, "laminar.flow": plan.flow, "laminar.partition": plan.partition,
@@ -523,13 +681,15 @@ class Engine:
         c = F.col(spec.event_time)
         return (c >= F.lit(rng.start)) & (c < F.lit(rng.end))
 
-    def _flow_merge(self, spec: FlowSpec, plan: PartitionPlan, good_partial: DataFrame, impls, group, in_refill,
-                    schema: dict[str, str]):
-        """Lazy merge of the kept old state with the new partial states; runs no job."""
+    def _flow_merge(self, spec: FlowSpec, plans: list[PartitionPlan], good_partial: DataFrame, impls, group,
+                    in_refill, schema: dict[str, str]):
+        """Lazy merge of the kept old state of the plans' partitions with the new partial states
+        (`in_refill`: the windows whose old state is replaced); runs no job."""
         state_cols = [c for impl in impls for c in impl.state_columns]
         combined = good_partial.select(*group, ROWS, *state_cols)
-        if not plan.refill_all:
-            old = self._read_state(spec, plan.partition, schema)
+        kept = [p.partition for p in plans if not p.refill_all]
+        if kept:
+            old = self._read_state(spec, kept, schema)
             if old is not None:
                 combined = old.where(~in_refill).select(*group, ROWS, *state_cols).unionByName(combined)
         extra = [e for impl in impls for e in impl.pre_merge_exprs(group)]
@@ -543,7 +703,7 @@ class Engine:
         """The plan and the (lazy) Spark query a run would execute now, for `explain`. Writes nothing."""
         _mark, inputs, plan = self._current(spec, partition)
         partial, impls, group, in_refill, bad, _rejects = self._flow_partial(spec, plan, inputs, {})
-        return plan, self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill, inputs.input_schema)
+        return plan, self._flow_merge(spec, [plan], partial.where(~bad), impls, group, in_refill, inputs.input_schema)
 
     def _execute_flow(self, spec: FlowSpec, plan: PartitionPlan, inputs: _Inputs, run_id: str, seq: int,
                       metrics: dict, seconds: dict, quarantined: dict) -> None:
@@ -567,7 +727,7 @@ class Engine:
         self.hook("after_read")
         seconds["read"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        merged = self._flow_merge(spec, plan, partial.where(~bad), impls, group, in_refill, inputs.input_schema)
+        merged = self._flow_merge(spec, [plan], partial.where(~bad), impls, group, in_refill, inputs.input_schema)
         seconds["state"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         rows = replace_range(
@@ -591,25 +751,33 @@ class Engine:
         return (self.spark.createDataFrame([], spark_schema(info.schema)).withColumn(SIGN, F.lit(1))
                 .withColumn(VERSION, F.lit(None).cast("long")))
 
-    def _read_state(self, spec: FlowSpec, partition: str, schema: dict[str, str]) -> DataFrame | None:
+    def _read_state(self, spec: FlowSpec, partitions: str | list[str], schema: dict[str, str]) -> DataFrame | None:
         uri = self.state_uri(spec, schema)
         if not DeltaTable.is_deltatable(uri):
             return None
-        part = partition_interval(partition, spec.granularity)
+        parts = [partition_interval(k, spec.granularity) for k in ([partitions] if isinstance(partitions, str)
+                                                                   else partitions)]
         info = table_info(f"{spec.name} state", uri)
-        files = snapshot_files(info, "window_start", [part])
+        files = snapshot_files(info, "window_start", parts)
         df = read_files(self.spark, files, info.schema, info.partition_columns)
         ws = F.col("window_start")
-        return df.where((ws >= F.lit(part.start)) & (ws < F.lit(part.end)))
+        inside = F.lit(False)
+        for part in parts:
+            inside = inside | ((ws >= F.lit(part.start)) & (ws < F.lit(part.end)))
+        return df.where(inside)
 
-    def _write_sink(self, spec: FlowSpec, partition: str, seq: int, run_id: str, schema: dict[str, str]) -> int:
-        """Finalize the committed state of the partition into the sink (idempotent)."""
-        out = self.finalize(spec, self._read_state(spec, partition, schema))
-        meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": partition}
+    def _write_sink(self, spec: FlowSpec, partition: str | list[str], seq: int | list[int], run_id: str,
+                    schema: dict[str, str]) -> int:
+        """Finalize the committed state of the partition(s) into the sink (idempotent)."""
+        keys = [partition] if isinstance(partition, str) else list(partition)
+        seqs = [seq] if isinstance(seq, int) else list(seq)
+        out = self.finalize(spec, self._read_state(spec, keys, schema))
+        meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": ",".join(keys)}
         return replace_range(
             self.spark, out, table_uri=self.sink_uri(spec), column="window_start",
-            rng=partition_interval(partition, spec.granularity), run_id=run_id + "-sink",
-            app_id=self.app_id(spec, partition), txn_version=seq, metadata=meta, reset_on_schema_change=True,
+            rng=[partition_interval(k, spec.granularity) for k in keys], run_id=run_id + "-sink",
+            transactions=[(self.app_id(spec, k), n) for k, n in zip(keys, seqs)], metadata=meta,
+            reset_on_schema_change=True,
         )
 
     # --- stages ----------------------------------------------------------

@@ -204,17 +204,21 @@ def files_in_range(table_uri: str, column: str, rng: Interval, version: int | No
 
 
 def replace_range(
-    spark: SparkSession, df: DataFrame, *, table_uri: str, column: str, rng: Interval, run_id: str,
-    app_id: str, txn_version: int, metadata: dict, max_files: int = 1, append_only: bool = False,
-    reset_on_schema_change: bool = False,
+    spark: SparkSession, df: DataFrame, *, table_uri: str, column: str, rng: Interval | Sequence[Interval],
+    run_id: str, app_id: str | None = None, txn_version: int | None = None, metadata: dict, max_files: int = 1,
+    append_only: bool = False, reset_on_schema_change: bool = False,
+    transactions: Sequence[tuple[str, int]] = (),
 ) -> int:
-    """Atomically replace the rows of `table_uri` with `column` in `rng` by `df`.
+    """Atomically replace the rows of `table_uri` with `column` in `rng` (one range or several
+    disjoint ones) by `df`.
 
-    One Delta commit removes the files holding only rows of the range, rewrites
-    files that also hold rows outside it, adds the new files, and records the app
-    transaction (`app_id`, `txn_version`). Retries on concurrent commits.
-    With `append_only`, nothing is removed. Returns the number of rows written.
+    One Delta commit removes the files holding only rows of the ranges, rewrites
+    files that also hold rows outside them, adds the new files, and records the app
+    transactions (`app_id`, `txn_version`, plus `transactions`). Retries on concurrent
+    commits. With `append_only`, nothing is removed. Returns the number of rows written.
     """
+    ranges = [rng] if isinstance(rng, Interval) else list(rng)
+    txns = ([(app_id, txn_version)] if app_id is not None else []) + list(transactions)
     staged = stage(df, table_uri, run_id, max_files=max_files)
     schema = staged.schema or pa.schema([])
     if staged.schema is None:  # nothing written and Spark wrote no schema file
@@ -231,14 +235,19 @@ def replace_range(
         dt = DeltaTable(table_uri)
         read_version = dt.version()
         if not append_only and not reset:
-            inside, partial = files_in_range(table_uri, column, rng, read_version)
-            for f in inside + partial:
+            inside, partial = {}, {}
+            for r in ranges:
+                whole, part = files_in_range(table_uri, column, r, read_version)
+                inside.update({f.uri: f for f in whole})
+                partial.update({f.uri: f for f in part})
+            partial = {u: f for u, f in partial.items() if u not in inside}  # ranges are disjoint
+            for f in list(inside.values()) + list(partial.values()):
                 removes.append(_remove_action(table_uri, f))
             if partial:
-                keep = read_partial_keep(spark, table_uri, partial, column, rng)
+                keep = read_partial_keep(spark, table_uri, partial.values(), column, ranges)
                 extra = list(stage(keep, table_uri, f"{run_id}-keep-{attempts}", max_files=1).adds)
         props = CommitProperties(
-            app_transactions=[Transaction(app_id, txn_version)], custom_metadata=metadata, max_commit_retries=0,
+            app_transactions=[Transaction(a, v) for a, v in txns], custom_metadata=metadata, max_commit_retries=0,
         )
         try:
             dt.create_write_transaction(
@@ -262,11 +271,17 @@ def _remove_action(table_uri: str, f: DataFile) -> RemoveAction:
     )
 
 
-def read_partial_keep(spark: SparkSession, table_uri: str, files: Iterable[DataFile], column: str, rng: Interval) -> DataFrame:
+def read_partial_keep(spark: SparkSession, table_uri: str, files: Iterable[DataFile], column: str,
+                      rng: Interval | Sequence[Interval]) -> DataFrame:
+    """Rows of `files` outside the range(s): what a replace must write back."""
     info = table_info(os.path.basename(table_uri), table_uri)
     df = read_files(spark, list(files), info.schema, info.partition_columns)
     c = F.col(column)
-    return df.where(c.isNull() | (c < F.lit(rng.start)) | (c >= F.lit(rng.end)))
+    outside = c.isNull()
+    inside = F.lit(False)
+    for r in ([rng] if isinstance(rng, Interval) else rng):
+        inside = inside | ((c >= F.lit(r.start)) & (c < F.lit(r.end)))
+    return df.where(outside | ~inside)
 
 
 def _arrow_schema_of(df: DataFrame) -> pa.Schema:
