@@ -41,18 +41,25 @@ def consumers_by_table(specs: list[Spec]) -> dict[str, list[Spec]]:
 
 def partition_requests(spec: Spec, keys: list[str], settings: LaminarSettings, *, run_key_prefix: str,
                        tags: dict[str, str] | None = None) -> list[dg.RunRequest]:
-    """One run per partition, or one range run when there are more than `backfill_threshold`."""
+    """One run per partition, or, when there are more than `backfill_threshold`, one range run per
+    stretch of consecutive partitions (a range never spans a partition that was left out, e.g. held)."""
     pdef = partitions_def(spec, settings)
-    valid = set(pdef.get_partition_keys())
-    keys = sorted(k for k in keys if k in valid)
+    order = {k: i for i, k in enumerate(pdef.get_partition_keys())}
+    keys = sorted((k for k in keys if k in order), key=order.__getitem__)
     if not keys:
         return []
     asset = [dg.AssetKey(spec.name)]
     if len(keys) > settings.backfill_threshold:
+        stretches: list[list[str]] = []
+        for k in keys:
+            if stretches and order[k] == order[stretches[-1][-1]] + 1:
+                stretches[-1].append(k)
+            else:
+                stretches.append([k])
         return [dg.RunRequest(
-            run_key=f"{run_key_prefix}:{spec.name}:{keys[0]}...{keys[-1]}", asset_selection=asset,
-            tags={**(tags or {}), RANGE_START: keys[0], RANGE_END: keys[-1], "laminar/dirty_partitions": str(len(keys))},
-        )]
+            run_key=f"{run_key_prefix}:{spec.name}:{s[0]}...{s[-1]}", asset_selection=asset,
+            tags={**(tags or {}), RANGE_START: s[0], RANGE_END: s[-1], "laminar/dirty_partitions": str(len(s))},
+        ) for s in stretches]
     return [dg.RunRequest(
         run_key=f"{run_key_prefix}:{spec.name}:{k}", asset_selection=asset, partition_key=k,
         tags={**(tags or {}), PARTITION_TAG: f"{spec.name}/{k}"},
@@ -75,12 +82,15 @@ def format_cursor(version: int | None, held: dict[str, list[str]]) -> str:
 
 
 def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: set[str]) -> set[str]:
-    """Partitions of `producer` whose latest blocking `contract` check evaluation failed."""
+    """Partitions of `producer` not cleared by their blocking `contract` check: the latest evaluation
+    failed, is still running (planned), or checked an older materialization than the latest.
+    A partition the check never ran on is not held (there is nothing to gate on)."""
     if not keys:
         return set()
     check = dg.AssetCheckKey(dg.AssetKey(producer.name), "contract")
     infos = instance.event_log_storage.get_asset_check_partition_info([check], partition_keys=sorted(keys))
-    return {i.partition_key for i in infos if i.latest_execution_status is AssetCheckExecutionRecordStatus.FAILED}
+    return {i.partition_key for i in infos
+            if i.latest_execution_status is not AssetCheckExecutionRecordStatus.SUCCEEDED or not i.is_current}
 
 
 def split_blocked(instance: dg.DagsterInstance, producer: Spec | None, consumer: Spec,

@@ -64,24 +64,28 @@ class CheckpointStore:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
 
-    def load_sweep(self, flow: str) -> dict[str, int]:
-        """Source versions whose partition-less rows `flow` has quarantined ({} if none yet)."""
+    def load_sweep(self, flow: str, spec_hash: str) -> dict[str, int]:
+        """Source versions whose partition-less rows `flow` has quarantined under this spec hash
+        ({} if none yet, or if the rules, bounds or event time changed since)."""
         path = os.path.join(self.base, "sweeps", f"{flow}.json")
         try:
             with open(path, encoding="utf-8") as fh:
-                return {str(k): int(v) for k, v in json.load(fh).items()}
+                data = json.load(fh)
+            if data.get("spec_hash") != spec_hash:
+                return {}
+            return {str(k): int(v) for k, v in data["versions"].items()}
         except FileNotFoundError:
             return {}
-        except (ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise CheckpointError(f"sweep progress file is unreadable: {exc}; delete it and the next run sweeps "
                                   "the sources again (nothing is recorded twice)", flow=flow, path=path) from exc
 
-    def save_sweep(self, flow: str, versions: dict[str, int]) -> None:
+    def save_sweep(self, flow: str, spec_hash: str, versions: dict[str, int]) -> None:
         path = os.path.join(self.base, "sweeps", f"{flow}.json")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(versions, fh, sort_keys=True)
+            json.dump({"spec_hash": spec_hash, "versions": versions}, fh, sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

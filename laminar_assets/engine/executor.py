@@ -239,18 +239,22 @@ class Engine:
                     results[k] = self._noop(spec, plan, mark, run_id, {"plan": gather_s}, {})
                 else:
                     todo.append((k, mark, inputs, plan))
-            schemas = {json.dumps(sorted(i.input_schema.items())) for _, _, i, _ in todo}
-            if len(schemas) > 1:  # sources changed type between plans: no shared state table
-                for k, *_ in todo:
-                    results[k] = self.run(spec, k, force=force)
-                todo = []
             if todo:
+                schemas = {json.dumps(sorted(i.input_schema.items())) for _, _, i, _ in todo}
                 try:
-                    results.update(self._execute_many(spec, todo, run_id))
+                    if len(schemas) > 1:  # a source changed type between plans: no shared state table
+                        results.update({k: self._execute(spec, plan, mark, inputs, new_run_id())
+                                        for k, mark, inputs, plan in todo})
+                    else:
+                        results.update(self._execute_many(spec, todo, run_id))
                 except InjectedCrash:
                     raise
                 except Exception as exc:
                     for k, mark, _, _ in todo:
+                        current = self.store.load(spec.name, k)
+                        if current is not None and current.pending is None and \
+                                current.seq > (mark.seq if mark else 0):
+                            continue  # this partition finished before the failure
                         self._record_failure(spec, k, mark, exc)
                     if isinstance(exc, LaminarError):
                         raise
@@ -548,9 +552,13 @@ class Engine:
         Rows breaking a rule pass the spec's filter so they reach the quarantine."""
         raw = [c for c in frame.columns if c not in (SIGN, VERSION)]
         df = frame.withColumn(ROW, qr.original_row(raw)).withColumn(RULE, qr.declared_rule(spec, source))
-        df = apply_row_logic(df, spec, keep=F.col(RULE).isNotNull())
+        for name, expr in spec.derived:  # not evaluated on broken rows (ANSI errors, e.g. x / 0)
+            df = df.withColumn(name, F.when(F.col(RULE).isNull(), F.expr(expr)))
         df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
-        return df.withColumn(RULE, F.coalesce(F.col(RULE), qr.key_rule(spec)))
+        df = df.withColumn(RULE, F.coalesce(F.col(RULE), qr.key_rule(spec)))
+        if spec.filter:  # the filter picks among good rows; broken ones go on to the quarantine
+            df = df.where(F.expr(spec.filter) | F.col(RULE).isNotNull() | ~qr.assigned(spec))
+        return df
 
     def _record_rejects(self, spec, rejects: list[tuple[str, DataFrame]], partition: str | None, run_id: str,
                         counts: dict[str, int]) -> None:
@@ -567,7 +575,7 @@ class Engine:
     def _sweep(self, spec, plan: PartitionPlan, run_id: str) -> dict[str, int]:
         """Quarantine the rows no partition owns (missing, unparseable or out-of-bounds event time)
         in the source versions this flow has not swept yet. Idempotent; one sweeper at a time."""
-        done = self.store.load_sweep(spec.name)
+        done = self.store.load_sweep(spec.name, spec.spec_hash)
         todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
         if not todo:
             return {}
@@ -575,10 +583,10 @@ class Engine:
         try:
             lease = self.store.lease(spec.name, "_sweep", run_id)
             lease.__enter__()
-        except ConcurrentRunError:
-            return {}  # another run of this flow is sweeping these versions
+        except ConcurrentRunError:  # another run of this flow is sweeping these versions
+            return {}
         try:
-            done = self.store.load_sweep(spec.name)
+            done = self.store.load_sweep(spec.name, spec.spec_hash)
             for src, target in todo.items():
                 if done.get(src, -1) >= target:
                     continue
@@ -590,7 +598,7 @@ class Engine:
                     rejects.append((src, rows.select(RULE, ROW, VERSION, EVENT_TS)))
                 self._record_rejects(spec, rejects, None, run_id, counts)
                 done[src] = target
-                self.store.save_sweep(spec.name, done)
+                self.store.save_sweep(spec.name, spec.spec_hash, done)
         finally:
             lease.__exit__(None, None, None)
         return counts

@@ -87,8 +87,9 @@ def version_of_file(file_versions: dict[str, int]) -> Column:
 
 
 def original_row(columns: list[str]) -> Column:
-    """The source row as JSON (timestamps in ISO 8601 UTC)."""
-    return F.to_json(F.struct(*[F.col(c) for c in columns]), {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "ignoreNullFields": "false"})
+    """The source row as JSON (timestamps in ISO 8601 UTC). Null fields are left out, so a column
+    added to the source later (null in old rows) does not change an old row's identity."""
+    return F.to_json(F.struct(*[F.col(c) for c in columns]), {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"})
 
 
 def _existing(spark: SparkSession, uri: str, flow: str, partition: str | None) -> DataFrame | None:

@@ -16,14 +16,12 @@ from .spec import FlowSpec, StageSpec
 TIME_TYPES = (TimestampType, TimestampNTZType, DateType, StringType)
 
 
-def apply_row_logic(df: DataFrame, spec: FlowSpec | StageSpec, *, keep=None) -> DataFrame:
-    """Derived columns then the row filter, as the spec declares them. Rows where the
-    Column `keep` is true pass the filter too (rows on their way to the quarantine)."""
+def apply_row_logic(df: DataFrame, spec: FlowSpec | StageSpec) -> DataFrame:
+    """Derived columns then the row filter, as the spec declares them."""
     for name, expr in spec.derived:
         df = df.withColumn(name, F.expr(expr))
     if spec.filter:
-        cond = F.expr(spec.filter)
-        df = df.where(cond | keep if keep is not None else cond)
+        df = df.where(F.expr(spec.filter))
     return df
 
 

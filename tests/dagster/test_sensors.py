@@ -139,3 +139,14 @@ def test_partitions_reading_a_failed_blocking_check_are_held_until_it_passes(lak
     released = tick(held.cursor)
     assert {k for _, k in requested(released)} == {"2024-01-02-08:00", "2024-01-02-09:00"}
     assert released.cursor == "0"
+
+
+def test_range_runs_never_span_a_partition_left_out():
+    from laminar_assets.sensors import partition_requests
+
+    stage = next(s for s in SPECS if s.name == "normalized_trades")
+    keys = [f"2024-01-03-{h:02d}:00" for h in range(24) if h not in (14, 15)] + \
+        [f"2024-01-04-{h:02d}:00" for h in range(6)]
+    requests = partition_requests(stage, keys, SETTINGS, run_key_prefix="t")
+    assert [(r.tags[RANGE_START], r.tags[RANGE_END]) for r in requests] == [
+        ("2024-01-03-00:00", "2024-01-03-13:00"), ("2024-01-03-16:00", "2024-01-04-05:00")]
