@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test test-fast quality ui clean
+.PHONY: install demo test test-fast quality ui clean bench bench-smoke
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,14 @@ quality: install $(DAGSTER_HOME)/dagster.yaml
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not spark"
+
+# Benchmark (bench/README.md): incremental vs refill vs full recompute vs Structured Streaming,
+# scaling with table size, end-to-end freshness. Reports numbers; fails only on wrong answers.
+bench: install
+	$(BIN)/python -m bench.run --profile full $(BENCH_ARGS)
+
+bench-smoke: install
+	$(BIN)/python -m bench.run --profile smoke $(BENCH_ARGS)
 
 clean:
 	rm -rf .laminar .dagster_home

@@ -1,0 +1,442 @@
+"""Turning raw measurements into the report: headline keys, the incremental-time breakdown, the
+targets (met or missed, and which stage is responsible), then `latest.json`, `latest.md`, `latest.png`.
+
+Laminar is measured along two paths (see `variants.PATHS`): `per_partition` (`Engine.run` per
+touched partition; the headline keys `t_incremental_s`, `ratio_inc_*`, `growth_inc_1m_to_10m`) and
+`batched` (`Engine.run_many`; the same keys with `_batched`). Targets are evaluated for both.
+
+Pure Python except the plot (matplotlib, Agg backend); it needs no Spark, so it is unit-tested
+with a fake result (tests/bench/test_bench_report.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+TARGET_RATIO_INC_VS_FULL = 0.10
+TARGET_RATIO_INC_VS_STREAMING = 1.0
+TARGET_GROWTH = 1.3
+VARIANTS = (
+    ("t_incremental_s", "Laminar incremental (Engine.run per partition)"),
+    ("t_incremental_batched_s", "Laminar incremental, batched (Engine.run_many)"),
+    ("t_refill_touched_s", "Laminar refill of touched partitions (per partition)"),
+    ("t_refill_touched_batched_s", "Laminar refill of touched partitions, batched"),
+    ("t_full_recompute_s", "Full recompute (naive batch job)"),
+    ("t_structured_streaming_s", "Structured Streaming (AvailableNow, RocksDB)"),
+)
+PATH_KEYS = {"per_partition": ("incremental", ""), "batched": ("incremental_batched", "_batched")}
+STAGE_LABELS = {
+    "discover": "find touched partitions (Delta log statistics)",
+    "plan": "plan: open snapshot, read new commits' log entries + footers, schema check",
+    "read": "read: Spark jobs scanning changed files into partial aggregates, plus run metrics",
+    "state_merge": "state merge: read old state, merge, write Parquet, Delta commit",
+    "sink_write": "sink write: finalize committed state, write Parquet, Delta commit",
+    "watermark": "watermark files",
+    "other": "other (leases, recovery check, Python between runs)",
+}
+REQUIRED_KEYS = (
+    "base_rows", "delta_rows", "t_incremental_s", "t_refill_touched_s", "t_full_recompute_s",
+    "t_structured_streaming_s", "ratio_inc_vs_full", "ratio_inc_vs_streaming", "scaling", "growth_inc_1m_to_10m",
+    "e2e_freshness_p50_s", "e2e_freshness_p95_s", "peak_rss_mb", "results_equal",
+)
+
+
+def _ratio(a, b):
+    return round(a / b, 4) if a is not None and b else None
+
+
+def breakdown(size: dict, floor_s: float | None, section: str = "incremental") -> dict:
+    """Where the incremental time of one size (one path) went, in seconds and shares of wall time."""
+    inc = size.get(section) or {}
+    wall = float(inc.get("wall_s") or 0.0)
+    st = inc.get("stage_seconds") or {}
+    stages = {
+        "discover": inc.get("discover_s", 0.0),
+        "plan": st.get("plan", 0.0),
+        "read": st.get("read", 0.0),
+        "state_merge": st.get("state", 0.0) + st.get("merge", 0.0),
+        "sink_write": st.get("write", 0.0),
+        "watermark": st.get("watermark", 0.0),
+    }
+    stages["other"] = max(wall - sum(stages.values()), 0.0)
+    stages = {k: round(v, 4) for k, v in stages.items()}
+    ins = (inc.get("instrumented") or {}).get("seconds", {})
+    runs = int(inc.get("runs") or 0)
+    jobs = inc.get("spark_jobs")
+    metrics = inc.get("metrics") or {}
+    out = {
+        "wall_s": round(wall, 4),
+        "runs": runs,
+        "per_partition_s": round(wall / runs, 4) if runs else None,
+        "stages_s": stages,
+        "stages_share": {k: round(v / wall, 3) if wall else None for k, v in stages.items()},
+        "stage_meaning": STAGE_LABELS,
+        "dominant_stage": max(stages, key=stages.get) if wall else None,
+        "cross_cutting_s": {
+            "delta_commits": ins.get("delta_commit"),
+            "parquet_writes_spark": ins.get("parquet_write"),
+            "delta_log_and_schema_check": ins.get("gather_log_and_schema"),
+            "snapshot_file_listing": ins.get("snapshot_listing"),
+        },
+        "delta_commit_calls": ((inc.get("instrumented") or {}).get("calls") or {}).get("delta_commit"),
+        "spark_jobs": jobs,
+        "spark_jobs_per_partition": round(jobs / runs, 2) if jobs is not None and runs else None,
+        "spark_job_floor_s": floor_s,
+        "spark_job_overhead_est_s": round(jobs * floor_s, 3) if jobs is not None and floor_s is not None else None,
+        "rows_read": metrics.get("rows_read"),
+        "files_read": metrics.get("files_read"),
+        "bytes_read": metrics.get("bytes_read"),
+        "state_rows_written": metrics.get("state_rows"),
+        "sink_rows_written": metrics.get("sink_rows"),
+        "partitions": inc.get("partitions"),
+        "modes": inc.get("modes"),
+    }
+    est = out["spark_job_overhead_est_s"]
+    out["spark_job_overhead_share"] = round(est / wall, 3) if est is not None and wall else None
+    return out
+
+
+def _explain_cost(b: dict, path: str) -> str:
+    dom = b.get("dominant_stage")
+    if not dom:
+        return "no incremental measurement"
+    how = "partition runs" if path == "per_partition" else "partitions in one run_many per flow"
+    text = (f"Laminar incremental ({path}) took {b['wall_s']:.2f}s for {b['runs']} {how} "
+            f"({b['per_partition_s']:.2f}s per partition, {b.get('rows_read') or 0:,} rows read). Largest stage: "
+            f"{dom} — {STAGE_LABELS[dom]} — {b['stages_s'][dom]:.2f}s ({b['stages_share'][dom]:.0%}).")
+    if b.get("spark_job_overhead_est_s") is not None:
+        text += (f" {b['spark_jobs']} Spark jobs ({b['spark_jobs_per_partition']} per partition) at a floor of "
+                 f"{b['spark_job_floor_s']:.3f}s each ≈ {b['spark_job_overhead_est_s']:.1f}s "
+                 f"({b['spark_job_overhead_share']:.0%}) of bare per-job latency (a lower bound).")
+    commits = (b.get("cross_cutting_s") or {}).get("delta_commits")
+    if commits is not None:
+        text += f" Delta commits (deltalake) {commits:.2f}s over {b.get('delta_commit_calls')} commits."
+    return text
+
+
+def _growth_culprit(first: dict, last: dict, section: str) -> str:
+    a, b = breakdown(first, None, section)["stages_s"], breakdown(last, None, section)["stages_s"]
+    deltas = {k: b.get(k, 0) - a.get(k, 0) for k in b}
+    worst = max(deltas, key=deltas.get)
+    ra = (first.get(section) or {}).get("metrics", {}).get("rows_read")
+    rb = (last.get(section) or {}).get("metrics", {}).get("rows_read")
+    return (f"stage '{worst}' ({STAGE_LABELS[worst]}) grew most: {a.get(worst, 0):.2f}s -> {b.get(worst, 0):.2f}s "
+            f"(+{deltas[worst]:.2f}s); rows read {ra} -> {rb} (the same Δ)")
+
+
+def evaluate_targets(r: dict) -> list[dict]:
+    """Each target of the issue, for each Laminar path: value, threshold, met, whether the run
+    matched the target's conditions, and (when missed) the stage responsible."""
+    by = r.get("by_size") or []
+    sizes = [s["base_rows"] for s in by]
+    at_10m = r.get("base_rows") == 10_000_000
+    one_pct = bool(r.get("base_rows")) and r.get("delta_rows") == r["base_rows"] // 100
+    out = []
+
+    def add(name, path, value, threshold, conditions, conditions_met, culprit):
+        met = None if value is None else value <= threshold
+        out.append({"target": name, "laminar_path": path, "value": value, "threshold": threshold, "met": met,
+                    "conditions": conditions, "conditions_met": bool(conditions_met),
+                    "responsible": None if met in (True, None) else culprit()})
+
+    for path, (section, suffix) in PATH_KEYS.items():
+        b = r.get(f"breakdown_{section}") or {}
+        if not b and path != "per_partition":
+            continue
+
+        def vs_stream(b=b, path=path):
+            s = (by[-1].get("structured_streaming") if by else None) or {}
+            return (_explain_cost(b, path) + f" The streaming job ran {len(s.get('per_query_s', {}))} queries "
+                    f"in {s.get('wall_s', 0):.2f}s over the same Δ with {s.get('spark_jobs')} Spark jobs: one job "
+                    "per query and trigger, however many windows or partitions Δ touches.")
+
+        add(f"ratio_inc{suffix}_vs_full", path, r.get(f"ratio_inc{suffix}_vs_full"), TARGET_RATIO_INC_VS_FULL,
+            "10M base rows, Δ = 1% of B", at_10m and one_pct, lambda b=b, path=path: _explain_cost(b, path))
+        add(f"ratio_inc{suffix}_vs_streaming", path, r.get(f"ratio_inc{suffix}_vs_streaming"),
+            TARGET_RATIO_INC_VS_STREAMING, "same Δ (append-only: the stream cannot see updates/deletes)",
+            bool(by), vs_stream)
+        add(f"growth_inc{suffix}_1m_to_10m", path, r.get(f"growth_inc{suffix}_1m_to_10m"), TARGET_GROWTH,
+            "incremental time at 10M / at 1M with a fixed Δ", 1_000_000 in sizes and 10_000_000 in sizes,
+            lambda section=section: _growth_culprit(by[0], by[-1], section))
+    out.append({"target": "peak_memory_reported", "laminar_path": None, "value": r.get("peak_rss_mb"),
+                "threshold": None, "met": r.get("peak_rss_mb") is not None,
+                "conditions": "driver + Spark JVM peak RSS", "conditions_met": True, "responsible": None})
+    out.append({"target": "no_source_collect", "laminar_path": None, "value": None, "threshold": None, "met": True,
+                "conditions": "by construction: data is generated in chunks and committed; only aggregated sinks "
+                              "are compared (in Spark; a few example rows at most reach the driver)",
+                "conditions_met": True, "responsible": None})
+    out.append({"target": "results_equal", "laminar_path": None, "value": r.get("results_equal"), "threshold": True,
+                "met": bool(r.get("results_equal")), "conditions": "every variant's sinks equal the full recompute",
+                "conditions_met": True,
+                "responsible": None if r.get("results_equal") else
+                "see rounds[].equality_* and updates_deletes.equality in by_size"})
+    return out
+
+
+def summarize(r: dict) -> dict:
+    """Add the headline keys, the breakdowns and the targets to raw measurements (in place)."""
+    by = r.get("by_size") or []
+    head = by[-1] if by else {}
+    r["base_rows"] = head.get("base_rows")
+    r["delta_rows"] = head.get("delta_rows")
+    for key, _ in VARIANTS:
+        r[key] = head.get(key)
+    first, last = (by[0], by[-1]) if len(by) >= 2 else (None, None)
+    for section, suffix in PATH_KEYS.values():
+        t = r[f"t_{section}_s"]
+        r[f"ratio_inc{suffix}_vs_full"] = _ratio(t, r["t_full_recompute_s"])
+        r[f"ratio_inc{suffix}_vs_streaming"] = _ratio(t, r["t_structured_streaming_s"])
+        r[f"growth_inc{suffix}_1m_to_10m"] = (_ratio(last.get(f"t_{section}_s"), first.get(f"t_{section}_s"))
+                                              if first else None)
+    r["ratio_refill_vs_full"] = _ratio(r["t_refill_touched_s"], r["t_full_recompute_s"])
+    r["scaling"] = [{"base_rows": s["base_rows"], "delta_rows": s.get("delta_rows"),
+                     **{k: s.get(k) for k, _ in VARIANTS}} for s in by]
+    r["growth_basis"] = ({"from_base_rows": first["base_rows"], "to_base_rows": last["base_rows"]}
+                         if first else None)
+    fresh = r.get("freshness") or {}
+    r["e2e_freshness_p50_s"] = fresh.get("p50_s")
+    r["e2e_freshness_p95_s"] = fresh.get("p95_s")
+    r["e2e_freshness_unfinished_commits"] = fresh.get("unfinished_commits")
+    r["peak_rss_mb"] = (r.get("memory") or {}).get("peak_rss_mb")
+    r["results_equal"] = bool(by) and all(s.get("results_equal") for s in by) and not any(
+        e.startswith("B=") for e in r.get("errors", []))
+    floor = r.get("spark_job_floor_s")
+    for section, _ in PATH_KEYS.values():
+        r[f"breakdown_{section}"] = breakdown(head, floor, section) if head.get(section) else {}
+        r[f"breakdown_{section}_by_size"] = {str(s["base_rows"]): breakdown(s, floor, section)
+                                             for s in by if s.get(section)}
+    ud = head.get("updates_deletes") or {}
+    r["updates_deletes"] = {
+        "commits": ud.get("commits"), "t_full_recompute_s": ud.get("t_full_recompute_s"),
+        "results_equal": all(c.get("equal") for p in (ud.get("equality") or {}).values() for c in p.values())
+        if ud else None,
+        "paths": "retractable flows (sum/count/avg) stay INCREMENTAL (RETRACTABLE_CHANGES, reading the change "
+                 "data feed); flows with first/last/min/max REFILL the touched windows (NON_APPEND_ON_NON_RETRACTABLE)",
+        "structured_streaming": "not applicable: a file source only sees new files (see streaming_limitations)",
+    }
+    for path in PATH_KEYS:
+        if path in ud:
+            r["updates_deletes"][path] = {
+                "t_incremental_s": ud[path].get("t_incremental_s"), "modes": ud[path].get("modes"),
+                "ratio_inc_vs_full": _ratio(ud[path].get("t_incremental_s"), ud.get("t_full_recompute_s"))}
+    r["streaming_limitations"] = [
+        "file source: updates and deletes in the Delta table are invisible (rewritten files would be re-read as "
+        "new rows and double-count), so the stream is timed and checked on the append-only Δ only",
+        "no watermark, so late rows are not dropped; the state keeps every window forever (RocksDB)",
+        "output: update mode + foreachBatch appending each micro-batch's changed groups to Parquet; the current "
+        "answer is the latest row per group. A MERGE into a Delta sink (needs the Delta JVM connector, unavailable "
+        "here) would add to the streaming time",
+    ]
+    r["contention"] = contention(r)
+    r["targets"] = evaluate_targets(r)
+    return r
+
+
+CONTENDED = 0.15  # other processes used more than this share of the machine's CPU during a timed phase
+_TIMED_PHASES = {"incremental": "t_incremental_s", "incremental_batched": "t_incremental_batched_s",
+                 "refill_touched": "t_refill_touched_s", "refill_touched_batched": "t_refill_touched_batched_s",
+                 "full recompute": "t_full_recompute_s", "structured streaming": "t_structured_streaming_s"}
+
+
+def contention(r: dict) -> dict:
+    """How much CPU other processes took during each timed phase (the machine may be shared)."""
+    shares = ((r.get("memory") or {}).get("cpu_used_by_other_processes_by_phase") or {})
+    out: dict = {}
+    for s in r.get("by_size") or []:
+        label = f"B={s['base_rows']:,}"
+        per = {}
+        for phase, key in _TIMED_PHASES.items():  # phases are "<label> [round n ]<phase>"; worst round
+            values = [v for name, v in shares.items()
+                      if v is not None and name.startswith(label + " ") and name.endswith(" " + phase)]
+            if values:
+                per[key] = max(values)
+        out[str(s["base_rows"])] = per
+    worst = max((v for d in out.values() for v in d.values() if v is not None), default=None)
+    return {"cpu_share_used_by_other_processes": out, "worst": worst,
+            "contended": worst is not None and worst > CONTENDED,
+            "note": f"share of the machine's CPU capacity used by processes outside the benchmark during each timed "
+                    f"phase (/proc/stat minus the benchmark's own process tree); above {CONTENDED} the timings are "
+                    "inflated by other work on the machine"}
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def _fmt(v, digits=2) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _modes(modes: dict | None) -> str:
+    return "; ".join(f"{f}: " + ", ".join(f"{m} ×{n}" for m, n in ms.items()) for f, ms in (modes or {}).items())
+
+
+def markdown(r: dict) -> str:
+    m, s, sp = r.get("machine") or {}, r.get("settings") or {}, r.get("spark") or {}
+    lines = [f"# Laminar benchmark — profile `{r.get('profile')}`", ""]
+    lines.append(f"Started {r.get('started_at')}, {_fmt(r.get('t_total_s'), 0)} s in all. Machine: {m.get('cpus')} "
+                 f"CPUs, {m.get('memory_gb')} GB; Spark {sp.get('version')} {sp.get('master')}, driver "
+                 f"{sp.get('driver_memory')}. Load average at start {r.get('load_avg_start')}, at end "
+                 f"{r.get('load_avg_end')}. Code: {(r.get('code') or {}).get('git_head')} "
+                 f"(uncommitted engine files: {len((r.get('code') or {}).get('uncommitted_laminar_assets_files') or [])}).")
+    lines += ["", f"Sizes: {r.get('sizes_note')}."]
+    lines.append(f"Workload: base over {s.get('base_hours')} hourly partitions; Δ = {_fmt(r.get('delta_rows'))} rows: "
+                 f"{1 - (s.get('late_share') or 0):.0%} appended into the newest windows, "
+                 f"{s.get('late_share', 0):.0%} late into {s.get('late_partitions')} older partitions. Two flows "
+                 "(vwap-like 1 min, OHLC-like 5 min), hourly partitions.")
+    c = r.get("contention") or {}
+    if c.get("worst") is not None:
+        lines += ["", f"Other processes used up to {c['worst']:.0%} of the machine's CPU during a timed phase"
+                  + (" — **timings are inflated by concurrent work**." if c.get("contended") else ".")]
+    lines += ["", f"**Results equal to the full recompute: {_fmt(r.get('results_equal'))}**", ""]
+    lines += ["## Head to head at B = " + _fmt(r.get("base_rows")), "",
+              "| variant | seconds | vs full recompute | vs streaming |", "|---|---:|---:|---:|"]
+    for key, label in VARIANTS:
+        if r.get(key) is None and "batched" in key:
+            continue
+        lines.append(f"| {label} | {_fmt(r.get(key))} | {_fmt(_ratio(r.get(key), r.get('t_full_recompute_s')), 3)} "
+                     f"| {_fmt(_ratio(r.get(key), r.get('t_structured_streaming_s')), 3)} |")
+    lines += ["", "## Targets", "", "| target | Laminar path | value | threshold | met | run matched conditions |",
+              "|---|---|---:|---:|---|---|"]
+    for t in r.get("targets", []):
+        met = {True: "met", False: "**MISSED**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['target']} | {t.get('laminar_path') or ''} | {_fmt(t['value'], 3)} | "
+                     f"{_fmt(t['threshold'])} | {met} | {'yes' if t['conditions_met'] else 'no'} ({t['conditions']}) |")
+    missed = [t for t in r.get("targets", []) if t["met"] is False]
+    if missed:
+        lines += ["", "Responsible stages for missed targets:", ""]
+        lines += [f"- **{t['target']}**: {t['responsible']}" for t in missed]
+    shown = [(k, lbl) for k, lbl in VARIANTS if any(row.get(k) is not None for row in r.get("scaling", []))]
+    lines += ["", "## Scaling (fixed Δ), seconds", "", "| base rows | " + " | ".join(lbl for _, lbl in shown) + " |",
+              "|---:|" + "---:|" * len(shown)]
+    for row in r.get("scaling", []):
+        lines.append(f"| {_fmt(row['base_rows'])} | " + " | ".join(_fmt(row.get(k)) for k, _ in shown) + " |")
+    basis = r.get("growth_basis") or {}
+    lines += ["", f"growth_inc_1m_to_10m = {_fmt(r.get('growth_inc_1m_to_10m'), 3)} (per partition), "
+              f"{_fmt(r.get('growth_inc_batched_1m_to_10m'), 3)} (batched): incremental time at "
+              f"{_fmt(basis.get('to_base_rows'))} / at {_fmt(basis.get('from_base_rows'))} rows."]
+    for section, _ in PATH_KEYS.values():
+        b = r.get(f"breakdown_{section}") or {}
+        if not b:
+            continue
+        path = "per partition" if section == "incremental" else "batched (run_many)"
+        lines += ["", f"## Where incremental time goes: {path}, B = {_fmt(r.get('base_rows'))}", "",
+                  f"{b['runs']} partitions, {_fmt(b.get('per_partition_s'))} s each; {_fmt(b.get('spark_jobs'))} "
+                  f"Spark jobs; a trivial job costs {_fmt(b.get('spark_job_floor_s'), 3)} s here, so at least "
+                  f"{_fmt(b.get('spark_job_overhead_est_s'))} s is bare per-job latency; "
+                  f"{_fmt(b.get('delta_commit_calls'))} Delta commits. Rows read: {_fmt(b.get('rows_read'))}.",
+                  "", "| stage | seconds | share |", "|---|---:|---:|"]
+        for k, v in b["stages_s"].items():
+            lines.append(f"| {STAGE_LABELS[k]} | {_fmt(v)} | {_fmt((b['stages_share'] or {}).get(k), 2)} |")
+        cc = b.get("cross_cutting_s") or {}
+        lines += ["", "Across stages: " + ", ".join(f"{k.replace('_', ' ')} {_fmt(v)} s" for k, v in cc.items()) + ".",
+                  "", "Modes: " + _modes(b.get("modes")) + "."]
+    ud = r.get("updates_deletes") or {}
+    if ud.get("t_full_recompute_s") is not None:
+        lines += ["", "## Updates and deletes (change data feed)", "",
+                  f"Full recompute {_fmt(ud['t_full_recompute_s'])} s; results equal: {_fmt(ud['results_equal'])}.", ""]
+        for path in PATH_KEYS:
+            if path in ud:
+                lines.append(f"- Laminar {path}: {_fmt(ud[path]['t_incremental_s'])} s "
+                             f"(ratio {_fmt(ud[path]['ratio_inc_vs_full'], 3)}); paths taken: "
+                             f"{_modes(ud[path].get('modes'))}.")
+        lines += ["", ud["paths"] + ". Structured Streaming: " + ud["structured_streaming"] + "."]
+    f = r.get("freshness") or {}
+    lines += ["", "## End-to-end freshness through Dagster", ""]
+    if f:
+        lines.append(f"p50 {_fmt(r.get('e2e_freshness_p50_s'))} s, p95 {_fmt(r.get('e2e_freshness_p95_s'))} s, "
+                     f"max {_fmt(f.get('max_s'))} s over {f.get('measured_commits')} commits "
+                     f"(sensor interval {f.get('sensor_interval_seconds')} s; mean wait for a tick "
+                     f"{_fmt(f.get('mean_wait_for_tick_s'))} s, mean sensor evaluation "
+                     f"{_fmt(f.get('mean_sensor_evaluation_s'))} s, mean run {_fmt(f.get('mean_run_s'))} s, "
+                     f"{f.get('failed_runs')} failed runs).")
+        passed = f.get("commits_passed_over_by_sensor") or []
+        if f.get("unfinished_commits"):
+            lines += ["", f"**{f['unfinished_commits']} commit(s) never became fresh** during the measurement "
+                      "(not in p50/p95)" + (
+                          f"; {len(passed)} of them the sensor passed over: its cursor moved beyond the commit "
+                          "while runs were requested for only some flows, so these stayed behind until another "
+                          "commit touches them: " + "; ".join(
+                              f"version {x['version']}: {', '.join(x['flows_partitions_behind'])}" for x in passed)
+                          if passed else "") + "."]
+        lines += ["", f.get("what_is_measured", "")]
+    else:
+        lines.append("not measured")
+    mem = r.get("memory") or {}
+    lines += ["", "## Memory", "", f"peak_rss_mb = {_fmt(r.get('peak_rss_mb'), 0)} "
+              f"(by process: {mem.get('peak_rss_by_process_mb')}); largest simultaneous sample "
+              f"{_fmt(mem.get('peak_rss_sampled_total_mb'), 0)} MB. {mem.get('peak_rss_measured', '')}"]
+    lines += ["", "## Structured Streaming set-up and limits", ""]
+    lines += [f"- {x}" for x in r.get("streaming_limitations", [])]
+    if r.get("errors"):
+        lines += ["", "## Errors", ""] + [f"- {e}" for e in r["errors"]]
+    lines += ["", "Plot: `latest.png` (time vs base rows per variant). Raw numbers: `latest.json`.", ""]
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    rows = r.get("scaling") or []
+    for (key, label), style in zip(VARIANTS, ("o-", "o--", "s-", "s--", "D-", "^-")):
+        pts = [(s["base_rows"], s[key]) for s in rows if s.get(key) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("base rows B (log)")
+    ax.set_ylabel("seconds to absorb Δ (log)")
+    equal = "results equal" if r.get("results_equal") else "RESULTS NOT EQUAL"
+    ax.set_title(f"Δ = {_fmt(r.get('delta_rows'))} rows, both flows, local[2], profile {r.get('profile')} ({equal})",
+                 fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_lines():
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_all(r: dict, out_dir: str) -> list[str]:
+    """latest.json, latest.md and latest.png in `out_dir`; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, n) for n in ("latest.json", "latest.md", "latest.png")]
+    try:
+        plot(r, paths[2])
+    except Exception as exc:  # the numbers matter more than the picture
+        r.setdefault("errors", []).append(f"plot: {exc!r}")
+        paths.pop()
+    with open(paths[0], "w") as fh:
+        json.dump(r, fh, indent=2, default=str)
+        fh.write("\n")
+    with open(paths[1], "w") as fh:
+        fh.write(markdown(r))
+    return paths
+
+
+def console_summary(r: dict) -> str:
+    keys = ("base_rows", "delta_rows", "t_incremental_s", "t_incremental_batched_s", "t_refill_touched_s",
+            "t_refill_touched_batched_s", "t_full_recompute_s", "t_structured_streaming_s", "ratio_inc_vs_full",
+            "ratio_inc_batched_vs_full", "ratio_inc_vs_streaming", "ratio_inc_batched_vs_streaming",
+            "growth_inc_1m_to_10m", "growth_inc_batched_1m_to_10m", "e2e_freshness_p50_s", "e2e_freshness_p95_s",
+            "peak_rss_mb", "results_equal")
+    lines = ["bench results:"] + [f"  {k:32s} {_fmt(r.get(k), 3)}" for k in keys]
+    for t in r.get("targets", []):
+        if t["met"] is False:
+            lines.append(f"  MISSED {t['target']}: {t['responsible']}")
+    return "\n".join(lines)

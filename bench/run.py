@@ -1,0 +1,391 @@
+"""`python -m bench.run --profile full|smoke`: run the benchmark and write the report.
+
+One process, one warm Spark session (local[2]), for every variant and size:
+
+untimed warm-up round on a small table (full profile), then for each base size B (smallest first):
+  generate the base (time-ordered Delta commits); bring Laminar up to date on it in two storage roots
+  (one per Laminar path: `Engine.run` per partition, `Engine.run_many` batched), and let the
+  streaming job process it too (untimed: the "having processed the base first" part);
+  commit Δ (appends into the newest windows + late rows into older partitions), then time
+    1. Laminar incremental, both paths (touched partitions from commit statistics)
+    3. full recompute            (window() + groupBy over every source file, whole sinks rewritten)
+    2. Laminar refill touched, both paths (force=True on the same partitions)
+    4. Structured Streaming      (AvailableNow over Δ's files, RocksDB state, per-batch output)
+  and check every variant's sinks against the full recompute;
+  then commit an update and a delete, time Laminar on them and check against a new full recompute.
+  (Smoke profile: sizes below the largest run only 1 and 3, for the scaling numbers.)
+then time end-to-end freshness through Dagster (sensor + runs) on a separate small lake.
+
+Exit status: 0 when every result matched the full recompute (whatever the speed), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+from . import report
+from .config import PROFILES, Profile
+from .equality import compare_all, read_delta
+from .freshness import measure_freshness
+from .instrument import Instrument
+from .measure import JobCounter, MemorySampler, load_average, timed
+from .specs import bench_specs
+from .streaming import StreamingJob
+from .variants import PATHS, full_recompute, has_run_many, laminar_pass, sink_keys
+from .workload import Lake, added_files, write_base, write_corrections, write_delta
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _equal(spark, specs, expected: dict[str, str], actuals: dict[str, dict]) -> dict:
+    """Compare each flow's sink, for each variant (name -> flow -> Delta uri or DataFrame), with the
+    full recompute's; all in one Spark action. Returns variant -> flow -> result."""
+    items = {}
+    for variant, actual in actuals.items():
+        for spec in specs:
+            got = actual[spec.name]
+            got = read_delta(spark, got) if isinstance(got, str) else got
+            items[f"{variant}|{spec.name}"] = (read_delta(spark, expected[spec.name]), got, sink_keys(spec))
+    out: dict[str, dict] = {}
+    for name, result in compare_all(items).items():
+        variant, flow = name.split("|")
+        out.setdefault(variant, {})[flow] = result
+    return out
+
+
+def _all_equal(checks: dict) -> bool:
+    return all(c.get("equal") for c in checks.values())
+
+
+def _timed_pass(name: str, label: str, engine, specs, counter: JobCounter, sampler: MemorySampler,
+                **kw) -> tuple[object, dict]:
+    """One instrumented Laminar pass; returns it and its JSON section."""
+    jobs: dict = {}
+    with sampler.during(f"{label} {name}"), Instrument() as ins, counter.count(jobs):
+        done = laminar_pass(engine, specs, **kw)
+    return done, {**done.summary(), "spark_jobs": jobs.get("spark_jobs"), "instrumented": ins.report(),
+                  "per_run": done.per_run()}
+
+
+def _delta_round(ctx: dict, r: int, v_prev: int) -> dict:
+    """Commit one Δ and time every variant on it; each variant's sinks are checked against the full
+    recompute of the same snapshot. Returns timings (t_*), sections and equality results."""
+    spark, profile, lake, specs, engines = ctx["spark"], ctx["profile"], ctx["lake"], ctx["specs"], ctx["engines"]
+    counter, sampler, work = ctx["counter"], ctx["sampler"], ctx["work"]
+    label = ctx["label"] + (f" round {r + 1}" if profile.rounds > 1 else "")
+    out: dict = {}
+    commits = write_delta(lake, ctx["base"], profile.delta_rows, late_share=profile.late_share,
+                          late_partitions=profile.late_partitions, seed=profile.seed + 101 * r,
+                          append_minutes=profile.append_minutes,
+                          start=ctx["base"].end + r * timedelta(minutes=profile.append_minutes))
+    out["version"] = v_delta = lake.version()
+    out["delta_commits"] = [{"version": c.version, "kind": c.kind, "rows": c.rows, "first": c.first.isoformat(),
+                             "last": c.last.isoformat()} for c in commits]
+
+    # 1. Laminar incremental, along each path
+    touched = {}
+    for path, engine in engines.items():
+        key = "incremental" if path == "per_partition" else "incremental_batched"
+        done, out[key] = _timed_pass(key, label, engine, specs, counter, sampler, after=v_prev,
+                                     batched=path == "batched")
+        out[f"t_{key}_s"] = round(done.wall_s, 4)
+        touched = done.partitions
+        print(f"  {label}: {key} {done.runs} partitions in {done.wall_s:.2f}s", flush=True)
+
+    # 3. full recompute (also the reference every variant is checked against)
+    full_jobs: dict = {}
+    with sampler.during(f"{label} full recompute"), counter.count(full_jobs):
+        full = full_recompute(spark, lake, specs, os.path.join(work, f"full-{r}"), version=v_delta)
+    out["t_full_recompute_s"] = full["wall_s"]
+    out["full_recompute"] = {**full, "spark_jobs": full_jobs.get("spark_jobs")}
+    print(f"  {label}: full recompute in {full['wall_s']:.2f}s", flush=True)
+    sinks = {path: {s.name: e.sink_uri(s) for s in specs} for path, e in engines.items()}
+    out["equality_incremental"] = _equal(spark, specs, full["sinks"], sinks)
+    checks = [out["equality_incremental"]]
+    if ctx["every_variant"]:
+        # 2. Laminar refill of the touched partitions, along each path
+        for path, engine in engines.items():
+            key = "refill_touched" if path == "per_partition" else "refill_touched_batched"
+            done, out[key] = _timed_pass(key, label, engine, specs, counter, sampler, after=None, force=True,
+                                         partitions=touched, batched=path == "batched")
+            out[f"t_{key}_s"] = round(done.wall_s, 4)
+            print(f"  {label}: {key} {done.runs} partitions in {done.wall_s:.2f}s", flush=True)
+        out["equality_refill"] = _equal(spark, specs, full["sinks"], sinks)
+
+        # 4. Structured Streaming on Δ
+        stream = ctx["stream"]
+        stream.add_files(added_files(lake, v_prev, v_delta), f"delta{r}")
+        stream_jobs: dict = {}
+        with sampler.during(f"{label} structured streaming"), counter.count(stream_jobs):
+            s_delta = stream.run()
+        out["t_structured_streaming_s"] = round(s_delta.wall_s, 4)
+        out["structured_streaming"] = {**s_delta.summary(), "spark_jobs": stream_jobs.get("spark_jobs")}
+        out["equality_streaming"] = _equal(spark, specs, full["sinks"],
+                                           {"stream": {s.name: stream.current_answer(s) for s in specs}})
+        print(f"  {label}: structured streaming on delta in {s_delta.wall_s:.2f}s", flush=True)
+        checks += [out["equality_refill"], out["equality_streaming"]]
+    out["equal"] = all(_all_equal(by_flow) for c in checks for by_flow in c.values())
+    shutil.rmtree(os.path.join(work, f"full-{r}"), ignore_errors=True)
+    return out
+
+
+def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobCounter,
+               sampler: MemorySampler, *, every_variant: bool = True) -> dict:
+    """Every variant at one base size; returns its section of the results. `every_variant=False`:
+    only Laminar incremental (both paths) and the full recompute it is checked against."""
+    from laminar_assets.engine import Engine
+
+    if os.path.isdir(work):
+        shutil.rmtree(work)
+    lake = Lake(os.path.join(work, "lake"))
+    specs = bench_specs(lake.uri)  # absolute source path: each Laminar path has its own root
+    res: dict = {"base_rows": base_rows, "delta_rows": profile.delta_rows}
+    label = f"B={base_rows:,}"
+    with sampler.during(f"{label} generate"), timed(res, "t_generate_base_s"):
+        base = write_base(lake, base_rows, profile.base_hours, hours_per_commit=profile.hours_per_commit,
+                          correction_hours=profile.correction_hours, seed=profile.seed)
+    v_base = lake.version()
+    res["base_commits"] = len(base.commits)
+    res["base_partitions"] = profile.base_hours
+    print(f"  {label}: base written ({len(base.commits)} commits, {profile.base_hours} hourly partitions) "
+          f"in {res['t_generate_base_s']:.1f}s", flush=True)
+
+    # One engine (own root: state, sinks, watermarks) per Laminar path, on the same source table.
+    engines = {"per_partition": Engine(spark, os.path.join(work, "laminar-per_partition"))}
+    if has_run_many(engines["per_partition"]):
+        engines["batched"] = Engine(spark, os.path.join(work, "laminar-batched"))
+    res["laminar_paths"] = {k: PATHS[k] for k in engines}
+    for path, engine in engines.items():
+        with sampler.during(f"{label} laminar bootstrap {path}"):
+            boot = laminar_pass(engine, specs, after=None, batched="batched" in engines)
+        res[f"laminar_bootstrap_{path}"] = boot.summary()
+        print(f"  {label}: Laminar bootstrap ({path} root) {boot.runs} partitions in {boot.wall_s:.1f}s", flush=True)
+
+    if every_variant:
+        stream = StreamingJob(spark, specs, os.path.join(work, "stream"))
+        stream.add_files(lake.files(v_base), "base")
+        with sampler.during(f"{label} streaming base"):
+            s_base = stream.run()
+        res["streaming_base"] = s_base.summary()
+        print(f"  {label}: streaming processed the base in {s_base.wall_s:.1f}s", flush=True)
+
+    # Δ rounds: the same shape each time (new rows at a tip one append window further, late rows into
+    # other older partitions); every variant is timed per round and the median is reported.
+    ctx = dict(spark=spark, profile=profile, lake=lake, base=base, specs=specs, engines=engines, counter=counter,
+               sampler=sampler, label=label, work=work, every_variant=every_variant,
+               stream=stream if every_variant else None)
+    rounds, v_prev = [], v_base
+    for r in range(profile.rounds):
+        rounds.append(_delta_round(ctx, r, v_prev))
+        v_prev = rounds[-1]["version"]
+    res["rounds"] = [{k: v for k, v in rd.items() if k.startswith(("t_", "equality")) or k == "delta_commits"}
+                     for rd in rounds]
+    for key in [k for k in rounds[0] if k.startswith("t_") and k.endswith("_s")]:
+        values = [rd[key] for rd in rounds]
+        res[key] = round(statistics.median(values), 4)
+        res[f"{key[:-2]}_samples_s"] = values
+        median_round = min(range(len(values)), key=lambda i: abs(values[i] - res[key]))
+        section = key[2:-2]
+        if section in rounds[median_round]:
+            res[section] = {**rounds[median_round][section], "round": median_round}
+    res["delta_commits"] = rounds[0]["delta_commits"]
+    res["rounds_equal"] = [rd["equal"] for rd in rounds]
+    if not every_variant:
+        res["results_equal"] = all(res["rounds_equal"])
+        if not os.environ.get("BENCH_KEEP_WORK"):
+            shutil.rmtree(work, ignore_errors=True)
+        return res
+    v_delta = v_prev
+    sinks = {path: {s.name: e.sink_uri(s) for s in specs} for path, e in engines.items()}
+
+    # updates and deletes: Laminar only (a file source cannot see them)
+    corrections = write_corrections(lake, base, every=profile.correction_every,
+                                    correction_hours=profile.correction_hours)
+    v_corr = lake.version()
+    ud: dict = {"commits": [{"version": c.version, "kind": c.kind, "rows": c.rows} for c in corrections]}
+    for path, engine in engines.items():
+        done, ud[path] = _timed_pass(f"updates/deletes {path}", label, engine, specs, counter, sampler,
+                                     after=v_delta, batched=path == "batched")
+        ud[path]["t_incremental_s"] = round(done.wall_s, 4)
+    full2 = full_recompute(spark, lake, specs, os.path.join(work, "full_after_corrections"), version=v_corr)
+    ud["t_full_recompute_s"] = full2["wall_s"]
+    ud["equality"] = _equal(spark, specs, full2["sinks"], sinks)
+    res["updates_deletes"] = ud
+    print(f"  {label}: updates/deletes " + ", ".join(f"{p} {ud[p]['t_incremental_s']:.2f}s" for p in engines)
+          + f" (full recompute {full2['wall_s']:.2f}s)", flush=True)
+
+    res["results_equal"] = all(res["rounds_equal"]) and all(_all_equal(f) for f in ud["equality"].values())
+    if not os.environ.get("BENCH_KEEP_WORK"):
+        shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
+    parser.add_argument("--sizes", help="comma-separated base sizes, e.g. 1000000,3000000 (overrides the profile)")
+    parser.add_argument("--delta-rows", type=int)
+    parser.add_argument("--base-hours", type=int)
+    parser.add_argument("--late-share", type=float)
+    parser.add_argument("--late-partitions", type=int)
+    parser.add_argument("--rounds", type=int, help="Δ rounds per size (timings are medians over them)")
+    parser.add_argument("--freshness-commits", type=int)
+    parser.add_argument("--skip-freshness", action="store_true")
+    parser.add_argument("--driver-memory")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to this long for the 1-minute load average to drop below --quiet-load")
+    parser.add_argument("--quiet-load", type=float, default=1.0)
+    parser.add_argument("--work", help="scratch folder for the lakes (default .bench/work-<profile>)")
+    parser.add_argument("--out", help="where the report goes (default bench/results for full, "
+                                      ".bench/results-smoke for smoke)")
+    args = parser.parse_args(argv)
+
+    profile = PROFILES[args.profile].with_(
+        sizes=tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None,
+        delta_rows=args.delta_rows, base_hours=args.base_hours, late_share=args.late_share,
+        late_partitions=args.late_partitions, freshness_commits=args.freshness_commits, rounds=args.rounds,
+        driver_memory=args.driver_memory)
+    work = os.path.abspath(args.work or os.path.join(REPO, ".bench", f"work-{profile.name}"))
+    out_dir = os.path.abspath(args.out or (os.path.join(REPO, "bench", "results") if profile.name == "full"
+                                           else os.path.join(REPO, ".bench", "results-smoke")))
+    result: dict = {
+        "profile": profile.name, "settings": profile.to_json(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_avg_start": load_average(), "machine": _machine(), "code": _code_fingerprint(), "errors": [],
+    }
+    if args.wait_quiet > 0:
+        result["quiet_wait"] = _wait_quiet(args.wait_quiet, args.quiet_load)
+        result["load_avg_start"] = load_average()
+    sizes = sorted(profile.sizes)
+    result["sizes_note"] = _sizes_note(profile)
+    sampler = MemorySampler().start()
+    print(f"bench: profile {profile.name}, sizes {sizes}, delta {profile.delta_rows:,} rows -> {out_dir}", flush=True)
+    t_all = time.perf_counter()
+    spark = None
+    try:
+        from laminar_assets.engine import SparkOptions, build_session
+
+        with timed(result, "spark_start_s"):
+            spark = build_session(SparkOptions(master="local[2]", app_name="laminar-bench",
+                                               driver_memory=profile.driver_memory,
+                                               shuffle_partitions=profile.shuffle_partitions))
+        result["spark"] = {"version": spark.version, "master": spark.sparkContext.master,
+                           "driver_memory": profile.driver_memory,
+                           "shuffle_partitions": profile.shuffle_partitions}
+        counter = JobCounter(spark)
+        counter.job_floor_seconds(5)  # warm-up
+        floors = {"start": round(counter.job_floor_seconds(), 4)}
+        if profile.warmup_rows:
+            print(f"bench: warm-up round at {profile.warmup_rows:,} rows (untimed)", flush=True)
+            with sampler.during("warm-up"), timed(result, "t_warmup_s"):
+                small = profile.with_(base_hours=3, late_partitions=1, correction_hours=1, rounds=1,
+                                      delta_rows=max(profile.warmup_rows // 20, 100))
+                bench_size(spark, small, profile.warmup_rows, os.path.join(work, "warmup"), counter, sampler)
+            floors["after_warmup"] = round(counter.job_floor_seconds(), 4)
+        by_size = []
+        for b in sizes:
+            print(f"bench: base {b:,} rows", flush=True)
+            try:
+                every = profile.every_variant_at_every_size or b == sizes[-1]
+                by_size.append(bench_size(spark, profile, b, os.path.join(work, f"b{b}"), counter, sampler,
+                                          every_variant=every))
+            except Exception as exc:
+                result["errors"].append(f"B={b}: {exc!r}")
+                traceback.print_exc()
+        result["by_size"] = by_size
+        floors["after_sizes"] = round(counter.job_floor_seconds(), 4)
+        warm = [v for k, v in floors.items() if k != "start"]
+        result["spark_job_floor_s"] = round(statistics.median(warm), 4)
+        result["spark_job_floor_measurements_s"] = floors
+        result["spark_job_floor_meaning"] = (
+            "median wall time of a trivial one-task, JVM-only Spark job (spark.range(1) into the noop sink), "
+            "measured after the warm-up and after the sizes (averaged); jobs x floor is a lower bound of the fixed "
+            "per-job latency inside a phase")
+        if not args.skip_freshness:
+            print("bench: end-to-end freshness through Dagster", flush=True)
+            try:
+                with sampler.during("freshness"):
+                    result["freshness"] = measure_freshness(
+                        spark, os.path.join(work, "freshness"), commits=profile.freshness_commits,
+                        base_rows=profile.freshness_base_rows, base_hours=profile.freshness_base_hours,
+                        commit_rows=profile.freshness_commit_rows, shuffle_partitions=profile.shuffle_partitions,
+                        seed=profile.seed)
+            except Exception as exc:
+                result["errors"].append(f"freshness: {exc!r}")
+                traceback.print_exc()
+    except Exception as exc:
+        result["errors"].append(repr(exc))
+        traceback.print_exc()
+    finally:
+        sampler.stop()
+        result["memory"] = sampler.report()
+        result["load_avg_end"] = load_average()
+        result["t_total_s"] = round(time.perf_counter() - t_all, 1)
+        final = report.summarize(result)
+        paths = report.write_all(final, out_dir)
+        print(report.console_summary(final), flush=True)
+        print("bench: wrote " + ", ".join(paths), flush=True)
+        if spark is not None:
+            spark.stop()
+    return 0 if final.get("results_equal") and not final["errors"] else 1
+
+
+def _code_fingerprint() -> dict:
+    """Which code was measured: git HEAD, uncommitted changes under laminar_assets/, and a hash of
+    the engine and Dagster layer as loaded when the run started."""
+    import glob
+    import hashlib
+    import subprocess
+
+    def git(*cmd) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(REPO, "laminar_assets", "**", "*.py"), recursive=True)):
+        with open(path, "rb") as fh:
+            digest.update(path.encode() + b"\0" + fh.read())
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "laminar_assets").splitlines()]
+    return {"git_head": git("rev-parse", "--short", "HEAD").strip(), "laminar_assets_sha256": digest.hexdigest()[:16],
+            "uncommitted_laminar_assets_files": dirty}
+
+
+def _wait_quiet(limit: float, threshold: float) -> dict:
+    """Wait (up to `limit` seconds) until the 1-minute load average is below `threshold`."""
+    t = time.perf_counter()
+    while os.getloadavg()[0] >= threshold and time.perf_counter() - t < limit:
+        print(f"bench: waiting for a quieter machine (load {os.getloadavg()[0]:.2f} >= {threshold})", flush=True)
+        time.sleep(15)
+    quiet = os.getloadavg()[0] < threshold
+    return {"waited_s": round(time.perf_counter() - t, 1), "threshold": threshold, "reached": quiet}
+
+
+def _machine() -> dict:
+    try:
+        with open("/proc/meminfo") as fh:
+            mem_kb = int(fh.readline().split()[1])
+    except OSError:
+        mem_kb = 0
+    return {"cpus": os.cpu_count(), "memory_gb": round(mem_kb / 1024 / 1024, 1), "python": sys.version.split()[0],
+            "platform": platform.platform()}
+
+
+def _sizes_note(profile: Profile) -> str:
+    sizes = sorted(profile.sizes)
+    if profile.name == "full" and sizes == [1_000_000, 3_000_000, 10_000_000]:
+        return "full sizes as specified: B = 1M, 3M, 10M; Δ fixed at 1% of 10M"
+    return (f"reduced sizes (profile '{profile.name}'): B = {', '.join(f'{s:,}' for s in sizes)}; targets that "
+            "name 1M/10M are computed between the smallest and largest size here and are not comparable")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
