@@ -129,6 +129,9 @@ def build_version_sensor(table: str, consumers: list[Spec], settings: LaminarSet
         if not DeltaTable.is_deltatable(uri):
             return dg.SkipReason(f"no Delta table at {uri} yet")
         after, held = parse_cursor(context.cursor)
+        # One version per tick for every consumer: a commit landing mid-tick waits for the next
+        # tick instead of being skipped for the consumers evaluated before it.
+        upto = DeltaTable(uri).version()
         requests: list[dg.RunRequest] = []
         latest = None
         new_held: dict[str, list[str]] = {}
@@ -136,13 +139,13 @@ def build_version_sensor(table: str, consumers: list[Spec], settings: LaminarSet
             keys: list[str] = []
             if spec in dims_only:
                 # A dimension change refills every materialized partition of the stage.
-                latest_dim = DeltaTable(uri).version()
+                latest_dim = upto
                 if after is not None and latest_dim > after:
                     keys = laminar.checkpoints().partitions(spec.name)
                 latest = latest_dim
             else:
                 try:
-                    changes = new_commits(root, table, spec.event_time, after)
+                    changes = new_commits(root, table, spec.event_time, after, upto)
                 except LaminarError as exc:
                     return dg.SkipReason(f"cannot read {table}: {exc.message}")
                 if changes is not None:

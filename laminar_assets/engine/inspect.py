@@ -34,10 +34,12 @@ class NewCommits:
     commits: tuple[CommitSummary, ...]
 
 
-def new_commits(root: str, table: str, event_time: str, after: int | None) -> NewCommits | None:
-    """What changed in `table` after version `after` (all of it if None); None if nothing did."""
+def new_commits(root: str, table: str, event_time: str, after: int | None,
+                upto: int | None = None) -> NewCommits | None:
+    """What changed in `table` after version `after` up to version `upto` (latest if None; all of
+    it if `after` is None); None if nothing did."""
     uri = resolve_uri(root, table)
-    info = table_info(table, uri)
+    info = table_info(table, uri, upto)
     if after is not None and after >= info.version:
         return None
     ranges: list[Interval] = []

@@ -150,3 +150,12 @@ def test_range_runs_never_span_a_partition_left_out():
     requests = partition_requests(stage, keys, SETTINGS, run_key_prefix="t")
     assert [(r.tags[RANGE_START], r.tags[RANGE_END]) for r in requests] == [
         ("2024-01-03-00:00", "2024-01-03-13:00"), ("2024-01-03-16:00", "2024-01-04-05:00")]
+
+
+def test_new_commits_stops_at_the_version_the_tick_read(lake):
+    from laminar_assets.engine.inspect import new_commits
+
+    create_sources(lake, BASE)
+    lake.append("raw_trades", frame=trades([(10, "2024-01-02 10:06:00", "MSFT", "ACC-3", "BUY", 411.0, 100)]))
+    assert new_commits(lake.root, "raw_trades", "event_time", 0, upto=0) is None  # landed after the tick began
+    assert new_commits(lake.root, "raw_trades", "event_time", 0).to_version == 1
