@@ -51,6 +51,7 @@ from .specs import bench_specs
 from .workload import TABLE, Lake, commit_table, trades, uniform_times, write_base
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GAP = (0.5, 1.5)  # commits arrive this many sensor intervals apart (uniformly at random)
 
 
 @dataclass
@@ -116,7 +117,7 @@ def measure_freshness(spark, work: str, *, commits: int, base_rows: int, base_ho
             first_id, tip = base.next_id, base.end
             try:
                 for _ in range(commits):
-                    time.sleep(float(rng.uniform(0.5 * interval, 1.5 * interval)))
+                    time.sleep(float(rng.uniform(GAP[0] * interval, GAP[1] * interval)))
                     times = uniform_times(rng, commit_rows, tip, tip + step)
                     c = commit_table(lake, trades(rng, first_id, times), "append", tip, tip + step)
                     arrivals.put((c.version, time.perf_counter(), tip, tip + step))
@@ -220,7 +221,7 @@ def measure_freshness(spark, work: str, *, commits: int, base_rows: int, base_ho
             "every (flow, partition) it touched reached its version (state and sink are committed before that), "
             f"via the trades_versions sensor ticking every {interval:g} s (the [tool.laminar] default) and its run "
             "requests executed in process on a real DagsterInstance with the warm Spark session; commits arrive "
-            "at random moments 1-2 sensor intervals apart. Not included: the default daemon's launch of each run "
-            "in a new process with its own Spark JVM (see spark_start_s for that start-up cost)."),
+            f"at random moments {GAP[0]:g}-{GAP[1]:g} sensor intervals apart. Not included: the default daemon's "
+            "launch of each run in a new process with its own Spark JVM (see spark_start_s for that start-up cost)."),
     })
     return out

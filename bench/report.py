@@ -287,7 +287,8 @@ def markdown(r: dict) -> str:
                  f"{sp.get('driver_memory')}. Load average at start {r.get('load_avg_start')}, at end "
                  f"{r.get('load_avg_end')}. Code: {(r.get('code') or {}).get('git_head')} "
                  f"(uncommitted engine files: {len((r.get('code') or {}).get('uncommitted_laminar_assets_files') or [])}).")
-    lines += ["", f"Sizes: {r.get('sizes_note')}."]
+    lines += ["", f"Sizes: {r.get('sizes_note')}. Every timing is the median over {s.get('rounds', 1)} Δ round(s) "
+              "of the same shape (samples: `by_size[].t_*_samples_s`)."]
     lines.append(f"Workload: base over {s.get('base_hours')} hourly partitions; Δ = {_fmt(r.get('delta_rows'))} rows: "
                  f"{1 - (s.get('late_share') or 0):.0%} appended into the newest windows, "
                  f"{s.get('late_share', 0):.0%} late into {s.get('late_partitions')} older partitions. Two flows "
@@ -397,8 +398,12 @@ def plot(r: dict, path: str) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    if rows:
+        ax.set_xticks([s["base_rows"] for s in rows])
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "235" else ""))
     ax.set_xlabel("base rows B (log)")
     ax.set_ylabel("seconds to absorb Δ (log)")
     equal = "results equal" if r.get("results_equal") else "RESULTS NOT EQUAL"

@@ -98,6 +98,7 @@ def _delta_round(ctx: dict, r: int, v_prev: int) -> dict:
                                      batched=path == "batched")
         out[f"t_{key}_s"] = round(done.wall_s, 4)
         touched = done.partitions
+        out["partitions_touched"] = {flow: len(keys) for flow, keys in touched.items()}
         print(f"  {label}: {key} {done.runs} partitions in {done.wall_s:.2f}s", flush=True)
 
     # 3. full recompute (also the reference every variant is checked against)
@@ -186,7 +187,8 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
     for r in range(profile.rounds):
         rounds.append(_delta_round(ctx, r, v_prev))
         v_prev = rounds[-1]["version"]
-    res["rounds"] = [{k: v for k, v in rd.items() if k.startswith(("t_", "equality")) or k == "delta_commits"}
+    res["rounds"] = [{k: v for k, v in rd.items()
+                      if k.startswith(("t_", "equality")) or k in ("delta_commits", "partitions_touched")}
                      for rd in rounds]
     for key in [k for k in rounds[0] if k.startswith("t_") and k.endswith("_s")]:
         values = [rd[key] for rd in rounds]
