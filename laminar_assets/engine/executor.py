@@ -290,18 +290,8 @@ class Engine:
         for p in partials[1:]:
             partial = partial.unionByName(p)
         partial = partial.persist()
-        ws = F.col("window_start")
-        for row in partial.groupBy("__part").agg(
-            F.sum("__in_rows").alias("rows"),
-            F.sum("__rejected").alias("rejected"),
-            F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
-            F.countDistinct(F.when(~bad, ws)).alias("windows"),
-            F.count(F.when(~bad, F.lit(1))).alias("groups"),
-        ).collect():  # one row per partition
-            metrics[row["__part"]].update(
-                rows_read=int(row["rows"] or 0), rows_rejected=int(row["rejected"] or 0),
-                rows_retracted=int(row["retracted"] or 0), windows_touched=int(row["windows"] or 0),
-                partial_groups=int(row["groups"] or 0))
+        for row in partial.groupBy("__part").agg(*_partial_stats(bad)).collect():  # one row per partition
+            metrics[row["__part"]].update(_stats_metrics(row))
         for k, *_ in todo:
             metrics[k].setdefault("rows_read", 0)
             if metrics[k].get("rows_rejected"):
@@ -717,19 +707,9 @@ class Engine:
                       metrics: dict, seconds: dict, quarantined: dict) -> None:
         t0 = time.perf_counter()
         part = plan.interval
-        ws = F.col("window_start")
         partial, impls, group, in_refill, bad, rejects = self._flow_partial(spec, plan, inputs, metrics)
         partial = partial.persist()
-        stats = partial.agg(
-            F.sum("__in_rows").alias("rows"),
-            F.sum("__rejected").alias("rejected"),
-            F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
-            F.countDistinct(F.when(~bad, ws)).alias("windows"),
-            F.count(F.when(~bad, F.lit(1))).alias("groups"),
-        ).first()
-        metrics.update(rows_read=int(stats["rows"] or 0), rows_rejected=int(stats["rejected"] or 0),
-                       rows_retracted=int(stats["retracted"] or 0),
-                       windows_touched=int(stats["windows"] or 0), partial_groups=int(stats["groups"] or 0))
+        metrics.update(_stats_metrics(partial.agg(*_partial_stats(bad)).first()))
         if metrics["rows_rejected"]:
             self._record_rejects(spec, rejects, plan.partition, run_id, quarantined)
         self.hook("after_read")
@@ -889,6 +869,24 @@ class Engine:
         df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
         ts = F.col(EVENT_TS)
         return df.where((ts >= F.lit(part.start)) & (ts < F.lit(part.end)))
+
+
+def _partial_stats(bad) -> list:
+    """Run metrics over partial states (rows read, rejected, retracted; windows and groups kept)."""
+    ws = F.col("window_start")
+    return [
+        F.sum("__in_rows").alias("rows"),
+        F.sum("__rejected").alias("rejected"),
+        F.sum(F.when(F.col(SIGN) < 0, F.col("__in_rows")).otherwise(0)).alias("retracted"),
+        F.countDistinct(F.when(~bad, ws)).alias("windows"),
+        F.count(F.when(~bad, F.lit(1))).alias("groups"),
+    ]
+
+
+def _stats_metrics(row) -> dict[str, int]:
+    return {"rows_read": int(row["rows"] or 0), "rows_rejected": int(row["rejected"] or 0),
+            "rows_retracted": int(row["retracted"] or 0), "windows_touched": int(row["windows"] or 0),
+            "partial_groups": int(row["groups"] or 0)}
 
 
 def _basename(f: DataFile) -> str:
