@@ -3,7 +3,7 @@
 Nothing in `laminar_assets` is edited: while `Instrument` is active, these functions are replaced
 (in every `laminar_assets.engine` module that holds them) by timing wrappers:
 
-* `Engine._gather`: open the source snapshot with deltalake, read the new commits' log entries
+* `Engine.gather`: open the source snapshot with deltalake, read the new commits' log entries
   and Parquet footers, check the spec against the schema (Spark analyzer, no job);
 * `spark_io.stage`: a Spark job that writes Parquet into a table folder, plus footer statistics;
 * `DeltaTable.create_write_transaction`: a Delta commit through deltalake;
@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 
 _TARGETS = (
-    ("gather_log_and_schema", "laminar_assets.engine.executor", "Engine", "_gather"),
+    ("gather_log_and_schema", "laminar_assets.engine.executor", "Engine", "gather"),
     ("parquet_write", "laminar_assets.engine.spark_io", None, "stage"),
     ("delta_commit", "deltalake", "DeltaTable", "create_write_transaction"),
     ("snapshot_listing", "laminar_assets.engine.delta_source", None, "snapshot_files"),

@@ -20,7 +20,9 @@ from laminar_assets.errors import (
     StrictRefreshError,
     UnsupportedTableFeatureError,
 )
-from .executor import Engine, RunResult
+from .executor import Engine
+from .layout import EngineOptions
+from .result import RunResult
 from .plan import Mode, PartitionPlan, Reason
 from .planner import PlannerInput, plan_partition
 from .session import SparkOptions, build_session, check_java
@@ -28,7 +30,7 @@ from .spec import Agg, DimensionJoin, FlowSpec, Hopping, LatePolicy, RefreshPoli
 from .windows import Granularity, Interval
 
 __all__ = [
-    "Agg", "CheckpointError", "CommitConflictError", "ConcurrentRunError", "DimensionJoin", "Engine",
+    "Agg", "CheckpointError", "CommitConflictError", "ConcurrentRunError", "DimensionJoin", "Engine", "EngineOptions",
     "EnvironmentProblem", "FlowSpec", "Granularity", "Hopping", "Interval", "LaminarError", "LatePolicy",
     "Mode", "PartitionPlan", "PlannerInput", "Reason", "RefreshPolicy", "RowRule", "RunFailedError", "RunResult",
     "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SparkOptions", "SpecError", "StageSpec",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import functions as F
 from pyspark.sql.types import FloatType, DoubleType
 
+from .flow_job import recompute
 from .plan import Mode, PartitionPlan, Reason
 from .spec import FlowSpec
 from .windows import Interval, partition_interval
@@ -51,10 +52,8 @@ def check_equivalence(engine, spec: FlowSpec, partition: str, *, sample: int = 8
                          mode=Mode.REFILL, reason=Reason.FORCED_BY_USER, detail="equivalence check",
                          spec_hash=spec.spec_hash, to_versions=dict(mark.source_versions), refill=refill,
                          refill_all=True)
-    inputs = engine._gather(spec, mark)
-    partial, impls, group, in_refill, bad, _rejects = engine._flow_partial(spec, plan, inputs, {})
-    state = engine._flow_merge(spec, [plan], partial.where(~bad), impls, group, in_refill, inputs.input_schema)
-    recomputed = engine.finalize(spec, state)
+    inputs = engine.gather(spec, [mark])
+    recomputed = recompute(engine.ctx, spec, plan, inputs)
     ws = F.col("window_start")
     picked = F.lit(False)
     for r in refill:

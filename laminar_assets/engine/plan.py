@@ -31,6 +31,8 @@ class Reason(str, Enum):
     FORCED_BY_USER = "FORCED_BY_USER"
     PREVIOUS_ATTEMPT_FAILED = "PREVIOUS_ATTEMPT_FAILED"
     DEDUP_REPLACED_ROW = "DEDUP_REPLACED_ROW"
+    REFILL_CHEAPER = "REFILL_CHEAPER"
+    PRECISION_LOSS = "PRECISION_LOSS"
     # incremental / no-op
     APPEND_ONLY = "APPEND_ONLY"
     RETRACTABLE_CHANGES = "RETRACTABLE_CHANGES"
@@ -55,6 +57,8 @@ _DESCRIPTIONS = {
     Reason.FORCED_BY_USER: "a refill was requested explicitly",
     Reason.PREVIOUS_ATTEMPT_FAILED: "the previous attempt failed or was killed before it committed",
     Reason.DEDUP_REPLACED_ROW: "a new row replaces an already-kept duplicate: the partition is recomputed",
+    Reason.REFILL_CHEAPER: "the changed rows are a large share of the partition: recomputing reads less",
+    Reason.PRECISION_LOSS: "a retraction left float state that cannot be trusted to 1e-9: the window is recomputed",
     Reason.APPEND_ONLY: "only appends since the watermark",
     Reason.RETRACTABLE_CHANGES: "deletes/updates with change data, and every aggregate can retract",
     Reason.NO_NEW_VERSIONS: "the source has no version after the watermark",

@@ -1,21 +1,22 @@
 """The planner: a pure function from (spec, watermark, source history) to a plan.
 
-It reads nothing and writes nothing; `executor.py` gathers its inputs and
-carries its plan out, `explain.py` prints it.
+It reads nothing and writes nothing; `inputs.py` gathers its inputs, `executor.py`
+carries its plan out, `report.py` explains it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Mapping
 
 from laminar_assets.checkpoints.watermark import Watermark
 
 from .delta_source import CommitKind, CommitSummary, SourceHistory
+from .kinds import KINDS
 from .plan import Mode, PartitionPlan, Reason
 from .spec import FlowSpec, RefreshPolicy, StageSpec
-from .windows import Interval, coalesce, partition_interval, partitions_overlapping
+from .windows import Interval, coalesce, partition_interval, partitions_overlapping, share_inside
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class PlannerInput:
     input_schema: Mapping[str, str] = field(default_factory=dict, hash=False)
     force: bool = False
     escalation: Reason | None = None  # set by the executor when a run finds it must refill
+    escalation_scope: tuple[Interval, ...] | None = None  # window starts to refill for it (None: all)
+    # Bytes of the partition's snapshot rows per source (estimated from file statistics) and the share
+    # of them that, once changed, makes a refill cheaper than a merge; None: never refill for cost.
+    partition_bytes: Mapping[str, int] | None = field(default=None, hash=False)
+    refill_ratio: float | None = None
+    refill_min_bytes: int = 0  # smaller partitions are never refilled for cost (job latency dominates)
 
 
 def needed_events(spec: FlowSpec | StageSpec, part: Interval) -> Interval:
@@ -89,6 +96,43 @@ def _other_partitions(spec, commits, own: str) -> tuple[tuple[str, ...], bool]:
 
 def plan_partition(inp: PlannerInput) -> PartitionPlan:
     """Choose INCREMENTAL, REFILL or NOOP and a reason for one (flow, partition)."""
+    if inp.escalation is not None and inp.escalation_scope is not None:
+        return _escalate_windows(_plan(replace(inp, escalation=None, escalation_scope=None)), inp)
+    plan = _plan(inp)
+    if plan.mode is Mode.INCREMENTAL and inp.refill_ratio is not None and inp.partition_bytes is not None \
+            and inp.spec.refresh is not RefreshPolicy.INCREMENTAL_STRICT:
+        return _cheaper_refill(plan, inp)
+    return plan
+
+
+def _escalate_windows(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
+    """The plan, with the escalation's windows added to what it refills (e.g. PRECISION_LOSS)."""
+    scope = coalesce([*plan.refill, *[s for s in inp.escalation_scope if s.overlaps(plan.interval)]])
+    whole = plan.refill_all or (len(scope) == 1 and scope[0] == plan.interval)
+    windows = ", ".join(f"{s.start:%H:%M}..{s.end:%H:%M}" for s in inp.escalation_scope)
+    return replace(plan, mode=Mode.REFILL, reason=inp.escalation,
+                   detail=f"{inp.escalation.describe} (windows starting {windows})", refill=scope, refill_all=whole)
+
+
+def _cheaper_refill(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
+    """REFILL_CHEAPER when the partition's changed bytes are a large share of its bytes."""
+    changed = 0.0
+    for src, versions in plan.incremental_versions.items():
+        wanted = set(versions)
+        for c in inp.histories[src].commits:
+            if c.version in wanted:
+                changed += sum(share_inside(f.time_range, plan.needed) * f.size for f in c.readable)
+    total = float(sum(inp.partition_bytes.values()))
+    if changed <= 0 or changed < inp.refill_ratio * total or max(total, changed) < inp.refill_min_bytes:
+        return plan
+    share = changed / total if total else float("inf")
+    detail = (f"changed rows ~{int(changed):,} bytes vs ~{int(total):,} bytes in the partition "
+              f"({share:.0%} >= refill_ratio {inp.refill_ratio:.0%}): recomputing reads less than merging")
+    return replace(plan, mode=Mode.REFILL, reason=Reason.REFILL_CHEAPER, detail=detail,
+                   refill=(plan.interval,), refill_all=True, incremental_versions={})
+
+
+def _plan(inp: PlannerInput) -> PartitionPlan:
     spec, mark = inp.spec, inp.watermark
     part = partition_interval(inp.partition, spec.granularity)
     needed = needed_events(spec, part)
@@ -216,7 +260,7 @@ def _scope(spec, part: Interval, commit: CommitSummary) -> list[Interval]:
 def _why_not_retractable(spec) -> str:
     if isinstance(spec, StageSpec):
         return "row-level stages recompute the affected range on deletes and updates"
-    kinds = sorted({a.kind for a in spec.aggregates if a.kind in ("min", "max", "first", "last", "approx_count_distinct", "approx_percentile")})
+    kinds = sorted({a.kind for a in spec.aggregates if not KINDS[a.kind].retractable})
     return f"aggregate(s) {', '.join(kinds)} cannot retract"
 
 

@@ -23,15 +23,17 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .aggregates import EVENT_TS
-from .delta_source import _local_path, snapshot_files, table_info
+from .delta_log import local_path
+from .delta_source import snapshot_files, table_info
 from .spark_io import read_files, stage
 from .spec import FlowSpec, StageSpec
 
-RULE, ROW, VERSION, FILE = "__rule", "__row", "__src_version", "__file"
+RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"
 MISSING, OUT_OF_BOUNDS, KEY_MISSING = "event_time_missing", "event_time_out_of_bounds", "key_missing"
 
 SCHEMA = pa.schema([
@@ -78,44 +80,36 @@ def unassigned_rule(spec: FlowSpec | StageSpec) -> Column:
     return F.when(ts.isNull(), F.lit(MISSING)).when(~assigned(spec), F.lit(OUT_OF_BOUNDS))
 
 
-def version_of_file(file_versions: dict[str, int]) -> Column:
-    """The commit version of each row, from the file it was read from."""
-    if not file_versions:
-        return F.lit(None).cast("long")
-    pairs = [x for name, v in sorted(file_versions.items()) for x in (F.lit(name), F.lit(v).cast("long"))]
-    return F.element_at(F.create_map(*pairs), F.col(FILE))
-
-
 def original_row(columns: list[str]) -> Column:
     """The source row as JSON (timestamps in ISO 8601 UTC). Null fields are left out, so a column
     added to the source later (null in old rows) does not change an old row's identity."""
     return F.to_json(F.struct(*[F.col(c) for c in columns]), {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"})
 
 
-def _existing(spark: SparkSession, uri: str, flow: str, partition: str | None) -> DataFrame | None:
+def _existing(spark: SparkSession, uri: str, flow: str) -> DataFrame | None:
     if not DeltaTable.is_deltatable(uri):
         return None
     info = table_info(table_name(uri), uri)
     files = [f for f in snapshot_files(info, None) if dict(f.partition_values).get("flow") == flow]
     if not files:
         return None
-    df = read_files(spark, files, info.schema, info.partition_columns)
-    same = F.col("partition").isNull() if partition is None else (F.col("partition") == F.lit(partition))
-    return df.where(same).select("rule", "row")
+    return read_files(spark, files, info.schema, info.partition_columns).select("partition", "rule", "row")
 
 
-def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, partition: str | None,
-           run_id: str) -> dict[str, int]:
-    """Append the rows of `rejects` (RULE, ROW, VERSION, EVENT_TS) not yet recorded for
-    (flow, partition); returns the number of new rows by rule. One Spark job, one commit."""
-    rows = (rejects.groupBy(F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
+def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_id: str) -> dict[str | None, dict[str, int]]:
+    """Append the rows of `rejects` (PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS; a NULL partition for
+    the sweep's rows) not yet recorded for (flow, partition); returns the number of new rows by
+    partition and rule. One Spark job, one commit."""
+    rows = (rejects.groupBy(F.col(PARTITION_KEY).alias("partition"), F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
             .agg(F.min(VERSION).alias("source_version"), F.min(EVENT_TS).alias("event_time")))
-    old = _existing(spark, uri, flow, partition)
+    old = _existing(spark, uri, flow)
     if old is not None:
-        rows = rows.join(old, ["rule", "row"], "left_anti")
+        same = rows["partition"].eqNullSafe(old["partition"]) & (rows["rule"] == old["rule"]) & \
+            (rows["row"] == old["row"])
+        rows = rows.join(old, same, "left_anti")
     now = datetime.now(timezone.utc)
     out = rows.select(
-        F.lit(partition).cast("string").alias("partition"), "rule", F.col("source_version").cast("long"),
+        F.col("partition").cast("string").alias("partition"), "rule", F.col("source_version").cast("long"),
         "event_time", "row", F.lit(run_id).alias("run_id"), F.lit(now).alias("quarantined_at"),
     )
     staged = stage(out, uri, f"{run_id}-{uuid.uuid4().hex[:8]}", max_files=1, folder=f"flow={flow}/laminar",
@@ -125,15 +119,17 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, part
     if not DeltaTable.is_deltatable(uri):
         try:
             DeltaTable.create(uri, schema=SCHEMA, mode="ignore", partition_by=["flow"])
-        except Exception:  # a concurrent run created it first
+        except DeltaError:  # a concurrent run created it first
             if not DeltaTable.is_deltatable(uri):
                 raise
     DeltaTable(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"])
-    local = _local_path(uri)
-    counts: dict[str, int] = {}
-    for add in staged.adds:  # only the rule column of what this run just wrote
-        for rule in pq.read_table(os.path.join(local, add.path), columns=["rule"]).column("rule").to_pylist():
-            counts[rule] = counts.get(rule, 0) + 1
+    local = local_path(uri)
+    counts: dict[str | None, dict[str, int]] = {}
+    for add in staged.adds:  # only the partition and rule columns of what this run just wrote
+        written = pq.read_table(os.path.join(local, add.path), columns=["partition", "rule"]).to_pylist()
+        for r in written:
+            by_rule = counts.setdefault(r["partition"], {})
+            by_rule[r["rule"]] = by_rule.get(r["rule"], 0) + 1
     return counts
 
 

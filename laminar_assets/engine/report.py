@@ -10,6 +10,7 @@ import contextlib
 import io
 
 from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.errors import LaminarError
 
 from .aggregates import implementation
 from .delta_source import CommitKind, resolve_uri, snapshot_files, source_history, table_info
@@ -124,13 +125,13 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
             uri = resolve_uri(root, src)
             try:
                 latest[src] = table_info(src, uri).version
-            except Exception:
+            except LaminarError:  # a missing source shows as None; the partitions below say why
                 latest[src] = None
         partitions, stale = [], []
         for key in store.partitions(spec.name):
             try:
                 mark, plan = inspect_partition(root, spec, key, store)
-            except Exception as exc:  # a source that vanished: report, don't crash the report
+            except LaminarError as exc:  # a source that vanished: report it, don't crash the report
                 stale.append({"partition": key, "reason": "ERROR", "detail": str(exc)})
                 continue
             behind = {s: (latest[s] - mark.source_versions.get(s, 0)) if latest.get(s) is not None else None

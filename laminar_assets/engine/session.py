@@ -99,7 +99,11 @@ def build_session(options: SparkOptions | None = None):
         "spark.ui.showConsoleProgress": "false",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.hadoop.parquet.enable.summary-metadata": "false",
-        "spark.sql.adaptive.enabled": "true",
+        # A run's shuffles are small and hash-partitioned on purpose (one file per partition); adaptive
+        # execution would only split each write into one Spark job per query stage.
+        "spark.sql.adaptive.enabled": "false",
+        # A run names its files explicitly: list them in the driver, not in a Spark job per read.
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
         **({} if options.remote else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem"}),
         **options.conf,
     }

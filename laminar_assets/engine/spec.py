@@ -10,190 +10,25 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from enum import Enum
+from datetime import datetime
 from typing import Any, Mapping
 
 from laminar_assets.errors import SpecError
-from .windows import Granularity, Interval, WindowShape, divides, parse_duration, to_utc
+from .kinds import KINDS
+from .spec_parts import (  # noqa: F401  (re-exported: specs are built from these)
+    Agg, DimensionJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, as_pairs, as_tuple,
+)
+from .windows import Granularity, Interval, WindowShape, divides, to_utc
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Rules the engine always applies; a row breaking one is quarantined under this name.
 BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "key_missing", "unmatched")
 RESERVED_COLUMNS = ("window_start", "window_end")
 
-AGGREGATE_KINDS = (
-    "count", "sum", "avg", "min", "max", "var_samp", "stddev_samp",
-    "first", "last", "approx_count_distinct", "approx_percentile",
-)
-
-
-class RefreshPolicy(str, Enum):
-    """How a flow may be brought up to date."""
-
-    AUTO = "auto"  # incremental when provable, else refill the affected windows
-    INCREMENTAL_STRICT = "incremental_strict"  # fail with the reason instead of refilling
-    FULL = "full"  # always refill the partition
-
-
-@dataclass(frozen=True)
-class Tumbling:
-    """Fixed, non-overlapping windows of `size`, aligned to the UTC epoch."""
-
-    size: timedelta | str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "size", parse_duration(self.size))
-
-    @property
-    def shape(self) -> WindowShape:
-        return WindowShape(self.size, self.size)
-
-
-@dataclass(frozen=True)
-class Hopping:
-    """Overlapping windows of `size` starting every `slide` (slide must divide size)."""
-
-    size: timedelta | str
-    slide: timedelta | str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "size", parse_duration(self.size))
-        object.__setattr__(self, "slide", parse_duration(self.slide))
-
-    @property
-    def shape(self) -> WindowShape:
-        return WindowShape(self.size, self.slide)
-
-
-@dataclass(frozen=True)
-class Agg:
-    """One aggregate of a flow: `kind` over `column`, output as `name`.
-
-    Build them with the class methods, e.g. `Agg.sum("quantity", name="volume")`.
-    """
-
-    kind: str
-    column: str | None = None
-    name: str | None = None
-    quantile: float | None = None
-    precision: int | None = None  # HLL lgConfigK or KLL k
-
-    def __post_init__(self) -> None:
-        if self.name is None:
-            default = self.kind if self.column is None else f"{self.kind}_{self.column}"
-            object.__setattr__(self, "name", default)
-
-    @classmethod
-    def count(cls, column: str | None = None, *, name: str | None = None) -> "Agg":
-        """`count(*)` when no column is given, else the count of non-null values."""
-        return cls("count", column, name)
-
-    @classmethod
-    def sum(cls, column: str, *, name: str | None = None) -> "Agg":
-        return cls("sum", column, name)
-
-    @classmethod
-    def avg(cls, column: str, *, name: str | None = None) -> "Agg":
-        return cls("avg", column, name)
-
-    @classmethod
-    def min(cls, column: str, *, name: str | None = None) -> "Agg":
-        return cls("min", column, name)
-
-    @classmethod
-    def max(cls, column: str, *, name: str | None = None) -> "Agg":
-        return cls("max", column, name)
-
-    @classmethod
-    def var_samp(cls, column: str, *, name: str | None = None) -> "Agg":
-        return cls("var_samp", column, name)
-
-    @classmethod
-    def stddev_samp(cls, column: str, *, name: str | None = None) -> "Agg":
-        return cls("stddev_samp", column, name)
-
-    @classmethod
-    def first(cls, column: str, *, name: str | None = None) -> "Agg":
-        """Value at the earliest event time (ties: the smallest value); nulls ignored."""
-        return cls("first", column, name)
-
-    @classmethod
-    def last(cls, column: str, *, name: str | None = None) -> "Agg":
-        """Value at the latest event time (ties: the largest value); nulls ignored."""
-        return cls("last", column, name)
-
-    @classmethod
-    def approx_count_distinct(cls, column: str, *, name: str | None = None, lg_config_k: int = 12) -> "Agg":
-        """Distinct count from an HLL sketch (Spark's hll_sketch_agg / hll_union_agg)."""
-        return cls("approx_count_distinct", column, name, precision=lg_config_k)
-
-    @classmethod
-    def approx_percentile(cls, column: str, quantile: float, *, name: str | None = None, k: int = 200) -> "Agg":
-        """Quantile from a KLL sketch (Spark's kll_sketch_agg_double / kll_merge_agg_double)."""
-        return cls("approx_percentile", column, name, quantile=quantile, precision=k)
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-@dataclass(frozen=True)
-class LatePolicy:
-    """What to do with changes to old partitions.
-
-    By default every late row, correction and delete updates its windows. With
-    `freeze_after`, a partition whose end is older than that before the newest
-    source commit is frozen: runs leave it as it is and report the ignored changes.
-    """
-
-    freeze_after: timedelta | str | None = None
-
-    def __post_init__(self) -> None:
-        if self.freeze_after is not None:
-            object.__setattr__(self, "freeze_after", parse_duration(self.freeze_after))
-
-
-@dataclass(frozen=True)
-class DimensionJoin:
-    """A join with a small dimension table (fan-in); a change to it refills (`DIMENSION_CHANGED`)."""
-
-    table: str
-    on: tuple[str, ...]
-    columns: tuple[str, ...]
-    how: str = "inner"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "on", _as_tuple(self.on))
-        object.__setattr__(self, "columns", _as_tuple(self.columns))
-
-
-@dataclass(frozen=True)
-class RowRule:
-    """A condition every good source row meets (Spark SQL over the raw source columns).
-
-    A row for which `check` is false or NULL is not aggregated: it goes to the
-    quarantine table of its source with the rule's name. `source` limits the rule
-    to one source table of a fan-in (None: every source).
-    """
-
-    name: str
-    check: str
-    source: str | None = None
-
-
-def _as_tuple(value: Any) -> tuple:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    return tuple(value)
-
-
-def _as_pairs(value: Mapping[str, str] | tuple | None) -> tuple[tuple[str, str], ...]:
-    if not value:
-        return ()
-    items = value.items() if isinstance(value, Mapping) else value
-    return tuple((str(k), str(v)) for k, v in items)
+AGGREGATE_KINDS = tuple(KINDS)
+# Bumped when the layout or meaning of a flow's state changes: part of every flow's hash, so an
+# upgrade refills (SPEC_CHANGED) instead of merging into state of another shape.
+STATE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -233,11 +68,11 @@ class _Common:
 
     def _normalise_common(self) -> None:
         set_ = object.__setattr__
-        set_(self, "source", _as_tuple(self.source))
-        set_(self, "derived", _as_pairs(self.derived))
+        set_(self, "source", as_tuple(self.source))
+        set_(self, "derived", as_pairs(self.derived))
         if self.sink is None:
             set_(self, "sink", self.name)
-        set_(self, "rules", _as_tuple(self.rules))
+        set_(self, "rules", as_tuple(self.rules))
         if self.event_time_bounds is not None:
             try:
                 lo, hi = (to_utc(datetime.fromisoformat(b) if isinstance(b, str) else b) for b in self.event_time_bounds)
@@ -331,9 +166,9 @@ class FlowSpec(_Common):
 
     def __post_init__(self) -> None:
         self._normalise_common()
-        object.__setattr__(self, "keys", _as_tuple(self.keys))
-        object.__setattr__(self, "aggregates", _as_tuple(self.aggregates))
-        object.__setattr__(self, "post", _as_pairs(self.post))
+        object.__setattr__(self, "keys", as_tuple(self.keys))
+        object.__setattr__(self, "aggregates", as_tuple(self.aggregates))
+        object.__setattr__(self, "post", as_pairs(self.post))
         self._validate_common()
         self._validate_flow()
 
@@ -365,10 +200,14 @@ class FlowSpec(_Common):
                 self._fail(where, f"expected an Agg, found {agg!r}")
             if agg.kind not in AGGREGATE_KINDS:
                 self._fail(where, f"unknown aggregate {agg.kind!r}; expected one of {', '.join(AGGREGATE_KINDS)}")
-            if agg.column is None and agg.kind != "count":
+            if agg.column is None and KINDS[agg.kind].needs_column:
                 self._fail(where, f"aggregate {agg.kind!r} needs a column")
             if agg.kind == "approx_percentile" and not (agg.quantile is not None and 0.0 <= agg.quantile <= 1.0):
                 self._fail(where, f"approx_percentile needs a quantile in [0, 1], found {agg.quantile!r}")
+            if agg.kind in ("min_by", "max_by") and not (isinstance(agg.by, str) and agg.by):
+                self._fail(where, f"{agg.kind} needs the column whose extreme picks the row (by=...), found {agg.by!r}")
+            if agg.kind in ("top_k", "approx_top_k") and not (isinstance(agg.k, int) and 1 <= agg.k <= 10_000):
+                self._fail(where, f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}")
             if not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
                 self._fail(where, f"output name {agg.name!r} is not an identifier")
             if agg.name in seen:
@@ -385,9 +224,7 @@ class FlowSpec(_Common):
 
     @property
     def retractable(self) -> bool:
-        from .aggregates import implementation
-
-        return all(implementation(a).retractable for a in self.aggregates)
+        return all(KINDS[a.kind].retractable for a in self.aggregates)
 
     def _hash_payload(self) -> dict[str, Any]:
         return {
@@ -395,7 +232,7 @@ class FlowSpec(_Common):
             "window": [str(self.shape.size), str(self.shape.slide)], "keys": self.keys,
             "aggregates": [a.to_json() for a in self.aggregates], "filter": self.filter,
             "derived": self.derived, "post": self.post, "partitioning": self.granularity.value,
-            **self._rules_payload(),
+            "state_format": STATE_FORMAT, **self._rules_payload(),
         }
 
 
@@ -415,9 +252,9 @@ class StageSpec(_Common):
 
     def __post_init__(self) -> None:
         self._normalise_common()
-        object.__setattr__(self, "columns", _as_tuple(self.columns))
-        object.__setattr__(self, "dedup_key", _as_tuple(self.dedup_key))
-        object.__setattr__(self, "joins", _as_tuple(self.joins))
+        object.__setattr__(self, "columns", as_tuple(self.columns))
+        object.__setattr__(self, "dedup_key", as_tuple(self.dedup_key))
+        object.__setattr__(self, "joins", as_tuple(self.joins))
         self._validate_common()
         for i, join in enumerate(self.joins):
             if not isinstance(join, DimensionJoin):

@@ -7,7 +7,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampType
 
-from .aggregates import NEEDS_NUMERIC, is_numeric
+from .aggregates import is_numeric
+from .kinds import KINDS
 from .delta_source import TableInfo
 from laminar_assets.errors import SchemaMismatchError, SpecError
 from .spark_io import spark_schema
@@ -64,7 +65,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                         f"'{info.name}': {_first_line(exc)}", field="derived/filter", **facts) from None
     needed = [spec.event_time]
     if isinstance(spec, FlowSpec):
-        needed += list(spec.keys) + [a.column for a in spec.aggregates if a.column]
+        needed += list(spec.keys) + [c for a in spec.aggregates for c in (a.column, a.by) if c]
     else:
         needed += list(spec.dedup_key) + [c for j in spec.joins for c in j.on]
         needed += [c for c in spec.columns if c not in {c2 for j in spec.joins for c2 in j.columns}]
@@ -83,7 +84,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
         )
     if isinstance(spec, FlowSpec):
         for agg in spec.aggregates:
-            if agg.kind in NEEDS_NUMERIC and agg.column:
+            if KINDS[agg.kind].numeric and agg.column:
                 t = df.schema[agg.column].dataType
                 if not is_numeric(t):
                     raise SchemaMismatchError(
@@ -113,7 +114,7 @@ def columns_used(spec: FlowSpec | StageSpec, table: str) -> set[str]:
         return set(join.on) | set(join.columns)
     cols = {spec.event_time}
     if isinstance(spec, FlowSpec):
-        cols |= set(spec.keys) | {a.column for a in spec.aggregates if a.column}
+        cols |= set(spec.keys) | {c for a in spec.aggregates for c in (a.column, a.by) if c}
     else:
         cols |= set(spec.dedup_key) | {c for j in spec.joins for c in j.on} | set(spec.columns)
         if not spec.columns:

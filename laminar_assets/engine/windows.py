@@ -82,6 +82,18 @@ class Interval:
         return f"[{self.start.isoformat()}, {self.end.isoformat()})"
 
 
+def share_inside(part: Interval | None, rng: Interval) -> float:
+    """The share of `part` (e.g. a file's event-time range) inside `rng`: 1 when `part` is unknown
+    (None) or a single instant inside it, 0 when they do not overlap."""
+    if part is None:
+        return 1.0
+    inside = part.intersect(rng)
+    if inside is None:
+        return 1.0 if part.start == part.end and rng.contains(part.start) else 0.0
+    span = (part.end - part.start).total_seconds()
+    return (inside.end - inside.start).total_seconds() / span if span > 0 else 1.0
+
+
 def closed_range(lo: datetime, hi: datetime) -> Interval:
     """The smallest [start, end) interval holding the closed range [lo, hi] (stats min/max)."""
     return Interval(lo, to_utc(hi) + timedelta(microseconds=1))
@@ -224,6 +236,36 @@ def partitions_overlapping(events: Interval, granularity: Granularity) -> list[s
         keys.append(from_micros(cursor).strftime(granularity.key_format))
         cursor += step
     return keys
+
+
+def partition_id(key: str, granularity: Granularity) -> int:
+    """A partition's number: whole steps (hours or days) since the epoch."""
+    return to_micros(partition_interval(key, granularity).start) // _micros(granularity.step)
+
+
+def partition_id_column(col: str, granularity: Granularity):
+    """Spark column: the number (`partition_id`) of the partition holding timestamp column `col`."""
+    from pyspark.sql import functions as F
+
+    return F.floor(F.unix_micros(F.col(col)) / F.lit(_micros(granularity.step))).cast("long")
+
+
+def partition_key_column(col: str, granularity: Granularity):
+    """Spark column: the key (as `partition_key` formats it) of the partition holding timestamp `col`."""
+    from pyspark.sql import functions as F
+
+    pattern = "yyyy-MM-dd-HH:'00'" if granularity is Granularity.HOURLY else "yyyy-MM-dd"
+    return F.date_format(F.col(col), pattern)
+
+
+def in_ranges(col: str, ranges) -> "object":
+    """Spark condition: timestamp column `col` lies in one of the [start, end) `ranges`."""
+    from pyspark.sql import functions as F
+
+    cond = F.lit(False)
+    for r in coalesce(ranges):
+        cond = cond | ((F.col(col) >= F.lit(r.start)) & (F.col(col) < F.lit(r.end)))
+    return cond
 
 
 def divides(part: timedelta, whole: timedelta) -> bool:

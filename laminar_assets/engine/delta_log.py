@@ -1,0 +1,304 @@
+"""One Delta commit, as the planner needs it: what kind of change, which files, which event times.
+
+The `deltalake` API exposes snapshots but not the actions of one commit, so this
+module reads the commit's JSON entry from `_delta_log/` (the documented Delta
+protocol format) and nothing else by hand. Event-time ranges come from the add
+actions' statistics, and for change-data and removed files from their Parquet
+footers, so no data is scanned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from functools import lru_cache
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.fs  # noqa: F401  (pa.fs)
+import pyarrow.parquet as pq
+
+from laminar_assets.errors import SourceError
+from .windows import Interval, closed_range, to_utc
+
+
+class CommitKind(str, Enum):
+    """What one Delta commit did to the data of a table."""
+
+    APPEND = "append"  # only added data files
+    CHANGE_DATA = "change_data"  # deletes / updates / merges with a change data feed
+    REWRITE = "rewrite"  # removed data without change data: rows are unknown
+    LAYOUT = "layout"  # compaction, z-order: dataChange=false, no row changed
+    METADATA = "metadata"  # schema, properties or protocol only
+    EMPTY = "empty"  # no file actions at all
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file of a table (data or change data) with what is known of it."""
+
+    uri: str
+    rows: int | None
+    size: int
+    partition_values: tuple[tuple[str, str | None], ...] = ()
+    time_range: Interval | None = None  # None: not known from statistics
+    change_data: bool = False
+    time_nulls: int | None = None  # null event times in the file; None: not known from statistics
+
+
+@dataclass(frozen=True)
+class CommitSummary:
+    """The facts of one commit that the planner needs."""
+
+    version: int
+    timestamp: datetime
+    operation: str
+    kind: CommitKind
+    adds: tuple[DataFile, ...] = ()
+    removes: tuple[DataFile, ...] = ()
+    cdc: tuple[DataFile, ...] = ()
+
+    @property
+    def touched(self) -> tuple[Interval, ...] | None:
+        """Event-time ranges the commit touched; None when some range is unknown."""
+        if self.kind in (CommitKind.LAYOUT, CommitKind.METADATA, CommitKind.EMPTY):
+            return ()
+        files = self.cdc if self.kind is CommitKind.CHANGE_DATA else self.adds + self.removes
+        ranges = [f.time_range for f in files]
+        if any(r is None for r in ranges):
+            return None
+        return tuple(ranges)  # type: ignore[arg-type]
+
+    @property
+    def readable(self) -> tuple[DataFile, ...]:
+        """The files an incremental read of this commit opens (adds of an append, change data)."""
+        if self.kind is CommitKind.CHANGE_DATA:
+            return self.cdc
+        return self.adds if self.kind is CommitKind.APPEND else ()
+
+    @property
+    def rows(self) -> int:
+        files = self.cdc if self.kind is CommitKind.CHANGE_DATA else self.adds
+        return sum(f.rows or 0 for f in files)
+
+
+
+def _parse_stat_time(value) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return to_utc(value)
+    try:
+        return to_utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+    except ValueError:
+        try:  # a date column
+            return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc)
+        except ValueError:
+            return None
+
+
+def stats_interval(lo, hi) -> Interval | None:
+    """The interval of a file's min/max statistics. JSON statistics may be truncated to
+    milliseconds, so the max is widened by 1 ms."""
+    lo_t, hi_t = _parse_stat_time(lo), _parse_stat_time(hi)
+    if lo_t is None or hi_t is None:
+        return None
+    return closed_range(lo_t, hi_t + timedelta(milliseconds=1))
+
+
+def _range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | None, int | None]:
+    if not stats_json:
+        return None, None
+    try:
+        stats = json.loads(stats_json)
+    except ValueError:
+        return None, None
+    rows = stats.get("numRecords")
+    rng = stats_interval((stats.get("minValues") or {}).get(column), (stats.get("maxValues") or {}).get(column))
+    if rng is None and rows is not None and (stats.get("nullCount") or {}).get(column) == rows:
+        # every event time is null: the file touches no window
+        return Interval(datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1, tzinfo=timezone.utc)), rows
+    return rng, rows
+
+
+def _range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | None]:
+    """Event-time range from a Parquet footer (row-group statistics); reads no data pages."""
+    local = local_path(uri)
+    try:
+        if local is not None:
+            meta = pq.read_metadata(local)
+        else:
+            fs, path = pa.fs.FileSystem.from_uri(uri)
+            with fs.open_input_file(path) as fh:
+                meta = pq.read_metadata(fh)
+    except (OSError, pa.ArrowInvalid):
+        return None, None
+    names = meta.schema.names
+    if column not in names:
+        return None, meta.num_rows
+    idx = names.index(column)
+    lo = hi = None
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(idx).statistics
+        if stats is None or not stats.has_min_max:
+            if meta.row_group(i).num_rows and (stats is None or stats.null_count != meta.row_group(i).num_rows):
+                return None, meta.num_rows
+            continue
+        a, b = _parse_stat_time(stats.min), _parse_stat_time(stats.max)
+        if a is None or b is None:
+            return None, meta.num_rows
+        lo = a if lo is None else min(lo, a)
+        hi = b if hi is None else max(hi, b)
+    if lo is None:
+        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+        return Interval(epoch, epoch), meta.num_rows
+    return closed_range(lo, hi), meta.num_rows
+
+
+def _file(root: str, action: dict, column: str | None, *, change_data: bool = False, use_footer: bool = False) -> DataFile:
+    path = unquote(action["path"])
+    uri = path if "://" in path or path.startswith("/") else f"{root}/{path}"
+    if column is None:
+        rows = None
+        try:
+            rows = json.loads(action.get("stats") or "{}").get("numRecords")
+        except ValueError:
+            pass
+        return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0),
+                        partition_values=tuple(sorted((action.get("partitionValues") or {}).items())),
+                        time_range=None, change_data=change_data)
+    rng, rows = _range_from_stats(action.get("stats"), column)
+    if rng is None and use_footer:
+        rng, rows = _range_from_footer(uri, column)
+    pv = tuple(sorted((action.get("partitionValues") or {}).items()))
+    return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
+                    time_range=rng, change_data=change_data, time_nulls=_null_count(action.get("stats"), column))
+
+
+def _null_count(stats_json: str | None, column: str) -> int | None:
+    try:
+        value = (json.loads(stats_json or "{}").get("nullCount") or {}).get(column)
+    except ValueError:
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
+def read_commit(table: str, uri: str, version: int, event_time: str | None) -> CommitSummary | None:
+    """Summarise commit `version`, or None if its log entry no longer exists (log clean-up).
+    `event_time` None: the column's statistics cannot locate rows (every range is unknown).
+    Whether the commit's files still exist is not part of the summary: see `missing_files`."""
+    text = read_log_entry(table, uri, version)
+    if text is None:
+        return None
+    adds, removes, cdc = [], [], []
+    info: dict = {}
+    metadata_changed = protocol_changed = False
+    data_removes = data_adds = layout_only = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info = action["commitInfo"]
+        elif "metaData" in action:
+            metadata_changed = True
+        elif "protocol" in action:
+            protocol_changed = True
+        elif "add" in action:
+            add = action["add"]
+            if add.get("dataChange", True):
+                data_adds += 1
+                adds.append(_file(uri, add, event_time))
+            else:
+                layout_only += 1
+        elif "remove" in action:
+            rem = action["remove"]
+            if rem.get("dataChange", True):
+                data_removes += 1
+                removes.append(_file(uri, rem, event_time, use_footer=True))
+            else:
+                layout_only += 1
+        elif "cdc" in action:
+            cdc.append(_file(uri, action["cdc"], event_time, change_data=True, use_footer=True))
+    if cdc:
+        kind = CommitKind.CHANGE_DATA
+    elif data_removes:
+        kind = CommitKind.REWRITE
+    elif data_adds:
+        kind = CommitKind.APPEND
+    elif layout_only:
+        kind = CommitKind.LAYOUT
+    elif metadata_changed or protocol_changed:
+        kind = CommitKind.METADATA
+    else:
+        kind = CommitKind.EMPTY
+    ts_ms = info.get("timestamp") or 0
+    return CommitSummary(
+        version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc),
+        operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
+        removes=tuple(removes), cdc=tuple(cdc),
+    )
+
+
+def local_path(uri: str) -> str | None:
+    """The filesystem path of a local table URI (plain path or file://), else None."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    if "://" not in uri:
+        return uri
+    return None
+
+
+def file_exists(uri: str) -> bool:
+    local = local_path(uri)
+    if local is not None:
+        return os.path.exists(local)
+    fs, path = pa.fs.FileSystem.from_uri(uri)
+    return fs.get_file_info(path).type != pa.fs.FileType.NotFound
+
+
+def read_log_entry(table: str, uri: str, version: int) -> str | None:
+    """The JSON text of commit `version`, or None when the entry is gone. Any other I/O error is a
+    `SourceError`: an unreadable log is not an expired one."""
+    path = f"{uri}/_delta_log/{version:020d}.json"
+    local = local_path(path)
+    try:
+        if local is not None:
+            with open(local, encoding="utf-8") as fh:
+                return fh.read()
+        fs, fs_path = pa.fs.FileSystem.from_uri(path)
+        with fs.open_input_stream(fs_path) as fh:
+            return fh.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"cannot read commit {version} of '{table}' ({path}): {exc}", table=table,
+                          version=version) from exc
+
+
+def _entry_stamp(uri: str, version: int) -> tuple[float, int]:
+    local = local_path(f"{uri}/_delta_log/{version:020d}.json")
+    try:
+        st = os.stat(local) if local else None
+    except FileNotFoundError:
+        return (0.0, -1)
+    return (st.st_mtime, st.st_size) if st else (0.0, 0)
+
+
+@lru_cache(maxsize=8192)
+def _cached_commit(table: str, uri: str, version: int, event_time: str | None, stamp: tuple) -> CommitSummary | None:
+    return read_commit(table, uri, version, event_time)
+
+
+def commit_summary(table: str, uri: str, version: int, event_time: str | None) -> CommitSummary | None:
+    """`read_commit`, cached while the log entry is unchanged (entries are immutable once written)."""
+    return _cached_commit(table, uri, version, event_time, _entry_stamp(uri, version))
+
+
+def missing_files(commit: CommitSummary) -> list[str]:
+    """Files the commit's incremental read needs that no longer exist (vacuumed). Never cached:
+    a vacuum removes files without touching the log, so a long-lived process must look again."""
+    return [f.uri for f in commit.readable if not file_exists(f.uri)]

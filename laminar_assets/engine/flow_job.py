@@ -1,0 +1,260 @@
+"""One Spark pass over every partition a flow run touches: partial states, merge, state and sink.
+
+    read      every needed file once (reading.py), rows tagged with their role
+    partial   one aggregation: signed partial states per (partition, window, keys)
+    merge     with the old state of the touched partitions only, minus refilled windows
+    state     one Spark job writes the merged state, one file per partition; one Delta commit
+    sink      one Spark job finalizes the same (cached) merged state; one Delta commit
+
+Run metrics come from the same jobs (`DataFrame.observe`), not from extra ones. The
+state is re-read only when a crashed run is recovered (`rederive_sinks`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+from deltalake import DeltaTable
+
+from . import quarantine as qr
+from .aggregates import EVENT_TS, ROWS, SIGN, implementation, implementations, q
+from .delta_source import snapshot_files, table_info
+from .delta_write import replace_ranges
+from .inputs import RunInputs
+from .layout import RunContext
+from .plan import PartitionPlan
+from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
+from .reading import PART, keep, prepare, read_rows, read_set, with_partition
+from .spark_io import read_files, stage
+from .spec import FlowSpec
+from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_interval, \
+    partition_key, partition_key_column
+
+WS, WE = "window_start", "window_end"
+
+
+class PrecisionLost(Exception):
+    """Windows whose float state a retraction left untrustworthy: {partition: window-start ranges}."""
+
+    def __init__(self, windows: dict[str, tuple[Interval, ...]]) -> None:
+        super().__init__(f"precision lost in {sum(len(w) for w in windows.values())} window(s)")
+        self.windows = windows
+
+
+@dataclass
+class PassResult:
+    """What one pass measured, per partition; `state_rows`/`sink_rows` are the pass's totals."""
+
+    metrics: dict[str, dict] = field(default_factory=dict)
+    quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
+    state_rows: int = 0
+    sink_rows: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # read (the first Spark job), state, write
+
+
+def state_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs) -> DataFrame:
+    """The merged state the plans produce, lazily (what a run writes; what `explain` prints)."""
+    copies, _reads = _copies(ctx, spec, plans, inputs)
+    partial, impls = _partial(spec, copies)
+    return _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)
+
+
+def recompute(ctx: RunContext, spec: FlowSpec, plan: PartitionPlan, inputs: RunInputs) -> DataFrame:
+    """Sink rows of a refill plan's windows, from the snapshot alone (the equivalence check)."""
+    return finalize(spec, state_query(ctx, spec, [plan], inputs)).drop(PART)
+
+
+def finalize(spec: FlowSpec, state: DataFrame) -> DataFrame:
+    """Sink rows (business columns, plus `__p` when the state has it) from state rows."""
+    impls = [implementation(a) for a in spec.aggregates]
+    extra = [PART] if PART in state.columns else []
+    out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls])
+    for name, expr in spec.post:
+        out = out.withColumn(name, F.expr(expr))
+    return out
+
+
+def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
+             inputs: RunInputs, run_id: str) -> PassResult:
+    """Carry out `plans` (sharing target versions and input schema) in one pass; raises
+    `PrecisionLost` before committing anything when a window must be recomputed instead."""
+    out = PassResult()
+    keys = [p.partition for p in plans]
+    copies, reads = _copies(ctx, spec, plans, inputs)
+    partial, impls = _partial(spec, copies)
+    reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
+    partial = partial.observe(reads_obs, *_read_metrics(spec, plans if per_part else []))
+    merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)
+    lost = F.lit(False)
+    for impl in impls:
+        cond = impl.lost_expr() if ctx.options.precision_guard else None
+        if cond is not None:
+            lost = lost | F.coalesce(F.expr(cond), F.lit(False))
+    merge_obs = Observation()
+    merged = merged.withColumn("__lost", lost).observe(merge_obs, F.sum(F.col("__lost").cast("int")).alias("lost"))
+    merged = merged.persist()
+    try:
+        t0 = time.perf_counter()
+        state_uri = ctx.layout.state_uri(spec, inputs.input_schema)
+        staged = stage(merged.drop("__lost"), state_uri, run_id, by=PART)  # Spark job: read, merge, write
+        if merge_obs.get.get("lost"):
+            staged.discard()
+            raise PrecisionLost(_lost_windows(spec, merged))
+        _collect_metrics(out, reads_obs.get, plans, per_part)
+        for k in keys:
+            out.metrics[k].update(files_read=reads.files.get(k, 0), bytes_read=reads.bytes.get(k, 0))
+        if any(m.get("rows_rejected") for m in out.metrics.values()):
+            counts = _quarantine(ctx, spec, copies, run_id)
+            for k in keys:
+                out.quarantined[k] = counts.get(k, {})
+        ctx.hook("after_read")
+        t1 = time.perf_counter()
+        txns = [(ctx.layout.app_id(spec, k), seqs[k]) for k in keys]
+        meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": ",".join(keys),
+                "laminar.mode": ",".join(sorted({p.mode.value for p in plans}))}
+        ranges = [p.interval for p in plans]
+        out.state_rows = replace_ranges(ctx.spark, staged, table_uri=state_uri, column=WS, ranges=ranges,
+                                        transactions=txns, metadata=meta, run_id=run_id)
+        ctx.hook("after_state_commit")
+        t2 = time.perf_counter()
+        sink = stage(finalize(spec, merged), ctx.layout.sink_uri(spec), run_id + "-sink",
+                     by=PART)  # Spark job: from the cached merged state
+        out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
+                                       transactions=txns, metadata=meta, run_id=run_id + "-sink",
+                                       reset_on_schema_change=True)
+        out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
+        ctx.hook("after_sink_commit")
+    finally:
+        merged.unpersist()
+    return out
+
+
+def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, dict]], run_id: str) -> None:
+    """Recovery: finalize the committed state of partitions whose sink commit did not land
+    (items: partition, seq, input schema) into the sink, with their app transactions."""
+    for schema_key in {tuple(sorted(s.items())) for _, _, s in items}:
+        group = [(k, seq) for k, seq, s in items if tuple(sorted(s.items())) == schema_key]
+        state = read_state(ctx, spec, [k for k, _ in group], dict(schema_key))
+        if state is None:
+            continue
+        sink = stage(finalize(spec, with_partition(state, spec, WS)).repartition(PART), ctx.layout.sink_uri(spec),
+                     run_id + "-sink", by=PART)
+        replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS,
+                       ranges=[partition_interval(k, spec.granularity) for k, _ in group],
+                       transactions=[(ctx.layout.app_id(spec, k), seq) for k, seq in group],
+                       metadata={"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.recovered": "true"},
+                       run_id=run_id + "-sink", reset_on_schema_change=True)
+
+
+def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:
+    """The committed state rows of `keys` (only their files are read)."""
+    uri = ctx.layout.state_uri(spec, input_schema)
+    if not keys or not DeltaTable.is_deltatable(uri):
+        return None
+    parts = [partition_interval(k, spec.granularity) for k in keys]
+    info = table_info(f"{spec.name} state", uri)
+    df = read_files(ctx.spark, snapshot_files(info, WS, parts), info.schema, info.partition_columns)
+    return df.where(in_ranges(WS, parts))
+
+
+def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs):
+    """Every row the plans read, once per window holding it, kept only where it counts (lazy)."""
+    reads = read_set(spec, plans, inputs)
+    rows = prepare(spec, read_rows(ctx.spark, spec, reads, inputs)).where(qr.assigned(spec))
+    copies = with_partition(assign_windows(rows, EVENT_TS, spec.shape), spec, WS)
+    # `__primary` marks the copy in the row's own partition (its latest window); `__first` the latest
+    # copy within each partition the row reaches, so every partition counts the rows it read once.
+    slide_us = int(spec.shape.slide.total_seconds() * 1_000_000)
+    copies = copies.withColumn("__later", F.timestamp_micros(F.unix_micros(F.col(WS)) + F.lit(slide_us)))
+    first = F.col("__primary") | (partition_id_column("__later", spec.granularity) != F.col(PART))
+    copies = copies.withColumn("__first", first).drop("__later")
+    return copies.where(keep(spec, plans, WS)), reads
+
+
+def _partial(spec: FlowSpec, copies: DataFrame):
+    """Signed partial states per (partition, window, keys, sign, broken rule): one aggregation."""
+    impls = implementations(spec, copies.schema)
+    rejected = f"{RULE} IS NOT NULL AND {SIGN} > 0 AND __primary"
+    partial = copies.groupBy(PART, WS, WE, *spec.keys, SIGN, RULE).agg(
+        F.expr("sum(CASE WHEN __first THEN 1 ELSE 0 END) AS __in_rows"),
+        F.expr(f"sum(CASE WHEN {rejected} THEN 1 ELSE 0 END) AS __rejected"),
+        F.expr(f"{SIGN} * count(1) AS {ROWS}"),
+        *[F.expr(e) for impl in impls for e in impl.partial()],
+    )
+    return partial, impls
+
+
+def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: DataFrame, impls,
+           inputs: RunInputs) -> DataFrame:
+    """Old state of the plans' partitions (minus the windows they refill) merged with `good` partials."""
+    group = [PART, WS, WE, *spec.keys]
+    state_cols = [c for impl in impls for c in impl.state_columns]
+    combined = good.select(*group, ROWS, *state_cols)
+    kept = [p.partition for p in plans if not p.refill_all]
+    old = read_state(ctx, spec, kept, inputs.input_schema)
+    if old is not None:
+        refilled = in_ranges(WS, [r for p in plans for r in p.refill])
+        old = with_partition(old, spec, WS).where(~refilled)
+        combined = old.select(*group, ROWS, *state_cols).unionByName(combined)
+    # Hash-partitioned by partition number: the merge needs no further shuffle, and each partition's
+    # rows end up in one task, so the writes lay out one file per partition.
+    combined = combined.repartition(PART)
+    extra = [e for impl in impls for e in impl.pre_merge_exprs(group)]
+    if extra:
+        combined = combined.selectExpr("*", *extra)
+    merged = combined.groupBy(*group).agg(F.expr(f"sum({ROWS}) AS {ROWS}"), *[F.expr(e) for i in impls for e in i.merge()])
+    return merged.where(F.col(ROWS) != 0)
+
+
+def _read_metrics(spec: FlowSpec, plans: list[PartitionPlan]) -> list:
+    """Aggregates over partial states: totals, and per partition when `plans` is given."""
+    good = F.col(RULE).isNull()
+
+    def four(cond, suffix):
+        return [F.sum(F.when(cond, F.col("__in_rows"))).alias(f"rows{suffix}"),
+                F.sum(F.when(cond, F.col("__rejected"))).alias(f"rejected{suffix}"),
+                F.sum(F.when(cond & (F.col(SIGN) < 0), F.col("__in_rows"))).alias(f"retracted{suffix}"),
+                F.count(F.when(cond & good, F.lit(1))).alias(f"groups{suffix}"),
+                F.approx_count_distinct(F.when(cond & good, F.col(WS)), 0.01).alias(f"windows{suffix}")]
+
+    out = four(F.lit(True), "")
+    for p in plans:
+        out += four(F.col(PART) == F.lit(partition_id(p.partition, spec.granularity)), f"@{p.partition}")
+    return out
+
+
+def _collect_metrics(out: PassResult, row: dict, plans: list[PartitionPlan], per_part: bool) -> None:
+    names = {"rows": "rows_read", "rejected": "rows_rejected", "retracted": "rows_retracted",
+             "groups": "partial_groups", "windows": "windows_touched"}
+    for i, p in enumerate(plans):
+        if per_part:
+            out.metrics[p.partition] = {v: int(row.get(f"{k}@{p.partition}") or 0) for k, v in names.items()}
+        else:  # too many partitions for a breakdown: the pass's totals go on the first one
+            out.metrics[p.partition] = {v: int(row.get(k) or 0) if i == 0 else 0 for k, v in names.items()}
+
+
+def _lost_windows(spec: FlowSpec, merged: DataFrame) -> dict[str, tuple[Interval, ...]]:
+    rows = merged.where("__lost").select(WS).distinct().collect()  # a job only when precision was lost
+    out: dict[str, list[Interval]] = {}
+    for r in rows:
+        iv = Interval(r[WS], r[WS] + spec.shape.slide)
+        out.setdefault(partition_key(iv.start, spec.granularity), []).append(iv)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _quarantine(ctx: RunContext, spec: FlowSpec, copies: DataFrame, run_id: str) -> dict[str, dict[str, int]]:
+    """Append the rows that broke a rule (each in its own partition's copy) to their sources'
+    quarantine tables; returns the new rows by partition and rule."""
+    rejected = copies.where(F.col("__primary") & F.col(RULE).isNotNull() & (F.col(SIGN) > 0))
+    rejected = rejected.withColumn(PARTITION_KEY, partition_key_column(EVENT_TS, spec.granularity))
+    counts: dict[str, dict[str, int]] = {}
+    for src in spec.sources:
+        mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
+        for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
+                                       run_id=run_id).items():
+            for rule, n in by_rule.items():
+                counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
+    return counts

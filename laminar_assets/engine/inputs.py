@@ -1,0 +1,103 @@
+"""A run's inputs, gathered once: each source opened once, its log read once, its schema checked.
+
+Partitions of one run may have watermarks at different versions; the log is read
+from the oldest and every partition plans from its own slice (`SourceHistory.after`).
+`inspect`, `report` and `explain` plan from the same inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from laminar_assets.checkpoints import Watermark
+from laminar_assets.errors import LaminarError
+
+from .delta_source import DataFile, SourceHistory, TableInfo, snapshot_files, source_history, table_info
+from .layout import Layout
+from .planner import PlannerInput
+from .spec import FlowSpec, StageSpec
+from .windows import partition_interval, share_inside
+
+Spec = FlowSpec | StageSpec
+
+
+@dataclass
+class RunInputs:
+    """Sources at their latest version, their history since the run's oldest watermark, dimensions,
+    and the types of the columns the spec reads."""
+
+    infos: dict[str, TableInfo]
+    histories: dict[str, SourceHistory]
+    dims: dict[str, TableInfo]
+    input_schema: dict[str, str]
+    _snapshots: dict[tuple, list[DataFile]] = field(default_factory=dict, repr=False)
+
+    def histories_after(self, mark: Watermark | None) -> dict[str, SourceHistory]:
+        if mark is None or not mark.committed:
+            return dict(self.histories)
+        return {src: h.after(mark.source_versions.get(src)) for src, h in self.histories.items()}
+
+    def snapshot(self, spec: Spec, source: str, version: int) -> list[DataFile]:
+        """Every data file of `source` at `version` with its event-time range (listed once per run)."""
+        key = (source, version)
+        if key not in self._snapshots:
+            info = self.infos[source]
+            if info.version != version:
+                info = table_info(source, info.uri, version)
+            self._snapshots[key] = snapshot_files(info, spec.event_time)
+        return self._snapshots[key]
+
+    def snapshot_info(self, source: str, version: int) -> TableInfo:
+        info = self.infos[source]
+        return info if info.version == version else table_info(source, info.uri, version)
+
+
+def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema) -> RunInputs:
+    """Open every source and dimension once at its latest version, check the spec against each
+    source's schema (`check_schema(info) -> column types`) and read the log once from the oldest
+    watermark among `marks` (all of it is needed when a partition has none)."""
+    marks = list(marks)
+    infos, histories, schema = {}, {}, {}
+    for src in spec.sources:
+        info = table_info(src, layout.table_uri(src))
+        for col, typ in check_schema(info).items():
+            if col in schema and schema[col] != typ:
+                raise LaminarError(f"sources of '{spec.name}' disagree on the type of {col!r}: "
+                                   f"{schema[col]} vs {typ} in '{src}'", flow=spec.name, table=src, column=col)
+            schema[col] = typ
+        infos[src] = info
+        since = [m.source_versions.get(src) if (m is not None and m.committed) else None for m in marks]
+        oldest = None if (not since or any(v is None for v in since)) else min(since)
+        if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
+            oldest = info.version
+        histories[src] = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info)
+    dims = {}
+    if isinstance(spec, StageSpec):
+        for join in spec.joins:
+            dims[join.table] = table_info(join.table, layout.table_uri(join.table))
+    return RunInputs(infos, histories, dims, schema)
+
+
+def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: RunInputs, *, force: bool = False,
+                  escalation=None, escalation_scope=None, partition_bytes: dict[str, int] | None = None,
+                  refill_ratio: float | None = None, refill_min_bytes: int = 0) -> PlannerInput:
+    return PlannerInput(
+        spec=spec, partition=partition, watermark=mark, histories=inputs.histories_after(mark),
+        dimension_versions={d: i.version for d, i in inputs.dims.items()},
+        input_schema=inputs.input_schema, force=force, escalation=escalation, escalation_scope=escalation_scope,
+        partition_bytes=partition_bytes, refill_ratio=refill_ratio, refill_min_bytes=refill_min_bytes,
+    )
+
+
+def partition_bytes(spec: Spec, inputs: RunInputs, partition: str, to_versions: dict[str, int]) -> dict[str, int]:
+    """Estimated bytes of the snapshot rows a refill of the partition would read, per source:
+    each overlapping file's size, times the share of its event-time range inside the needed range."""
+    from .planner import needed_events
+
+    needed = needed_events(spec, partition_interval(partition, spec.granularity))
+    out = {}
+    for src in spec.sources:
+        out[src] = int(sum(share_inside(f.time_range, needed) * f.size
+                           for f in inputs.snapshot(spec, src, to_versions[src])))
+    return out

@@ -1,0 +1,46 @@
+"""The one table of aggregate kinds: what each kind needs and whether it can retract.
+
+Specs validate against it, the planner asks it which aggregates cannot retract, and
+`aggregates.py` maps each kind to its Spark implementation. It imports nothing from
+the engine, so every module can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Facts about one aggregate kind."""
+
+    name: str
+    retractable: bool  # a deleted row can be subtracted from the state
+    needs_column: bool = True
+    numeric: bool = False  # the input column must be numeric
+    exact: bool = True  # False for sketches (estimates within the sketch's error bound)
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("count", retractable=True, needs_column=False),
+    Kind("sum", retractable=True, numeric=True),
+    Kind("avg", retractable=True, numeric=True),
+    Kind("var_samp", retractable=True, numeric=True),
+    Kind("stddev_samp", retractable=True, numeric=True),
+    Kind("min", retractable=False),
+    Kind("max", retractable=False),
+    Kind("first", retractable=False),
+    Kind("last", retractable=False),
+    Kind("approx_count_distinct", retractable=False, exact=False),
+    Kind("approx_percentile", retractable=False, numeric=True, exact=False),
+    Kind("count_distinct", retractable=False),
+    Kind("min_by", retractable=False),
+    Kind("max_by", retractable=False),
+    Kind("top_k", retractable=False),
+    Kind("approx_top_k", retractable=False, exact=False),
+)}
+
+
+def kind(name: str) -> Kind:
+    """The kind called `name`; KeyError if there is none (specs check names when built)."""
+    return KINDS[name]

@@ -1,0 +1,88 @@
+"""Where a run's tables live, the options a run follows, and the context run modules share.
+
+Layout under the storage root:
+    <root>/<table>                                    sources, stage outputs and sinks (or absolute URIs)
+    <root>/_laminar/state/<flow>/<spec hash>-<schema>  state of one spec over one input schema
+    <root>/_laminar/quarantine/<source>                rows that broke a rule
+    <root>/_laminar/checkpoints, locks, sweeps          see checkpoints/store.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from .delta_source import resolve_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from laminar_assets.checkpoints import CheckpointStore
+
+Hook = Callable[[str], None]
+# Moments a run passes through, in order; tests crash or kill a run at each of them.
+STEPS = ("after_intent", "after_read", "after_state_commit", "after_sink_commit", "after_first_watermark",
+         "after_watermark")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How runs choose and guard their work (keyword options of `Engine`)."""
+
+    # Refill a partition instead of merging when its changed bytes are at least this share of its bytes
+    # (reason REFILL_CHEAPER); None never chooses refill for cost. Measured in bench/ (see README).
+    refill_ratio: float | None = 0.5
+    # ... but only for partitions of at least this many bytes: below it a run's cost is Spark job
+    # latency either way, and a stable reason is worth more than a few kilobytes read.
+    refill_min_bytes: int = 16 * 1024 * 1024
+    # Recompute windows whose float state lost precision to a retraction (reason PRECISION_LOSS).
+    # Turning it off exists only so tests can show that the equivalence check catches such a window.
+    precision_guard: bool = True
+    # Per-partition metrics are computed for runs of at most this many partitions; larger runs
+    # report their totals on the first partition (`batch_partitions` says how many shared them).
+    metrics_partitions: int = 64
+    lease_seconds: float = 6 * 3600
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths and Delta app-transaction ids under one storage root."""
+
+    root: str
+
+    def table_uri(self, name: str) -> str:
+        return resolve_uri(self.root, name)
+
+    def sink_uri(self, spec) -> str:
+        return self.table_uri(spec.sink)
+
+    def state_uri(self, spec, input_schema: dict[str, str]) -> str:
+        """State of one spec over one input schema: a compatible type change (SCHEMA_CHANGED) refills
+        into a fresh table instead of clashing with the old state's column types."""
+        schema = hashlib.sha256(json.dumps(sorted(input_schema.items())).encode()).hexdigest()[:8]
+        return f"{self.root}/_laminar/state/{spec.name}/{spec.spec_hash}-{schema}"
+
+    def quarantine_uri(self, source: str) -> str:
+        return f"{self.root}/_laminar/quarantine/{os.path.basename(source.rstrip('/'))}"
+
+    def guard_uri(self, spec, input_schema: dict[str, str]) -> str:
+        """The table whose app transaction says whether a run's first commit landed."""
+        return self.state_uri(spec, input_schema) if spec.kind == "flow" else self.sink_uri(spec)
+
+    @staticmethod
+    def app_id(spec, partition: str) -> str:
+        return f"laminar/{spec.name}/{partition}"
+
+
+@dataclass
+class RunContext:
+    """What every module of a run's data path needs: Spark, the layout, the watermark store, options."""
+
+    spark: "SparkSession"
+    layout: Layout
+    store: "CheckpointStore"
+    options: EngineOptions = field(default_factory=EngineOptions)
+    hook: Hook = field(default=lambda step: None)

@@ -1,0 +1,195 @@
+"""Which files a run reads, and its source rows, each file read once for every partition of the run.
+
+A run's partitions may need the same file in different roles: partition A merges
+the rows commit v appended (an incremental read), partition B recomputes windows
+from the pinned snapshot (a refill), and the appended file is in both. Files are
+grouped by role (commit version, in the snapshot or not, change data or not) and
+each group is one Parquet scan whose rows carry their role as columns:
+
+    __src   the source table            __dver  the commit version of a changed-rows file, else NULL
+    __snap  the file is in the snapshot  __sign  +1, or -1 for deleted rows / update pre-images
+    __src_version  the version a row was read at (commit or snapshot), for the quarantine
+
+`keep(...)` then decides per row (per window copy, for hopping windows) whether the
+row counts for the partition its window falls in: rows in a refilled window count
+when they come from the snapshot, other rows when their commit is one the
+partition merges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from . import quarantine as qr
+from .aggregates import EVENT_TS, SIGN
+from .delta_log import CommitKind, DataFile
+from .inputs import RunInputs
+from .plan import PartitionPlan
+from .quarantine import ROW, RULE, VERSION
+from .spark_io import CHANGE_TYPE, read_files
+from .spec import FlowSpec, StageSpec
+from .validate import event_time_column
+from .windows import Interval, coalesce, in_ranges, partition_id, partition_id_column
+
+SRC, DVER, SNAP, PART = "__src", "__dver", "__snap", "__p"
+_SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
+
+
+@dataclass(frozen=True)
+class FileGroup:
+    """Files of one source read in one scan, all in the same role."""
+
+    source: str
+    files: tuple[DataFile, ...]
+    version: int | None  # commit version of changed rows; None for snapshot-only files
+    snapshot: bool  # the files are in the pinned snapshot the refills read
+    change_data: bool = False
+    read_version: int | None = None  # version recorded with the rows (the snapshot's, for snapshot files)
+
+
+@dataclass
+class ReadSet:
+    """Every file a run reads, grouped by role, and what each partition needed of them."""
+
+    groups: list[FileGroup] = field(default_factory=list)
+    files: dict[str, int] = field(default_factory=dict)  # per partition: files overlapping its needed range
+    bytes: dict[str, int] = field(default_factory=dict)
+    needed: list[Interval] = field(default_factory=list)  # event times any partition needs
+
+    @property
+    def empty(self) -> bool:
+        return not any(g.files for g in self.groups)
+
+
+def refill_events(spec, plan: PartitionPlan) -> list[Interval]:
+    """Event times a refill of the plan reads: the events of its window starts (flows), or the
+    whole partition (stages dedup within the partition, so they recompute all of it)."""
+    if not plan.refill:
+        return []
+    if isinstance(spec, StageSpec):
+        return [plan.interval]
+    return [spec.shape.events_of_starts(r) for r in plan.refill]
+
+
+def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:
+    """The files `plans` need (they share target versions), grouped by role."""
+    out = ReadSet(needed=list(coalesce(p.needed for p in plans)))
+    for src in spec.sources:
+        commits = {c.version: c for c in inputs.histories[src].commits}
+        delta: dict[str, tuple[DataFile, int]] = {}
+        for plan in plans:
+            for v in plan.incremental_versions.get(src, ()):
+                for f in commits[v].readable:
+                    if f.time_range is None or f.time_range.overlaps(plan.needed):
+                        delta[f.uri] = (f, v)
+        events = [e for plan in plans for e in refill_events(spec, plan)]
+        snap: dict[str, DataFile] = {}
+        snap_version = None
+        if events:
+            snap_version = plans[0].to_versions[src]
+            for f in inputs.snapshot(spec, src, snap_version):
+                if f.time_range is None or any(f.time_range.overlaps(e) for e in events):
+                    snap[f.uri] = f
+        by_role: dict[tuple, list[DataFile]] = {}
+        for uri, (f, v) in delta.items():
+            by_role.setdefault((v, uri in snap, f.change_data), []).append(f)
+        for uri, f in snap.items():
+            if uri not in delta:
+                by_role.setdefault((None, True, False), []).append(f)
+        for (v, in_snap, cdc), files in sorted(by_role.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0)):
+            out.groups.append(FileGroup(src, tuple(files), v, in_snap, cdc, v if v is not None else snap_version))
+        for plan in plans:
+            mine = [f for f in [*(f for f, _ in delta.values()), *snap.values()]
+                    if f.time_range is None or f.time_range.overlaps(plan.needed)]
+            out.files[plan.partition] = out.files.get(plan.partition, 0) + len(mine)
+            out.bytes[plan.partition] = out.bytes.get(plan.partition, 0) + sum(f.size for f in mine)
+    return out
+
+
+def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> DataFrame:
+    """The rows of every file group, with their role columns (one lazy frame; no job runs)."""
+    frames = []
+    for g in reads.groups:
+        info = inputs.infos[g.source]
+        df = read_files(spark, list(g.files), info.schema, info.partition_columns, change_data=g.change_data)
+        if g.change_data:
+            sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
+            df = df.withColumn(SIGN, sign).where(F.col(SIGN) != 0).drop(CHANGE_TYPE)
+        else:
+            df = df.withColumn(SIGN, F.lit(1))
+        in_range = _event_range_filter(spec, info.schema, reads.needed)
+        if in_range is not None:
+            df = df.where(in_range)  # pushed down to Parquet row groups
+        frames.append(df.withColumn(SRC, F.lit(g.source)).withColumn(DVER, F.lit(g.version).cast("long"))
+                      .withColumn(SNAP, F.lit(g.snapshot)).withColumn(VERSION, F.lit(g.read_version).cast("long")))
+    if not frames:  # nothing to read: an empty frame still gives the state its schema
+        info = inputs.infos[spec.sources[0]]
+        df = read_files(spark, [], info.schema, info.partition_columns)
+        frames.append(df.withColumn(SIGN, F.lit(1)).withColumn(SRC, F.lit(spec.sources[0]))
+                      .withColumn(DVER, F.lit(None).cast("long")).withColumn(SNAP, F.lit(False))
+                      .withColumn(VERSION, F.lit(None).cast("long")))
+    out = frames[0]
+    for df in frames[1:]:
+        out = out.unionByName(df)
+    return out
+
+
+def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval]) -> Column | None:
+    """`ts in needed` on the raw event-time column when it is a UTC timestamp (rows without one
+    belong to the sweep); None when the column is derived or not a timestamp."""
+    if spec.event_time not in schema.names or spec.event_time in dict(spec.derived) or not needed:
+        return None
+    typ = schema.field(spec.event_time).type
+    if not (pa.types.is_timestamp(typ) and typ.tz is not None):
+        return None
+    return in_ranges(spec.event_time, needed)
+
+
+def prepare(spec, frame: DataFrame) -> DataFrame:
+    """Source rows with the event time (EVENT_TS), the first rule each breaks (RULE) and the original
+    row (ROW). Rows breaking a rule pass the spec's filter so they reach the quarantine."""
+    raw = [c for c in frame.columns if not c.startswith("__")]
+    rule = F.lit(None).cast("string")
+    for src in dict.fromkeys(spec.sources):  # the rules of each row's own source
+        rule = F.when(F.col(SRC) == F.lit(src), qr.declared_rule(spec, src)).otherwise(rule)
+    df = frame.withColumn(ROW, qr.original_row(raw)).withColumn(RULE, rule)
+    for name, expr in spec.derived:  # not evaluated on broken rows (ANSI errors, e.g. x / 0)
+        df = df.withColumn(name, F.when(F.col(RULE).isNull(), F.expr(expr)))
+    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+    df = df.withColumn(RULE, F.coalesce(F.col(RULE), qr.key_rule(spec)))
+    if spec.filter:  # the filter picks among good rows; broken ones go on to the quarantine
+        df = df.where(F.expr(spec.filter) | F.col(RULE).isNotNull() | ~qr.assigned(spec))
+    return df
+
+
+def keep(spec, plans: list[PartitionPlan], at: str) -> Column:
+    """Whether a row counts for the partition holding timestamp column `at` (the window start of a
+    flow's row copy, a stage row's event time); rows of partitions outside `plans` never count."""
+    refilled = in_ranges(at, [r for p in plans for r in (p.refill if isinstance(spec, FlowSpec) else
+                                                      ([p.interval] if p.refill else []))])
+    groups: dict[tuple, list[int]] = {}
+    for p in plans:
+        versions = tuple(sorted((s, tuple(v)) for s, v in p.incremental_versions.items() if v))
+        if versions:
+            groups.setdefault(versions, []).append(partition_id(p.partition, spec.granularity))
+    merged = F.lit(False)
+    part = partition_id_column(at, spec.granularity)
+    for versions, ids in groups.items():
+        by_commit = F.lit(False)
+        for src, vs in versions:
+            by_commit = by_commit | ((F.col(SRC) == F.lit(src)) & F.col(DVER).isin(*vs))
+        merged = merged | (part.isin(*ids) & by_commit)
+    return F.when(refilled, F.col(SNAP)).otherwise(merged)
+
+
+def with_partition(df: DataFrame, spec, at: str) -> DataFrame:
+    """Add `__p`, the partition number of timestamp column `at` (files are laid out by it)."""
+    return df.withColumn(PART, partition_id_column(at, spec.granularity))
+
+
+def is_delta(kind: CommitKind) -> bool:
+    return kind in (CommitKind.APPEND, CommitKind.CHANGE_DATA)

@@ -1,0 +1,250 @@
+"""One Spark pass over every partition a stage run touches: rows, dedup, joins, one commit.
+
+A stage keeps no state: its output table holds its rows. Refilled partitions are
+recomputed whole (dedup is within a partition) and compared with their old rows
+(`EXCEPT ALL` both ways), so the commit carries exact change data and downstream
+retractable flows stay incremental. Appended rows of incremental partitions are
+checked against the rows already kept (dedup); a new row that would replace a kept
+duplicate refills its partition instead (DEDUP_REPLACED_ROW).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, Observation, Window
+from pyspark.sql import functions as F
+
+from . import quarantine as qr
+from .aggregates import EVENT_TS, SIGN
+from .delta_log import local_path
+from .delta_source import snapshot_files, table_info
+from .delta_write import replace_ranges
+from .inputs import RunInputs
+from .layout import RunContext
+from .plan import Mode, PartitionPlan, Reason
+from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
+from .reading import PART, keep, prepare, read_rows, read_set, with_partition
+from .spark_io import CHANGE_TYPE, StagedFiles, arrow_schema_of, nullable, read_files, stage
+from .spec import StageSpec
+from .windows import in_ranges, partition_id, partition_key_column
+
+
+class DedupReplaced(Exception):
+    """Appended rows would replace rows already kept: these partitions must refill."""
+
+    def __init__(self, partitions: list[str]) -> None:
+        super().__init__(f"dedup replaced kept rows in {partitions}")
+        self.partitions = partitions
+
+
+@dataclass
+class PassResult:
+    metrics: dict[str, dict] = field(default_factory=dict)
+    quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # read (rows cached), write (diff and commit)
+
+
+def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs: dict[str, int],
+             inputs: RunInputs, run_id: str) -> PassResult:
+    out = PassResult()
+    reads = read_set(spec, plans, inputs)
+    rows = prepare(spec, read_rows(ctx.spark, spec, reads, inputs)).where(qr.assigned(spec))
+    rows = with_partition(rows, spec, EVENT_TS).where(keep(spec, plans, EVENT_TS))
+    joined = _join_dimensions(ctx, spec, rows, inputs)
+    obs = Observation()
+    rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
+    exprs = []
+    for p in plans:
+        mine = F.col(PART) == F.lit(partition_id(p.partition, spec.granularity))
+        exprs += [F.count(F.when(mine, 1)).alias(f"rows@{p.partition}"),
+                  F.count(F.when(mine & rejected, 1)).alias(f"rejected@{p.partition}")]
+    joined = joined.observe(obs, *exprs).persist()
+    try:
+        t0 = time.perf_counter()
+        joined.count()  # one job: read, join and cache the rows (and fill the observed metrics)
+        counts = obs.get
+        new = _deduped(spec, joined.where(F.col(RULE).isNull()))
+        refill = [p for p in plans if p.mode is Mode.REFILL]
+        incremental = [p for p in plans if p.mode is not Mode.REFILL]
+        new_inc = new.where(_in_partitions(spec, incremental))
+        if incremental and spec.dedup_key:
+            new_inc = _dedup_against_sink(ctx, spec, incremental, new_inc)
+        new_ref = new.where(_in_partitions(spec, refill))
+        for p in plans:
+            out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
+                                        "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
+        if any(m["rows_rejected"] for m in out.metrics.values()):
+            out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id)
+        ctx.hook("after_read")
+        t1 = time.perf_counter()
+        _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out)
+        out.seconds = {"read": t1 - t0, "write": time.perf_counter() - t1}
+    finally:
+        joined.unpersist()
+    ctx.hook("after_state_commit")
+    ctx.hook("after_sink_commit")
+    return out
+
+
+def _join_dimensions(ctx: RunContext, spec: StageSpec, rows: DataFrame, inputs: RunInputs) -> DataFrame:
+    joined = rows
+    for join in spec.joins:
+        info = inputs.dims[join.table]
+        dim = read_files(ctx.spark, snapshot_files(info, None), info.schema, info.partition_columns)
+        dim = dim.select(*join.on, *join.columns).withColumn(f"__m_{join.table}", F.lit(True))
+        joined = joined.join(dim, list(join.on), "left")
+    unmatched = F.lit(None).cast("string")
+    for join in reversed(spec.joins):
+        if join.how == "inner":
+            unmatched = F.when(F.col(f"__m_{join.table}").isNull(), F.lit(f"unmatched_{join.table}")).otherwise(unmatched)
+    return joined.withColumn(RULE, F.coalesce(F.col(RULE), unmatched))
+
+
+def output_columns(spec: StageSpec, columns: list[str]) -> list[str]:
+    """The stage's output columns, given the columns of its joined rows."""
+    if spec.columns:
+        return list(spec.columns)
+    base = [c for c in columns if not c.startswith("__") and c not in {c2 for j in spec.joins for c2 in j.columns}]
+    return base + [c for j in spec.joins for c in j.columns if c not in base]
+
+
+def _order(spec: StageSpec, cols: list[str]) -> list[str]:
+    return [EVENT_TS] + [c for c in cols if c not in spec.dedup_key]
+
+
+def _deduped(spec: StageSpec, good: DataFrame) -> DataFrame:
+    """Output rows (plus `__p` and the event time) with one row per dedup key and partition."""
+    cols = output_columns(spec, good.columns)
+    out = good.select(PART, *cols, EVENT_TS)
+    if spec.dedup_key:
+        w = Window.partitionBy(PART, *spec.dedup_key).orderBy(*_order(spec, cols))
+        out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
+    return out
+
+
+def _in_partitions(spec: StageSpec, plans: list[PartitionPlan]):
+    ids = [partition_id(p.partition, spec.granularity) for p in plans]
+    return F.col(PART).isin(*ids) if ids else F.lit(False)
+
+
+def _sink_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> DataFrame | None:
+    """The rows the output table holds now in the plans' partitions (with `__p` and the event time)."""
+    uri = ctx.layout.sink_uri(spec)
+    if not plans or not DeltaTable.is_deltatable(uri):
+        return None
+    parts = [p.interval for p in plans]
+    info = table_info(spec.sink, uri)
+    files = snapshot_files(info, spec.event_time, parts)
+    if not files:
+        return None
+    from .validate import event_time_column
+
+    df = read_files(ctx.spark, files, info.schema, info.partition_columns)
+    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(in_ranges(EVENT_TS, parts))
+    return with_partition(df, spec, EVENT_TS)
+
+
+def _dedup_against_sink(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame) -> DataFrame:
+    existing = _sink_rows(ctx, spec, plans)
+    if existing is None:
+        return new
+    cols = [c for c in new.columns if c not in (PART, EVENT_TS)]
+    order = _order(spec, cols)
+    key = [PART, *spec.dedup_key]
+    old = existing.select(*key, F.struct(*[F.col(c) for c in order]).alias("__old"))
+    joined = new.withColumn("__new", F.struct(*[F.col(c) for c in order])).join(old, key, "left")
+    lost = joined.where(F.col("__old").isNotNull() & (F.col("__new") < F.col("__old"))).select(PART).distinct().collect()
+    if lost:
+        ids = {r[PART] for r in lost}
+        raise DedupReplaced([p.partition for p in plans if partition_id(p.partition, spec.granularity) in ids])
+    return joined.where(F.col("__old").isNull()).drop("__new", "__old")
+
+
+def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame, new_inc: DataFrame,
+            seqs: dict[str, int], run_id: str, out: PassResult) -> None:
+    uri = ctx.layout.sink_uri(spec)
+    txns = [(ctx.layout.app_id(spec, p.partition), seqs[p.partition]) for p in plans]
+    meta = {"laminar.run_id": run_id, "laminar.flow": spec.name,
+            "laminar.partition": ",".join(p.partition for p in plans)}
+    ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
+    data_cols = [c for c in new_ref.columns if c != EVENT_TS]
+    new_ref, new_inc = new_ref.select(*data_cols), new_inc.select(*data_cols)
+    reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not _schema_matches(uri, new_ref.drop(PART))
+    old = None if reset else _sink_rows(ctx, spec, refill)
+    if old is not None:
+        old = old.select(*data_cols)
+    deleted = old.exceptAll(new_ref).persist() if old is not None else None
+    try:
+        per_part_deleted = {r[PART]: r["n"] for r in deleted.groupBy(PART).agg(F.count(F.lit(1)).alias("n")).collect()} \
+            if deleted is not None else {}
+        inserted = (new_ref.exceptAll(old) if old is not None else new_ref).unionByName(new_inc)
+        ranges = [p.interval for p in refill]
+        if reset or not per_part_deleted:
+            # nothing deleted: a plain commit (readers see the adds as inserts)
+            staged = stage(new_ref if reset else inserted, uri, run_id, by=PART)
+            if reset:
+                staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART))
+            replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges if reset else [],
+                           transactions=txns, metadata=meta, run_id=run_id, append_only=not reset,
+                           reset_on_schema_change=reset)
+            inserted_by = staged.rows_by_partition()
+        else:
+            data = stage(new_ref.unionByName(new_inc), uri, run_id, by=PART)
+            changes = deleted.withColumn(CHANGE_TYPE, F.lit("delete")).unionByName(
+                inserted.withColumn(CHANGE_TYPE, F.lit("insert")))
+            cdc = stage(changes, uri, run_id, by=PART, folder="_change_data/laminar")
+            replace_ranges(ctx.spark, data, table_uri=uri, column=spec.event_time, ranges=ranges, transactions=txns,
+                           metadata=meta, run_id=run_id, change_data=cdc)
+            inserted_by = _inserts_by_partition(uri, cdc)
+            staged = data
+        written = staged.rows_by_partition()
+        for pid, key in ids.items():
+            out.metrics[key].update(sink_rows=written.get(pid, 0), rows_inserted=inserted_by.get(pid, 0),
+                                    rows_deleted=int(per_part_deleted.get(pid, 0)))
+    finally:
+        if deleted is not None:
+            deleted.unpersist()
+
+
+def _with(a: StagedFiles, b: StagedFiles) -> StagedFiles:
+    return StagedFiles(a.adds + b.adds, a.rows + b.rows, a.schema, a.folder)
+
+
+def _inserts_by_partition(uri: str, cdc: StagedFiles) -> dict[int, int]:
+    """Inserted rows per partition in staged change files (only their change-type column is read)."""
+    import os
+    import re
+
+    out: dict[int, int] = {}
+    for a in cdc.adds:
+        match = re.match(r"p-(-?\d+)-", os.path.basename(a.path))
+        types = pq.read_table(os.path.join(local_path(uri), a.path), columns=[CHANGE_TYPE]).column(CHANGE_TYPE)
+        n = sum(1 for t in types.to_pylist() if t == "insert")
+        if match:
+            out[int(match.group(1))] = out.get(int(match.group(1)), 0) + n
+    return out
+
+
+def _schema_matches(uri: str, out: DataFrame) -> bool:
+    if not DeltaTable.is_deltatable(uri):
+        return True
+    current = nullable(pa.schema(DeltaTable(uri).schema().to_arrow()))
+    wanted = nullable(arrow_schema_of(out))
+    return [(f.name, str(f.type)) for f in current] == [(f.name, str(f.type)) for f in wanted]
+
+
+def _quarantine(ctx: RunContext, spec: StageSpec, rejected: DataFrame, run_id: str) -> dict[str, dict[str, int]]:
+    rejected = rejected.withColumn(PARTITION_KEY, partition_key_column(EVENT_TS, spec.granularity))
+    counts: dict[str, dict[str, int]] = {}
+    for src in spec.sources:
+        mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
+        for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
+                                       run_id=run_id).items():
+            for rule, n in by_rule.items():
+                counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
+    return counts
