@@ -15,7 +15,7 @@ from pyspark.sql.types import IntegralType
 from laminar_assets.engine import FlowSpec
 
 
-def _agg(agg, df):
+def aggregate_column(agg, df):
     c = F.col(agg.column) if agg.column else None
     kind = agg.kind
     if kind == "count":
@@ -41,6 +41,19 @@ def _agg(agg, df):
     if kind == "approx_count_distinct":
         integral = isinstance(df.schema[agg.column].dataType, IntegralType)
         return F.hll_sketch_estimate(F.hll_sketch_agg(c.cast("long" if integral else "string"), agg.precision or 12))
+    if kind == "count_distinct":
+        return F.count_distinct(c)
+    if kind in ("min_by", "max_by"):
+        fn = F.min_by if kind == "min_by" else F.max_by
+        by = F.col(agg.by)
+        return fn(c, F.when(by.isNotNull(), F.struct(by, c)))  # ties broken by the value
+    if kind == "top_k":
+        return F.slice(F.sort_array(F.collect_list(c), asc=False), 1, agg.k)
+    if kind == "approx_top_k":  # every item tracked, then most frequent first, ties by item
+        m = agg.precision or 1000
+        order = ("(l, r) -> CASE WHEN l.count > r.count THEN -1 WHEN l.count < r.count THEN 1 "
+                 "WHEN l.item < r.item THEN -1 WHEN l.item > r.item THEN 1 ELSE 0 END")
+        return F.expr(f"slice(array_sort(approx_top_k({agg.column}, {m}, {m}), {order}), 1, {agg.k})")
     if kind == "approx_percentile":
         sk = F.kll_sketch_agg_double(c.cast("double"), agg.precision or 200)
         return F.when(F.count(c) > 0, F.kll_sketch_get_quantile_double(sk, F.lit(agg.quantile)))
@@ -68,7 +81,7 @@ def full_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
     slide = f"{int(spec.shape.slide.total_seconds())} seconds"
     df = df.withColumn("__w", F.window("__t", size, slide))
     out = df.groupBy(F.col("__w.start").alias("window_start"), F.col("__w.end").alias("window_end"), *spec.keys).agg(
-        *[_agg(a, df).alias(a.name) for a in spec.aggregates]
+        *[aggregate_column(a, df).alias(a.name) for a in spec.aggregates]
     )
     for name, expr in spec.post:
         out = out.withColumn(name, F.expr(expr))
@@ -95,6 +108,7 @@ def assert_frames_match(actual: pd.DataFrame, expected: pd.DataFrame, keys, rel:
     assert len(a) == len(e), f"row count {len(a)} != {len(e)}\nactual:\n{a}\nexpected:\n{e}"
     for col in e.columns:
         for i, (x, y) in enumerate(zip(a[col].tolist(), e[col].tolist())):
+            x, y = plain(x), plain(y)
             if _missing(x) and _missing(y):
                 continue
             assert not (_missing(x) or _missing(y)), f"{col} row {i}: {x!r} != {y!r}\n{a.iloc[i]}\n{e.iloc[i]}"
@@ -104,5 +118,18 @@ def assert_frames_match(actual: pd.DataFrame, expected: pd.DataFrame, keys, rel:
                 assert x == y, f"{col} row {i}: {x!r} != {y!r}\n{a.iloc[i]}\n{e.iloc[i]}"
 
 
+def plain(v):
+    """Arrays (top-k values) and structs as plain Python lists and dicts, so they compare with ==."""
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if hasattr(v, "asDict"):
+        return {k: plain(x) for k, x in v.asDict().items()}
+    return v
+
+
 def _missing(v) -> bool:
+    if isinstance(v, (list, dict)):
+        return False
     return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT

@@ -87,28 +87,59 @@ def test_failed_attempt_refills_next_time(spark, lake):
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from laminar_assets.engine import Engine, SparkOptions, build_session
-    from tests.engine.test_crash_safety import RETRACTING, PART
+    from tests.engine.test_crash_safety import RETRACTING, PART, KEYS
     spark = build_session(SparkOptions(master="local[1]", shuffle_partitions=1))
     def hook(step):
         if step == sys.argv[2]:
             os.kill(os.getpid(), signal.SIGKILL)
-    Engine(spark, sys.argv[1], hook=hook).run(RETRACTING, PART)
+    engine = Engine(spark, sys.argv[1], hook=hook)
+    if sys.argv[3] == "many":
+        engine.run_many(RETRACTING, KEYS)
+    else:
+        engine.run(RETRACTING, PART)
 """)
+KEYS = ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00"]
+MORE = [("2024-01-01 00:05:00", "b", 3.0, 2), ("2024-01-01 01:25:00", "a", 4.0, 3), ("2024-01-01 02:45:00", "c", 5.0, 1)]
 
 
-def test_sigkill_after_state_commit_recovers(spark, lake):
-    """A real kill -9 between the state commit and the sink commit: the lease is stale, the run completes."""
-    lake.create("trades", BASE)
-    Engine(spark, lake.root).run(RETRACTING, PART)
-    lake.append("trades", [("2024-01-01 00:05:00", "b", 3.0, 2)])
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, lake.root, "after_state_commit"],
+def _kill_at(lake, step: str, how: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, lake.root, step, how],
                           cwd=os.getcwd(), capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert proc.returncode == -9, proc.stderr[-2000:]
+
+
+def _check_hours(spark, lake, flow, hours: int) -> None:
+    expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
+    if len(expected):
+        starts = __import__("pandas").to_datetime(expected["window_start"], utc=True)
+        expected = expected[(starts >= "2024-01-01 00:00:00+00:00") &
+                            (starts < f"2024-01-01 {hours:02d}:00:00+00:00")].reset_index(drop=True)
+    assert_frames_match(lake.read(flow.sink), expected, flow.keys)
+
+
+# Real kills (kill -9 of the process) pinned to each commit step: after the state commit, after the
+# sink commit (before any watermark), and between the watermarks of a multi-partition run.
+@pytest.mark.parametrize("how,step", [("one", "after_state_commit"), ("one", "after_sink_commit"),
+                                      ("many", "after_state_commit"), ("many", "after_sink_commit"),
+                                      ("many", "after_first_watermark")])
+def test_sigkill_at_a_commit_step_then_a_rerun_equals_a_clean_run(spark, lake, how, step):
+    lake.create("trades", BASE + MORE[1:])
+    keys = KEYS if how == "many" else [PART]
+    Engine(spark, lake.root).run_many(RETRACTING, keys)
+    lake.append("trades", MORE[:1] + [("2024-01-01 02:50:00", "a", 6.0, 2)])
+    lake.delete("trades", "qty = 3")
+    _kill_at(lake, step, how)
     lock = os.path.join(lake.root, "_laminar", "locks", "vol", "2024-01-01-00-00.lock")
     assert os.path.exists(lock)  # the dead run still "holds" the partition
-    mark = json.load(open(os.path.join(lake.root, "_laminar", "checkpoints", "vol", "2024-01-01-00-00.json")))
-    assert mark["pending"] is not None
-    result = Engine(spark, lake.root).run(RETRACTING, PART)
-    assert result.mode is Mode.NOOP  # recovery finished the killed run; nothing new to do
-    _check(spark, lake, RETRACTING)
+    marks = [json.load(open(os.path.join(lake.root, "_laminar", "checkpoints", "vol", k.replace(":", "-") + ".json")))
+             for k in keys]
+    pending = [m["pending"] is not None for m in marks]
+    assert pending == ([False] + [True] * (len(keys) - 1) if step == "after_first_watermark" else [True] * len(keys))
+    results = Engine(spark, lake.root).run_many(RETRACTING, keys)
+    # recovery finished the killed run from its committed state; nothing was left to do
+    assert {r.mode for r in results} == {Mode.NOOP}
+    _check_hours(spark, lake, RETRACTING, len(keys))
+    lake.append("trades", [("2024-01-01 00:59:00", "a", 7.0, 1)])  # and later changes apply exactly once
+    Engine(spark, lake.root).run_many(RETRACTING, keys)
+    _check_hours(spark, lake, RETRACTING, len(keys))

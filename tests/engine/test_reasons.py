@@ -211,3 +211,20 @@ def test_deleted_watermark_file_refills_instead_of_wedging(spark, lake, engine):
     assert r.reason is Reason.NO_WATERMARK
     assert engine.run(sums(), PART).reason is Reason.NO_NEW_VERSIONS
     check(spark, lake, sums())
+
+
+def test_vacuum_seen_by_a_long_lived_engine_refills_instead_of_failing(spark, lake, engine):
+    """A vacuum deletes data files and touches no log entry: a process that already summarised the
+    commit must still see that its files are gone (CHECKPOINT_EXPIRED), with no failed run first."""
+    lake.create("trades", [("2024-01-01 00:10:00", "a", 1.0, 1), ("2024-01-01 01:10:00", "a", 2.0, 2)])
+    hour0, hour1 = PART, "2024-01-01-01:00"
+    engine.run_many(sums(), [hour0, hour1])
+    lake.append("trades", [("2024-01-01 00:20:00", "b", 3.0, 3), ("2024-01-01 01:20:00", "b", 4.0, 4)])
+    assert engine.run(sums(), hour0).reason is Reason.APPEND_ONLY  # v1's summary is now cached
+    lake.compact("trades")
+    lake.table("trades").vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    plan = engine.plan(sums(), hour1)
+    assert (plan.mode, plan.reason) == (Mode.REFILL, Reason.CHECKPOINT_EXPIRED), plan.detail
+    assert "vacuumed" in plan.detail
+    assert engine.run(sums(), hour1).reason is Reason.CHECKPOINT_EXPIRED
+    check(spark, lake, sums())

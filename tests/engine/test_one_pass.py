@@ -1,0 +1,141 @@
+"""One Spark pass per flow run: the number of Spark jobs does not grow with the partitions a change
+touches, a partition with nothing to do costs no job, files are laid out per partition, and cost-based
+refills (REFILL_CHEAPER) give the same answer."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Mode, Reason, Tumbling
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = pytest.mark.spark
+
+FLOW = FlowSpec(name="vw", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                aggregates=(Agg.count(), Agg.sum("qty"), Agg.avg("px"), Agg.max("px")))
+KEYS = [f"2024-01-01-{h:02d}:00" for h in range(6)]
+
+
+def spread(hours, minute=5, px=10.0, qty=1):
+    return [(f"2024-01-01 {h:02d}:{minute:02d}:00", "a", px + h, qty) for h in hours]
+
+
+class Jobs:
+    """Spark jobs run between two markers (job ids are sequential per SparkContext)."""
+
+    def __init__(self, spark) -> None:
+        self.sc = spark.sparkContext
+
+    def _last(self) -> int:
+        self.sc.setJobGroup("test-marker", "marker", interruptOnCancel=False)
+        try:
+            self.sc.parallelize([1], 1).count()
+            return max(self.sc.statusTracker().getJobIdsForGroup("test-marker"))
+        finally:
+            self.sc.setLocalProperty("spark.jobGroup.id", None)
+
+    def count(self, fn):
+        start = self._last()
+        out = fn()
+        return out, self._last() - start - 1
+
+
+def check(spark, lake, flow=FLOW):
+    expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
+    assert_frames_match(lake.read(flow.sink), expected, flow.keys)
+
+
+def test_a_flow_run_costs_the_same_few_jobs_however_many_partitions_change(spark, lake, engine):
+    lake.create("trades", spread(range(6)))
+    jobs = Jobs(spark)
+    _, bootstrap = jobs.count(lambda: engine.run_many(FLOW, KEYS))
+    lake.append("trades", spread([1], minute=30))
+    one, jobs_one = jobs.count(lambda: engine.run_many(FLOW, KEYS))
+    lake.append("trades", spread(range(6), minute=40))
+    six, jobs_six = jobs.count(lambda: engine.run_many(FLOW, KEYS))
+    assert [r.mode for r in one].count(Mode.INCREMENTAL) == 1
+    assert {r.mode for r in six} == {Mode.INCREMENTAL}
+    assert bootstrap <= 4 and jobs_one <= 4 and jobs_six <= 4, (bootstrap, jobs_one, jobs_six)
+    assert jobs_six == jobs_one  # the same jobs for one touched partition and for six
+    check(spark, lake)
+
+
+def test_a_partition_with_nothing_to_do_runs_no_spark_job(spark, lake, engine):
+    lake.create("trades", spread(range(3)))
+    engine.run_many(FLOW, KEYS[:3])
+    results, n = Jobs(spark).count(lambda: engine.run_many(FLOW, KEYS[:3]))
+    assert {r.reason for r in results} == {Reason.NO_NEW_VERSIONS} and n == 0
+    lake.append("trades", spread([5]))  # another hour: this range has nothing to do
+    results, n = Jobs(spark).count(lambda: engine.run_many(FLOW, KEYS[:3]))
+    assert {r.reason for r in results} == {Reason.NO_CHANGES_IN_PARTITION} and n == 0
+
+
+def _files_by_partition(uri: str) -> dict[str, set[str]]:
+    """Live files of a table per partition of their window_start statistics (each must hold one)."""
+    out: dict[str, set[str]] = {}
+    for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist():
+        lo, hi = a["min.window_start"], a["max.window_start"]
+        assert lo.strftime("%Y-%m-%d-%H") == hi.strftime("%Y-%m-%d-%H"), f"{a['path']} spans partitions"
+        out.setdefault(lo.strftime("%Y-%m-%d-%H:00"), set()).add(a["path"])
+    return out
+
+
+def test_files_are_laid_out_per_partition_so_a_replace_rewrites_no_other(spark, lake, engine):
+    lake.create("trades", spread(range(6)) + spread(range(6), minute=25))
+    engine.run_many(FLOW, KEYS)
+    state_uri = engine.layout.state_uri(FLOW, engine.store.load(FLOW.name, KEYS[0]).input_schema)
+    before = {uri: _files_by_partition(uri) for uri in (state_uri, lake.path(FLOW.sink))}
+    assert all(len(files) == 6 for files in before.values())
+    lake.append("trades", spread([2], minute=50))
+    engine.run_many(FLOW, KEYS)
+    for uri, files in before.items():
+        after = _files_by_partition(uri)
+        assert after["2024-01-01-02:00"] != files["2024-01-01-02:00"]
+        assert {k: v for k, v in after.items() if k != "2024-01-01-02:00"} == \
+            {k: v for k, v in files.items() if k != "2024-01-01-02:00"}
+    check(spark, lake)
+
+
+def test_run_is_run_many_of_one_partition(spark, lake, engine, tmp_path):
+    from tests.conftest import Lake
+
+    lake.create("trades", spread(range(2)))
+    other = Lake(str(tmp_path / "other"))
+    other.create("trades", spread(range(2)))
+    a = [engine.run(FLOW, k) for k in KEYS[:2]]
+    b = Engine(spark, other.root).run_many(FLOW, KEYS[:2])
+    assert [(r.mode, r.reason, r.metrics["rows_read"]) for r in a] == [(r.mode, r.reason, r.metrics["rows_read"]) for r in b]
+    assert_frames_match(lake.read(FLOW.sink), other.read(FLOW.sink), FLOW.keys)
+
+
+def test_refill_when_the_change_is_most_of_the_partition(spark, lake):
+    hour1 = [(f"2024-01-01 01:{i % 60:02d}:{i % 59:02d}", "s%d" % (i % 7), 1.0 + i, i) for i in range(3000)]
+    lake.create("trades", spread([0]))
+    lake.append("trades", hour1)
+    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=0.5, refill_min_bytes=0))
+    engine.run_many(FLOW, KEYS[:2])
+    # hour 0 gets far more rows than it had (refilling reads less than merging); hour 1 a tiny share
+    lake.append("trades", [(f"2024-01-01 00:{i % 60:02d}:{i % 57:02d}", "b", 2.0 + i, i) for i in range(3000)])
+    lake.append("trades", [("2024-01-01 01:59:00", "c", 3.0, 1)])
+    first, second = engine.run_many(FLOW, KEYS[:2])
+    assert (first.mode, first.reason) == (Mode.REFILL, Reason.REFILL_CHEAPER), first.detail
+    assert "bytes" in first.detail and "refill_ratio" in first.detail
+    assert (second.mode, second.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY), second.detail
+    check(spark, lake)
+    # with cost-based refills off, the same kind of change merges, with the same result
+    plain = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None))
+    lake.append("trades", [(f"2024-01-01 00:{i % 60:02d}:{i % 53:02d}", "e", 4.0, 1) for i in range(6000)])
+    assert plain.run(FLOW, KEYS[0]).mode is Mode.INCREMENTAL
+    check(spark, lake)
+
+
+def test_small_partitions_are_never_refilled_for_cost_by_default(spark, lake, engine):
+    lake.create("trades", spread([0]))
+    engine.run(FLOW, KEYS[0])
+    lake.append("trades", spread([0], minute=7) * 50)
+    r = engine.run(FLOW, KEYS[0])
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
+    assert engine.ctx.options.refill_min_bytes > 1_000_000
+
