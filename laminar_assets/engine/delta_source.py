@@ -45,7 +45,7 @@ class SourceHistory:
         log once from its oldest watermark and gives every partition its own slice."""
         if version is None or version == self.from_version:
             return self
-        if self.from_version is not None and version < self.from_version:
+        if self.from_version is None or version < self.from_version:  # never hand out a slice we did not read
             raise ValueError(f"history of '{self.table}' starts at {self.from_version}, not before {version}")
         if version > self.latest_version:
             return _recreated(self.table, self.uri, version, self.latest_version, self.cdf_enabled)

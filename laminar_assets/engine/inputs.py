@@ -56,7 +56,7 @@ class RunInputs:
 def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema) -> RunInputs:
     """Open every source and dimension once at its latest version, check the spec against each
     source's schema (`check_schema(info) -> column types`) and read the log once from the oldest
-    watermark among `marks` (all of it is needed when a partition has none)."""
+    watermark among `marks` (partitions without one refill from the snapshot)."""
     marks = list(marks)
     infos, histories, schema = {}, {}, {}
     for src in spec.sources:
@@ -67,7 +67,9 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
                                    f"{schema[col]} vs {typ} in '{src}'", flow=spec.name, table=src, column=col)
             schema[col] = typ
         infos[src] = info
-        since = [m.source_versions.get(src) if (m is not None and m.committed) else None for m in marks]
+        # A partition without a watermark refills from the snapshot and needs no history; the others
+        # need the log from the oldest of their versions (None: a watermark that never saw `src`).
+        since = [m.source_versions.get(src) for m in marks if m is not None and m.committed]
         oldest = None if (not since or any(v is None for v in since)) else min(since)
         if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
             oldest = info.version

@@ -71,3 +71,19 @@ def test_a_crash_in_a_batched_run_then_a_rerun_equals_a_clean_run(spark, lake, s
     marks = [Engine(spark, lake.root).store.load(RETRACTING.name, k) for k in KEYS]
     assert all(m.pending is None and m.committed for m in marks)
     assert {m.source_versions["trades"] for m in marks} == {lake.table("trades").version()}
+
+
+def test_a_range_with_a_new_partition_still_sees_the_changes_of_the_materialized_ones(spark, lake, engine):
+    """A sensor's range run mixes partitions never materialized (they refill from the snapshot) with
+    materialized ones that have new commits; the new one must not hide the others' history (it did:
+    they planned NOOP and the late rows, update and delete were lost)."""
+    lake.create("trades", BASE)
+    engine.run_many(RETRACTING, KEYS)
+    changes(lake)
+    lake.append("trades", [("2024-01-01 03:30:00", "a", 1.0, 1)])
+    results = engine.run_many(RETRACTING, ["2024-01-01-03:00", *KEYS])
+    assert results[0].reason is Reason.NO_WATERMARK
+    assert [r.mode for r in results[1:]] == [Mode.INCREMENTAL] * 3
+    expected = full_recompute(spark, RETRACTING, lake.table("trades").to_pyarrow_table())
+    expected = expected[(expected["window_start"] >= "2024-01-01") & (expected["window_start"] < "2024-01-01 04:00")]
+    assert_frames_match(lake.read(RETRACTING.sink), expected.reset_index(drop=True), RETRACTING.keys)
