@@ -25,8 +25,9 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar demo
 
+# The local deployment: a Spark Connect server + `dagster dev` (UI and daemon) on 127.0.0.1; Ctrl-C stops both.
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev
+	$(BIN)/laminar serve
 
 test: install
 	$(BIN)/python -m pytest

@@ -5,6 +5,7 @@ import time
 
 import dagster as dg
 
+from laminar_assets.check_partitions import CHANGED_KEY
 from laminar_assets.engine import FlowSpec, LaminarError, RunResult, StageSpec
 from laminar_assets.engine.aggregates import implementation
 from laminar_assets.engine.delta_source import resolve_uri, table_info
@@ -14,6 +15,7 @@ from laminar_assets.settings import LaminarSettings
 
 Spec = FlowSpec | StageSpec
 PARTITION_TAG = "laminar/partition"
+COMPONENT_TAG = "laminar/component"  # runs of one connected part of the graph queue behind each other
 FORCE_TAG = "laminar/force_refill"  # "true": recompute the partitions (reason FORCED_BY_USER)
 
 
@@ -136,8 +138,14 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         except LaminarError as exc:
             raise dg.Failure(description=str(exc), metadata={"partitions": f"{keys[0]}..{keys[-1]}", **{
                 k: str(v) for k, v in exc.facts.items()}}, allow_retries=False) from None
+        noop = 0
         for key, result in zip(keys, results):
+            if result.mode.value == "NOOP" and len(keys) > 1:
+                noop += 1
+                continue
             context.log.info(f"{spec.name} {key}: {result.mode.value} ({result.reason.value}) — {result.detail}")
+        if noop:
+            context.log.info(f"{spec.name}: {noop} other partition(s) of the range had nothing to do (NOOP, no Spark job)")
         if len(results) == 1:
             md = run_metadata(results[0])
             md["source_columns_added"] = dg.MetadataValue.json(added)
@@ -157,10 +165,14 @@ def _range_metadata(results: list[RunResult], seconds: float) -> dict:
             if isinstance(v, (int, float)):
                 md[k] = md.get(k, 0) + v
     md["modes"] = dg.MetadataValue.json(modes)
+    changed = [r for r in results if r.mode.value != "NOOP"]
+    # Every partition of a range run carries this metadata: name only the changed ones (checks read it).
+    md[CHANGED_KEY] = dg.MetadataValue.json({r.plan.partition: f"{r.mode.value} ({r.reason.value})" for r in changed})
     md["per_partition"] = dg.MetadataValue.md(
         "| partition | mode | reason | rows read |\n|---|---|---|---|\n" + "\n".join(
             f"| {r.plan.partition} | {r.mode.value} | {r.reason.value} | {r.metrics.get('rows_read', 0)} |"
-            for r in results))
+            for r in changed[:200]) + (f"\n\n{len(results) - len(changed)} NOOP partition(s) not listed" if
+                                      len(changed) < len(results) else ""))
     return md
 
 

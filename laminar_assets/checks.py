@@ -4,6 +4,7 @@
 import dagster as dg
 
 from laminar_assets.assets import partitions_def
+from laminar_assets.check_partitions import evaluate_range
 from laminar_assets.contracts import Contract
 from laminar_assets.engine import FlowSpec, LaminarError, StageSpec
 from laminar_assets.engine.inspect import inspect_partition, is_stale, lag
@@ -44,56 +45,69 @@ def build_lag_check(spec: FlowSpec | StageSpec) -> dg.AssetChecksDefinition:
     return _check
 
 
-def contract_result(engine, spec: FlowSpec | StageSpec, contract: Contract, partition: str) -> dg.AssetCheckResult:
+def contract_outcome(engine, spec: FlowSpec | StageSpec, contract: Contract, partition: str) -> tuple[bool, dict]:
     """Run the contract's Great Expectations suite on one partition of the spec's output."""
     from laminar_assets.contracts.expectations import validate
 
     summary = validate(engine.sink_frame(spec, partition), contract, name=partition.replace(":", "").replace("-", ""))
-    return dg.AssetCheckResult(
-        passed=summary.success,
-        severity=dg.AssetCheckSeverity.ERROR if contract.blocking else dg.AssetCheckSeverity.WARN,
-        metadata={
-            "partition": partition,
-            "expectations_evaluated": summary.evaluated,
-            "expectations_failed": len(summary.failures),
-            "unexpected_rows": sum(f.unexpected_count or 0 for f in summary.failures),
-            "failures": dg.MetadataValue.json([f.__dict__ for f in summary.failures]),
-            "contract": contract.path,
-        },
-    )
+    return summary.success, {
+        "partition": partition,
+        "expectations_evaluated": summary.evaluated,
+        "expectations_failed": len(summary.failures),
+        "unexpected_rows": sum(f.unexpected_count or 0 for f in summary.failures),
+        "failures": dg.MetadataValue.json([f.__dict__ for f in summary.failures]),
+        "contract": contract.path,
+    }
+
+
+def contract_severity(contract: Contract) -> dg.AssetCheckSeverity:
+    return dg.AssetCheckSeverity.ERROR if contract.blocking else dg.AssetCheckSeverity.WARN
+
+
+def contract_result(engine, spec: FlowSpec | StageSpec, contract: Contract, partition: str) -> dg.AssetCheckResult:
+    passed, metadata = contract_outcome(engine, spec, contract, partition)
+    return dg.AssetCheckResult(passed=passed, severity=contract_severity(contract), metadata=metadata)
 
 
 def build_contract_check(spec: FlowSpec | StageSpec, contract: Contract, settings: LaminarSettings) -> dg.AssetChecksDefinition:
     @dg.asset_check(asset=dg.AssetKey(spec.name), name="contract", blocking=contract.blocking,
                     partitions_def=partitions_def(spec, settings),
-                    description=f"Great Expectations suite from {contract.path or 'data_contracts/'} on the partition.")
+                    description=f"Great Expectations suite from {contract.path or 'data_contracts/'} on each "
+                                "partition the run changed.")
     def _check(context: dg.AssetCheckExecutionContext, laminar: LaminarResource) -> dg.AssetCheckResult:
-        return contract_result(laminar.engine(), spec, contract, context.partition_key)
+        engine = laminar.engine()
+        return evaluate_range(context, dg.AssetKey(spec.name),
+                              lambda keys: {k: contract_outcome(engine, spec, contract, k) for k in keys},
+                              severity=contract_severity(contract), blocking=contract.blocking)
 
     return _check
 
 
-def equivalence_result(engine, spec: FlowSpec, partition: str, sample: int = 8) -> dg.AssetCheckResult:
+def equivalence_outcome(engine, spec: FlowSpec, partition: str, sample: int = 8) -> tuple[bool, dict]:
     from laminar_assets.engine.equivalence import check_equivalence
 
     result = check_equivalence(engine, spec, partition, sample=sample)
     if result is None:
-        return dg.AssetCheckResult(passed=True, metadata={"partition": partition, "windows_checked": 0,
-                                                          "note": "no watermark yet"})
-    return dg.AssetCheckResult(
-        passed=result.passed,
-        metadata={"partition": partition, "windows_checked": result.windows_checked,
-                  "mismatches": len(result.mismatches),
-                  "mismatched_windows": dg.MetadataValue.json(list(result.mismatches)),
-                  "at_versions": dg.MetadataValue.json(result.versions)},
-    )
+        return True, {"partition": partition, "windows_checked": 0, "note": "no watermark yet"}
+    return result.passed, {"partition": partition, "windows_checked": result.windows_checked,
+                           "mismatches": len(result.mismatches),
+                           "mismatched_windows": dg.MetadataValue.json(list(result.mismatches)),
+                           "at_versions": dg.MetadataValue.json(result.versions)}
+
+
+def equivalence_result(engine, spec: FlowSpec, partition: str, sample: int = 8) -> dg.AssetCheckResult:
+    passed, metadata = equivalence_outcome(engine, spec, partition, sample)
+    return dg.AssetCheckResult(passed=passed, metadata=metadata)
 
 
 def build_equivalence_check(spec: FlowSpec, settings: LaminarSettings) -> dg.AssetChecksDefinition:
     @dg.asset_check(asset=dg.AssetKey(spec.name), name="equivalence", partitions_def=partitions_def(spec, settings),
-                    description="Recomputes a sample of the partition's windows from the source snapshot at the "
-                                "watermark version and compares them with the sink.")
+                    description="Recomputes a sample of each changed partition's windows from the source snapshot "
+                                "at the watermark version and compares them with the sink.")
     def _check(context: dg.AssetCheckExecutionContext, laminar: LaminarResource) -> dg.AssetCheckResult:
-        return equivalence_result(laminar.engine(), spec, context.partition_key)
+        engine = laminar.engine()
+        return evaluate_range(context, dg.AssetKey(spec.name),
+                              lambda keys: {k: equivalence_outcome(engine, spec, k) for k in keys},
+                              severity=dg.AssetCheckSeverity.ERROR, blocking=False)
 
     return _check

@@ -116,8 +116,10 @@ def demo(
                           r.reason if r.success else r.error, r.versions, str(r.rows_read), str(r.sink_rows),
                           str(r.quarantined), f"{r.seconds:.2f}")
         console.print(table)
-    console.print(f"\nDelta tables: {c.root}\nDagster runs and metadata: DAGSTER_HOME={c.dagster_home} "
-                  f"{sys.prefix}/bin/dagster dev   (then open http://localhost:3000)")
+    console.print(f"\nDelta tables: {c.root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
+                  "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
+                  "re-running anything. Then `laminar generate --batch 2` commits new data and the sensors bring "
+                  "every flow up to date.")
     if failed:
         raise LaminarError(f"{failed} run(s) failed; see the table above")
 
@@ -362,6 +364,43 @@ def check(
                            + ", ".join(sorted({f"{r['check']} on {r['asset']}" for r in failed})))
     if not as_json:
         console.print(f"all {len(rows_out)} checks passed")
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    ui_port: int = typer.Option(3000, "--ui-port", help="Port of the Dagster UI (on 127.0.0.1)."),
+    spark_port: int = typer.Option(15002, "--spark-port", help="Port of the Spark Connect server (on 127.0.0.1)."),
+    spark_remote: str = typer.Option(None, "--spark-remote", envvar="LAMINAR_SPARK_REMOTE",
+                                     help="Use this Spark Connect endpoint (sc://host:port) instead of starting one."),
+    driver_memory: str = typer.Option("4g", "--driver-memory", help="Memory of the Spark Connect server's driver."),
+) -> None:
+    """Start the deployment: a Spark Connect server and `dagster dev` (UI + daemon) on 127.0.0.1.
+    Sensors launch runs that connect to the warm Spark; Ctrl-C stops everything."""
+    from laminar_assets.deploy.connect_server import ConnectServerOptions
+    from laminar_assets.deploy.serve import ServeOptions, serve as run_serve
+    from laminar_assets.engine import SparkOptions
+
+    c: CliContext = ctx.obj
+    c.instance()  # DAGSTER_HOME with the project's dagster.yaml
+    logs = os.path.join(os.path.dirname(c.root), "logs")  # .laminar/logs beside .laminar/lake
+    options = ServeOptions(root=c.root, dagster_home=c.dagster_home, ui_port=ui_port, spark_remote=spark_remote,
+                           log_dir=logs, spark=ConnectServerOptions(
+                               port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),
+                               spark=SparkOptions(driver_memory=driver_memory)))
+
+    def ready(d) -> None:
+        spark = f"Spark Connect server {d.remote} (log {logs}/spark-connect.log)" if d.spark else \
+            f"Spark Connect endpoint {d.remote} (not started here)"
+        console.print(f"[bold]Laminar is up[/bold]\n  Dagster UI and daemon: {d.ui_url}  (log {logs}/dagster.log)"
+                      f"\n  {spark}\n  Delta tables: {c.root}\n  DAGSTER_HOME: {c.dagster_home}\n"
+                      "Sensors are on: commit to a source (e.g. `laminar generate --batch 1`) and watch the runs. "
+                      "Ctrl-C stops both processes.", markup=True, highlight=False)
+
+    console.print("starting the Spark Connect server and Dagster (about 30 s)...")
+    code = run_serve(options, on_ready=ready)
+    if code:
+        raise LaminarError(f"a process of the deployment exited unexpectedly (code {code}); see {logs}/")
 
 
 def main() -> None:

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import dagster as dg
 
-from laminar_assets.assets import build_asset, build_source_asset, source_tables
 import pathlib
+
+from laminar_assets.assets import build_asset, build_source_asset, source_tables
 
 from laminar_assets.checks import build_contract_check, build_equivalence_check, build_lag_check
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
 from laminar_assets.engine import FlowSpec, StageSpec
 from laminar_assets.flows import load_specs
+from laminar_assets.graph import components
 from laminar_assets.resources import LaminarResource, SparkResource
 from laminar_assets.schedules import build_schedule
-from laminar_assets.sensors import build_stale_sensor, build_version_sensor, consumers_by_table
+from laminar_assets.sensors import build_pipeline_sensors, build_stale_sensor
 from laminar_assets.settings import LaminarSettings, load_settings
 
 
@@ -29,23 +31,30 @@ def output_columns(spec: FlowSpec | StageSpec) -> list[str] | None:
     return list(spec.columns) or None
 
 
-def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettings,
-                      resources: dict | None = None, contracts_dir: str | pathlib.Path | None = CONTRACTS) -> dg.Definitions:
+def specs_with_contracts(specs: list[FlowSpec | StageSpec], contracts_dir: str | pathlib.Path | None = CONTRACTS):
+    """(the specs as deployed, with their sources' contract rules folded in; the contracts by table)."""
     known = {s.sink: cols for s in specs if (cols := output_columns(s))}
     contracts = load_contracts(contracts_dir, known) if contracts_dir else {}
-    specs = [with_contract_rules(s, contracts) for s in specs]
+    return [with_contract_rules(s, contracts) for s in specs], contracts
+
+
+def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettings,
+                      resources: dict | None = None, contracts_dir: str | pathlib.Path | None = CONTRACTS) -> dg.Definitions:
+    specs, contracts = specs_with_contracts(specs, contracts_dir)
     assets = [build_source_asset(t) for t in source_tables(specs)] + [build_asset(s, settings, contracts) for s in specs]
     checks = [build_lag_check(s) for s in specs]
     checks += [build_contract_check(s, contracts[s.sink], settings) for s in specs if s.sink in contracts]
     checks += [build_equivalence_check(s, settings) for s in specs if isinstance(s, FlowSpec)]
-    blocking = {s.sink: s for s in specs if s.sink in contracts and contracts[s.sink].blocking}
-    sensors = [build_version_sensor(t, c, settings, blocking.get(t)) for t, c in consumers_by_table(specs).items()]
+    blocking = {s.name for s in specs if s.sink in contracts and contracts[s.sink].blocking}
+    sensors = build_pipeline_sensors(specs, settings, blocking=blocking,
+                                     contracts={s.name for s in specs if s.sink in contracts})
     sensors.append(build_stale_sensor(specs, settings))
     jobs, schedules = [], []
     by_name = {s.name: s for s in specs}
+    part_of = {s.name: c.name for c in components(specs) for s in c.specs}
     for name, cron in settings.schedules.items():
         if name in by_name:
-            job, schedule = build_schedule(by_name[name], cron, settings)
+            job, schedule = build_schedule(by_name[name], cron, settings, part_of[name])
             jobs.append(job)
             schedules.append(schedule)
     return dg.Definitions(

@@ -10,9 +10,16 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
     """Materialize what one run request asks for: one partition, or a partition range in one run.
     The assets come from `defs` with their resources bound."""
     graph = defs.resolve_asset_graph()
-    assets = [graph.assets_def_for_key(k) for k in request.asset_selection]
+    # Every definition goes in (resources bound), the request's assets and checks are selected: the
+    # checks run in the same run, as they do when the daemon launches the request.
+    assets = list(graph.assets_defs)
+    checks = request.asset_check_keys
+    if checks is None:
+        checks = [c for c in graph.asset_check_keys if c.asset_key in set(request.asset_selection)]
+    selection = dg.AssetSelection.assets(*request.asset_selection).without_checks() | \
+        dg.AssetSelection.checks(*checks)
+    kwargs = {"selection": selection}
     tags = dict(request.tags)
-    kwargs = {}
     if request.partition_key is not None:
         kwargs["partition_key"] = request.partition_key
     elif RANGE_START not in tags or RANGE_END not in tags:

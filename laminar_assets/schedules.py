@@ -3,13 +3,13 @@
 
 import dagster as dg
 
-from laminar_assets.assets import PARTITION_TAG, partitions_def
+from laminar_assets.assets import COMPONENT_TAG, PARTITION_TAG, partitions_def
 from laminar_assets.engine import FlowSpec, StageSpec
 from laminar_assets.engine.windows import partition_key
 from laminar_assets.settings import LaminarSettings
 
 
-def build_schedule(spec: FlowSpec | StageSpec, cron: str, settings: LaminarSettings) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+def build_schedule(spec: FlowSpec | StageSpec, cron: str, settings: LaminarSettings, component: str) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     job = dg.define_asset_job(f"{spec.name}_latest", selection=[dg.AssetKey(spec.name)],
                               partitions_def=partitions_def(spec, settings))
 
@@ -19,6 +19,6 @@ def build_schedule(spec: FlowSpec | StageSpec, cron: str, settings: LaminarSetti
     def _schedule(context: dg.ScheduleEvaluationContext):
         key = partition_key(context.scheduled_execution_time, spec.granularity)
         return dg.RunRequest(run_key=f"{spec.name}:{key}:{context.scheduled_execution_time.isoformat()}",
-                             partition_key=key, tags={PARTITION_TAG: f"{spec.name}/{key}"})
+                             partition_key=key, tags={PARTITION_TAG: f"{spec.name}/{key}", COMPONENT_TAG: component})
 
     return job, _schedule

@@ -1,84 +1,45 @@
 """Sensors: Delta versions stand in for sequence numbers.
 
-One sensor per Delta table that specs read (sources and stage outputs). Its
-cursor is the last Delta version it saw; new commits become run requests for
-the partitions their file statistics touch, for the specs reading that table.
-A stage's output table has its own sensor, so downstream flows run after the
-stage has committed the new version (graph order).
+One sensor per connected part of the graph (a source table, the stage reading it, and every flow
+downstream). Each tick reads every table's version once, works out the dirty partitions of every
+spec (`tick.plan_tick`) and requests ONE run that materializes them all, in graph order, in one
+process and one Spark session: a commit of 200 rows with late rows and corrections is one run,
+not one per (flow, partition). While a run of the part is queued or running the sensor waits;
+the next tick then covers every commit that landed meanwhile.
 """
 
+from __future__ import annotations
 
 import json
 
 import dagster as dg
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-from deltalake import DeltaTable
 
-from laminar_assets.assets import PARTITION_TAG, partitions_def
-from laminar_assets.engine import FlowSpec, LaminarError, StageSpec
-from laminar_assets.engine.delta_source import resolve_uri
-from laminar_assets.engine.inspect import dirty_partitions, inspect_partition, is_stale, new_commits
-from laminar_assets.engine.windows import partition_interval, partitions_overlapping
+from laminar_assets.assets import COMPONENT_TAG, partitions_def
+from laminar_assets.engine import FlowSpec, LaminarError
+from laminar_assets.engine.inspect import inspect_partition, is_stale
+from laminar_assets.graph import Component, Spec, components
 from laminar_assets.resources import LaminarResource
 from laminar_assets.settings import LaminarSettings
+from laminar_assets.tick import Cursor, plan_tick
 
-Spec = FlowSpec | StageSpec
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
+ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+          dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 
-def consumers_by_table(specs: list[Spec]) -> dict[str, list[Spec]]:
-    """Which specs read each table (main sources only: dimensions refill via DIMENSION_CHANGED)."""
-    out: dict[str, list[Spec]] = {}
-    for spec in specs:
-        for src in spec.sources:
-            out.setdefault(src, []).append(spec)
-        if isinstance(spec, StageSpec):
-            for dim in spec.dimension_tables:
-                out.setdefault(dim, []).append(spec)
-    return out
-
-
-def partition_requests(spec: Spec, keys: list[str], settings: LaminarSettings, *, run_key_prefix: str,
-                       tags: dict[str, str] | None = None) -> list[dg.RunRequest]:
-    """One run per partition, or, when there are more than `backfill_threshold`, one range run per
-    stretch of consecutive partitions (a range never spans a partition that was left out, e.g. held)."""
-    pdef = partitions_def(spec, settings)
-    order = {k: i for i, k in enumerate(pdef.get_partition_keys())}
-    keys = sorted((k for k in keys if k in order), key=order.__getitem__)
-    if not keys:
-        return []
-    asset = [dg.AssetKey(spec.name)]
-    if len(keys) > settings.backfill_threshold:
-        stretches: list[list[str]] = []
-        for k in keys:
-            if stretches and order[k] == order[stretches[-1][-1]] + 1:
-                stretches[-1].append(k)
-            else:
-                stretches.append([k])
-        return [dg.RunRequest(
-            run_key=f"{run_key_prefix}:{spec.name}:{s[0]}...{s[-1]}", asset_selection=asset,
-            tags={**(tags or {}), RANGE_START: s[0], RANGE_END: s[-1], "laminar/dirty_partitions": str(len(s))},
-        ) for s in stretches]
-    return [dg.RunRequest(
-        run_key=f"{run_key_prefix}:{spec.name}:{k}", asset_selection=asset, partition_key=k,
-        tags={**(tags or {}), PARTITION_TAG: f"{spec.name}/{k}"},
-    ) for k in keys]
-
-
-def parse_cursor(text: str | None) -> tuple[int | None, dict[str, list[str]]]:
-    """(last Delta version seen, partitions held back per consumer by a failed upstream check)."""
+def parse_cursor(text: str | None) -> Cursor:
     if not text:
-        return None, {}
-    if text.lstrip("-").isdigit():
-        return int(text), {}
+        return Cursor()
     data = json.loads(text)
-    return data.get("version"), {k: list(v) for k, v in (data.get("held") or {}).items()}
+    return Cursor(versions={k: int(v) for k, v in (data.get("versions") or {}).items()},
+                  held={k: tuple(v) for k, v in (data.get("held") or {}).items()})
 
 
-def format_cursor(version: int | None, held: dict[str, list[str]]) -> str:
-    held = {k: sorted(v) for k, v in held.items() if v}
-    return str(version) if not held else json.dumps({"version": version, "held": held}, sort_keys=True)
+def format_cursor(cursor: Cursor) -> str:
+    held = {k: sorted(v) for k, v in cursor.held.items() if v}
+    return json.dumps({"versions": cursor.versions, **({"held": held} if held else {})}, sort_keys=True)
 
 
 def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: set[str]) -> set[str]:
@@ -93,80 +54,80 @@ def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: 
             if i.latest_execution_status is not AssetCheckExecutionRecordStatus.SUCCEEDED or not i.is_current}
 
 
-def split_blocked(instance: dg.DagsterInstance, producer: Spec | None, consumer: Spec,
-                  keys: list[str]) -> tuple[list[str], list[str]]:
-    """(keys to run, keys held back) — held when an upstream partition they read failed its blocking check."""
-    if producer is None or not keys:
-        return keys, []
-    def reads(key: str):  # the event range a consumer partition reads (hopping windows reach past it)
-        part = partition_interval(key, consumer.granularity)
-        return consumer.shape.events_of_starts(part) if isinstance(consumer, FlowSpec) else part
+def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, run_key: str,
+                   tags: dict[str, str] | None = None, checks: list[dg.AssetCheckKey] | None = None) -> list[dg.RunRequest]:
+    """One run per partitioning (hourly, daily) over the union of the dirty partitions, first to last.
+    Partitions inside the range with nothing to do plan as NOOP and start no Spark job."""
+    groups: dict[str, dict[Spec, list[str]]] = {}
+    for spec, keys in dirty.items():
+        if keys:
+            groups.setdefault(spec.granularity.value, {})[spec] = keys
+    requests = []
+    for granularity, members in sorted(groups.items()):
+        pdef = partitions_def(next(iter(members)), settings)
+        order = {k: i for i, k in enumerate(pdef.get_partition_keys())}
+        keys = sorted({k for ks in members.values() for k in ks if k in order}, key=order.__getitem__)
+        if not keys:
+            continue
+        assets = [dg.AssetKey(s.name) for s in members]
+        own = {**(tags or {}), "laminar/dirty_partitions": str(sum(len(v) for v in members.values()))}
+        wanted = None if checks is None else [c for c in checks if c.asset_key in assets]
+        common = dict(asset_selection=assets, asset_check_keys=wanted, run_key=f"{run_key}:{granularity}")
+        if len(keys) == 1:
+            requests.append(dg.RunRequest(partition_key=keys[0], tags=own, **common))
+        else:
+            requests.append(dg.RunRequest(tags={**own, RANGE_START: keys[0], RANGE_END: keys[-1]}, **common))
+    return requests
 
-    upstream = {k: set(partitions_overlapping(reads(k), producer.granularity)) for k in keys}
-    failed = failed_check_partitions(instance, producer, set().union(*upstream.values()))
-    held = [k for k in keys if upstream[k] & failed]
-    return [k for k in keys if k not in held], held
+
+def run_checks(specs: tuple[Spec, ...], contracts: set[str]) -> list[dg.AssetCheckKey]:
+    """The checks a sensor-launched run carries: contracts (blocking ones gate consumers) and equivalence.
+    `watermark_lag` scans every materialized partition; it runs on demand, not on every commit."""
+    keys = [dg.AssetCheckKey(dg.AssetKey(s.name), "contract") for s in specs if s.name in contracts]
+    return keys + [dg.AssetCheckKey(dg.AssetKey(s.name), "equivalence") for s in specs if isinstance(s, FlowSpec)]
 
 
-def build_version_sensor(table: str, consumers: list[Spec], settings: LaminarSettings,
-                         blocking_producer: Spec | None = None) -> dg.SensorDefinition:
-    """`blocking_producer`: the spec writing `table` when its contract check is blocking; consumer
-    partitions reading a partition that failed that check are held (kept in the cursor) until it passes."""
-    dims_only = [s for s in consumers if isinstance(s, StageSpec) and table in s.dimension_tables]
+def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, blocking: set[str],
+                          contracts: set[str]) -> dg.SensorDefinition:
+    """The sensor of one connected part. `blocking`/`contracts`: specs whose output has a
+    blocking/any contract check."""
+    checks = run_checks(component.specs, contracts)
 
     @dg.sensor(
-        name=f"{table}_versions",
+        name=f"{component.name}_pipeline",
         minimum_interval_seconds=settings.sensor_interval_seconds,
-        target=[dg.AssetKey(s.name) for s in consumers],
+        target=[dg.AssetKey(s.name) for s in component.specs],
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Watches Delta table `{table}`; requests runs for the partitions new commits touch"
-                    + (f", holding back those whose upstream `{blocking_producer.name}` partition failed its "
-                       "blocking contract check." if blocking_producer else "."),
+        description=f"Watches the Delta versions of {', '.join(f'`{t}`' for t in component.tables)} and requests one "
+                    f"run that brings every dirty partition of {', '.join(s.name for s in component.specs)} up to "
+                    "date in graph order; waits while a run of this part is in progress.",
     )
     def _sensor(context: dg.SensorEvaluationContext, laminar: LaminarResource):
-        root = laminar.resolved_root()
-        uri = resolve_uri(root, table)
-        if not DeltaTable.is_deltatable(uri):
-            return dg.SkipReason(f"no Delta table at {uri} yet")
-        after, held = parse_cursor(context.cursor)
-        # One version per tick for every consumer: a commit landing mid-tick waits for the next
-        # tick instead of being skipped for the consumers evaluated before it.
-        upto = DeltaTable(uri).version()
-        requests: list[dg.RunRequest] = []
-        latest = None
-        new_held: dict[str, list[str]] = {}
-        for spec in consumers:
-            keys: list[str] = []
-            if spec in dims_only:
-                # A dimension change refills every materialized partition of the stage.
-                latest_dim = upto
-                if after is not None and latest_dim > after:
-                    keys = laminar.checkpoints().partitions(spec.name)
-                latest = latest_dim
-            else:
-                try:
-                    changes = new_commits(root, table, spec.event_time, after, upto)
-                except LaminarError as exc:
-                    return dg.SkipReason(f"cannot read {table}: {exc.message}")
-                if changes is not None:
-                    latest = changes.to_version
-                    keys = dirty_partitions(spec, changes)
-                    if changes.unknown_range:
-                        keys = sorted(set(keys) | set(laminar.checkpoints().partitions(spec.name)))
-            keys = sorted(set(keys) | set(held.get(spec.name, [])))
-            run, blocked = split_blocked(context.instance, blocking_producer, spec, keys)
-            if blocked:
-                new_held[spec.name] = blocked
-                context.log.info(f"{spec.name}: holding {len(blocked)} partition(s) whose upstream "
-                                 f"{blocking_producer.name} contract check failed: {', '.join(blocked[:5])}")
-            requests += partition_requests(spec, run, settings,
-                                           run_key_prefix=f"{table}@{after}..{latest if latest is not None else after}")
-        version = latest if latest is not None and (after is None or latest > after) else after
-        if not requests and version == after and new_held == held:
-            return dg.SkipReason(f"no new versions of {table} after {after}")
-        return dg.SensorResult(run_requests=requests, cursor=format_cursor(version, new_held))
+        active = context.instance.get_run_ids(dg.RunsFilter(tags={COMPONENT_TAG: component.name}, statuses=ACTIVE),
+                                              limit=1)
+        if active:
+            return dg.SkipReason(f"run {active[0]} of {component.name} is in progress; the next tick covers "
+                                 "what lands meanwhile")
+        cursor = parse_cursor(context.cursor)
+        plan = plan_tick(component, laminar.resolved_root(), laminar.checkpoints(), cursor,
+                         lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking)
+        for note in plan.notes:
+            context.log.info(note)
+        by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}
+        span = ",".join(f"{t}={cursor.versions.get(t, '-')}..{v}" for t, v in sorted(plan.cursor.versions.items()))
+        requests = range_requests(by_spec, settings, run_key=f"{component.name}@{span}",
+                                  tags={COMPONENT_TAG: component.name}, checks=checks)
+        new_cursor = format_cursor(plan.cursor)
+        if not requests and new_cursor == (context.cursor or ""):
+            return dg.SkipReason(f"no new versions of {', '.join(component.tables)}")
+        return dg.SensorResult(run_requests=requests, cursor=new_cursor)
 
     return _sensor
+
+
+def build_pipeline_sensors(specs: list[Spec], settings: LaminarSettings, *, blocking: set[str],
+                           contracts: set[str]) -> list[dg.SensorDefinition]:
+    return [build_pipeline_sensor(c, settings, blocking=blocking, contracts=contracts) for c in components(specs)]
 
 
 def build_stale_sensor(specs: list[Spec], settings: LaminarSettings) -> dg.SensorDefinition:
@@ -185,8 +146,10 @@ def build_stale_sensor(specs: list[Spec], settings: LaminarSettings) -> dg.Senso
 
 
 def stale_requests(specs: list[Spec], settings: LaminarSettings, laminar: LaminarResource) -> list[dg.RunRequest]:
+    """One range run per stale spec (a spec's partitions are independent of another's staleness)."""
     root = laminar.resolved_root()
     store = laminar.checkpoints()
+    part_of = {s.name: c.name for c in components(specs) for s in c.specs}
     requests = []
     for spec in specs:
         stale = []
@@ -199,6 +162,7 @@ def stale_requests(specs: list[Spec], settings: LaminarSettings, laminar: Lamina
                 stale.append((key, mark))
         if stale:
             fingerprint = "-".join(f"{m.seq}" for _, m in stale)
-            requests += partition_requests(spec, [k for k, _ in stale], settings,
-                                           run_key_prefix=f"stale@{fingerprint}")
+            requests += range_requests({spec: [k for k, _ in stale]}, settings,
+                                       run_key=f"stale@{spec.name}@{fingerprint}",
+                                       tags={COMPONENT_TAG: part_of[spec.name]})  # the part's sensor waits
     return requests

@@ -18,7 +18,6 @@ class LaminarSettings(BaseModel):
 
     partitions_start: datetime = Field(default=datetime(2024, 1, 1), description="First partition of every flow.")
     sensor_interval_seconds: int = Field(default=5, ge=1, description="How often the Delta-version sensors look.")
-    backfill_threshold: int = Field(default=24, ge=1, description="More dirty partitions than this become one range run.")
     schedules: dict[str, str] = Field(default_factory=dict, description="Flow name -> cron schedule of its latest partition.")
 
 

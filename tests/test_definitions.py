@@ -1,4 +1,4 @@
-"""All definitions load: one asset per spec, sources as observable assets, a sensor per read table."""
+"""All definitions load: one asset per spec, sources as observable assets, a sensor per connected part."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ def test_definitions_load_and_validate():
     specs = load_specs()
     assert {s.name for s in specs} <= keys
     assert {"raw_trades", "symbols"} <= keys
-    assert {s.name for s in defs.sensors} >= {"raw_trades_versions", "normalized_trades_versions", "symbols_versions",
-                                               "stale_partitions"}
+    assert {s.name for s in defs.sensors} == {"raw_trades_pipeline", "stale_partitions"}  # one per connected part
     graph = defs.resolve_asset_graph()
     vwap = graph.get(dg.AssetKey("vwap_1m"))
     assert vwap.parent_keys == {dg.AssetKey("normalized_trades")}

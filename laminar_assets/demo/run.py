@@ -45,7 +45,8 @@ class DemoStep:
 
 @dataclass
 class Driver:
-    """Evaluates every Delta-version sensor in graph order and runs what they request, until quiet."""
+    """Evaluates every pipeline sensor and runs what it requests, until quiet: the daemon's loop, in process.
+    A sensor without a cursor starts from the watermarks, so `dagster dev` afterwards redoes nothing."""
 
     defs: dg.Definitions
     instance: dg.DagsterInstance
@@ -65,43 +66,56 @@ class Driver:
                 for request in result.run_requests:
                     launched += 1
                     outcome = execute_request(self.defs, request, self.instance)
-                    row = _row(request, outcome)
-                    rows.append(row)
-                    if on_run:
-                        on_run(row)
+                    for row in run_rows(request, outcome):
+                        rows.append(row)
+                        if on_run:
+                            on_run(row)
             requested += launched
             if not launched:
                 break
         return rows, ticks, requested
 
 
-def _row(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> RunRow:
-    name = request.asset_selection[0].to_user_string()
-    if not outcome.success:
-        failure = next((e for e in outcome.all_events if e.is_step_failure), None)
-        message = failure.step_failure_data.error.message.strip().splitlines()[0] if failure else "run failed"
-        return RunRow(name, request.partition_key or "range", "FAILED", "-", "-", 0, 0, 0.0, 0, False, message)
-    mat = outcome.asset_materializations_for_node(name)[0]
-    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
-    frm, to = md.get("versions_from", {}), md.get("versions_to", {})
-    versions = ", ".join(f"{s} {frm.get(s)}→{v}" for s, v in to.items())
-    return RunRow(name, mat.partition or "", str(md.get("mode", "")), str(md.get("reason", "")), versions,
-                  int(md.get("rows_read", 0)), int(md.get("sink_rows", 0)), float(md.get("seconds_total", 0.0)),
-                  int(md.get("rows_quarantined", 0)))
+def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list[RunRow]:
+    """One row per asset of the run, from its materialization metadata (a range run sums its partitions)."""
+    failures = {e.step_key: e for e in outcome.all_events if e.is_step_failure}
+    rows = []
+    for key in request.asset_selection:
+        name = key.to_user_string()
+        mats = outcome.asset_materializations_for_node(name)
+        if not mats:
+            failure = failures.get(name)
+            message = failure.step_failure_data.error.message.strip().splitlines()[0] if failure else \
+                "skipped: an upstream step or blocking check failed"
+            rows.append(RunRow(name, request.partition_key or "range", "FAILED" if failure else "SKIPPED", "-", "-",
+                               0, 0, 0.0, 0, False, message))
+            continue
+        md = {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
+        partition = mats[0].partition or "" if len(mats) == 1 else f"{mats[0].partition} … {mats[-1].partition}"
+        if "mode" in md:
+            frm, to = md.get("versions_from", {}), md.get("versions_to", {})
+            versions = ", ".join(f"{s} {frm.get(s)}→{v}" for s, v in to.items())
+            mode, reason = str(md["mode"]), str(md.get("reason", ""))
+        else:
+            versions = ""
+            mode = " ".join(f"{m}×{n}" for m, n in sorted((md.get("modes") or {}).items()))
+            reason = ", ".join(sorted({v.split(" (")[-1].rstrip(")") for v in (md.get("changed_partitions") or {}).values()}))
+        rows.append(RunRow(name, partition, mode, reason, versions, int(md.get("rows_read", 0)),
+                           int(md.get("sink_rows", 0)), float(md.get("seconds_total", 0.0)),
+                           int(md.get("rows_quarantined", 0))))
+    return rows
 
 
-def version_sensor_names(defs: dg.Definitions, specs) -> list[str]:
-    """Sensors of source tables first, then of stage outputs in dependency order (graph order)."""
-    produced = [s.sink for s in specs]
-    names = [s.name for s in defs.sensors if s.name.endswith("_versions")]
-    return sorted(names, key=lambda n: (produced.index(n[:-9]) + 1) if n[:-9] in produced else 0)
+def pipeline_sensor_names(defs: dg.Definitions) -> list[str]:
+    """The sensors that launch runs on new Delta versions, one per connected part of the graph."""
+    return [s.name for s in defs.sensors if s.name.endswith("_pipeline")]
 
 
 def run_demo(defs: dg.Definitions, instance: dg.DagsterInstance, specs, root: str, *, rows: int, seed: int,
              on_run=None) -> list[DemoStep]:
     if os.path.isdir(root):
         shutil.rmtree(root)
-    driver = Driver(defs, instance, version_sensor_names(defs, specs))
+    driver = Driver(defs, instance, pipeline_sensor_names(defs))
     steps = []
     t = time.perf_counter()
     first = write_batch(root, BatchOptions(rows=rows, seed=seed), batch=0)

@@ -72,23 +72,9 @@ def _quiet_python_loggers() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def build_session(options: SparkOptions | None = None):
-    """Create (or reuse) the SparkSession for `options`."""
-    from pyspark.sql import SparkSession
-
-    options = options or SparkOptions()
-    _quiet_python_loggers()
-    if options.remote:
-        builder = SparkSession.builder.remote(options.remote)
-    else:
-        check_java()
-        log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
-        builder = (
-            SparkSession.builder.master(options.master)
-            .config("spark.driver.memory", options.driver_memory)
-            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
-        )
-    conf = {
+def session_conf(options: SparkOptions) -> dict[str, str]:
+    """The Spark settings Laminar runs with, local or remote (a Connect server takes the same ones)."""
+    return {
         "spark.app.name": options.app_name,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(options.shuffle_partitions),
@@ -104,12 +90,46 @@ def build_session(options: SparkOptions | None = None):
         "spark.sql.adaptive.enabled": "false",
         # A run names its files explicitly: list them in the driver, not in a Spark job per read.
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
-        **({} if options.remote else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem"}),
         **options.conf,
     }
+
+
+def jvm_conf(options: SparkOptions) -> dict[str, str]:
+    """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches)."""
+    log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+    return {
+        "spark.driver.memory": options.driver_memory,
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        # Local files are written by Spark and committed by deltalake: no checksum side files.
+        "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    }
+
+
+def build_session(options: SparkOptions | None = None):
+    """Create (or reuse) the SparkSession for `options`: local/cluster, or a Spark Connect client."""
+    from pyspark.sql import SparkSession
+
+    options = options or SparkOptions()
+    _quiet_python_loggers()
+    if options.remote:
+        builder = SparkSession.builder.remote(options.remote)
+        # Only SQL settings are per session; the server was started with the rest (see jvm_conf).
+        conf = {k: v for k, v in session_conf(options).items() if k.startswith("spark.sql.")}
+    else:
+        check_java()
+        builder = SparkSession.builder.master(options.master)
+        conf = {**jvm_conf(options), **session_conf(options)}
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - pyspark raises plain/gRPC errors when it cannot connect
+        if not options.remote:
+            raise
+        raise EnvironmentProblem(
+            f"cannot connect to the Spark Connect server at {options.remote}: {str(exc).splitlines()[0][:200]}; "
+            "start one with `laminar serve` (or `make ui`), or point LAMINAR_SPARK_REMOTE / "
+            "SparkResource.remote at a running endpoint", remote=options.remote) from exc
     if not options.remote:
         spark.sparkContext.setLogLevel(options.log_level)
     return spark

@@ -18,7 +18,7 @@ PIPE = [SPECS["normalized_trades"], SPECS["vwap_1m"]]
 
 
 def test_stale_partition_backfill_equals_full_recompute(spark, lake, laminar, instance):
-    settings = LaminarSettings(backfill_threshold=1)  # two stale partitions -> one range run
+    settings = LaminarSettings()  # two stale partitions -> one range run
     defs = build_definitions(PIPE, settings, resources={"laminar": laminar})
     create_sources(lake, BASE)
     for spec in PIPE:

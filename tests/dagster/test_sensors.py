@@ -1,115 +1,118 @@
-"""Delta-version sensors against real commits: the exact run requests, idempotent run keys,
-range runs for large dirty sets, graph order through a stage's own output sensor."""
+"""The pipeline sensor against real commits: one run request per tick for the whole connected part,
+the exact partitions, idempotent run keys, graph order inside the run, held partitions, and no
+re-runs from a sensor without a cursor on a lake that is up to date."""
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 
+from laminar_assets.checkpoints import CheckpointStore, Watermark
+from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.flows import load_specs
+from laminar_assets.graph import components, graph_order
 from laminar_assets.schedules import build_schedule
-from laminar_assets.sensors import RANGE_END, RANGE_START, build_version_sensor, consumers_by_table
+from laminar_assets.sensors import RANGE_END, RANGE_START, build_pipeline_sensor, parse_cursor, range_requests
 from laminar_assets.settings import LaminarSettings
 from tests.dagster.pipeline import BASE, create_sources, trades
 
-SPECS = load_specs()
-SETTINGS = LaminarSettings(backfill_threshold=24)
-CONSUMERS = consumers_by_table(SPECS)
+SPECS, _ = specs_with_contracts(load_specs())
+BY_NAME = {s.name: s for s in SPECS}
+SETTINGS = LaminarSettings()
+[PART] = components(SPECS)
+FLOWS = {"vwap_1m", "ohlc_5m", "positions_1h", "large_trades", "sector_stats_1h"}
 
 
-def evaluate(table, laminar, instance, cursor):
-    sensor = build_version_sensor(table, CONSUMERS[table], SETTINGS)
+def tick(laminar, instance, cursor, blocking=frozenset()):
+    sensor = build_pipeline_sensor(PART, SETTINGS, blocking=set(blocking), contracts={"normalized_trades"})
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"laminar": laminar}) as ctx:
         return sensor(ctx)
 
 
-def requested(result):
-    return sorted((r.asset_selection[0].to_user_string(), r.partition_key) for r in result.run_requests)
+def span(request):
+    if request.partition_key:
+        return request.partition_key, request.partition_key
+    return request.tags[RANGE_START], request.tags[RANGE_END]
 
 
-def test_raw_trades_sensor_requests_exact_partitions(lake, laminar, instance):
+def test_components_and_graph_order():
+    assert PART.name == "raw_trades" and PART.external == ("raw_trades", "symbols")
+    assert PART.specs[0].name == "normalized_trades" and {s.name for s in PART.specs[1:]} == FLOWS
+    assert graph_order(list(reversed(SPECS)))[0].name == "normalized_trades"
+
+
+def test_one_run_for_the_stage_and_every_flow_it_feeds(lake, laminar, instance):
     create_sources(lake, BASE)
-    first = evaluate("raw_trades", laminar, instance, None)
-    assert requested(first) == [("normalized_trades", "2024-01-02-09:00"), ("normalized_trades", "2024-01-02-10:00")]
-    assert first.cursor == "0"
-    assert isinstance(evaluate("raw_trades", laminar, instance, "0"), dg.SkipReason)
+    first = tick(laminar, instance, None)
+    [request] = first.run_requests
+    assert set(request.asset_selection) == {dg.AssetKey(s.name) for s in SPECS}
+    # stage 09:00-10:00; sector_stats_1h's hopping windows reach back to 08:00
+    assert span(request) == ("2024-01-02-08:00", "2024-01-02-10:00")
+    assert request.tags["laminar/component"] == "raw_trades"
+    assert {c.name for c in request.asset_check_keys} == {"contract", "equivalence"}
+    assert parse_cursor(first.cursor).versions == {"raw_trades": 0, "symbols": 0}
+    # evaluated twice on the same state: the same run key, so Dagster launches once
+    assert tick(laminar, instance, None).run_requests[0].run_key == request.run_key
 
-    # append into the current window
-    lake.append("raw_trades", frame=trades([(10, "2024-01-02 10:06:00", "MSFT", "ACC-3", "BUY", 411.0, 100)]))
-    r = evaluate("raw_trades", laminar, instance, "0")
-    assert requested(r) == [("normalized_trades", "2024-01-02-10:00")] and r.cursor == "1"
-    # evaluated twice: the same run keys, so Dagster launches once
-    again = evaluate("raw_trades", laminar, instance, "0")
-    assert [q.run_key for q in again.run_requests] == [q.run_key for q in r.run_requests]
-    assert r.run_requests[0].tags["laminar/partition"] == "normalized_trades/2024-01-02-10:00"
 
-    # late rows into an old partition
+def test_a_late_row_requests_only_the_partitions_it_touches(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
     lake.append("raw_trades", frame=trades([(11, "2024-01-02 07:15:00", "XOM", "ACC-1", "SELL", 109.0, 100)]))
-    assert requested(evaluate("raw_trades", laminar, instance, "1")) == [("normalized_trades", "2024-01-02-07:00")]
-
-    # a delete: the change data file's statistics locate it
-    lake.delete("raw_trades", "trade_id = 3")
-    assert requested(evaluate("raw_trades", laminar, instance, "2")) == [("normalized_trades", "2024-01-02-09:00")]
+    [request] = tick(laminar, instance, cursor).run_requests
+    assert span(request) == ("2024-01-02-06:00", "2024-01-02-07:00")  # hopping flows reach back an hour
+    assert json.loads(tick(laminar, instance, cursor).cursor)["versions"]["raw_trades"] == 1
 
 
-def test_stage_output_sensor_fans_out_in_graph_order(lake, laminar, instance):
+def test_many_partitions_are_still_one_run(lake, laminar, instance):
     create_sources(lake, BASE)
-    lake.create("normalized_trades", frame=trades([(1, "2024-01-02 09:01:00", "AAPL", "ACC-1", "BUY", 190.0, 100)])
-                .assign(notional=19000.0, signed_quantity=100, sector="tech", currency="USD"))
-    r = evaluate("normalized_trades", laminar, instance, None)
-    got = requested(r)
-    flows = {"vwap_1m", "ohlc_5m", "positions_1h", "large_trades"}
-    assert {(f, "2024-01-02-09:00") for f in flows} <= set(got)
-    # the hopping 1 h / 15 min window also reaches back into the previous hour's windows
-    assert ("sector_stats_1h", "2024-01-02-08:00") in got and ("sector_stats_1h", "2024-01-02-09:00") in got
-    assert not any(name == "normalized_trades" for name, _ in got)
-
-
-def test_many_dirty_partitions_become_one_range_run(lake, laminar, instance):
-    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
     spread = [(100 + h, f"2024-01-{3 + h // 24:02d} {h % 24:02d}:10:00", "AAPL", "ACC-1", "BUY", 190.0, 100)
-              for h in range(40)]
+              for h in range(0, 40, 3)]
     lake.append("raw_trades", frame=trades(spread))
-    r = evaluate("raw_trades", laminar, instance, "0")
-    [request] = r.run_requests
-    assert request.partition_key is None
-    assert request.tags[RANGE_START] == "2024-01-03-00:00" and request.tags[RANGE_END] == "2024-01-04-15:00"
-    assert request.tags["laminar/dirty_partitions"] == "40"
+    [request] = tick(laminar, instance, cursor).run_requests
+    assert span(request) == ("2024-01-02-23:00", "2024-01-04-15:00")
 
 
-def test_dimension_sensor_refills_materialized_stage_partitions(lake, laminar, instance):
+def test_a_sensor_without_cursor_skips_what_the_watermarks_already_cover(lake, laminar, instance):
     create_sources(lake, BASE)
-    from laminar_assets.checkpoints import CheckpointStore, Watermark
+    store = CheckpointStore(lake.root)
+    for key in ("2024-01-02-09:00", "2024-01-02-10:00"):
+        store.save(Watermark("normalized_trades", key, BY_NAME["normalized_trades"].spec_hash,
+                             {"raw_trades": 0, "symbols": 0}, 1))
+    result = tick(laminar, instance, None)
+    assert isinstance(result, dg.SensorResult) and result.run_requests == []  # e.g. `dagster dev` after the demo
+    lake.append("raw_trades", frame=trades([(10, "2024-01-02 10:06:00", "MSFT", "ACC-3", "BUY", 411.0, 100)]))
+    [request] = tick(laminar, instance, result.cursor).run_requests
+    assert span(request) == ("2024-01-02-09:00", "2024-01-02-10:00")
 
-    CheckpointStore(lake.root).save(Watermark("normalized_trades", "2024-01-02-09:00", "x", {"raw_trades": 0}, 1))
-    assert evaluate("symbols", laminar, instance, None).cursor == "0"
+
+def test_the_sensor_waits_while_a_run_of_the_part_is_in_progress(lake, laminar, instance):
+    create_sources(lake, BASE)
+    run = instance.create_run_for_job(dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(
+        assets=[dg.AssetSpec("x")]).resolve_asset_graph()), tags={"laminar/component": "raw_trades"},
+        status=dg.DagsterRunStatus.STARTED)
+    skipped = tick(laminar, instance, None)
+    assert isinstance(skipped, dg.SkipReason) and run.run_id in skipped.skip_message
+    instance.report_run_failed(run)
+    assert isinstance(tick(laminar, instance, None), dg.SensorResult)
+
+
+def test_dimension_change_refills_materialized_stage_partitions(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    CheckpointStore(lake.root).save(Watermark("normalized_trades", "2024-01-02-09:00",
+                                              BY_NAME["normalized_trades"].spec_hash, {"raw_trades": 0}, 1))
     lake.append("symbols", frame=lake.read("symbols").head(1))
-    r = evaluate("symbols", laminar, instance, "0")
-    assert requested(r) == [("normalized_trades", "2024-01-02-09:00")]
+    [request] = tick(laminar, instance, cursor).run_requests
+    assert span(request) == ("2024-01-02-08:00", "2024-01-02-09:00")
 
 
-def test_schedule_requests_the_current_partition():
-    spec = {s.name: s for s in SPECS}["vwap_1m"]
-    _job, schedule = build_schedule(spec, "*/15 * * * *", SETTINGS)
-    from datetime import datetime, timezone
-
-    ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 2, 10, 45, tzinfo=timezone.utc))
-    request = schedule(ctx)
-    assert request.partition_key == "2024-01-02-10:00"
-
-
-def test_partitions_reading_a_failed_blocking_check_are_held_until_it_passes(lake, laminar, instance):
-    from laminar_assets.sensors import parse_cursor
-
-    stage = next(s for s in SPECS if s.name == "normalized_trades")
-    sensor = build_version_sensor("normalized_trades", CONSUMERS["normalized_trades"], SETTINGS, stage)
-
-    def tick(cursor):
-        with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"laminar": laminar}) as ctx:
-            return sensor(ctx)
-
+def test_flow_partitions_reading_a_failed_blocking_check_are_held_until_it_passes(lake, laminar, instance):
     from laminar_assets.assets import partitions_def
 
-    pdef = partitions_def(stage, SETTINGS)
+    pdef = partitions_def(BY_NAME["normalized_trades"], SETTINGS)
 
     def report(passed):  # a real run of a `contract` check on the stage's 09:00 partition
         @dg.asset(name="normalized_trades", partitions_def=pdef)
@@ -124,32 +127,45 @@ def test_partitions_reading_a_failed_blocking_check_are_held_until_it_passes(lak
                        raise_on_error=False)
 
     create_sources(lake, BASE)
+    cursor = json.dumps({"versions": {"raw_trades": 0, "symbols": 0}})
+    store = CheckpointStore(lake.root)
+    for key in ("2024-01-02-09:00", "2024-01-02-10:00"):  # the stage is up to date; its output changes
+        store.save(Watermark("normalized_trades", key, BY_NAME["normalized_trades"].spec_hash,
+                             {"raw_trades": 0, "symbols": 0}, 1))
     lake.create("normalized_trades", frame=trades([(1, "2024-01-02 09:01:00", "AAPL", "ACC-1", "BUY", 190.0, 100),
                                                    (2, "2024-01-02 10:01:00", "AAPL", "ACC-1", "BUY", 190.0, 100)])
                 .assign(notional=19000.0, signed_quantity=100, sector="tech", currency="USD"))
     report(False)
-    held = tick(None)
-    assert {k for _, k in requested(held)} == {"2024-01-02-10:00"}  # 09:00 reads the failed partition
-    version, parked = parse_cursor(held.cursor)
-    assert version == 0 and parked["vwap_1m"] == ["2024-01-02-09:00"]
-    # hopping 1 h windows starting at 08:xx read 09:xx rows too
-    assert parked["sector_stats_1h"] == ["2024-01-02-08:00", "2024-01-02-09:00"]
-    assert isinstance(tick(held.cursor), dg.SkipReason) or not tick(held.cursor).run_requests
+    held = tick(laminar, instance, cursor, blocking={"normalized_trades"})
+    [request] = held.run_requests
+    assert span(request) == ("2024-01-02-10:00", "2024-01-02-10:00")  # 09:00 reads the failed partition
+    parked = parse_cursor(held.cursor).held
+    assert parked["vwap_1m"] == ("2024-01-02-09:00",)
+    assert parked["sector_stats_1h"] == ("2024-01-02-08:00", "2024-01-02-09:00")  # hopping windows read 09:xx
     report(True)
-    released = tick(held.cursor)
-    assert {k for _, k in requested(released)} == {"2024-01-02-08:00", "2024-01-02-09:00"}
-    assert released.cursor == "0"
+    released = tick(laminar, instance, held.cursor, blocking={"normalized_trades"})
+    [request] = released.run_requests
+    assert span(request) == ("2024-01-02-08:00", "2024-01-02-09:00") and not parse_cursor(released.cursor).held
 
 
-def test_range_runs_never_span_a_partition_left_out():
-    from laminar_assets.sensors import partition_requests
+def test_range_requests_make_one_run_per_partitioning():
+    from laminar_assets.engine import Agg, FlowSpec, Tumbling
 
-    stage = next(s for s in SPECS if s.name == "normalized_trades")
-    keys = [f"2024-01-03-{h:02d}:00" for h in range(24) if h not in (14, 15)] + \
-        [f"2024-01-04-{h:02d}:00" for h in range(6)]
-    requests = partition_requests(stage, keys, SETTINGS, run_key_prefix="t")
-    assert [(r.tags[RANGE_START], r.tags[RANGE_END]) for r in requests] == [
-        ("2024-01-03-00:00", "2024-01-03-13:00"), ("2024-01-03-16:00", "2024-01-04-05:00")]
+    daily = FlowSpec(name="daily_counts", source="normalized_trades", event_time="event_time",
+                     window=Tumbling("1h"), aggregates=(Agg.count(),), partitioning="daily")
+    reqs = range_requests({BY_NAME["vwap_1m"]: ["2024-01-03-05:00"], BY_NAME["ohlc_5m"]: ["2024-01-03-01:00"],
+                           daily: ["2024-01-03"]}, SETTINGS, run_key="k")
+    assert sorted((span(r), len(r.asset_selection)) for r in reqs) == [
+        (("2024-01-03", "2024-01-03"), 1), (("2024-01-03-01:00", "2024-01-03-05:00"), 2)]
+
+
+def test_schedule_requests_the_current_partition():
+    _job, schedule = build_schedule(BY_NAME["vwap_1m"], "*/15 * * * *", SETTINGS, "raw_trades")
+    from datetime import datetime, timezone
+
+    ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 2, 10, 45, tzinfo=timezone.utc))
+    request = schedule(ctx)
+    assert request.partition_key == "2024-01-02-10:00" and request.tags["laminar/component"] == "raw_trades"
 
 
 def test_new_commits_stops_at_the_version_the_tick_read(lake):
@@ -159,3 +175,8 @@ def test_new_commits_stops_at_the_version_the_tick_read(lake):
     lake.append("raw_trades", frame=trades([(10, "2024-01-02 10:06:00", "MSFT", "ACC-3", "BUY", 411.0, 100)]))
     assert new_commits(lake.root, "raw_trades", "event_time", 0, upto=0) is None  # landed after the tick began
     assert new_commits(lake.root, "raw_trades", "event_time", 0).to_version == 1
+
+
+def test_single_partition_requests_name_the_partition():
+    [req] = range_requests({BY_NAME["vwap_1m"]: ["2024-01-03-05:00"]}, SETTINGS, run_key="k")
+    assert req.partition_key == "2024-01-03-05:00" and RANGE_START not in req.tags

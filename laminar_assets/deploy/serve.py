@@ -1,0 +1,126 @@
+"""`laminar serve` / `make ui`: the local deployment in one command.
+
+Starts a Spark Connect server (unless an endpoint is given) and `dagster dev` (webserver and
+daemon) with `LAMINAR_SPARK_REMOTE` pointing at it, so every run the daemon launches connects to
+a warm JVM instead of starting its own. Both bind to 127.0.0.1; Ctrl-C (or SIGTERM) stops both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from laminar_assets.errors import EnvironmentProblem
+
+from .connect_server import ConnectServer, ConnectServerOptions, port_in_use, start_connect_server
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `laminar serve` starts. `spark_remote` set: use that endpoint, start no server."""
+
+    root: str
+    dagster_home: str
+    workspace: str = "workspace.yaml"
+    host: str = "127.0.0.1"
+    ui_port: int = 3000
+    spark: ConnectServerOptions = field(default_factory=ConnectServerOptions)
+    spark_remote: str | None = None
+    log_dir: str = ".laminar/logs"
+    start_timeout: float = 180.0
+
+
+@dataclass
+class Deployment:
+    """The running processes; `stop()` ends them (dagster first, then Spark)."""
+
+    dagster: subprocess.Popen
+    spark: ConnectServer | None
+    remote: str
+    ui_url: str
+
+    def stop(self) -> None:
+        _stop_group(self.dagster, timeout=60)
+        if self.spark is not None:
+            self.spark.stop()
+
+
+def _stop_group(process: subprocess.Popen, timeout: float) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+    except ProcessLookupError:
+        pass
+
+
+def start(options: ServeOptions) -> Deployment:
+    """Start Spark Connect (unless remote) and `dagster dev`; return once the UI answers."""
+    if not os.path.exists(options.workspace):
+        raise EnvironmentProblem(f"no {options.workspace} in {os.getcwd()}: run `laminar serve` from the project "
+                                 "folder (where workspace.yaml and dagster.yaml are)", workspace=options.workspace)
+    if port_in_use(options.host, options.ui_port):
+        raise EnvironmentProblem(f"port {options.ui_port} on {options.host} is already in use, so the Dagster UI "
+                                 f"cannot start there: stop what listens on it or choose another with `--ui-port`",
+                                 port=options.ui_port)
+    os.makedirs(options.log_dir, exist_ok=True)
+    spark = None
+    remote = options.spark_remote
+    if remote is None:
+        spark = start_connect_server(options.spark)
+        remote = spark.url
+    env = {**os.environ, "DAGSTER_HOME": options.dagster_home, "LAMINAR_ROOT": options.root,
+           "LAMINAR_SPARK_REMOTE": remote}
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", options.workspace, "-h", options.host,
+           "-p", str(options.ui_port)]
+    log = open(os.path.join(options.log_dir, "dagster.log"), "ab")
+    try:
+        dagster = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    except OSError:
+        if spark:
+            spark.stop()
+        raise
+    finally:
+        log.close()
+    deployment = Deployment(dagster, spark, remote, f"http://{options.host}:{options.ui_port}")
+    deadline = time.monotonic() + options.start_timeout
+    while not port_in_use(options.host, options.ui_port):
+        if dagster.poll() is not None or time.monotonic() > deadline:
+            deployment.stop()
+            raise EnvironmentProblem(f"`dagster dev` did not start (exit code {dagster.returncode}); see "
+                                     f"{os.path.join(options.log_dir, 'dagster.log')}")
+        time.sleep(0.5)
+    return deployment
+
+
+def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | None = None,
+          stop: threading.Event | None = None) -> int:
+    """Run until Ctrl-C/SIGTERM, `stop` is set, or a process dies; always stop both. Returns an exit code."""
+    stop = stop or threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    deployment = start(options)
+    try:
+        if on_ready:
+            on_ready(deployment)
+        while not stop.wait(1.0):
+            if deployment.dagster.poll() is not None:
+                return deployment.dagster.returncode or 1
+            if deployment.spark is not None and not deployment.spark.running():
+                return 1
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        deployment.stop()
+        signal.signal(signal.SIGTERM, previous)
