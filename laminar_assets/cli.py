@@ -245,7 +245,7 @@ def refill(
     from laminar_assets.assets import FORCE_TAG
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.engine.windows import partition_interval
-    from laminar_assets.orchestrate import execute_request
+    from laminar_assets.orchestrate import execute_request, failure_message
     from laminar_assets.sensors import RANGE_END, RANGE_START
 
     c: CliContext = ctx.obj
@@ -269,9 +269,8 @@ def refill(
     with console.status(f"refilling {flow} {start}...{end}"):
         outcome = execute_request(c.definitions(), request, c.instance())
     if not outcome.success:
-        failure = next((e for e in outcome.all_events if e.is_step_failure), None)
-        raise LaminarError(failure.step_failure_data.error.message.strip().splitlines()[0] if failure else "refill failed",
-                           flow=flow)
+        raise LaminarError(f"refill of {flow} {start}...{end} failed (Dagster run {outcome.run_id[:8]}): "
+                           f"{failure_message(outcome)}")
     mats = outcome.asset_materializations_for_node(flow)
     console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
                   f"(run {outcome.run_id})")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from laminar_assets.orchestrate import evaluate_sensor, execute_request
+from laminar_assets.orchestrate import evaluate_sensor, execute_request, failure_message
 
 from .generator import BatchOptions, BatchSummary, write_batch
 
@@ -78,9 +78,8 @@ class Driver:
 def _row(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> RunRow:
     name = request.asset_selection[0].to_user_string()
     if not outcome.success:
-        failure = next((e for e in outcome.all_events if e.is_step_failure), None)
-        message = failure.step_failure_data.error.message.strip().splitlines()[0] if failure else "run failed"
-        return RunRow(name, request.partition_key or "range", "FAILED", "-", "-", 0, 0, 0.0, 0, False, message)
+        return RunRow(name, request.partition_key or "range", "FAILED", "-", "-", 0, 0, 0.0, 0, False,
+                      failure_message(outcome))
     mat = outcome.asset_materializations_for_node(name)[0]
     md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
     frm, to = md.get("versions_from", {}), md.get("versions_to", {})

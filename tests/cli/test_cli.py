@@ -35,19 +35,66 @@ def test_dag_json_shape(tmp_path):
     assert rows["vwap_1m"]["kind"] == "flow" and rows["vwap_1m"]["outputs"] == []
 
 
+def run_cli(*args, home):
+    """`laminar ARGS` in a fresh process (through `main()`, as the installed command runs)."""
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "laminar_assets.cli", *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def one_error_line(proc) -> str:
+    """The single non-blank line on stderr (asserted), without tracebacks."""
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh")}
     for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02...2024-01-03"],
                         "bad partition in --partition-range"),
                        (["status", "--bogus"], "No such option")]:
-        proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "--root", str(tmp_path), *args],
-                              capture_output=True, text=True, env=env, timeout=120)
+        proc = run_cli("--root", str(tmp_path), *args, home=tmp_path / "dh")
         assert proc.returncode != 0, args
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        assert len(lines) == 1 and text in lines[0], (args, proc.stderr)
-        assert "Traceback" not in proc.stderr
+        assert text in one_error_line(proc), (args, proc.stderr)
+
+
+def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
+    """A run that fails inside Dagster: no Dagster log lines or stack traces on the console, one line that
+    names the flow, the range and the Laminar error; the failure is still recorded in the Dagster instance."""
+    import dagster as dg
+
+    lake, home = tmp_path / "lake", tmp_path / "dh"
+    lake.mkdir()  # a storage root without tables: the flow's source is missing
+    proc = run_cli("--root", str(lake), "refill", "vwap_1m", "--partition-range",
+                   "2024-01-02-09:00...2024-01-02-10:00", home=home)
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert "STEP_FAILURE" not in proc.stderr + proc.stdout and "Stack Trace" not in proc.stderr + proc.stdout
+    assert "vwap_1m" in line and "2024-01-02-09:00...2024-01-02-10:00" in line, line
+    assert "source table 'normalized_trades' does not exist" in line, line
+    assert "dagster._core" not in line and "Failure:" not in line, line
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        [run] = instance.get_runs()
+        events = instance.all_logs(run.run_id)
+    assert any(e.dagster_event and e.dagster_event.is_step_failure for e in events)
+
+
+def test_failure_message_of_an_unexpected_exception_is_its_own_first_line():
+    """Not a LaminarError: the innermost exception (Dagster wraps it in its own), first line only."""
+    import dagster as dg
+
+    from laminar_assets.orchestrate import QUIET_CONSOLE, failure_message
+
+    @dg.asset
+    def broken():
+        raise ValueError("boom\nsecond line")
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        outcome = dg.materialize([broken], instance=instance, raise_on_error=False, run_config=QUIET_CONSOLE)
+    assert failure_message(outcome) == "ValueError: boom"
 
 
 @pytest.mark.spark
