@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from laminar_assets.errors import LaminarError
 
@@ -83,6 +85,17 @@ def _emit_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def _lit(value) -> str:
+    """Engine, Spark or user text inside a rich markup string: `[...]` in it stays text (Spark's
+    `Input [9]: [ts#1, ...]`, a LaminarError's `[flow=...]`) instead of being read as a style tag."""
+    return escape(str(value))
+
+
+def _add_row(table: Table, *cells) -> None:
+    """A table row whose text is shown literally, like `_lit`; a styled cell is passed as a rich `Text`."""
+    table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells))
+
+
 @app.command()
 def demo(
     ctx: typer.Context,
@@ -98,26 +111,26 @@ def demo(
     instance = c.instance()
     with console.status("starting Spark and the Dagster instance...") as status:
         def progress(row):
-            status.update(f"{row.flow} {row.partition}: {row.mode} ({row.reason})")
+            status.update(_lit(f"{row.flow} {row.partition}: {row.mode} ({row.reason})"))
 
         steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress)
     failed = 0
     for step in steps:
         b = step.batch
-        console.print(f"\n[bold]{step.title}[/bold]: appended {b.appended}, late {b.late}, duplicates {b.duplicates}, "
-                      f"corrected {b.updated}, cancelled {b.deleted}, broken {b.bad}; raw_trades versions "
-                      f"{list(b.versions)}; "
+        console.print(f"\n[bold]{_lit(step.title)}[/bold]: appended {b.appended}, late {b.late}, "
+                      f"duplicates {b.duplicates}, corrected {b.updated}, cancelled {b.deleted}, broken {b.bad}; "
+                      f"raw_trades versions {_lit(list(b.versions))}; "
                       f"{step.requests} runs from {step.sensor_ticks} sensor ticks in {step.seconds:.1f}s")
         table = Table("flow", "partition", "mode", "reason", "versions", "rows read", "sink rows", "quarantined",
                       "seconds")
         for r in step.runs:
             failed += not r.success
-            table.add_row(r.flow, r.partition, r.mode if r.success else "[red]FAILED[/red]",
-                          r.reason if r.success else r.error, r.versions, str(r.rows_read), str(r.sink_rows),
-                          str(r.quarantined), f"{r.seconds:.2f}")
+            _add_row(table, r.flow, r.partition, r.mode if r.success else Text("FAILED", style="red"),
+                     r.reason if r.success else r.error, r.versions, r.rows_read, r.sink_rows, r.quarantined,
+                     f"{r.seconds:.2f}")
         console.print(table)
     console.print(f"\nDelta tables: {c.root}\nDagster runs and metadata: DAGSTER_HOME={c.dagster_home} "
-                  f"{sys.prefix}/bin/dagster dev   (then open http://localhost:3000)")
+                  f"{sys.prefix}/bin/dagster dev   (then open http://localhost:3000)", markup=False)
     if failed:
         raise LaminarError(f"{failed} run(s) failed; see the table above")
 
@@ -143,7 +156,7 @@ def generate(
                                                bad_share=bad_share, seed=seed),
                     batch=batch)
     console.print(f"raw_trades: appended {s.appended}, late {s.late}, duplicates {s.duplicates}, corrected "
-                  f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}")
+                  f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}", markup=False)
 
 
 @app.command()
@@ -157,8 +170,8 @@ def dag(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="
         return
     table = Table("node", "kind", "inputs", "outputs", "shared", "partitioning")
     for r in rows:
-        table.add_row(r["node"], r["kind"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
-                      "yes" if r["is_shared"] else "", r["partitioning"] or "")
+        _add_row(table, r["node"], r["kind"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
+                 "yes" if r["is_shared"] else "", r["partitioning"] or "")
     console.print(table)
 
 
@@ -199,21 +212,27 @@ def explain(
         _emit_json(report)
         return
     lg, st = report["logical"], report["strategy"]
-    console.print(f"[bold]== logical ==[/bold]\n{lg['kind']} {lg['name']}: {lg['description']}")
-    console.print(f"source {', '.join(lg['sources'])}, event time {lg['event_time']}, filter {lg['filter'] or '-'}")
+    # Everything below but the headings is spec, engine or Spark text: printed without markup.
+    console.print("[bold]== logical ==[/bold]")
+    console.print(f"{lg['kind']} {lg['name']}: {lg['description']}", markup=False)
+    console.print(f"source {', '.join(lg['sources'])}, event time {lg['event_time']}, filter {lg['filter'] or '-'}",
+                  markup=False)
     if lg["kind"] == "flow":
         w = lg["window"]
-        console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}")
+        console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}",
+                      markup=False)
         for a in lg["aggregates"]:
             console.print(f"  {a['name']} = {a['kind']}({a['column'] or '*'})  state {a['state_columns']}  "
-                          f"{'retractable' if a['retractable'] else 'not retractable'}")
-    console.print(f"\n[bold]== physical ==[/bold]\n{report['physical']}")
-    console.print(f"\n[bold]== strategy ==[/bold]\npartition {st['partition']}: [bold]{st['mode']}[/bold] "
-                  f"({st['reason']}) — {st['detail']}")
+                          f"{'retractable' if a['retractable'] else 'not retractable'}", markup=False)
+    console.print("\n[bold]== physical ==[/bold]")
+    console.print(report["physical"], markup=False, highlight=False, soft_wrap=True)  # Spark's lines, verbatim
+    console.print(f"\n[bold]== strategy ==[/bold]\npartition {_lit(st['partition'])}: [bold]{_lit(st['mode'])}[/bold] "
+                  f"({_lit(st['reason'])}) — {_lit(st['detail'])}")
     console.print(f"watermark {st['watermark']['source_versions'] if st['watermark'] else None} -> target "
-                  f"{st['to_versions']}; pending after this run {st['pending_versions']}")
-    console.print(f"commits to read: {len(st['pending_commits'])}; estimated read {st['estimated_read']}")
-    console.print(f"refill scope: {'whole partition' if st['refill_all'] else st['refill'] or 'none'}")
+                  f"{st['to_versions']}; pending after this run {st['pending_versions']}", markup=False)
+    console.print(f"commits to read: {len(st['pending_commits'])}; estimated read {st['estimated_read']}",
+                  markup=False)
+    console.print(f"refill scope: {'whole partition' if st['refill_all'] else st['refill'] or 'none'}", markup=False)
 
 
 @app.command()
@@ -228,8 +247,8 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) ->
     table = Table("flow", "kind", "source versions", "materialized", "stale", "pending versions")
     for r in rows:
         stale = ", ".join(f"{s['partition']} ({s['reason']})" for s in r["stale_partitions"]) or "-"
-        table.add_row(r["flow"], r["kind"], json.dumps(r["source_versions"]), str(r["partitions_materialized"]),
-                      stale, str(r["pending_versions"]))
+        _add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"], stale,
+                 r["pending_versions"])
     console.print(table)
 
 
@@ -266,14 +285,14 @@ def refill(
             raise LaminarError(f"bad partition in --partition-range: {exc}", flow=flow) from None
     request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
                             tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
-    with console.status(f"refilling {flow} {start}...{end}"):
+    with console.status(_lit(f"refilling {flow} {start}...{end}")):
         outcome = execute_request(c.definitions(), request, c.instance())
     if not outcome.success:
         raise LaminarError(f"refill of {flow} {start}...{end} failed (Dagster run {outcome.run_id[:8]}): "
                            f"{failure_message(outcome)}")
     mats = outcome.asset_materializations_for_node(flow)
     console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
-                  f"(run {outcome.run_id})")
+                  f"(run {outcome.run_id})", markup=False)
 
 
 @app.command()
@@ -297,8 +316,8 @@ def quarantine(
         return
     table = Table("source", "flow", "rule", "rows", "source versions", "example row")
     for r in out:
-        table.add_row(r["source"], r["flow"], r["rule"], str(r["rows"]),
-                      f"{r['min_version']}..{r['max_version']}", (r["examples"] or [""])[0])
+        _add_row(table, r["source"], r["flow"], r["rule"], r["rows"], f"{r['min_version']}..{r['max_version']}",
+                 (r["examples"] or [""])[0])
     console.print(table if out else "nothing quarantined")
 
 
@@ -331,7 +350,7 @@ def check(
     with console.status("checking...") as status:
         for spec in c.specs():
             for key in store.partitions(spec.name):
-                status.update(f"{spec.name} {key}")
+                status.update(_lit(f"{spec.name} {key}"))
                 if spec.sink in contracts:
                     r = contract_result(engine, spec, contracts[spec.sink], key)
                     rows_out.append({"check": "contract", "asset": spec.name, "partition": key, "passed": r.passed,
@@ -351,8 +370,8 @@ def check(
             summary.setdefault((r["check"], r["asset"]), []).append(r)
         for (name, asset), items in summary.items():
             bad = [i for i in items if not i["passed"]]
-            table.add_row(name, asset, str(len(items)), "[green]yes[/green]" if not bad else "[red]no[/red]",
-                          "; ".join(f"{i['partition']}: {json.dumps(i['details'], default=str)[:200]}" for i in bad))
+            _add_row(table, name, asset, len(items), Text("yes", style="green") if not bad else Text("no", style="red"),
+                     "; ".join(f"{i['partition']}: {json.dumps(i['details'], default=str)[:200]}" for i in bad))
         console.print(table)
     if not rows_out:
         raise LaminarError(f"nothing to check under {c.root}: materialize something first (or pass --demo)")
@@ -374,7 +393,7 @@ def main() -> None:
     except LaminarError as exc:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        err_console.print(f"[red]error:[/red] {_lit(exc)}", soft_wrap=True)
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -385,11 +404,11 @@ def main() -> None:
         import click
 
         if isinstance(exc, click.ClickException):
-            err_console.print(f"[red]error:[/red] {exc.format_message()}", soft_wrap=True)
+            err_console.print(f"[red]error:[/red] {_lit(exc.format_message())}", soft_wrap=True)
             sys.exit(exc.exit_code)
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {_lit(exc)} (run with --debug for the traceback)",
                           soft_wrap=True)
         sys.exit(1)
 

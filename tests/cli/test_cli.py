@@ -61,6 +61,13 @@ def test_errors_are_one_red_line_and_nonzero(tmp_path):
         assert text in one_error_line(proc), (args, proc.stderr)
 
 
+def test_error_line_keeps_bracketed_facts(tmp_path):
+    """The `[flow=...]` facts of a LaminarError are text, not rich markup."""
+    proc = run_cli("--root", str(tmp_path), "explain", "nope", home=tmp_path / "dh")
+    assert proc.returncode == 1
+    assert one_error_line(proc).endswith("[flow=nope]"), proc.stderr
+
+
 def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
     """A run that fails inside Dagster: no Dagster log lines or stack traces on the console, one line that
     names the flow, the range and the Laminar error; the failure is still recorded in the Dagster instance."""
@@ -74,7 +81,7 @@ def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
     line = one_error_line(proc)
     assert "STEP_FAILURE" not in proc.stderr + proc.stdout and "Stack Trace" not in proc.stderr + proc.stdout
     assert "vwap_1m" in line and "2024-01-02-09:00...2024-01-02-10:00" in line, line
-    assert "source table 'normalized_trades' does not exist" in line, line
+    assert "source table 'normalized_trades' does not exist" in line and "[table=normalized_trades]" in line, line
     assert "dagster._core" not in line and "Failure:" not in line, line
     with dg.DagsterInstance.from_config(str(home)) as instance:
         [run] = instance.get_runs()
@@ -95,6 +102,44 @@ def test_failure_message_of_an_unexpected_exception_is_its_own_first_line():
     with dg.DagsterInstance.ephemeral() as instance:
         outcome = dg.materialize([broken], instance=instance, raise_on_error=False, run_config=QUIET_CONSOLE)
     assert failure_message(outcome) == "ValueError: boom"
+
+
+def test_explain_text_keeps_brackets_of_plan_and_spec(tmp_path, monkeypatch):
+    """Spark's formatted plan (`Input [9]: [...]`) and user text are printed as they are, not as rich markup."""
+    import laminar_assets.engine.report as report
+    from laminar_assets.cli import CliContext
+
+    plan = ("(2) HashAggregate [codegen id : 1]\nInput [9]: [ts#1, sym#2, px#3]\n"
+            "Keys [3]: [sym#2, window#30]\nResults [1]: [/sum(px#3)]")
+    canned = {
+        "logical": {**report.logical(SPECS["vwap_1m"]), "description": "per [sym] minute", "filter": "sym <> '[x]'"},
+        "physical": plan,
+        "strategy": {"partition": "2024-01-02-09:00", "mode": "INCREMENTAL", "reason": "NEW_VERSIONS",
+                     "detail": "versions [3, 4] of [raw_trades]", "watermark": None, "to_versions": {"raw": 4},
+                     "pending_versions": {"raw": 0}, "pending_commits": [], "estimated_read": {},
+                     "refill_all": False, "refill": []},
+    }
+    monkeypatch.setattr(report, "explain", lambda engine, spec, key: canned)
+    monkeypatch.setattr(CliContext, "engine", lambda self: None)
+    out = invoke("--root", str(tmp_path), "explain", "vwap_1m", "--partition", "2024-01-02-09:00",
+                 home=tmp_path / "dh")
+    assert out.exit_code == 0, out.output
+    for text in ("Input [9]: [ts#1, sym#2, px#3]", "Keys [3]: [sym#2, window#30]", "Results [1]: [/sum(px#3)]",
+                 "[codegen id : 1]", "per [sym] minute", "sym <> '[x]'", "versions [3, 4] of [raw_trades]"):
+        assert text in out.output, (text, out.output)
+
+
+def test_quarantine_example_rows_keep_brackets(tmp_path, monkeypatch):
+    import laminar_assets.engine.quarantine as quarantine
+
+    (tmp_path / "_laminar" / "quarantine" / "raw_trades").mkdir(parents=True)
+    row = '{"sym": "[b]ad", "qty": -1}'
+    monkeypatch.setattr(quarantine, "summarize", lambda uri, examples: [
+        {"source": "raw_trades", "flow": "normalized_trades", "rule": "positive_quantity", "rows": 1,
+         "min_version": 1, "max_version": 1, "examples": [row]}])
+    out = invoke("--root", str(tmp_path), "quarantine", home=tmp_path / "dh")
+    assert out.exit_code == 0, out.output
+    assert '"[b]ad"' in out.output, out.output
 
 
 @pytest.mark.spark
@@ -147,6 +192,7 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     key = stage_status["stale_partitions"][0]["partition"]
     text = invoke("--root", str(root), "explain", "normalized_trades", "--partition", key, home=home).output
     assert "== logical ==" in text and "== physical ==" in text and "== strategy ==" in text
+    assert "Input [" in text and "]: [" in text  # Spark's column lists survive the console
     assert ("INCREMENTAL" in text or "REFILL" in text) and "NOOP" not in text
 
     refilled = invoke("--root", str(root), "refill", "vwap_1m", "--partition-range",
