@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from laminar_assets.errors import LaminarError
+from laminar_assets.errors import LakeNotFoundError, LaminarError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Incremental time-window rollups over Delta tables (Spark + Dagster).")
@@ -29,6 +29,15 @@ class CliContext:
     root: str
     dagster_home: str
     debug: bool
+
+    def require_lake(self) -> None:
+        """Commands that read a lake fail on a root that is not there (a mistyped --root, or no lake created
+        yet) instead of reporting an empty lake; commands that create one (demo, generate) do not call this."""
+        if os.path.isdir(self.root):
+            return
+        found = "is not a directory" if os.path.exists(self.root) else "does not exist"
+        raise LakeNotFoundError(f"storage root {self.root} {found}: expected a lake (Delta tables) there; pass the "
+                                "right --root (or set LAMINAR_ROOT), or create a lake with `laminar demo`")
 
     def specs(self):
         from laminar_assets.flows import load_specs
@@ -201,6 +210,7 @@ def explain(
     from laminar_assets.engine.windows import partition_interval
 
     c: CliContext = ctx.obj
+    c.require_lake()
     spec = c.spec(flow)
     key = partition or _default_partition(c, spec)
     try:
@@ -240,6 +250,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) ->
     """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions."""
     from laminar_assets.engine.report import status as status_report
 
+    ctx.obj.require_lake()
     rows = status_report(ctx.obj.root, ctx.obj.specs())
     if as_json:
         _emit_json(rows)
@@ -268,6 +279,7 @@ def refill(
     from laminar_assets.sensors import RANGE_END, RANGE_START
 
     c: CliContext = ctx.obj
+    c.require_lake()
     spec = c.spec(flow)
     if partition_range:
         if "..." not in partition_range:
@@ -306,6 +318,7 @@ def quarantine(
     from laminar_assets.engine.quarantine import summarize
 
     c: CliContext = ctx.obj
+    c.require_lake()
     folder = os.path.join(c.root, "_laminar", "quarantine")
     names = [source] if source else sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     out = [row for name in names for row in summarize(os.path.join(folder, name), examples=examples)]
@@ -343,6 +356,7 @@ def check(
 
         with console.status("running the demo pipeline..."):
             run_demo(c.definitions(), c.instance(), c.specs(), c.root, rows=rows, seed=7)
+    c.require_lake()
     contracts = load_contracts(CONTRACTS)
     engine = c.engine()
     store = CheckpointStore(c.root)

@@ -142,6 +142,27 @@ def test_quarantine_example_rows_keep_brackets(tmp_path, monkeypatch):
     assert '"[b]ad"' in out.output, out.output
 
 
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["explain", "vwap_1m"], ["quarantine"],
+                                  ["refill", "vwap_1m"], ["check"]])
+def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
+    """Commands that read a lake fail on a root that does not exist instead of reporting an empty lake."""
+    missing = tmp_path / "nowhere"
+    proc = run_cli("--root", str(missing), *args, home=tmp_path / "dh")
+    assert proc.returncode == 1, (args, proc.stdout)
+    line = one_error_line(proc)
+    assert str(missing) in line and "does not exist" in line and "laminar demo" in line and "--root" in line, line
+    assert not proc.stdout.strip(), proc.stdout
+    assert not missing.exists()
+
+
+def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
+    new = tmp_path / "new" / "lake"
+    assert run_cli("--root", str(new), "dag", home=tmp_path / "dh").returncode == 0
+    proc = run_cli("--root", str(new), "generate", "--rows", "50", "--batch", "0", home=tmp_path / "dh")
+    assert proc.returncode == 0, proc.stderr
+    assert (new / "raw_trades").is_dir()
+
+
 @pytest.mark.spark
 def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     root, home = tmp_path / "lake", tmp_path / "dh"
