@@ -8,6 +8,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -20,6 +21,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Incremental time-window rollups over Delta tables (Spark + Dagster).")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+# What typer raises for a bad command line (unknown option, bad value, missing argument): its own exceptions
+# since it vendors click (typer.TyperException), click's before that. They carry the message naming the
+# option and the exit code (2 for usage errors).
+USAGE_ERRORS = tuple(t for t in (getattr(typer, "TyperException", None), click.ClickException) if t is not None)
 
 
 @dataclass
@@ -396,8 +402,22 @@ def check(
         console.print(f"all {len(rows_out)} checks passed")
 
 
+def _usage_error(exc) -> None:
+    """A bad command line: typer's message (it names the option or argument) as one red line with where to
+    find help, and typer's exit code (2 for usage errors). `laminar` alone shows the help instead."""
+    message = exc.format_message().strip()
+    if type(exc).__name__ == "NoArgsIsHelpError":  # the message is the help (typer's rich help is printed already)
+        if message:
+            err_console.print(message, markup=False, highlight=False)
+    else:
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else " (see --help)"
+        err_console.print(f"[red]error:[/red] {_lit(message + hint)}", soft_wrap=True)
+    sys.exit(exc.exit_code)
+
+
 def main() -> None:
-    """Entry point: a LaminarError (or a usage error) becomes one red line and a non-zero exit."""
+    """Entry point: a LaminarError becomes one red line and exit 1, a usage error one red line and exit 2."""
     import warnings
 
     debug = "--debug" in sys.argv
@@ -414,12 +434,9 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("[red]aborted[/red]")
         sys.exit(130)
+    except USAGE_ERRORS as exc:
+        _usage_error(exc)
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
-            err_console.print(f"[red]error:[/red] {_lit(exc.format_message())}", soft_wrap=True)
-            sys.exit(exc.exit_code)
         if debug:
             raise
         err_console.print(f"[red]error:[/red] {type(exc).__name__}: {_lit(exc)} (run with --debug for the traceback)",

@@ -163,6 +163,29 @@ def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
     assert (new / "raw_trades").is_dir()
 
 
+@pytest.mark.parametrize("args, named", [
+    (["status", "--bogus"], "--bogus"),
+    (["demo", "--rows", "3"], "'--rows'"),
+    (["quarantine", "--examples", "many"], "'--examples'"),
+    (["explain"], "argument 'flow'"),
+    (["explain", "vwap_1m", "--partition"], "'--partition'"),
+    (["--root"], "'--root'"),
+    (["nosuchcommand"], "'nosuchcommand'"),
+])
+def test_usage_errors_exit_2_naming_the_option(tmp_path, args, named):
+    proc = run_cli(*args, home=tmp_path / "dh")
+    assert proc.returncode == 2, (args, proc.stderr)
+    line = one_error_line(proc)
+    assert line.startswith("error: ") and named in line, (args, line)
+    assert "--help" in line, line  # where to look next
+
+
+def test_no_arguments_shows_help_without_an_error_line(tmp_path):
+    proc = run_cli(home=tmp_path / "dh")
+    assert proc.returncode == 2
+    assert "Usage" in proc.stdout + proc.stderr and "error:" not in proc.stdout + proc.stderr
+
+
 @pytest.mark.spark
 def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     root, home = tmp_path / "lake", tmp_path / "dh"
