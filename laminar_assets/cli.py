@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import click
 import typer
@@ -402,7 +403,7 @@ def check(
         console.print(f"all {len(rows_out)} checks passed")
 
 
-def _usage_error(exc) -> None:
+def _usage_error(exc) -> NoReturn:
     """A bad command line: typer's message (it names the option or argument) as one red line with where to
     find help, and typer's exit code (2 for usage errors). `laminar` alone shows the help instead."""
     message = exc.format_message().strip()
