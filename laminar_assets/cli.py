@@ -7,17 +7,26 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
+import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from laminar_assets.errors import LaminarError
+from laminar_assets.errors import LakeNotFoundError, LaminarError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Incremental time-window rollups over Delta tables (Spark + Dagster).")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+# What typer raises for a bad command line (unknown option, bad value, missing argument): its own exceptions
+# since it vendors click (typer.TyperException), click's before that. They carry the message naming the
+# option and the exit code (2 for usage errors).
+USAGE_ERRORS = tuple(t for t in (getattr(typer, "TyperException", None), click.ClickException) if t is not None)
 
 
 @dataclass
@@ -27,6 +36,15 @@ class CliContext:
     root: str
     dagster_home: str
     debug: bool
+
+    def require_lake(self) -> None:
+        """Commands that read a lake fail on a root that is not there (a mistyped --root, or no lake created
+        yet) instead of reporting an empty lake; commands that create one (demo, generate) do not call this."""
+        if os.path.isdir(self.root):
+            return
+        found = "is not a directory" if os.path.exists(self.root) else "does not exist"
+        raise LakeNotFoundError(f"storage root {self.root} {found}: expected a lake (Delta tables) there; pass the "
+                                "right --root (or set LAMINAR_ROOT), or create a lake with `laminar demo`")
 
     def specs(self):
         from laminar_assets.flows import load_specs
@@ -83,6 +101,17 @@ def _emit_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def _lit(value) -> str:
+    """Engine, Spark or user text inside a rich markup string: `[...]` in it stays text (Spark's
+    `Input [9]: [ts#1, ...]`, a LaminarError's `[flow=...]`) instead of being read as a style tag."""
+    return escape(str(value))
+
+
+def _add_row(table: Table, *cells) -> None:
+    """A table row whose text is shown literally, like `_lit`; a styled cell is passed as a rich `Text`."""
+    table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells))
+
+
 @app.command()
 def demo(
     ctx: typer.Context,
@@ -98,28 +127,28 @@ def demo(
     instance = c.instance()
     with console.status("starting Spark and the Dagster instance...") as status:
         def progress(row):
-            status.update(f"{row.flow} {row.partition}: {row.mode} ({row.reason})")
+            status.update(_lit(f"{row.flow} {row.partition}: {row.mode} ({row.reason})"))
 
         steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress)
     failed = 0
     for step in steps:
         b = step.batch
-        console.print(f"\n[bold]{step.title}[/bold]: appended {b.appended}, late {b.late}, duplicates {b.duplicates}, "
-                      f"corrected {b.updated}, cancelled {b.deleted}, broken {b.bad}; raw_trades versions "
-                      f"{list(b.versions)}; "
+        console.print(f"\n[bold]{_lit(step.title)}[/bold]: appended {b.appended}, late {b.late}, "
+                      f"duplicates {b.duplicates}, corrected {b.updated}, cancelled {b.deleted}, broken {b.bad}; "
+                      f"raw_trades versions {_lit(list(b.versions))}; "
                       f"{step.requests} runs from {step.sensor_ticks} sensor ticks in {step.seconds:.1f}s")
         table = Table("flow", "partition", "mode", "reason", "versions", "rows read", "sink rows", "quarantined",
                       "seconds")
         for r in step.runs:
             failed += not r.success
-            table.add_row(r.flow, r.partition, r.mode if r.success else "[red]FAILED[/red]",
-                          r.reason if r.success else r.error, r.versions, str(r.rows_read), str(r.sink_rows),
-                          str(r.quarantined), f"{r.seconds:.2f}")
+            _add_row(table, r.flow, r.partition, r.mode if r.success else Text("FAILED", style="red"),
+                     r.reason if r.success else r.error, r.versions, r.rows_read, r.sink_rows, r.quarantined,
+                     f"{r.seconds:.2f}")
         console.print(table)
     console.print(f"\nDelta tables: {c.root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
                   "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
                   "re-running anything. Then `laminar generate --batch 2` commits new data and the sensors bring "
-                  "every flow up to date.")
+                  "every flow up to date.", markup=False)
     if failed:
         raise LaminarError(f"{failed} run(s) failed; see the table above")
 
@@ -145,7 +174,7 @@ def generate(
                                                bad_share=bad_share, seed=seed),
                     batch=batch)
     console.print(f"raw_trades: appended {s.appended}, late {s.late}, duplicates {s.duplicates}, corrected "
-                  f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}")
+                  f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}", markup=False)
 
 
 @app.command()
@@ -159,8 +188,8 @@ def dag(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="
         return
     table = Table("node", "kind", "inputs", "outputs", "shared", "partitioning")
     for r in rows:
-        table.add_row(r["node"], r["kind"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
-                      "yes" if r["is_shared"] else "", r["partitioning"] or "")
+        _add_row(table, r["node"], r["kind"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
+                 "yes" if r["is_shared"] else "", r["partitioning"] or "")
     console.print(table)
 
 
@@ -190,6 +219,7 @@ def explain(
     from laminar_assets.engine.windows import partition_interval
 
     c: CliContext = ctx.obj
+    c.require_lake()
     spec = c.spec(flow)
     key = partition or _default_partition(c, spec)
     try:
@@ -201,21 +231,27 @@ def explain(
         _emit_json(report)
         return
     lg, st = report["logical"], report["strategy"]
-    console.print(f"[bold]== logical ==[/bold]\n{lg['kind']} {lg['name']}: {lg['description']}")
-    console.print(f"source {', '.join(lg['sources'])}, event time {lg['event_time']}, filter {lg['filter'] or '-'}")
+    # Everything below but the headings is spec, engine or Spark text: printed without markup.
+    console.print("[bold]== logical ==[/bold]")
+    console.print(f"{lg['kind']} {lg['name']}: {lg['description']}", markup=False)
+    console.print(f"source {', '.join(lg['sources'])}, event time {lg['event_time']}, filter {lg['filter'] or '-'}",
+                  markup=False)
     if lg["kind"] == "flow":
         w = lg["window"]
-        console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}")
+        console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}",
+                      markup=False)
         for a in lg["aggregates"]:
             console.print(f"  {a['name']} = {a['kind']}({a['column'] or '*'})  state {a['state_columns']}  "
-                          f"{'retractable' if a['retractable'] else 'not retractable'}")
-    console.print(f"\n[bold]== physical ==[/bold]\n{report['physical']}")
-    console.print(f"\n[bold]== strategy ==[/bold]\npartition {st['partition']}: [bold]{st['mode']}[/bold] "
-                  f"({st['reason']}) — {st['detail']}")
+                          f"{'retractable' if a['retractable'] else 'not retractable'}", markup=False)
+    console.print("\n[bold]== physical ==[/bold]")
+    console.print(report["physical"], markup=False, highlight=False, soft_wrap=True)  # Spark's lines, verbatim
+    console.print(f"\n[bold]== strategy ==[/bold]\npartition {_lit(st['partition'])}: [bold]{_lit(st['mode'])}[/bold] "
+                  f"({_lit(st['reason'])}) — {_lit(st['detail'])}")
     console.print(f"watermark {st['watermark']['source_versions'] if st['watermark'] else None} -> target "
-                  f"{st['to_versions']}; pending after this run {st['pending_versions']}")
-    console.print(f"commits to read: {len(st['pending_commits'])}; estimated read {st['estimated_read']}")
-    console.print(f"refill scope: {'whole partition' if st['refill_all'] else st['refill'] or 'none'}")
+                  f"{st['to_versions']}; pending after this run {st['pending_versions']}", markup=False)
+    console.print(f"commits to read: {len(st['pending_commits'])}; estimated read {st['estimated_read']}",
+                  markup=False)
+    console.print(f"refill scope: {'whole partition' if st['refill_all'] else st['refill'] or 'none'}", markup=False)
 
 
 @app.command()
@@ -223,6 +259,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) ->
     """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions."""
     from laminar_assets.engine.report import status as status_report
 
+    ctx.obj.require_lake()
     rows = status_report(ctx.obj.root, ctx.obj.specs())
     if as_json:
         _emit_json(rows)
@@ -230,8 +267,8 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) ->
     table = Table("flow", "kind", "source versions", "materialized", "stale", "pending versions")
     for r in rows:
         stale = ", ".join(f"{s['partition']} ({s['reason']})" for s in r["stale_partitions"]) or "-"
-        table.add_row(r["flow"], r["kind"], json.dumps(r["source_versions"]), str(r["partitions_materialized"]),
-                      stale, str(r["pending_versions"]))
+        _add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"], stale,
+                 r["pending_versions"])
     console.print(table)
 
 
@@ -247,10 +284,11 @@ def refill(
     from laminar_assets.assets import FORCE_TAG
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.engine.windows import partition_interval
-    from laminar_assets.orchestrate import execute_request
+    from laminar_assets.orchestrate import execute_request, failure_message
     from laminar_assets.sensors import RANGE_END, RANGE_START
 
     c: CliContext = ctx.obj
+    c.require_lake()
     spec = c.spec(flow)
     if partition_range:
         if "..." not in partition_range:
@@ -268,15 +306,14 @@ def refill(
             raise LaminarError(f"bad partition in --partition-range: {exc}", flow=flow) from None
     request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
                             tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
-    with console.status(f"refilling {flow} {start}...{end}"):
+    with console.status(_lit(f"refilling {flow} {start}...{end}")):
         outcome = execute_request(c.definitions(), request, c.instance())
     if not outcome.success:
-        failure = next((e for e in outcome.all_events if e.is_step_failure), None)
-        raise LaminarError(failure.step_failure_data.error.message.strip().splitlines()[0] if failure else "refill failed",
-                           flow=flow)
+        raise LaminarError(f"refill of {flow} {start}...{end} failed (Dagster run {outcome.run_id[:8]}): "
+                           f"{failure_message(outcome)}")
     mats = outcome.asset_materializations_for_node(flow)
     console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
-                  f"(run {outcome.run_id})")
+                  f"(run {outcome.run_id})", markup=False)
 
 
 @app.command()
@@ -290,6 +327,7 @@ def quarantine(
     from laminar_assets.engine.quarantine import summarize
 
     c: CliContext = ctx.obj
+    c.require_lake()
     folder = os.path.join(c.root, "_laminar", "quarantine")
     names = [source] if source else sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     out = [row for name in names for row in summarize(os.path.join(folder, name), examples=examples)]
@@ -300,8 +338,8 @@ def quarantine(
         return
     table = Table("source", "flow", "rule", "rows", "source versions", "example row")
     for r in out:
-        table.add_row(r["source"], r["flow"], r["rule"], str(r["rows"]),
-                      f"{r['min_version']}..{r['max_version']}", (r["examples"] or [""])[0])
+        _add_row(table, r["source"], r["flow"], r["rule"], r["rows"], f"{r['min_version']}..{r['max_version']}",
+                 (r["examples"] or [""])[0])
     console.print(table if out else "nothing quarantined")
 
 
@@ -327,6 +365,7 @@ def check(
 
         with console.status("running the demo pipeline..."):
             run_demo(c.definitions(), c.instance(), c.specs(), c.root, rows=rows, seed=7)
+    c.require_lake()
     contracts = load_contracts(CONTRACTS)
     engine = c.engine()
     store = CheckpointStore(c.root)
@@ -334,7 +373,7 @@ def check(
     with console.status("checking...") as status:
         for spec in c.specs():
             for key in store.partitions(spec.name):
-                status.update(f"{spec.name} {key}")
+                status.update(_lit(f"{spec.name} {key}"))
                 if spec.sink in contracts:
                     r = contract_result(engine, spec, contracts[spec.sink], key)
                     rows_out.append({"check": "contract", "asset": spec.name, "partition": key, "passed": r.passed,
@@ -354,8 +393,8 @@ def check(
             summary.setdefault((r["check"], r["asset"]), []).append(r)
         for (name, asset), items in summary.items():
             bad = [i for i in items if not i["passed"]]
-            table.add_row(name, asset, str(len(items)), "[green]yes[/green]" if not bad else "[red]no[/red]",
-                          "; ".join(f"{i['partition']}: {json.dumps(i['details'], default=str)[:200]}" for i in bad))
+            _add_row(table, name, asset, len(items), Text("yes", style="green") if not bad else Text("no", style="red"),
+                     "; ".join(f"{i['partition']}: {json.dumps(i['details'], default=str)[:200]}" for i in bad))
         console.print(table)
     if not rows_out:
         raise LaminarError(f"nothing to check under {c.root}: materialize something first (or pass --demo)")
@@ -403,8 +442,22 @@ def serve(
         raise LaminarError(f"a process of the deployment exited unexpectedly (code {code}); see {logs}/")
 
 
+def _usage_error(exc) -> NoReturn:
+    """A bad command line: typer's message (it names the option or argument) as one red line with where to
+    find help, and typer's exit code (2 for usage errors). `laminar` alone shows the help instead."""
+    message = exc.format_message().strip()
+    if type(exc).__name__ == "NoArgsIsHelpError":  # the message is the help (typer's rich help is printed already)
+        if message:
+            err_console.print(message, markup=False, highlight=False)
+    else:
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else " (see --help)"
+        err_console.print(f"[red]error:[/red] {_lit(message + hint)}", soft_wrap=True)
+    sys.exit(exc.exit_code)
+
+
 def main() -> None:
-    """Entry point: a LaminarError (or a usage error) becomes one red line and a non-zero exit."""
+    """Entry point: a LaminarError becomes one red line and exit 1, a usage error one red line and exit 2."""
     import warnings
 
     debug = "--debug" in sys.argv
@@ -414,22 +467,19 @@ def main() -> None:
     except LaminarError as exc:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        err_console.print(f"[red]error:[/red] {_lit(exc)}", soft_wrap=True)
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("[red]aborted[/red]")
         sys.exit(130)
+    except USAGE_ERRORS as exc:
+        _usage_error(exc)
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
-            err_console.print(f"[red]error:[/red] {exc.format_message()}", soft_wrap=True)
-            sys.exit(exc.exit_code)
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {_lit(exc)} (run with --debug for the traceback)",
                           soft_wrap=True)
         sys.exit(1)
 

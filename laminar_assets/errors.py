@@ -37,6 +37,10 @@ class EnvironmentProblem(LaminarError):
     """The machine lacks something Laminar needs (Java, a writable directory)."""
 
 
+class LakeNotFoundError(EnvironmentProblem):
+    """The storage root (`--root`) does not exist: a wrong path, or no lake has been created there yet."""
+
+
 class SourceError(LaminarError):
     """A source table cannot be read as the flow needs it."""
 

@@ -6,6 +6,12 @@ import dagster as dg
 from laminar_assets.sensors import RANGE_END, RANGE_START
 
 
+# Dagster logs step and run failures (with their stack traces) at ERROR and never logs at CRITICAL, so
+# this silences its console echo entirely; events still go to the instance (and the UI), and callers
+# report a failure in one line with `failure_message`.
+QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
 def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """Materialize what one run request asks for: one partition, or a partition range in one run.
     The assets come from `defs` with their resources bound."""
@@ -24,9 +30,30 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
         kwargs["partition_key"] = request.partition_key
     elif RANGE_START not in tags or RANGE_END not in tags:
         raise ValueError(f"run request {request.run_key} names neither a partition nor a range")
-    # Events still go to the instance (and the UI); only the console echo is quiet.
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    return dg.materialize(assets, instance=instance, tags=tags, raise_on_error=False, run_config=quiet, **kwargs)
+    return dg.materialize(assets, instance=instance, tags=tags, raise_on_error=False, run_config=QUIET_CONSOLE,
+                          **kwargs)
+
+
+def failure_message(outcome: dg.ExecuteInProcessResult) -> str:
+    """Why a run failed, in one line, from its events: the first failed step's `dagster.Failure` description
+    (the assets put a LaminarError's message there), else the innermost exception's first line."""
+    failure = next((e for e in outcome.all_events if e.is_step_failure), None)
+    if failure is None:
+        run_failure = next((e for e in outcome.all_events if e.is_run_failure), None)
+        return _first_line(run_failure.message if run_failure and run_failure.message else "the run failed")
+    data = failure.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return _first_line(data.user_failure_data.description)
+    error = data.error
+    while error is not None and error.cause is not None:  # Dagster wraps user exceptions in its own
+        error = error.cause
+    return _first_line(error.message) if error is not None else f"step {failure.step_key} failed"
+
+
+def _first_line(text: str) -> str:
+    """The first non-blank line of a message, stripped."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text.strip()
 
 
 def evaluate_sensor(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from laminar_assets.orchestrate import evaluate_sensor, execute_request
+from laminar_assets.orchestrate import evaluate_sensor, execute_request, failure_message
 
 from .generator import BatchOptions, BatchSummary, write_batch
 
@@ -85,8 +85,7 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
         mats = outcome.asset_materializations_for_node(name)
         if not mats:
             failure = failures.get(name)
-            message = failure.step_failure_data.error.message.strip().splitlines()[0] if failure else \
-                "skipped: an upstream step or blocking check failed"
+            message = failure_message(outcome) if failure else "skipped: an upstream step or blocking check failed"
             rows.append(RunRow(name, request.partition_key or "range", "FAILED" if failure else "SKIPPED", "-", "-",
                                0, 0, 0.0, 0, False, message))
             continue

@@ -35,19 +35,155 @@ def test_dag_json_shape(tmp_path):
     assert rows["vwap_1m"]["kind"] == "flow" and rows["vwap_1m"]["outputs"] == []
 
 
+def run_cli(*args, home):
+    """`laminar ARGS` in a fresh process (through `main()`, as the installed command runs)."""
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "laminar_assets.cli", *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def one_error_line(proc) -> str:
+    """The single non-blank line on stderr (asserted), without tracebacks."""
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh")}
     for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02...2024-01-03"],
                         "bad partition in --partition-range"),
                        (["status", "--bogus"], "No such option")]:
-        proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "--root", str(tmp_path), *args],
-                              capture_output=True, text=True, env=env, timeout=120)
+        proc = run_cli("--root", str(tmp_path), *args, home=tmp_path / "dh")
         assert proc.returncode != 0, args
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        assert len(lines) == 1 and text in lines[0], (args, proc.stderr)
-        assert "Traceback" not in proc.stderr
+        assert text in one_error_line(proc), (args, proc.stderr)
+
+
+def test_error_line_keeps_bracketed_facts(tmp_path):
+    """The `[flow=...]` facts of a LaminarError are text, not rich markup."""
+    proc = run_cli("--root", str(tmp_path), "explain", "nope", home=tmp_path / "dh")
+    assert proc.returncode == 1
+    assert one_error_line(proc).endswith("[flow=nope]"), proc.stderr
+
+
+def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
+    """A run that fails inside Dagster: no Dagster log lines or stack traces on the console, one line that
+    names the flow, the range and the Laminar error; the failure is still recorded in the Dagster instance."""
+    import dagster as dg
+
+    lake, home = tmp_path / "lake", tmp_path / "dh"
+    lake.mkdir()  # a storage root without tables: the flow's source is missing
+    proc = run_cli("--root", str(lake), "refill", "vwap_1m", "--partition-range",
+                   "2024-01-02-09:00...2024-01-02-10:00", home=home)
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert "STEP_FAILURE" not in proc.stderr + proc.stdout and "Stack Trace" not in proc.stderr + proc.stdout
+    assert "vwap_1m" in line and "2024-01-02-09:00...2024-01-02-10:00" in line, line
+    assert "source table 'normalized_trades' does not exist" in line and "[table=normalized_trades]" in line, line
+    assert "dagster._core" not in line and "Failure:" not in line, line
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        [run] = instance.get_runs()
+        events = instance.all_logs(run.run_id)
+    assert any(e.dagster_event and e.dagster_event.is_step_failure for e in events)
+
+
+def test_failure_message_of_an_unexpected_exception_is_its_own_first_line():
+    """Not a LaminarError: the innermost exception (Dagster wraps it in its own), first line only."""
+    import dagster as dg
+
+    from laminar_assets.orchestrate import QUIET_CONSOLE, failure_message
+
+    @dg.asset
+    def broken():
+        raise ValueError("boom\nsecond line")
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        outcome = dg.materialize([broken], instance=instance, raise_on_error=False, run_config=QUIET_CONSOLE)
+    assert failure_message(outcome) == "ValueError: boom"
+
+
+def test_explain_text_keeps_brackets_of_plan_and_spec(tmp_path, monkeypatch):
+    """Spark's formatted plan (`Input [9]: [...]`) and user text are printed as they are, not as rich markup."""
+    import laminar_assets.engine.report as report
+    from laminar_assets.cli import CliContext
+
+    plan = ("(2) HashAggregate [codegen id : 1]\nInput [9]: [ts#1, sym#2, px#3]\n"
+            "Keys [3]: [sym#2, window#30]\nResults [1]: [/sum(px#3)]")
+    canned = {
+        "logical": {**report.logical(SPECS["vwap_1m"]), "description": "per [sym] minute", "filter": "sym <> '[x]'"},
+        "physical": plan,
+        "strategy": {"partition": "2024-01-02-09:00", "mode": "INCREMENTAL", "reason": "NEW_VERSIONS",
+                     "detail": "versions [3, 4] of [raw_trades]", "watermark": None, "to_versions": {"raw": 4},
+                     "pending_versions": {"raw": 0}, "pending_commits": [], "estimated_read": {},
+                     "refill_all": False, "refill": []},
+    }
+    monkeypatch.setattr(report, "explain", lambda engine, spec, key: canned)
+    monkeypatch.setattr(CliContext, "engine", lambda self: None)
+    out = invoke("--root", str(tmp_path), "explain", "vwap_1m", "--partition", "2024-01-02-09:00",
+                 home=tmp_path / "dh")
+    assert out.exit_code == 0, out.output
+    for text in ("Input [9]: [ts#1, sym#2, px#3]", "Keys [3]: [sym#2, window#30]", "Results [1]: [/sum(px#3)]",
+                 "[codegen id : 1]", "per [sym] minute", "sym <> '[x]'", "versions [3, 4] of [raw_trades]"):
+        assert text in out.output, (text, out.output)
+
+
+def test_quarantine_example_rows_keep_brackets(tmp_path, monkeypatch):
+    import laminar_assets.engine.quarantine as quarantine
+
+    (tmp_path / "_laminar" / "quarantine" / "raw_trades").mkdir(parents=True)
+    row = '{"sym": "[b]ad", "qty": -1}'
+    monkeypatch.setattr(quarantine, "summarize", lambda uri, examples: [
+        {"source": "raw_trades", "flow": "normalized_trades", "rule": "positive_quantity", "rows": 1,
+         "min_version": 1, "max_version": 1, "examples": [row]}])
+    out = invoke("--root", str(tmp_path), "quarantine", home=tmp_path / "dh")
+    assert out.exit_code == 0, out.output
+    assert '"[b]ad"' in out.output, out.output
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["explain", "vwap_1m"], ["quarantine"],
+                                  ["refill", "vwap_1m"], ["check"]])
+def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
+    """Commands that read a lake fail on a root that does not exist instead of reporting an empty lake."""
+    missing = tmp_path / "nowhere"
+    proc = run_cli("--root", str(missing), *args, home=tmp_path / "dh")
+    assert proc.returncode == 1, (args, proc.stdout)
+    line = one_error_line(proc)
+    assert str(missing) in line and "does not exist" in line and "laminar demo" in line and "--root" in line, line
+    assert not proc.stdout.strip(), proc.stdout
+    assert not missing.exists()
+
+
+def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
+    new = tmp_path / "new" / "lake"
+    assert run_cli("--root", str(new), "dag", home=tmp_path / "dh").returncode == 0
+    proc = run_cli("--root", str(new), "generate", "--rows", "50", "--batch", "0", home=tmp_path / "dh")
+    assert proc.returncode == 0, proc.stderr
+    assert (new / "raw_trades").is_dir()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["status", "--bogus"], "--bogus"),
+    (["demo", "--rows", "3"], "'--rows'"),
+    (["quarantine", "--examples", "many"], "'--examples'"),
+    (["explain"], "argument 'flow'"),
+    (["explain", "vwap_1m", "--partition"], "'--partition'"),
+    (["--root"], "'--root'"),
+    (["nosuchcommand"], "'nosuchcommand'"),
+])
+def test_usage_errors_exit_2_naming_the_option(tmp_path, args, named):
+    proc = run_cli(*args, home=tmp_path / "dh")
+    assert proc.returncode == 2, (args, proc.stderr)
+    line = one_error_line(proc)
+    assert line.startswith("error: ") and named in line, (args, line)
+    assert "--help" in line, line  # where to look next
+
+
+def test_no_arguments_shows_help_without_an_error_line(tmp_path):
+    proc = run_cli(home=tmp_path / "dh")
+    assert proc.returncode == 2
+    assert "Usage" in proc.stdout + proc.stderr and "error:" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.spark
@@ -100,6 +236,7 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     key = stage_status["stale_partitions"][0]["partition"]
     text = invoke("--root", str(root), "explain", "normalized_trades", "--partition", key, home=home).output
     assert "== logical ==" in text and "== physical ==" in text and "== strategy ==" in text
+    assert "Input [" in text and "]: [" in text  # Spark's column lists survive the console
     assert ("INCREMENTAL" in text or "REFILL" in text) and "NOOP" not in text
 
     refilled = invoke("--root", str(root), "refill", "vwap_1m", "--partition-range",
