@@ -70,14 +70,20 @@ class ConnectServer:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the server's process group, SIGKILL what is left after `timeout` seconds."""
-        if self.process.poll() is not None:
-            return
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            except ProcessLookupError:
+                return
+        # The launcher script can exit before the JVM it started has shut down: wait for the port.
+        deadline = time.monotonic() + timeout
+        while port_in_use(self.options.host, self.options.port) and time.monotonic() < deadline:
+            time.sleep(0.5)
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+            os.killpg(self.process.pid, signal.SIGKILL)  # whatever is left of the group
         except ProcessLookupError:
             pass
 

@@ -105,6 +105,23 @@ def jvm_conf(options: SparkOptions) -> dict[str, str]:
     }
 
 
+def check_endpoint(remote: str, timeout: float = 5.0) -> None:
+    """Fail fast when nothing listens at a Spark Connect URL (the client would retry for minutes)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(remote.replace("sc://", "http://", 1))
+    host, port = url.hostname or "localhost", url.port or 15002
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot connect to the Spark Connect server at {remote} ({exc.strerror or exc}): start one with "
+            "`laminar serve` (or `make ui`), or point LAMINAR_SPARK_REMOTE / SparkResource.remote at a running "
+            "endpoint", remote=remote) from None
+
+
 def build_session(options: SparkOptions | None = None):
     """Create (or reuse) the SparkSession for `options`: local/cluster, or a Spark Connect client."""
     from pyspark.sql import SparkSession
@@ -112,6 +129,9 @@ def build_session(options: SparkOptions | None = None):
     options = options or SparkOptions()
     _quiet_python_loggers()
     if options.remote:
+        check_endpoint(options.remote)
+        # A process is either local or Connect (pyspark.sql.functions follows the mode), so a
+        # remote session cannot start beside a local one: pyspark says so (SESSION_ALREADY_EXIST).
         builder = SparkSession.builder.remote(options.remote)
         # Only SQL settings are per session; the server was started with the rest (see jvm_conf).
         conf = {k: v for k, v in session_conf(options).items() if k.startswith("spark.sql.")}
@@ -121,15 +141,7 @@ def build_session(options: SparkOptions | None = None):
         conf = {**jvm_conf(options), **session_conf(options)}
     for key, value in conf.items():
         builder = builder.config(key, value)
-    try:
-        spark = builder.getOrCreate()
-    except Exception as exc:  # noqa: BLE001 - pyspark raises plain/gRPC errors when it cannot connect
-        if not options.remote:
-            raise
-        raise EnvironmentProblem(
-            f"cannot connect to the Spark Connect server at {options.remote}: {str(exc).splitlines()[0][:200]}; "
-            "start one with `laminar serve` (or `make ui`), or point LAMINAR_SPARK_REMOTE / "
-            "SparkResource.remote at a running endpoint", remote=options.remote) from exc
+    spark = builder.getOrCreate()
     if not options.remote:
         spark.sparkContext.setLogLevel(options.log_level)
     return spark

@@ -1,0 +1,64 @@
+"""Every engine path over Spark Connect, as daemon-launched runs use it: the demo's stage (dedup, join,
+quarantine) and every flow (persist, observe, sketches), then explain, equivalence and the Great
+Expectations contracts, on a real Connect server; the sinks equal an independent local recompute."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from laminar_assets.definitions import specs_with_contracts
+from laminar_assets.deploy import ConnectServerOptions, start_connect_server
+from laminar_assets.engine import FlowSpec, SparkOptions, build_session
+from laminar_assets.errors import EnvironmentProblem
+from laminar_assets.flows import load_specs
+from tests.deploy.processes import free_port, listening
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = [pytest.mark.spark, pytest.mark.deployment, pytest.mark.timeout(900)]
+SPECS, _ = specs_with_contracts(load_specs())
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("connect")
+    options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
+                                   spark=SparkOptions(driver_memory="1g", shuffle_partitions=2))
+    with start_connect_server(options) as running:
+        yield running
+    assert not listening(options.port), "the Connect server still listens after stop()"
+
+
+def test_the_demo_pipeline_over_spark_connect_equals_a_local_recompute(server, spark, tmp_path):
+    root = str(tmp_path / "lake")
+    proc = subprocess.run([sys.executable, "-m", "tests.deploy.connect_scenario", root, server.url], cwd=REPO,
+                          env={k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["session"].startswith("pyspark.sql.connect")
+    assert "INCREMENTAL" in out["modes"] and "REFILL" in out["modes"]
+    assert out["quarantined"] > 0 and out["quarantine_table"]
+    assert all(out["equivalence"].values()) and all(out["contract"].values()), out
+    assert "Input [" in out["physical"] or "Scan" in out["physical"]
+    stage = DeltaTable(f"{root}/normalized_trades").to_pyarrow_table()
+    for flow in (s for s in SPECS if isinstance(s, FlowSpec)):
+        expected = full_recompute(spark, flow, stage)
+        assert_frames_match(DeltaTable(f"{root}/{flow.sink}").to_pandas(), expected, flow.keys)
+
+
+def test_an_unreachable_endpoint_fails_fast_and_clearly():
+    with pytest.raises(EnvironmentProblem, match="cannot connect to the Spark Connect server"):
+        build_session(SparkOptions(remote=f"sc://127.0.0.1:{free_port()}"))
+
+
+def test_a_taken_port_is_a_clear_error(server):
+    with pytest.raises(EnvironmentProblem, match=f"port {server.options.port} .* already in use"):
+        start_connect_server(ConnectServerOptions(port=server.options.port))
