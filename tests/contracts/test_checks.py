@@ -85,3 +85,27 @@ def test_added_nullable_source_column_is_accepted_and_reported(spark, lake, lami
     result = dg.materialize([stage], partition_key=P9, resources={"laminar": laminar}, instance=instance)
     [mat] = result.asset_materializations_for_node("normalized_trades")
     assert mat.metadata["source_columns_added"].value == {"raw_trades": ["fee"]}
+
+
+def test_a_range_run_records_the_contract_per_partition(spark, lake, laminar, instance):
+    """Sensor runs are range runs: the check validates the partitions together, and on a failure one by
+    one, and records one evaluation per partition (what holding consumers per partition reads)."""
+    from laminar_assets.contracts.model import ExpectationRule
+
+    create_sources(lake, BASE)
+    stage = build_asset(SPECS["normalized_trades"], SETTINGS, CONTRACT)
+    vwap = build_asset(SPECS["vwap_1m"], SETTINGS, CONTRACT)
+    strict = CONTRACT["vwap_1m"].model_copy(update={"expectations": [
+        *CONTRACT["vwap_1m"].expectations, ExpectationRule(expect="between", column="vwap", max=300)]})
+    check = build_contract_check(SPECS["vwap_1m"], strict, SETTINGS)  # MSFT (410) trades in 10:00 only
+    span = {"dagster/asset_partition_range_start": P9, "dagster/asset_partition_range_end": "2024-01-02-10:00"}
+    kw = dict(resources={"laminar": laminar}, instance=instance, tags=span)
+    assert dg.materialize([stage], **kw).success
+    result = dg.materialize([vwap, check], raise_on_error=False, **kw)
+    by_partition = {e.partition: e.passed for e in result.get_asset_check_evaluations()}
+    assert by_partition == {P9: True, "2024-01-02-10:00": False, None: False}
+    key = dg.AssetCheckKey(dg.AssetKey("vwap_1m"), "contract")
+    infos = {i.partition_key: i for i in instance.event_log_storage.get_asset_check_partition_info(
+        [key], partition_keys=[P9, "2024-01-02-10:00"])}
+    assert infos[P9].latest_execution_status.value == "SUCCEEDED" and infos[P9].is_current
+    assert infos["2024-01-02-10:00"].latest_execution_status.value == "FAILED"
