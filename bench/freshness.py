@@ -42,7 +42,7 @@ with warnings.catch_warnings():
     import dagster as dg
 
     from laminar_assets.definitions import build_definitions
-    from laminar_assets.demo.run import Driver, version_sensor_names
+    from laminar_assets.demo.run import Driver, pipeline_sensor_names
     from laminar_assets.orchestrate import evaluate_sensor, execute_request
     from laminar_assets.resources import LaminarResource, SparkResource
     from laminar_assets.settings import load_settings
@@ -65,14 +65,10 @@ class _Pending:
 
 
 def _cursor_version(cursor: str | None) -> int:
-    """The Delta version in a version sensor's cursor (a plain number, or JSON with held partitions)."""
-    try:
-        from laminar_assets.sensors import parse_cursor
+    """The Delta version of the source table in a pipeline sensor's cursor."""
+    from laminar_assets.sensors import parse_cursor
 
-        version = parse_cursor(cursor)[0]
-    except ImportError:
-        version = int(cursor) if cursor else None
-    return -1 if version is None else int(version)
+    return int(parse_cursor(cursor).versions.get(TABLE, -1))
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -100,7 +96,7 @@ def measure_freshness(spark, work: str, *, commits: int, base_rows: int, base_ho
     out: dict = {"sensor_interval_seconds": interval, "commits": commits, "commit_rows": commit_rows,
                  "base_rows": base_rows}
     with dg.DagsterInstance.from_config(home) as instance:
-        names = version_sensor_names(defs, specs)
+        names = pipeline_sensor_names(defs)
         driver = Driver(defs, instance, names)
         t = time.perf_counter()
         boot_rows, _, _ = driver.until_quiet()
@@ -219,7 +215,7 @@ def measure_freshness(spark, work: str, *, commits: int, base_rows: int, base_ho
         "what_is_measured": (
             "wall time from a source commit becoming visible (write_deltalake returned) until the watermark of "
             "every (flow, partition) it touched reached its version (state and sink are committed before that), "
-            f"via the trades_versions sensor ticking every {interval:g} s (the [tool.laminar] default) and its run "
+            f"via the pipeline sensor ticking every {interval:g} s (the [tool.laminar] default) and its run "
             "requests executed in process on a real DagsterInstance with the warm Spark session; commits arrive "
             f"at random moments {GAP[0]:g}-{GAP[1]:g} sensor intervals apart. Not included: the default daemon's "
             "launch of each run in a new process with its own Spark JVM (see spark_start_s for that start-up cost)."),

@@ -129,7 +129,9 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         except LaminarError as exc:
             raise dg.Failure(description=str(exc), metadata={k: str(v) for k, v in exc.facts.items()},
                              allow_retries=False) from None
-        engine = laminar.engine()
+        session_started = time.perf_counter()
+        engine = laminar.engine()  # the run's Spark: a Connect client in a deployment, else a local JVM
+        session_s = time.perf_counter() - session_started
         keys = list(context.partition_keys)
         force = context.run.tags.get(FORCE_TAG) == "true"
         started = time.perf_counter()
@@ -150,8 +152,11 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
             md = run_metadata(results[0])
             md["source_columns_added"] = dg.MetadataValue.json(added)
             md["preview"] = _preview(engine, spec, keys[0])
+            md["seconds_spark_session"] = float(round(session_s, 4))
             return dg.MaterializeResult(metadata=md)
-        return dg.MaterializeResult(metadata=_range_metadata(results, time.perf_counter() - started))
+        md = _range_metadata(results, time.perf_counter() - started)
+        md["seconds_spark_session"] = float(round(session_s, 4))
+        return dg.MaterializeResult(metadata=md)
 
     return _asset
 

@@ -9,8 +9,9 @@ Where dirty partitions come from, for each spec in graph order:
 - a dimension table that changed: every materialized partition of the stage;
 - predicted: the partitions that read a partition its producer will rewrite in this same run;
 - partitions held back last tick because an upstream partition failed its blocking check.
-Partitions whose watermark already reflects the tables' current versions are dropped, so a tick
-with no cursor (a new Dagster instance on an existing lake) does not redo what is done.
+Partitions whose watermark already reflects the tables' current versions (or lags them only by
+commits that touch other partitions) are dropped, so a tick with no cursor (a new Dagster instance
+on an existing lake) does not redo what is done.
 """
 
 from __future__ import annotations
@@ -77,14 +78,25 @@ def upstream_of(consumer: Spec, producer: Spec, key: str) -> set[str]:
     return set(partitions_overlapping(events, producer.granularity))
 
 
-def is_current(store: CheckpointStore, spec: Spec, key: str, versions: dict[str, int]) -> bool:
-    """True when the partition's watermark already reflects the current version of every table it reads."""
+def is_current(store: CheckpointStore, spec: Spec, key: str, versions: dict[str, int], touched) -> bool:
+    """True when the partition's watermark reflects every table it reads: at the current version, or
+    behind it only by commits that touch other partitions. `touched(table, event_time, since)` gives
+    a table's new commits after `since` (None: none)."""
     mark = store.load(spec.name, key)
     if mark is None or not mark.committed or mark.failed_attempt or mark.pending is not None:
         return False
     if mark.spec_hash != spec.spec_hash:
         return False
-    return all(mark.source_versions.get(t, -1) >= versions[t] for t in inputs_of(spec) if t in versions)
+    for table in inputs_of(spec):
+        at = mark.source_versions.get(table)
+        if table not in versions or (at is not None and at >= versions[table]):
+            continue
+        if at is None or table not in spec.sources:  # a dimension changed: the stage refills
+            return False
+        changes = touched(table, spec.event_time, at)
+        if changes is not None and (changes.unknown_range or key in dirty_partitions(spec, changes)):
+            return False
+    return True
 
 
 def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: Cursor,
@@ -92,7 +104,14 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
     """The dirty partitions of every spec of `component`. `blocking`: names of specs whose
     `contract` check is blocking (their consumers wait for it per partition)."""
     versions = table_versions(root, component.tables)
-    changes_cache: dict[tuple[str, str], object] = {}
+    cache: dict[tuple[str, str, int | None], object] = {}
+
+    def touched(table: str, event_time: str, since: int | None):
+        """New commits of `table` after `since`, read once per tick for each distinct `since`."""
+        if (table, event_time, since) not in cache:
+            cache[(table, event_time, since)] = new_commits(root, table, event_time, since, versions[table])
+        return cache[(table, event_time, since)]
+
     dirty: dict[str, tuple[str, ...]] = {}
     held: dict[str, tuple[str, ...]] = {}
     notes: list[str] = []
@@ -106,15 +125,11 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
                     predicted |= reads_of(spec, producer, key)
             if table not in versions:
                 continue
-            after = cursor.versions.get(table)
-            cache_key = (table, spec.event_time)
-            if cache_key not in changes_cache:
-                try:
-                    changes_cache[cache_key] = new_commits(root, table, spec.event_time, after, versions[table])
-                except LaminarError as exc:
-                    notes.append(f"cannot read {table}: {exc.message}")
-                    changes_cache[cache_key] = None
-            changes = changes_cache[cache_key]
+            try:
+                changes = touched(table, spec.event_time, cursor.versions.get(table))
+            except LaminarError as exc:
+                notes.append(f"cannot read {table}: {exc.message}")
+                continue
             if changes is not None:
                 found |= set(dirty_partitions(spec, changes))
                 if changes.unknown_range:
@@ -124,7 +139,10 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
                 after = cursor.versions.get(dim)
                 if dim in versions and after is not None and versions[dim] > after:
                     found |= set(store.partitions(spec.name))  # a dimension change refills the stage
-        found = {k for k in found - predicted if not is_current(store, spec, k, versions)}
+        try:
+            found = {k for k in found - predicted if not is_current(store, spec, k, versions, touched)}
+        except LaminarError as exc:
+            notes.append(f"cannot read the history of {spec.name}'s inputs: {exc.message}")
         blocked = _blocked(component, spec, found, failed, blocking)
         if blocked:
             notes.append(f"{spec.name}: holding {len(blocked)} partition(s) whose upstream blocking contract "

@@ -152,3 +152,14 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
         appended=in_order, late=late, duplicates=dups, updated=updated, deleted=deleted, bad=bad,
         first_time=min(times), last_time=max(times), versions=tuple(versions),
     )
+
+
+def append_trades(root: str, rows: int, start: datetime, end: datetime, *, seed: int = 7) -> int:
+    """One append commit of `rows` clean trades with event times in [start, end); returns its version."""
+    uri = os.path.join(root, "raw_trades")
+    rng = np.random.default_rng(seed)
+    max_id, _ = _stats(uri)
+    offsets = np.sort(rng.random(rows)) * (end - start).total_seconds()
+    write_deltalake(uri, _trades(rng, max_id + 1, [start + timedelta(seconds=float(o)) for o in offsets]),
+                    mode="append")
+    return DeltaTable(uri).version()

@@ -32,6 +32,7 @@ class ServeOptions:
     ui_port: int = 3000
     spark: ConnectServerOptions = field(default_factory=ConnectServerOptions)
     spark_remote: str | None = None
+    local_spark: bool = False  # no Connect server: every run starts its own JVM (for comparison only)
     log_dir: str = ".laminar/logs"
     start_timeout: float = 180.0
 
@@ -42,7 +43,7 @@ class Deployment:
 
     dagster: subprocess.Popen
     spark: ConnectServer | None
-    remote: str
+    remote: str | None
     ui_url: str
 
     def stop(self) -> None:
@@ -76,11 +77,13 @@ def start(options: ServeOptions) -> Deployment:
     os.makedirs(options.log_dir, exist_ok=True)
     spark = None
     remote = options.spark_remote
-    if remote is None:
+    if remote is None and not options.local_spark:
         spark = start_connect_server(options.spark)
         remote = spark.url
-    env = {**os.environ, "DAGSTER_HOME": options.dagster_home, "LAMINAR_ROOT": options.root,
-           "LAMINAR_SPARK_REMOTE": remote}
+    env = {k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}
+    env.update(DAGSTER_HOME=options.dagster_home, LAMINAR_ROOT=options.root)
+    if remote:
+        env["LAMINAR_SPARK_REMOTE"] = remote
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", options.workspace, "-h", options.host,
            "-p", str(options.ui_port)]
     log = open(os.path.join(options.log_dir, "dagster.log"), "ab")

@@ -88,6 +88,21 @@ def test_a_sensor_without_cursor_skips_what_the_watermarks_already_cover(lake, l
     assert span(request) == ("2024-01-02-09:00", "2024-01-02-10:00")
 
 
+def test_a_watermark_behind_only_by_commits_elsewhere_is_current(lake, laminar, instance):
+    """A run covers the partitions a commit touched; the others keep older watermarks and must not
+    be requested again by a tick without cursor."""
+    create_sources(lake, BASE)
+    lake.append("raw_trades", frame=trades([(10, "2024-01-02 10:06:00", "MSFT", "ACC-3", "BUY", 411.0, 100)]))
+    store = CheckpointStore(lake.root)
+    stage = BY_NAME["normalized_trades"].spec_hash
+    store.save(Watermark("normalized_trades", "2024-01-02-09:00", stage, {"raw_trades": 0, "symbols": 0}, 1))
+    store.save(Watermark("normalized_trades", "2024-01-02-10:00", stage, {"raw_trades": 1, "symbols": 0}, 2))
+    assert tick(laminar, instance, None).run_requests == []
+    store.save(Watermark("normalized_trades", "2024-01-02-10:00", stage, {"raw_trades": 0, "symbols": 0}, 2))
+    [request] = tick(laminar, instance, None).run_requests  # 10:00 now lags a commit that touched it
+    assert span(request)[1] == "2024-01-02-10:00"
+
+
 def test_the_sensor_waits_while_a_run_of_the_part_is_in_progress(lake, laminar, instance):
     create_sources(lake, BASE)
     run = instance.create_run_for_job(dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(

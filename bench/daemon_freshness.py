@@ -1,0 +1,175 @@
+"""Freshness through the real deployment: `laminar serve` (Spark Connect + dagster dev with the daemon),
+sensors at their default interval, commits to `raw_trades` of the project's own pipeline.
+
+    python -m bench.daemon_freshness [--commits 10] [--local-spark] [--out bench/results/daemon_freshness.json]
+
+For each commit: wall time from the commit (write_deltalake returned) until every partition of every
+asset it touches has a watermark at the new versions and no run is in progress (all sinks updated).
+Each launched run's time splits into launch overhead (queued -> run worker started: process start,
+imports, loading the definitions), Spark session (connecting to the Connect server, or starting a JVM
+with --local-spark) and engine time (the assets' own seconds), from the Dagster instance's records.
+Commits arrive 0.5-1.5 sensor intervals after the previous one is fresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _caught_up(component, root: str, instance) -> bool:
+    import dagster as dg
+
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.sensors import ACTIVE
+    from laminar_assets.tick import Cursor, plan_tick
+
+    if instance.get_run_ids(dg.RunsFilter(statuses=ACTIVE), limit=1):
+        return False
+    return plan_tick(component, root, CheckpointStore(root), Cursor(), lambda *_: set(), set()).empty
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def _run_breakdown(instance, run_ids: list[str]) -> list[dict]:
+    import dagster as dg
+
+    out = []
+    for run_id in run_ids:
+        stats = instance.get_run_stats(run_id)
+        engine_s = session_s = 0.0
+        for key in ("normalized_trades", "vwap_1m", "ohlc_5m", "positions_1h", "sector_stats_1h", "large_trades"):
+            recs = [r for r in instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey(key)), limit=200).records if r.run_id == run_id]
+            if recs:
+                md = recs[0].asset_materialization.metadata
+                engine_s += float(md["seconds_total"].value) if "seconds_total" in md else 0.0
+                session_s = max(session_s, float(md["seconds_spark_session"].value)
+                                if "seconds_spark_session" in md else 0.0)
+        out.append({"run_id": run_id, "status": str(instance.get_run_by_id(run_id).status.value),
+                    "launch_overhead_s": round((stats.start_time or 0) - (stats.launch_time or 0), 3),
+                    "run_s": round((stats.end_time or 0) - (stats.start_time or 0), 3),
+                    "spark_session_s": round(session_s, 3), "engine_s": round(engine_s, 3)})
+    return out
+
+
+def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
+    import dagster as dg
+
+    from laminar_assets.definitions import specs_with_contracts
+    from laminar_assets.demo.generator import BatchOptions, append_trades, write_batch
+    from laminar_assets.flows import load_specs
+    from laminar_assets.graph import components
+    from laminar_assets.settings import load_settings
+
+    [component] = components(specs_with_contracts(load_specs())[0])
+    interval = float(load_settings().sensor_interval_seconds)
+    work = tempfile.mkdtemp(prefix="laminar-daemon-bench-")
+    root, home = os.path.join(work, "lake"), os.path.join(work, "dagster_home")
+    os.makedirs(home)
+    shutil.copy(os.path.join(REPO, "dagster.yaml"), home)
+    env = {k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}
+    env.update(DAGSTER_HOME=home, LAMINAR_ROOT=root)
+    ui = _free_port()
+    cmd = [sys.executable, "-m", "laminar_assets.cli", "--root", root, "serve", "--ui-port", str(ui),
+           "--spark-port", str(_free_port()), *(["--local-spark"] if local_spark else [])]
+    log = open(os.path.join(work, "serve.log"), "wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    rng = np.random.default_rng(seed)
+    samples, runs_per_commit, errors = [], [], []
+    try:
+        from laminar_assets.deploy.connect_server import port_in_use
+
+        if not _wait(lambda: port_in_use("127.0.0.1", ui), 300):
+            raise RuntimeError(f"laminar serve did not start; see {work}/serve.log")
+        instance = dg.DagsterInstance.from_config(home)
+        summary = write_batch(root, BatchOptions(rows=rows, seed=seed), batch=0)
+        t = time.monotonic()
+        if not _wait(lambda: _caught_up(component, root, instance) and instance.get_run_ids(), 900):
+            raise RuntimeError("the first batch did not reach the sinks within 15 min")
+        bootstrap_s = time.monotonic() - t
+        tip = summary.last_time
+        for i in range(commits):
+            time.sleep(float(rng.uniform(0.5, 1.5)) * interval)
+            before = set(instance.get_run_ids())
+            at = time.monotonic()
+            append_trades(root, max(rows // 20, 20), tip - timedelta(minutes=5), tip, seed=seed + i)
+            # wait until a run has picked the commit up, then until everything is caught up again
+            if not _wait(lambda: set(instance.get_run_ids()) - before and _caught_up(component, root, instance), 600):
+                errors.append(f"commit {i} not fresh within 10 min")
+                continue
+            samples.append(time.monotonic() - at)
+            runs_per_commit.append(sorted(set(instance.get_run_ids()) - before))
+            tip += timedelta(minutes=1)
+        breakdown = _run_breakdown(instance, [r for rs in runs_per_commit for r in rs])
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.close()
+
+    def pct(q):
+        return round(float(np.percentile(samples, q)), 2) if samples else None
+
+    def mean(key):
+        vals = [b[key] for b in breakdown]
+        return round(float(np.mean(vals)), 2) if vals else None
+
+    return {"spark": "one JVM per run (--local-spark)" if local_spark else "Spark Connect server (laminar serve)",
+            "sensor_interval_s": interval, "commits": commits, "commit_rows": max(rows // 20, 20),
+            "bootstrap_s": round(bootstrap_s, 1), "samples_s": [round(s, 2) for s in samples],
+            "p50_s": pct(50), "p95_s": pct(95), "runs_per_commit": [len(r) for r in runs_per_commit],
+            "mean_launch_overhead_s": mean("launch_overhead_s"), "mean_spark_session_s": mean("spark_session_s"),
+            "mean_engine_s": mean("engine_s"), "mean_run_s": mean("run_s"),
+            "failed_runs": sum(b["status"] != "SUCCESS" for b in breakdown), "runs": breakdown, "errors": errors,
+            "work": work}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1000, help="rows of the first batch; each commit is 1/20")
+    parser.add_argument("--local-spark", action="store_true")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "daemon_freshness.json"))
+    args = parser.parse_args()
+    result = measure(args.commits, local_spark=args.local_spark, rows=args.rows, seed=args.seed)
+    existing = json.load(open(args.out)) if os.path.exists(args.out) else {}
+    existing["local_spark" if args.local_spark else "connect"] = result
+    with open(args.out, "w") as fh:
+        json.dump(existing, fh, indent=2)
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
