@@ -108,7 +108,7 @@ def _delta_round(ctx: dict, r: int, v_prev: int) -> dict:
     out["t_full_recompute_s"] = full["wall_s"]
     out["full_recompute"] = {**full, "spark_jobs": full_jobs.get("spark_jobs")}
     print(f"  {label}: full recompute in {full['wall_s']:.2f}s", flush=True)
-    sinks = {path: {s.name: e.sink_uri(s) for s in specs} for path, e in engines.items()}
+    sinks = {path: {s.name: e.layout.sink_uri(s) for s in specs} for path, e in engines.items()}
     out["equality_incremental"] = _equal(spark, specs, full["sinks"], sinks)
     checks = [out["equality_incremental"]]
     if ctx["every_variant"]:
@@ -206,7 +206,7 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
             shutil.rmtree(work, ignore_errors=True)
         return res
     v_delta = v_prev
-    sinks = {path: {s.name: e.sink_uri(s) for s in specs} for path, e in engines.items()}
+    sinks = {path: {s.name: e.layout.sink_uri(s) for s in specs} for path, e in engines.items()}
 
     # updates and deletes: Laminar only (a file source cannot see them)
     corrections = write_corrections(lake, base, every=profile.correction_every,
