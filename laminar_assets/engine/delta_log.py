@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from functools import lru_cache
@@ -22,6 +22,7 @@ import pyarrow.fs  # noqa: F401  (pa.fs)
 import pyarrow.parquet as pq
 
 from laminar_assets.errors import SourceError
+from .deletion_vectors import DeletedRows, DeletionVector, DvChange
 from .windows import Interval, closed_range, to_utc
 
 
@@ -30,6 +31,7 @@ class CommitKind(str, Enum):
 
     APPEND = "append"  # only added data files
     CHANGE_DATA = "change_data"  # deletes / updates / merges with a change data feed
+    DELETION_VECTORS = "deletion_vectors"  # rows deleted (or restored) through deletion vectors, plus adds
     REWRITE = "rewrite"  # removed data without change data: rows are unknown
     LAYOUT = "layout"  # compaction, z-order: dataChange=false, no row changed
     METADATA = "metadata"  # schema, properties or protocol only
@@ -47,6 +49,14 @@ class DataFile:
     time_range: Interval | None = None  # None: not known from statistics
     change_data: bool = False
     time_nulls: int | None = None  # null event times in the file; None: not known from statistics
+    # rows a read of the file skips (its deletion vector); not part of the file's identity
+    deleted: DeletedRows | None = field(default=None, compare=False, hash=False)
+    # set on a file whose deletion vector a commit changed: the read yields only the rows it changed
+    dv_change: DvChange | None = None
+
+    @property
+    def needs_row_positions(self) -> bool:
+        return self.deleted is not None or self.dv_change is not None
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,8 @@ class CommitSummary:
         if self.kind in (CommitKind.LAYOUT, CommitKind.METADATA, CommitKind.EMPTY):
             return ()
         files = self.cdc if self.kind is CommitKind.CHANGE_DATA else self.adds + self.removes
+        if self.kind is CommitKind.DELETION_VECTORS:
+            files = self.readable
         ranges = [f.time_range for f in files]
         if any(r is None for r in ranges):
             return None
@@ -77,12 +89,17 @@ class CommitSummary:
         """The files an incremental read of this commit opens (adds of an append, change data)."""
         if self.kind is CommitKind.CHANGE_DATA:
             return self.cdc
-        return self.adds if self.kind is CommitKind.APPEND else ()
+        return self.adds if self.kind in (CommitKind.APPEND, CommitKind.DELETION_VECTORS) else ()
 
     @property
     def rows(self) -> int:
         files = self.cdc if self.kind is CommitKind.CHANGE_DATA else self.adds
         return sum(f.rows or 0 for f in files)
+
+    @property
+    def dv_rows(self) -> int:
+        """Rows deleted or restored through deletion vectors (from the descriptors)."""
+        return sum(f.dv_change.rows for f in self.adds if f.dv_change is not None)
 
 
 
@@ -158,24 +175,30 @@ def _range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | No
     return closed_range(lo, hi), meta.num_rows
 
 
-def _file(root: str, action: dict, column: str | None, *, change_data: bool = False, use_footer: bool = False) -> DataFile:
+def _file(root: str, action: dict, column: str | None, *, change_data: bool = False, use_footer: bool = False,
+          names: dict[str, str] | None = None) -> DataFile:
+    """One file of an action. `column`: the event time's physical name; `names`: physical -> logical
+    column names of a table with column mapping (partition values are keyed by physical name)."""
     path = unquote(action["path"])
     uri = path if "://" in path or path.startswith("/") else f"{root}/{path}"
+    dv = DeletionVector.from_action(root, action.get("deletionVector"))
+    deleted = DeletedRows(vector=dv) if dv is not None else None
+    names = names or {}
+    pv = tuple(sorted((names.get(k, k), v) for k, v in (action.get("partitionValues") or {}).items()))
     if column is None:
         rows = None
         try:
             rows = json.loads(action.get("stats") or "{}").get("numRecords")
         except ValueError:
             pass
-        return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0),
-                        partition_values=tuple(sorted((action.get("partitionValues") or {}).items())),
-                        time_range=None, change_data=change_data)
+        return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
+                        time_range=None, change_data=change_data, deleted=deleted)
     rng, rows = _range_from_stats(action.get("stats"), column)
     if rng is None and use_footer:
         rng, rows = _range_from_footer(uri, column)
-    pv = tuple(sorted((action.get("partitionValues") or {}).items()))
     return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
-                    time_range=rng, change_data=change_data, time_nulls=_null_count(action.get("stats"), column))
+                    time_range=rng, change_data=change_data, time_nulls=_null_count(action.get("stats"), column),
+                    deleted=deleted)
 
 
 def _null_count(stats_json: str | None, column: str) -> int | None:
@@ -186,17 +209,20 @@ def _null_count(stats_json: str | None, column: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def read_commit(table: str, uri: str, version: int, event_time: str | None) -> CommitSummary | None:
+def read_commit(table: str, uri: str, version: int, event_time: str | None,
+                names: tuple[tuple[str, str], ...] = ()) -> CommitSummary | None:
     """Summarise commit `version`, or None if its log entry no longer exists (log clean-up).
-    `event_time` None: the column's statistics cannot locate rows (every range is unknown).
+    `event_time` None: the column's statistics cannot locate rows (every range is unknown); else its
+    physical name. `names`: (physical, logical) column names of a table with column mapping.
     Whether the commit's files still exist is not part of the summary: see `missing_files`."""
     text = read_log_entry(table, uri, version)
     if text is None:
         return None
-    adds, removes, cdc = [], [], []
+    mapping = dict(names)
+    add_actions, remove_actions, cdc = [], [], []
     info: dict = {}
     metadata_changed = protocol_changed = False
-    data_removes = data_adds = layout_only = 0
+    layout_only = 0
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -207,27 +233,36 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None) -> C
             metadata_changed = True
         elif "protocol" in action:
             protocol_changed = True
-        elif "add" in action:
-            add = action["add"]
-            if add.get("dataChange", True):
-                data_adds += 1
-                adds.append(_file(uri, add, event_time))
-            else:
+        elif "add" in action or "remove" in action:
+            kind, act = ("add", action["add"]) if "add" in action else ("remove", action["remove"])
+            if not act.get("dataChange", True):
                 layout_only += 1
-        elif "remove" in action:
-            rem = action["remove"]
-            if rem.get("dataChange", True):
-                data_removes += 1
-                removes.append(_file(uri, rem, event_time, use_footer=True))
             else:
-                layout_only += 1
+                (add_actions if kind == "add" else remove_actions).append(act)
         elif "cdc" in action:
-            cdc.append(_file(uri, action["cdc"], event_time, change_data=True, use_footer=True))
+            cdc.append(_file(uri, action["cdc"], event_time, change_data=True, use_footer=True, names=mapping))
+    # A remove and an add of the same path replace the file's deletion vector: rows deleted or
+    # restored in place. Their rows are known (new vector minus old), unlike a removed file's.
+    readded = {a["path"] for a in add_actions}
+    old_dv = {r["path"]: r.get("deletionVector") for r in remove_actions if r["path"] in readded}
+    adds = []
+    for a in add_actions:
+        f = _file(uri, a, event_time, names=mapping)
+        if a["path"] in old_dv:
+            change = DvChange(DeletionVector.from_action(uri, old_dv[a["path"]]),
+                              DeletionVector.from_action(uri, a.get("deletionVector")))
+            share = change.rows / f.rows if f.rows else 1.0
+            f = replace(f, deleted=None, dv_change=change, rows=change.rows, size=int(f.size * min(1.0, share)))
+        adds.append(f)
+    removes = [_file(uri, r, event_time, use_footer=True, names=mapping) for r in remove_actions
+               if r["path"] not in old_dv]
     if cdc:
         kind = CommitKind.CHANGE_DATA
-    elif data_removes:
+    elif removes:
         kind = CommitKind.REWRITE
-    elif data_adds:
+    elif old_dv:
+        kind = CommitKind.DELETION_VECTORS
+    elif adds:
         kind = CommitKind.APPEND
     elif layout_only:
         kind = CommitKind.LAYOUT
@@ -289,16 +324,24 @@ def _entry_stamp(uri: str, version: int) -> tuple[float, int]:
 
 
 @lru_cache(maxsize=8192)
-def _cached_commit(table: str, uri: str, version: int, event_time: str | None, stamp: tuple) -> CommitSummary | None:
-    return read_commit(table, uri, version, event_time)
+def _cached_commit(table: str, uri: str, version: int, event_time: str | None, names: tuple,
+                   stamp: tuple) -> CommitSummary | None:
+    return read_commit(table, uri, version, event_time, names)
 
 
-def commit_summary(table: str, uri: str, version: int, event_time: str | None) -> CommitSummary | None:
+def commit_summary(table: str, uri: str, version: int, event_time: str | None,
+                   names: tuple[tuple[str, str], ...] = ()) -> CommitSummary | None:
     """`read_commit`, cached while the log entry is unchanged (entries are immutable once written)."""
-    return _cached_commit(table, uri, version, event_time, _entry_stamp(uri, version))
+    return _cached_commit(table, uri, version, event_time, names, _entry_stamp(uri, version))
 
 
 def missing_files(commit: CommitSummary) -> list[str]:
     """Files the commit's incremental read needs that no longer exist (vacuumed). Never cached:
     a vacuum removes files without touching the log, so a long-lived process must look again."""
-    return [f.uri for f in commit.readable if not file_exists(f.uri)]
+    needed = [f.uri for f in commit.readable]
+    for f in commit.readable:  # a change read of a deletion vector needs both vectors
+        if f.dv_change is not None:
+            needed += [dv.file_uri for dv in (f.dv_change.old, f.dv_change.new) if dv is not None and dv.file_uri]
+        elif f.deleted is not None and f.deleted.vector is not None and f.deleted.vector.file_uri:
+            needed.append(f.deleted.vector.file_uri)
+    return [u for u in needed if not file_exists(u)]

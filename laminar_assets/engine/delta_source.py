@@ -9,6 +9,7 @@ history has expired; it is reported, never skipped.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -22,7 +23,16 @@ from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureEr
 from .delta_log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
     CommitKind, CommitSummary, DataFile, commit_summary, local_path, missing_files, read_commit, stats_interval,
 )
+from .deletion_vectors import snapshot_deleted_rows
 from .windows import Interval
+
+# Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
+SUPPORTED_READER_FEATURES = frozenset({
+    "deletionVectors",  # rows skipped by position (deletion_vectors.py)
+    "columnMapping",  # Parquet columns read by physical name, exposed by logical name
+    "timestampNtz",  # Spark reads TIMESTAMP_NTZ natively
+    "v2Checkpoint", "vacuumProtocolCheck",  # log-level features: deltalake reads the log
+})
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,30 @@ class TableInfo:
     partition_columns: tuple[str, ...]
     configuration: dict = field(default_factory=dict, hash=False, compare=False)
     table: DeltaTable | None = field(default=None, hash=False, compare=False, repr=False)
+    # column mapping: the Delta schema (JSON, with physical names in its field metadata)
+    delta_schema: str | None = field(default=None, hash=False, compare=False, repr=False)
+
+    @property
+    def column_mapping(self) -> str:
+        return str(self.configuration.get("delta.columnMapping.mode", "none"))
+
+    @property
+    def physical_names(self) -> dict[str, str]:
+        """Logical -> physical name of each top-level column (identity without column mapping)."""
+        if self.column_mapping == "none" or not self.delta_schema:
+            return {n: n for n in self.schema.names}
+        fields = json.loads(self.delta_schema)["fields"]
+        return {f["name"]: (f.get("metadata") or {}).get("delta.columnMapping.physicalName", f["name"])
+                for f in fields}
+
+    def physical(self, column: str | None) -> str | None:
+        """The physical (Parquet and statistics) name of a logical column."""
+        return None if column is None else self.physical_names.get(column, column)
+
+    @property
+    def name_pairs(self) -> tuple[tuple[str, str], ...]:
+        """(physical, logical) pairs where they differ, hashable for caches."""
+        return tuple(sorted((p, l) for l, p in self.physical_names.items() if p != l))
 
     @property
     def cdf_enabled(self) -> bool:
@@ -102,16 +136,18 @@ def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
     """Snapshot facts at `version` (latest if None); refuses features a Parquet read gets wrong."""
     dt = open_table(name, uri, version)
     meta = dt.metadata()
+    schema = dt.schema()
     info = TableInfo(
-        name=name, uri=uri, version=dt.version(), schema=pa.schema(dt.schema().to_arrow()),
+        name=name, uri=uri, version=dt.version(), schema=pa.schema(schema.to_arrow()),
         partition_columns=tuple(meta.partition_columns), configuration=dict(meta.configuration), table=dt,
+        delta_schema=schema.to_json(),
     )
-    mode = info.configuration.get("delta.columnMapping.mode", "none")
-    if mode != "none":
+    unsupported = sorted(set(dt.protocol().reader_features or []) - SUPPORTED_READER_FEATURES)
+    if unsupported:
         raise UnsupportedTableFeatureError(
-            f"table '{name}' uses column mapping (mode '{mode}'): its Parquet column names differ "
-            "from the table's, and Laminar reads Parquet files directly; rewrite the table without "
-            "column mapping to use it as a source", table=name, version=info.version,
+            f"table '{name}' at version {info.version} needs reader feature(s) {', '.join(unsupported)}, "
+            f"which Laminar cannot read correctly yet (supported: {', '.join(sorted(SUPPORTED_READER_FEATURES))}); "
+            "use a source without them", table=name, version=info.version, feature=",".join(unsupported),
         )
     return info
 
@@ -151,12 +187,12 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
         return _recreated(table, uri, from_version, latest, info.cdf_enabled)
     if from_version is None or from_version >= latest:
         return SourceHistory(table, uri, from_version, latest, (), None, info.cdf_enabled)
-    stats_column = event_time if temporal(info.schema, event_time) else None
+    stats_column = info.physical(event_time) if temporal(info.schema, event_time) else None
     commits: list[CommitSummary] = []
     gone: list[int] = []
     vacuumed: list[tuple[int, str]] = []
     for version in range(from_version + 1, latest + 1):
-        summary = commit_summary(table, uri, version, stats_column)
+        summary = commit_summary(table, uri, version, stats_column, info.name_pairs)
         if summary is None:
             gone.append(version)
             continue
@@ -175,22 +211,18 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
     Files whose event times are all null are left out unless `keep_null_files`."""
     dt = info.delta()
     ranges = list(within) if within is not None else None
+    deleted = {}
     if "deletionVectors" in (dt.protocol().reader_features or []):
-        dvs = pa.table(dt.deletion_vectors())
-        if dvs.num_rows:
-            raise UnsupportedTableFeatureError(
-                f"table '{info.name}' has deletion vectors at version {info.version}: a plain Parquet read "
-                "would return deleted rows; run OPTIMIZE/PURGE (REORG TABLE ... APPLY (PURGE)) to "
-                "materialise them, or disable deletion vectors", table=info.name, version=info.version,
-            )
+        deleted = {_normal(p): rows for p, rows in snapshot_deleted_rows(dt).items()}
     actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
     if event_time is not None and not temporal(info.schema, event_time):
         event_time = None  # e.g. string times: their statistics do not order like time
+    stat = info.physical(event_time)  # statistics are keyed by physical name; partition values are not
     files = []
     for a in actions:
-        rng = stats_interval(a.get(f"min.{event_time}"), a.get(f"max.{event_time}")) if event_time else None
+        rng = stats_interval(a.get(f"min.{stat}"), a.get(f"max.{stat}")) if event_time else None
         all_null = event_time and a.get("num_records") is not None and \
-            a.get(f"null_count.{event_time}") == a.get("num_records")
+            a.get(f"null_count.{stat}") == a.get("num_records")
         if rng is None and all_null and not keep_null_files:
             continue  # all event times null: no window can use these rows
         if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
@@ -199,8 +231,15 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
                           for k, v in a.items() if k.startswith("partition.")))
         path = unquote(a["path"])
         uri = path if "://" in path or path.startswith("/") else f"{info.uri}/{path}"
-        nulls = a.get(f"null_count.{event_time}") if event_time else None
+        nulls = a.get(f"null_count.{stat}") if event_time else None
         files.append(DataFile(uri=uri, rows=a.get("num_records"), size=int(a.get("size_bytes") or 0),
                               partition_values=pv, time_range=rng,
-                              time_nulls=int(nulls) if nulls is not None else None))
+                              time_nulls=int(nulls) if nulls is not None else None,
+                              deleted=deleted.get(_normal(uri))))
     return files
+
+
+def _normal(uri: str) -> str:
+    """A file URI compared across `deltalake` (file:///x) and the log (/x, relative paths joined)."""
+    local = local_path(uri)
+    return os.path.abspath(local) if local is not None else uri

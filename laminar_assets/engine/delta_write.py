@@ -31,7 +31,7 @@ from laminar_assets.errors import CommitConflictError
 
 from .delta_log import DataFile, local_path
 from .delta_source import snapshot_files, table_info
-from .spark_io import StagedFiles, nullable, read_files, stage
+from .spark_io import StagedFiles, nullable, read_source, stage
 from .windows import Interval
 
 ATTEMPTS = 8
@@ -126,7 +126,7 @@ def _outside(spark: SparkSession, table_uri: str, files: Iterable[DataFile], col
              ranges: Sequence[Interval]):
     """Rows of `files` outside the ranges: what a replace must write back."""
     info = table_info(os.path.basename(table_uri), table_uri)
-    df = read_files(spark, list(files), info.schema, info.partition_columns)
+    df = read_source(spark, list(files), info)
     c = F.col(column)
     inside = F.lit(False)
     for r in ranges:

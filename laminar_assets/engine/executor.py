@@ -29,7 +29,7 @@ from .layout import STEPS, EngineOptions, Layout, RunContext  # noqa: F401  (STE
 from .plan import Mode, PartitionPlan, Reason
 from .planner import plan_partition
 from .result import RunResult
-from .spark_io import new_run_id, read_files
+from .spark_io import new_run_id, read_source
 from .spec import FlowSpec, RefreshPolicy, StageSpec
 from .sweep import sweep
 from .validate import check_source
@@ -259,7 +259,7 @@ class Engine:
         part = partition_interval(partition, spec.granularity)
         column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
         info = table_info(spec.sink, uri)
-        df = read_files(self.spark, snapshot_files(info, column, [part]), info.schema, info.partition_columns)
+        df = read_source(self.spark, snapshot_files(info, column, [part]), info)
         return df.where(in_ranges(column, [part]))
 
     def preview(self, spec: Spec, partition: str, *, limit: int = 5):

@@ -28,7 +28,7 @@ from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import read_files, stage
+from .spark_io import read_source, stage
 from .spec import FlowSpec
 from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_interval, \
     partition_key, partition_key_column
@@ -156,7 +156,7 @@ def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: d
         return None
     parts = [partition_interval(k, spec.granularity) for k in keys]
     info = table_info(f"{spec.name} state", uri)
-    df = read_files(ctx.spark, snapshot_files(info, WS, parts), info.schema, info.partition_columns)
+    df = read_source(ctx.spark, snapshot_files(info, WS, parts), info)
     return df.where(in_ranges(WS, parts))
 
 

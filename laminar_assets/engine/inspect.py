@@ -46,12 +46,12 @@ def new_commits(root: str, table: str, event_time: str, after: int | None,
     unknown = False
     commits: list[CommitSummary] = []
     expired = False
-    stats_column = event_time if temporal(info.schema, event_time) else None
+    stats_column = info.physical(event_time) if temporal(info.schema, event_time) else None
     if stats_column is None:
         unknown = True
     if after is not None:
         for version in range(after + 1, info.version + 1):
-            commit = read_commit(table, uri, version, stats_column)
+            commit = read_commit(table, uri, version, stats_column, info.name_pairs)
             if commit is None:
                 expired = True
                 break

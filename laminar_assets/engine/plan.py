@@ -36,6 +36,7 @@ class Reason(str, Enum):
     # incremental / no-op
     APPEND_ONLY = "APPEND_ONLY"
     RETRACTABLE_CHANGES = "RETRACTABLE_CHANGES"
+    DELETION_VECTOR_CHANGES = "DELETION_VECTOR_CHANGES"
     NO_NEW_VERSIONS = "NO_NEW_VERSIONS"
     NO_CHANGES_IN_PARTITION = "NO_CHANGES_IN_PARTITION"
     PARTITION_FROZEN = "PARTITION_FROZEN"
@@ -61,6 +62,8 @@ _DESCRIPTIONS = {
     Reason.PRECISION_LOSS: "a retraction left float state that cannot be trusted to 1e-9: the window is recomputed",
     Reason.APPEND_ONLY: "only appends since the watermark",
     Reason.RETRACTABLE_CHANGES: "deletes/updates with change data, and every aggregate can retract",
+    Reason.DELETION_VECTOR_CHANGES: ("rows deleted or restored through deletion vectors, read by position from "
+                                     "each file's old and new vector; every aggregate can retract"),
     Reason.NO_NEW_VERSIONS: "the source has no version after the watermark",
     Reason.NO_CHANGES_IN_PARTITION: "new versions touch no window of this partition",
     Reason.PARTITION_FROZEN: "the partition is older than the late-data policy's freeze_after",

@@ -205,7 +205,7 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
             if commit.kind is CommitKind.APPEND:
                 versions.append(commit.version)
                 kinds.add(commit.kind)
-            elif commit.kind is CommitKind.CHANGE_DATA:
+            elif commit.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS):
                 kinds.add(commit.kind)
                 if retractable:
                     versions.append(commit.version)
@@ -213,8 +213,8 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
                     refill.extend(_scope(spec, part, commit))
                     if refill_reason is None:
                         refill_reason = Reason.NON_APPEND_ON_NON_RETRACTABLE
-                        refill_detail = (f"commit {commit.version} of '{src}' ({commit.operation}) deletes or updates rows "
-                                         f"and {_why_not_retractable(spec)}")
+                        refill_detail = (f"commit {commit.version} of '{src}' ({commit.operation}) deletes or updates rows"
+                                         f"{_through_vectors(commit)} and {_why_not_retractable(spec)}")
             elif commit.kind is CommitKind.REWRITE:
                 kinds.add(commit.kind)
                 refill.extend(_scope(spec, part, commit))
@@ -238,7 +238,14 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
         return make(Mode.REFILL, refill_reason, refill_detail, refill=scope, refill_all=whole, **common)
     if any(incremental.values()):
         reason = Reason.APPEND_ONLY if kinds == {CommitKind.APPEND} else Reason.RETRACTABLE_CHANGES
-        return make(Mode.INCREMENTAL, reason, reason.describe, **common)
+        detail = reason.describe
+        dv = [c for c in processed if c.kind is CommitKind.DELETION_VECTORS and c.version in
+              {v for vs in incremental.values() for v in vs}]
+        if dv:
+            reason = Reason.DELETION_VECTOR_CHANGES
+            detail = (f"{reason.describe}: commit(s) {', '.join(str(c.version) for c in dv)} "
+                      f"({sum(c.dv_rows for c in dv)} row(s) deleted or restored in place)")
+        return make(Mode.INCREMENTAL, reason, detail, **common)
     if processed:
         return make(Mode.NOOP, Reason.NO_CHANGES_IN_PARTITION,
                     f"{len(processed)} new version(s) touch no window of this partition", **common)
@@ -255,6 +262,12 @@ def _scope(spec, part: Interval, commit: CommitSummary) -> list[Interval]:
         if s is not None:
             out.append(s)
     return out
+
+
+def _through_vectors(commit: CommitSummary) -> str:
+    if commit.kind is not CommitKind.DELETION_VECTORS:
+        return ""
+    return f" through deletion vectors ({commit.dv_rows} row(s) in place)"
 
 
 def _why_not_retractable(spec) -> str:

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from .aggregates import EVENT_TS
 from .delta_log import local_path
 from .delta_source import snapshot_files, table_info
-from .spark_io import read_files, stage
+from .spark_io import read_source, stage
 from .spec import FlowSpec, StageSpec
 
 RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"
@@ -93,7 +93,7 @@ def _existing(spark: SparkSession, uri: str, flow: str) -> DataFrame | None:
     files = [f for f in snapshot_files(info, None) if dict(f.partition_values).get("flow") == flow]
     if not files:
         return None
-    return read_files(spark, files, info.schema, info.partition_columns).select("partition", "rule", "row")
+    return read_source(spark, files, info).select("partition", "rule", "row")
 
 
 def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_id: str) -> dict[str | None, dict[str, int]]:

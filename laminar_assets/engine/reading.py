@@ -30,7 +30,7 @@ from .delta_log import CommitKind, DataFile
 from .inputs import RunInputs
 from .plan import PartitionPlan
 from .quarantine import ROW, RULE, VERSION
-from .spark_io import CHANGE_TYPE, read_files
+from .spark_io import CHANGE_TYPE, read_source
 from .spec import FlowSpec, StageSpec
 from .validate import event_time_column
 from .windows import Interval, coalesce, in_ranges, partition_id, partition_id_column
@@ -80,12 +80,13 @@ def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:
     out = ReadSet(needed=list(coalesce(p.needed for p in plans)))
     for src in spec.sources:
         commits = {c.version: c for c in inputs.histories[src].commits}
-        delta: dict[str, tuple[DataFile, int]] = {}
+        # keyed by (file, commit): with deletion vectors one file changes in several commits
+        delta: dict[tuple[str, int], DataFile] = {}
         for plan in plans:
             for v in plan.incremental_versions.get(src, ()):
                 for f in commits[v].readable:
                     if f.time_range is None or f.time_range.overlaps(plan.needed):
-                        delta[f.uri] = (f, v)
+                        delta[(f.uri, v)] = f
         events = [e for plan in plans for e in refill_events(spec, plan)]
         snap: dict[str, DataFile] = {}
         snap_version = None
@@ -95,19 +96,31 @@ def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:
                 if f.time_range is None or any(f.time_range.overlaps(e) for e in events):
                     snap[f.uri] = f
         by_role: dict[tuple, list[DataFile]] = {}
-        for uri, (f, v) in delta.items():
-            by_role.setdefault((v, uri in snap, f.change_data), []).append(f)
+        shared: set[str] = set()  # snapshot files whose rows a commit read already yields
+        for (uri, v), f in delta.items():
+            in_snap = uri in snap and _same_rows(f, snap[uri])
+            if in_snap:
+                shared.add(uri)
+            cdc = f.change_data or commits[v].kind is CommitKind.DELETION_VECTORS
+            by_role.setdefault((v, in_snap, cdc), []).append(f)
         for uri, f in snap.items():
-            if uri not in delta:
+            if uri not in shared:
                 by_role.setdefault((None, True, False), []).append(f)
-        for (v, in_snap, cdc), files in sorted(by_role.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0)):
+        for (v, in_snap, cdc), files in sorted(by_role.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1:])):
             out.groups.append(FileGroup(src, tuple(files), v, in_snap, cdc, v if v is not None else snap_version))
         for plan in plans:
-            mine = [f for f in [*(f for f, _ in delta.values()), *snap.values()]
+            mine = [f for f in [*delta.values(), *(f for u, f in snap.items() if u not in shared)]
                     if f.time_range is None or f.time_range.overlaps(plan.needed)]
             out.files[plan.partition] = out.files.get(plan.partition, 0) + len(mine)
             out.bytes[plan.partition] = out.bytes.get(plan.partition, 0) + sum(f.size for f in mine)
     return out
+
+
+def _same_rows(change: DataFile, snapshot: DataFile) -> bool:
+    """A commit's read of a file yields exactly the file's snapshot rows: a plain read (no change data,
+    no changed deletion vector) and no deleted rows then or now."""
+    return (not change.change_data and change.dv_change is None and change.deleted is None
+            and snapshot.deleted is None)
 
 
 def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> DataFrame:
@@ -115,7 +128,7 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
     frames = []
     for g in reads.groups:
         info = inputs.infos[g.source]
-        df = read_files(spark, list(g.files), info.schema, info.partition_columns, change_data=g.change_data)
+        df = read_source(spark, list(g.files), info, change_data=g.change_data)
         if g.change_data:
             sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
             df = df.withColumn(SIGN, sign).where(F.col(SIGN) != 0).drop(CHANGE_TYPE)
@@ -128,7 +141,7 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
                       .withColumn(SNAP, F.lit(g.snapshot)).withColumn(VERSION, F.lit(g.read_version).cast("long")))
     if not frames:  # nothing to read: an empty frame still gives the state its schema
         info = inputs.infos[spec.sources[0]]
-        df = read_files(spark, [], info.schema, info.partition_columns)
+        df = read_source(spark, [], info)
         frames.append(df.withColumn(SIGN, F.lit(1)).withColumn(SRC, F.lit(spec.sources[0]))
                       .withColumn(DVER, F.lit(None).cast("long")).withColumn(SNAP, F.lit(False))
                       .withColumn(VERSION, F.lit(None).cast("long")))

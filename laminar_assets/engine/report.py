@@ -15,7 +15,7 @@ from laminar_assets.errors import LaminarError
 from .aggregates import implementation
 from .delta_source import CommitKind, resolve_uri, snapshot_files, source_history, table_info
 from .inspect import inspect_partition, is_stale
-from .spark_io import read_files
+from .spark_io import read_source
 from .spec import FlowSpec, StageSpec
 from .validate import apply_row_logic
 
@@ -80,7 +80,7 @@ def explain(engine, spec: Spec, partition: str) -> dict:
         plan = engine.plan(spec, partition)
         src = spec.sources[0]
         info = table_info(src, resolve_uri(engine.root, src))
-        physical = _formatted(apply_row_logic(read_files(engine.spark, [], info.schema, info.partition_columns), spec))
+        physical = _formatted(apply_row_logic(read_source(engine.spark, [], info), spec))
     estimate = {"files": 0, "bytes": 0, "rows": 0}
     pending_commits = []
     for src in spec.sources:
@@ -92,7 +92,7 @@ def explain(engine, spec: Spec, partition: str) -> dict:
             pending_commits.append({"table": src, "version": c.version, "operation": c.operation,
                                     "kind": c.kind.value, "rows": c.rows})
             if c.version in wanted:
-                files = c.adds if c.kind is CommitKind.APPEND else c.cdc
+                files = c.adds if c.kind in (CommitKind.APPEND, CommitKind.DELETION_VECTORS) else c.cdc
                 for f in files:
                     if f.time_range is None or f.time_range.overlaps(plan.needed):
                         estimate["files"] += 1

@@ -29,7 +29,7 @@ from .layout import RunContext
 from .plan import Mode, PartitionPlan, Reason
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import CHANGE_TYPE, StagedFiles, arrow_schema_of, nullable, read_files, stage
+from .spark_io import CHANGE_TYPE, StagedFiles, arrow_schema_of, nullable, read_source, stage
 from .spec import StageSpec
 from .windows import in_ranges, partition_id, partition_key_column
 
@@ -95,7 +95,7 @@ def _join_dimensions(ctx: RunContext, spec: StageSpec, rows: DataFrame, inputs: 
     joined = rows
     for join in spec.joins:
         info = inputs.dims[join.table]
-        dim = read_files(ctx.spark, snapshot_files(info, None), info.schema, info.partition_columns)
+        dim = read_source(ctx.spark, snapshot_files(info, None), info)
         dim = dim.select(*join.on, *join.columns).withColumn(f"__m_{join.table}", F.lit(True))
         joined = joined.join(dim, list(join.on), "left")
     unmatched = F.lit(None).cast("string")
@@ -144,7 +144,7 @@ def _sink_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> 
         return None
     from .validate import event_time_column
 
-    df = read_files(ctx.spark, files, info.schema, info.partition_columns)
+    df = read_source(ctx.spark, files, info)
     df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(in_ranges(EVENT_TS, parts))
     return with_partition(df, spec, EVENT_TS)
 

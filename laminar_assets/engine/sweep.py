@@ -22,7 +22,7 @@ from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import DVER, SNAP, SRC, prepare
-from .spark_io import CHANGE_TYPE, read_files
+from .spark_io import CHANGE_TYPE, read_source
 
 
 def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, int]:
@@ -80,14 +80,15 @@ def _unswept(ctx: RunContext, spec, src: str, done: int | None, target: int) -> 
         files = [f for f in snapshot_files(info, spec.event_time, keep_null_files=True) if may_hold(f)]
         if not files:
             return None
-        return tagged(read_files(ctx.spark, files, info.schema, info.partition_columns).withColumn(SIGN, F.lit(1)), target)
+        return tagged(read_source(ctx.spark, files, info).withColumn(SIGN, F.lit(1)), target)
     frames = []
     for commit in history.commits:
         # rewrites without change data may add rows too (an update that nulls the event time)
-        files = [f for f in (commit.cdc or commit.adds) if may_hold(f)]
+        # (a file whose deletion vector changed adds no row: its rows were swept when it was added)
+        files = [f for f in (commit.cdc or [a for a in commit.adds if a.dv_change is None]) if may_hold(f)]
         if not files:
             continue
-        df = read_files(ctx.spark, files, info.schema, info.partition_columns, change_data=bool(commit.cdc))
+        df = read_source(ctx.spark, files, info, change_data=bool(commit.cdc))
         if commit.cdc:  # inserted rows only: a deleted row was recorded when it was added
             df = df.where(F.col(CHANGE_TYPE).isin("insert", "update_postimage")).drop(CHANGE_TYPE)
         frames.append(tagged(df.withColumn(SIGN, F.lit(1)), commit.version))

@@ -1,0 +1,193 @@
+"""Deletion vectors: which rows of a data file a Delta table no longer holds.
+
+A deletion vector (DV) marks rows of a Parquet file as deleted without rewriting
+the file. The add action of the file names its DV; a commit that deletes more rows
+replaces the add (remove + add of the same path) with a larger DV. So:
+
+- a read of a file skips the rows of its DV (`DataFile.deleted`);
+- a commit that changes a file's DV deleted exactly the rows in new − old and
+  restored those in old − new (`DvChange`), which is the change data of the commit
+  even when the table has no change data feed.
+
+Descriptors from the log are decoded here (the Delta protocol's "Deletion Vector
+Format": Z85 names, a `RoaringBitmapArray` in portable format, read with `pyroaring`).
+Snapshots get their vectors from `deltalake` itself (`DeltaTable.deletion_vectors()`),
+so the two decoders check each other in the tests.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs  # noqa: F401  (pa.fs)
+from pyroaring import BitMap64
+
+from laminar_assets.errors import SourceError
+
+_MAGIC = 1681511377  # little-endian int32 in front of a serialized RoaringBitmapArray
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
+
+
+def z85_decode(text: str) -> bytes:
+    """Z85 (ZeroMQ RFC 32) text to bytes; Delta pads to a multiple of 5 characters itself."""
+    if len(text) % 5:
+        raise ValueError(f"Z85 text must be a multiple of 5 characters, got {len(text)}")
+    out = bytearray()
+    for i in range(0, len(text), 5):
+        value = 0
+        for ch in text[i:i + 5]:
+            value = value * 85 + _Z85_INDEX[ch]
+        out += value.to_bytes(4, "big")
+    return bytes(out)
+
+
+def decode_bitmap(data: bytes) -> BitMap64:
+    """A serialized RoaringBitmapArray (magic + portable 64-bit roaring) as a bitmap of row positions."""
+    if len(data) < 4 or struct.unpack_from("<i", data)[0] != _MAGIC:
+        raise ValueError("not a RoaringBitmapArray (bad magic number)")
+    return BitMap64.deserialize(data[4:])
+
+
+@dataclass(frozen=True)
+class DeletionVector:
+    """A deletion vector as an add or remove action names it (storage type u, i or p)."""
+
+    table_uri: str
+    storage: str
+    path_or_inline: str
+    offset: int | None
+    size: int
+    cardinality: int
+
+    @classmethod
+    def from_action(cls, table_uri: str, dv: dict | None) -> "DeletionVector | None":
+        if not dv:
+            return None
+        return cls(table_uri, dv["storageType"], dv["pathOrInlineDv"], dv.get("offset"),
+                   int(dv["sizeInBytes"]), int(dv["cardinality"]))
+
+    @property
+    def file_uri(self) -> str | None:
+        """Where the vector is stored; None for an inline vector."""
+        if self.storage == "i":
+            return None
+        if self.storage == "p":
+            return self.path_or_inline
+        if self.storage != "u":
+            raise SourceError(f"unknown deletion vector storage type {self.storage!r} in table {self.table_uri}")
+        prefix, encoded = self.path_or_inline[:-20], self.path_or_inline[-20:]
+        name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
+        return f"{self.table_uri}/{prefix}/{name}" if prefix else f"{self.table_uri}/{name}"
+
+    def bitmap(self) -> BitMap64:
+        """The deleted row positions (read once per process: vectors are immutable)."""
+        return _bitmap(self)
+
+
+@lru_cache(maxsize=1024)
+def _bitmap(dv: DeletionVector) -> BitMap64:
+    if dv.storage == "i":
+        data = z85_decode(dv.path_or_inline)[:dv.size]
+    else:
+        uri = dv.file_uri
+        try:
+            data = _read_range(uri, dv.offset or 0, dv.size)
+        except OSError as exc:
+            raise SourceError(f"cannot read deletion vector {uri} of table {dv.table_uri}: {exc}; "
+                              "was it vacuumed?") from exc
+    try:
+        bitmap = decode_bitmap(data)
+    except ValueError as exc:
+        raise SourceError(f"deletion vector {dv.file_uri or '(inline)'} of table {dv.table_uri} is "
+                          f"unreadable: {exc}") from exc
+    if len(bitmap) != dv.cardinality:
+        raise SourceError(f"deletion vector {dv.file_uri or '(inline)'} of table {dv.table_uri} holds "
+                          f"{len(bitmap)} rows, its descriptor says {dv.cardinality}")
+    return bitmap
+
+
+def _read_range(uri: str, offset: int, size: int) -> bytes:
+    """The vector bytes of a DV file: at `offset` a big-endian size, the vector, then a checksum."""
+    fs, path = pa.fs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
+    with fs.open_input_file(path) as fh:
+        fh.seek(offset)
+        head = fh.read(4)
+        (length,) = struct.unpack(">i", head)
+        if length != size:
+            raise OSError(f"size at offset {offset} is {length}, the descriptor says {size}")
+        return fh.read(size)
+
+
+@dataclass(frozen=True, eq=False)
+class DeletedRows:
+    """Row positions a read of one file skips: from a log descriptor or from `deltalake`'s selection."""
+
+    vector: DeletionVector | None = None
+    positions_from_selection: pa.Array | None = None
+
+    @property
+    def count(self) -> int:
+        if self.vector is not None:
+            return self.vector.cardinality
+        return len(self.positions_from_selection)
+
+    def positions(self) -> pa.Array:
+        if self.vector is not None:
+            return pa.array(self.vector.bitmap().to_array(), pa.int64())
+        return self.positions_from_selection
+
+    @classmethod
+    def from_selection(cls, selection: pa.Array) -> "DeletedRows | None":
+        """`deltalake`'s selection vector (True = row kept; rows past its end are kept)."""
+        dropped = pc.indices_nonzero(pc.invert(selection)).cast(pa.int64())
+        return cls(positions_from_selection=dropped) if len(dropped) else None
+
+
+@dataclass(frozen=True)
+class DvChange:
+    """A commit replaced a file's deletion vector `old` by `new`: rows in new − old were deleted,
+    rows in old − new restored (a RESTORE can shrink a vector)."""
+
+    old: DeletionVector | None
+    new: DeletionVector | None
+
+    def _sets(self) -> tuple[BitMap64, BitMap64]:
+        old = self.old.bitmap() if self.old else BitMap64()
+        new = self.new.bitmap() if self.new else BitMap64()
+        return new - old, old - new
+
+    def signed_positions(self) -> tuple[pa.Array, pa.Array]:
+        """(deleted, restored) row positions."""
+        deleted, restored = self._sets()
+        return pa.array(deleted.to_array(), pa.int64()), pa.array(restored.to_array(), pa.int64())
+
+    @property
+    def rows(self) -> int:
+        """Rows the change touches, from the descriptors (exact when the new vector contains the old)."""
+        new = self.new.cardinality if self.new else 0
+        old = self.old.cardinality if self.old else 0
+        return abs(new - old)
+
+
+def snapshot_deleted_rows(dt) -> dict[str, DeletedRows]:
+    """Deleted rows of every file of a pinned snapshot with a deletion vector, keyed by file path as
+    `deltalake` reports it (a URI)."""
+    table = pa.table(dt.deletion_vectors())
+    out = {}
+    for path, selection in zip(table.column("filepath").to_pylist(), _flat_lists(table.column("selection_vector"))):
+        rows = DeletedRows.from_selection(selection)
+        if rows is not None:
+            out[path] = rows
+    return out
+
+
+def _flat_lists(column: pa.ChunkedArray):
+    for chunk in column.chunks:
+        for i in range(len(chunk)):
+            yield chunk[i].values
