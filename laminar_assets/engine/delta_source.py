@@ -21,7 +21,8 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureError
 from .delta_log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
-    CommitKind, CommitSummary, DataFile, commit_summary, local_path, missing_files, read_commit, stats_interval,
+    CommitKind, CommitSummary, DataFile, commit_summary, local_path, missing_files, read_commit, read_log_entry,
+    stats_interval,
 )
 from .deletion_vectors import snapshot_deleted_rows
 from .windows import Interval
@@ -150,6 +151,32 @@ def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
             "use a source without them", table=name, version=info.version, feature=",".join(unsupported),
         )
     return info
+
+
+def column_fate(info: TableInfo, column: str, *, max_versions: int = 1000) -> str | None:
+    """How a logical column the table once had left it: 'renamed to X at version V' (column mapping
+    keeps the physical name) or 'dropped at version V'; None if the log does not show it."""
+    if info.column_mapping == "none":
+        return None
+    now = {p: l for l, p in info.physical_names.items()}
+    newer: int | None = None  # the version of the newest schema change seen so far (walking back)
+    for version in range(info.version, max(-1, info.version - max_versions), -1):
+        text = read_log_entry(info.name, info.uri, version)
+        if text is None:
+            return None
+        for line in text.splitlines():
+            if '"metaData"' not in line:
+                continue
+            fields = json.loads(json.loads(line)["metaData"]["schemaString"])["fields"]
+            then = {f["name"]: (f.get("metadata") or {}).get("delta.columnMapping.physicalName", f["name"])
+                    for f in fields}
+            if column in then and newer is not None:
+                physical = then[column]
+                if physical in now:
+                    return f"renamed to {now[physical]!r} at version {newer}"
+                return f"dropped at version {newer}"
+            newer = version
+    return None
 
 
 def temporal(schema: pa.Schema, column: str) -> bool:

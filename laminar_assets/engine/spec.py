@@ -110,7 +110,9 @@ class _Common:
                 self._fail(f"derived[{i}]", f"expected an identifier not starting with '__', found {col!r}")
             if not expr.strip():
                 self._fail(f"derived.{col}", "expected a Spark SQL expression, found an empty string")
-            if col == self.event_time:
+            # An event time derived from source columns is fine (no statistics prune it); one that
+            # rewrites a source column of the same name would make the statistics lie.
+            if col == self.event_time and re.search(rf"(?<![\w`]){re.escape(col)}(?![\w`])|`{re.escape(col)}`", expr):
                 self._fail(f"derived.{col}", f"a derived column may not replace the event time column {col!r} "
                            "(file statistics of the source locate rows by it); derive a new name and use it as event_time")
         names: set[str] = set()

@@ -9,7 +9,7 @@ from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampT
 
 from .aggregates import is_numeric
 from .kinds import KINDS
-from .delta_source import TableInfo
+from .delta_source import TableInfo, column_fate
 from laminar_assets.errors import SchemaMismatchError, SpecError
 from .spark_io import spark_schema
 from .spec import FlowSpec, StageSpec
@@ -42,6 +42,11 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
     Returns the types of the columns the spec reads (its input-schema fingerprint).
     """
     facts = dict(flow=spec.name, table=info.name, version=info.version)
+    if spec.event_time in dict(spec.derived) and spec.event_time in info.schema.names:
+        raise SpecError(f"flow '{spec.name}': derived column {spec.event_time!r} is the event time and replaces "
+                        f"the source column of that name in '{info.name}' (its file statistics would locate rows "
+                        "wrongly); derive a new name and use it as event_time",
+                        field=f"derived.{spec.event_time}", **facts)
     base = spark.createDataFrame([], spark_schema(info.schema))
     for rule in spec.rules_for(info.name):
         try:
@@ -57,6 +62,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
     except (AnalysisException, PySparkException) as exc:
         col = _unresolved(exc)
         if col:
+            _renamed_or_dropped(spec, info, col)
             raise SchemaMismatchError(
                 f"flow '{spec.name}': source '{info.name}' at version {info.version} has no column {col!r} "
                 f"used by its derived columns or filter; found columns {base.columns}", column=col, **facts,
@@ -70,6 +76,8 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
         needed += list(spec.dedup_key) + [c for j in spec.joins for c in j.on]
         needed += [c for c in spec.columns if c not in {c2 for j in spec.joins for c2 in j.columns}]
     for col in dict.fromkeys(needed):
+        if col not in df.columns and col not in dict(spec.derived):
+            _renamed_or_dropped(spec, info, col)
         if col not in df.columns:
             raise SchemaMismatchError(
                 f"flow '{spec.name}' uses column {col!r}, which source '{info.name}' does not have at "
@@ -93,6 +101,17 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                         column=agg.column, **facts,
                     )
     return {c: df.schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}
+
+
+def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:
+    """A clear error when column mapping renamed or dropped a column the spec uses."""
+    fate = column_fate(info, col)
+    if fate:
+        raise SchemaMismatchError(
+            f"flow '{spec.name}' uses column {col!r} of source '{info.name}', which was {fate} "
+            f"(the table is at version {info.version}); update the flow to the new name or remove its use",
+            flow=spec.name, table=info.name, version=info.version, column=col,
+        ) from None
 
 
 def _first_line(exc: Exception) -> str:

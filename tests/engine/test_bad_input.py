@@ -84,11 +84,24 @@ def test_missing_source_table(lake, engine):
     no_trace(info.value)
 
 
-def test_column_mapping_is_refused(lake, engine):
+def test_column_mapped_source_is_read_by_logical_names(lake, engine):
+    # Parquet columns are named col-<uuid>; reading them by logical name would give nulls
     write_deltalake(lake.path("trades"), trades_frame([("2024-01-01 00:01:00", "a", 1.0, 1)]),
                     configuration={"delta.columnMapping.mode": "name"})
-    with pytest.raises(UnsupportedTableFeatureError, match="column mapping"):
+    engine.run(FLOW, PART)
+    assert lake.read("f")["count"].tolist() == [1]
+
+
+def test_unsupported_reader_feature_names_feature_table_and_version(lake, engine):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)], cdf=False)
+    with open(os.path.join(lake.path("trades"), "_delta_log", f"{1:020d}.json"), "w") as fh:
+        fh.write('{"commitInfo":{"timestamp":0,"operation":"SET TBLPROPERTIES"}}\n')
+        fh.write('{"protocol":{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["variantType"],'
+                 '"writerFeatures":["variantType"]}}\n')
+    with pytest.raises(UnsupportedTableFeatureError, match="reader feature.*variantType") as info:
         engine.run(FLOW, PART)
+    assert info.value.facts["table"] == "trades" and info.value.facts["version"] == 1
+    no_trace(info.value)
 
 
 def test_bad_partition_key(lake, engine):

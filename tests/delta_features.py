@@ -1,4 +1,4 @@
-"""Deletion-vector commits for test tables, written the way Databricks and delta-spark write them.
+"""Deletion-vector and column-rename commits for test tables, written the way Databricks and delta-spark write them.
 
 `deltalake` reads deletion vectors but does not write them, so these helpers do what
 a DV-enabled writer does: a `RoaringBitmapArray` in a `deletion_vector_<uuid>.bin`
@@ -89,7 +89,8 @@ def _latest(path: str, kind: str) -> dict:
     return found
 
 
-def _live_adds(path: str) -> dict[str, dict]:
+def live_adds(path: str) -> dict[str, dict]:
+    """The add actions of the files live at the table's latest JSON commit (a plain log replay)."""
     live: dict[str, dict] = {}
     log = os.path.join(path, "_delta_log")
     for name in sorted(os.listdir(log)):
@@ -116,7 +117,7 @@ def delete_where(path: str, predicate, *, column_names: dict[str, str] | None = 
     """Delete rows through deletion vectors: `predicate(table) -> boolean array` over each data file's
     rows (pyarrow, logical column names). One commit; returns its version, -1 if nothing matched."""
     before = snapshot(path).num_rows
-    live = _live_adds(path)
+    live = live_adds(path)
     actions, deleted = [], 0
     physical = {v: k for k, v in (column_names or {}).items()}  # physical -> logical
     for rel, add in live.items():
@@ -148,4 +149,19 @@ def delete_where(path: str, predicate, *, column_names: dict[str, str] | None = 
     version = _commit(path, actions, "DELETE")
     after = snapshot(path).num_rows
     assert after == before - deleted, f"deltalake reads {after} rows, expected {before} - {deleted}"
+    return version
+
+
+def rename_column(path: str, old: str, new: str) -> int:
+    """RENAME COLUMN on a column-mapped table: a metadata commit that keeps the physical name."""
+    meta = _latest(path, "metaData")
+    schema = json.loads(meta["schemaString"])
+    assert any(f["name"] == old for f in schema["fields"]), f"no column {old!r}"
+    for f in schema["fields"]:
+        if f["name"] == old:
+            f["name"] = new
+    meta["schemaString"] = json.dumps(schema)
+    meta["partitionColumns"] = [new if c == old else c for c in meta.get("partitionColumns", [])]
+    version = _commit(path, [{"metaData": meta}], "RENAME COLUMN")
+    assert new in DeltaTable(path).schema().to_arrow().names
     return version
