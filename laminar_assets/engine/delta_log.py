@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from enum import Enum
 from functools import lru_cache
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs  # noqa: F401  (pa.fs)
-import pyarrow.parquet as pq
 
 from laminar_assets.errors import SourceError
 from .deletion_vectors import DeletedRows, DeletionVector, DvChange
-from .windows import Interval, closed_range, to_utc
+from .file_ranges import local_path, null_count, range_from_footer, range_from_stats, stats_interval  # noqa: F401
+from .windows import Interval
 
 
 class CommitKind(str, Enum):
@@ -103,78 +103,6 @@ class CommitSummary:
 
 
 
-def _parse_stat_time(value) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return to_utc(value)
-    try:
-        return to_utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
-    except ValueError:
-        try:  # a date column
-            return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc)
-        except ValueError:
-            return None
-
-
-def stats_interval(lo, hi) -> Interval | None:
-    """The interval of a file's min/max statistics. JSON statistics may be truncated to
-    milliseconds, so the max is widened by 1 ms."""
-    lo_t, hi_t = _parse_stat_time(lo), _parse_stat_time(hi)
-    if lo_t is None or hi_t is None:
-        return None
-    return closed_range(lo_t, hi_t + timedelta(milliseconds=1))
-
-
-def _range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | None, int | None]:
-    if not stats_json:
-        return None, None
-    try:
-        stats = json.loads(stats_json)
-    except ValueError:
-        return None, None
-    rows = stats.get("numRecords")
-    rng = stats_interval((stats.get("minValues") or {}).get(column), (stats.get("maxValues") or {}).get(column))
-    if rng is None and rows is not None and (stats.get("nullCount") or {}).get(column) == rows:
-        # every event time is null: the file touches no window
-        return Interval(datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1, tzinfo=timezone.utc)), rows
-    return rng, rows
-
-
-def _range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | None]:
-    """Event-time range from a Parquet footer (row-group statistics); reads no data pages."""
-    local = local_path(uri)
-    try:
-        if local is not None:
-            meta = pq.read_metadata(local)
-        else:
-            fs, path = pa.fs.FileSystem.from_uri(uri)
-            with fs.open_input_file(path) as fh:
-                meta = pq.read_metadata(fh)
-    except (OSError, pa.ArrowInvalid):
-        return None, None
-    names = meta.schema.names
-    if column not in names:
-        return None, meta.num_rows
-    idx = names.index(column)
-    lo = hi = None
-    for i in range(meta.num_row_groups):
-        stats = meta.row_group(i).column(idx).statistics
-        if stats is None or not stats.has_min_max:
-            if meta.row_group(i).num_rows and (stats is None or stats.null_count != meta.row_group(i).num_rows):
-                return None, meta.num_rows
-            continue
-        a, b = _parse_stat_time(stats.min), _parse_stat_time(stats.max)
-        if a is None or b is None:
-            return None, meta.num_rows
-        lo = a if lo is None else min(lo, a)
-        hi = b if hi is None else max(hi, b)
-    if lo is None:
-        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
-        return Interval(epoch, epoch), meta.num_rows
-    return closed_range(lo, hi), meta.num_rows
-
-
 def _file(root: str, action: dict, column: str | None, *, change_data: bool = False, use_footer: bool = False,
           names: dict[str, str] | None = None) -> DataFile:
     """One file of an action. `column`: the event time's physical name; `names`: physical -> logical
@@ -193,20 +121,12 @@ def _file(root: str, action: dict, column: str | None, *, change_data: bool = Fa
             pass
         return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
                         time_range=None, change_data=change_data, deleted=deleted)
-    rng, rows = _range_from_stats(action.get("stats"), column)
+    rng, rows = range_from_stats(action.get("stats"), column)
     if rng is None and use_footer:
-        rng, rows = _range_from_footer(uri, column)
+        rng, rows = range_from_footer(uri, column)
     return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
-                    time_range=rng, change_data=change_data, time_nulls=_null_count(action.get("stats"), column),
+                    time_range=rng, change_data=change_data, time_nulls=null_count(action.get("stats"), column),
                     deleted=deleted)
-
-
-def _null_count(stats_json: str | None, column: str) -> int | None:
-    try:
-        value = (json.loads(stats_json or "{}").get("nullCount") or {}).get(column)
-    except ValueError:
-        return None
-    return int(value) if isinstance(value, int) else None
 
 
 def read_commit(table: str, uri: str, version: int, event_time: str | None,
@@ -276,15 +196,6 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
         operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
         removes=tuple(removes), cdc=tuple(cdc),
     )
-
-
-def local_path(uri: str) -> str | None:
-    """The filesystem path of a local table URI (plain path or file://), else None."""
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    if "://" not in uri:
-        return uri
-    return None
 
 
 def file_exists(uri: str) -> bool:

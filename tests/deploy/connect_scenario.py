@@ -40,7 +40,44 @@ def main(root: str, url: str) -> dict:
     physical = explain(engine, flows[-1], "2024-01-02-10:00")["physical"]
     return {"session": type(spark).__module__, "modes": modes, "quarantined": quarantined,
             "quarantine_table": DeltaTable.is_deltatable(f"{root}/_laminar/quarantine/raw_trades"),
-            "equivalence": equivalence, "contract": contract, "physical": physical}
+            "equivalence": equivalence, "contract": contract, "physical": physical,
+            "vectors": vectors_and_mapping(engine, root)}
+
+
+VECTOR_FLOWS = {"dv_sum": ("count", "sum"), "dv_max": ("count", "max")}
+
+
+def vector_flow(name: str):
+    from laminar_assets.engine import Agg, FlowSpec, Tumbling
+
+    aggs = {"count": Agg.count(), "sum": Agg.sum("px"), "max": Agg.max("px")}
+    return FlowSpec(name=name, source="dv_trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=tuple(aggs[k] for k in VECTOR_FLOWS[name]))
+
+
+def vectors_and_mapping(engine, root: str) -> list[str]:
+    """A column-mapped source with deletion vectors: snapshot reads drop deleted rows by position
+    and vector commits are read as signed changes (arrow frames sent over Connect)."""
+    import pyarrow.compute as pc
+    from deltalake import write_deltalake
+
+    from tests.conftest import trades_frame
+    from tests.delta_features import delete_where, enable_deletion_vectors
+
+    path = f"{root}/dv_trades"
+    rows = [(f"2024-01-01 00:{m:02d}:00", "ab"[m % 2], float(m), m % 4) for m in range(60)]
+    write_deltalake(path, trades_frame(rows), configuration={"delta.columnMapping.mode": "name"})
+    enable_deletion_vectors(path)
+    names = {f.name: f.metadata["delta.columnMapping.physicalName"] for f in DeltaTable(path).schema().fields}
+    reasons = []
+    delete_where(path, lambda t: pc.equal(t["qty"], 1), column_names=names)
+    for name in VECTOR_FLOWS:  # first run: a snapshot read with a deletion vector
+        reasons += [r.reason.value for r in engine.run_many(vector_flow(name), ["2024-01-01-00:00"])]
+    write_deltalake(path, trades_frame([("2024-01-01 00:30:30", "a", 100.0, 2)]), mode="append")
+    delete_where(path, lambda t: pc.greater(t["px"], 50.0), column_names=names)
+    for name in VECTOR_FLOWS:  # the commits: an append and a vector change on two files
+        reasons += [r.reason.value for r in engine.run_many(vector_flow(name), ["2024-01-01-00:00"])]
+    return reasons
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from laminar_assets.deploy import ConnectServerOptions, start_connect_server
 from laminar_assets.engine import FlowSpec, SparkOptions, build_session
 from laminar_assets.errors import EnvironmentProblem
 from laminar_assets.flows import load_specs
+from tests.delta_features import snapshot
+from tests.deploy.connect_scenario import VECTOR_FLOWS, vector_flow
 from tests.deploy.processes import free_port, listening
 from tests.reference import assert_frames_match, full_recompute
 
@@ -52,6 +54,13 @@ def test_the_demo_pipeline_over_spark_connect_equals_a_local_recompute(server, s
     for flow in (s for s in SPECS if isinstance(s, FlowSpec)):
         expected = full_recompute(spark, flow, stage)
         assert_frames_match(DeltaTable(f"{root}/{flow.sink}").to_pandas(), expected, flow.keys)
+    # a column-mapped source with deletion vectors, over Connect: equal to deltalake's own reader
+    assert out["vectors"] == ["NO_WATERMARK", "NO_WATERMARK", "DELETION_VECTOR_CHANGES",
+                              "NON_APPEND_ON_NON_RETRACTABLE"], out["vectors"]
+    rows = snapshot(f"{root}/dv_trades")
+    for name in VECTOR_FLOWS:
+        flow = vector_flow(name)
+        assert_frames_match(DeltaTable(f"{root}/{flow.sink}").to_pandas(), full_recompute(spark, flow, rows), flow.keys)
 
 
 def test_an_unreachable_endpoint_fails_fast_and_clearly():

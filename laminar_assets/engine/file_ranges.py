@@ -1,0 +1,105 @@
+"""Event-time ranges of data files, from Delta statistics and Parquet footers (no data is read).
+
+Statistics in the log may be truncated to milliseconds, so ranges are widened by 1 ms; a file
+whose event times are all null touches no window (an empty range at the epoch).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.fs  # noqa: F401  (pa.fs)
+import pyarrow.parquet as pq
+
+from .windows import Interval, closed_range, to_utc
+
+
+def local_path(uri: str) -> str | None:
+    """The filesystem path of a local table URI (plain path or file://), else None."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    if "://" not in uri:
+        return uri
+    return None
+
+
+def _parse_stat_time(value) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return to_utc(value)
+    try:
+        return to_utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+    except ValueError:
+        try:  # a date column
+            return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc)
+        except ValueError:
+            return None
+
+
+def stats_interval(lo, hi) -> Interval | None:
+    """The interval of a file's min/max statistics. JSON statistics may be truncated to
+    milliseconds, so the max is widened by 1 ms."""
+    lo_t, hi_t = _parse_stat_time(lo), _parse_stat_time(hi)
+    if lo_t is None or hi_t is None:
+        return None
+    return closed_range(lo_t, hi_t + timedelta(milliseconds=1))
+
+
+def range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | None, int | None]:
+    if not stats_json:
+        return None, None
+    try:
+        stats = json.loads(stats_json)
+    except ValueError:
+        return None, None
+    rows = stats.get("numRecords")
+    rng = stats_interval((stats.get("minValues") or {}).get(column), (stats.get("maxValues") or {}).get(column))
+    if rng is None and rows is not None and (stats.get("nullCount") or {}).get(column) == rows:
+        # every event time is null: the file touches no window
+        return Interval(datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1, tzinfo=timezone.utc)), rows
+    return rng, rows
+
+
+def range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | None]:
+    """Event-time range from a Parquet footer (row-group statistics); reads no data pages."""
+    local = local_path(uri)
+    try:
+        if local is not None:
+            meta = pq.read_metadata(local)
+        else:
+            fs, path = pa.fs.FileSystem.from_uri(uri)
+            with fs.open_input_file(path) as fh:
+                meta = pq.read_metadata(fh)
+    except (OSError, pa.ArrowInvalid):
+        return None, None
+    names = meta.schema.names
+    if column not in names:
+        return None, meta.num_rows
+    idx = names.index(column)
+    lo = hi = None
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(idx).statistics
+        if stats is None or not stats.has_min_max:
+            if meta.row_group(i).num_rows and (stats is None or stats.null_count != meta.row_group(i).num_rows):
+                return None, meta.num_rows
+            continue
+        a, b = _parse_stat_time(stats.min), _parse_stat_time(stats.max)
+        if a is None or b is None:
+            return None, meta.num_rows
+        lo = a if lo is None else min(lo, a)
+        hi = b if hi is None else max(hi, b)
+    if lo is None:
+        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+        return Interval(epoch, epoch), meta.num_rows
+    return closed_range(lo, hi), meta.num_rows
+
+
+def null_count(stats_json: str | None, column: str) -> int | None:
+    try:
+        value = (json.loads(stats_json or "{}").get("nullCount") or {}).get(column)
+    except ValueError:
+        return None
+    return int(value) if isinstance(value, int) else None
