@@ -32,23 +32,38 @@ def wait_for(predicate, timeout: float, what: str, every: float = 1.0, alive=Non
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def kill_tagged(name: str, value: str) -> list[int]:
-    """SIGKILL every process whose environment has name=value (the test's own DAGSTER_HOME): the
-    backstop that stops orphans (Spark JVM, daemon, run workers) even if the launcher was killed."""
+def tagged(name: str, value: str) -> dict[int, str]:
+    """Processes whose environment has name=value (the test's own DAGSTER_HOME), with their command lines."""
     marker = f"{name}={value}".encode()
-    killed = []
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if int(pid) == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as fh:
                 env = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")[:200]
         except OSError:
             continue
         if marker in env:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
-            except ProcessLookupError:
-                pass
-    return killed
+            found[int(pid)] = cmd
+    return found
+
+
+def kill_tagged(name: str, value: str, *, grace: float = 0.0) -> dict[int, str]:
+    """SIGKILL every process tagged name=value still running after `grace` seconds: the backstop that
+    stops orphans (Spark JVM, daemon, run workers) even if the launcher was killed. Returns them.
+    The grace lets processes that were told to stop (a run worker's orphan watcher polls its parent
+    once a second) finish on their own on a loaded machine."""
+    deadline = time.monotonic() + grace
+    left = tagged(name, value)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = tagged(name, value)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left

@@ -57,9 +57,9 @@ def deployment(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
         log.close()
-        leftovers = kill_tagged("DAGSTER_HOME", str(home))
+        leftovers = kill_tagged("DAGSTER_HOME", str(home), grace=15)
         print((logs / "serve.log").read_text()[-3000:])
-        assert not leftovers, f"serve left {len(leftovers)} process(es) running after it stopped"
+        assert not leftovers, f"serve left {len(leftovers)} process(es) running 15 s after it stopped: {leftovers}"
         assert not listening(ui) and not listening(spark)
 
 
