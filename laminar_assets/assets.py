@@ -12,11 +12,17 @@ from laminar_assets.engine.delta_source import resolve_uri, table_info
 from laminar_assets.engine.windows import Granularity
 from laminar_assets.resources import LaminarResource
 from laminar_assets.settings import LaminarSettings
+from laminar_assets.table_metadata import table_metadata
 
 Spec = FlowSpec | StageSpec
 PARTITION_TAG = "laminar/partition"
 COMPONENT_TAG = "laminar/component"  # runs of one connected part of the graph queue behind each other
 FORCE_TAG = "laminar/force_refill"  # "true": recompute the partitions (reason FORCED_BY_USER)
+
+
+def pool_name(spec: Spec) -> str:
+    """The asset's concurrency pool."""
+    return f"laminar_{spec.name}"
 
 
 def partitions_def(spec: Spec, settings: LaminarSettings) -> dg.TimeWindowPartitionsDefinition:
@@ -122,13 +128,20 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         backfill_policy=dg.BackfillPolicy.single_run(),
         metadata=_static_metadata(spec),
         code_version=spec.spec_hash,
+        pool=pool_name(spec),  # one step of this asset at a time across runs (dagster.yaml: default_limit 1)
+        owners=list(spec.owners),
+        tags=dict(spec.tags),
+        freshness_policy=dg.FreshnessPolicy.time_window(fail_window=spec.target_lag) if spec.target_lag else None,
+        # Only failures marked retryable are retried (see _failure); runs are idempotent, so a retry
+        # after a partial commit settles it instead of applying it twice.
+        retry_policy=dg.RetryPolicy(max_retries=settings.retries, delay=settings.retry_delay_seconds,
+                                    backoff=dg.Backoff.EXPONENTIAL) if settings.retries else None,
     )
     def _asset(context: dg.AssetExecutionContext, laminar: LaminarResource) -> dg.MaterializeResult:
         try:
             added = _guard_sources(spec, contracts, laminar.resolved_root())
         except LaminarError as exc:
-            raise dg.Failure(description=str(exc), metadata={k: str(v) for k, v in exc.facts.items()},
-                             allow_retries=False) from None
+            raise _failure(exc, {}) from None
         session_started = time.perf_counter()
         engine = laminar.engine()  # the run's Spark: a Connect client in a deployment, else a local JVM
         session_s = time.perf_counter() - session_started
@@ -138,8 +151,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         try:  # a partition range shares its Spark jobs and commits (Engine.run_many)
             results: list[RunResult] = engine.run_many(spec, keys, force=force)
         except LaminarError as exc:
-            raise dg.Failure(description=str(exc), metadata={"partitions": f"{keys[0]}..{keys[-1]}", **{
-                k: str(v) for k, v in exc.facts.items()}}, allow_retries=False) from None
+            raise _failure(exc, {"partitions": f"{keys[0]}..{keys[-1]}"}) from None
         noop = 0
         for key, result in zip(keys, results):
             if result.mode.value == "NOOP" and len(keys) > 1:
@@ -148,17 +160,26 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
             context.log.info(f"{spec.name} {key}: {result.mode.value} ({result.reason.value}) — {result.detail}")
         if noop:
             context.log.info(f"{spec.name}: {noop} other partition(s) of the range had nothing to do (NOOP, no Spark job)")
+        table = table_metadata(spec, engine.layout.sink_uri(spec), keys[0] if len(keys) == 1 else None)
         if len(results) == 1:
-            md = run_metadata(results[0])
+            md = {**run_metadata(results[0]), **table}
             md["source_columns_added"] = dg.MetadataValue.json(added)
             md["preview"] = _preview(engine, spec, keys[0])
             md["seconds_spark_session"] = float(round(session_s, 4))
             return dg.MaterializeResult(metadata=md)
-        md = _range_metadata(results, time.perf_counter() - started)
+        md = {**_range_metadata(results, time.perf_counter() - started), **table}
         md["seconds_spark_session"] = float(round(session_s, 4))
         return dg.MaterializeResult(metadata=md)
 
     return _asset
+
+
+def _failure(exc: LaminarError, metadata: dict) -> dg.Failure:
+    """A Dagster failure carrying the error's facts; retried by the asset's RetryPolicy only when the
+    error says running again may succeed (a conflict, a held lease, a lost Spark connection)."""
+    return dg.Failure(description=str(exc), metadata={**metadata, **{k: str(v) for k, v in exc.facts.items()},
+                                                      "retryable": exc.retryable},
+                      allow_retries=exc.retryable)
 
 
 def _range_metadata(results: list[RunResult], seconds: float) -> dict:

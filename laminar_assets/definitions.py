@@ -10,6 +10,7 @@ import dagster as dg
 
 import pathlib
 
+from laminar_assets.alerts import build_failure_sensor
 from laminar_assets.assets import build_asset, build_source_asset, source_tables
 
 from laminar_assets.checks import build_contract_check, build_equivalence_check, build_lag_check
@@ -49,6 +50,7 @@ def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettin
     sensors = build_pipeline_sensors(specs, settings, blocking=blocking,
                                      contracts={s.name for s in specs if s.sink in contracts})
     sensors.append(build_stale_sensor(specs, settings))
+    sensors.append(build_failure_sensor(settings))
     jobs, schedules = [], []
     by_name = {s.name: s for s in specs}
     part_of = {s.name: c.name for c in components(specs) for s in c.specs}

@@ -12,6 +12,10 @@ from typing import Any
 class LaminarError(Exception):
     """Base class of every error Laminar raises on purpose."""
 
+    # Whether running the same thing again may succeed (a conflict, a lost connection). Runs are
+    # idempotent, so orchestrators may retry these; every other Laminar error needs a fix first.
+    retryable: bool = False
+
     def __init__(self, message: str, **facts: Any) -> None:
         self.message = message
         self.facts = {k: v for k, v in facts.items() if v is not None}
@@ -68,9 +72,13 @@ class StrictRefreshError(LaminarError):
 class ConcurrentRunError(LaminarError):
     """Another run holds (or just committed) the same flow partition."""
 
+    retryable = True
+
 
 class CommitConflictError(LaminarError):
     """A Delta commit kept conflicting with concurrent writers after retries."""
+
+    retryable = True
 
 
 class CheckpointError(LaminarError):
@@ -79,6 +87,22 @@ class CheckpointError(LaminarError):
 
 class RunFailedError(LaminarError):
     """Spark failed while executing a run; the watermark did not move."""
+
+    # How a lost Spark Connect session or driver connection surfaces (by name, so that this module
+    # imports neither pyspark, grpc nor py4j). SQL errors over Connect subclass SparkConnectGrpcException,
+    # so only that exact class with an UNAVAILABLE status counts, never its subclasses.
+    _LOST_CONNECTION = {"RetriesExceeded", "_InactiveRpcError", "_MultiThreadedRendezvous", "Py4JNetworkError"}
+
+    @property
+    def retryable(self) -> bool:  # type: ignore[override]
+        cause = self.__cause__
+        while cause is not None:
+            name = type(cause).__name__
+            if isinstance(cause, ConnectionError) or name in self._LOST_CONNECTION or (
+                    name == "SparkConnectGrpcException" and "UNAVAILABLE" in str(cause)):
+                return True
+            cause = cause.__cause__
+        return False
 
 
 class InjectedCrash(LaminarError):

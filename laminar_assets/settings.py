@@ -19,6 +19,11 @@ class LaminarSettings(BaseModel):
     partitions_start: datetime = Field(default=datetime(2024, 1, 1), description="First partition of every flow.")
     sensor_interval_seconds: int = Field(default=5, ge=1, description="How often the Delta-version sensors look.")
     schedules: dict[str, str] = Field(default_factory=dict, description="Flow name -> cron schedule of its latest partition.")
+    retries: int = Field(default=2, ge=0, description="Retries of an asset step that failed for a transient reason "
+                         "(a Delta commit conflict, a partition lease held, a lost Spark connection).")
+    retry_delay_seconds: float = Field(default=10.0, ge=0, description="Wait before the first retry; doubles after.")
+    alert: str = Field(default="log", description="Where failed runs are reported: 'log', a webhook URL "
+                       "(http:// or https://, a JSON POST), or 'package.module:function' called with the alert.")
 
 
 def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:

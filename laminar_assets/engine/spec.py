@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from laminar_assets.errors import SpecError
@@ -18,9 +18,12 @@ from .kinds import KINDS
 from .spec_parts import (  # noqa: F401  (re-exported: specs are built from these)
     Agg, DimensionJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, as_pairs, as_tuple,
 )
-from .windows import Granularity, Interval, WindowShape, divides, to_utc
+from .windows import Granularity, Interval, WindowShape, divides, parse_duration, to_utc
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_TAG_KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}$")  # Dagster's rules for asset tags
+_TAG_VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 # Rules the engine always applies; a row breaking one is quarantined under this name.
 BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "key_missing", "unmatched")
 RESERVED_COLUMNS = ("window_start", "window_end")
@@ -47,6 +50,11 @@ class _Common:
     description: str = ""
     rules: tuple[RowRule, ...] = ()
     event_time_bounds: tuple[datetime | str, datetime | str] | None = None  # [lo, hi): plausible event times
+    # Catalog facts, not part of the hash: who owns the asset, its tags, and how far its sink may
+    # lag its sources before the orchestrator calls it stale ("5m", "1h").
+    owners: tuple[str, ...] = ()
+    tags: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    target_lag: str | timedelta | None = None
 
     @property
     def bounds(self) -> Interval | None:
@@ -73,6 +81,23 @@ class _Common:
         if self.sink is None:
             set_(self, "sink", self.name)
         set_(self, "rules", as_tuple(self.rules))
+        set_(self, "owners", as_tuple(self.owners))
+        set_(self, "tags", as_pairs(self.tags))
+        for owner in self.owners:
+            if not isinstance(owner, str) or not (_EMAIL_RE.match(owner) or owner.startswith("team:") and len(owner) > 5):
+                self._fail("owners", f"expected an email address or 'team:<name>', found {owner!r}")
+        for key, value in self.tags:
+            if not (isinstance(key, str) and _TAG_KEY_RE.match(key) and isinstance(value, str) and _TAG_VALUE_RE.match(value)):
+                self._fail(f"tags.{key}", "expected a key of letters, digits, '_', '-', '.', '/' and a value of up to "
+                           f"63 letters, digits, '_', '-', '.', found {key!r}: {value!r}")
+        if self.target_lag is not None:
+            try:
+                lag = parse_duration(self.target_lag)
+            except (TypeError, ValueError) as exc:
+                self._fail("target_lag", f"expected a duration like '5m' or '1h', found {self.target_lag!r}: {exc}")
+            if lag <= timedelta(0):
+                self._fail("target_lag", f"expected a positive duration, found {self.target_lag!r}")
+            set_(self, "target_lag", lag)
         if self.event_time_bounds is not None:
             try:
                 lo, hi = (to_utc(datetime.fromisoformat(b) if isinstance(b, str) else b) for b in self.event_time_bounds)

@@ -6,6 +6,8 @@ LARGE_NOTIONAL = 250_000.0
 
 large_trades = StageSpec(
     name="large_trades",
+    owners=("team:markets-data",),
+    tags={"domain": "trades", "tier": "gold"},
     description=f"Normalized trades with notional above {LARGE_NOTIONAL:,.0f}.",
     source="normalized_trades",
     event_time="event_time",

@@ -7,6 +7,8 @@ from laminar_assets.engine import DimensionJoin, StageSpec
 
 normalized_trades = StageSpec(
     name="normalized_trades",
+    owners=("team:markets-data",),
+    tags={"domain": "trades", "tier": "silver"},
     description="Trades deduplicated by trade_id within the hour, with sector and currency from `symbols`, "
                 "notional (price x quantity) and signed quantity (buys +, sells -).",
     source="raw_trades",

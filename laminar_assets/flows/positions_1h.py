@@ -4,6 +4,8 @@ from laminar_assets.engine import Agg, FlowSpec, Tumbling
 
 positions_1h = FlowSpec(
     name="positions_1h",
+    owners=("team:markets-data",),
+    tags={"domain": "trades", "tier": "gold"},
     description="Per account and symbol and hour: net signed quantity and gross notional.",
     source="normalized_trades",
     event_time="event_time",

@@ -4,6 +4,8 @@ from laminar_assets.engine import Agg, FlowSpec, Hopping
 
 sector_stats_1h = FlowSpec(
     name="sector_stats_1h",
+    owners=("team:markets-data",),
+    tags={"domain": "trades", "tier": "gold"},
     description="Per sector, 1 h windows every 15 min: mean and stddev of notional, approximate distinct "
                 "accounts (HLL), approximate p50/p99 quantity (KLL).",
     source="normalized_trades",

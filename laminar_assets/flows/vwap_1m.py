@@ -4,6 +4,8 @@ from laminar_assets.engine import Agg, FlowSpec, Tumbling
 
 vwap_1m = FlowSpec(
     name="vwap_1m",
+    owners=("team:markets-data",),
+    tags={"domain": "trades", "tier": "gold"},
     description="Per symbol and minute: VWAP, volume and trade count.",
     source="normalized_trades",
     event_time="event_time",

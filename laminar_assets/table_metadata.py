@@ -1,0 +1,51 @@
+"""Dagster's standard table metadata for a sink, from its Delta log alone (no Spark job).
+
+The UI shows `dagster/column_schema` as the asset's columns, `dagster/row_count` and
+`dagster/partition_row_count` as numbers it plots, and `dagster/table_name` /
+`dagster/uri` tell catalogs where the table lives.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+from dagster._core.definitions.metadata import TableMetadataSet
+
+from laminar_assets.engine import FlowSpec, LaminarError, StageSpec
+from laminar_assets.engine.delta_source import snapshot_files, table_info
+from laminar_assets.engine.windows import partition_interval
+
+URI_KEY = "dagster/uri"
+
+
+def table_metadata(spec: FlowSpec | StageSpec, sink_uri: str, partition: str | None) -> dict:
+    """Schema, row counts (the table's, and the partition's when one partition was run), name and
+    URI of the spec's sink. Empty when the sink does not exist yet (nothing was ever written)."""
+    try:
+        info = table_info(spec.sink, sink_uri)
+    except LaminarError:
+        return {}
+    columns = [dg.TableColumn(name=f.name, type=str(f.type), description=_describe(spec, f.name))
+               for f in info.schema]
+    files = snapshot_files(info, None)
+    rows = sum(f.rows or 0 for f in files)
+    per_partition = None
+    if partition is not None:
+        # flow sinks are laid out by window start, stage outputs by event time: one file per partition
+        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
+        inside = snapshot_files(info, column, [partition_interval(partition, spec.granularity)])
+        per_partition = sum(f.rows or 0 for f in inside)
+    md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows,
+                               partition_row_count=per_partition, table_name=spec.sink))
+    md[URI_KEY] = dg.MetadataValue.path(sink_uri)
+    return {k: v for k, v in md.items() if v is not None}
+
+
+def _describe(spec: FlowSpec | StageSpec, column: str) -> str | None:
+    if not isinstance(spec, FlowSpec):
+        return None
+    if column in ("window_start", "window_end"):
+        return f"{column.replace('_', ' ')} of the window (UTC, [start, end))"
+    for agg in spec.aggregates:
+        if agg.name == column:
+            return f"{agg.kind}({agg.column or '*'})"
+    return None
