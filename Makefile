@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# The instance's template: dagster.yaml (SQLite) or dagster.postgres.yaml (see that file).
+DAGSTER_YAML ?= dagster.yaml
+export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
 .PHONY: install demo test test-fast quality ui clean bench bench-smoke
 
@@ -18,9 +21,9 @@ $(VENV)/.installed: pyproject.toml
 		(echo "Laminar needs Java 17+ for Spark (see the message above)"; exit 1)
 	touch $@
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+$(DAGSTER_HOME)/dagster.yaml: $(DAGSTER_YAML)
 	mkdir -p $(DAGSTER_HOME)
-	cp dagster.yaml $@
+	cp $(DAGSTER_YAML) $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar demo

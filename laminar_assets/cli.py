@@ -63,12 +63,13 @@ class CliContext:
         return Engine(build_session(SparkOptions.from_env()), self.root)
 
     def instance(self):
-        """The local Dagster instance (SQLite under DAGSTER_HOME), created from dagster.yaml if needed."""
+        """The Dagster instance under DAGSTER_HOME, its dagster.yaml kept in step with the project's
+        template: ./dagster.yaml (SQLite), or the file LAMINAR_DAGSTER_YAML names (e.g. dagster.postgres.yaml)."""
         import dagster as dg
 
         os.makedirs(self.dagster_home, exist_ok=True)
         target = os.path.join(self.dagster_home, "dagster.yaml")
-        template = os.path.join(os.getcwd(), "dagster.yaml")
+        template = os.path.abspath(os.environ.get("LAMINAR_DAGSTER_YAML") or os.path.join(os.getcwd(), "dagster.yaml"))
         if os.path.exists(template):
             if not os.path.exists(target) or os.path.getmtime(template) > os.path.getmtime(target):
                 shutil.copy(template, target)

@@ -65,8 +65,9 @@ def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, r
     requests = []
     for granularity, members in sorted(groups.items()):
         pdef = partitions_def(next(iter(members)), settings)
-        order = {k: i for i, k in enumerate(pdef.get_partition_keys())}
-        keys = sorted({k for ks in members.values() for k in ks if k in order}, key=order.__getitem__)
+        # keys are fixed-width UTC times ('2024-01-02-09:00', '2024-01-02'): text order is time order,
+        # so nothing lists the asset's (often tens of thousands of) partitions
+        keys = sorted({k for ks in members.values() for k in ks if pdef.has_partition_key(k)})
         if not keys:
             continue
         assets = [dg.AssetKey(s.name) for s in members]
@@ -78,6 +79,19 @@ def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, r
         else:
             requests.append(dg.RunRequest(tags={**own, RANGE_START: keys[0], RANGE_END: keys[-1]}, **common))
     return requests
+
+
+def outside_partitions(dirty: dict[Spec, list[str]], settings: LaminarSettings) -> dict[str, list[str]]:
+    """Dirty partitions the assets' partitions do not contain (before `partitions_start`, or after the
+    current hour): no run can materialize them, so the sensor says so instead of dropping them quietly."""
+    out: dict[str, list[str]] = {}
+    for spec, keys in dirty.items():
+        if keys:
+            pdef = partitions_def(spec, settings)
+            missing = [k for k in keys if not pdef.has_partition_key(k)]
+            if missing:
+                out[spec.name] = sorted(missing)
+    return out
 
 
 def run_checks(specs: tuple[Spec, ...], contracts: set[str]) -> list[dg.AssetCheckKey]:
@@ -114,6 +128,11 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         for note in plan.notes:
             context.log.info(note)
         by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}
+        for name, keys in outside_partitions(by_spec, settings).items():
+            context.log.warning(
+                f"{name}: {len(keys)} changed partition(s) are outside the asset's partitions "
+                f"({keys[0]}..{keys[-1]}; they start at {settings.partitions_start:%Y-%m-%d %H:%M}): no run can "
+                "materialize them; set [tool.laminar] partitions_start earlier to include them")
         span = ",".join(f"{t}={cursor.versions.get(t, '-')}..{v}" for t, v in sorted(plan.cursor.versions.items()))
         requests = range_requests(by_spec, settings, run_key=f"{component.name}@{span}",
                                   tags={COMPONENT_TAG: component.name}, checks=checks)

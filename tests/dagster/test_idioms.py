@@ -177,3 +177,15 @@ def test_every_asset_has_its_own_pool_and_the_instance_limits_pools(tmp_path):
     for spec in load_specs():
         node = graph.get(dg.AssetKey(spec.name))
         assert node.pools == {f"laminar_{spec.name}"}, (spec.name, node.pools)
+
+
+def test_the_postgres_instance_template_differs_from_the_default_only_in_storage():
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    default = yaml.safe_load((repo / "dagster.yaml").read_text())
+    postgres = yaml.safe_load((repo / "dagster.postgres.yaml").read_text())
+    assert postgres.pop("storage") == {"postgres": {"postgres_url": {"env": "DAGSTER_PG_URL"}}}
+    assert postgres == default

@@ -195,3 +195,14 @@ def test_new_commits_stops_at_the_version_the_tick_read(lake):
 def test_single_partition_requests_name_the_partition():
     [req] = range_requests({BY_NAME["vwap_1m"]: ["2024-01-03-05:00"]}, SETTINGS, run_key="k")
     assert req.partition_key == "2024-01-03-05:00" and RANGE_START not in req.tags
+
+
+def test_changes_before_partitions_start_are_reported_not_dropped_quietly():
+    from datetime import datetime
+
+    from laminar_assets.sensors import outside_partitions
+
+    late_start = LaminarSettings(partitions_start=datetime(2024, 1, 2, 10))
+    dirty = {BY_NAME["vwap_1m"]: ["2024-01-02-09:00", "2024-01-02-10:00"]}
+    assert outside_partitions(dirty, late_start) == {"vwap_1m": ["2024-01-02-09:00"]}
+    assert outside_partitions(dirty, SETTINGS) == {}

@@ -1,5 +1,6 @@
 """The deployment end to end, as a user runs it: `laminar serve` (Spark Connect server + dagster dev
-with the daemon) on a temporary DAGSTER_HOME and lake, sensors on. Two batches of commits
+with the daemon) on a temporary DAGSTER_HOME and lake, sensors on, with Dagster's storage on SQLite
+(dagster.yaml) and on a real PostgreSQL server (dagster.postgres.yaml). Two batches of commits
 (appends, late rows, duplicates, updates, deletes) flow through daemon-launched runs; then every
 run succeeded, every check passed, and every sink equals an independent recompute."""
 
@@ -34,12 +35,32 @@ SPECS, _ = specs_with_contracts(load_specs())
 
 
 @pytest.fixture
-def deployment(tmp_path):
+def postgres(tmp_path):
+    """A throwaway PostgreSQL server (pgserver's bundled binaries) on a Unix socket, no TCP port;
+    stopped at the end, also on failure. Yields a SQLAlchemy URL for dagster-postgres."""
+    import pgserver
+
+    server = pgserver.get_server(str(tmp_path / "pg"), cleanup_mode="stop")
+    try:
+        yield server.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def deployment(request, tmp_path, monkeypatch):
     root, home, logs = tmp_path / "lake", tmp_path / "dagster_home", tmp_path / "logs"
     home.mkdir()
     logs.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    env = {k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("LAMINAR_SPARK_REMOTE", "LAMINAR_DAGSTER_YAML")}
+    if request.param == "postgres":
+        url = request.getfixturevalue("postgres")
+        monkeypatch.setenv("DAGSTER_PG_URL", url)  # this process reads the instance too
+        env["DAGSTER_PG_URL"] = url
+        shutil.copy(REPO / "dagster.postgres.yaml", home / "dagster.yaml")
+        env["LAMINAR_DAGSTER_YAML"] = str(REPO / "dagster.postgres.yaml")
+    else:
+        shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env.update(DAGSTER_HOME=str(home), LAMINAR_ROOT=str(root))
     ui, spark = free_port(), free_port()
     log = open(logs / "serve.log", "wb")
@@ -48,7 +69,7 @@ def deployment(tmp_path):
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: listening(ui), 300, "the Dagster UI", alive=lambda: proc.poll() is None)
-        yield root, home
+        yield root, home, request.param
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # what Ctrl-C does: serve stops dagster, then Spark
@@ -72,8 +93,10 @@ def caught_up(root: Path, instance: dg.DagsterInstance) -> bool:
 
 
 def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, spark):
-    root, home = deployment
+    root, home, kind = deployment
     instance = dg.DagsterInstance.from_config(str(home))
+    storage = type(instance.run_storage).__name__
+    assert storage == {"postgres": "PostgresRunStorage", "sqlite": "SqliteRunStorage"}[kind], storage
     write_batch(str(root), BatchOptions(rows=200, seed=3), batch=0)
     wait_for(lambda: caught_up(root, instance) and DeltaTable.is_deltatable(str(root / "vwap_1m")), 600,
              "batch 1 to reach every sink", every=3)
