@@ -31,7 +31,8 @@ from laminar_assets.errors import CommitConflictError
 
 from .delta_log import DataFile, local_path
 from .delta_source import snapshot_files, table_info
-from .spark_io import StagedFiles, nullable, read_source, stage
+from .spark_io import StagedFiles, nullable, stage
+from .spark_read import read_source
 from .windows import Interval
 
 ATTEMPTS = 8

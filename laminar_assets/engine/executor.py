@@ -29,7 +29,8 @@ from .layout import STEPS, EngineOptions, Layout, RunContext  # noqa: F401  (STE
 from .plan import Mode, PartitionPlan, Reason
 from .planner import plan_partition
 from .result import RunResult
-from .spark_io import new_run_id, read_source
+from .spark_io import new_run_id
+from .spark_read import read_source
 from .spec import FlowSpec, RefreshPolicy, StageSpec
 from .sweep import sweep
 from .validate import check_source

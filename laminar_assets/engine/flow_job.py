@@ -28,7 +28,8 @@ from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import read_source, stage
+from .spark_io import stage
+from .spark_read import read_source
 from .spec import FlowSpec
 from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_interval, \
     partition_key, partition_key_column

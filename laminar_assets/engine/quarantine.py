@@ -30,7 +30,8 @@ from pyspark.sql import functions as F
 from .aggregates import EVENT_TS
 from .delta_log import local_path
 from .delta_source import snapshot_files, table_info
-from .spark_io import read_source, stage
+from .spark_io import stage
+from .spark_read import read_source
 from .spec import FlowSpec, StageSpec
 
 RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"

@@ -30,7 +30,7 @@ from .delta_log import CommitKind, DataFile
 from .inputs import RunInputs
 from .plan import PartitionPlan
 from .quarantine import ROW, RULE, VERSION
-from .spark_io import CHANGE_TYPE, read_source
+from .spark_read import CHANGE_TYPE, read_source
 from .spec import FlowSpec, StageSpec
 from .validate import event_time_column
 from .windows import Interval, coalesce, in_ranges, partition_id, partition_id_column

@@ -15,7 +15,7 @@ from laminar_assets.errors import LaminarError
 from .aggregates import implementation
 from .delta_source import CommitKind, resolve_uri, snapshot_files, source_history, table_info
 from .inspect import inspect_partition, is_stale
-from .spark_io import read_source
+from .spark_read import read_source
 from .spec import FlowSpec, StageSpec
 from .validate import apply_row_logic
 

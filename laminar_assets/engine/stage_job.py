@@ -29,7 +29,8 @@ from .layout import RunContext
 from .plan import Mode, PartitionPlan, Reason
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import CHANGE_TYPE, StagedFiles, arrow_schema_of, nullable, read_source, stage
+from .spark_io import StagedFiles, arrow_schema_of, nullable, stage
+from .spark_read import CHANGE_TYPE, read_source
 from .spec import StageSpec
 from .windows import in_ranges, partition_id, partition_key_column
 

@@ -22,7 +22,7 @@ from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import DVER, SNAP, SRC, prepare
-from .spark_io import CHANGE_TYPE, read_source
+from .spark_read import CHANGE_TYPE, read_source
 
 
 def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, int]:
