@@ -141,7 +141,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         try:
             added = _guard_sources(spec, contracts, laminar.resolved_root())
         except LaminarError as exc:
-            raise _failure(exc, {}) from None
+            raise _failure(exc, {}, last=context.retry_number >= settings.retries) from None
         session_started = time.perf_counter()
         engine = laminar.engine()  # the run's Spark: a Connect client in a deployment, else a local JVM
         session_s = time.perf_counter() - session_started
@@ -151,7 +151,8 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         try:  # a partition range shares its Spark jobs and commits (Engine.run_many)
             results: list[RunResult] = engine.run_many(spec, keys, force=force)
         except LaminarError as exc:
-            raise _failure(exc, {"partitions": f"{keys[0]}..{keys[-1]}"}) from None
+            raise _failure(exc, {"partitions": f"{keys[0]}..{keys[-1]}"},
+                           last=context.retry_number >= settings.retries) from None
         noop = 0
         for key, result in zip(keys, results):
             if result.mode.value == "NOOP" and len(keys) > 1:
@@ -174,12 +175,16 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
     return _asset
 
 
-def _failure(exc: LaminarError, metadata: dict) -> dg.Failure:
+def _failure(exc: LaminarError, metadata: dict, *, last: bool) -> dg.Failure:
     """A Dagster failure carrying the error's facts; retried by the asset's RetryPolicy only when the
-    error says running again may succeed (a conflict, a held lease, a lost Spark connection)."""
-    return dg.Failure(description=str(exc), metadata={**metadata, **{k: str(v) for k, v in exc.facts.items()},
-                                                      "retryable": exc.retryable},
-                      allow_retries=exc.retryable)
+    error says running again may succeed (a conflict, a held lease, a lost Spark connection). The last
+    attempt fails without asking for a retry, so the step keeps this message instead of Dagster's
+    'Exceeded max_retries'."""
+    retry = exc.retryable and not last
+    description = str(exc) if retry or not exc.retryable else f"{exc} (after the retries this error allows)"
+    return dg.Failure(description=description, metadata={**metadata, **{k: str(v) for k, v in exc.facts.items()},
+                                                         "retryable": exc.retryable},
+                      allow_retries=retry)
 
 
 def _range_metadata(results: list[RunResult], seconds: float) -> dict:
@@ -188,7 +193,7 @@ def _range_metadata(results: list[RunResult], seconds: float) -> dict:
     for r in results:
         modes[r.mode.value] = modes.get(r.mode.value, 0) + 1
         for k, v in r.metrics.items():
-            if isinstance(v, (int, float)):
+            if isinstance(v, (int, float)) and k != "batch_partitions":  # the same for every partition
                 md[k] = md.get(k, 0) + v
     md["modes"] = dg.MetadataValue.json(modes)
     changed = [r for r in results if r.mode.value != "NOOP"]

@@ -44,7 +44,7 @@ def _describe(spec: FlowSpec | StageSpec, column: str) -> str | None:
     if not isinstance(spec, FlowSpec):
         return None
     if column in ("window_start", "window_end"):
-        return f"{column.replace('_', ' ')} of the window (UTC, [start, end))"
+        return f"{'start' if column == 'window_start' else 'end'} of the window (UTC; windows are [start, end))"
     for agg in spec.aggregates:
         if agg.name == column:
             return f"{agg.kind}({agg.column or '*'})"

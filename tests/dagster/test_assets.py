@@ -16,7 +16,7 @@ from tests.reference import assert_frames_match, full_recompute
 pytestmark = pytest.mark.spark
 
 SPECS = {s.name: s for s in load_specs()}
-SETTINGS = LaminarSettings()
+SETTINGS = LaminarSettings(retry_delay_seconds=0)  # a held lease is retried: no waiting in tests
 STAGE, VWAP = build_asset(SPECS["normalized_trades"], SETTINGS), build_asset(SPECS["vwap_1m"], SETTINGS)
 P9, P10 = "2024-01-02-09:00", "2024-01-02-10:00"
 NUMERIC = ["pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined", "windows_touched",
@@ -88,6 +88,8 @@ def test_concurrent_materialization_of_one_partition_does_not_write(spark, lake,
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "being processed by another run" in failure.step_failure_data.error.message
+    retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert len(retries) == SETTINGS.retries  # a held lease is transient: retried, then the message stays
     assert not lake.table_exists("normalized_trades")
     assert materialize([STAGE], P9, laminar, instance).success
 
