@@ -161,13 +161,18 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
             context.log.info(f"{spec.name} {key}: {result.mode.value} ({result.reason.value}) — {result.detail}")
         if noop:
             context.log.info(f"{spec.name}: {noop} other partition(s) of the range had nothing to do (NOOP, no Spark job)")
-        table = table_metadata(spec, engine.layout.sink_uri(spec), keys[0] if len(keys) == 1 else None)
+        table, by_partition = table_metadata(spec, engine.layout.sink_uri(spec), keys)
         if len(results) == 1:
-            md = {**run_metadata(results[0]), **table}
+            md = {**run_metadata(results[0]), **table, **by_partition.get(keys[0], {})}
             md["source_columns_added"] = dg.MetadataValue.json(added)
             md["preview"] = _preview(engine, spec, keys[0])
             md["seconds_spark_session"] = float(round(session_s, 4))
             return dg.MaterializeResult(metadata=md)
+        # A range run records one materialization per partition: each carries that partition's own
+        # mode, reason, versions and metrics (the partition page and the per-partition plots read
+        # them), on top of the range's summary below.
+        for key, result in zip(keys, results):
+            context.add_asset_metadata({**run_metadata(result), **by_partition.get(key, {})}, partition_key=key)
         md = {**_range_metadata(results, time.perf_counter() - started), **table}
         md["seconds_spark_session"] = float(round(session_s, 4))
         return dg.MaterializeResult(metadata=md)
@@ -188,23 +193,18 @@ def _failure(exc: LaminarError, metadata: dict, *, last: bool) -> dg.Failure:
 
 
 def _range_metadata(results: list[RunResult], seconds: float) -> dict:
-    md: dict = {"partitions": len(results), "seconds_total": float(round(seconds, 4))}
+    """The summary every partition of a range run shares (their own metrics are partition-scoped)."""
     modes: dict[str, int] = {}
     for r in results:
         modes[r.mode.value] = modes.get(r.mode.value, 0) + 1
-        for k, v in r.metrics.items():
-            if isinstance(v, (int, float)) and k != "batch_partitions":  # the same for every partition
-                md[k] = md.get(k, 0) + v
-    md["modes"] = dg.MetadataValue.json(modes)
     changed = [r for r in results if r.mode.value != "NOOP"]
-    # Every partition of a range run carries this metadata: name only the changed ones (checks read it).
-    md[CHANGED_KEY] = dg.MetadataValue.json({r.plan.partition: f"{r.mode.value} ({r.reason.value})" for r in changed})
-    md["per_partition"] = dg.MetadataValue.md(
-        "| partition | mode | reason | rows read |\n|---|---|---|---|\n" + "\n".join(
-            f"| {r.plan.partition} | {r.mode.value} | {r.reason.value} | {r.metrics.get('rows_read', 0)} |"
-            for r in changed[:200]) + (f"\n\n{len(results) - len(changed)} NOOP partition(s) not listed" if
-                                      len(changed) < len(results) else ""))
-    return md
+    return {
+        "partitions": len(results),
+        "range_seconds_total": float(round(seconds, 4)),
+        "modes": dg.MetadataValue.json(modes),
+        # the partitions this run changed, with how (checks read it to skip unchanged partitions)
+        CHANGED_KEY: dg.MetadataValue.json({r.plan.partition: f"{r.mode.value} ({r.reason.value})" for r in changed}),
+    }
 
 
 def _preview(engine, spec: Spec, key: str) -> dg.MetadataValue:

@@ -168,11 +168,12 @@ def generate(
     seed: int = typer.Option(7, "--seed"),
 ) -> None:
     """Write more source commits to raw_trades (creating the sources if needed)."""
-    from laminar_assets.demo.generator import BatchOptions, write_batch
+    from laminar_assets.demo.generator import BatchOptions, recent_start, write_batch
 
+    # a new raw_trades starts a few hours before now, as `laminar demo` does; later batches continue it
     s = write_batch(ctx.obj.root, BatchOptions(rows=rows, late_share=late_share, duplicate_share=duplicate_share,
                                                update_share=update_share, delete_share=delete_share,
-                                               bad_share=bad_share, seed=seed),
+                                               bad_share=bad_share, seed=seed, start=recent_start()),
                     batch=batch)
     console.print(f"raw_trades: appended {s.appended}, late {s.late}, duplicates {s.duplicates}, corrected "
                   f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}", markup=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import dagster as dg
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from laminar_assets.assets import COMPONENT_TAG, partitions_def
@@ -139,9 +140,19 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         new_cursor = format_cursor(plan.cursor)
         if not requests and new_cursor == (context.cursor or ""):
             return dg.SkipReason(f"no new versions of {', '.join(component.tables)}")
-        return dg.SensorResult(run_requests=requests, cursor=new_cursor)
+        return dg.SensorResult(run_requests=requests, cursor=new_cursor,
+                               asset_events=source_observations(component, cursor, plan.cursor))
 
     return _sensor
+
+
+def source_observations(component: Component, before: Cursor, now: Cursor) -> list[dg.AssetObservation]:
+    """An observation of each source table whose Delta version moved since the last tick, so the UI
+    shows the sources' versions (their data version) without a separate observation run."""
+    return [dg.AssetObservation(asset_key=table, metadata={"delta_version": now.versions[table]},
+                                tags={DATA_VERSION_TAG: str(now.versions[table])})
+            for table in component.external
+            if table in now.versions and before.versions.get(table) != now.versions[table]]
 
 
 def build_pipeline_sensors(specs: list[Spec], settings: LaminarSettings, *, blocking: set[str],

@@ -7,6 +7,8 @@ The UI shows `dagster/column_schema` as the asset's columns, `dagster/row_count`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import dagster as dg
 from dagster._core.definitions.metadata import TableMetadataSet
 
@@ -17,27 +19,26 @@ from laminar_assets.engine.windows import partition_interval
 URI_KEY = "dagster/uri"
 
 
-def table_metadata(spec: FlowSpec | StageSpec, sink_uri: str, partition: str | None) -> dict:
-    """Schema, row counts (the table's, and the partition's when one partition was run), name and
-    URI of the spec's sink. Empty when the sink does not exist yet (nothing was ever written)."""
+def table_metadata(spec: FlowSpec | StageSpec, sink_uri: str, partitions: Sequence[str] = ()) -> tuple[dict, dict]:
+    """Schema, row count, name and URI of the spec's sink, and `dagster/partition_row_count` for each of
+    `partitions`: (table metadata, {partition: its metadata}). Both empty when the sink does not exist
+    yet (nothing was ever written)."""
     try:
         info = table_info(spec.sink, sink_uri)
     except LaminarError:
-        return {}
+        return {}, {}
     columns = [dg.TableColumn(name=f.name, type=str(f.type), description=_describe(spec, f.name))
                for f in info.schema]
-    files = snapshot_files(info, None)
-    rows = sum(f.rows or 0 for f in files)
-    per_partition = None
-    if partition is not None:
-        # flow sinks are laid out by window start, stage outputs by event time: one file per partition
-        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
-        inside = snapshot_files(info, column, [partition_interval(partition, spec.granularity)])
-        per_partition = sum(f.rows or 0 for f in inside)
-    md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows,
-                               partition_row_count=per_partition, table_name=spec.sink))
+    rows = sum(f.rows or 0 for f in snapshot_files(info, None))
+    md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows, table_name=spec.sink))
     md[URI_KEY] = dg.MetadataValue.path(sink_uri)
-    return {k: v for k, v in md.items() if v is not None}
+    # flow sinks are laid out by window start, stage outputs by event time: one file per partition
+    column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
+    per_partition = {}
+    for key in partitions:
+        inside = snapshot_files(info, column, [partition_interval(key, spec.granularity)])
+        per_partition[key] = dict(TableMetadataSet(partition_row_count=sum(f.rows or 0 for f in inside)))
+    return {k: v for k, v in md.items() if v is not None}, per_partition
 
 
 def _describe(spec: FlowSpec | StageSpec, column: str) -> str | None:

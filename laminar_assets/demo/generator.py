@@ -20,7 +20,15 @@ SYMBOLS = (
     ("HSBA", "financials", "GBP", 50, 6.5),
 )
 VENUES = ("XNYS", "XNAS", "BATS", "XLON", "XETR")
-START = datetime(2024, 1, 2, 9, tzinfo=timezone.utc)
+START = datetime(2024, 1, 2, 9, tzinfo=timezone.utc)  # the fixed start tests and benchmarks use
+
+
+def recent_start(now: datetime | None = None, *, hours_back: int = 6) -> datetime:
+    """The hour `hours_back` hours before `now` (UTC): where `laminar demo` starts its data, so the
+    demo's partitions are among the latest ones, which Dagster's partition plots show (the UI plots
+    the latest 120 partition keys of an asset)."""
+    now = now or datetime.now(timezone.utc)
+    return now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours_back)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class BatchOptions:
     delete_share: float = 0.01
     bad_share: float = 0.003  # rows breaking raw_trades' contract rules (they end up in quarantine)
     seed: int = 7
+    start: datetime = START  # where the first batch starts (later batches continue from the table)
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,8 @@ class BatchSummary:
     versions: tuple[int, ...]
 
 
-def _symbols_frame() -> pd.DataFrame:
+def symbols_frame() -> pd.DataFrame:
+    """The `symbols` dimension: one row per symbol with its sector, currency and lot size."""
     return pd.DataFrame([s[:4] for s in SYMBOLS], columns=["symbol", "sector", "currency", "lot_size"]).astype(
         {"lot_size": "int64"})
 
@@ -92,35 +102,38 @@ def _break_rows(df: pd.DataFrame, rng: np.random.Generator, n: int, *, first_kin
     return len(rows)
 
 
-def _stats(uri: str) -> tuple[int, datetime | None]:
+def _stats(uri: str) -> tuple[int, datetime | None, datetime | None]:
     actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
     max_id = max((a.get("max.trade_id") or 0 for a in actions), default=0)
     max_t = max((a["max.event_time"] for a in actions if a.get("max.event_time") is not None), default=None)
-    return int(max_id), max_t
+    min_t = min((a["min.event_time"] for a in actions if a.get("min.event_time") is not None), default=None)
+    return int(max_id), min_t, max_t
 
 
 def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int = 0) -> BatchSummary:
     """Write one batch of commits to `<root>/raw_trades` (and create `<root>/symbols` if missing).
 
-    The first batch covers `hours` hours from 2024-01-02 09:00 UTC; each later batch
-    continues in order for one more hour and also writes late rows into the earlier
-    hours, duplicates of existing trades, corrections and cancellations.
+    The first batch covers `hours` hours from `options.start` (2024-01-02 09:00 UTC unless set); each
+    later batch continues in order for one more hour after the table's last trade and also writes
+    late rows into the earlier hours, duplicates of existing trades, corrections and cancellations.
     """
     rng = np.random.default_rng(options.seed + 1000 * batch)
     trades_uri, symbols_uri = os.path.join(root, "raw_trades"), os.path.join(root, "symbols")
     if not DeltaTable.is_deltatable(symbols_uri):
-        write_deltalake(symbols_uri, _symbols_frame(), configuration={"delta.enableChangeDataFeed": "true"})
+        write_deltalake(symbols_uri, symbols_frame(), configuration={"delta.enableChangeDataFeed": "true"})
     exists = DeltaTable.is_deltatable(trades_uri)
-    max_id, last_time = _stats(trades_uri) if exists else (0, None)
-    span_start = START if last_time is None else last_time.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    max_id, first_time, last_time = _stats(trades_uri) if exists else (0, None, None)
+    # late rows go anywhere between the table's first hour and the new hour
+    start = options.start if first_time is None else first_time.replace(minute=0, second=0, microsecond=0)
+    span_start = start if last_time is None else last_time.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     span = timedelta(hours=options.hours if last_time is None else 1)
     late = int(options.rows * options.late_share) if exists else 0
     in_order = options.rows - late
     offsets = np.sort(rng.random(in_order)) * span.total_seconds()
     times = [span_start + timedelta(seconds=float(o)) for o in offsets]
     if late:
-        late_offsets = rng.random(late) * (span_start - START).total_seconds()
-        times += [START + timedelta(seconds=float(o)) for o in late_offsets]
+        late_offsets = rng.random(late) * (span_start - start).total_seconds()
+        times += [start + timedelta(seconds=float(o)) for o in late_offsets]
     new = _trades(rng, max_id + 1, times)
     bad = _break_rows(new, rng, math.ceil(options.rows * options.bad_share), first_kind=batch)
     versions = []

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from datetime import datetime
 from dataclasses import dataclass, field
 
 import dagster as dg
 
 from laminar_assets.orchestrate import evaluate_sensor, execute_request, failure_message
 
-from .generator import BatchOptions, BatchSummary, write_batch
+from .generator import BatchOptions, BatchSummary, recent_start, write_batch
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class Driver:
                 if not isinstance(result, dg.SensorResult):
                     continue
                 self.cursors[name] = result.cursor
+                for event in result.asset_events or ():  # the daemon records these (source versions)
+                    self.instance.report_runless_asset_event(event)
                 for request in result.run_requests:
                     launched += 1
                     outcome = execute_request(self.defs, request, self.instance)
@@ -91,17 +94,23 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
             continue
         md = {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
         partition = mats[0].partition or "" if len(mats) == 1 else f"{mats[0].partition} … {mats[-1].partition}"
-        if "mode" in md:
+        if len(mats) == 1:
             frm, to = md.get("versions_from", {}), md.get("versions_to", {})
             versions = ", ".join(f"{s} {frm.get(s)}→{v}" for s, v in to.items())
             mode, reason = str(md["mode"]), str(md.get("reason", ""))
-        else:
+            seconds = float(md.get("seconds_total", 0.0))
+        else:  # a range run: one materialization per partition, each with its own metrics
             versions = ""
             mode = " ".join(f"{m}×{n}" for m, n in sorted((md.get("modes") or {}).items()))
             reason = ", ".join(sorted({v.split(" (")[-1].rstrip(")") for v in (md.get("changed_partitions") or {}).values()}))
-        rows.append(RunRow(name, partition, mode, reason, versions, int(md.get("rows_read", 0)),
-                           int(md.get("sink_rows", 0)), float(md.get("seconds_total", 0.0)),
-                           int(md.get("rows_quarantined", 0))))
+            seconds = float(md.get("range_seconds_total", 0.0))
+
+        def total(key: str) -> int:
+            return sum(int(getattr(m.metadata.get(key), "value", 0) or 0) for m in mats)
+
+        rows.append(RunRow(name, partition, mode, reason, versions, total("rows_read"),
+                           total("sink_rows"), seconds,
+                           total("rows_quarantined")))
     return rows
 
 
@@ -111,13 +120,15 @@ def pipeline_sensor_names(defs: dg.Definitions) -> list[str]:
 
 
 def run_demo(defs: dg.Definitions, instance: dg.DagsterInstance, specs, root: str, *, rows: int, seed: int,
-             on_run=None) -> list[DemoStep]:
+             on_run=None, start: datetime | None = None) -> list[DemoStep]:
+    """Two batches of commits, each brought up to date by the sensors' runs. The data starts a few
+    hours before now (`recent_start`) unless `start` is given, so the UI's partition plots show it."""
     if os.path.isdir(root):
         shutil.rmtree(root)
     driver = Driver(defs, instance, pipeline_sensor_names(defs))
     steps = []
     t = time.perf_counter()
-    first = write_batch(root, BatchOptions(rows=rows, seed=seed), batch=0)
+    first = write_batch(root, BatchOptions(rows=rows, seed=seed, start=start or recent_start()), batch=0)
     runs, ticks, requested = driver.until_quiet(on_run)
     steps.append(DemoStep("batch 1: three hours of in-order trades", first, tuple(runs), time.perf_counter() - t,
                           ticks, requested))

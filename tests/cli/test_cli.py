@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from typer.testing import CliRunner
@@ -222,7 +223,10 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     # versions behind, not stale: later stage commits that touched none of this partition's windows
     assert vwap["pending_versions"] == max(max(p["versions_behind"].values()) for p in vwap["partitions"])
 
-    report = json.loads(invoke("--root", str(root), "explain", "ohlc_5m", "--partition", "2024-01-02-10:00",
+    # the demo's data starts a few hours before now: its first hour is the stage's first event time
+    first = min(stage["event_time"].to_pylist()).replace(minute=0, second=0, microsecond=0)
+    hour0, hour1 = (f"{first + timedelta(hours=h):%Y-%m-%d-%H:%M}" for h in (0, 1))
+    report = json.loads(invoke("--root", str(root), "explain", "ohlc_5m", "--partition", hour1,
                                "--json", home=home).output)
     assert set(report) == {"logical", "physical", "strategy"}
     assert [a["retractable"] for a in report["logical"]["aggregates"]] == [False, False, False, False, True]
@@ -240,13 +244,13 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     assert "Input [" in text and "]: [" in text  # Spark's column lists survive the console
     assert ("INCREMENTAL" in text or "REFILL" in text) and "NOOP" not in text
 
-    refilled = invoke("--root", str(root), "refill", "vwap_1m", "--partition-range",
-                      "2024-01-02-09:00...2024-01-02-10:00", home=home)
+    refilled = invoke("--root", str(root), "refill", "vwap_1m", "--partition-range", f"{hour0}...{hour1}",
+                      home=home)
     assert refilled.exit_code == 0, refilled.output
     assert "2 partition(s)" in refilled.output and "FORCED_BY_USER" in refilled.output
     from laminar_assets.checkpoints import CheckpointStore
 
-    assert CheckpointStore(str(root)).load("vwap_1m", "2024-01-02-09:00").last_reason == "FORCED_BY_USER"
+    assert CheckpointStore(str(root)).load("vwap_1m", hour0).last_reason == "FORCED_BY_USER"
 
     # the quality gate: every contract and equivalence check passes (equivalence compares at each
     # partition's watermark versions, so partitions left stale by `generate` are still comparable)

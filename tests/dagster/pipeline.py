@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from laminar_assets.demo.generator import _symbols_frame
+from laminar_assets.demo.generator import symbols_frame
 
 
 def trades(rows) -> pd.DataFrame:
@@ -16,7 +16,7 @@ def trades(rows) -> pd.DataFrame:
 
 
 def create_sources(lake, rows) -> None:
-    lake.create("symbols", frame=_symbols_frame())
+    lake.create("symbols", frame=symbols_frame())
     lake.create("raw_trades", frame=trades(rows))
 
 

@@ -68,7 +68,18 @@ def test_partition_range_runs_in_one_run(spark, lake, laminar, instance):
     assert len(runs) == 1
     mats = result.asset_materializations_for_node("normalized_trades")
     assert {m.partition for m in mats} == {P9, P10}
-    assert mats[0].metadata["partitions"].value == 2
+    by_key = {m.partition: m.metadata for m in mats}
+    assert all(md["partitions"].value == 2 for md in by_key.values())
+    # each partition's materialization carries that partition's own mode, reason, versions and rows
+    # (the UI's partition page and per-partition plots read them), not the range's
+    for key in (P9, P10):
+        md = by_key[key]
+        assert (md["mode"].value, md["reason"].value) == ("REFILL", "NO_WATERMARK")
+        assert md["versions_to"].value == {"raw_trades": 0, "symbols": 0}
+        state = CheckpointStore(lake.root).load("normalized_trades", key)
+        assert md["dagster/partition_row_count"].value == md["sink_rows"].value > 0
+        assert state is not None
+    assert by_key[P9]["rows_read"].value + by_key[P10]["rows_read"].value == len(BASE)
 
 
 def test_failure_carries_engine_message_and_keeps_watermark(spark, lake, laminar, instance):

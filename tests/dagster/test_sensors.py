@@ -65,6 +65,18 @@ def test_a_late_row_requests_only_the_partitions_it_touches(lake, laminar, insta
     assert json.loads(tick(laminar, instance, cursor).cursor)["versions"]["raw_trades"] == 1
 
 
+def test_the_sensor_records_source_versions_as_observations(lake, laminar, instance):
+    create_sources(lake, BASE)
+    first = tick(laminar, instance, None)
+    seen = {e.asset_key.to_user_string(): e for e in first.asset_events}
+    assert set(seen) == {"raw_trades", "symbols"}  # the sources, not the stage the part produces
+    assert seen["raw_trades"].metadata["delta_version"].value == 0
+    assert seen["raw_trades"].tags["dagster/data_version"] == "0"
+    lake.append("raw_trades", frame=trades([(11, "2024-01-02 07:15:00", "XOM", "ACC-1", "SELL", 109.0, 100)]))
+    [moved] = tick(laminar, instance, first.cursor).asset_events  # only the table that moved
+    assert (moved.asset_key.to_user_string(), moved.metadata["delta_version"].value) == ("raw_trades", 1)
+
+
 def test_many_partitions_are_still_one_run(lake, laminar, instance):
     create_sources(lake, BASE)
     cursor = tick(laminar, instance, None).cursor
