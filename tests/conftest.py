@@ -18,7 +18,9 @@ TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
 
 @pytest.fixture(scope="session")
 def spark():
-    session = build_session(SparkOptions(master="local[2]", shuffle_partitions=2, driver_memory="2g"))
+    # tests/deploy/test_cluster.py runs engine tests against a standalone cluster through this variable
+    master = os.environ.get("LAMINAR_TEST_SPARK_MASTER", "local[2]")
+    session = build_session(SparkOptions(master=master, shuffle_partitions=2, driver_memory="2g"))
     yield session
     session.stop()
 

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 from laminar_assets.errors import EnvironmentProblem
@@ -97,12 +98,17 @@ def session_conf(options: SparkOptions) -> dict[str, str]:
 def jvm_conf(options: SparkOptions) -> dict[str, str]:
     """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches)."""
     log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
-    return {
+    conf = {
         "spark.driver.memory": options.driver_memory,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
         # Local files are written by Spark and committed by deltalake: no checksum side files.
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     }
+    if options.master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        # Python workers on this machine run this interpreter (the project's venv), not whatever
+        # `python3` is first on PATH; a cluster's executors take PYSPARK_PYTHON instead.
+        conf["spark.pyspark.python"] = sys.executable
+    return conf
 
 
 def check_endpoint(remote: str, timeout: float = 5.0) -> None:

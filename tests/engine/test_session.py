@@ -31,3 +31,16 @@ def test_spark_options_from_env(monkeypatch):
     assert SparkOptions.from_env(master="local[1]").master == "local[1]"
     monkeypatch.setenv("LAMINAR_SPARK_REMOTE", "sc://connect:15002")
     assert SparkOptions.from_env().remote == "sc://connect:15002"
+
+
+def test_local_python_workers_run_this_interpreter(monkeypatch):
+    import sys
+
+    from laminar_assets.engine.session import jvm_conf
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert jvm_conf(SparkOptions())["spark.pyspark.python"] == sys.executable
+    # a cluster's executors may not have this path: they take PYSPARK_PYTHON
+    assert "spark.pyspark.python" not in jvm_conf(SparkOptions(master="spark://127.0.0.1:7077"))
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python3")
+    assert "spark.pyspark.python" not in jvm_conf(SparkOptions())

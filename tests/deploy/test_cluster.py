@@ -1,0 +1,72 @@
+"""Laminar on a Spark standalone cluster (a master and two workers from the pyspark wheel, on
+127.0.0.1): the demo and the differential test run with `master=spark://...` and give the results
+of local mode. Driver and executors share this machine's file system, which is the shared-storage
+requirement the README's "Deploying" section states."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from laminar_assets.definitions import specs_with_contracts
+from laminar_assets.engine import FlowSpec
+from laminar_assets.flows import load_specs
+from tests.deploy.cluster import standalone_cluster
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = [pytest.mark.spark, pytest.mark.deployment, pytest.mark.timeout(1200)]
+REPO = Path(__file__).resolve().parents[2]
+SPECS, _ = specs_with_contracts(load_specs())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with standalone_cluster(tmp_path_factory.mktemp("cluster"), workers=2, python=sys.executable) as running:
+        yield running
+
+
+def _driver_env(cluster, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAMINAR_SPARK_", "PYTEST_"))}
+    return {**env, **cluster.env, **extra}
+
+
+def _apps(cluster) -> list[dict]:
+    status = cluster.status()
+    return status.get("activeapps", []) + status.get("completedapps", [])
+
+
+def test_the_demo_on_a_standalone_cluster_equals_a_local_recompute(cluster, spark, tmp_path):
+    root, home = tmp_path / "lake", tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    before = len(_apps(cluster))
+    proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "--root", str(root), "demo", "--rows", "50"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=_driver_env(cluster, LAMINAR_SPARK_MASTER=cluster.url, DAGSTER_HOME=str(home)))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    apps = _apps(cluster)[before:]
+    # the demo's Spark application ran on the cluster, with executors on the workers
+    assert [a["name"] for a in apps] == ["laminar"], apps
+    assert apps[0]["cores"] == 2, apps
+    stage = DeltaTable(str(root / "normalized_trades")).to_pyarrow_table()
+    assert stage.num_rows > 0
+    for flow in (s for s in SPECS if isinstance(s, FlowSpec)):
+        expected = full_recompute(spark, flow, stage)  # local mode, in this process
+        assert_frames_match(DeltaTable(str(root / flow.sink)).to_pandas(), expected, flow.keys)
+
+
+def test_the_differential_test_passes_on_a_standalone_cluster(cluster):
+    before = len(_apps(cluster))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/engine/test_differential.py"], cwd=REPO, capture_output=True, text=True,
+                          timeout=900, env=_driver_env(cluster, LAMINAR_TEST_SPARK_MASTER=cluster.url,
+                                                       LAMINAR_DIFFERENTIAL_EXAMPLES="3"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
+    assert len(_apps(cluster)) == before + 1, "the differential test did not run on the cluster"
