@@ -9,7 +9,8 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install demo test test-fast quality ui clean bench bench-smoke
+.PHONY: install chromium demo test test-fast quality ui clean bench bench-smoke
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 install: $(VENV)/.installed
 
@@ -32,8 +33,16 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar serve
 
-test: install
+test: install chromium
 	$(BIN)/python -m pytest
+
+# The deployment test checks the Dagster UI in headless Chromium (Debian's package): install it if missing.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ -n "$$LAMINAR_CHROMIUM" ] || \
+	  ( echo "installing Debian's chromium package (the UI test drives it headless)"; \
+	    $(SUDO) apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null) ) || \
+	  ( echo "the UI test needs Chromium: install it (Debian: apt-get install chromium) or set LAMINAR_CHROMIUM"; exit 1 )
 
 # Quality gate: the demo at a small size, then every contract and equivalence check.
 quality: install $(DAGSTER_HOME)/dagster.yaml

@@ -2,7 +2,8 @@
 with the daemon) on a temporary DAGSTER_HOME and lake, sensors on, with Dagster's storage on SQLite
 (dagster.yaml) and on a real PostgreSQL server (dagster.postgres.yaml). Two batches of commits
 (appends, late rows, duplicates, updates, deletes) flow through daemon-launched runs; then every
-run succeeded, every check passed, and every sink equals an independent recompute."""
+run succeeded, every check passed, and every sink equals an independent recompute. Last, headless
+Chromium opens the UI (tests/deploy/ui_browser.py; screenshots kept in .laminar/ui-test/)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from deltalake import DeltaTable
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.definitions import specs_with_contracts
-from laminar_assets.demo.generator import BatchOptions, write_batch
+from laminar_assets.demo.generator import BatchOptions, recent_start, write_batch
 from laminar_assets.engine import FlowSpec
 from laminar_assets.flows import load_specs
 from laminar_assets.graph import components
 from laminar_assets.sensors import ACTIVE
 from laminar_assets.tick import Cursor, plan_tick
 from tests.deploy.processes import free_port, kill_tagged, listening, wait_for
+from tests.deploy.ui_browser import (Browser, PartitionFacts, check_asset_checks, check_asset_graph,
+                                     check_partition_page, check_partition_plots)
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = [pytest.mark.spark, pytest.mark.deployment, pytest.mark.timeout(1500)]
@@ -69,7 +72,7 @@ def deployment(request, tmp_path, monkeypatch):
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: listening(ui), 300, "the Dagster UI", alive=lambda: proc.poll() is None)
-        yield root, home, request.param
+        yield root, home, request.param, f"http://127.0.0.1:{ui}"
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # what Ctrl-C does: serve stops dagster, then Spark
@@ -93,11 +96,12 @@ def caught_up(root: Path, instance: dg.DagsterInstance) -> bool:
 
 
 def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, spark):
-    root, home, kind = deployment
+    root, home, kind, ui = deployment
     instance = dg.DagsterInstance.from_config(str(home))
     storage = type(instance.run_storage).__name__
     assert storage == {"postgres": "PostgresRunStorage", "sqlite": "SqliteRunStorage"}[kind], storage
-    write_batch(str(root), BatchOptions(rows=200, seed=3), batch=0)
+    # recent data, as `laminar demo` writes: the UI plots only the latest partitions
+    write_batch(str(root), BatchOptions(rows=200, seed=3, start=recent_start()), batch=0)
     wait_for(lambda: caught_up(root, instance) and DeltaTable.is_deltatable(str(root / "vwap_1m")), 600,
              "batch 1 to reach every sink", every=3)
     first_runs = len(instance.get_run_ids())
@@ -124,3 +128,18 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
         if isinstance(spec, FlowSpec):
             expected = full_recompute(spark, spec, stage)
             assert_frames_match(DeltaTable(str(root / spec.sink)).to_pandas(), expected, spec.keys)
+
+    # the same deployment in a real browser (headless Chromium): graph, partition page, checks, plots
+    browser = Browser(ui, REPO / ".laminar" / "ui-test" / kind)
+    try:
+        check_asset_graph(browser, ["raw_trades", "symbols", *(s.name for s in SPECS)])
+        for spec in SPECS:
+            check_asset_checks(browser, spec.name, ["contract"] + (["equivalence"] if isinstance(spec, FlowSpec) else []))
+        for name in ("normalized_trades", "vwap_1m"):
+            record = instance.fetch_materializations(dg.AssetKey(name), limit=1).records[0]
+            md = record.asset_materialization.metadata
+            check_partition_page(browser, PartitionFacts(name, record.partition_key, md["mode"].value,
+                                                         md["reason"].value, md["versions_to"].value))
+        check_partition_plots(browser, "vwap_1m", "rows_read")
+    finally:
+        browser.close()
