@@ -6,6 +6,7 @@ import time
 import dagster as dg
 
 from laminar_assets.check_partitions import CHANGED_KEY
+from laminar_assets.contracts.expectations import warm_up
 from laminar_assets.engine import FlowSpec, LaminarError, RunResult, StageSpec
 from laminar_assets.engine.aggregates import implementation
 from laminar_assets.engine.delta_source import resolve_uri, table_info
@@ -138,6 +139,8 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
                                     backoff=dg.Backoff.EXPONENTIAL) if settings.retries else None,
     )
     def _asset(context: dg.AssetExecutionContext, laminar: LaminarResource) -> dg.MaterializeResult:
+        if spec.sink in contracts:  # the contract check runs next: load Great Expectations meanwhile
+            warm_up()
         try:
             added = _guard_sources(spec, contracts, laminar.resolved_root())
         except LaminarError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -27,8 +28,44 @@ class ValidationSummary:
                 "failures": [f.__dict__ for f in self.failures]}
 
 
-@lru_cache(maxsize=1)
+_CONTEXT_LOCK = threading.Lock()
+_warming: list[threading.Thread] = []
+
+
 def _context():
+    with _CONTEXT_LOCK:  # the warm-up thread and a check may ask at the same time: build it once
+        return _new_context()
+
+
+def warm_up() -> threading.Thread | None:
+    """Import Great Expectations and build its context in a background thread, once per process.
+
+    A daemon-launched run is a new process and importing great_expectations takes seconds; an asset
+    whose contract check follows it (a blocking one is on the path to every downstream flow) starts
+    this first, so the import overlaps with the asset's own Spark work instead of following it.
+    Returns the thread it started, or None when an earlier call started one."""
+    if _warming:
+        return None
+    thread = threading.Thread(target=_warm, name="laminar-gx-warm-up", daemon=True)
+    _warming.append(thread)
+    thread.start()
+    return thread
+
+
+def _warm() -> None:
+    try:
+        _context()
+    except Exception:  # noqa: BLE001 - the check itself calls _context() again and reports the error
+        return
+
+
+@lru_cache(maxsize=1)
+def _new_context():
+    import logging
+    import os
+
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # before the import: no usage statistics calls
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -70,11 +107,6 @@ def expectation_suite(contract: Contract):
 
 def validate(df, contract: Contract, *, name: str = "partition") -> ValidationSummary:
     """Run the contract's suite on a Spark DataFrame with Great Expectations' Spark data source."""
-    import logging
-    import os
-
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
-    logging.getLogger("great_expectations").setLevel(logging.ERROR)
     ctx = _context()
     source_name = "laminar_spark"
     try:

@@ -171,7 +171,7 @@ def append_trades(root: str, rows: int, start: datetime, end: datetime, *, seed:
     """One append commit of `rows` clean trades with event times in [start, end); returns its version."""
     uri = os.path.join(root, "raw_trades")
     rng = np.random.default_rng(seed)
-    max_id, _ = _stats(uri)
+    max_id, _, _ = _stats(uri)
     offsets = np.sort(rng.random(rows)) * (end - start).total_seconds()
     write_deltalake(uri, _trades(rng, max_id + 1, [start + timedelta(seconds=float(o)) for o in offsets]),
                     mode="append")
