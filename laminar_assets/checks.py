@@ -54,6 +54,8 @@ def contract_outcome(engine, spec: FlowSpec | StageSpec, contract: Contract, par
         "partition": partition,
         "expectations_evaluated": summary.evaluated,
         "expectations_failed": len(summary.failures),
+        "rows_checked": summary.rows if summary.rows is not None else -1,
+        "ge_engine": summary.engine,
         "unexpected_rows": sum(f.unexpected_count or 0 for f in summary.failures),
         "failures": dg.MetadataValue.json([f.__dict__ for f in summary.failures]),
         "contract": contract.path,
@@ -71,10 +73,11 @@ def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, ke
 
     if len(keys) > 1 and not any(r.expect == "row_count_between" for r in contract.rules()):
         frame = reduce(lambda a, b: a.unionByName(b), (engine.sink_frame(spec, k) for k in keys))
-        if validate(frame, contract, name="range").success:
+        together = validate(frame, contract, name="range")
+        if together.success:
             return {k: (True, {"partition": k, "validated_together_with": len(keys) - 1,
                                "expectations_evaluated": len(contract.rules()), "expectations_failed": 0,
-                               "contract": contract.path}) for k in keys}
+                               "ge_engine": together.engine, "contract": contract.path}) for k in keys}
     return {k: contract_outcome(engine, spec, contract, k) for k in keys}
 
 
@@ -102,9 +105,18 @@ def build_contract_check(spec: FlowSpec | StageSpec, contract: Contract, setting
 
 
 def equivalence_outcome(engine, spec: FlowSpec, partition: str, sample: int = 8) -> tuple[bool, dict]:
-    from laminar_assets.engine.equivalence import check_equivalence
+    return equivalence_outcomes(engine, spec, [partition], sample)[partition]
 
-    result = check_equivalence(engine, spec, partition, sample=sample)
+
+def equivalence_outcomes(engine, spec: FlowSpec, partitions: list[str], sample: int = 8) -> dict[str, tuple[bool, dict]]:
+    """Outcomes per partition, from one recompute and one comparison for all of them."""
+    from laminar_assets.engine.equivalence import check_equivalence_many
+
+    results = check_equivalence_many(engine, spec, partitions, sample=sample)
+    return {p: _equivalence_outcome(p, r) for p, r in results.items()}
+
+
+def _equivalence_outcome(partition: str, result) -> tuple[bool, dict]:
     if result is None:
         return True, {"partition": partition, "windows_checked": 0, "note": "no watermark yet"}
     return result.passed, {"partition": partition, "windows_checked": result.windows_checked,
@@ -125,7 +137,7 @@ def build_equivalence_check(spec: FlowSpec, settings: LaminarSettings) -> dg.Ass
     def _check(context: dg.AssetCheckExecutionContext, laminar: LaminarResource) -> dg.AssetCheckResult:
         engine = laminar.engine()
         return evaluate_range(context, dg.AssetKey(spec.name),
-                              lambda keys: {k: equivalence_outcome(engine, spec, k) for k in keys},
+                              lambda keys: equivalence_outcomes(engine, spec, keys),
                               severity=dg.AssetCheckSeverity.ERROR, blocking=False)
 
     return _check

@@ -35,8 +35,10 @@ def main(root: str, url: str) -> dict:
             modes.append(r.mode.value)
             quarantined += sum(r.quarantined.values())
     equivalence = {f.name: check_equivalence(engine, f, "2024-01-02-09:00", sample=6).passed for f in flows}
-    contract = {s.name: validate(engine.sink_frame(s, "2024-01-02-10:00"), contracts[s.sink]).success
-                for s in specs if s.sink in contracts}
+    # Both Great Expectations engines over Connect: Spark's (local_rows=0) and pandas' (rows via Arrow).
+    contract = {f"{s.name}/{engine_name}": validate(engine.sink_frame(s, "2024-01-02-10:00"), contracts[s.sink],
+                                                     local_rows=limit).success
+                for s in specs if s.sink in contracts for engine_name, limit in (("spark", 0), ("pandas", 10**6))}
     physical = explain(engine, flows[-1], "2024-01-02-10:00")["physical"]
     return {"session": type(spark).__module__, "modes": modes, "quarantined": quarantined,
             "quarantine_table": DeltaTable.is_deltatable(f"{root}/_laminar/quarantine/raw_trades"),

@@ -1,0 +1,65 @@
+"""Great Expectations runs a contract with its pandas engine on small outputs and its Spark engine on
+large ones; both give the same verdict and the same failures."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from laminar_assets.contracts import load_contracts
+from laminar_assets.contracts.expectations import validate
+from laminar_assets.definitions import CONTRACTS
+
+pytestmark = pytest.mark.spark
+
+VWAP = load_contracts(CONTRACTS)["vwap_1m"]
+T = datetime(2024, 1, 2, 9, 0)
+
+
+def vwap_rows(spark, rows):
+    columns = ["window_start", "window_end", "symbol", "vwap", "volume", "trades"]
+    return spark.createDataFrame(rows, columns).withColumn("notional", rows_notional())
+
+
+def rows_notional():
+    from pyspark.sql import functions as F
+
+    return F.col("vwap") * F.col("volume")
+
+
+def good(i: int):
+    return (T, T.replace(minute=1), f"S{i}", 100.0 + i, 10 + i, 1 + i)
+
+
+@pytest.mark.parametrize("limit, engine", [(0, "spark"), (1000, "pandas")])
+def test_engines_agree_on_a_passing_frame(spark, limit, engine):
+    summary = validate(vwap_rows(spark, [good(i) for i in range(20)]), VWAP, local_rows=limit)
+    assert summary.success and summary.engine == engine and summary.failures == ()
+    assert summary.evaluated == len(VWAP.rules())
+
+
+def test_engines_agree_on_failures(spark):
+    rows = [good(i) for i in range(20)]
+    rows[3] = (T, T.replace(minute=1), "S3", -1.0, 13, 4)   # vwap out of range
+    rows[7] = (T, T.replace(minute=1), "S8", 108.0, 18, 9)  # duplicate (window_start, symbol) with row 8
+    frame = vwap_rows(spark, rows)
+    on_spark = validate(frame, VWAP, local_rows=0)
+    on_pandas = validate(frame, VWAP, local_rows=len(rows))
+    assert (on_spark.engine, on_pandas.engine) == ("spark", "pandas")
+    assert not on_spark.success and not on_pandas.success
+    assert on_pandas.rows == len(rows) and on_spark.rows is None
+
+    def facts(summary):
+        return sorted((f.expectation, f.unexpected_count, sorted(map(str, f.examples))) for f in summary.failures)
+
+    assert facts(on_spark) == facts(on_pandas)
+    assert any(f[0].startswith("between(vwap") and f[1] == 1 and f[2] == ["-1.0"] for f in facts(on_pandas))
+    assert any(f[0].startswith("unique") for f in facts(on_pandas)), facts(on_pandas)
+    # Each failure carries its own rule's name (GE reports results out of the suite's order).
+    assert len(on_pandas.failures) == 2 and not any(f[0].startswith("between(trades") for f in facts(on_pandas))
+
+
+def test_above_the_limit_spark_checks_it(spark):
+    summary = validate(vwap_rows(spark, [good(i) for i in range(5)]), VWAP, local_rows=4)
+    assert summary.engine == "spark" and summary.rows == 5 and summary.success
