@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pyspark.sql import functions as F
 from pyspark.sql.types import FloatType, DoubleType
 
-from .flow_job import recompute
+from .flow_job import finalize, state_query
 from .plan import Mode, PartitionPlan, Reason
 from .spec import FlowSpec
-from .windows import Interval, partition_interval
+from .reading import PART
+from .windows import Interval, partition_interval, partition_key
 
 
 @dataclass(frozen=True)
@@ -30,35 +31,68 @@ class EquivalenceResult:
 
 def check_equivalence(engine, spec: FlowSpec, partition: str, *, sample: int = 8, rel: float = 1e-9) -> EquivalenceResult | None:
     """None when the partition has no committed watermark (nothing to compare yet)."""
-    mark = engine.store.load(spec.name, partition)
-    if mark is None or not mark.committed:
-        return None
-    part = partition_interval(partition, spec.granularity)
-    sink = engine.sink_frame(spec, partition)
-    # Half the sample from windows the sink has (wrong values), half from every possible window start
-    # of the partition (rows missing from, or extra in, the sink); everything when the sample covers it.
-    def ranked(values):
+    return check_equivalence_many(engine, spec, [partition], sample=sample, rel=rel)[partition]
+
+
+def check_equivalence_many(engine, spec: FlowSpec, partitions: list[str], *, sample: int = 8,
+                           rel: float = 1e-9) -> dict[str, EquivalenceResult | None]:
+    """Check several partitions in one recompute and one comparison per set of watermark versions
+    (a range run commits all its partitions at the same versions, so usually one of each)."""
+    marks = {p: engine.store.load(spec.name, p) for p in partitions}
+    out: dict[str, EquivalenceResult | None] = {p: None for p, m in marks.items() if m is None or not m.committed}
+    groups: dict[tuple, list[str]] = {}
+    for p, mark in marks.items():
+        if p not in out:
+            groups.setdefault(tuple(sorted(mark.source_versions.items())), []).append(p)
+    for keys in groups.values():
+        out.update(_check_group(engine, spec, keys, [marks[k] for k in keys], sample, rel))
+    return {p: out[p] for p in partitions}
+
+
+def _chosen_windows(engine, spec: FlowSpec, partitions: list[str], sample: int) -> dict[str, list]:
+    """Half the sample from windows the sink has (wrong values), half from every possible window start
+    of the partition (rows missing from, or extra in, the sink); everything when the sample covers it."""
+    def ranked(partition, values):
         return sorted(values, key=lambda ws: hashlib.sha256(f"{partition}{ws}".encode()).hexdigest())
 
-    every = [part.start + i * spec.shape.slide for i in range(int((part.end - part.start) / spec.shape.slide))]
-    if sample >= len(every):
-        chosen = every
-    else:
-        present = [r["window_start"] for r in sink.select("window_start").distinct().collect()]
-        present = [p.replace(tzinfo=part.start.tzinfo) if p.tzinfo is None else p for p in present]
-        chosen = sorted(set(ranked(present)[: (sample + 1) // 2]) | set(ranked(every)[: sample // 2]))
-    refill = tuple(Interval(ws, ws + spec.shape.slide) for ws in sorted(chosen))
-    plan = PartitionPlan(flow=spec.name, partition=partition, interval=part, needed=spec.shape.events_of_starts(part),
-                         mode=Mode.REFILL, reason=Reason.FORCED_BY_USER, detail="equivalence check",
-                         spec_hash=spec.spec_hash, to_versions=dict(mark.source_versions), refill=refill,
-                         refill_all=True)
-    inputs = engine.gather(spec, [mark])
-    recomputed = recompute(engine.ctx, spec, plan, inputs)
+    parts = {p: partition_interval(p, spec.granularity) for p in partitions}
+    every = {p: [i.start + n * spec.shape.slide for n in range(int((i.end - i.start) / spec.shape.slide))]
+             for p, i in parts.items()}
+    sampled = [p for p in partitions if sample < len(every[p])]
+    present: dict[str, list] = {p: [] for p in sampled}
+    if sampled:
+        rows = engine.sink_frames(spec, sampled).select("window_start").distinct().collect()
+        for r in rows:
+            ws = r["window_start"]
+            for p in sampled:
+                ws = ws.replace(tzinfo=parts[p].start.tzinfo) if ws.tzinfo is None else ws
+                if parts[p].start <= ws < parts[p].end:
+                    present[p].append(ws)
+                    break
+    return {p: every[p] if p not in present else
+            sorted(set(ranked(p, present[p])[: (sample + 1) // 2]) | set(ranked(p, every[p])[: sample // 2]))
+            for p in partitions}
+
+
+def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: int, rel: float) -> dict:
+    chosen = _chosen_windows(engine, spec, partitions, sample)
+    plans, picked_ranges = [], []
+    for p, mark in zip(partitions, marks):
+        part = partition_interval(p, spec.granularity)
+        refill = tuple(Interval(ws, ws + spec.shape.slide) for ws in sorted(chosen[p]))
+        picked_ranges.extend(refill)
+        plans.append(PartitionPlan(flow=spec.name, partition=p, interval=part,
+                                   needed=spec.shape.events_of_starts(part), mode=Mode.REFILL,
+                                   reason=Reason.FORCED_BY_USER, detail="equivalence check",
+                                   spec_hash=spec.spec_hash, to_versions=dict(mark.source_versions),
+                                   refill=refill, refill_all=True))
+    inputs = engine.gather(spec, list(marks))
+    recomputed = finalize(spec, state_query(engine.ctx, spec, plans, inputs)).drop(PART)
     ws = F.col("window_start")
     picked = F.lit(False)
-    for r in refill:
+    for r in picked_ranges:
         picked = picked | ((ws >= F.lit(r.start)) & (ws < F.lit(r.end)))
-    actual = sink.where(picked)
+    actual = engine.sink_frames(spec, partitions).where(picked)
     keys = ["window_start", "window_end", *spec.keys]
     values = [c for c in recomputed.columns if c not in keys]
     joined = actual.alias("s").join(recomputed.alias("r"), keys, "full_outer").select(
@@ -75,12 +109,14 @@ def check_equivalence(engine, spec: FlowSpec, partition: str, *, sample: int = 8
             diff = ~s.eqNullSafe(r)
         conds.append(F.when(diff, F.lit(c)))
     mismatched = joined.withColumn("__cols", F.array_compact(F.array(*conds))).where(F.size("__cols") > 0)
-    rows = mismatched.limit(20).collect()
-    out = []
-    for row in rows:
+    found: dict[str, list[dict]] = {p: [] for p in partitions}
+    for row in mismatched.limit(20 * len(partitions)).collect():
         d = row.asDict()
-        out.append({"window_start": str(d["window_start"]), "window_end": str(d["window_end"]),
-                    "keys": {k: d[k] for k in spec.keys}, "columns": d["__cols"],
-                    "sink": {c: d[f"s__{c}"] for c in d["__cols"]},
-                    "recomputed": {c: d[f"r__{c}"] for c in d["__cols"]}})
-    return EquivalenceResult(partition, dict(mark.source_versions), len(chosen), tuple(out))
+        p = partition_key(d["window_start"], spec.granularity)
+        if len(found[p]) < 20:
+            found[p].append({"window_start": str(d["window_start"]), "window_end": str(d["window_end"]),
+                             "keys": {k: d[k] for k in spec.keys}, "columns": d["__cols"],
+                             "sink": {c: d[f"s__{c}"] for c in d["__cols"]},
+                             "recomputed": {c: d[f"r__{c}"] for c in d["__cols"]}})
+    return {p: EquivalenceResult(p, dict(m.source_versions), len(chosen[p]), tuple(found[p]))
+            for p, m in zip(partitions, marks)}

@@ -254,14 +254,18 @@ class Engine:
     # --- reading results --------------------------------------------------------
     def sink_frame(self, spec: Spec, partition: str) -> DataFrame:
         """The sink rows of one partition, as a (lazy) Spark DataFrame."""
+        return self.sink_frames(spec, [partition])
+
+    def sink_frames(self, spec: Spec, partitions: list[str]) -> DataFrame:
+        """The sink rows of several partitions from one table open, as one (lazy) Spark DataFrame."""
         uri = self.ctx.layout.sink_uri(spec)
         if not DeltaTable.is_deltatable(uri):
             raise LaminarError(f"sink table of '{spec.name}' does not exist yet", flow=spec.name)
-        part = partition_interval(partition, spec.granularity)
+        parts = [partition_interval(p, spec.granularity) for p in partitions]
         column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
         info = table_info(spec.sink, uri)
-        df = read_source(self.spark, snapshot_files(info, column, [part]), info)
-        return df.where(in_ranges(column, [part]))
+        df = read_source(self.spark, snapshot_files(info, column, parts), info)
+        return df.where(in_ranges(column, parts))
 
     def preview(self, spec: Spec, partition: str, *, limit: int = 5):
         """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
