@@ -9,7 +9,12 @@ atomic no-replace link, so it is either absent or complete.
 
 Why not `write_deltalake(..., predicate=...)` or `DeltaTable.merge`: both take the rows
 as Arrow data in this Python process. The rows of a run are Spark's (written by the
-executors, possibly remote), and the driver never collects them.
+executors, possibly remote), and the driver never collects them. `bench/commit_paths.py`
+measured both (12 of 96 hourly partitions, 36,000 rows, local mode): they commit faster
+(0.23 s and 0.15 s against 0.51 s here, which includes the Spark write job), but they pull
+every row through the driver and write one file for all replaced partitions, so replacing
+one of those partitions later rewrites all 36,000 rows instead of its own 3,000.
+`DeltaTable.transaction_version` is used for the app-transaction guard (`protocol`).
 """
 
 from __future__ import annotations
