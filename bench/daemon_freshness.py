@@ -77,6 +77,7 @@ def _run_breakdown(instance, run_ids: list[str]) -> list[dict]:
                 session_s = max(session_s, float(md["seconds_spark_session"].value)
                                 if "seconds_spark_session" in md else 0.0)
         out.append({"run_id": run_id, "status": str(instance.get_run_by_id(run_id).status.value),
+                    "queue_wait_s": round((stats.launch_time or 0) - (stats.enqueued_time or 0), 3),
                     "launch_overhead_s": round((stats.start_time or 0) - (stats.launch_time or 0), 3),
                     "run_s": round((stats.end_time or 0) - (stats.start_time or 0), 3),
                     "spark_session_s": round(session_s, 3), "engine_s": round(engine_s, 3)})
@@ -157,7 +158,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
             "p50_s": pct(50), "p95_s": pct(95),
             "until_checks_done_p50_s": round(float(np.percentile(with_checks, 50)), 2) if with_checks else None,
             "runs_per_commit": [len(r) for r in runs_per_commit],
-            "mean_launch_overhead_s": mean("launch_overhead_s"), "mean_spark_session_s": mean("spark_session_s"),
+            "mean_queue_wait_s": mean("queue_wait_s"), "mean_launch_overhead_s": mean("launch_overhead_s"), "mean_spark_session_s": mean("spark_session_s"),
             "mean_engine_s": mean("engine_s"), "mean_run_s": mean("run_s"),
             "failed_runs": sum(b["status"] != "SUCCESS" for b in breakdown), "runs": breakdown, "errors": errors,
             "work": work}
