@@ -95,6 +95,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
 
     [component] = components(specs_with_contracts(load_specs())[0])
     interval = float(load_settings().sensor_interval_seconds)
+    loop = max(5.0, interval)  # Dagster's sensor daemon loops at most once every 5 s
     work = tempfile.mkdtemp(prefix="laminar-daemon-bench-")
     root, home = os.path.join(work, "lake"), os.path.join(work, "dagster_home")
     os.makedirs(home)
@@ -121,7 +122,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
         bootstrap_s = time.monotonic() - t
         tip = summary.last_time
         for i in range(commits):
-            time.sleep(float(rng.uniform(0.5, 1.5)) * interval)
+            time.sleep(float(rng.uniform(0.5, 1.5)) * loop)  # a random moment relative to the daemon's loop
             before = set(instance.get_run_ids())
             at = time.monotonic()
             append_trades(root, max(rows // 20, 20), tip - timedelta(minutes=5), tip, seed=seed + i)
