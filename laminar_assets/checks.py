@@ -67,12 +67,10 @@ def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, ke
     of one per partition, on the run's critical path when the check is blocking): for row-level
     rules and uniqueness, passing on the union means passing on each. Only a failure, or a
     row-count rule, validates partition by partition, so a failure is pinned to its partitions."""
-    from functools import reduce
-
     from laminar_assets.contracts.expectations import validate
 
     if len(keys) > 1 and not any(r.expect == "row_count_between" for r in contract.rules()):
-        frame = reduce(lambda a, b: a.unionByName(b), (engine.sink_frame(spec, k) for k in keys))
+        frame = engine.sink_frames(spec, keys)
         together = validate(frame, contract, name="range")
         if together.success:
             return {k: (True, {"partition": k, "validated_together_with": len(keys) - 1,

@@ -1,0 +1,160 @@
+"""The `laminar` application: options shared by every command, output helpers, and the entry point that
+turns errors into one red line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import NoReturn
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from laminar_assets.errors import LakeNotFoundError, LaminarError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Incremental time-window rollups over Delta tables (Spark + Dagster).")
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+# What typer raises for a bad command line (unknown option, bad value, missing argument): its own exceptions
+# since it vendors click (typer.TyperException), click's before that. They carry the message naming the
+# option and the exit code (2 for usage errors).
+USAGE_ERRORS = tuple(t for t in (getattr(typer, "TyperException", None), click.ClickException) if t is not None)
+
+
+@dataclass
+class CliContext:
+    """Options shared by every command."""
+
+    root: str
+    dagster_home: str
+    debug: bool
+
+    def require_lake(self) -> None:
+        """Commands that read a lake fail on a root that is not there (a mistyped --root, or no lake created
+        yet) instead of reporting an empty lake; commands that create one (demo, generate) do not call this."""
+        if os.path.isdir(self.root):
+            return
+        found = "is not a directory" if os.path.exists(self.root) else "does not exist"
+        raise LakeNotFoundError(f"storage root {self.root} {found}: expected a lake (Delta tables) there; pass the "
+                                "right --root (or set LAMINAR_ROOT), or create a lake with `laminar demo`")
+
+    def specs(self):
+        from laminar_assets.flows import load_specs
+
+        return load_specs()
+
+    def spec(self, name: str):
+        specs = {s.name: s for s in self.specs()}
+        if name not in specs:
+            raise LaminarError(f"unknown flow {name!r}; known flows: {', '.join(sorted(specs))}", flow=name)
+        return specs[name]
+
+    def engine(self):
+        from laminar_assets.engine import Engine, SparkOptions, build_session
+
+        return Engine(build_session(SparkOptions.from_env()), self.root)
+
+    def instance(self):
+        """The Dagster instance under DAGSTER_HOME, its dagster.yaml kept in step with the project's
+        template: ./dagster.yaml (SQLite), or the file LAMINAR_DAGSTER_YAML names (e.g. dagster.postgres.yaml)."""
+        import dagster as dg
+
+        os.makedirs(self.dagster_home, exist_ok=True)
+        target = os.path.join(self.dagster_home, "dagster.yaml")
+        template = os.path.abspath(os.environ.get("LAMINAR_DAGSTER_YAML") or os.path.join(os.getcwd(), "dagster.yaml"))
+        if os.path.exists(template):
+            if not os.path.exists(target) or os.path.getmtime(template) > os.path.getmtime(target):
+                shutil.copy(template, target)
+        elif not os.path.exists(target):
+            with open(target, "w") as fh:
+                fh.write("telemetry:\n  enabled: false\n")
+        return dg.DagsterInstance.from_config(self.dagster_home)
+
+    def definitions(self, *, stop_spark_per_run: bool = False):
+        from laminar_assets.definitions import build_definitions
+        from laminar_assets.resources import LaminarResource, SparkResource
+        from laminar_assets.settings import load_settings
+
+        resources = {"laminar": LaminarResource(root=self.root, spark=SparkResource(stop_at_end=stop_spark_per_run))}
+        return build_definitions(self.specs(), load_settings(), resources=resources)
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    root: str = typer.Option(None, "--root", help="Storage root of the Delta tables (default $LAMINAR_ROOT or ./.laminar/lake)."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+) -> None:
+    root = os.path.abspath(root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
+    home = os.path.abspath(os.environ.get("DAGSTER_HOME") or ".dagster_home")
+    ctx.obj = CliContext(root=root, dagster_home=home, debug=debug)
+
+
+def emit_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def lit(value) -> str:
+    """Engine, Spark or user text inside a rich markup string: `[...]` in it stays text (Spark's
+    `Input [9]: [ts#1, ...]`, a LaminarError's `[flow=...]`) instead of being read as a style tag."""
+    return escape(str(value))
+
+
+def add_row(table: Table, *cells) -> None:
+    """A table row whose text is shown literally, like `_lit`; a styled cell is passed as a rich `Text`."""
+    table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells))
+
+
+def usage_error(exc) -> NoReturn:
+    """A bad command line: typer's message (it names the option or argument) as one red line with where to
+    find help, and typer's exit code (2 for usage errors). `laminar` alone shows the help instead."""
+    message = exc.format_message().strip()
+    if type(exc).__name__ == "NoArgsIsHelpError":  # the message is the help (typer's rich help is printed already)
+        if message:
+            err_console.print(message, markup=False, highlight=False)
+    else:
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else " (see --help)"
+        err_console.print(f"[red]error:[/red] {lit(message + hint)}", soft_wrap=True)
+    sys.exit(exc.exit_code)
+
+
+def main() -> None:
+    """Entry point: a LaminarError becomes one red line and exit 1, a usage error one red line and exit 2."""
+    import warnings
+
+    debug = "--debug" in sys.argv
+    warnings.filterwarnings("ignore", message=r".*is currently in (beta|preview).*")
+    try:
+        app(standalone_mode=False)
+    except LaminarError as exc:
+        if debug:
+            raise
+        err_console.print(f"[red]error:[/red] {lit(exc)}", soft_wrap=True)
+        sys.exit(1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("[red]aborted[/red]")
+        sys.exit(130)
+    except USAGE_ERRORS as exc:
+        usage_error(exc)
+    except Exception as exc:
+        if debug:
+            raise
+        err_console.print(f"[red]error:[/red] {type(exc).__name__}: {lit(exc)} (run with --debug for the traceback)",
+                          soft_wrap=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""`laminar check`: the quality gate over every materialized partition."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from laminar_assets.errors import LaminarError
+
+from .app import CliContext, add_row, app, console, emit_json, lit
+
+CHUNK = 24  # partitions per check pass: one day of hourly partitions
+
+
+@app.command()
+def check(
+    ctx: typer.Context,
+    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources)."),
+    rows: int = typer.Option(200, "--rows", min=50, help="Demo size with --demo."),
+    sample: int = typer.Option(8, "--sample", min=1, help="Windows per partition for the equivalence check."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Quality gate: every contract (Great Expectations) and equivalence check on every materialized
+    partition; exits non-zero if any fails."""
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.checks import contract_outcomes, equivalence_outcomes
+    from laminar_assets.contracts import load_contracts
+    from laminar_assets.definitions import CONTRACTS
+    from laminar_assets.engine import FlowSpec
+
+    c: CliContext = ctx.obj
+    if demo_first:
+        from laminar_assets.demo.run import run_demo
+
+        with console.status("running the demo pipeline..."):
+            run_demo(c.definitions(), c.instance(), c.specs(), c.root, rows=rows, seed=7)
+    c.require_lake()
+    contracts = load_contracts(CONTRACTS)
+    engine = c.engine()
+    store = CheckpointStore(c.root)
+    rows_out = []
+    with console.status("checking...") as status:
+        for spec in c.specs():
+            keys = store.partitions(spec.name)
+            for i in range(0, len(keys), CHUNK):  # partitions checked together: one Spark pass per chunk
+                chunk = keys[i:i + CHUNK]
+                status.update(lit(f"{spec.name} {chunk[0]} ... {chunk[-1]}"))
+                if spec.sink in contracts:
+                    for key, (passed, md) in contract_outcomes(engine, spec, contracts[spec.sink], chunk).items():
+                        rows_out.append({"check": "contract", "asset": spec.name, "partition": key, "passed": passed,
+                                         "details": md["failures"].value if "failures" in md else []})
+                if isinstance(spec, FlowSpec):
+                    for key, (passed, md) in equivalence_outcomes(engine, spec, chunk, sample).items():
+                        rows_out.append({"check": "equivalence", "asset": spec.name, "partition": key,
+                                         "passed": passed, "details": md["mismatched_windows"].value
+                                         if "mismatched_windows" in md else []})
+    failed = [r for r in rows_out if not r["passed"]]
+    if as_json:
+        emit_json(rows_out)
+    else:
+        table = Table("check", "asset", "partitions", "passed", "failures")
+        summary: dict[tuple, list] = {}
+        for r in rows_out:
+            summary.setdefault((r["check"], r["asset"]), []).append(r)
+        for (name, asset), items in summary.items():
+            bad = [i for i in items if not i["passed"]]
+            add_row(table, name, asset, len(items), Text("yes", style="green") if not bad else Text("no", style="red"),
+                     "; ".join(f"{i['partition']}: {json.dumps(i['details'], default=str)[:200]}" for i in bad))
+        console.print(table)
+    if not rows_out:
+        raise LaminarError(f"nothing to check under {c.root}: materialize something first (or pass --demo)")
+    if failed:
+        raise LaminarError(f"{len(failed)} of {len(rows_out)} checks failed: "
+                           + ", ".join(sorted({f"{r['check']} on {r['asset']}" for r in failed})))
+    if not as_json:
+        console.print(f"all {len(rows_out)} checks passed")

@@ -1,0 +1,135 @@
+"""Commands that look at a lake and write nothing: the graph, a plan explained, status, quarantine."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import typer
+from rich.table import Table
+
+from laminar_assets.errors import LaminarError
+
+from .app import CliContext, add_row, app, console, emit_json, lit
+
+
+@app.command()
+def dag(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """The topology: sources, shared stages and flows."""
+    from laminar_assets.engine.report import topology
+
+    rows = topology(ctx.obj.specs())
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("node", "kind", "inputs", "outputs", "shared", "partitioning")
+    for r in rows:
+        add_row(table, r["node"], r["kind"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
+                 "yes" if r["is_shared"] else "", r["partitioning"] or "")
+    console.print(table)
+
+
+def default_partition(c: CliContext, spec) -> str:
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.engine.inspect import new_commits
+    from laminar_assets.engine.windows import partition_key
+
+    done = CheckpointStore(c.root).partitions(spec.name)
+    if done:
+        return done[-1]
+    changes = new_commits(c.root, spec.sources[0], spec.event_time, None)
+    if changes is None or not changes.ranges:
+        raise LaminarError(f"no data in '{spec.sources[0]}' yet: pass --partition", flow=spec.name)
+    return partition_key(changes.ranges[-1].start, spec.granularity)
+
+
+@app.command()
+def explain(
+    ctx: typer.Context,
+    flow: str = typer.Argument(..., help="Flow or stage name."),
+    partition: str = typer.Option(None, "--partition", help="Partition key (default: the latest materialized)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Logical (the spec), physical (Spark's plan) and strategy (mode, reason, versions, estimates). Writes nothing."""
+    from laminar_assets.engine.report import explain as explain_report
+    from laminar_assets.engine.windows import partition_interval
+
+    c: CliContext = ctx.obj
+    c.require_lake()
+    spec = c.spec(flow)
+    key = partition or default_partition(c, spec)
+    try:
+        partition_interval(key, spec.granularity)
+    except ValueError as exc:
+        raise LaminarError(f"bad --partition for '{flow}': {exc}", flow=flow) from None
+    report = explain_report(c.engine(), spec, key)
+    if as_json:
+        emit_json(report)
+        return
+    lg, st = report["logical"], report["strategy"]
+    # Everything below but the headings is spec, engine or Spark text: printed without markup.
+    console.print("[bold]== logical ==[/bold]")
+    console.print(f"{lg['kind']} {lg['name']}: {lg['description']}", markup=False)
+    console.print(f"source {', '.join(lg['sources'])}, event time {lg['event_time']}, filter {lg['filter'] or '-'}",
+                  markup=False)
+    if lg["kind"] == "flow":
+        w = lg["window"]
+        console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}",
+                      markup=False)
+        for a in lg["aggregates"]:
+            console.print(f"  {a['name']} = {a['kind']}({a['column'] or '*'})  state {a['state_columns']}  "
+                          f"{'retractable' if a['retractable'] else 'not retractable'}", markup=False)
+    console.print("\n[bold]== physical ==[/bold]")
+    console.print(report["physical"], markup=False, highlight=False, soft_wrap=True)  # Spark's lines, verbatim
+    console.print(f"\n[bold]== strategy ==[/bold]\npartition {lit(st['partition'])}: [bold]{lit(st['mode'])}[/bold] "
+                  f"({lit(st['reason'])}) — {lit(st['detail'])}")
+    console.print(f"watermark {st['watermark']['source_versions'] if st['watermark'] else None} -> target "
+                  f"{st['to_versions']}; pending after this run {st['pending_versions']}", markup=False)
+    console.print(f"commits to read: {len(st['pending_commits'])}; estimated read {st['estimated_read']}",
+                  markup=False)
+    console.print(f"refill scope: {'whole partition' if st['refill_all'] else st['refill'] or 'none'}", markup=False)
+
+
+@app.command()
+def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions."""
+    from laminar_assets.engine.report import status as status_report
+
+    ctx.obj.require_lake()
+    rows = status_report(ctx.obj.root, ctx.obj.specs())
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("flow", "kind", "source versions", "materialized", "stale", "pending versions")
+    for r in rows:
+        stale = ", ".join(f"{s['partition']} ({s['reason']})" for s in r["stale_partitions"]) or "-"
+        add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"], stale,
+                 r["pending_versions"])
+    console.print(table)
+
+
+@app.command()
+def quarantine(
+    ctx: typer.Context,
+    source: str = typer.Argument(None, help="Source table (default: every quarantined source)."),
+    examples: int = typer.Option(3, "--examples", min=0, help="Example rows per flow and rule."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Rows kept out of the flows because they broke a rule: counts by source, flow and rule."""
+    from laminar_assets.engine.quarantine import summarize
+
+    c: CliContext = ctx.obj
+    c.require_lake()
+    folder = os.path.join(c.root, "_laminar", "quarantine")
+    names = [source] if source else sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    out = [row for name in names for row in summarize(os.path.join(folder, name), examples=examples)]
+    if source and not out and not os.path.isdir(os.path.join(folder, source)):
+        raise LaminarError(f"no quarantine table for source {source!r} under {folder}", table=source)
+    if as_json:
+        emit_json(out)
+        return
+    table = Table("source", "flow", "rule", "rows", "source versions", "example row")
+    for r in out:
+        add_row(table, r["source"], r["flow"], r["rule"], r["rows"], f"{r['min_version']}..{r['max_version']}",
+                 (r["examples"] or [""])[0])
+    console.print(table if out else "nothing quarantined")

@@ -1,0 +1,163 @@
+"""Commands that run the pipeline: the demo, new source data, a forced refill, the local deployment."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from laminar_assets.errors import LaminarError
+
+from .app import CliContext, add_row, app, console, lit
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    rows: int = typer.Option(3000, "--rows", min=50, help="Trades in the first batch (the second batch is a quarter)."),
+    seed: int = typer.Option(7, "--seed", help="Random seed of the generator."),
+) -> None:
+    """The main job: generate sources, let Dagster's sensors bring every asset up to date, commit late
+    rows, corrections and cancellations, and let Dagster bring everything up to date again."""
+    from laminar_assets.demo.run import run_demo
+
+    c: CliContext = ctx.obj
+    defs = c.definitions()
+    instance = c.instance()
+    with console.status("starting Spark and the Dagster instance...") as status:
+        def progress(row):
+            status.update(lit(f"{row.flow} {row.partition}: {row.mode} ({row.reason})"))
+
+        steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress)
+    failed = 0
+    for step in steps:
+        b = step.batch
+        console.print(f"\n[bold]{lit(step.title)}[/bold]: appended {b.appended}, late {b.late}, "
+                      f"duplicates {b.duplicates}, corrected {b.updated}, cancelled {b.deleted}, broken {b.bad}; "
+                      f"raw_trades versions {lit(list(b.versions))}; "
+                      f"{step.requests} runs from {step.sensor_ticks} sensor ticks in {step.seconds:.1f}s")
+        table = Table("flow", "partition", "mode", "reason", "versions", "rows read", "sink rows", "quarantined",
+                      "seconds")
+        for r in step.runs:
+            failed += not r.success
+            add_row(table, r.flow, r.partition, r.mode if r.success else Text("FAILED", style="red"),
+                     r.reason if r.success else r.error, r.versions, r.rows_read, r.sink_rows, r.quarantined,
+                     f"{r.seconds:.2f}")
+        console.print(table)
+    console.print(f"\nDelta tables: {c.root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
+                  "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
+                  "re-running anything. Then `laminar generate --batch 2` commits new data and the sensors bring "
+                  "every flow up to date.", markup=False)
+    if failed:
+        raise LaminarError(f"{failed} run(s) failed; see the table above")
+
+
+@app.command()
+def generate(
+    ctx: typer.Context,
+    rows: int = typer.Option(1000, "--rows", min=1),
+    batch: int = typer.Option(1, "--batch", help="Batch number (0 creates the sources; later batches add late rows etc.)."),
+    late_share: float = typer.Option(0.05, "--late-share", min=0.0, max=1.0),
+    duplicate_share: float = typer.Option(0.02, "--duplicate-share", min=0.0, max=1.0),
+    update_share: float = typer.Option(0.02, "--update-share", min=0.0, max=1.0),
+    delete_share: float = typer.Option(0.01, "--delete-share", min=0.0, max=1.0),
+    bad_share: float = typer.Option(0.003, "--bad-share", min=0.0, max=1.0,
+                                    help="Share of rows that break raw_trades' contract rules."),
+    seed: int = typer.Option(7, "--seed"),
+) -> None:
+    """Write more source commits to raw_trades (creating the sources if needed)."""
+    from laminar_assets.demo.generator import BatchOptions, recent_start, write_batch
+
+    # a new raw_trades starts a few hours before now, as `laminar demo` does; later batches continue it
+    s = write_batch(ctx.obj.root, BatchOptions(rows=rows, late_share=late_share, duplicate_share=duplicate_share,
+                                               update_share=update_share, delete_share=delete_share,
+                                               bad_share=bad_share, seed=seed, start=recent_start()),
+                    batch=batch)
+    console.print(f"raw_trades: appended {s.appended}, late {s.late}, duplicates {s.duplicates}, corrected "
+                  f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}", markup=False)
+
+
+@app.command()
+def refill(
+    ctx: typer.Context,
+    flow: str = typer.Argument(...),
+    partition_range: str = typer.Option(None, "--partition-range", help="A...B (inclusive); default: every materialized partition."),
+) -> None:
+    """Recompute partitions through Dagster, recorded with reason FORCED_BY_USER."""
+    import dagster as dg
+
+    from laminar_assets.assets import FORCE_TAG
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.engine.windows import partition_interval
+    from laminar_assets.orchestrate import execute_request, failure_message
+    from laminar_assets.sensors import RANGE_END, RANGE_START
+
+    c: CliContext = ctx.obj
+    c.require_lake()
+    spec = c.spec(flow)
+    if partition_range:
+        if "..." not in partition_range:
+            raise LaminarError(f"--partition-range must look like A...B, found {partition_range!r}", flow=flow)
+        start, end = partition_range.split("...", 1)
+    else:
+        done = CheckpointStore(c.root).partitions(flow)
+        if not done:
+            raise LaminarError(f"'{flow}' has no materialized partitions; pass --partition-range A...B", flow=flow)
+        start, end = done[0], done[-1]
+    for key in (start, end):
+        try:
+            partition_interval(key, spec.granularity)
+        except ValueError as exc:
+            raise LaminarError(f"bad partition in --partition-range: {exc}", flow=flow) from None
+    request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
+                            tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
+    with console.status(lit(f"refilling {flow} {start}...{end}")):
+        outcome = execute_request(c.definitions(), request, c.instance())
+    if not outcome.success:
+        raise LaminarError(f"refill of {flow} {start}...{end} failed (Dagster run {outcome.run_id[:8]}): "
+                           f"{failure_message(outcome)}")
+    mats = outcome.asset_materializations_for_node(flow)
+    console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
+                  f"(run {outcome.run_id})", markup=False)
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    ui_port: int = typer.Option(3000, "--ui-port", help="Port of the Dagster UI (on 127.0.0.1)."),
+    spark_port: int = typer.Option(15002, "--spark-port", help="Port of the Spark Connect server (on 127.0.0.1)."),
+    spark_remote: str = typer.Option(None, "--spark-remote", envvar="LAMINAR_SPARK_REMOTE",
+                                     help="Use this Spark Connect endpoint (sc://host:port) instead of starting one."),
+    driver_memory: str = typer.Option("4g", "--driver-memory", help="Memory of the Spark Connect server's driver."),
+    local_spark: bool = typer.Option(False, "--local-spark", help="Start no Connect server: every run starts its "
+                                     "own Spark JVM (slow; for comparison)."),
+) -> None:
+    """Start the deployment: a Spark Connect server and `dagster dev` (UI + daemon) on 127.0.0.1.
+    Sensors launch runs that connect to the warm Spark; Ctrl-C stops everything."""
+    from laminar_assets.deploy.connect_server import ConnectServerOptions
+    from laminar_assets.deploy.serve import ServeOptions, serve as run_serve
+    from laminar_assets.engine import SparkOptions
+
+    c: CliContext = ctx.obj
+    c.instance()  # DAGSTER_HOME with the project's dagster.yaml
+    logs = os.path.join(os.path.dirname(c.root), "logs")  # .laminar/logs beside .laminar/lake
+    options = ServeOptions(root=c.root, dagster_home=c.dagster_home, ui_port=ui_port, spark_remote=spark_remote,
+                           local_spark=local_spark, log_dir=logs, spark=ConnectServerOptions(
+                               port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),
+                               spark=SparkOptions(driver_memory=driver_memory)))
+
+    def ready(d) -> None:
+        spark = f"Spark Connect server {d.remote} (log {logs}/spark-connect.log)" if d.spark else \
+            f"Spark Connect endpoint {d.remote} (not started here)" if d.remote else \
+            "local Spark: every run starts its own JVM (--local-spark)"
+        console.print(f"[bold]Laminar is up[/bold]\n  Dagster UI and daemon: {d.ui_url}  (log {logs}/dagster.log)"
+                      f"\n  {spark}\n  Delta tables: {c.root}\n  DAGSTER_HOME: {c.dagster_home}\n"
+                      "Sensors are on: commit to a source (e.g. `laminar generate --batch 1`) and watch the runs. "
+                      "Ctrl-C stops both processes.", markup=True, highlight=False)
+
+    console.print("starting the Spark Connect server and Dagster (about 30 s)...")
+    code = run_serve(options, on_ready=ready)
+    if code:
+        raise LaminarError(f"a process of the deployment exited unexpectedly (code {code}); see {logs}/")
