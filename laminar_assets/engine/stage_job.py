@@ -10,6 +10,7 @@ duplicate refills its partition instead (DEDUP_REPLACED_ROW).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -171,7 +172,10 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
     uri = ctx.layout.sink_uri(spec)
     txns = [(ctx.layout.app_id(spec, p.partition), seqs[p.partition]) for p in plans]
     meta = {"laminar.run_id": run_id, "laminar.flow": spec.name,
-            "laminar.partition": ",".join(p.partition for p in plans)}
+            "laminar.partition": ",".join(p.partition for p in plans),
+            "laminar.mode": ",".join(sorted({p.mode.value for p in plans})),
+            "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
+    read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
     data_cols = [c for c in new_ref.columns if c != EVENT_TS]
     new_ref, new_inc = new_ref.select(*data_cols), new_inc.select(*data_cols)
@@ -191,7 +195,8 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
             if reset:
                 staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART))
             replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges if reset else [],
-                           transactions=txns, metadata=meta, run_id=run_id, append_only=not reset,
+                           transactions=txns, metadata=_with_metrics(meta, read, staged), run_id=run_id,
+                           append_only=not reset,
                            reset_on_schema_change=reset)
             inserted_by = staged.rows_by_partition()
         else:
@@ -200,7 +205,7 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
                 inserted.withColumn(CHANGE_TYPE, F.lit("insert")))
             cdc = stage(changes, uri, run_id, by=PART, folder="_change_data/laminar")
             replace_ranges(ctx.spark, data, table_uri=uri, column=spec.event_time, ranges=ranges, transactions=txns,
-                           metadata=meta, run_id=run_id, change_data=cdc)
+                           metadata=_with_metrics(meta, read, data), run_id=run_id, change_data=cdc)
             inserted_by = _inserts_by_partition(uri, cdc)
             staged = data
         written = staged.rows_by_partition()
@@ -210,6 +215,11 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
     finally:
         if deleted is not None:
             deleted.unpersist()
+
+
+def _with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
+    """The commit's metadata with the run's metrics (what `laminar_system.runs` shows)."""
+    return {**meta, "laminar.metrics": json.dumps({**read, "sink_rows": staged.rows})}
 
 
 def _with(a: StagedFiles, b: StagedFiles) -> StagedFiles:

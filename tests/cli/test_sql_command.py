@@ -1,0 +1,103 @@
+"""`laminar sql` end to end on the trades pipeline's own tables: a sink, each system table, a join, --json,
+--limit, an unknown table and a syntax error (one line, non-zero exit)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from deltalake import DeltaTable
+
+from laminar_assets.demo.generator import BatchOptions, write_batch
+from laminar_assets.engine import Engine
+from laminar_assets.engine.report import topology
+from laminar_assets.engine.windows import partition_key
+from tests.cli.test_cli import SPECS, invoke, run_cli
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def lake(spark, tmp_path_factory):
+    """raw_trades and symbols from the demo's generator, then the stage and vwap_1m run by the engine."""
+    root = str(tmp_path_factory.mktemp("sqlcli") / "lake")
+    write_batch(root, BatchOptions(rows=120, hours=2, bad_share=0.0), batch=0)
+    times = DeltaTable(f"{root}/raw_trades").to_pandas(columns=["event_time"])["event_time"]
+    engine = Engine(spark, root)
+    for name in ("normalized_trades", "vwap_1m"):
+        spec = SPECS[name]
+        keys = sorted({partition_key(t.to_pydatetime(), spec.granularity) for t in times})
+        engine.run_many(spec, keys)
+    return root
+
+
+def sql(lake, tmp_path, *args):
+    out = invoke("--root", lake, "sql", *args, home=tmp_path / "dh")
+    assert out.exit_code == 0, out.output
+    return out.output
+
+
+def test_query_a_sink(lake, tmp_path):
+    rows = json.loads(sql(lake, tmp_path, "SELECT symbol, sum(trades) AS trades FROM vwap_1m GROUP BY symbol "
+                                          "ORDER BY symbol", "--json"))
+    sink = DeltaTable(f"{lake}/vwap_1m").to_pandas().groupby("symbol")["trades"].sum()
+    assert rows == [{"symbol": s, "trades": int(n)} for s, n in sink.items()]
+    text = sql(lake, tmp_path, "SELECT symbol, window_start FROM vwap_1m ORDER BY window_start, symbol")
+    assert "symbol" in text and "window_start" in text and "rows" in text
+
+
+def test_each_system_table(lake, tmp_path):
+    dag = json.loads(sql(lake, tmp_path, "SELECT * FROM laminar_system.dag_topology", "--json"))
+    assert dag == [{"node_id": r["node"], "operator_type": r["kind"], "inputs": r["inputs"], "outputs": r["outputs"],
+                    "is_shared": r["is_shared"], "partitioning": r["partitioning"]} for r in topology(list(SPECS.values()))]
+    stage = next(r for r in dag if r["node_id"] == "normalized_trades")
+    assert stage["operator_type"] == "stage" and stage["inputs"] == ["raw_trades", "symbols"] and stage["is_shared"]
+    assert "vwap_1m" in stage["outputs"]
+    parts = json.loads(sql(lake, tmp_path, "SELECT * FROM laminar_system.partitions WHERE flow = 'vwap_1m'", "--json"))
+    assert len(parts) == 2 and {p["last_reason"] for p in parts} == {"NO_WATERMARK"}
+    assert parts[0]["source_versions"] == {"normalized_trades": 1} and parts[0]["seq"] == 1
+    runs = json.loads(sql(lake, tmp_path, "SELECT * FROM laminar_system.runs ORDER BY flow", "--json"))
+    assert [(r["flow"], r["mode"], r["reason"]) for r in runs] == [
+        ("normalized_trades", "REFILL", "NO_WATERMARK"), ("vwap_1m", "REFILL", "NO_WATERMARK")]
+    assert all(len(r["partitions"]) == 2 and r["rows_read"] > 0 and r["sink_rows"] > 0 for r in runs)
+    assert runs[0]["committed_at"].endswith("+00:00")  # ISO 8601, UTC
+
+
+def test_join_of_system_table_and_sink(lake, tmp_path):
+    rows = json.loads(sql(lake, tmp_path, """
+        SELECT p.partition, p.last_mode, count(*) AS windows
+        FROM vwap_1m v JOIN laminar_system.partitions p
+          ON p.flow = 'vwap_1m' AND date_format(v.window_start, 'yyyy-MM-dd-HH:00') = p.partition
+        GROUP BY p.partition, p.last_mode ORDER BY p.partition""", "--json"))
+    assert len(rows) == 2 and all(r["last_mode"] == "REFILL" and r["windows"] > 0 for r in rows)
+
+
+def test_table_output_keeps_brackets_and_says_when_truncated(lake, tmp_path):
+    text = sql(lake, tmp_path, "SELECT '[red]x[/red]' AS `a[b]`, symbol FROM vwap_1m", "--limit", "2")
+    assert "[red]x[/red]" in text and "a[b]" in text
+    assert "showing the first 2 rows" in text and "--limit" in text
+
+
+# What the JVM itself prints on stderr when Spark starts (every Spark command of the CLI shows these).
+JVM_NOISE = ("WARNING: Using incubator modules", "Setting default log level", "To adjust logging level",
+             "Warning: Java versions")
+
+
+def one_error_line(proc) -> str:
+    """The single line Laminar printed on stderr (the JVM's start-up lines aside), without tracebacks."""
+    lines = [x for x in proc.stderr.splitlines() if x.strip() and not x.startswith(JVM_NOISE)]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Py4J" not in proc.stderr and "JVM stacktrace" not in proc.stderr
+    return lines[0]
+
+
+def test_unknown_table_and_syntax_error_are_one_line(lake, tmp_path):
+    proc = run_cli("--root", lake, "sql", "SELECT * FROM vwap_5m", home=tmp_path / "dh")
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert "unknown table 'vwap_5m'" in line and "vwap_1m" in line and "laminar_system.runs" in line, line
+    proc = run_cli("--root", lake, "sql", "SELECT * FROM vwap_1m WHERE symbol =", home=tmp_path / "dh")
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert line.startswith("error: query failed: [PARSE_SYNTAX_ERROR]") and "end of input" in line, line
+    assert not proc.stdout.strip()
