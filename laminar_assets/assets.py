@@ -56,14 +56,21 @@ def build_source_asset(table: str) -> dg.SourceAsset:
     return _observe
 
 
-def _static_metadata(spec: Spec) -> dict:
+def _static_metadata(spec: Spec, readers: tuple[str, ...]) -> dict:
     md = {"spec_hash": spec.spec_hash, "sources": ", ".join(spec.sources), "event_time": spec.event_time,
           "refresh": spec.refresh.value, "sink_table": spec.sink}
+    if len(readers) > 1:
+        md["shared_by"] = ", ".join(readers)
+    if spec.definition:
+        md["defined_in"] = spec.origin
+        md["sql"] = dg.MetadataValue.md(f"```sql\n{spec.definition}\n```")
     if isinstance(spec, FlowSpec):
         md["window"] = f"{spec.shape.size} every {spec.shape.slide}"
         md["keys"] = ", ".join(spec.keys) or "(none)"
         md["aggregates"] = dg.MetadataValue.md("\n".join(
-            f"- `{a.name}` = {a.kind}({a.column or '*'}) — {'retractable' if implementation(a).retractable else 'not retractable'}"
+            f"- `{a.name}` = {a.expr or f'{a.kind}({a.column or chr(42)})'} — "
+            f"{'retractable' if implementation(a).retractable else 'not retractable'}"
+            f"{' (refill-only)' if a.kind == 'sql' else ''}{' (hidden)' if a.name in spec.hidden else ''}"
             for a in spec.aggregates))
     else:
         md["dedup_key"] = ", ".join(spec.dedup_key) or "(none)"
@@ -114,24 +121,30 @@ def _guard_sources(spec: Spec, contracts: dict, root: str) -> dict:
     return added
 
 
-def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = None) -> dg.AssetsDefinition:
-    """The partitioned asset of one spec: a materialization brings its partitions up to date."""
+def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = None, *,
+                readers: tuple[str, ...] = ()) -> dg.AssetsDefinition:
+    """The partitioned asset of one spec: a materialization brings its partitions up to date.
+    `readers`: the specs that read its sink (two or more make it a shared stage in the UI)."""
     contracts = contracts or {}
     inputs = (*spec.sources, *(spec.dimension_tables if isinstance(spec, StageSpec) else ()))
+    shared = len(readers) > 1
+    description = spec.description or f"{spec.kind} `{spec.name}`"
+    if shared:
+        description += f" Shared stage: read by {', '.join(readers)}."
 
     @dg.asset(
         name=spec.name,
         partitions_def=partitions_def(spec, settings),
         deps=[dg.AssetKey(t) for t in inputs],
-        description=spec.description or f"{spec.kind} `{spec.name}`",
+        description=description,
         group_name="stages" if isinstance(spec, StageSpec) else "flows",
-        kinds={"spark", "delta"},
+        kinds={"spark", "delta", *(("sql",) if spec.definition else ())},
         backfill_policy=dg.BackfillPolicy.single_run(),
-        metadata=_static_metadata(spec),
+        metadata=_static_metadata(spec, readers),
         code_version=spec.spec_hash,
         pool=pool_name(spec),  # one step of this asset at a time across runs (dagster.yaml: default_limit 1)
         owners=list(spec.owners),
-        tags=dict(spec.tags),
+        tags={**dict(spec.tags), **({"laminar/shared": "true"} if shared else {})},
         freshness_policy=dg.FreshnessPolicy.time_window(fail_window=spec.target_lag) if spec.target_lag else None,
         # Only failures marked retryable are retried (see _failure); runs are idempotent, so a retry
         # after a partial commit settles it instead of applying it twice.

@@ -28,7 +28,8 @@ from laminar_assets.settings import LaminarSettings, load_settings
 def output_columns(spec: FlowSpec | StageSpec) -> list[str] | None:
     """The sink columns a spec writes, when they are known without reading a table."""
     if isinstance(spec, FlowSpec):
-        return ["window_start", "window_end", *spec.keys, *[a.name for a in spec.aggregates], *[p for p, _ in spec.post]]
+        return ["window_start", "window_end", *spec.keys, *[a.name for a in spec.aggregates if a.name not in spec.hidden],
+                *[p for p, _ in spec.post]]
     return list(spec.columns) or None
 
 
@@ -42,7 +43,12 @@ def specs_with_contracts(specs: list[FlowSpec | StageSpec], contracts_dir: str |
 def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettings,
                       resources: dict | None = None, contracts_dir: str | pathlib.Path | None = CONTRACTS) -> dg.Definitions:
     specs, contracts = specs_with_contracts(specs, contracts_dir)
-    assets = [build_source_asset(t) for t in source_tables(specs)] + [build_asset(s, settings, contracts) for s in specs]
+    readers: dict[str, list[str]] = {}
+    for s in specs:
+        for src in (*s.sources, *(s.dimension_tables if isinstance(s, StageSpec) else ())):
+            readers.setdefault(src, []).append(s.name)
+    assets = [build_source_asset(t) for t in source_tables(specs)]
+    assets += [build_asset(s, settings, contracts, readers=tuple(readers.get(s.sink, ()))) for s in specs]
     checks = [build_lag_check(s) for s in specs]
     checks += [build_contract_check(s, contracts[s.sink], settings) for s in specs if s.sink in contracts]
     checks += [build_equivalence_check(s, settings) for s in specs if isinstance(s, FlowSpec)]

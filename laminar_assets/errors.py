@@ -37,6 +37,14 @@ class SpecError(LaminarError):
         self.field = field
 
 
+class SqlDefinitionError(SpecError):
+    """A view in a `.sql` flow file cannot be compiled; names the file, the line and the construct."""
+
+    def __init__(self, message: str, *, file: str, line: int | None, construct: str | None = None,
+                 flow: str = "?", field: str = "sql") -> None:
+        super().__init__(message, flow=flow, field=field, file=file, line=line, construct=construct)
+
+
 class EnvironmentProblem(LaminarError):
     """The machine lacks something Laminar needs (Java, a writable directory)."""
 

@@ -133,3 +133,38 @@ def _missing(v) -> bool:
     if isinstance(v, (list, dict)):
         return False
     return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT
+
+
+def sql_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
+    """A SQL flow's own SELECT run by Spark over a snapshot (shares nothing with the compiler or engine):
+    its TUMBLE/HOP becomes a `window` column from Spark's window() over the rows the engine keeps (event
+    time and keys present)."""
+    import sqlglot
+    from sqlglot import exp
+
+    if source.num_rows == 0:
+        return pd.DataFrame()
+    select = sqlglot.parse_one(spec.definition, read="spark").expression
+    view = f"__ref_{spec.name}"
+    spark.createDataFrame(source).createOrReplaceTempView(view)
+    size, slide = (f"'{int(d.total_seconds())} seconds'" for d in (spec.shape.size, spec.shape.slide))
+    present = " AND ".join(f"{c} IS NOT NULL" for c in (spec.event_time, *spec.keys))
+    rows = sqlglot.parse_one(f"(SELECT *, window({spec.event_time}, {size}, {slide}) AS window FROM {view} "
+                             f"WHERE {present}) AS src", read="spark")
+
+    def swap(node):
+        if isinstance(node, exp.Anonymous) and node.name.upper() in ("TUMBLE", "HOP"):
+            return exp.column("window")
+        if isinstance(node, exp.Table):
+            return rows
+        return node
+
+    select = select.transform(swap)
+    items = []
+    for item in select.expressions:
+        if isinstance(item, exp.Column) and item.name == "window":
+            items += [sqlglot.parse_one("window.start AS window_start"), sqlglot.parse_one("window.end AS window_end")]
+        else:
+            items.append(item)
+    select.set("expressions", items)
+    return spark.sql(select.sql(dialect="spark")).toPandas()

@@ -50,7 +50,7 @@ def explain(
     partition: str = typer.Option(None, "--partition", help="Partition key (default: the latest materialized)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Logical (the spec), physical (Spark's plan) and strategy (mode, reason, versions, estimates). Writes nothing."""
+    """SQL (for a view), logical (the spec), physical (Spark's plan) and strategy (mode, reason, versions). Writes nothing."""
     from laminar_assets.engine.report import explain as explain_report
     from laminar_assets.engine.windows import partition_interval
 
@@ -68,7 +68,11 @@ def explain(
         return
     lg, st = report["logical"], report["strategy"]
     # Everything below but the headings is spec, engine or Spark text: printed without markup.
-    console.print("[bold]== logical ==[/bold]")
+    if lg["sql"]:
+        console.print(f"[bold]== sql ==[/bold] ({lit(lg['origin'])})")
+        console.print(lg["sql"], markup=False, highlight=False)
+        console.print()
+    console.print("[bold]== logical ==[/bold]" + (" (compiled from the SQL)" if lg["sql"] else ""))
     console.print(f"{lg['kind']} {lg['name']}: {lg['description']}", markup=False)
     console.print(f"source {', '.join(lg['sources'])}, event time {lg['event_time']}, filter {lg['filter'] or '-'}",
                   markup=False)
@@ -76,9 +80,18 @@ def explain(
         w = lg["window"]
         console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}",
                       markup=False)
+        for name, expr in lg["derived"].items():
+            console.print(f"  derived {name} = {expr}", markup=False)
         for a in lg["aggregates"]:
-            console.print(f"  {a['name']} = {a['kind']}({a['column'] or '*'})  state {a['state_columns']}  "
-                          f"{'retractable' if a['retractable'] else 'not retractable'}", markup=False)
+            arg = a["partial"][0].split(" AS ")[0] if a["kind"] == "sql" else a["column"] or "*"
+            console.print(f"  {a['name']} = {a['kind']}({arg})  state {a['state_columns']}  "
+                          f"{'retractable' if a['retractable'] else 'not retractable'}"
+                          f"{'  (hidden: used by post)' if a['name'] in lg['hidden'] else ''}", markup=False)
+        for name, expr in lg["post"].items():
+            console.print(f"  post {name} = {expr}", markup=False)
+        if lg["not_incrementalizable"]:
+            console.print(f"refill-only: {', '.join(lg['not_incrementalizable'])} cannot merge; every run recomputes "
+                          "the windows its changes touch (QUERY_NOT_INCREMENTALIZABLE)", markup=False)
     console.print("\n[bold]== physical ==[/bold]")
     console.print(report["physical"], markup=False, highlight=False, soft_wrap=True)  # Spark's lines, verbatim
     console.print(f"\n[bold]== strategy ==[/bold]\npartition {lit(st['partition'])}: [bold]{lit(st['mode'])}[/bold] "

@@ -345,6 +345,27 @@ class _FrequentSketch(AggImpl):
         return frequent_first(f"approx_top_k_estimate({self.s('sk')}, {int(self.agg.precision or 1000)})", self.agg.k)
 
 
+class _Query(AggImpl):
+    """Any Spark SQL aggregate: its state is the final value of a window computed from all its rows.
+
+    Such a flow is refill-only (the planner recomputes every window a change touches), so a window's
+    merge sees exactly one row, from the snapshot. Should a second one ever meet it, the run fails
+    instead of keeping either value.
+    """
+
+    PARTS = ("v",)
+
+    def partial_exprs(self, sign):
+        return [f"({self.agg.expr})"]
+
+    def merge_exprs(self):
+        msg = f"laminar: aggregate {self.agg.name} = {self.agg.expr} cannot merge two partial states"
+        return [f"CASE WHEN count(1) > 1 THEN raise_error({msg!r}) ELSE first({self.s('v')}) END"]
+
+    def finalize_expr(self):
+        return self.s("v")
+
+
 def frequent_first(items: str, k: int) -> str:
     """The first `k` of an array of (item, count) structs, most frequent first and ties by item, so the
     answer does not depend on the order rows were merged in (exact while the sketch tracks every item)."""
@@ -358,7 +379,7 @@ _IMPLEMENTATIONS: dict[str, Callable[..., AggImpl]] = {
     "min": _Extreme, "max": _Extreme, "first": _FirstLast, "last": _FirstLast,
     "approx_count_distinct": _DistinctSketch, "approx_percentile": _QuantileSketch,
     "count_distinct": _DistinctSet, "min_by": _ExtremeBy, "max_by": _ExtremeBy, "top_k": _TopK,
-    "approx_top_k": _FrequentSketch,
+    "approx_top_k": _FrequentSketch, "sql": _Query,
 }
 assert set(_IMPLEMENTATIONS) == set(KINDS), "every kind in kinds.KINDS needs an implementation"
 

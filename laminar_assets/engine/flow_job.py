@@ -12,6 +12,7 @@ state is re-read only when a crashed run is recovered (`rederive_sinks`).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -75,7 +76,7 @@ def finalize(spec: FlowSpec, state: DataFrame) -> DataFrame:
     out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls])
     for name, expr in spec.post:
         out = out.withColumn(name, F.expr(expr))
-    return out
+    return out.drop(*spec.hidden) if spec.hidden else out
 
 
 def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
@@ -115,7 +116,9 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         t1 = time.perf_counter()
         txns = [(ctx.layout.app_id(spec, k), seqs[k]) for k in keys]
         meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": ",".join(keys),
-                "laminar.mode": ",".join(sorted({p.mode.value for p in plans}))}
+                "laminar.mode": ",".join(sorted({p.mode.value for p in plans})),
+                "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
+        read = {m: sum(out.metrics[k].get(m, 0) for k in keys) for m in ("rows_read", "rows_rejected")}
         ranges = [p.interval for p in plans]
         out.state_rows = replace_ranges(ctx.spark, staged, table_uri=state_uri, column=WS, ranges=ranges,
                                         transactions=txns, metadata=meta, run_id=run_id)
@@ -123,9 +126,10 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         t2 = time.perf_counter()
         sink = stage(finalize(spec, merged), ctx.layout.sink_uri(spec), run_id + "-sink",
                      by=PART)  # Spark job: from the cached merged state
+        metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
-                                       transactions=txns, metadata=meta, run_id=run_id + "-sink",
-                                       reset_on_schema_change=True)
+                                       transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
+                                       run_id=run_id + "-sink", reset_on_schema_change=True)
         out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
         ctx.hook("after_sink_commit")
     finally:

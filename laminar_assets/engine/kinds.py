@@ -19,6 +19,7 @@ class Kind:
     needs_column: bool = True
     numeric: bool = False  # the input column must be numeric
     exact: bool = True  # False for sketches (estimates within the sketch's error bound)
+    mergeable: bool = True  # False: no partial state merges; every touched window is recomputed
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -38,6 +39,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("max_by", retractable=False),
     Kind("top_k", retractable=False),
     Kind("approx_top_k", retractable=False, exact=False),
+    # Any other Spark SQL aggregate expression (percentile, median, collect_list, ...): Laminar keeps its
+    # final value per window and recomputes each touched window from the snapshot (refill-only).
+    Kind("sql", retractable=False, needs_column=False, mergeable=False),
 )}
 
 

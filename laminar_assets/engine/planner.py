@@ -191,6 +191,7 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     kinds: set[CommitKind] = set()
     processed: list[CommitSummary] = []
     retractable = spec.retractable if isinstance(spec, FlowSpec) else False
+    opaque = spec.not_incrementalizable if isinstance(spec, FlowSpec) else ()
     for src, hist in inp.histories.items():
         take = _bound(spec, hist.commits)
         taken = hist.commits[:take]
@@ -202,7 +203,15 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
         for commit in taken:
             if not _relevant(commit, needed):
                 continue
-            if commit.kind is CommitKind.APPEND:
+            if opaque and commit.kind is not CommitKind.REWRITE:
+                # Nothing merges: recompute exactly the windows the commit touches.
+                kinds.add(commit.kind)
+                refill.extend(_scope(spec, part, commit))
+                if refill_reason is None:
+                    refill_reason = Reason.QUERY_NOT_INCREMENTALIZABLE
+                    refill_detail = (f"QUERY_NOT_INCREMENTALIZABLE: {', '.join(opaque)} (commit {commit.version} of "
+                                     f"'{src}', {commit.operation}): the windows it touches are recomputed")
+            elif commit.kind is CommitKind.APPEND:
                 versions.append(commit.version)
                 kinds.add(commit.kind)
             elif commit.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS):

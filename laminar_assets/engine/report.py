@@ -46,7 +46,7 @@ def logical(spec: Spec) -> dict:
     out = {"name": spec.name, "kind": spec.kind, "description": spec.description, "sources": list(spec.sources),
            "event_time": spec.event_time, "filter": spec.filter, "derived": dict(spec.derived),
            "partitioning": spec.granularity.value, "refresh": spec.refresh.value, "sink": spec.sink,
-           "spec_hash": spec.spec_hash}
+           "spec_hash": spec.spec_hash, "origin": spec.origin or None, "sql": spec.definition or None}
     if isinstance(spec, FlowSpec):
         out["keys"] = list(spec.keys)
         out["window"] = {"kind": "hopping" if spec.shape.is_hopping else "tumbling",
@@ -54,7 +54,9 @@ def logical(spec: Spec) -> dict:
                          "slide_seconds": spec.shape.slide.total_seconds()}
         out["aggregates"] = [implementation(a).describe() for a in spec.aggregates]
         out["post"] = dict(spec.post)
+        out["hidden"] = list(spec.hidden)
         out["retractable"] = spec.retractable
+        out["not_incrementalizable"] = list(spec.not_incrementalizable)
     else:
         out["dedup_key"] = list(spec.dedup_key)
         out["joins"] = [{"table": j.table, "on": list(j.on), "columns": list(j.columns), "how": j.how}

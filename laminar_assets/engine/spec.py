@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from laminar_assets.errors import SpecError
 from .kinds import KINDS
 from .spec_parts import (  # noqa: F401  (re-exported: specs are built from these)
-    Agg, DimensionJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, as_pairs, as_tuple,
+    Agg, DimensionJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, agg_problem, as_pairs, as_tuple,
 )
 from .windows import Granularity, Interval, WindowShape, divides, parse_duration, to_utc
 
@@ -55,6 +55,9 @@ class _Common:
     owners: tuple[str, ...] = ()
     tags: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
     target_lag: str | timedelta | None = None
+    # Where the spec was defined ("flows/minute_stats.sql:4") and, for SQL views, the statement itself.
+    origin: str = ""
+    definition: str = ""
 
     @property
     def bounds(self) -> Interval | None:
@@ -190,12 +193,14 @@ class FlowSpec(_Common):
     keys: tuple[str, ...] = ()
     aggregates: tuple[Agg, ...] = ()
     post: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    hidden: tuple[str, ...] = ()  # aggregates computed for `post` expressions but not written to the sink
 
     def __post_init__(self) -> None:
         self._normalise_common()
         object.__setattr__(self, "keys", as_tuple(self.keys))
         object.__setattr__(self, "aggregates", as_tuple(self.aggregates))
         object.__setattr__(self, "post", as_pairs(self.post))
+        object.__setattr__(self, "hidden", as_tuple(self.hidden))
         self._validate_common()
         self._validate_flow()
 
@@ -225,16 +230,9 @@ class FlowSpec(_Common):
             where = f"aggregates[{i}]"
             if not isinstance(agg, Agg):
                 self._fail(where, f"expected an Agg, found {agg!r}")
-            if agg.kind not in AGGREGATE_KINDS:
-                self._fail(where, f"unknown aggregate {agg.kind!r}; expected one of {', '.join(AGGREGATE_KINDS)}")
-            if agg.column is None and KINDS[agg.kind].needs_column:
-                self._fail(where, f"aggregate {agg.kind!r} needs a column")
-            if agg.kind == "approx_percentile" and not (agg.quantile is not None and 0.0 <= agg.quantile <= 1.0):
-                self._fail(where, f"approx_percentile needs a quantile in [0, 1], found {agg.quantile!r}")
-            if agg.kind in ("min_by", "max_by") and not (isinstance(agg.by, str) and agg.by):
-                self._fail(where, f"{agg.kind} needs the column whose extreme picks the row (by=...), found {agg.by!r}")
-            if agg.kind in ("top_k", "approx_top_k") and not (isinstance(agg.k, int) and 1 <= agg.k <= 10_000):
-                self._fail(where, f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}")
+            problem = agg_problem(agg)
+            if problem:
+                self._fail(where, problem)
             if not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
                 self._fail(where, f"output name {agg.name!r} is not an identifier")
             if agg.name in seen:
@@ -244,6 +242,19 @@ class FlowSpec(_Common):
             if col in seen:
                 self._fail(f"post.{col}", f"duplicate output column {col!r}")
             seen.add(col)
+        names = {a.name for a in self.aggregates}
+        for col in self.hidden:
+            if col not in names:
+                self._fail("hidden", f"expected names of aggregates, found {col!r}")
+        if self.not_incrementalizable and self.refresh is RefreshPolicy.INCREMENTAL_STRICT:
+            self._fail("refresh", "refresh 'incremental_strict' cannot maintain "
+                       f"{', '.join(self.not_incrementalizable)} incrementally (Laminar can only recompute the "
+                       "windows it touches); use refresh 'auto' or an aggregate Laminar can merge")
+
+    @property
+    def not_incrementalizable(self) -> tuple[str, ...]:
+        """The constructs that make this flow refill-only (empty when its state merges)."""
+        return tuple(a.expr or a.kind for a in self.aggregates if not KINDS[a.kind].mergeable)
 
     @property
     def shape(self) -> WindowShape:
@@ -259,7 +270,7 @@ class FlowSpec(_Common):
             "window": [str(self.shape.size), str(self.shape.slide)], "keys": self.keys,
             "aggregates": [a.to_json() for a in self.aggregates], "filter": self.filter,
             "derived": self.derived, "post": self.post, "partitioning": self.granularity.value,
-            "state_format": STATE_FORMAT, **self._rules_payload(),
+            "state_format": STATE_FORMAT, **self._rules_payload(), **({"hidden": self.hidden} if self.hidden else {}),
         }
 
 

@@ -10,6 +10,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, Mapping
 
+from .kinds import KINDS
 from .windows import WindowShape, parse_duration
 
 
@@ -65,6 +66,7 @@ class Agg:
     precision: int | None = None  # HLL lgConfigK, KLL k, or the items an approximate top-k tracks
     by: str | None = None  # min_by / max_by: the column whose extreme picks the row
     k: int | None = None  # top_k / approx_top_k: how many values to keep
+    expr: str | None = None  # sql: the Spark SQL aggregate expression
 
     def __post_init__(self) -> None:
         if self.name is None:
@@ -146,6 +148,13 @@ class Agg:
         sketch (approx_top_k_accumulate / approx_top_k_combine / approx_top_k_estimate)."""
         return cls("approx_top_k", column, name, precision=max_items, k=k)
 
+    @classmethod
+    def sql(cls, expr: str, *, name: str) -> "Agg":
+        """Any Spark SQL aggregate expression over the source (and derived) columns, e.g.
+        `percentile(price, 0.5)`. Its state does not merge, so the flow is refill-only: every run
+        recomputes exactly the windows its changes touch (reason QUERY_NOT_INCREMENTALIZABLE)."""
+        return cls("sql", None, name, expr=expr)
+
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
@@ -192,6 +201,24 @@ class RowRule:
     name: str
     check: str
     source: str | None = None
+
+
+def agg_problem(agg: Agg) -> str | None:
+    """What is wrong with one aggregate on its own (None: nothing)."""
+    if agg.kind not in KINDS:
+        return f"unknown aggregate {agg.kind!r}; expected one of {', '.join(KINDS)}"
+    if agg.kind == "sql":
+        if not (isinstance(agg.expr, str) and agg.expr.strip()):
+            return f"aggregate 'sql' needs a Spark SQL aggregate expression (expr=...), found {agg.expr!r}"
+    elif agg.column is None and KINDS[agg.kind].needs_column:
+        return f"aggregate {agg.kind!r} needs a column"
+    if agg.kind == "approx_percentile" and not (agg.quantile is not None and 0.0 <= agg.quantile <= 1.0):
+        return f"approx_percentile needs a quantile in [0, 1], found {agg.quantile!r}"
+    if agg.kind in ("min_by", "max_by") and not (isinstance(agg.by, str) and agg.by):
+        return f"{agg.kind} needs the column whose extreme picks the row (by=...), found {agg.by!r}"
+    if agg.kind in ("top_k", "approx_top_k") and not (isinstance(agg.k, int) and 1 <= agg.k <= 10_000):
+        return f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}"
+    return None
 
 
 def as_tuple(value: Any) -> tuple:

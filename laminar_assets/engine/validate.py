@@ -92,6 +92,8 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
         )
     if isinstance(spec, FlowSpec):
         for agg in spec.aggregates:
+            if agg.expr:
+                _check_expression(df, spec, agg, facts)
             if KINDS[agg.kind].numeric and agg.column:
                 t = df.schema[agg.column].dataType
                 if not is_numeric(t):
@@ -101,6 +103,16 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                         column=agg.column, **facts,
                     )
     return {c: df.schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}
+
+
+def _check_expression(df: DataFrame, spec: FlowSpec, agg, facts: dict) -> None:
+    """A SQL aggregate must be one aggregate value per window over the source's columns (analysed, not run)."""
+    try:
+        _ = df.groupBy().agg(F.expr(agg.expr)).schema
+    except (AnalysisException, PySparkException) as exc:
+        raise SpecError(f"aggregate {agg.name} = {agg.expr} of flow '{spec.name}' does not compile against "
+                        f"'{facts['table']}' as an aggregate: {_first_line(exc)}",
+                        field=f"aggregates.{agg.name}", **facts) from None
 
 
 def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:
@@ -138,6 +150,6 @@ def columns_used(spec: FlowSpec | StageSpec, table: str) -> set[str]:
         cols |= set(spec.dedup_key) | {c for j in spec.joins for c in j.on} | set(spec.columns)
         if not spec.columns:
             return {"*"}
-    if spec.filter or spec.derived:
+    if spec.filter or spec.derived or (isinstance(spec, FlowSpec) and spec.not_incrementalizable):
         return {"*"}
     return cols

@@ -31,7 +31,8 @@ def test_dag_json_shape(tmp_path):
     assert rows["raw_trades"]["kind"] == "source" and rows["symbols"]["kind"] == "source"
     assert rows["normalized_trades"] == {
         "node": "normalized_trades", "kind": "stage", "inputs": ["raw_trades", "symbols"],
-        "outputs": ["large_trades", "ohlc_5m", "positions_1h", "sector_stats_1h", "vwap_1m"],
+        "outputs": ["large_trades", "ohlc_5m", "positions_1h", "sector_median_1h", "sector_stats_1h",
+                    "symbol_activity_15m", "vwap_1m"],
         "is_shared": True, "partitioning": "hourly"}
     assert rows["vwap_1m"]["kind"] == "flow" and rows["vwap_1m"]["outputs"] == []
 

@@ -21,7 +21,8 @@ SPECS, _ = specs_with_contracts(load_specs())
 BY_NAME = {s.name: s for s in SPECS}
 SETTINGS = LaminarSettings()
 [PART] = components(SPECS)
-FLOWS = {"vwap_1m", "ohlc_5m", "positions_1h", "large_trades", "sector_stats_1h"}
+FLOWS = {"vwap_1m", "ohlc_5m", "positions_1h", "large_trades", "sector_stats_1h", "symbol_activity_15m",
+         "sector_median_1h"}
 
 
 def tick(laminar, instance, cursor, blocking=frozenset()):

@@ -1,0 +1,252 @@
+"""How the SELECT of a materialized view maps to a flow or a stage (sqlglot trees in, spec fields out).
+
+Flow (a SELECT grouped by a window):
+    GROUP BY keys, TUMBLE(ts, size) | HOP(ts, slide, size)   -> keys, window, event_time = ts
+    SUM(x) AS s, MIN_BY(x, y) AS m, ...                       -> aggregates (the merge algebra)
+    SUM(price * quantity) AS notional                         -> derived column `_in_notional`, summed
+    SUM(a) / SUM(b) AS ratio, RANK() OVER (PARTITION BY window_start ...)
+                                                              -> post expression (hidden aggregates)
+    PERCENTILE(x, 0.5) AS p, any other aggregate              -> `Agg.sql`: refill-only
+    WHERE cond                                                -> filter
+A view without GROUP BY is a stage: see sql_stage.py.
+
+`fail(node, message)` raises the caller's error (it knows the file and the line).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Callable, NoReturn
+
+from sqlglot import exp
+
+from .spec_parts import Agg, Hopping, Tumbling
+
+DIALECT = "spark"
+WINDOW_FUNCTIONS = ("TUMBLE", "HOP")
+WINDOW_COLUMNS = ("window_start", "window_end")
+Fail = Callable[[exp.Expression, str], NoReturn]
+_UNITS = {"SECOND": 1, "MINUTE": 60, "HOUR": 3600, "DAY": 86400}
+
+
+def sql(node: exp.Expression) -> str:
+    return node.sql(dialect=DIALECT)
+
+
+def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
+    """FlowSpec keyword arguments from a grouped SELECT."""
+    source = _single_source(select, fail)
+    _unqualify(select)
+    window, event_time, keys = None, None, []
+    for g in select.args["group"].expressions:
+        if _is_window(g):
+            if window is not None:
+                fail(g, "a flow groups by one window (TUMBLE or HOP), found a second one")
+            window, event_time = _window(g, fail)
+        elif isinstance(g, exp.Column):
+            keys.append(g.name)
+        else:
+            fail(g, "GROUP BY takes columns and one TUMBLE(...) or HOP(...); compute this key in a stage "
+                    "(a view without GROUP BY) and group by its column")
+    if window is None:
+        fail(select.args["group"], "a flow groups by a window: add TUMBLE(ts, INTERVAL '1' MINUTE) or "
+                                   "HOP(ts, slide, size) to GROUP BY")
+    for clause in ("having", "order", "limit", "qualify", "distinct"):
+        if select.args.get(clause):
+            fail(select.args[clause], f"{clause.upper()} is not supported in a flow; put it in a query over the sink")
+    builder = _AggBuilder(fail)
+    post: list[tuple[str, str]] = []
+    for item in select.expressions:
+        node, name = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, None)
+        if isinstance(node, exp.Column):
+            if node.name in keys or node.name in WINDOW_COLUMNS:
+                continue
+            fail(node, f"column {node.name!r} is neither in GROUP BY nor inside an aggregate")
+        if _is_window(node):
+            continue  # the window is written as window_start and window_end
+        if not name:
+            fail(node, f"give {sql(node)!r} a name (AS name)")
+        if _top_aggregate(node):
+            builder.add(node, name)
+        else:
+            post.append((name, builder.post_expression(node, name, keys)))
+    where = select.args.get("where")
+    if where is not None and where.find(exp.AggFunc):
+        fail(where, "WHERE filters rows before aggregation and cannot use an aggregate")
+    return dict(source=source, event_time=event_time, window=window, keys=tuple(keys),
+                aggregates=tuple(builder.aggs), derived=tuple(builder.derived.items()), post=tuple(post),
+                hidden=tuple(builder.hidden), filter=sql(where.this) if where is not None else None)
+
+
+class _AggBuilder:
+    """Aggregates of a flow's select list, shared between items (SUM(q) in `volume` and in `vwap`)."""
+
+    def __init__(self, fail: Fail) -> None:
+        self.fail = fail
+        self.aggs: list[Agg] = []
+        self.hidden: list[str] = []
+        self.derived: dict[str, str] = {}
+        self._by_sql: dict[str, str] = {}  # canonical aggregate SQL -> output name
+
+    def add(self, node: exp.Expression, name: str, hidden: bool = False) -> str:
+        key = sql(node)
+        if key in self._by_sql and hidden:
+            return self._by_sql[key]
+        agg = self._agg(node, name)
+        self.aggs.append(agg)
+        self._by_sql.setdefault(key, name)
+        if hidden:
+            self.hidden.append(name)
+        return name
+
+    def post_expression(self, node: exp.Expression, name: str, keys: list[str]) -> str:
+        """`node` with every aggregate replaced by its (possibly hidden) output column."""
+        def swap(n: exp.Expression) -> exp.Expression:
+            if isinstance(n.parent, exp.Window) and n.arg_key == "this":
+                return n  # RANK() in RANK() OVER (...) is the window function itself
+            if _top_aggregate(n):
+                return exp.column(self.add(n, f"_{name}_{len(self.hidden) + 1}", hidden=True))
+            if _is_window(n):
+                return exp.column("window_start")
+            return n
+
+        out = node.transform(swap)
+        for w in out.find_all(exp.Window):
+            parts = {p.name for p in w.args.get("partition_by") or () if isinstance(p, exp.Column)}
+            if "window_start" not in parts:
+                self.fail(w, "a window function over a flow's results must PARTITION BY the window (TUMBLE/HOP or "
+                             "window_start): a run recomputes one partition's windows at a time")
+        known = set(keys) | {a.name for a in self.aggs} | set(WINDOW_COLUMNS)
+        for col in out.find_all(exp.Column):
+            if col.name not in known:
+                self.fail(col, f"column {col.name!r} is neither in GROUP BY nor inside an aggregate")
+        return sql(out)
+
+    def _column(self, node: exp.Expression, name: str, role: str) -> str:
+        if isinstance(node, exp.Column):
+            return node.name
+        text = sql(node)
+        for col, expr in self.derived.items():
+            if expr == text:
+                return col
+        col = f"_{role}_{name.lstrip('_')}"
+        self.derived[col] = text
+        return col
+
+    def _agg(self, node: exp.Expression, name: str) -> Agg:
+        col = lambda n, role="in": self._column(n, name, role)  # noqa: E731
+        inner = node.this if isinstance(node, exp.IgnoreNulls) else node
+        arg = inner.this if isinstance(inner, exp.AggFunc) else None
+        if isinstance(arg, exp.Distinct) and not (isinstance(inner, exp.Count) and len(arg.expressions) == 1):
+            return Agg.sql(sql(node), name=name)
+        if isinstance(inner, exp.Count):
+            if arg is None or isinstance(arg, exp.Star):
+                return Agg.count(name=name)
+            if isinstance(arg, exp.Distinct):
+                return Agg.count_distinct(col(arg.expressions[0]), name=name)
+            return Agg.count(col(arg), name=name)
+        simple = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Variance: "var_samp",
+                  exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp",
+                  exp.First: "first", exp.Last: "last"}
+        kind = simple.get(type(inner))
+        if kind and len([v for v in inner.args.values() if v]) == 1:
+            return Agg(kind, col(arg), name)
+        if isinstance(inner, exp.ApproxDistinct) and not inner.args.get("accuracy"):
+            return Agg.approx_count_distinct(col(arg), name=name)
+        if isinstance(inner, exp.ApproxQuantile) and number(inner.args.get("quantile")) is not None \
+                and not inner.args.get("accuracy"):
+            return Agg.approx_percentile(col(arg), number(inner.args["quantile"]), name=name)
+        if isinstance(inner, (exp.ArgMin, exp.ArgMax)):
+            kind = "min_by" if isinstance(inner, exp.ArgMin) else "max_by"
+            return Agg(kind, col(arg), name, by=col(inner.expression, "by"))
+        if isinstance(inner, exp.ApproxTopK) and number(inner.expression) is not None:
+            items = number(inner.args.get("counters")) if inner.args.get("counters") else 1000
+            return Agg.approx_top_k(col(arg), int(number(inner.expression)), name=name, max_items=int(items))
+        if isinstance(inner, exp.Anonymous) and inner.name.upper() == "TOP_K" and len(inner.expressions) == 2 \
+                and number(inner.expressions[1]) is not None:
+            return Agg.top_k(col(inner.expressions[0]), int(number(inner.expressions[1])), name=name)
+        return Agg.sql(sql(node), name=name)  # an aggregate the algebra does not know: refill-only
+
+
+def _top_aggregate(node: exp.Expression) -> bool:
+    if isinstance(node, exp.Window):
+        return False
+    if isinstance(node, (exp.AggFunc, exp.Filter)) or (isinstance(node, exp.IgnoreNulls) and isinstance(node.this, exp.AggFunc)):
+        return True
+    return isinstance(node, exp.Anonymous) and node.name.upper() == "TOP_K"
+
+
+def _is_window(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Anonymous) and node.name.upper() in WINDOW_FUNCTIONS
+
+
+def _window(node: exp.Anonymous, fail: Fail):
+    args = node.expressions
+    kind = node.name.upper()
+    if kind == "TUMBLE" and len(args) == 2:
+        ts, sizes = args[0], [_interval(args[1], fail)]
+    elif kind == "HOP" and len(args) == 3:
+        ts, sizes = args[0], [_interval(args[1], fail), _interval(args[2], fail)]
+    else:
+        fail(node, "expected TUMBLE(ts, INTERVAL '1' MINUTE) or HOP(ts, INTERVAL slide, INTERVAL size)")
+    if not isinstance(ts, exp.Column):
+        fail(ts, "the window's time argument must be a column (derive it in a stage)")
+    window = Tumbling(sizes[0]) if kind == "TUMBLE" else Hopping(size=sizes[1], slide=sizes[0])
+    return window, ts.name
+
+
+def _interval(node: exp.Expression, fail: Fail) -> timedelta:
+    if isinstance(node, exp.Interval) and node.this is not None:
+        text = node.this.name.strip()
+        unit = node.args.get("unit")
+        unit_name = unit.name if unit is not None else ""
+        if not unit_name and " " in text:
+            text, unit_name = text.split(None, 1)
+        unit_name = unit_name.upper().rstrip("S")
+        try:
+            amount = float(text)
+        except ValueError:
+            amount = 0.0
+        if unit_name in _UNITS and amount > 0:
+            return timedelta(seconds=amount * _UNITS[unit_name])
+    fail(node, "expected an interval like INTERVAL '5' MINUTE (SECOND, MINUTE, HOUR or DAY)")
+
+
+def number(node: exp.Expression | None) -> float | None:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return float(node.this)
+    return None
+
+
+def _single_source(select: exp.Select, fail: Fail) -> str:
+    if select.args.get("joins"):
+        fail(select.args["joins"][0], "a flow reads one table; join dimension tables in a stage (a view without "
+                                      "GROUP BY) and aggregate that stage")
+    return table_of(from_of(select, fail), fail).name
+
+
+def from_of(select: exp.Select, fail: Fail) -> exp.Expression:
+    src = select.args.get("from_")
+    if src is None:
+        fail(select, "expected FROM <table>")
+    return src.this
+
+
+def table_of(node: exp.Expression, fail: Fail) -> exp.Table:
+    if not isinstance(node, exp.Table) or not node.name:
+        fail(node, "expected a table name (a subquery is not supported: define it as its own view)")
+    return node
+
+
+def _unqualify(tree: exp.Expression) -> None:
+    """Drop table qualifiers: a flow reads one table, so `t.price` is `price`."""
+    for col in list(tree.find_all(exp.Column)):
+        if col.table:
+            col.set("table", None)
+
+
+def plain_sql(node: exp.Expression) -> str:
+    """Spark SQL of an expression over the source's columns, without qualifiers."""
+    copy = node.copy()
+    _unqualify(copy)
+    return sql(copy)

@@ -1,0 +1,146 @@
+"""CREATE MATERIALIZED VIEW statements compile to the same specs a Python module declares (no Spark)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+
+from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
+from laminar_assets.engine import Agg, FlowSpec, Hopping, StageSpec, Tumbling
+from laminar_assets.engine.registry import collect_specs
+from laminar_assets.engine.sql_views import compile_sql, compile_sql_file
+from laminar_assets.errors import SpecError, SqlDefinitionError
+from laminar_assets.flows import load_specs
+
+PIPELINE_SQL = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "sql", "trades_pipeline.sql")
+
+
+def one(text: str):
+    (spec,) = compile_sql(text, origin="t.sql")
+    return spec
+
+
+def test_demo_pipeline_in_sql_compiles_to_the_python_specs():
+    """The SQL file and the Python modules define the same flows: equal spec hashes (the hash covers
+    everything that changes results), so the engine treats them as one definition."""
+    contracts = load_contracts(CONTRACTS)
+    python = {s.name: s for s in load_specs()}
+    sql = [with_contract_rules(s, contracts) for s in compile_sql_file(PIPELINE_SQL)]
+    assert {s.name for s in sql} == {"normalized_trades", "large_trades", "vwap_1m", "ohlc_5m", "positions_1h",
+                                      "sector_stats_1h"}
+    for spec in sql:
+        assert spec.spec_hash == python[spec.name].spec_hash, spec.name
+        assert spec.origin.endswith(".sql:" + spec.origin.rsplit(":", 1)[1]) and spec.definition.startswith("CREATE")
+
+
+def test_flow_parts_map_from_the_select_list():
+    spec = one("""
+        CREATE MATERIALIZED VIEW f PARTITIONED BY DAY COMMENT 'd' WITH (refresh = 'full', target_lag = '5m') AS
+        SELECT sym, TUMBLE(ts, INTERVAL '30' MINUTE), SUM(px * qty) AS notional, SUM(qty) AS volume,
+               SUM(px * qty) / SUM(qty) AS vwap, MIN_BY(px, ts) AS first_px, COUNT(DISTINCT acct) AS accts,
+               TOP_K(px, 3) AS top3, APPROX_TOP_K(acct, 2, 50) AS busiest, COUNT(*) AS n
+        FROM trades t WHERE t.px > 0 GROUP BY sym, TUMBLE(ts, INTERVAL '30' MINUTE)""")
+    assert isinstance(spec, FlowSpec)
+    assert (spec.sources, spec.event_time, spec.keys, spec.window) == (("trades",), "ts", ("sym",), Tumbling("30m"))
+    assert spec.granularity.value == "daily" and spec.refresh.value == "full" and spec.target_lag == timedelta(minutes=5)
+    assert spec.description == "d" and spec.filter == "px > 0"
+    assert spec.derived == (("_in_notional", "px * qty"),)
+    assert spec.aggregates == (
+        Agg.sum("_in_notional", name="notional"), Agg.sum("qty", name="volume"), Agg.min_by("px", "ts", name="first_px"),
+        Agg.count_distinct("acct", name="accts"), Agg.top_k("px", 3, name="top3"),
+        Agg.approx_top_k("acct", 2, name="busiest", max_items=50), Agg.count(name="n"))
+    assert spec.post == (("vwap", "notional / volume"),) and spec.hidden == ()
+    assert spec.not_incrementalizable == ()
+
+
+def test_unknown_aggregates_make_a_refill_only_flow_and_post_expressions_hide_their_parts():
+    spec = one("""
+        CREATE MATERIALIZED VIEW f AS
+        SELECT HOP(ts, INTERVAL '10' MINUTE, INTERVAL '1' HOUR), PERCENTILE(px, 0.5) AS med,
+               MAX(px) - MIN(px) AS spread,
+               RANK() OVER (PARTITION BY HOP(ts, INTERVAL '10' MINUTE, INTERVAL '1' HOUR) ORDER BY MAX(px)) AS rk
+        FROM trades GROUP BY HOP(ts, INTERVAL '10' MINUTE, INTERVAL '1' HOUR)""")
+    assert spec.window == Hopping(size="1h", slide="10m")  # Flink's order: HOP(time, slide, size)
+    assert spec.aggregates[0] == Agg.sql("PERCENTILE(px, 0.5)", name="med")
+    assert spec.not_incrementalizable == ("PERCENTILE(px, 0.5)",)
+    assert spec.hidden == ("_spread_1", "_spread_2")  # MAX(px) is shared with rk
+    assert spec.post == (("spread", "_spread_1 - _spread_2"),
+                         ("rk", "RANK() OVER (PARTITION BY window_start ORDER BY _spread_1)"))
+
+
+def test_incremental_strict_refuses_a_query_it_cannot_maintain_at_load_time():
+    with pytest.raises(SqlDefinitionError, match=r"t.sql:2: view 'f': .*incremental_strict.*PERCENTILE\(px, 0.5\)"):
+        compile_sql("\nCREATE MATERIALIZED VIEW f WITH (refresh = 'incremental_strict') AS SELECT TUMBLE(ts, "
+                    "INTERVAL '1' MINUTE), PERCENTILE(px, 0.5) AS m FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)",
+                    origin="t.sql")
+
+
+def test_stage_parts_map_from_projection_join_and_dedup():
+    spec = one("""
+        CREATE MATERIALIZED VIEW s WITH (event_time = 'at') AS
+        SELECT r.*, px * qty AS notional, d.sector
+        FROM raw r LEFT JOIN dims d ON r.sym = d.sym WHERE r.qty > 0
+        QUALIFY ROW_NUMBER() OVER (PARTITION BY id ORDER BY at) = 1""")
+    assert isinstance(spec, StageSpec)
+    assert (spec.sources, spec.event_time, spec.columns, spec.filter) == (("raw",), "at", (), "qty > 0")
+    assert spec.derived == (("notional", "px * qty"),) and spec.dedup_key == ("id",)
+    assert [(j.table, j.on, j.columns, j.how) for j in spec.joins] == [("dims", ("sym",), ("sector",), "left")]
+    listed = one("CREATE MATERIALIZED VIEW s2 AS SELECT event_time, sym, px FROM raw WHERE px > 1")
+    assert listed.columns == ("event_time", "sym", "px") and listed.joins == ()
+
+
+@pytest.mark.parametrize("body, line, message", [
+    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), px AS p FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", 3,
+     "column 'px' is neither in GROUP BY nor inside an aggregate"),
+    ("SELECT sym, COUNT(*) AS n FROM t GROUP BY sym", 3, "a flow groups by a window"),
+    ("SELECT TUMBLE(ts, INTERVAL '7' WEEK), COUNT(*) AS n FROM t GROUP BY TUMBLE(ts, INTERVAL '7' WEEK)", 3,
+     "expected an interval like INTERVAL '5' MINUTE"),
+    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) AS n FROM a JOIN b ON a.k = b.k\n"
+     " GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", 3, "a flow reads one table"),
+    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", 3,
+     "give 'COUNT(*)' a name"),
+    ("SELECT * FROM t QUALIFY RANK() OVER (PARTITION BY k ORDER BY ts) = 1", 3, "QUALIFY supports the dedup form"),
+    ("SELECT *, d.x FROM t JOIN d ON t.k = d.j", 3, "join on equal column names"),
+    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), LAG(SUM(x)) OVER (PARTITION BY k ORDER BY ts) AS l FROM t\n"
+     " GROUP BY k, TUMBLE(ts, INTERVAL '1' MINUTE)", 3, "must PARTITION BY the window"),
+    ("SELECT * FROM (SELECT * FROM t)", 3, "a subquery is not supported"),
+])
+def test_errors_name_the_file_line_and_construct(body, line, message):
+    text = f"-- header\nCREATE MATERIALIZED VIEW bad AS\n{body}"
+    with pytest.raises(SqlDefinitionError) as info:
+        compile_sql(text, origin="flows/bad.sql")
+    err = info.value
+    assert isinstance(err, SpecError) and message in str(err), str(err)
+    assert err.facts["file"] == "flows/bad.sql" and err.facts["line"] == line, err.facts
+    assert str(err).startswith(f"flows/bad.sql:{line}")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("CREATE VIEW v AS SELECT 1 FROM t", "expected CREATE MATERIALIZED VIEW"),
+    ("CREATE MATERIALIZED VIEW v WITH (colour = 'red') AS SELECT * FROM t", "unknown option 'colour'"),
+    ("CREATE MATERIALIZED VIEW v PARTITIONED BY WEEK AS SELECT * FROM t", "PARTITIONED BY HOUR or PARTITIONED BY DAY"),
+    ("CREATE MATERIALIZED VIEW v AS SELECT * FROM t WHERE x >", "does not parse"),
+])
+def test_statement_level_errors(text, message):
+    with pytest.raises(SqlDefinitionError, match=message):
+        compile_sql(text, origin="x.sql")
+
+
+def test_sql_files_in_the_flows_package_are_loaded_and_names_defined_twice_fail(tmp_path, monkeypatch):
+    specs = {s.name: s for s in load_specs()}
+    assert specs["sector_median_1h"].not_incrementalizable == ("PERCENTILE(price, 0.5)",)
+    assert specs["symbol_activity_15m"].origin.endswith("trade_activity.sql:6")
+
+    pkg = tmp_path / "dupflows"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "one.py").write_text("from laminar_assets.engine import Agg, FlowSpec, Tumbling\n"
+                                "f = FlowSpec(name='f', source='t', event_time='ts', window=Tumbling('1m'), "
+                                "aggregates=(Agg.count(),))\n")
+    (pkg / "two.sql").write_text("CREATE MATERIALIZED VIEW f AS SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) AS n "
+                                 "FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE);\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError, match=r"duplicate flow name 'f' in .*two.sql:1 and dupflows.one"):
+        collect_specs("dupflows")
