@@ -57,13 +57,18 @@ def aggregate_column(agg, df):
     if kind == "approx_percentile":
         sk = F.kll_sketch_agg_double(c.cast("double"), agg.precision or 200)
         return F.when(F.count(c) > 0, F.kll_sketch_get_quantile_double(sk, F.lit(agg.quantile)))
+    if kind == "sql":
+        return F.expr(agg.expr)
     raise AssertionError(kind)
 
 
 def full_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
-    """Every window of `spec` over all rows of `source` (a pyarrow snapshot, e.g. DeltaTable.to_pyarrow_table())."""
+    """Every window of `spec` over all rows of `source` (a pyarrow snapshot, e.g. DeltaTable.to_pyarrow_table()).
+    A flow defined in SQL is recomputed by running its own SELECT (`sql_recompute`)."""
     if source.num_rows == 0:
         return pd.DataFrame()
+    if spec.definition:
+        return sql_recompute(spark, spec, source)
     df = spark.createDataFrame(source)
     for rule in spec.rules:  # good rows meet every rule (NULL counts as broken)
         df = df.where(F.coalesce(F.expr(rule.check), F.lit(False)))
@@ -85,7 +90,7 @@ def full_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
     )
     for name, expr in spec.post:
         out = out.withColumn(name, F.expr(expr))
-    return out.toPandas()
+    return out.drop(*spec.hidden).toPandas()
 
 
 def normalise(df: pd.DataFrame, keys) -> pd.DataFrame:

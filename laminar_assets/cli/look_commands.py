@@ -83,8 +83,8 @@ def explain(
         for name, expr in lg["derived"].items():
             console.print(f"  derived {name} = {expr}", markup=False)
         for a in lg["aggregates"]:
-            arg = a["partial"][0].split(" AS ")[0] if a["kind"] == "sql" else a["column"] or "*"
-            console.print(f"  {a['name']} = {a['kind']}({arg})  state {a['state_columns']}  "
+            what = a["expr"] if a["kind"] == "sql" else f"{a['kind']}({a['column'] or '*'})"
+            console.print(f"  {a['name']} = {what}  state {a['state_columns']}  "
                           f"{'retractable' if a['retractable'] else 'not retractable'}"
                           f"{'  (hidden: used by post)' if a['name'] in lg['hidden'] else ''}", markup=False)
         for name, expr in lg["post"].items():

@@ -103,7 +103,7 @@ class AggImpl:
 
     def describe(self) -> dict:
         return {
-            "name": self.agg.name, "kind": self.agg.kind, "column": self.agg.column,
+            "name": self.agg.name, "kind": self.agg.kind, "column": self.agg.column, "expr": self.agg.expr,
             "state_columns": self.state_columns, "retractable": self.retractable,
             "partial": self.partial_exprs(q(SIGN)), "merge": self.merge_exprs(), "finalize": self.finalize_expr(),
             "precision_guard": self.lost_expr(),

@@ -1,16 +1,17 @@
 -- Flows defined in SQL: each CREATE MATERIALIZED VIEW here is an asset like a Python module's spec
 -- (compiled by laminar_assets/engine/sql_views.py; `laminar explain <name>` shows the compiled spec).
 
--- Incremental: COUNT(DISTINCT) keeps the set of accounts, MAX_BY the (quantity, price) pair. Neither can
--- retract, so a delete or an update recomputes the windows it touches (NON_APPEND_ON_NON_RETRACTABLE).
+-- Incremental: COUNT(DISTINCT) keeps the set of accounts, MIN_BY/MAX_BY an (event time, price) pair. None
+-- can retract, so a delete or an update recomputes the windows it touches (NON_APPEND_ON_NON_RETRACTABLE).
+-- Laminar's MIN_BY/MAX_BY break ties by the value (Spark's own pick any of the tied rows).
 CREATE MATERIALIZED VIEW symbol_activity_15m
   PARTITIONED BY HOUR
-  COMMENT 'Per symbol and 15 minutes: distinct accounts, the price of the largest trade, the side of the latest trade.'
+  COMMENT 'Per symbol and 15 minutes: distinct accounts, first and last price (by event time), trades.'
   WITH (owners = 'team:markets-data', tags = 'domain:trades, tier:gold')
 AS SELECT symbol, TUMBLE(event_time, INTERVAL '15' MINUTE),
           COUNT(DISTINCT account) AS accounts,
-          MAX_BY(price, quantity) AS price_of_largest,
-          MAX_BY(side, event_time) AS last_side,
+          MIN_BY(price, event_time) AS first_price,
+          MAX_BY(price, event_time) AS last_price,
           COUNT(*) AS trades
    FROM normalized_trades
    GROUP BY symbol, TUMBLE(event_time, INTERVAL '15' MINUTE);

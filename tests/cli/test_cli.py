@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from laminar_assets.cli import app
 from laminar_assets.flows import load_specs
-from tests.reference import assert_frames_match, full_recompute
+from tests.reference import assert_frames_match, full_recompute, sql_recompute
 
 SPECS = {s.name: s for s in load_specs()}
 
@@ -203,6 +203,10 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
         spec = SPECS[name]
         expected = full_recompute(spark, spec, stage)
         assert_frames_match(DeltaTable(str(root / name)).to_pandas(), expected, spec.keys)
+    for name in ("symbol_activity_15m", "sector_median_1h"):  # SQL views: against their own SELECT run by Spark
+        assert_frames_match(DeltaTable(str(root / name)).to_pandas(), sql_recompute(spark, SPECS[name], stage),
+                            SPECS[name].keys)
+    assert "QUERY_NOT_INCREMENTAL" in out.output  # sector_median_1h after the second batch (the column may cut it)
     large = DeltaTable(str(root / "large_trades")).to_pandas()
     assert sorted(large["trade_id"]) == sorted(t for t, n in zip(stage["trade_id"].to_pylist(),
                                                                   stage["notional"].to_pylist()) if n > 250_000)
@@ -233,6 +237,12 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     assert [a["retractable"] for a in report["logical"]["aggregates"]] == [False, False, False, False, True]
     assert "HashAggregate" in report["physical"] or "Aggregate" in report["physical"]
     assert report["strategy"]["mode"] == "NOOP" and report["strategy"]["reason"] == "NO_NEW_VERSIONS"
+
+    text = invoke("--root", str(root), "explain", "sector_median_1h", "--partition", hour1, home=home).output
+    for part in ("== sql == (laminar_assets/flows/trade_activity.sql:", "PERCENTILE(price, 0.5) AS median_price",
+                 "== logical == (compiled from the SQL)", "median_price = PERCENTILE(price, 0.5)  state",
+                 "refill-only: PERCENTILE(price, 0.5)", "== strategy =="):
+        assert part in text, (part, text)
 
     generated = invoke("--root", str(root), "generate", "--rows", "50", "--batch", "2", home=home)
     assert generated.exit_code == 0 and "new versions" in generated.output
