@@ -48,5 +48,5 @@ def _describe(spec: FlowSpec | StageSpec, column: str) -> str | None:
         return f"{'start' if column == 'window_start' else 'end'} of the window (UTC; windows are [start, end))"
     for agg in spec.aggregates:
         if agg.name == column:
-            return f"{agg.kind}({agg.column or '*'})"
+            return agg.expr or f"{agg.kind}({agg.column or '*'})"
     return None

@@ -69,11 +69,12 @@ def recompute(ctx: RunContext, spec: FlowSpec, plan: PartitionPlan, inputs: RunI
     return finalize(spec, state_query(ctx, spec, [plan], inputs)).drop(PART)
 
 
-def finalize(spec: FlowSpec, state: DataFrame) -> DataFrame:
-    """Sink rows (business columns, plus `__p` when the state has it) from state rows."""
+def finalize(spec: FlowSpec, state: DataFrame, *, keep: tuple[str, ...] = ()) -> DataFrame:
+    """Sink rows (business columns, plus `__p` when the state has it, plus the state columns `keep`)."""
     impls = [implementation(a) for a in spec.aggregates]
     extra = [PART] if PART in state.columns else []
-    out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls])
+    out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls],
+                           *[q(c) for c in keep])
     for name, expr in spec.post:
         out = out.withColumn(name, F.expr(expr))
     return out.drop(*spec.hidden) if spec.hidden else out

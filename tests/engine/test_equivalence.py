@@ -40,3 +40,21 @@ def test_many_partitions_pass_together_and_a_mismatch_stays_in_its_partition(spa
     assert not bad.passed and {m["keys"]["sym"] for m in bad.mismatches} == {"Y"}
     assert all(m["window_start"].startswith("2024-01-01 01:") and m["columns"] == [column]
                for m in bad.mismatches), bad.mismatches
+
+
+def test_kll_quantiles_pass_within_the_sketch_rank_error_and_fail_beyond_it(spark, lake, engine):
+    """Past k values a KLL sketch's answer depends on the order it saw them: a window merged from six
+    appends and the same window recomputed in one pass may give neighbouring values, which must pass;
+    a value far from the quantile must not."""
+    flow = FlowSpec(name="qty_p50", source="trades", event_time="ts", window=Tumbling("1h"), keys=("sym",),
+                    aggregates=(Agg.approx_percentile("qty", 0.5, name="p50", k=50), Agg.count()))
+    rows = [(f"2024-01-01 00:{m:02d}:{s:02d}", "X", 1.0, (m * 61 + s * 7) % 97) for m in range(60) for s in (0, 30)]
+    lake.create("trades", rows[:20])
+    engine.run_many(flow, KEYS[:1])
+    for i in range(20, len(rows), 20):  # merged in six steps: a different compaction order
+        lake.append("trades", rows[i:i + 20])
+        engine.run_many(flow, KEYS[:1])
+    assert check_equivalence(engine, flow, KEYS[0], sample=1000).passed
+    lake.table(flow.sink).update(updates={"p50": "90.0"}, predicate="sym = 'X'")  # about the 93rd percentile
+    bad = check_equivalence(engine, flow, KEYS[0], sample=1000)
+    assert not bad.passed and bad.mismatches[0]["columns"] == ["p50"], bad.mismatches
