@@ -26,6 +26,7 @@ class Profile:
     rounds: int = 3                   # Δ rounds per size; every timing is the median over them
     every_variant_at_every_size: bool = True  # False: sizes below the largest time only Laminar + full recompute
     warmup_rows: int = 50_000         # an untimed round of every variant first, so the JVM is warm (0: none)
+    sdp: str = "largest"              # sizes with the Spark Declarative Pipelines peer: off | largest | all
     driver_memory: str = "8g"
     shuffle_partitions: int = 4       # the engine's default (SparkOptions)
     seed: int = 20240102
@@ -55,6 +56,7 @@ SMOKE = Profile(
     every_variant_at_every_size=False,
     rounds=1,
     warmup_rows=0,
+    sdp="off",                        # `spark-pipelines run` costs ~30-50 s per run (two JVMs): not in the smoke
     late_partitions=1,
     hours_per_commit=1,
     correction_every=20,

@@ -94,3 +94,26 @@ def compare_all(items: dict[str, tuple[DataFrame, DataFrame, list[str]]], *, exa
 def compare(expected: DataFrame, actual: DataFrame, keys: list[str], *, examples: int = 3) -> dict:
     """Row-by-row comparison of two sinks; returns counts and `equal`."""
     return compare_all({"it": (expected, actual, keys)}, examples=examples)["it"]
+
+
+def equal_sinks(spark: SparkSession, specs, expected: dict[str, str], actuals: dict[str, dict]) -> dict:
+    """Compare each flow's sink, for each variant (name -> flow -> Delta uri or DataFrame), with the
+    full recompute's (flow -> Delta uri); all in one Spark action. Returns variant -> flow -> result."""
+    from .variants import sink_keys
+
+    items = {}
+    for variant, actual in actuals.items():
+        for spec in specs:
+            got = actual[spec.name]
+            got = read_delta(spark, got) if isinstance(got, str) else got
+            items[f"{variant}|{spec.name}"] = (read_delta(spark, expected[spec.name]), got, sink_keys(spec))
+    out: dict[str, dict] = {}
+    for name, result in compare_all(items).items():
+        variant, flow = name.split("|")
+        out.setdefault(variant, {})[flow] = result
+    return out
+
+
+def all_equal(checks: dict) -> bool:
+    """True when every flow's result in `checks` (flow -> result) is equal."""
+    return all(c.get("equal") for c in checks.values())

@@ -49,6 +49,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _pgid(pid: int) -> int | None:
+    """The process group: commands the bench starts in their own group (`spark-pipelines run`) are not
+    its Spark JVM (bench/sdp_peer.py measures them)."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def _cmd(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -94,10 +103,49 @@ class CpuOthers:
         return round(max(other, 0) / hz / (wall * (os.cpu_count() or 1)), 3)
 
 
+class GroupWatch:
+    """CPU and memory of a command the bench runs in its own process group (`spark-pipelines run`), polled
+    (a JVM it starts outlives its parent, so its CPU never reaches the bench's `cutime`), and the share of
+    the machine's CPU that everything else used meanwhile (the bench's own processes do not count)."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid, self.ticks, self.hwm_kb = pgid, {}, {}
+        self.t, self.busy, self.mine = time.perf_counter(), _machine_busy_ticks(), self._mine()
+
+    @staticmethod
+    def _stat(pid: int | str) -> tuple[int, int] | None:
+        """(process group, utime + stime) of a process, None if it is gone."""
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                f = fh.read()
+        except OSError:
+            return None
+        f = f[f.rfind(")") + 2:].split()
+        return int(f[2]), int(f[11]) + int(f[12])
+
+    def _mine(self) -> int:
+        me = os.getpid()
+        return sum(st[1] for st in map(self._stat, [me, *descendants(me)]) if st and st[0] != self.pgid)
+
+    def sample(self) -> None:
+        for name in os.listdir("/proc"):
+            st = self._stat(name) if name.isdigit() else None
+            if st and st[0] == self.pgid:
+                self.ticks[name] = max(self.ticks.get(name, 0), st[1])
+                self.hwm_kb[name] = max(self.hwm_kb.get(name, 0), _status(int(name)).get("VmHWM", 0))
+
+    def result(self) -> dict:
+        wall, hz = time.perf_counter() - self.t, os.sysconf("SC_CLK_TCK")
+        group = sum(self.ticks.values())
+        others = (_machine_busy_ticks() - self.busy) - (self._mine() - self.mine) - group
+        return {"cpu_s": round(group / hz, 2), "peak_rss_mb": round(sum(self.hwm_kb.values()) / 1024, 1),
+                "cpu_others_share": round(max(others, 0) / hz / (wall * (os.cpu_count() or 1)), 3) if wall else None}
+
+
 @dataclass
 class MemorySampler:
     """Samples resident memory every `interval` seconds in a thread: this Python process (the driver)
-    plus the Spark JVM (its largest `java` descendant; in local mode Spark runs there).
+    plus the Spark JVM (its largest `java` descendant in its process group; in local mode Spark runs there).
 
     Short-lived helpers (PySpark's Python workers, `chmod` forked by Hadoop, `jspawnhelper`) are
     left out of the totals: a child that has been forked but not yet exec'd reports its parent's
@@ -129,7 +177,8 @@ class MemorySampler:
     def sample(self) -> None:
         me = os.getpid()
         mine = _status(me)
-        jvms = [(_status(pid), pid) for pid in descendants(me) if _cmd(pid) == "java"]
+        group = os.getpgid(0)
+        jvms = [(_status(pid), pid) for pid in descendants(me) if _cmd(pid) == "java" and _pgid(pid) == group]
         jvm = max(jvms, key=lambda x: x[0].get("VmRSS", 0), default=({}, None))[0]
         total = mine.get("VmRSS", 0) + jvm.get("VmRSS", 0)
         self.hwm_kb["python_driver"] = max(self.hwm_kb.get("python_driver", 0), mine.get("VmHWM", 0))

@@ -5,6 +5,9 @@ Laminar is measured along two paths (see `variants.PATHS`): `per_partition` (`En
 touched partition; the headline keys `t_incremental_s`, `ratio_inc_*`, `growth_inc_1m_to_10m`) and
 `batched` (`Engine.run_many`; the same keys with `_batched`). Targets are evaluated for both.
 
+The Spark Declarative Pipelines peer (`sdp_peer`) adds its keys (`t_sdp_s`, `t_sdp_refresh_s`,
+`ratio_sdp_vs_inc_batched`, `sdp`) when it ran. The markdown and the plot are drawn by `render`.
+
 Pure Python except the plot (matplotlib, Agg backend); it needs no Spark, so it is unit-tested
 with a fake result (tests/bench/test_bench_report.py).
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+
+from . import sdp_peer
 
 TARGET_RATIO_INC_VS_FULL = 0.10
 TARGET_RATIO_INC_VS_STREAMING = 1.0
@@ -24,6 +29,7 @@ VARIANTS = (
     ("t_refill_touched_batched_s", "Laminar refill of touched partitions, batched"),
     ("t_full_recompute_s", "Full recompute (naive batch job)"),
     ("t_structured_streaming_s", "Structured Streaming (AvailableNow, RocksDB)"),
+    *sdp_peer.VARIANTS,
 )
 PATH_KEYS = {"per_partition": ("incremental", ""), "batched": ("incremental_batched", "_batched")}
 STAGE_LABELS = {
@@ -190,6 +196,7 @@ def summarize(r: dict) -> dict:
         r[f"growth_inc{suffix}_1m_to_10m"] = (_ratio(last.get(f"t_{section}_s"), first.get(f"t_{section}_s"))
                                               if first else None)
     r["ratio_refill_vs_full"] = _ratio(r["t_refill_touched_s"], r["t_full_recompute_s"])
+    sdp_peer.summarize_into(r)
     r["scaling"] = [{"base_rows": s["base_rows"], "delta_rows": s.get("delta_rows"),
                      **{k: s.get(k) for k, _ in VARIANTS}} for s in by]
     r["growth_basis"] = ({"from_base_rows": first["base_rows"], "to_base_rows": last["base_rows"]}
@@ -236,7 +243,8 @@ def summarize(r: dict) -> dict:
 CONTENDED = 0.15  # other processes used more than this share of the machine's CPU during a timed phase
 _TIMED_PHASES = {"incremental": "t_incremental_s", "incremental_batched": "t_incremental_batched_s",
                  "refill_touched": "t_refill_touched_s", "refill_touched_batched": "t_refill_touched_batched_s",
-                 "full recompute": "t_full_recompute_s", "structured streaming": "t_structured_streaming_s"}
+                 "full recompute": "t_full_recompute_s", "structured streaming": "t_structured_streaming_s",
+                 "sdp": "t_sdp_s"}
 
 
 def contention(r: dict) -> dict:
@@ -260,165 +268,10 @@ def contention(r: dict) -> dict:
                     "inflated by other work on the machine"}
 
 
-# --- writing -----------------------------------------------------------------------------------
-
-
-def _fmt(v, digits=2) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def _modes(modes: dict | None) -> str:
-    return "; ".join(f"{f}: " + ", ".join(f"{m} ×{n}" for m, n in ms.items()) for f, ms in (modes or {}).items())
-
-
-def markdown(r: dict) -> str:
-    m, s, sp = r.get("machine") or {}, r.get("settings") or {}, r.get("spark") or {}
-    lines = [f"# Laminar benchmark — profile `{r.get('profile')}`", ""]
-    lines.append(f"Started {r.get('started_at')}, {_fmt(r.get('t_total_s'), 0)} s in all. Machine: {m.get('cpus')} "
-                 f"CPUs, {m.get('memory_gb')} GB; Spark {sp.get('version')} {sp.get('master')}, driver "
-                 f"{sp.get('driver_memory')}. Load average at start {r.get('load_avg_start')}, at end "
-                 f"{r.get('load_avg_end')}. Code: {(r.get('code') or {}).get('git_head')} "
-                 f"(uncommitted engine files: {len((r.get('code') or {}).get('uncommitted_laminar_assets_files') or [])}).")
-    lines += ["", f"Sizes: {r.get('sizes_note')}. Every timing is the median over {s.get('rounds', 1)} Δ round(s) "
-              "of the same shape (samples: `by_size[].t_*_samples_s`)."]
-    lines.append(f"Workload: base over {s.get('base_hours')} hourly partitions; Δ = {_fmt(r.get('delta_rows'))} rows: "
-                 f"{1 - (s.get('late_share') or 0):.0%} appended into the newest windows, "
-                 f"{s.get('late_share', 0):.0%} late into {s.get('late_partitions')} older partitions. Two flows "
-                 "(vwap-like 1 min, OHLC-like 5 min), hourly partitions.")
-    c = r.get("contention") or {}
-    if c.get("worst") is not None:
-        lines += ["", f"Other processes used up to {c['worst']:.0%} of the machine's CPU during a timed phase"
-                  + (" — **timings are inflated by concurrent work**." if c.get("contended") else ".")]
-    lines += ["", f"**Results equal to the full recompute: {_fmt(r.get('results_equal'))}**", ""]
-    lines += ["## Head to head at B = " + _fmt(r.get("base_rows")), "",
-              "| variant | seconds | vs full recompute | vs streaming |", "|---|---:|---:|---:|"]
-    for key, label in VARIANTS:
-        if r.get(key) is None and "batched" in key:
-            continue
-        lines.append(f"| {label} | {_fmt(r.get(key))} | {_fmt(_ratio(r.get(key), r.get('t_full_recompute_s')), 3)} "
-                     f"| {_fmt(_ratio(r.get(key), r.get('t_structured_streaming_s')), 3)} |")
-    lines += ["", "## Targets", "", "| target | Laminar path | value | threshold | met | run matched conditions |",
-              "|---|---|---:|---:|---|---|"]
-    for t in r.get("targets", []):
-        met = {True: "met", False: "**MISSED**", None: "not measured"}[t["met"]]
-        lines.append(f"| {t['target']} | {t.get('laminar_path') or ''} | {_fmt(t['value'], 3)} | "
-                     f"{_fmt(t['threshold'])} | {met} | {'yes' if t['conditions_met'] else 'no'} ({t['conditions']}) |")
-    missed = [t for t in r.get("targets", []) if t["met"] is False]
-    if missed:
-        lines += ["", "Responsible stages for missed targets:", ""]
-        lines += [f"- **{t['target']}**: {t['responsible']}" for t in missed]
-    shown = [(k, lbl) for k, lbl in VARIANTS if any(row.get(k) is not None for row in r.get("scaling", []))]
-    lines += ["", "## Scaling (fixed Δ), seconds", "", "| base rows | " + " | ".join(lbl for _, lbl in shown) + " |",
-              "|---:|" + "---:|" * len(shown)]
-    for row in r.get("scaling", []):
-        lines.append(f"| {_fmt(row['base_rows'])} | " + " | ".join(_fmt(row.get(k)) for k, _ in shown) + " |")
-    basis = r.get("growth_basis") or {}
-    lines += ["", f"growth_inc_1m_to_10m = {_fmt(r.get('growth_inc_1m_to_10m'), 3)} (per partition), "
-              f"{_fmt(r.get('growth_inc_batched_1m_to_10m'), 3)} (batched): incremental time at "
-              f"{_fmt(basis.get('to_base_rows'))} / at {_fmt(basis.get('from_base_rows'))} rows."]
-    for section, _ in PATH_KEYS.values():
-        b = r.get(f"breakdown_{section}") or {}
-        if not b:
-            continue
-        path = "per partition" if section == "incremental" else "batched (run_many)"
-        lines += ["", f"## Where incremental time goes: {path}, B = {_fmt(r.get('base_rows'))}", "",
-                  f"{b['runs']} partitions, {_fmt(b.get('per_partition_s'))} s each; {_fmt(b.get('spark_jobs'))} "
-                  f"Spark jobs; a trivial job costs {_fmt(b.get('spark_job_floor_s'), 3)} s here, so at least "
-                  f"{_fmt(b.get('spark_job_overhead_est_s'))} s is bare per-job latency; "
-                  f"{_fmt(b.get('delta_commit_calls'))} Delta commits. Rows read: {_fmt(b.get('rows_read'))}.",
-                  "", "| stage | seconds | share |", "|---|---:|---:|"]
-        for k, v in b["stages_s"].items():
-            lines.append(f"| {STAGE_LABELS[k]} | {_fmt(v)} | {_fmt((b['stages_share'] or {}).get(k), 2)} |")
-        cc = b.get("cross_cutting_s") or {}
-        lines += ["", "Across stages: " + ", ".join(f"{k.replace('_', ' ')} {_fmt(v)} s" for k, v in cc.items()) + ".",
-                  "", "Modes: " + _modes(b.get("modes")) + "."]
-    ud = r.get("updates_deletes") or {}
-    if ud.get("t_full_recompute_s") is not None:
-        lines += ["", "## Updates and deletes (change data feed)", "",
-                  f"Full recompute {_fmt(ud['t_full_recompute_s'])} s; results equal: {_fmt(ud['results_equal'])}.", ""]
-        for path in PATH_KEYS:
-            if path in ud:
-                lines.append(f"- Laminar {path}: {_fmt(ud[path]['t_incremental_s'])} s "
-                             f"(ratio {_fmt(ud[path]['ratio_inc_vs_full'], 3)}); paths taken: "
-                             f"{_modes(ud[path].get('modes'))}.")
-        lines += ["", ud["paths"] + ". Structured Streaming: " + ud["structured_streaming"] + "."]
-    f = r.get("freshness") or {}
-    lines += ["", "## End-to-end freshness through Dagster", ""]
-    if f:
-        lines.append(f"p50 {_fmt(r.get('e2e_freshness_p50_s'))} s, p95 {_fmt(r.get('e2e_freshness_p95_s'))} s, "
-                     f"max {_fmt(f.get('max_s'))} s over {f.get('measured_commits')} commits "
-                     f"(sensor interval {f.get('sensor_interval_seconds')} s; mean wait for a tick "
-                     f"{_fmt(f.get('mean_wait_for_tick_s'))} s, mean sensor evaluation "
-                     f"{_fmt(f.get('mean_sensor_evaluation_s'))} s, mean run {_fmt(f.get('mean_run_s'))} s, "
-                     f"{f.get('failed_runs')} failed runs).")
-        passed = f.get("commits_passed_over_by_sensor") or []
-        if f.get("unfinished_commits"):
-            lines += ["", f"**{f['unfinished_commits']} commit(s) never became fresh** during the measurement "
-                      "(not in p50/p95)" + (
-                          f"; {len(passed)} of them the sensor passed over: its cursor moved beyond the commit "
-                          "while runs were requested for only some flows, so these stayed behind until another "
-                          "commit touches them: " + "; ".join(
-                              f"version {x['version']}: {', '.join(x['flows_partitions_behind'])}" for x in passed)
-                          if passed else "") + "."]
-        lines += ["", f.get("what_is_measured", "")]
-    else:
-        lines.append("not measured")
-    mem = r.get("memory") or {}
-    lines += ["", "## Memory", "", f"peak_rss_mb = {_fmt(r.get('peak_rss_mb'), 0)} "
-              f"(by process: {mem.get('peak_rss_by_process_mb')}); largest simultaneous sample "
-              f"{_fmt(mem.get('peak_rss_sampled_total_mb'), 0)} MB. {mem.get('peak_rss_measured', '')}"]
-    lines += ["", "## Structured Streaming set-up and limits", ""]
-    lines += [f"- {x}" for x in r.get("streaming_limitations", [])]
-    if r.get("errors"):
-        lines += ["", "## Errors", ""] + [f"- {e}" for e in r["errors"]]
-    lines += ["", "Plot: `latest.png` (time vs base rows per variant). Raw numbers: `latest.json`.", ""]
-    return "\n".join(lines)
-
-
-def plot(r: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    rows = r.get("scaling") or []
-    for (key, label), style in zip(VARIANTS, ("o-", "o--", "s-", "s--", "D-", "^-")):
-        pts = [(s["base_rows"], s[key]) for s in rows if s.get(key) is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    if rows:
-        ax.set_xticks([s["base_rows"] for s in rows])
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "235" else ""))
-    ax.set_xlabel("base rows B (log)")
-    ax.set_ylabel("seconds to absorb Δ (log)")
-    equal = "results equal" if r.get("results_equal") else "RESULTS NOT EQUAL"
-    ax.set_title(f"Δ = {_fmt(r.get('delta_rows'))} rows, both flows, local[2], profile {r.get('profile')} ({equal})",
-                 fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    if ax.get_lines():
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def write_all(r: dict, out_dir: str) -> list[str]:
     """latest.json, latest.md and latest.png in `out_dir`; returns their paths."""
+    from .render import markdown, plot
+
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, n) for n in ("latest.json", "latest.md", "latest.png")]
     try:
@@ -436,10 +289,13 @@ def write_all(r: dict, out_dir: str) -> list[str]:
 
 def console_summary(r: dict) -> str:
     keys = ("base_rows", "delta_rows", "t_incremental_s", "t_incremental_batched_s", "t_refill_touched_s",
-            "t_refill_touched_batched_s", "t_full_recompute_s", "t_structured_streaming_s", "ratio_inc_vs_full",
+            "t_refill_touched_batched_s", "t_full_recompute_s", "t_structured_streaming_s", "t_sdp_refresh_s",
+            "t_sdp_s", "ratio_sdp_vs_inc_batched", "ratio_inc_vs_full",
             "ratio_inc_batched_vs_full", "ratio_inc_vs_streaming", "ratio_inc_batched_vs_streaming",
             "growth_inc_1m_to_10m", "growth_inc_batched_1m_to_10m", "e2e_freshness_p50_s", "e2e_freshness_p95_s",
             "peak_rss_mb", "results_equal")
+    from .render import _fmt
+
     lines = ["bench results:"] + [f"  {k:32s} {_fmt(r.get(k), 3)}" for k in keys]
     for t in r.get("targets", []):
         if t["met"] is False:

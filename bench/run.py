@@ -11,6 +11,8 @@ untimed warm-up round on a small table (full profile), then for each base size B
     3. full recompute            (window() + groupBy over every source file, whole sinks rewritten)
     2. Laminar refill touched, both paths (force=True on the same partitions)
     4. Structured Streaming      (AvailableNow over Δ's files, RocksDB state, per-batch output)
+    5. Spark Declarative Pipelines (`spark-pipelines run`, materialized views; bench/sdp_peer.py;
+       by default at the largest size of the full profile only, `--sdp`)
   and check every variant's sinks against the full recompute;
   then commit an update and a delete, time Laminar on them and check against a new full recompute.
   (Smoke profile: sizes below the largest run only 1 and 3, for the scaling numbers.)
@@ -23,46 +25,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
 import time
 import traceback
-from datetime import timedelta
 
-from . import report
+from . import environment, report, sdp_peer
 from .config import PROFILES, Profile
-from .equality import compare_all, read_delta
+from .equality import all_equal as _all_equal
+from .equality import equal_sinks as _equal
 from .freshness import measure_freshness
 from .instrument import Instrument
 from .measure import JobCounter, MemorySampler, load_average, timed
 from .specs import bench_specs
 from .streaming import StreamingJob
-from .variants import PATHS, full_recompute, has_run_many, laminar_pass, sink_keys
-from .workload import Lake, added_files, write_base, write_corrections, write_delta
+from .variants import PATHS, full_recompute, has_run_many, laminar_pass
+from .workload import Lake, added_files, write_base, write_corrections, write_delta_round
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _equal(spark, specs, expected: dict[str, str], actuals: dict[str, dict]) -> dict:
-    """Compare each flow's sink, for each variant (name -> flow -> Delta uri or DataFrame), with the
-    full recompute's; all in one Spark action. Returns variant -> flow -> result."""
-    items = {}
-    for variant, actual in actuals.items():
-        for spec in specs:
-            got = actual[spec.name]
-            got = read_delta(spark, got) if isinstance(got, str) else got
-            items[f"{variant}|{spec.name}"] = (read_delta(spark, expected[spec.name]), got, sink_keys(spec))
-    out: dict[str, dict] = {}
-    for name, result in compare_all(items).items():
-        variant, flow = name.split("|")
-        out.setdefault(variant, {})[flow] = result
-    return out
-
-
-def _all_equal(checks: dict) -> bool:
-    return all(c.get("equal") for c in checks.values())
+REPO = environment.REPO
 
 
 def _timed_pass(name: str, label: str, engine, specs, counter: JobCounter, sampler: MemorySampler,
@@ -82,10 +63,7 @@ def _delta_round(ctx: dict, r: int, v_prev: int) -> dict:
     counter, sampler, work = ctx["counter"], ctx["sampler"], ctx["work"]
     label = ctx["label"] + (f" round {r + 1}" if profile.rounds > 1 else "")
     out: dict = {}
-    commits = write_delta(lake, ctx["base"], profile.delta_rows, late_share=profile.late_share,
-                          late_partitions=profile.late_partitions, seed=profile.seed + 101 * r,
-                          append_minutes=profile.append_minutes,
-                          start=ctx["base"].end + r * timedelta(minutes=profile.append_minutes))
+    commits = write_delta_round(lake, ctx["base"], profile, r)
     out["version"] = v_delta = lake.version()
     out["delta_commits"] = [{"version": c.version, "kind": c.kind, "rows": c.rows, "first": c.first.isoformat(),
                              "last": c.last.isoformat()} for c in commits]
@@ -122,8 +100,8 @@ def _delta_round(ctx: dict, r: int, v_prev: int) -> dict:
         out["equality_refill"] = _equal(spark, specs, full["sinks"], sinks)
 
         # 4. Structured Streaming on Δ
-        stream = ctx["stream"]
-        stream.add_files(added_files(lake, v_prev, v_delta), f"delta{r}")
+        stream, delta_files = ctx["stream"], added_files(lake, v_prev, v_delta)
+        stream.add_files(delta_files, f"delta{r}")
         stream_jobs: dict = {}
         with sampler.during(f"{label} structured streaming"), counter.count(stream_jobs):
             s_delta = stream.run()
@@ -133,15 +111,19 @@ def _delta_round(ctx: dict, r: int, v_prev: int) -> dict:
                                            {"stream": {s.name: stream.current_answer(s) for s in specs}})
         print(f"  {label}: structured streaming on delta in {s_delta.wall_s:.2f}s", flush=True)
         checks += [out["equality_refill"], out["equality_streaming"]]
+        if ctx["sdp"]:  # 5. Spark Declarative Pipelines: `spark-pipelines run` after Δ (bench/sdp_peer.py)
+            out.update(sdp_peer.timed_round(ctx["sdp"], spark, full["sinks"], delta_files, sampler, label, r))
+            checks.append(out.get("equality_sdp") or {})
     out["equal"] = all(_all_equal(by_flow) for c in checks for by_flow in c.values())
     shutil.rmtree(os.path.join(work, f"full-{r}"), ignore_errors=True)
     return out
 
 
 def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobCounter,
-               sampler: MemorySampler, *, every_variant: bool = True) -> dict:
+               sampler: MemorySampler, *, every_variant: bool = True, sdp: bool = False) -> dict:
     """Every variant at one base size; returns its section of the results. `every_variant=False`:
-    only Laminar incremental (both paths) and the full recompute it is checked against."""
+    only Laminar incremental (both paths) and the full recompute it is checked against. `sdp`: the
+    Spark Declarative Pipelines peer too (with every variant)."""
     from laminar_assets.engine import Engine
 
     if os.path.isdir(work):
@@ -177,24 +159,39 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
             s_base = stream.run()
         res["streaming_base"] = s_base.summary()
         print(f"  {label}: streaming processed the base in {s_base.wall_s:.1f}s", flush=True)
+    peer = None
+    if every_variant and sdp:
+        try:
+            peer = sdp_peer.SdpPeer(specs, os.path.join(work, "sdp"), driver_memory=profile.driver_memory,
+                                    shuffle_partitions=profile.shuffle_partitions)
+            res["sdp_base"] = sdp_peer.base_pass(peer, lake.files(v_base), sampler, label)
+        except Exception as exc:
+            res["sdp_errors"], peer = [f"base: {exc!r}"[:1000]], None
 
     # Δ rounds: the same shape each time (new rows at a tip one append window further, late rows into
     # other older partitions); every variant is timed per round and the median is reported.
     ctx = dict(spark=spark, profile=profile, lake=lake, base=base, specs=specs, engines=engines, counter=counter,
                sampler=sampler, label=label, work=work, every_variant=every_variant,
-               stream=stream if every_variant else None)
+               stream=stream if every_variant else None, sdp=peer)
     rounds, v_prev = [], v_base
     for r in range(profile.rounds):
         rounds.append(_delta_round(ctx, r, v_prev))
         v_prev = rounds[-1]["version"]
     res["rounds"] = [{k: v for k, v in rd.items()
-                      if k.startswith(("t_", "equality")) or k in ("delta_commits", "partitions_touched")}
+                      if k.startswith(("t_", "equality")) or k in ("delta_commits", "partitions_touched", "sdp_error")}
                      for rd in rounds]
-    for key in [k for k in rounds[0] if k.startswith("t_") and k.endswith("_s")]:
-        values = [rd[key] for rd in rounds]
+    res["sdp_errors"] = res.get("sdp_errors", []) + [f"round {i + 1}: {rd['sdp_error']}"
+                                                     for i, rd in enumerate(rounds) if rd.get("sdp_error")]
+    if not res["sdp_errors"]:
+        del res["sdp_errors"]
+    for key in dict.fromkeys(k for rd in rounds for k in rd if k.startswith("t_") and k.endswith("_s")):
+        samples = [(i, rd[key]) for i, rd in enumerate(rounds) if rd.get(key) is not None]  # a failed peer: none
+        if not samples:
+            continue
+        values = [v for _, v in samples]
         res[key] = round(statistics.median(values), 4)
         res[f"{key[:-2]}_samples_s"] = values
-        median_round = min(range(len(values)), key=lambda i: abs(values[i] - res[key]))
+        median_round = min(samples, key=lambda iv: abs(iv[1] - res[key]))[0]
         section = key[2:-2]
         if section in rounds[median_round]:
             res[section] = {**rounds[median_round][section], "round": median_round}
@@ -248,39 +245,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="scratch folder for the lakes (default .bench/work-<profile>)")
     parser.add_argument("--out", help="where the report goes (default bench/results for full, "
                                       ".bench/results-smoke for smoke)")
+    parser.add_argument("--sdp", choices=("off", "largest", "all"),
+                        help="sizes at which the Spark Declarative Pipelines peer runs (default: the profile's)")
+    parser.add_argument("--only", choices=("sdp",), help="run only this peer at the profile's sizes and merge it "
+                                                         "into the --out report (bench/sdp_alone.py)")
     args = parser.parse_args(argv)
 
     profile = PROFILES[args.profile].with_(
         sizes=tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None,
         delta_rows=args.delta_rows, base_hours=args.base_hours, late_share=args.late_share,
         late_partitions=args.late_partitions, freshness_commits=args.freshness_commits, rounds=args.rounds,
-        driver_memory=args.driver_memory)
+        driver_memory=args.driver_memory, sdp=args.sdp)
     work = os.path.abspath(args.work or os.path.join(REPO, ".bench", f"work-{profile.name}"))
     out_dir = os.path.abspath(args.out or (os.path.join(REPO, "bench", "results") if profile.name == "full"
                                            else os.path.join(REPO, ".bench", "results-smoke")))
     result: dict = {
         "profile": profile.name, "settings": profile.to_json(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_avg_start": load_average(), "machine": _machine(), "code": _code_fingerprint(), "errors": [],
+        "load_avg_start": load_average(), "machine": environment.machine(), "code": environment.code_fingerprint(),
+        "errors": [],
     }
     if args.wait_quiet > 0:
-        result["quiet_wait"] = _wait_quiet(args.wait_quiet, args.quiet_load)
+        result["quiet_wait"] = environment.wait_quiet(args.wait_quiet, args.quiet_load)
         result["load_avg_start"] = load_average()
+    if args.only == "sdp":
+        from .sdp_alone import run_alone
+
+        return run_alone(profile, result, work, out_dir)
     sizes = sorted(profile.sizes)
-    result["sizes_note"] = _sizes_note(profile)
+    result["sizes_note"] = environment.sizes_note(profile)
     sampler = MemorySampler().start()
     print(f"bench: profile {profile.name}, sizes {sizes}, delta {profile.delta_rows:,} rows -> {out_dir}", flush=True)
     t_all = time.perf_counter()
     spark = None
     try:
-        from laminar_assets.engine import SparkOptions, build_session
-
-        with timed(result, "spark_start_s"):
-            spark = build_session(SparkOptions(master="local[2]", app_name="laminar-bench",
-                                               driver_memory=profile.driver_memory,
-                                               shuffle_partitions=profile.shuffle_partitions))
-        result["spark"] = {"version": spark.version, "master": spark.sparkContext.master,
-                           "driver_memory": profile.driver_memory,
-                           "shuffle_partitions": profile.shuffle_partitions}
+        spark = environment.start_session(profile, result)
         counter = JobCounter(spark)
         counter.job_floor_seconds(5)  # warm-up
         floors = {"start": round(counter.job_floor_seconds(), 4)}
@@ -296,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: base {b:,} rows", flush=True)
             try:
                 every = profile.every_variant_at_every_size or b == sizes[-1]
+                sdp = profile.sdp == "all" or (profile.sdp == "largest" and b == sizes[-1])
                 by_size.append(bench_size(spark, profile, b, os.path.join(work, f"b{b}"), counter, sampler,
-                                          every_variant=every))
+                                          every_variant=every, sdp=sdp))
             except Exception as exc:
                 result["errors"].append(f"B={b}: {exc!r}")
                 traceback.print_exc()
@@ -337,56 +336,6 @@ def main(argv: list[str] | None = None) -> int:
         if spark is not None:
             spark.stop()
     return 0 if final.get("results_equal") and not final["errors"] else 1
-
-
-def _code_fingerprint() -> dict:
-    """Which code was measured: git HEAD, uncommitted changes under laminar_assets/, and a hash of
-    the engine and Dagster layer as loaded when the run started."""
-    import glob
-    import hashlib
-    import subprocess
-
-    def git(*cmd) -> str:
-        try:
-            return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    digest = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(REPO, "laminar_assets", "**", "*.py"), recursive=True)):
-        with open(path, "rb") as fh:
-            digest.update(path.encode() + b"\0" + fh.read())
-    dirty = [line[3:] for line in git("status", "--porcelain", "--", "laminar_assets").splitlines()]
-    return {"git_head": git("rev-parse", "--short", "HEAD").strip(), "laminar_assets_sha256": digest.hexdigest()[:16],
-            "uncommitted_laminar_assets_files": dirty}
-
-
-def _wait_quiet(limit: float, threshold: float) -> dict:
-    """Wait (up to `limit` seconds) until the 1-minute load average is below `threshold`."""
-    t = time.perf_counter()
-    while os.getloadavg()[0] >= threshold and time.perf_counter() - t < limit:
-        print(f"bench: waiting for a quieter machine (load {os.getloadavg()[0]:.2f} >= {threshold})", flush=True)
-        time.sleep(15)
-    quiet = os.getloadavg()[0] < threshold
-    return {"waited_s": round(time.perf_counter() - t, 1), "threshold": threshold, "reached": quiet}
-
-
-def _machine() -> dict:
-    try:
-        with open("/proc/meminfo") as fh:
-            mem_kb = int(fh.readline().split()[1])
-    except OSError:
-        mem_kb = 0
-    return {"cpus": os.cpu_count(), "memory_gb": round(mem_kb / 1024 / 1024, 1), "python": sys.version.split()[0],
-            "platform": platform.platform()}
-
-
-def _sizes_note(profile: Profile) -> str:
-    sizes = sorted(profile.sizes)
-    if profile.name == "full" and sizes == [1_000_000, 3_000_000, 10_000_000]:
-        return "full sizes as specified: B = 1M, 3M, 10M; Δ fixed at 1% of 10M"
-    return (f"reduced sizes (profile '{profile.name}'): B = {', '.join(f'{s:,}' for s in sizes)}; targets that "
-            "name 1M/10M are computed between the smallest and largest size here and are not comparable")
 
 
 if __name__ == "__main__":

@@ -170,6 +170,15 @@ def write_delta(lake: Lake, base: BaseInfo, rows: int, *, late_share: float, lat
     return commits
 
 
+def write_delta_round(lake: Lake, base: BaseInfo, profile, r: int) -> list[Commit]:
+    """Round `r`'s Δ as the benchmark commits it (`profile`: a bench.config.Profile): the tip moves on by
+    one append window per round, the late rows land in other older partitions (seed per round)."""
+    return write_delta(lake, base, profile.delta_rows, late_share=profile.late_share,
+                       late_partitions=profile.late_partitions, seed=profile.seed + 101 * r,
+                       append_minutes=profile.append_minutes,
+                       start=base.end + r * timedelta(minutes=profile.append_minutes))
+
+
 def write_corrections(lake: Lake, base: BaseInfo, *, every: int, correction_hours: float) -> list[Commit]:
     """An update (price +1%, quantity +1) of every `every`-th trade of the newest base hours, then a
     delete of every `every`-th trade (offset every/2) of the same hours: two change-data commits."""
