@@ -263,13 +263,9 @@ class SdpPeer:
 
     def add_files(self, files: list[str], tag: str) -> int:
         """Hard-link Delta data files into the source folder (copy if linking is not possible)."""
-        for path in files:
-            self._linked += 1
-            target = os.path.join(self.source, f"{self._linked:06d}-{tag}-{os.path.basename(path)}")
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copyfile(path, target)
+        from .streaming import link_files
+
+        self._linked = link_files(self.source, files, tag, self._linked)
         return len(files)
 
     def _table(self, spec) -> str:

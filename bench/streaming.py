@@ -34,6 +34,21 @@ from laminar_assets.engine import FlowSpec
 
 from .variants import reference_query, sink_keys
 
+
+def link_files(folder: str, files: list[str], tag: str, linked: int) -> int:
+    """Hard-link Parquet data files into `folder` (copy where linking is not possible), numbered after
+    the `linked` already there so the peers see them in commit order; returns the new count."""
+    import shutil
+
+    for path in files:
+        linked += 1
+        target = os.path.join(folder, f"{linked:06d}-{tag}-{os.path.basename(path)}")
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copyfile(path, target)
+    return linked
+
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SCHEMA = StructType([
     StructField("trade_id", LongType()), StructField("event_time", TimestampType()),
@@ -73,15 +88,7 @@ class StreamingJob:
 
     def add_files(self, files: list[str], tag: str) -> int:
         """Hard-link Delta data files into the source folder (copy if linking is not possible)."""
-        import shutil
-
-        for path in files:
-            self._linked += 1
-            target = os.path.join(self.source, f"{self._linked:06d}-{tag}-{os.path.basename(path)}")
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copyfile(path, target)
+        self._linked = link_files(self.source, files, tag, self._linked)
         return len(files)
 
     def _query(self, spec: FlowSpec):
