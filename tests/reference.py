@@ -172,4 +172,7 @@ def sql_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
         else:
             items.append(item)
     select.set("expressions", items)
-    return spark.sql(select.sql(dialect="spark")).toPandas()
+    try:
+        return spark.sql(select.sql(dialect="spark")).toPandas()
+    finally:
+        spark.catalog.dropTempView(view)  # the session is shared: leave no view behind

@@ -131,7 +131,10 @@ def test_statement_level_errors(text, message):
 def test_sql_files_in_the_flows_package_are_loaded_and_names_defined_twice_fail(tmp_path, monkeypatch):
     specs = {s.name: s for s in load_specs()}
     assert specs["sector_median_1h"].not_incrementalizable == ("PERCENTILE(price, 0.5)",)
-    assert specs["symbol_activity_15m"].origin.endswith("trade_activity.sql:6")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "laminar_assets", "flows", "trade_activity.sql")
+    with open(path, encoding="utf-8") as fh:
+        line = next(i for i, text in enumerate(fh, 1) if "CREATE MATERIALIZED VIEW symbol_activity_15m" in text)
+    assert specs["symbol_activity_15m"].origin.endswith(f"trade_activity.sql:{line}")
 
     pkg = tmp_path / "dupflows"
     pkg.mkdir()
