@@ -39,7 +39,7 @@ def source_tables(specs: list[Spec]) -> list[str]:
     produced = {s.sink for s in specs}
     inputs = []
     for s in specs:
-        for t in (*s.sources, *(s.dimension_tables if isinstance(s, StageSpec) else ())):
+        for t in (*s.sources, *s.dimension_tables):
             if t not in produced and t not in inputs:
                 inputs.append(t)
     return inputs
@@ -111,7 +111,7 @@ def _guard_sources(spec: Spec, contracts: dict, root: str) -> dict:
     from laminar_assets.engine.validate import columns_used
 
     added = {}
-    for src in (*spec.sources, *(spec.dimension_tables if isinstance(spec, StageSpec) else ())):
+    for src in (*spec.sources, *spec.dimension_tables):
         if src not in contracts:
             continue
         info = table_info(src, resolve_uri(root, src))
@@ -126,7 +126,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
     """The partitioned asset of one spec: a materialization brings its partitions up to date.
     `readers`: the specs that read its sink (two or more make it a shared stage in the UI)."""
     contracts = contracts or {}
-    inputs = (*spec.sources, *(spec.dimension_tables if isinstance(spec, StageSpec) else ()))
+    inputs = (*spec.sources, *spec.dimension_tables)
     shared = len(readers) > 1
     description = spec.description or f"{spec.kind} `{spec.name}`"
     if shared:

@@ -45,7 +45,7 @@ def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettin
     specs, contracts = specs_with_contracts(specs, contracts_dir)
     readers: dict[str, list[str]] = {}
     for s in specs:
-        for src in (*s.sources, *(s.dimension_tables if isinstance(s, StageSpec) else ())):
+        for src in (*s.sources, *s.dimension_tables):
             readers.setdefault(src, []).append(s.name)
     assets = [build_source_asset(t) for t in source_tables(specs)]
     assets += [build_asset(s, settings, contracts, readers=tuple(readers.get(s.sink, ()))) for s in specs]

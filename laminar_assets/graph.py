@@ -14,7 +14,7 @@ Spec = FlowSpec | StageSpec
 
 def inputs_of(spec: Spec) -> tuple[str, ...]:
     """Every table a spec reads: its sources, and a stage's dimension tables."""
-    return (*spec.sources, *(spec.dimension_tables if isinstance(spec, StageSpec) else ()))
+    return (*spec.sources, *spec.dimension_tables)
 
 
 @dataclass(frozen=True)

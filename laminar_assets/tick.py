@@ -6,7 +6,7 @@ partitions failed their blocking check. `sensors.py` turns the answer into one r
 Where dirty partitions come from, for each spec in graph order:
 - new commits of the tables it reads, after the version in the cursor, located by their file
   statistics (every materialized partition when a commit cannot be located);
-- a dimension table that changed: every materialized partition of the stage;
+- a dimension table (or a flow's joined fact table) that changed: every materialized partition;
 - predicted: the partitions that read a partition its producer will rewrite in this same run;
 - partitions held back last tick because an upstream partition failed its blocking check.
 Partitions whose watermark already reflects the tables' current versions (or lags them only by
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from deltalake import DeltaTable
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import FlowSpec, LaminarError, StageSpec
+from laminar_assets.engine import FlowSpec, LaminarError
 from laminar_assets.engine.delta_source import resolve_uri
 from laminar_assets.engine.inspect import dirty_partitions, new_commits, reach
 from laminar_assets.engine.windows import partition_interval
@@ -134,11 +134,10 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
                 found |= set(dirty_partitions(spec, changes))
                 if changes.unknown_range:
                     found |= set(store.partitions(spec.name))
-        if isinstance(spec, StageSpec):
-            for dim in spec.dimension_tables:
-                after = cursor.versions.get(dim)
-                if dim in versions and after is not None and versions[dim] > after:
-                    found |= set(store.partitions(spec.name))  # a dimension change refills the stage
+        for dim in spec.dimension_tables:
+            after = cursor.versions.get(dim)
+            if dim in versions and after is not None and versions[dim] > after:
+                found |= set(store.partitions(spec.name))  # a dimension (or joined table) change refills all
         try:
             found = {k for k in found - predicted if not is_current(store, spec, k, versions, touched)}
         except LaminarError as exc:

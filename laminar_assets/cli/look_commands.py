@@ -80,6 +80,9 @@ def explain(
         w = lg["window"]
         console.print(f"window {w['kind']} {w['size_seconds']:.0f}s every {w['slide_seconds']:.0f}s, keys {lg['keys']}",
                       markup=False)
+        for j in lg["joins"]:
+            console.print(f"  {j['how']} join {j['table']} (read whole) on {j['on']}, adds {', '.join(j['columns'])}",
+                          markup=False)
         for name, expr in lg["derived"].items():
             console.print(f"  derived {name} = {expr}", markup=False)
         for a in lg["aggregates"]:

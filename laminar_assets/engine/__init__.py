@@ -26,11 +26,11 @@ from .result import RunResult
 from .plan import Mode, PartitionPlan, Reason
 from .planner import PlannerInput, plan_partition
 from .session import SparkOptions, build_session, check_java
-from .spec import Agg, DimensionJoin, FlowSpec, Hopping, LatePolicy, RefreshPolicy, RowRule, StageSpec, Tumbling
+from .spec import Agg, DimensionJoin, FactJoin, FlowSpec, Hopping, LatePolicy, RefreshPolicy, RowRule, StageSpec, Tumbling
 from .windows import Granularity, Interval
 
 __all__ = [
-    "Agg", "CheckpointError", "CommitConflictError", "ConcurrentRunError", "DimensionJoin", "Engine", "EngineOptions",
+    "Agg", "CheckpointError", "CommitConflictError", "ConcurrentRunError", "DimensionJoin", "Engine", "EngineOptions", "FactJoin",
     "EnvironmentProblem", "FlowSpec", "Granularity", "Hopping", "Interval", "LaminarError", "LatePolicy",
     "Mode", "PartitionPlan", "PlannerInput", "Reason", "RefreshPolicy", "RowRule", "RunFailedError", "RunResult",
     "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SparkOptions", "SpecError", "StageSpec",

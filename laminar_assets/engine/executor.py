@@ -63,7 +63,7 @@ class Engine:
     # --- what a run would do ----------------------------------------------
     def gather(self, spec: Spec, marks: list[Watermark | None]) -> RunInputs:
         """The run's inputs: every source opened once, its schema checked, its log read once."""
-        return gather(self.ctx.layout, spec, marks, lambda info: self._check(spec, info))
+        return gather(self.ctx.layout, spec, marks, lambda info, dims: self._check(spec, info, dims))
 
     def plan(self, spec: Spec, partition: str, *, force: bool = False) -> PartitionPlan:
         """What a run would do now; reads, never writes."""
@@ -232,12 +232,12 @@ class Engine:
                                  "written to the partition", flow=spec.name, partition=plan.partition,
                                  run_id=run_id) from exc
 
-    def _check(self, spec: Spec, info) -> dict[str, str]:
-        key = (spec.name, spec.spec_hash, info.uri, info.version)
+    def _check(self, spec: Spec, info, dims) -> dict[str, str]:
+        key = (spec.name, spec.spec_hash, info.uri, info.version, *[(d.uri, d.version) for d in dims.values()])
         if key not in self._checked:  # the analyzer costs a Spark round trip: once per table version
             if len(self._checked) > 256:
                 self._checked.clear()
-            self._checked[key] = check_source(self.ctx.spark, spec, info)
+            self._checked[key] = check_source(self.ctx.spark, spec, info, dims)
         return self._checked[key]
 
     def _keys(self, spec: Spec, partitions: list[str]) -> list[str]:

@@ -28,7 +28,7 @@ from .inputs import RunInputs
 from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
-from .reading import PART, keep, prepare, read_rows, read_set, with_partition
+from .reading import PART, join_facts, keep, prepare, read_rows, read_set, with_partition
 from .spark_io import stage
 from .spark_read import read_source
 from .spec import FlowSpec
@@ -169,7 +169,8 @@ def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: d
 def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs):
     """Every row the plans read, once per window holding it, kept only where it counts (lazy)."""
     reads = read_set(spec, plans, inputs)
-    rows = prepare(spec, read_rows(ctx.spark, spec, reads, inputs)).where(qr.assigned(spec))
+    rows = join_facts(ctx.spark, spec, read_rows(ctx.spark, spec, reads, inputs), inputs)
+    rows = prepare(spec, rows).where(qr.assigned(spec))
     copies = with_partition(assign_windows(rows, EVENT_TS, spec.shape), spec, WS)
     # `__primary` marks the copy in the row's own partition (its latest window); `__first` the latest
     # copy within each partition the row reaches, so every partition counts the rows it read once.

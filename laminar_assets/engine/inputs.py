@@ -55,13 +55,14 @@ class RunInputs:
 
 def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema) -> RunInputs:
     """Open every source and dimension once at its latest version, check the spec against each
-    source's schema (`check_schema(info) -> column types`) and read the log once from the oldest
+    source's schema (`check_schema(info, dims) -> column types`) and read the log once from the oldest
     watermark among `marks` (partitions without one refill from the snapshot)."""
     marks = list(marks)
     infos, histories, schema = {}, {}, {}
+    dims = {t: table_info(t, layout.table_uri(t)) for t in spec.dimension_tables}
     for src in spec.sources:
         info = table_info(src, layout.table_uri(src))
-        for col, typ in check_schema(info).items():
+        for col, typ in check_schema(info, dims).items():
             if col in schema and schema[col] != typ:
                 raise LaminarError(f"sources of '{spec.name}' disagree on the type of {col!r}: "
                                    f"{schema[col]} vs {typ} in '{src}'", flow=spec.name, table=src, column=col)
@@ -74,10 +75,6 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
         if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
             oldest = info.version
         histories[src] = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info)
-    dims = {}
-    if isinstance(spec, StageSpec):
-        for join in spec.joins:
-            dims[join.table] = table_info(join.table, layout.table_uri(join.table))
     return RunInputs(infos, histories, dims, schema)
 
 

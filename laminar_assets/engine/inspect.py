@@ -93,9 +93,8 @@ def inspect_partition(root: str, spec: FlowSpec | StageSpec, partition: str,
         info = table_info(src, uri)
         since = mark.source_versions.get(src) if (mark and mark.committed) else None
         histories[src] = source_history(src, uri, since, info.version, spec.event_time, info=info)
-    if isinstance(spec, StageSpec):
-        for join in spec.joins:
-            dims[join.table] = table_info(join.table, resolve_uri(root, join.table)).version
+    for table in spec.dimension_tables:
+        dims[table] = table_info(table, resolve_uri(root, table)).version
     schema = dict(mark.input_schema) if mark else {}
     plan = plan_partition(PlannerInput(spec=spec, partition=partition, watermark=mark, histories=histories,
                                        dimension_versions=dims, input_schema=schema))

@@ -30,6 +30,7 @@ from .delta_log import CommitKind, DataFile
 from .inputs import RunInputs
 from .plan import PartitionPlan
 from .quarantine import ROW, RULE, VERSION
+from .delta_source import snapshot_files
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import FlowSpec, StageSpec
 from .validate import event_time_column
@@ -149,6 +150,26 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
     for df in frames[1:]:
         out = out.unionByName(df)
     return out
+
+
+def join_facts(spark: SparkSession, spec, rows: DataFrame, inputs: RunInputs) -> DataFrame:
+    """A flow's source rows joined with its other fact tables (each read whole at its pinned version),
+    their columns named `<alias>__<column>`. A flow without joins gets `rows` back."""
+    for join in spec.joins if isinstance(spec, FlowSpec) else ():
+        info = inputs.dims[join.table]
+        side = read_source(spark, snapshot_files(info, None), info)
+        side = side.select(*[F.col(c).alias(join.column(c)) for c in join.columns])
+        rows = rows.join(side, F.expr(join.on), join.how)
+    return rows
+
+
+def without_joins(spec, rows: DataFrame) -> DataFrame:
+    """`rows` with a flow's joined columns as typeless NULLs: for rows no window will hold (the sweep),
+    whose derived columns and filter must still resolve but never join anything."""
+    for join in spec.joins if isinstance(spec, FlowSpec) else ():
+        for c in join.columns:
+            rows = rows.withColumn(join.column(c), F.lit(None))
+    return rows
 
 
 def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval]) -> Column | None:

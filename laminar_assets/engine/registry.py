@@ -72,5 +72,5 @@ def order_specs(specs: list[Spec]) -> list[Spec]:
 
 
 def _inputs(spec: Spec) -> tuple[str, ...]:
-    dims = spec.dimension_tables if isinstance(spec, StageSpec) else ()
+    dims = spec.dimension_tables
     return tuple(spec.sources) + tuple(dims)

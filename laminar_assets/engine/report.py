@@ -27,7 +27,7 @@ def topology(specs: list[Spec]) -> list[dict]:
     produced = {s.sink: s for s in specs}
     readers: dict[str, list[str]] = {}
     for s in specs:
-        for t in (*s.sources, *(s.dimension_tables if isinstance(s, StageSpec) else ())):
+        for t in (*s.sources, *s.dimension_tables):
             readers.setdefault(t, []).append(s.name)
     rows = []
     for table in readers:
@@ -37,7 +37,7 @@ def topology(specs: list[Spec]) -> list[dict]:
     for s in specs:
         outputs = sorted(readers.get(s.sink, []))
         rows.append({"node": s.name, "kind": s.kind,
-                     "inputs": [*s.sources, *(s.dimension_tables if isinstance(s, StageSpec) else ())],
+                     "inputs": [*s.sources, *s.dimension_tables],
                      "outputs": outputs, "is_shared": len(outputs) > 1, "partitioning": s.granularity.value})
     return rows
 
@@ -57,6 +57,8 @@ def logical(spec: Spec) -> dict:
         out["hidden"] = list(spec.hidden)
         out["retractable"] = spec.retractable
         out["not_incrementalizable"] = list(spec.not_incrementalizable)
+        out["joins"] = [{"table": j.table, "alias": j.alias, "on": j.on, "columns": [j.column(c) for c in j.columns],
+                         "how": j.how} for j in spec.joins]
     else:
         out["dedup_key"] = list(spec.dedup_key)
         out["joins"] = [{"table": j.table, "on": list(j.on), "columns": list(j.columns), "how": j.how}

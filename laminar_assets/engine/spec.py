@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from laminar_assets.errors import SpecError
 from .kinds import KINDS
 from .spec_parts import (  # noqa: F401  (re-exported: specs are built from these)
-    Agg, DimensionJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, agg_problem, as_pairs, as_tuple,
+    Agg, DimensionJoin, FactJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, agg_problem, as_pairs, as_tuple,
 )
 from .windows import Granularity, Interval, WindowShape, divides, parse_duration, to_utc
 
@@ -194,6 +194,7 @@ class FlowSpec(_Common):
     aggregates: tuple[Agg, ...] = ()
     post: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
     hidden: tuple[str, ...] = ()  # aggregates computed for `post` expressions but not written to the sink
+    joins: tuple[FactJoin, ...] = ()  # other fact tables joined to the source rows (refill-only)
 
     def __post_init__(self) -> None:
         self._normalise_common()
@@ -201,8 +202,10 @@ class FlowSpec(_Common):
         object.__setattr__(self, "aggregates", as_tuple(self.aggregates))
         object.__setattr__(self, "post", as_pairs(self.post))
         object.__setattr__(self, "hidden", as_tuple(self.hidden))
+        object.__setattr__(self, "joins", as_tuple(self.joins))
         self._validate_common()
         self._validate_flow()
+        self._validate_joins()
 
     kind = "flow"
 
@@ -251,10 +254,35 @@ class FlowSpec(_Common):
                        f"{', '.join(self.not_incrementalizable)} incrementally (Laminar can only recompute the "
                        "windows it touches); use refresh 'auto' or an aggregate Laminar can merge")
 
+    def _validate_joins(self) -> None:
+        aliases = set()
+        for i, join in enumerate(self.joins):
+            if not isinstance(join, FactJoin):
+                self._fail(f"joins[{i}]", f"expected a FactJoin, found {join!r}")
+            if join.table in self.sources:
+                self._fail(f"joins[{i}].table", f"{join.table!r} is already a source of the flow (no self-joins)")
+            if join.how not in ("inner", "left"):
+                self._fail(f"joins[{i}].how", f"expected 'inner' or 'left' (windows follow the source's rows), "
+                           f"found {join.how!r}")
+            if not _NAME_RE.match(join.alias or "") or join.alias in aliases:
+                self._fail(f"joins[{i}].alias", f"expected a unique identifier, found {join.alias!r}")
+            if not (isinstance(join.on, str) and join.on.strip()):
+                self._fail(f"joins[{i}].on", "expected a join condition (Spark SQL)")
+            aliases.add(join.alias)
+        if self.joins and self.rules:
+            self._fail("rules", "row rules (quarantine) apply to a single source; a flow that joins fact tables "
+                       "takes none: put the rules on a stage it reads")
+
+    @property
+    def dimension_tables(self) -> tuple[str, ...]:
+        """Tables read whole at a pinned version; a change to one refills every partition."""
+        return tuple(j.table for j in self.joins)
+
     @property
     def not_incrementalizable(self) -> tuple[str, ...]:
         """The constructs that make this flow refill-only (empty when its state merges)."""
-        return tuple(a.expr or a.kind for a in self.aggregates if not KINDS[a.kind].mergeable)
+        joins = tuple(f"JOIN {j.table}" for j in self.joins)
+        return joins + tuple(a.expr or a.kind for a in self.aggregates if not KINDS[a.kind].mergeable)
 
     @property
     def shape(self) -> WindowShape:
@@ -271,6 +299,7 @@ class FlowSpec(_Common):
             "aggregates": [a.to_json() for a in self.aggregates], "filter": self.filter,
             "derived": self.derived, "post": self.post, "partitioning": self.granularity.value,
             "state_format": STATE_FORMAT, **self._rules_payload(), **({"hidden": self.hidden} if self.hidden else {}),
+            **({"joins": [[j.table, j.alias, j.on, j.columns, j.how] for j in self.joins]} if self.joins else {}),
         }
 
 

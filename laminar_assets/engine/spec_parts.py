@@ -190,6 +190,31 @@ class DimensionJoin:
 
 
 @dataclass(frozen=True)
+class FactJoin:
+    """A flow's join with another fact table, read whole at its pinned version.
+
+    The joined table's `columns` reach the flow as `<alias>__<column>` (e.g. `q__bid`), and `on`
+    is Spark SQL over those names and the primary source's columns. Windows follow the primary
+    source's event time, so a change to the primary recomputes the windows it touches; a change
+    to the joined table recomputes every partition (`DIMENSION_CHANGED`). Such a flow is
+    refill-only: it never merges partial states.
+    """
+
+    table: str
+    alias: str
+    on: str
+    columns: tuple[str, ...]
+    how: str = "inner"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", as_tuple(self.columns))
+
+    def column(self, name: str) -> str:
+        """The flow-side name of the joined table's column `name`."""
+        return f"{self.alias}__{name}"
+
+
+@dataclass(frozen=True)
 class RowRule:
     """A condition every good source row meets (Spark SQL over the raw source columns).
 

@@ -8,6 +8,8 @@ Flow (a SELECT grouped by a window):
                                                               -> post expression (hidden aggregates)
     PERCENTILE(x, 0.5) AS p, any other aggregate              -> `Agg.sql`: refill-only
     WHERE cond                                                -> filter
+    FROM t JOIN q ON ... | LEFT JOIN q USING (k)              -> FactJoin (q read whole, its columns q__col);
+                                                                 refill-only, windows follow t
 A view without GROUP BY is a stage: see sql_stage.py.
 
 `fail(node, message)` raises the caller's error (it knows the file and the line).
@@ -20,7 +22,7 @@ from typing import Any, Callable, NoReturn
 
 from sqlglot import exp
 
-from .spec_parts import Agg, Hopping, Tumbling
+from .spec_parts import Agg, FactJoin, Hopping, Tumbling
 
 DIALECT = "spark"
 WINDOW_FUNCTIONS = ("TUMBLE", "HOP")
@@ -35,7 +37,7 @@ def sql(node: exp.Expression) -> str:
 
 def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     """FlowSpec keyword arguments from a grouped SELECT."""
-    source = _single_source(select, fail)
+    source, joins = _sources(select, fail)
     _unqualify(select)
     window, event_time, keys = None, None, []
     for g in select.args["group"].expressions:
@@ -73,7 +75,7 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     where = select.args.get("where")
     if where is not None and where.find(exp.AggFunc):
         fail(where, "WHERE filters rows before aggregation and cannot use an aggregate")
-    return dict(source=source, event_time=event_time, window=window, keys=tuple(keys),
+    return dict(source=source, joins=joins, event_time=event_time, window=window, keys=tuple(keys),
                 aggregates=tuple(builder.aggs), derived=tuple(builder.derived.items()), post=tuple(post),
                 hidden=tuple(builder.hidden), filter=sql(where.this) if where is not None else None)
 
@@ -218,11 +220,60 @@ def number(node: exp.Expression | None) -> float | None:
     return None
 
 
-def _single_source(select: exp.Select, fail: Fail) -> str:
-    if select.args.get("joins"):
-        fail(select.args["joins"][0], "a flow reads one table; join dimension tables in a stage (a view without "
-                                      "GROUP BY) and aggregate that stage")
-    return table_of(from_of(select, fail), fail).name
+def _sources(select: exp.Select, fail: Fail) -> tuple[str, tuple[FactJoin, ...]]:
+    """The FROM table and the fact tables JOINed to it. Columns of a joined table `q` become `q__col`
+    throughout the SELECT (unqualified columns are the FROM table's); windows follow the FROM table."""
+    base = table_of(from_of(select, fail), fail)
+    if not select.args.get("joins"):
+        return base.name, ()
+    primary = base.alias_or_name
+    for g in select.args["group"].expressions:
+        ts = g.expressions[0] if _is_window(g) and g.expressions else None
+        if isinstance(ts, exp.Column) and ts.table and ts.table != primary:
+            fail(ts, f"the window's time column must be of the FROM table {primary!r} (windows follow its rows): "
+                     "swap the tables")
+    joins: dict[str, dict] = {}
+    for j in select.args["joins"]:
+        table = table_of(j.this, fail)
+        how = {"": "inner", "INNER": "inner", "LEFT": "left"}.get((j.side or j.kind or "").upper())
+        if how is None or (j.kind or "").upper() == "CROSS":
+            fail(j, "a flow joins fact tables with JOIN or LEFT JOIN (windows follow the FROM table's rows, so "
+                    "RIGHT, FULL and CROSS joins cannot be computed per window)")
+        alias = table.alias_or_name
+        if alias == primary or alias in joins:
+            fail(j, f"table alias {alias!r} is used twice: give each table its own alias")
+        if j.args.get("using"):
+            cond = " AND ".join(f"{u.name} = {alias}__{u.name}" for u in j.args["using"])
+            on = exp.condition(cond) if cond else None
+        else:
+            on = j.args.get("on")
+        if on is None:
+            fail(j, "a JOIN in a flow needs ON <condition> or USING (columns)")
+        joins[alias] = dict(table=table.name, alias=alias, on=on, how=how, columns=[])
+
+    def rename(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Column) or not node.table:
+            return node
+        if node.table == primary:
+            return exp.column(node.name)
+        if node.table not in joins:
+            fail(node, f"unknown table {node.table!r}; expected {primary!r} or one of {sorted(joins)}")
+        cols = joins[node.table]["columns"]
+        if node.name not in cols:
+            cols.append(node.name)
+        return exp.column(f"{node.table}__{node.name}")
+
+    for key in ("expressions", "where", "group"):
+        if select.args.get(key) is not None:
+            value = select.args[key]
+            select.set(key, [v.transform(rename) for v in value] if isinstance(value, list) else value.transform(rename))
+    for alias, j in joins.items():
+        j["on"] = sql(j["on"].transform(rename))
+        for u in select.args["joins"]:
+            if u.args.get("using") and table_of(u.this, fail).alias_or_name == alias:
+                j["columns"] += [c.name for c in u.args["using"] if c.name not in j["columns"]]
+    return base.name, tuple(FactJoin(j["table"], j["alias"], j["on"], tuple(j["columns"]), j["how"])
+                            for j in joins.values())
 
 
 def from_of(select: exp.Select, fail: Fail) -> exp.Expression:

@@ -21,7 +21,7 @@ from .delta_source import source_history, snapshot_files, table_info, temporal
 from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
-from .reading import DVER, SNAP, SRC, prepare
+from .reading import DVER, SNAP, SRC, prepare, without_joins
 from .spark_read import CHANGE_TYPE, read_source
 
 
@@ -45,7 +45,7 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, 
                 continue
             frame = _unswept(ctx, spec, src, done.get(src), target)
             if frame is not None:
-                rows = prepare(spec, frame).where(~qr.assigned(spec))
+                rows = prepare(spec, without_joins(spec, frame)).where(~qr.assigned(spec))
                 rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec)))
                 rows = rows.withColumn(PARTITION_KEY, F.lit(None).cast("string"))
                 new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),

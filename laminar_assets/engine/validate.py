@@ -36,10 +36,13 @@ def event_time_column(df: DataFrame, column: str):
     return F.col(column)
 
 
-def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInfo) -> dict[str, str]:
+def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInfo,
+                 joined: dict[str, TableInfo] | None = None) -> dict[str, str]:
     """Fail clearly if `info` lacks a column the spec uses or has it with an unusable type.
 
-    Returns the types of the columns the spec reads (its input-schema fingerprint).
+    `joined` holds the tables of a flow's fact joins (by table name): their columns join the
+    source's under their flow-side names. Returns the types of the columns the spec reads (its
+    input-schema fingerprint).
     """
     facts = dict(flow=spec.name, table=info.name, version=info.version)
     if spec.event_time in dict(spec.derived) and spec.event_time in info.schema.names:
@@ -48,6 +51,8 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                         "wrongly); derive a new name and use it as event_time",
                         field=f"derived.{spec.event_time}", **facts)
     base = spark.createDataFrame([], spark_schema(info.schema))
+    if isinstance(spec, FlowSpec) and spec.joins:
+        base = _with_joined_columns(spark, spec, base, joined or {})
     for rule in spec.rules_for(info.name):
         try:
             _ = base.select(F.expr(rule.check)).schema
@@ -105,6 +110,31 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
     return {c: df.schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}
 
 
+def _with_joined_columns(spark: SparkSession, spec: FlowSpec, base: DataFrame,
+                         joined: dict[str, TableInfo]) -> DataFrame:
+    """`base` with the joined tables' columns (typed, empty) under their flow-side names, and the
+    join conditions checked against them."""
+    for join in spec.joins:
+        info = joined[join.table]
+        other = spark.createDataFrame([], spark_schema(info.schema))
+        missing = [c for c in join.columns if c not in other.columns]
+        if missing:
+            _renamed_or_dropped(spec, info, missing[0])
+            raise SchemaMismatchError(
+                f"flow '{spec.name}' uses column {missing[0]!r} of joined table '{info.name}', which it does not "
+                f"have at version {info.version}; found columns {other.columns}", flow=spec.name, table=info.name,
+                version=info.version, column=missing[0])
+        side = other.select(*[F.col(c).alias(join.column(c)) for c in join.columns])
+        try:
+            base = base.join(side, F.expr(join.on), "left")
+            _ = base.schema
+        except (AnalysisException, PySparkException) as exc:
+            raise SpecError(f"flow '{spec.name}': join condition {join.on!r} with '{info.name}' does not compile: "
+                            f"{_first_line(exc)}", field=f"joins.{join.alias}", flow=spec.name, table=info.name,
+                            version=info.version) from None
+    return base
+
+
 def _check_expression(df: DataFrame, spec: FlowSpec, agg, facts: dict) -> None:
     """A SQL aggregate must be one aggregate value per window over the source's columns (analysed, not run)."""
     try:
@@ -140,9 +170,9 @@ def _unresolved(exc: Exception) -> str | None:
 
 def columns_used(spec: FlowSpec | StageSpec, table: str) -> set[str]:
     """Source columns a spec may read from `table` (all declared ones when expressions are involved)."""
-    if isinstance(spec, StageSpec) and table in spec.dimension_tables:
+    if table in spec.dimension_tables:
         join = next(j for j in spec.joins if j.table == table)
-        return set(join.on) | set(join.columns)
+        return set(join.on) | set(join.columns) if isinstance(spec, StageSpec) else set(join.columns)
     cols = {spec.event_time}
     if isinstance(spec, FlowSpec):
         cols |= set(spec.keys) | {c for a in spec.aggregates for c in (a.column, a.by) if c}

@@ -97,8 +97,8 @@ def test_stage_parts_map_from_projection_join_and_dedup():
     ("SELECT sym, COUNT(*) AS n FROM t GROUP BY sym", 3, "a flow groups by a window"),
     ("SELECT TUMBLE(ts, INTERVAL '7' WEEK), COUNT(*) AS n FROM t GROUP BY TUMBLE(ts, INTERVAL '7' WEEK)", 3,
      "expected an interval like INTERVAL '5' MINUTE"),
-    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) AS n FROM a JOIN b ON a.k = b.k\n"
-     " GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", 3, "a flow reads one table"),
+    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) AS n FROM a\n RIGHT JOIN b ON a.k = b.k"
+     " GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", 4, "RIGHT, FULL and CROSS joins cannot be computed per window"),
     ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", 3,
      "give 'COUNT(*)' a name"),
     ("SELECT * FROM t QUALIFY RANK() OVER (PARTITION BY k ORDER BY ts) = 1", 3, "QUALIFY supports the dedup form"),
