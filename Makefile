@@ -33,8 +33,12 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar serve
 
+# Two test processes (pytest-xdist), each with its own Spark session; a file's tests stay in one
+# process, so its fixtures are built once. The deployment tests mostly wait on servers they start,
+# so two processes on 2 cores take about half the time of one. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: install chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The deployment test checks the Dagster UI in headless Chromium (Debian's package): install it if missing.
 chromium:
@@ -49,7 +53,7 @@ quality: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar --root .laminar/quality check --demo --rows 200
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not spark"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not spark"
 
 # Benchmark (bench/README.md): incremental vs refill vs full recompute vs Structured Streaming,
 # scaling with table size, end-to-end freshness. Reports numbers; fails only on wrong answers.
