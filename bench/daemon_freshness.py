@@ -61,14 +61,40 @@ def _wait(predicate, timeout: float) -> bool:
     return False
 
 
-def _run_breakdown(instance, run_ids: list[str]) -> list[dict]:
+def _steps(instance, run_id: str, start: float) -> dict[str, list[float]]:
+    """Each step's [start offset from the run's start, seconds], from the run's event log."""
+    out: dict[str, list[float]] = {}
+    for entry in instance.all_logs(run_id):
+        event = entry.dagster_event
+        if event is None or not entry.step_key:
+            continue
+        kind = event.event_type_value
+        if kind == "STEP_START":
+            out[entry.step_key] = [round(entry.timestamp - start, 3), 0.0]
+        elif kind in ("STEP_SUCCESS", "STEP_FAILURE") and entry.step_key in out:
+            out[entry.step_key][1] = round(entry.timestamp - start - out[entry.step_key][0], 3)
+    return out
+
+
+def _mean_steps(runs: list[dict]) -> dict[str, list[float]]:
+    """A typical run's timeline: each step's mean [start offset, seconds], in start order."""
+    by_step: dict[str, list[list[float]]] = {}
+    for r in runs:
+        for step, (start, seconds) in r.get("steps", {}).items():
+            by_step.setdefault(step, []).append([start, seconds])
+    means = {k: [round(float(np.mean([v[0] for v in vs])), 2), round(float(np.mean([v[1] for v in vs])), 2)]
+             for k, vs in by_step.items()}
+    return dict(sorted(means.items(), key=lambda kv: kv[1][0]))
+
+
+def _run_breakdown(instance, run_ids: list[str], assets: list[str]) -> list[dict]:
     import dagster as dg
 
     out = []
     for run_id in run_ids:
         stats = instance.get_run_stats(run_id)
         engine_s = session_s = 0.0
-        for key in ("normalized_trades", "vwap_1m", "ohlc_5m", "positions_1h", "sector_stats_1h", "large_trades"):
+        for key in assets:
             recs = [r for r in instance.fetch_materializations(
                 dg.AssetRecordsFilter(asset_key=dg.AssetKey(key)), limit=200).records if r.run_id == run_id]
             if recs:
@@ -80,7 +106,8 @@ def _run_breakdown(instance, run_ids: list[str]) -> list[dict]:
                     "queue_wait_s": round((stats.launch_time or 0) - (stats.enqueued_time or 0), 3),
                     "launch_overhead_s": round((stats.start_time or 0) - (stats.launch_time or 0), 3),
                     "run_s": round((stats.end_time or 0) - (stats.start_time or 0), 3),
-                    "spark_session_s": round(session_s, 3), "engine_s": round(engine_s, 3)})
+                    "spark_session_s": round(session_s, 3), "engine_s": round(engine_s, 3),
+                    "steps": _steps(instance, run_id, stats.start_time or 0)})
     return out
 
 
@@ -136,7 +163,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
             with_checks.append(time.monotonic() - at)
             runs_per_commit.append(sorted(set(instance.get_run_ids()) - before))
             tip += timedelta(minutes=1)
-        breakdown = _run_breakdown(instance, [r for rs in runs_per_commit for r in rs])
+        breakdown = _run_breakdown(instance, [r for rs in runs_per_commit for r in rs], [s.name for s in component.specs])
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -161,6 +188,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
             "runs_per_commit": [len(r) for r in runs_per_commit],
             "mean_queue_wait_s": mean("queue_wait_s"), "mean_launch_overhead_s": mean("launch_overhead_s"), "mean_spark_session_s": mean("spark_session_s"),
             "mean_engine_s": mean("engine_s"), "mean_run_s": mean("run_s"),
+            "mean_steps_s": _mean_steps(breakdown[1:] or breakdown),
             "failed_runs": sum(b["status"] != "SUCCESS" for b in breakdown), "runs": breakdown, "errors": errors,
             "work": work}
 
