@@ -14,100 +14,20 @@ were (gross magnitude, counts, extremes; all merge by plain sums and min/max).
 1e-9 relative; the run then recomputes that window (reason PRECISION_LOSS).
 
 Expressions are Spark SQL text: one analyzer call each, and readable in `explain`.
+The numeric and ordered kinds live here, the sketch/set/pick kinds in `agg_sets.py`, their base
+`AggImpl` in `agg_base.py`; `implementation()` maps every kind of `kinds.KINDS` to one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import Callable
 
 from pyspark.sql.types import DataType, DecimalType, IntegralType, NumericType
 
+from .agg_base import EVENT_TS, PRECISION_RATIO, ROWS, SIGN, AggImpl, q  # noqa: F401  (re-exported)
+from .agg_sets import DistinctSet, DistinctSketch, ExtremeBy, FrequentSketch, QuantileSketch, Query, TopK
 from .kinds import KINDS
 from .spec import Agg
-
-SIGN = "__sign"
-EVENT_TS = "__ts"
-ROWS = "__n"  # signed row count of a group; a group whose count reaches 0 is gone
-# A window that saw a retraction is recomputed when the magnitude of what it summed exceeds its value
-# by this factor: the retraction's rounding error (~2.2e-16 x magnitude) could then reach ~1e-12 of it.
-PRECISION_RATIO = 4096.0
-
-
-def q(name: str) -> str:
-    """A quoted Spark SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-@dataclass(frozen=True)
-class AggImpl:
-    """Spark behaviour of one `Agg`, as SQL expressions over named columns."""
-
-    agg: Agg
-    input_type: DataType | None
-
-    PARTS: ClassVar[tuple[str, ...]] = ()  # names of the state columns (per kind)
-
-    @property
-    def retractable(self) -> bool:
-        return KINDS[self.agg.kind].retractable
-
-    @property
-    def parts(self) -> tuple[str, ...]:
-        return self.PARTS
-
-    @property
-    def state_columns(self) -> list[str]:
-        return [f"__st_{self.agg.name}_{p}" for p in self.parts]
-
-    def s(self, part: str) -> str:
-        return q(f"__st_{self.agg.name}_{part}")
-
-    @property
-    def x(self) -> str:
-        return q(self.agg.column) if self.agg.column else "1"
-
-    def _named(self, exprs: Sequence[str]) -> list[str]:
-        return [f"{e} AS {q(n)}" for e, n in zip(exprs, self.state_columns)]
-
-    # overridden per kind
-    def partial_exprs(self, sign: str) -> list[str]:
-        """Aggregate expressions over input rows (grouped by window, keys and sign)."""
-        raise NotImplementedError
-
-    def pre_merge_exprs(self, group: Sequence[str]) -> list[str]:
-        """Window expressions added before merging (only the variance needs one)."""
-        return []
-
-    def merge_exprs(self) -> list[str]:
-        """Aggregate expressions over state rows: associative, commutative, identity = no rows."""
-        raise NotImplementedError
-
-    def finalize_expr(self) -> str:
-        raise NotImplementedError
-
-    def lost_expr(self) -> str | None:
-        """SQL condition over a merged state row: True when retractions may have cost this window
-        its precision (it must be recomputed). None for aggregates whose state is exact."""
-        return None
-
-    # helpers for callers
-    def partial(self, sign: str = q(SIGN)) -> list[str]:
-        return self._named(self.partial_exprs(sign))
-
-    def merge(self) -> list[str]:
-        return self._named(self.merge_exprs())
-
-    def finalize(self) -> str:
-        return f"{self.finalize_expr()} AS {q(self.agg.name)}"
-
-    def describe(self) -> dict:
-        return {
-            "name": self.agg.name, "kind": self.agg.kind, "column": self.agg.column, "expr": self.agg.expr,
-            "state_columns": self.state_columns, "retractable": self.retractable,
-            "partial": self.partial_exprs(q(SIGN)), "merge": self.merge_exprs(), "finalize": self.finalize_expr(),
-            "precision_guard": self.lost_expr(),
-        }
 
 
 def _retracted(sign: str, expr: str) -> str:
@@ -243,143 +163,14 @@ class _FirstLast(AggImpl):
         return f"{self.s('p')}.v"
 
 
-class _DistinctSketch(AggImpl):
-    """HyperLogLog sketch; a union is exact on registers, so merges equal one sketch of all rows."""
-
-    PARTS = ("sk",)
-
-    def partial_exprs(self, sign):
-        integral = isinstance(self.input_type, IntegralType)
-        value = f"CAST({self.x} AS {'BIGINT' if integral else 'STRING'})"
-        return [f"hll_sketch_agg({value}, {self.agg.precision or 12})"]
-
-    def merge_exprs(self):
-        return [f"hll_union_agg({self.s('sk')}, true)"]
-
-    def finalize_expr(self):
-        return f"hll_sketch_estimate({self.s('sk')})"
-
-
-class _QuantileSketch(AggImpl):
-    """KLL sketch of doubles; `nn` keeps the non-null count so an empty sketch yields null."""
-
-    PARTS = ("sk", "nn")
-
-    def partial_exprs(self, sign):
-        x = f"CAST({self.x} AS DOUBLE)"
-        return [f"kll_sketch_agg_double({x}, {self.agg.precision or 200})", f"count({x})"]
-
-    def merge_exprs(self):
-        return [f"kll_merge_agg_double({self.s('sk')}, {self.agg.precision or 200})", f"sum({self.s('nn')})"]
-
-    def finalize_expr(self):
-        return (f"CASE WHEN {self.s('nn')} > 0 THEN "
-                f"kll_sketch_get_quantile_double({self.s('sk')}, CAST({float(self.agg.quantile)!r} AS DOUBLE)) END")
-
-
-class _DistinctSet(AggImpl):
-    """Exact COUNT(DISTINCT): the set of values; a union merges, so it cannot retract."""
-
-    PARTS = ("set",)
-
-    def partial_exprs(self, sign):
-        return [f"collect_set({self.x})"]
-
-    def merge_exprs(self):
-        return [f"array_distinct(flatten(collect_list({self.s('set')})))"]
-
-    def finalize_expr(self):
-        return f"CAST(size({self.s('set')}) AS BIGINT)"
-
-
-class _ExtremeBy(AggImpl):
-    """MIN_BY / MAX_BY: the (by, value) pair with the smallest / largest `by`; ties by value."""
-
-    PARTS = ("p",)
-
-    @property
-    def _fn(self) -> str:
-        return "min" if self.agg.kind == "min_by" else "max"
-
-    def partial_exprs(self, sign):
-        by = q(self.agg.by)
-        return [f"{self._fn}(CASE WHEN {by} IS NOT NULL THEN named_struct('o', {by}, 'v', {self.x}) END)"]
-
-    def merge_exprs(self):
-        return [f"{self._fn}({self.s('p')})"]
-
-    def finalize_expr(self):
-        return f"{self.s('p')}.v"
-
-
-class _TopK(AggImpl):
-    """The k largest values: each partial keeps its k largest, a merge keeps the k largest of those."""
-
-    PARTS = ("top",)
-
-    def _keep(self, values: str) -> str:
-        return f"slice(sort_array({values}, false), 1, {int(self.agg.k)})"
-
-    def partial_exprs(self, sign):
-        return [self._keep(f"collect_list({self.x})")]
-
-    def merge_exprs(self):
-        return [self._keep(f"flatten(collect_list({self.s('top')}))")]
-
-    def finalize_expr(self):
-        return self.s("top")
-
-
-class _FrequentSketch(AggImpl):
-    """Approximate top-k most frequent values: Spark's frequent-items sketch, merged by combine."""
-
-    PARTS = ("sk",)
-
-    def partial_exprs(self, sign):
-        return [f"approx_top_k_accumulate({self.x}, {int(self.agg.precision or 1000)})"]
-
-    def merge_exprs(self):
-        return [f"approx_top_k_combine({self.s('sk')}, {int(self.agg.precision or 1000)})"]
-
-    def finalize_expr(self):
-        return frequent_first(f"approx_top_k_estimate({self.s('sk')}, {int(self.agg.precision or 1000)})", self.agg.k)
-
-
-class _Query(AggImpl):
-    """Any Spark SQL aggregate: its state is the final value of a window computed from all its rows.
-
-    Such a flow is refill-only (the planner recomputes every window a change touches), so a window's
-    merge sees exactly one row, from the snapshot. Should a second one ever meet it, the run fails
-    instead of keeping either value.
-    """
-
-    PARTS = ("v",)
-
-    def partial_exprs(self, sign):
-        return [f"({self.agg.expr})"]
-
-    def merge_exprs(self):
-        msg = f"laminar: aggregate {self.agg.name} = {self.agg.expr} cannot merge two partial states"
-        return [f"CASE WHEN count(1) > 1 THEN raise_error({msg!r}) ELSE first({self.s('v')}) END"]
-
-    def finalize_expr(self):
-        return self.s("v")
-
-
-def frequent_first(items: str, k: int) -> str:
-    """The first `k` of an array of (item, count) structs, most frequent first and ties by item, so the
-    answer does not depend on the order rows were merged in (exact while the sketch tracks every item)."""
-    order = ("(l, r) -> CASE WHEN l.count > r.count THEN -1 WHEN l.count < r.count THEN 1 "
-             "WHEN l.item < r.item THEN -1 WHEN l.item > r.item THEN 1 ELSE 0 END")
-    return f"slice(array_sort({items}, {order}), 1, {int(k)})"
 
 
 _IMPLEMENTATIONS: dict[str, Callable[..., AggImpl]] = {
     "count": _Count, "sum": _Sum, "avg": _Avg, "var_samp": _Variance, "stddev_samp": _Variance,
     "min": _Extreme, "max": _Extreme, "first": _FirstLast, "last": _FirstLast,
-    "approx_count_distinct": _DistinctSketch, "approx_percentile": _QuantileSketch,
-    "count_distinct": _DistinctSet, "min_by": _ExtremeBy, "max_by": _ExtremeBy, "top_k": _TopK,
-    "approx_top_k": _FrequentSketch, "sql": _Query,
+    "approx_count_distinct": DistinctSketch, "approx_percentile": QuantileSketch,
+    "count_distinct": DistinctSet, "min_by": ExtremeBy, "max_by": ExtremeBy, "top_k": TopK,
+    "approx_top_k": FrequentSketch, "sql": Query,
 }
 assert set(_IMPLEMENTATIONS) == set(KINDS), "every kind in kinds.KINDS needs an implementation"
 

@@ -17,13 +17,11 @@ from laminar_assets.errors import SpecError
 from .kinds import KINDS
 from .spec_parts import (  # noqa: F401  (re-exported: specs are built from these)
     Agg, DimensionJoin, FactJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, agg_problem, as_pairs, as_tuple,
+    catalog_problem, joins_problem,
 )
 from .windows import Granularity, Interval, WindowShape, divides, parse_duration, to_utc
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-_TAG_KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}$")  # Dagster's rules for asset tags
-_TAG_VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 # Rules the engine always applies; a row breaking one is quarantined under this name.
 BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "key_missing", "unmatched")
 RESERVED_COLUMNS = ("window_start", "window_end")
@@ -86,13 +84,9 @@ class _Common:
         set_(self, "rules", as_tuple(self.rules))
         set_(self, "owners", as_tuple(self.owners))
         set_(self, "tags", as_pairs(self.tags))
-        for owner in self.owners:
-            if not isinstance(owner, str) or not (_EMAIL_RE.match(owner) or owner.startswith("team:") and len(owner) > 5):
-                self._fail("owners", f"expected an email address or 'team:<name>', found {owner!r}")
-        for key, value in self.tags:
-            if not (isinstance(key, str) and _TAG_KEY_RE.match(key) and isinstance(value, str) and _TAG_VALUE_RE.match(value)):
-                self._fail(f"tags.{key}", "expected a key of letters, digits, '_', '-', '.', '/' and a value of up to "
-                           f"63 letters, digits, '_', '-', '.', found {key!r}: {value!r}")
+        problem = catalog_problem(self.owners, self.tags)
+        if problem:
+            self._fail(*problem)
         if self.target_lag is not None:
             try:
                 lag = parse_duration(self.target_lag)
@@ -255,23 +249,9 @@ class FlowSpec(_Common):
                        "windows it touches); use refresh 'auto' or an aggregate Laminar can merge")
 
     def _validate_joins(self) -> None:
-        aliases = set()
-        for i, join in enumerate(self.joins):
-            if not isinstance(join, FactJoin):
-                self._fail(f"joins[{i}]", f"expected a FactJoin, found {join!r}")
-            if join.table in self.sources:
-                self._fail(f"joins[{i}].table", f"{join.table!r} is already a source of the flow (no self-joins)")
-            if join.how not in ("inner", "left"):
-                self._fail(f"joins[{i}].how", f"expected 'inner' or 'left' (windows follow the source's rows), "
-                           f"found {join.how!r}")
-            if not _NAME_RE.match(join.alias or "") or join.alias in aliases:
-                self._fail(f"joins[{i}].alias", f"expected a unique identifier, found {join.alias!r}")
-            if not (isinstance(join.on, str) and join.on.strip()):
-                self._fail(f"joins[{i}].on", "expected a join condition (Spark SQL)")
-            aliases.add(join.alias)
-        if self.joins and self.rules:
-            self._fail("rules", "row rules (quarantine) apply to a single source; a flow that joins fact tables "
-                       "takes none: put the rules on a stage it reads")
+        problem = joins_problem(self.joins, self.sources, self.rules)
+        if problem:
+            self._fail(*problem)
 
     @property
     def dimension_tables(self) -> tuple[str, ...]:
