@@ -29,11 +29,11 @@ from .layout import STEPS, EngineOptions, Layout, RunContext  # noqa: F401  (STE
 from .plan import Mode, PartitionPlan, Reason
 from .planner import plan_partition
 from .result import RunResult
-from .spark_io import new_run_id
+from .spark_io import interpreted, new_run_id
 from .spark_read import read_source
 from .spec import FlowSpec, RefreshPolicy, StageSpec
 from .sweep import sweep
-from .validate import check_source
+from .validate import CheckedSource, check_source
 from .windows import in_ranges, partition_interval
 
 Spec = FlowSpec | StageSpec
@@ -232,7 +232,7 @@ class Engine:
                                  "written to the partition", flow=spec.name, partition=plan.partition,
                                  run_id=run_id) from exc
 
-    def _check(self, spec: Spec, info, dims) -> dict[str, str]:
+    def _check(self, spec: Spec, info, dims) -> CheckedSource:
         key = (spec.name, spec.spec_hash, info.uri, info.version, *[(d.uri, d.version) for d in dims.values()])
         if key not in self._checked:  # the analyzer costs a Spark round trip: once per table version
             if len(self._checked) > 256:
@@ -258,19 +258,24 @@ class Engine:
 
     def sink_frames(self, spec: Spec, partitions: list[str]) -> DataFrame:
         """The sink rows of several partitions from one table open, as one (lazy) Spark DataFrame."""
+        return self._sink_read(spec, partitions)[0]
+
+    def preview(self, spec: Spec, partition: str, *, limit: int = 5):
+        """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
+        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
+        df, size = self._sink_read(spec, [partition])
+        with interpreted(self.spark, size < self.ctx.options.interpreted_below_bytes):
+            return df.orderBy(column).limit(limit).toPandas()
+
+    def _sink_read(self, spec: Spec, partitions: list[str]) -> tuple[DataFrame, int]:
         uri = self.ctx.layout.sink_uri(spec)
         if not DeltaTable.is_deltatable(uri):
             raise LaminarError(f"sink table of '{spec.name}' does not exist yet", flow=spec.name)
         parts = [partition_interval(p, spec.granularity) for p in partitions]
         column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
         info = table_info(spec.sink, uri)
-        df = read_source(self.spark, snapshot_files(info, column, parts), info)
-        return df.where(in_ranges(column, parts))
-
-    def preview(self, spec: Spec, partition: str, *, limit: int = 5):
-        """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
-        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
-        return self.sink_frame(spec, partition).orderBy(column).limit(limit).toPandas()
+        files = snapshot_files(info, column, parts)
+        return read_source(self.spark, files, info).where(in_ranges(column, parts)), sum(f.size for f in files)
 
     def finalize(self, spec: FlowSpec, state: DataFrame) -> DataFrame:
         """Sink rows from state rows."""

@@ -4,7 +4,7 @@
     partial   one aggregation: signed partial states per (partition, window, keys)
     merge     with the old state of the touched partitions only, minus refilled windows
     state     one Spark job writes the merged state, one file per partition; one Delta commit
-    sink      one Spark job finalizes the same (cached) merged state; one Delta commit
+    sink      one Spark job finalizes the state files just written (a scan, no shuffle); one Delta commit
 
 Run metrics come from the same jobs (`DataFrame.observe`), not from extra ones. The
 state is re-read only when a crashed run is recovered (`rederive_sinks`).
@@ -29,7 +29,7 @@ from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, join_facts, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import stage
+from .spark_io import interpreted, observe, read_staged, stage
 from .spark_read import read_source
 from .spec import FlowSpec
 from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_interval, \
@@ -60,7 +60,7 @@ class PassResult:
 def state_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs) -> DataFrame:
     """The merged state the plans produce, lazily (what a run writes; what `explain` prints)."""
     copies, _reads = _copies(ctx, spec, plans, inputs)
-    partial, impls = _partial(spec, copies)
+    partial, impls = _partial(spec, copies, inputs)
     return _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)
 
 
@@ -69,10 +69,12 @@ def recompute(ctx: RunContext, spec: FlowSpec, plan: PartitionPlan, inputs: RunI
     return finalize(spec, state_query(ctx, spec, [plan], inputs)).drop(PART)
 
 
-def finalize(spec: FlowSpec, state: DataFrame, *, keep: tuple[str, ...] = ()) -> DataFrame:
-    """Sink rows (business columns, plus `__p` when the state has it, plus the state columns `keep`)."""
+def finalize(spec: FlowSpec, state: DataFrame, *, keep: tuple[str, ...] = (),
+             partitioned: bool | None = None) -> DataFrame:
+    """Sink rows (business columns, plus `__p` when the state has it, plus the state columns `keep`).
+    `partitioned`: whether `state` has `__p` (asked of Spark when not given)."""
     impls = [implementation(a) for a in spec.aggregates]
-    extra = [PART] if PART in state.columns else []
+    extra = [PART] if (PART in state.columns if partitioned is None else partitioned) else []
     out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls],
                            *[q(c) for c in keep])
     for name, expr in spec.post:
@@ -87,25 +89,26 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     out = PassResult()
     keys = [p.partition for p in plans]
     copies, reads = _copies(ctx, spec, plans, inputs)
-    partial, impls = _partial(spec, copies)
-    reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
-    partial = partial.observe(reads_obs, *_read_metrics(spec, plans if per_part else []))
-    merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)
-    lost = F.lit(False)
-    for impl in impls:
-        cond = impl.lost_expr() if ctx.options.precision_guard else None
-        if cond is not None:
-            lost = lost | F.coalesce(F.expr(cond), F.lit(False))
-    merge_obs = Observation()
-    merged = merged.withColumn("__lost", lost).observe(merge_obs, F.sum(F.col("__lost").cast("int")).alias("lost"))
-    merged = merged.persist()
-    try:
+    # small inputs: interpreted expressions (compiling each query's new code costs more than it saves)
+    with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
+        partial, impls = _partial(spec, copies, inputs)
+        reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
+        partial = observe(partial, reads_obs, *_read_metrics(spec, plans if per_part else []))
+        merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)
+        lost = F.lit(False)
+        for impl in impls:
+            cond = impl.lost_expr() if ctx.options.precision_guard else None
+            if cond is not None:
+                lost = lost | F.coalesce(F.expr(cond), F.lit(False))
+        merge_obs = Observation()
+        checked = observe(merged.withColumn("__lost", lost), merge_obs,
+                          F.sum(F.col("__lost").cast("int")).alias("lost"))
         t0 = time.perf_counter()
         state_uri = ctx.layout.state_uri(spec, inputs.input_schema)
-        staged = stage(merged.drop("__lost"), state_uri, run_id, by=PART)  # Spark job: read, merge, write
+        staged = stage(checked.drop("__lost"), state_uri, run_id, by=PART)  # Spark job: read, merge, write
         if merge_obs.get.get("lost"):
             staged.discard()
-            raise PrecisionLost(_lost_windows(spec, merged))
+            raise PrecisionLost(_lost_windows(spec, merged.where(lost)))
         _collect_metrics(out, reads_obs.get, plans, per_part)
         for k in keys:
             out.metrics[k].update(files_read=reads.files.get(k, 0), bytes_read=reads.bytes.get(k, 0))
@@ -125,16 +128,17 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
                                         transactions=txns, metadata=meta, run_id=run_id)
         ctx.hook("after_state_commit")
         t2 = time.perf_counter()
-        sink = stage(finalize(spec, merged), ctx.layout.sink_uri(spec), run_id + "-sink",
-                     by=PART)  # Spark job: from the cached merged state
+        # The sink is finalized from the state files just staged (one scan of the touched partitions'
+        # state, no shuffle): cheaper than caching the merge, whose plan Spark must build twice.
+        state = with_partition(read_staged(ctx.spark, staged, state_uri), spec, WS)
+        sink = stage(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
+                     by=PART)  # Spark job
         metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
                                        transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
                                        run_id=run_id + "-sink", reset_on_schema_change=True)
         out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
         ctx.hook("after_sink_commit")
-    finally:
-        merged.unpersist()
     return out
 
 
@@ -170,7 +174,7 @@ def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs:
     """Every row the plans read, once per window holding it, kept only where it counts (lazy)."""
     reads = read_set(spec, plans, inputs)
     rows = join_facts(ctx.spark, spec, read_rows(ctx.spark, spec, reads, inputs), inputs)
-    rows = prepare(spec, rows).where(qr.assigned(spec))
+    rows = prepare(spec, rows, inputs).where(qr.assigned(spec))
     copies = with_partition(assign_windows(rows, EVENT_TS, spec.shape), spec, WS)
     # `__primary` marks the copy in the row's own partition (its latest window); `__first` the latest
     # copy within each partition the row reaches, so every partition counts the rows it read once.
@@ -181,9 +185,9 @@ def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs:
     return copies.where(keep(spec, plans, WS)), reads
 
 
-def _partial(spec: FlowSpec, copies: DataFrame):
+def _partial(spec: FlowSpec, copies: DataFrame, inputs: RunInputs):
     """Signed partial states per (partition, window, keys, sign, broken rule): one aggregation."""
-    impls = implementations(spec, copies.schema)
+    impls = implementations(spec, inputs.row_schema or copies.schema)
     rejected = f"{RULE} IS NOT NULL AND {SIGN} > 0 AND __primary"
     partial = copies.groupBy(PART, WS, WE, *spec.keys, SIGN, RULE).agg(
         F.expr("sum(CASE WHEN __first THEN 1 ELSE 0 END) AS __in_rows"),
@@ -217,19 +221,26 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
 
 
 def _read_metrics(spec: FlowSpec, plans: list[PartitionPlan]) -> list:
-    """Aggregates over partial states: totals, and per partition when `plans` is given."""
-    good = F.col(RULE).isNull()
+    """Aggregates over partial states: totals, and per partition when `plans` is given.
 
-    def four(cond, suffix):
-        return [F.sum(F.when(cond, F.col("__in_rows"))).alias(f"rows{suffix}"),
-                F.sum(F.when(cond, F.col("__rejected"))).alias(f"rejected{suffix}"),
-                F.sum(F.when(cond & (F.col(SIGN) < 0), F.col("__in_rows"))).alias(f"retracted{suffix}"),
-                F.count(F.when(cond & good, F.lit(1))).alias(f"groups{suffix}"),
-                F.approx_count_distinct(F.when(cond & good, F.col(WS)), 0.01).alias(f"windows{suffix}")]
+    SQL text rather than Column trees (a Py4J round trip per node in local mode). Windows are
+    counted with a DataSketches HLL sketch: exact for small counts, a few hundred bytes per
+    aggregate; `approx_count_distinct` at 1% error carried 16k registers per aggregate and task
+    and cost a second per run in the observation alone."""
+    good = f"{RULE} IS NULL"
 
-    out = four(F.lit(True), "")
+    def four(cond: str, suffix: str) -> list:
+        return [F.expr(e) for e in (
+            f"sum(CASE WHEN {cond} THEN __in_rows END) AS `rows{suffix}`",
+            f"sum(CASE WHEN {cond} THEN __rejected END) AS `rejected{suffix}`",
+            f"sum(CASE WHEN {cond} AND {SIGN} < 0 THEN __in_rows END) AS `retracted{suffix}`",
+            f"count(CASE WHEN {cond} AND {good} THEN 1 END) AS `groups{suffix}`",
+            f"hll_sketch_estimate(hll_sketch_agg(CASE WHEN {cond} AND {good} THEN unix_micros({WS}) END, 12))"
+            f" AS `windows{suffix}`")]
+
+    out = four("true", "")
     for p in plans:
-        out += four(F.col(PART) == F.lit(partition_id(p.partition, spec.granularity)), f"@{p.partition}")
+        out += four(f"{PART} = {partition_id(p.partition, spec.granularity)}", f"@{p.partition}")
     return out
 
 
@@ -243,8 +254,8 @@ def _collect_metrics(out: PassResult, row: dict, plans: list[PartitionPlan], per
             out.metrics[p.partition] = {v: int(row.get(k) or 0) if i == 0 else 0 for k, v in names.items()}
 
 
-def _lost_windows(spec: FlowSpec, merged: DataFrame) -> dict[str, tuple[Interval, ...]]:
-    rows = merged.where("__lost").select(WS).distinct().collect()  # a job only when precision was lost
+def _lost_windows(spec: FlowSpec, lost: DataFrame) -> dict[str, tuple[Interval, ...]]:
+    rows = lost.select(WS).distinct().collect()  # a job only when precision was lost
     out: dict[str, list[Interval]] = {}
     for r in rows:
         iv = Interval(r[WS], r[WS] + spec.shape.slide)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from pyspark.sql.types import StructType
+
 from laminar_assets.checkpoints import Watermark
 from laminar_assets.errors import LaminarError
 
@@ -31,6 +33,7 @@ class RunInputs:
     histories: dict[str, SourceHistory]
     dims: dict[str, TableInfo]
     input_schema: dict[str, str]
+    row_schema: StructType | None = None  # a source row with joined and derived columns (check_source)
     _snapshots: dict[tuple, list[DataFile]] = field(default_factory=dict, repr=False)
 
     def histories_after(self, mark: Watermark | None) -> dict[str, SourceHistory]:
@@ -55,14 +58,16 @@ class RunInputs:
 
 def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema) -> RunInputs:
     """Open every source and dimension once at its latest version, check the spec against each
-    source's schema (`check_schema(info, dims) -> column types`) and read the log once from the oldest
+    source's schema (`check_schema(info, dims) -> CheckedSource`) and read the log once from the oldest
     watermark among `marks` (partitions without one refill from the snapshot)."""
     marks = list(marks)
-    infos, histories, schema = {}, {}, {}
+    infos, histories, schema, row_schema = {}, {}, {}, None
     dims = {t: table_info(t, layout.table_uri(t)) for t in spec.dimension_tables}
     for src in spec.sources:
         info = table_info(src, layout.table_uri(src))
-        for col, typ in check_schema(info, dims).items():
+        checked = check_schema(info, dims)
+        row_schema = row_schema or checked.row_schema
+        for col, typ in checked.types.items():
             if col in schema and schema[col] != typ:
                 raise LaminarError(f"sources of '{spec.name}' disagree on the type of {col!r}: "
                                    f"{schema[col]} vs {typ} in '{src}'", flow=spec.name, table=src, column=col)
@@ -75,7 +80,7 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
         if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
             oldest = info.version
         histories[src] = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info)
-    return RunInputs(infos, histories, dims, schema)
+    return RunInputs(infos, histories, dims, schema, row_schema)
 
 
 def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: RunInputs, *, force: bool = False,

@@ -34,7 +34,8 @@ from .delta_source import snapshot_files
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import FlowSpec, StageSpec
 from .validate import event_time_column
-from .windows import Interval, coalesce, in_ranges, partition_id, partition_id_column
+from .windows import Interval, coalesce, in_ranges, in_ranges_sql, partition_id, partition_id_column, \
+    partition_id_sql
 
 SRC, DVER, SNAP, PART = "__src", "__dver", "__snap", "__p"
 _SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
@@ -64,6 +65,11 @@ class ReadSet:
     @property
     def empty(self) -> bool:
         return not any(g.files for g in self.groups)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every file the run reads, each counted once per role it is read in."""
+        return sum(f.size for g in self.groups for f in g.files)
 
 
 def refill_events(spec, plan: PartitionPlan) -> list[Interval]:
@@ -163,6 +169,11 @@ def join_facts(spark: SparkSession, spec, rows: DataFrame, inputs: RunInputs) ->
     return rows
 
 
+def joined_columns(spec) -> list[str]:
+    """The names a flow's joined fact-table columns get in its rows (`<alias>__<column>`)."""
+    return [join.column(c) for join in (spec.joins if isinstance(spec, FlowSpec) else ()) for c in join.columns]
+
+
 def without_joins(spec, rows: DataFrame) -> DataFrame:
     """`rows` with a flow's joined columns as typeless NULLs: for rows no window will hold (the sweep),
     whose derived columns and filter must still resolve but never join anything."""
@@ -183,17 +194,25 @@ def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval]) -> Colu
     return in_ranges(spec.event_time, needed)
 
 
-def prepare(spec, frame: DataFrame) -> DataFrame:
+def prepare(spec, frame: DataFrame, inputs: RunInputs | None = None) -> DataFrame:
     """Source rows with the event time (EVENT_TS), the first rule each breaks (RULE) and the original
-    row (ROW). Rows breaking a rule pass the spec's filter so they reach the quarantine."""
-    raw = [c for c in frame.columns if not c.startswith("__")]
+    row (ROW). Rows breaking a rule pass the spec's filter so they reach the quarantine.
+
+    `inputs`: the run's inputs, for `frame` as `read_rows` (+ `join_facts`) built it; its column
+    names and types then come from the checked source schema instead of an analysis of `frame`
+    (over Spark Connect each is a round trip that re-analyses the whole plan)."""
+    if inputs is not None and inputs.row_schema is not None:
+        raw = [*inputs.infos[spec.sources[0]].schema.names, *joined_columns(spec)]
+        ts_type = inputs.row_schema[spec.event_time].dataType
+    else:
+        raw, ts_type = [c for c in frame.columns if not c.startswith("__")], None
     rule = F.lit(None).cast("string")
     for src in dict.fromkeys(spec.sources):  # the rules of each row's own source
         rule = F.when(F.col(SRC) == F.lit(src), qr.declared_rule(spec, src)).otherwise(rule)
     df = frame.withColumn(ROW, qr.original_row(raw)).withColumn(RULE, rule)
     for name, expr in spec.derived:  # not evaluated on broken rows (ANSI errors, e.g. x / 0)
         df = df.withColumn(name, F.when(F.col(RULE).isNull(), F.expr(expr)))
-    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time, ts_type))
     df = df.withColumn(RULE, F.coalesce(F.col(RULE), qr.key_rule(spec)))
     if spec.filter:  # the filter picks among good rows; broken ones go on to the quarantine
         df = df.where(F.expr(spec.filter) | F.col(RULE).isNotNull() | ~qr.assigned(spec))
@@ -203,21 +222,25 @@ def prepare(spec, frame: DataFrame) -> DataFrame:
 def keep(spec, plans: list[PartitionPlan], at: str) -> Column:
     """Whether a row counts for the partition holding timestamp column `at` (the window start of a
     flow's row copy, a stage row's event time); rows of partitions outside `plans` never count."""
-    refilled = in_ranges(at, [r for p in plans for r in (p.refill if isinstance(spec, FlowSpec) else
-                                                      ([p.interval] if p.refill else []))])
+    refilled = in_ranges_sql(at, [r for p in plans for r in (p.refill if isinstance(spec, FlowSpec) else
+                                                          ([p.interval] if p.refill else []))])
     groups: dict[tuple, list[int]] = {}
     for p in plans:
         versions = tuple(sorted((s, tuple(v)) for s, v in p.incremental_versions.items() if v))
         if versions:
             groups.setdefault(versions, []).append(partition_id(p.partition, spec.granularity))
-    merged = F.lit(False)
-    part = partition_id_column(at, spec.granularity)
-    for versions, ids in groups.items():
-        by_commit = F.lit(False)
-        for src, vs in versions:
-            by_commit = by_commit | ((F.col(SRC) == F.lit(src)) & F.col(DVER).isin(*vs))
-        merged = merged | (part.isin(*ids) & by_commit)
-    return F.when(refilled, F.col(SNAP)).otherwise(merged)
+    # SQL text, one expression: a Column tree costs a Py4J round trip per node in local mode
+    part = partition_id_sql(at, spec.granularity)
+    merged = [f"({part} IN ({', '.join(map(str, ids))}) AND ("
+              + " OR ".join(f"({SRC} = {sql_string(src)} AND {DVER} IN ({', '.join(map(str, vs))}))"
+                            for src, vs in versions) + "))"
+              for versions, ids in groups.items()]
+    return F.expr(f"CASE WHEN {refilled} THEN {SNAP} ELSE {' OR '.join(merged) or 'false'} END")
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal (backslashes and quotes escaped)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def with_partition(df: DataFrame, spec, at: str) -> DataFrame:

@@ -11,6 +11,8 @@ partition's files and rewrites nobody else's.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -117,6 +119,43 @@ class StagedFiles:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+
+def observe(df: DataFrame, observation, *metrics) -> DataFrame:
+    """`df.observe(observation, *metrics)` for a batch frame. The Spark Connect client first asks the
+    server whether `df` is streaming, one more analysis of the whole plan per call; run frames never
+    are, so that answer is given up front."""
+    if isinstance(getattr(type(df), "isStreaming", None), functools.cached_property):  # Connect's DataFrame
+        df.__dict__["isStreaming"] = False
+    return df.observe(observation, *metrics)
+
+
+
+# Spark settings that make a query evaluate expressions without generating and compiling Java code.
+# `factoryMode` is marked internal in Spark; if a later version ignores it, queries compile as usual.
+_INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+@contextlib.contextmanager
+def interpreted(spark: SparkSession, enabled: bool):
+    """Run the block's Spark jobs with interpreted expressions when `enabled` (small inputs: each
+    query's generated code is new, so compiling it costs more than it saves), then restore the
+    session's settings."""
+    if not enabled:
+        yield
+        return
+    before = {k: spark.conf.get(k, None) for k in _INTERPRETED}
+    for k, v in _INTERPRETED.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
 def stage(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, max_files: int = 1,
           folder: str = "laminar", partition_values: dict[str, str] | None = None) -> StagedFiles:
     """Write `df` as Parquet under `<table>/<folder>/<run_id>/` (one Spark job); empty files are dropped.
@@ -149,6 +188,19 @@ def stage(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, 
     if schema is None:
         schema = arrow_schema_of(df.drop(by) if by else df)
     return StagedFiles(tuple(adds), rows, schema, target)
+
+
+
+def read_staged(spark: SparkSession, staged: StagedFiles, table_uri: str) -> DataFrame:
+    """The rows of files this run staged under `table_uri`, read back in one scan with their known
+    schema (no inference job). Small files are read a few per task, not one task each."""
+    if not staged.adds:
+        return empty_frame(spark, staged.schema)
+    local = local_path(table_uri)
+    paths = [spark_path(os.path.join(local, a.path)) for a in staged.adds]
+    df = spark.read.schema(spark_schema(staged.schema)).parquet(*paths)
+    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 4)
+    return df.coalesce(tasks) if len(paths) > tasks else df
 
 
 def _flatten(folder: str) -> list[str]:

@@ -30,7 +30,7 @@ from .layout import RunContext
 from .plan import Mode, PartitionPlan, Reason
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import StagedFiles, arrow_schema_of, nullable, stage
+from .spark_io import StagedFiles, arrow_schema_of, interpreted, nullable, observe, stage
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import StageSpec
 from .windows import in_ranges, partition_id, partition_key_column
@@ -55,39 +55,41 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
              inputs: RunInputs, run_id: str) -> PassResult:
     out = PassResult()
     reads = read_set(spec, plans, inputs)
-    rows = prepare(spec, read_rows(ctx.spark, spec, reads, inputs)).where(qr.assigned(spec))
-    rows = with_partition(rows, spec, EVENT_TS).where(keep(spec, plans, EVENT_TS))
-    joined = _join_dimensions(ctx, spec, rows, inputs)
-    obs = Observation()
-    rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
-    exprs = []
-    for p in plans:
-        mine = F.col(PART) == F.lit(partition_id(p.partition, spec.granularity))
-        exprs += [F.count(F.when(mine, 1)).alias(f"rows@{p.partition}"),
-                  F.count(F.when(mine & rejected, 1)).alias(f"rejected@{p.partition}")]
-    joined = joined.observe(obs, *exprs).persist()
-    try:
-        t0 = time.perf_counter()
-        joined.count()  # one job: read, join and cache the rows (and fill the observed metrics)
-        counts = obs.get
-        new = _deduped(spec, joined.where(F.col(RULE).isNull()))
-        refill = [p for p in plans if p.mode is Mode.REFILL]
-        incremental = [p for p in plans if p.mode is not Mode.REFILL]
-        new_inc = new.where(_in_partitions(spec, incremental))
-        if incremental and spec.dedup_key:
-            new_inc = _dedup_against_sink(ctx, spec, incremental, new_inc)
-        new_ref = new.where(_in_partitions(spec, refill))
+    with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see flow_job
+        rows = prepare(spec, read_rows(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned(spec))
+        rows = with_partition(rows, spec, EVENT_TS).where(keep(spec, plans, EVENT_TS))
+        joined = _join_dimensions(ctx, spec, rows, inputs)
+        obs = Observation()
+        rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
+        exprs = []  # SQL text: a Column tree costs a Py4J round trip per node in local mode
         for p in plans:
-            out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
-                                        "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
-        if any(m["rows_rejected"] for m in out.metrics.values()):
-            out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id)
-        ctx.hook("after_read")
-        t1 = time.perf_counter()
-        _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out)
-        out.seconds = {"read": t1 - t0, "write": time.perf_counter() - t1}
-    finally:
-        joined.unpersist()
+            mine = f"{PART} = {partition_id(p.partition, spec.granularity)}"
+            exprs += [F.expr(f"count(CASE WHEN {mine} THEN 1 END) AS `rows@{p.partition}`"),
+                      F.expr(f"count(CASE WHEN {mine} AND {RULE} IS NOT NULL AND {SIGN} > 0 THEN 1 END)"
+                             f" AS `rejected@{p.partition}`")]
+        joined = observe(joined, obs, *exprs).persist()
+        try:
+            t0 = time.perf_counter()
+            joined.count()  # one job: read, join and cache the rows (and fill the observed metrics)
+            counts = obs.get
+            new = _deduped(spec, joined.where(F.col(RULE).isNull()))
+            refill = [p for p in plans if p.mode is Mode.REFILL]
+            incremental = [p for p in plans if p.mode is not Mode.REFILL]
+            new_inc = new.where(_in_partitions(spec, incremental))
+            if incremental and spec.dedup_key:
+                new_inc = _dedup_against_sink(ctx, spec, incremental, new_inc)
+            new_ref = new.where(_in_partitions(spec, refill))
+            for p in plans:
+                out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
+                                            "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
+            if any(m["rows_rejected"] for m in out.metrics.values()):
+                out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id)
+            ctx.hook("after_read")
+            t1 = time.perf_counter()
+            _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out)
+            out.seconds = {"read": t1 - t0, "write": time.perf_counter() - t1}
+        finally:
+            joined.unpersist()
     ctx.hook("after_state_commit")
     ctx.hook("after_sink_commit")
     return out

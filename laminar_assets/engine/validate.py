@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampType
+from pyspark.sql.types import DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType
 
 from .aggregates import is_numeric
 from .kinds import KINDS
@@ -26,9 +28,10 @@ def apply_row_logic(df: DataFrame, spec: FlowSpec | StageSpec) -> DataFrame:
     return df
 
 
-def event_time_column(df: DataFrame, column: str):
-    """The event time as a timestamp; strings that do not parse become null (counted, not fatal)."""
-    dtype = df.schema[column].dataType
+def event_time_column(df: DataFrame | None, column: str, dtype: DataType | None = None):
+    """The event time as a timestamp; strings that do not parse become null (counted, not fatal).
+    `dtype`: the column's type when known (no analysis of `df` then)."""
+    dtype = dtype or df.schema[column].dataType
     if isinstance(dtype, StringType):
         return F.try_to_timestamp(F.col(column))
     if isinstance(dtype, (TimestampNTZType, DateType)):
@@ -36,13 +39,22 @@ def event_time_column(df: DataFrame, column: str):
     return F.col(column)
 
 
+@dataclass(frozen=True)
+class CheckedSource:
+    """What `check_source` found: the types of the columns the spec reads (the input-schema
+    fingerprint), and the analyzed schema of a source row with the spec's joined and derived columns,
+    so a run builds its query without asking Spark for schemas again."""
+
+    types: dict[str, str]
+    row_schema: StructType
+
+
 def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInfo,
-                 joined: dict[str, TableInfo] | None = None) -> dict[str, str]:
+                 joined: dict[str, TableInfo] | None = None) -> CheckedSource:
     """Fail clearly if `info` lacks a column the spec uses or has it with an unusable type.
 
     `joined` holds the tables of a flow's fact joins (by table name): their columns join the
-    source's under their flow-side names. Returns the types of the columns the spec reads (its
-    input-schema fingerprint).
+    source's under their flow-side names.
     """
     facts = dict(flow=spec.name, table=info.name, version=info.version)
     if spec.event_time in dict(spec.derived) and spec.event_time in info.schema.names:
@@ -107,7 +119,8 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                         f"found {t.simpleString()} in '{info.name}' at version {info.version}",
                         column=agg.column, **facts,
                     )
-    return {c: df.schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}
+    schema = df.schema
+    return CheckedSource({c: schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}, schema)
 
 
 def _with_joined_columns(spark: SparkSession, spec: FlowSpec, base: DataFrame,

@@ -247,7 +247,12 @@ def partition_id_column(col: str, granularity: Granularity):
     """Spark column: the number (`partition_id`) of the partition holding timestamp column `col`."""
     from pyspark.sql import functions as F
 
-    return F.floor(F.unix_micros(F.col(col)) / F.lit(_micros(granularity.step))).cast("long")
+    return F.expr(partition_id_sql(col, granularity))
+
+
+def partition_id_sql(col: str, granularity: Granularity) -> str:
+    """`partition_id_column` as Spark SQL text."""
+    return f"CAST(floor(unix_micros({_ident(col)}) / {_micros(granularity.step)}) AS BIGINT)"
 
 
 def partition_key_column(col: str, granularity: Granularity):
@@ -262,10 +267,25 @@ def in_ranges(col: str, ranges) -> "object":
     """Spark condition: timestamp column `col` lies in one of the [start, end) `ranges`."""
     from pyspark.sql import functions as F
 
-    cond = F.lit(False)
-    for r in coalesce(ranges):
-        cond = cond | ((F.col(col) >= F.lit(r.start)) & (F.col(col) < F.lit(r.end)))
-    return cond
+    # One SQL text, not a tree of Column objects: with local Spark every Column operation is a
+    # Py4J round trip, and a run's range lists run to hundreds of ranges.
+    return F.expr(in_ranges_sql(col, ranges))
+
+
+def in_ranges_sql(col: str, ranges) -> str:
+    """`in_ranges` as Spark SQL text (`false` for no ranges)."""
+    c = _ident(col)
+    terms = [f"({c} >= {sql_timestamp(r.start)} AND {c} < {sql_timestamp(r.end)})" for r in coalesce(ranges)]
+    return "(" + " OR ".join(terms) + ")" if terms else "false"
+
+
+def sql_timestamp(t: datetime) -> str:
+    """A Spark SQL TIMESTAMP literal of the UTC instant `t`, to the microsecond."""
+    return f"TIMESTAMP'{to_utc(t).replace(tzinfo=None).isoformat(sep=' ', timespec='microseconds')}+00:00'"
+
+
+def _ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def divides(part: timedelta, whole: timedelta) -> bool:

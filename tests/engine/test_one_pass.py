@@ -4,6 +4,9 @@ refills (REFILL_CHEAPER) give the same answer."""
 
 from __future__ import annotations
 
+import shutil
+
+import pandas as pd
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -139,3 +142,31 @@ def test_small_partitions_are_never_refilled_for_cost_by_default(spark, lake, en
     assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
     assert engine.ctx.options.refill_min_bytes > 1_000_000
 
+
+
+def test_small_passes_run_interpreted_large_ones_compile_and_both_agree(spark, lake, tmp_path):
+    """Below `interpreted_below_bytes` a pass's jobs evaluate expressions without generated code; the
+    session's settings are restored after the pass, and the answers equal the compiled run's."""
+    seen = {}
+
+    def hook(step):
+        if step == "after_read":
+            seen.setdefault("mode", []).append(spark.conf.get("spark.sql.codegen.factoryMode", None))
+
+    lake.create("trades", spread(range(6)))
+    lake.append("trades", spread([2, 4], minute=30, px=3.5, qty=2))
+    small = Engine(spark, lake.root, hook=hook)  # the default threshold: these files are a few kB
+    compiled = Engine(spark, str(tmp_path / "compiled"), hook=hook, options=EngineOptions(interpreted_below_bytes=0))
+    shutil.copytree(lake.path("trades"), str(tmp_path / "compiled" / "trades"))
+    before = spark.conf.get("spark.sql.codegen.wholeStage", None)
+    small.run_many(FLOW, KEYS)
+    assert seen.pop("mode") == ["NO_CODEGEN"]
+    assert spark.conf.get("spark.sql.codegen.wholeStage", None) == before  # restored
+    assert spark.conf.get("spark.sql.codegen.factoryMode", None) != "NO_CODEGEN"
+    compiled.run_many(FLOW, KEYS)
+    assert seen.pop("mode") != ["NO_CODEGEN"]
+    a = small.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)
+    b = compiled.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)
+    assert len(a) == 8
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-12)
+    check(spark, lake)

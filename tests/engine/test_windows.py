@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laminar_assets.engine.windows import (
-    Granularity, Interval, WindowShape, coalesce, parse_duration, partition_interval, partition_key,
-    partitions_overlapping,
+    Granularity, Interval, WindowShape, coalesce, in_ranges_sql, parse_duration, partition_interval, partition_key,
+    partitions_overlapping, sql_timestamp,
 )
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -81,3 +81,20 @@ def test_partitions_overlapping_and_coalesce():
 
 def test_naive_times_are_utc():
     assert Interval(datetime(2024, 1, 1), datetime(2024, 1, 2)).start.tzinfo == timezone.utc
+
+
+@given(times, times)
+def test_sql_range_text_names_exact_microseconds(a, b):
+    lo, hi = sorted((a, b))
+    text = in_ranges_sql("ts", [Interval(lo, hi + timedelta(microseconds=1))])
+    assert sql_timestamp(lo) in text and text.startswith("((`ts` >= TIMESTAMP'")
+    literal = sql_timestamp(lo)[len("TIMESTAMP'"):-len("+00:00'")]
+    assert datetime.fromisoformat(literal).replace(tzinfo=timezone.utc) == lo
+
+
+def test_sql_range_text_edge_cases():
+    assert in_ranges_sql("ts", []) == "false"
+    assert sql_timestamp(datetime(1, 1, 1)) == "TIMESTAMP'0001-01-01 00:00:00.000000+00:00'"
+    # touching ranges merge into one condition; a backquote in a name is escaped
+    text = in_ranges_sql("a`b", [Interval(T0, T0 + timedelta(hours=1)), Interval(T0 + timedelta(hours=1), T0 + timedelta(hours=2))])
+    assert text.count(">=") == 1 and "`a``b`" in text
