@@ -16,10 +16,10 @@ from typing import Any, Mapping
 from laminar_assets.errors import SpecError
 from .kinds import KINDS
 from .spec_parts import (  # noqa: F401  (re-exported: specs are built from these)
-    Agg, DimensionJoin, FactJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, agg_problem, as_pairs, as_tuple,
-    catalog_problem, joins_problem,
+    Agg, DimensionJoin, FactJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, as_pairs, as_tuple,
 )
-from .windows import Granularity, Interval, WindowShape, divides, parse_duration, to_utc
+from .spec_checks import catalog_problem, flow_problem, joins_problem
+from .windows import Granularity, Interval, WindowShape, parse_duration, to_utc
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Rules the engine always applies; a row breaking one is quarantined under this name.
@@ -204,49 +204,9 @@ class FlowSpec(_Common):
     kind = "flow"
 
     def _validate_flow(self) -> None:
-        if not isinstance(self.window, (Tumbling, Hopping)):
-            self._fail("window", f"expected Tumbling(size) or Hopping(size, slide), found {self.window!r}")
-        shape = self.window.shape
-        step = self.granularity.step
-        if isinstance(self.window, Hopping):
-            if not divides(shape.slide, shape.size):
-                self._fail("window.slide", f"hopping slide {shape.slide} does not divide window size {shape.size}")
-            if not divides(shape.slide, step):
-                self._fail("window.slide", f"hopping slide {shape.slide} does not divide the {self.granularity.value} partition")
-        elif not divides(shape.size, step):
-            self._fail("window.size", f"window size {shape.size} does not divide the {self.granularity.value} partition ({step})")
-        for i, key in enumerate(self.keys):
-            if not isinstance(key, str) or not _NAME_RE.match(key):
-                self._fail(f"keys[{i}]", f"expected a column name, found {key!r}")
-        if len(set(self.keys)) != len(self.keys):
-            self._fail("keys", f"duplicate group-by key in {list(self.keys)}")
-        if not self.aggregates:
-            self._fail("aggregates", "expected at least one aggregate, found none")
-        seen: set[str] = set(self.keys) | set(RESERVED_COLUMNS)
-        for i, agg in enumerate(self.aggregates):
-            where = f"aggregates[{i}]"
-            if not isinstance(agg, Agg):
-                self._fail(where, f"expected an Agg, found {agg!r}")
-            problem = agg_problem(agg)
-            if problem:
-                self._fail(where, problem)
-            if not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
-                self._fail(where, f"output name {agg.name!r} is not an identifier")
-            if agg.name in seen:
-                self._fail(where, f"duplicate output column {agg.name!r}")
-            seen.add(agg.name)
-        for col, _expr in self.post:
-            if col in seen:
-                self._fail(f"post.{col}", f"duplicate output column {col!r}")
-            seen.add(col)
-        names = {a.name for a in self.aggregates}
-        for col in self.hidden:
-            if col not in names:
-                self._fail("hidden", f"expected names of aggregates, found {col!r}")
-        if self.not_incrementalizable and self.refresh is RefreshPolicy.INCREMENTAL_STRICT:
-            self._fail("refresh", "refresh 'incremental_strict' cannot maintain "
-                       f"{', '.join(self.not_incrementalizable)} incrementally (Laminar can only recompute the "
-                       "windows it touches); use refresh 'auto' or an aggregate Laminar can merge")
+        problem = flow_problem(self, RESERVED_COLUMNS)
+        if problem:
+            self._fail(*problem)
 
     def _validate_joins(self) -> None:
         problem = joins_problem(self.joins, self.sources, self.rules)

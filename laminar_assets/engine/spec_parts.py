@@ -5,13 +5,11 @@ Frozen plain data, validated when built (`spec.py` validates how they fit togeth
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from typing import Any, Mapping
 
-from .kinds import KINDS
 from .windows import WindowShape, parse_duration
 
 
@@ -227,63 +225,6 @@ class RowRule:
     name: str
     check: str
     source: str | None = None
-
-
-def agg_problem(agg: Agg) -> str | None:
-    """What is wrong with one aggregate on its own (None: nothing)."""
-    if agg.kind not in KINDS:
-        return f"unknown aggregate {agg.kind!r}; expected one of {', '.join(KINDS)}"
-    if agg.kind == "sql":
-        if not (isinstance(agg.expr, str) and agg.expr.strip()):
-            return f"aggregate 'sql' needs a Spark SQL aggregate expression (expr=...), found {agg.expr!r}"
-    elif agg.column is None and KINDS[agg.kind].needs_column:
-        return f"aggregate {agg.kind!r} needs a column"
-    if agg.kind == "approx_percentile" and not (agg.quantile is not None and 0.0 <= agg.quantile <= 1.0):
-        return f"approx_percentile needs a quantile in [0, 1], found {agg.quantile!r}"
-    if agg.kind in ("min_by", "max_by") and not (isinstance(agg.by, str) and agg.by):
-        return f"{agg.kind} needs the column whose extreme picks the row (by=...), found {agg.by!r}"
-    if agg.kind in ("top_k", "approx_top_k") and not (isinstance(agg.k, int) and 1 <= agg.k <= 10_000):
-        return f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}"
-    return None
-
-
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-_TAG_KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}$")  # Dagster's rules for asset tags
-_TAG_VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
-
-
-def catalog_problem(owners: tuple, tags: tuple) -> tuple[str, str] | None:
-    """(field, what is wrong) with a spec's owners or tags (None: nothing)."""
-    for owner in owners:
-        if not isinstance(owner, str) or not (_EMAIL_RE.match(owner) or owner.startswith("team:") and len(owner) > 5):
-            return "owners", f"expected an email address or 'team:<name>', found {owner!r}"
-    for key, value in tags:
-        if not (isinstance(key, str) and _TAG_KEY_RE.match(key) and isinstance(value, str) and _TAG_VALUE_RE.match(value)):
-            return (f"tags.{key}", "expected a key of letters, digits, '_', '-', '.', '/' and a value of up to "
-                    f"63 letters, digits, '_', '-', '.', found {key!r}: {value!r}")
-    return None
-
-
-def joins_problem(joins: tuple, sources: tuple[str, ...], rules: tuple) -> tuple[str, str] | None:
-    """(field, what is wrong) with a flow's fact joins (None: nothing)."""
-    aliases: set[str] = set()
-    for i, join in enumerate(joins):
-        if not isinstance(join, FactJoin):
-            return f"joins[{i}]", f"expected a FactJoin, found {join!r}"
-        if join.table in sources:
-            return f"joins[{i}].table", f"{join.table!r} is already a source of the flow (no self-joins)"
-        if join.how not in ("inner", "left"):
-            return f"joins[{i}].how", f"expected 'inner' or 'left' (windows follow the source's rows), found {join.how!r}"
-        if not _NAME_RE.match(join.alias or "") or join.alias in aliases:
-            return f"joins[{i}].alias", f"expected a unique identifier, found {join.alias!r}"
-        if not (isinstance(join.on, str) and join.on.strip()):
-            return f"joins[{i}].on", "expected a join condition (Spark SQL)"
-        aliases.add(join.alias)
-    if joins and rules:
-        return ("rules", "row rules (quarantine) apply to a single source; a flow that joins fact tables takes none: "
-                "put the rules on a stage it reads")
-    return None
 
 
 def as_tuple(value: Any) -> tuple:
