@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import report, sdp_alone, sdp_peer
+from bench import report, sdp_alone, sdp_peer, sdp_project
 from bench.specs import bench_specs
 
 
@@ -35,7 +35,7 @@ def test_the_views_sql_equals_the_full_recompute(spark, tmp_path):
         times = uniform_times(rng, 3_000, START, START.replace(hour=2))
         pq.write_table(trades(rng, 1 + i * 3_000, times), folder / f"part-{i}.parquet")
     for spec in bench_specs(str(tmp_path / "trades")):
-        got = spark.sql(_select(sdp_peer.flow_sql(spec, f"file://{folder}")))
+        got = spark.sql(_select(sdp_project.flow_sql(spec, f"file://{folder}")))
         expected = reference_query(spark.read.parquet(f"file://{folder}"), spec)
         result = compare(expected, got, sink_keys(spec))
         assert result["equal"] and result["rows_expected"] > 0, (spec.name, result)
@@ -45,7 +45,7 @@ def test_the_project_is_one_the_cli_accepts(tmp_path):
     from pyspark.pipelines.cli import load_pipeline_spec
 
     root = tmp_path / "sdp"
-    sdp_peer.write_project(str(root), bench_specs("/lake/trades"), str(root / "source"), driver_memory="2g",
+    sdp_project.write_project(str(root), bench_specs("/lake/trades"), str(root / "source"), driver_memory="2g",
                            shuffle_partitions=4)
     spec = load_pipeline_spec(root / "spark-pipeline.yml")
     assert spec.configuration == {"spark.sql.shuffle.partitions": "4"}  # static settings go to spark-defaults
