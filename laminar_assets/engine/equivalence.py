@@ -20,8 +20,9 @@ from .aggregates import implementation
 from .flow_job import finalize, state_query
 from .plan import Mode, PartitionPlan, Reason
 from .spec import FlowSpec
-from .reading import PART
-from .windows import Interval, partition_interval, partition_key
+from .reading import PART, read_set
+from .spark_io import interpreted
+from .windows import Interval, in_ranges, partition_interval, partition_key
 
 
 @dataclass(frozen=True)
@@ -114,11 +115,7 @@ def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: i
     quantiles = {a.name: a for a in spec.aggregates if a.kind == "approx_percentile" and a.name not in spec.hidden}
     sketches = {name: implementation(a).state_columns[0] for name, a in quantiles.items()}
     recomputed = finalize(spec, state_query(engine.ctx, spec, plans, inputs), keep=tuple(sketches.values())).drop(PART)
-    ws = F.col("window_start")
-    picked = F.lit(False)
-    for r in picked_ranges:
-        picked = picked | ((ws >= F.lit(r.start)) & (ws < F.lit(r.end)))
-    actual = engine.sink_frames(spec, partitions).where(picked)
+    actual = engine.sink_frames(spec, partitions).where(in_ranges("window_start", picked_ranges))
     keys = ["window_start", "window_end", *spec.keys]
     values = [c for c in recomputed.columns if c not in keys and c not in sketches.values()]
     joined = actual.alias("s").join(recomputed.alias("r"), keys, "full_outer").select(
@@ -139,7 +136,10 @@ def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: i
         conds.append(F.when(diff, F.lit(c)))
     mismatched = joined.withColumn("__cols", F.array_compact(F.array(*conds))).where(F.size("__cols") > 0)
     found: dict[str, list[dict]] = {p: [] for p in partitions}
-    for row in mismatched.limit(20 * len(partitions)).collect():
+    small = read_set(spec, plans, inputs).total_bytes < engine.ctx.options.interpreted_below_bytes
+    with interpreted(engine.spark, small):  # one job: recompute, join, compare
+        rows = mismatched.limit(20 * len(partitions)).collect()
+    for row in rows:
         d = row.asDict()
         p = partition_key(d["window_start"], spec.granularity)
         if len(found[p]) < 20:
