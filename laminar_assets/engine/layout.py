@@ -47,9 +47,10 @@ class EngineOptions:
     lease_seconds: float = 6 * 3600
     # A pass reading fewer bytes than this runs Spark's expressions interpreted instead of compiling
     # them: on small inputs compiling costs more CPU than it saves (a commit of 50 rows through the
-    # demo graph took 8.3 s with code generation and 4.4 s without; at 100k rows both took ~5 s).
-    # 0 always compiles. See spark_io.interpreted.
-    interpreted_below_bytes: int = 64 * 1024 * 1024
+    # demo graph took 8.3 s with code generation and 4.4 s without; at 100k rows, ~2 MB, both ~5 s;
+    # a 25 MB refill took 6.1 s interpreted against 4.8 s compiled). 0 always compiles.
+    # See spark_io.interpreted.
+    interpreted_below_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
