@@ -37,7 +37,7 @@ STAGE_LABELS = {
     "plan": "plan: open snapshot, read new commits' log entries + footers, schema check",
     "read": "read: Spark jobs scanning changed files into partial aggregates, plus run metrics",
     "state_merge": "state merge: read old state, merge, write Parquet, Delta commit",
-    "sink_write": "sink write: finalize committed state, write Parquet, Delta commit",
+    "sink_write": "sink write: finalize the state files just written, write Parquet, Delta commit",
     "watermark": "watermark files",
     "other": "other (leases, recovery check, Python between runs)",
 }
