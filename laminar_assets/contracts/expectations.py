@@ -125,10 +125,14 @@ def validate(df, contract: Contract, *, name: str = "partition", local_rows: int
     At most `local_rows` rows: the rows come to the driver as pandas and GE's pandas engine checks
     them; more: GE's Spark data source checks them where they are. The answer is the same (one
     difference: pandas counts a floating-point NaN as null, Spark does not)."""
-    rows = df.count() if local_rows > 0 else None
-    if rows is not None and rows <= local_rows:
-        batch = _batch("laminar_pandas", f"{contract.table}_{name}", df.toPandas(), pandas=True)
+    # One Spark job on the usual path: fetch up to one row more than the limit; only a larger output
+    # (the rare path) is counted and checked in Spark.
+    local = df.limit(local_rows + 1).toPandas() if local_rows > 0 else None
+    if local is not None and len(local) <= local_rows:
+        rows, engine = len(local), "pandas"
+        batch = _batch("laminar_pandas", f"{contract.table}_{name}", local, pandas=True)
     else:
+        rows, engine = df.count(), "spark"
         batch = _batch("laminar_spark", f"{contract.table}_{name}", df, pandas=False)
     rules = contract.rules()
     result = batch.validate(expectation_suite(contract), result_format={"result_format": "SUMMARY",
@@ -141,8 +145,7 @@ def validate(df, contract: Contract, *, name: str = "partition", local_rows: int
             failures.append(Failure(rule.describe(), res.get("unexpected_count"),
                                     [_plain(v) for v in (res.get("partial_unexpected_list") or [])][:5],
                                     _plain(res.get("observed_value"))))
-    return ValidationSummary(bool(result.success), len(rules), tuple(failures),
-                             engine="pandas" if rows is not None and rows <= local_rows else "spark", rows=rows)
+    return ValidationSummary(bool(result.success), len(rules), tuple(failures), engine=engine, rows=rows)
 
 
 def _batch(source_name: str, asset_name: str, frame, *, pandas: bool):

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pyspark.sql import functions as F
 from pyspark.sql.types import FloatType, DoubleType
 
 from .aggregates import implementation
+from .delta_source import snapshot_files, table_info
 from .flow_job import finalize, state_query
 from .plan import Mode, PartitionPlan, Reason
 from .spec import FlowSpec
 from .reading import PART, read_set
 from .spark_io import interpreted
-from .windows import Interval, in_ranges, partition_interval, partition_key
+from .windows import Interval, in_ranges, partition_interval, partition_key, to_utc
 
 
 @dataclass(frozen=True)
@@ -85,18 +90,30 @@ def _chosen_windows(engine, spec: FlowSpec, partitions: list[str], sample: int) 
              for p, i in parts.items()}
     sampled = [p for p in partitions if sample < len(every[p])]
     present: dict[str, list] = {p: [] for p in sampled}
-    if sampled:
-        rows = engine.sink_frames(spec, sampled).select("window_start").distinct().collect()
-        for r in rows:
-            ws = r["window_start"]
-            for p in sampled:
-                ws = ws.replace(tzinfo=parts[p].start.tzinfo) if ws.tzinfo is None else ws
-                if parts[p].start <= ws < parts[p].end:
-                    present[p].append(ws)
-                    break
+    for ws in _sink_window_starts(engine, spec, [parts[p] for p in sampled]) if sampled else ():
+        for p in sampled:
+            if parts[p].start <= ws < parts[p].end:
+                present[p].append(ws)
+                break
     return {p: every[p] if p not in present else
             sorted(set(ranked(p, present[p])[: (sample + 1) // 2]) | set(ranked(p, every[p])[: sample // 2]))
             for p in partitions}
+
+
+def _sink_window_starts(engine, spec: FlowSpec, ranges: list[Interval]) -> set[datetime]:
+    """The window starts the sink holds within `ranges` (UTC). Read by deltalake from the files
+    the Delta log's statistics leave (one small column of an aggregated table): no Spark job."""
+    info = table_info(spec.sink, engine.ctx.layout.sink_uri(spec))
+    if not snapshot_files(info, "window_start", ranges):
+        return set()
+    column = pc.field("window_start")
+    within = None
+    for r in ranges:
+        one = (column >= pa.scalar(r.start, pa.timestamp("us", "UTC"))) & \
+              (column < pa.scalar(r.end, pa.timestamp("us", "UTC")))
+        within = one if within is None else within | one
+    starts = info.delta().to_pyarrow_dataset().to_table(columns=["window_start"], filter=within)
+    return {to_utc(ws) for ws in pc.unique(starts.column("window_start")).to_pylist()}
 
 
 def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: int, rel: float) -> dict:

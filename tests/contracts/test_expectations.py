@@ -32,10 +32,11 @@ def good(i: int):
     return (T, T.replace(minute=1), f"S{i}", 100.0 + i, 10 + i, 1 + i)
 
 
-@pytest.mark.parametrize("limit, engine", [(0, "spark"), (1000, "pandas")])
+@pytest.mark.parametrize("limit, engine", [(0, "spark"), (19, "spark"), (20, "pandas"), (1000, "pandas")])
 def test_engines_agree_on_a_passing_frame(spark, limit, engine):
     summary = validate(vwap_rows(spark, [good(i) for i in range(20)]), VWAP, local_rows=limit)
     assert summary.success and summary.engine == engine and summary.failures == ()
+    assert summary.rows == 20  # one row over the limit goes to Spark, and is still counted
     assert summary.evaluated == len(VWAP.rules())
 
 
@@ -48,7 +49,7 @@ def test_engines_agree_on_failures(spark):
     on_pandas = validate(frame, VWAP, local_rows=len(rows))
     assert (on_spark.engine, on_pandas.engine) == ("spark", "pandas")
     assert not on_spark.success and not on_pandas.success
-    assert on_pandas.rows == len(rows) and on_spark.rows is None
+    assert on_pandas.rows == len(rows) and on_spark.rows == len(rows)
 
     def facts(summary):
         return sorted((f.expectation, f.unexpected_count, sorted(map(str, f.examples))) for f in summary.failures)

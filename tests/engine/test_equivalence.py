@@ -58,3 +58,19 @@ def test_kll_quantiles_pass_within_the_sketch_rank_error_and_fail_beyond_it(spar
     lake.table(flow.sink).update(updates={"p50": "90.0"}, predicate="sym = 'X'")  # about the 93rd percentile
     bad = check_equivalence(engine, flow, KEYS[0], sample=1000)
     assert not bad.passed and bad.mismatches[0]["columns"] == ["p50"], bad.mismatches
+
+
+def test_a_small_sample_always_includes_windows_the_sink_holds(spark, lake, engine):
+    """Half the sample comes from the windows the sink has (read from its Delta files): in a sparse
+    partition a wrong value there is found even when the sample is far smaller than the partition."""
+    sparse = [("2024-01-01 01:13:05", "X", 101.0, 3), ("2024-01-01 01:41:50", "Y", 99.0, 4),
+              ("2024-01-01 00:20:00", "X", 100.0, 1)]
+    lake.create("trades", sparse)
+    engine.run_many(TUMBLE, KEYS[:2])
+    assert check_equivalence(engine, TUMBLE, KEYS[1], sample=4).passed
+    lake.table(TUMBLE.sink).update(updates={"sum_px": "-1.0"},
+                                   predicate="window_start >= '2024-01-01 01:00:00'")
+    bad = check_equivalence(engine, TUMBLE, KEYS[1], sample=4)
+    assert bad.windows_checked == 4
+    assert {m["window_start"][:16] for m in bad.mismatches} == {"2024-01-01 01:13", "2024-01-01 01:41"}
+    assert check_equivalence(engine, TUMBLE, KEYS[0], sample=4).passed  # the other partition is untouched
