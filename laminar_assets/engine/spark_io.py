@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -135,25 +136,42 @@ def observe(df: DataFrame, observation, *metrics) -> DataFrame:
 _INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
+_interpreted_lock = threading.Lock()
+_interpreted_users: dict[int, tuple[int, dict]] = {}  # id(session) -> (passes inside, settings before)
+
+
 @contextlib.contextmanager
 def interpreted(spark: SparkSession, enabled: bool):
     """Run the block's Spark jobs with interpreted expressions when `enabled` (small inputs: each
     query's generated code is new, so compiling it costs more than it saves), then restore the
-    session's settings."""
+    session's settings.
+
+    The settings belong to the session, which concurrent runs (threads) may share: the first pass
+    in sets them, the last one out restores what was there before."""
     if not enabled:
         yield
         return
-    before = {k: spark.conf.get(k, None) for k in _INTERPRETED}
-    for k, v in _INTERPRETED.items():
-        spark.conf.set(k, v)
+    key = id(spark)
+    with _interpreted_lock:
+        users, before = _interpreted_users.get(key, (0, None))
+        if users == 0:
+            before = {k: spark.conf.get(k, None) for k in _INTERPRETED}
+            for k, v in _INTERPRETED.items():
+                spark.conf.set(k, v)
+        _interpreted_users[key] = (users + 1, before)
     try:
         yield
     finally:
-        for k, v in before.items():
-            if v is None:
-                spark.conf.unset(k)
+        with _interpreted_lock:
+            users, before = _interpreted_users.pop(key)
+            if users > 1:
+                _interpreted_users[key] = (users - 1, before)
             else:
-                spark.conf.set(k, v)
+                for k, v in before.items():
+                    if v is None:
+                        spark.conf.unset(k)
+                    else:
+                        spark.conf.set(k, v)
 
 
 def stage(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, max_files: int = 1,

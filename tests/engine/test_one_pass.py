@@ -170,3 +170,37 @@ def test_small_passes_run_interpreted_large_ones_compile_and_both_agree(spark, l
     assert len(a) == 8
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-12)
     check(spark, lake)
+
+
+def test_overlapping_interpreted_passes_in_threads_restore_the_session_settings(spark):
+    """Concurrent runs share the session: A enters, B enters, A leaves (B still inside: still
+    interpreted), B leaves; afterwards the settings are what they were before either came."""
+    import threading
+
+    from laminar_assets.engine.spark_io import interpreted
+
+    key = "spark.sql.codegen.factoryMode"
+    before = spark.conf.get(key, None)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with interpreted(spark, True):
+            a_in.set()
+            b_in.wait(30)
+        a_out.set()
+
+    def b():
+        a_in.wait(30)
+        with interpreted(spark, True):
+            b_in.set()
+            a_out.wait(30)
+            seen["inside_after_a_left"] = spark.conf.get(key, None)
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seen == {"inside_after_a_left": "NO_CODEGEN"}
+    assert spark.conf.get(key, None) == before != "NO_CODEGEN"
