@@ -28,7 +28,8 @@ from .inputs import RunInputs
 from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
-from .reading import PART, join_facts, keep, prepare, read_rows, read_set, with_partition
+from .fact_joins import join_facts
+from .reading import PART, keep, prepare, read_rows, read_set, with_partition
 from .spark_io import interpreted, observe, read_staged, stage
 from .spark_read import read_source
 from .spec import FlowSpec
@@ -90,11 +91,12 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     keys = [p.partition for p in plans]
     copies, reads = _copies(ctx, spec, plans, inputs)
     # small inputs: interpreted expressions (compiling each query's new code costs more than it saves)
-    with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
-        partial, impls = _partial(spec, copies, inputs)
+    small = reads.total_bytes < ctx.options.interpreted_below_bytes
+    with interpreted(ctx.spark, small):
+        partial, impls = _partial(spec, copies, inputs, shuffle_rows=small)
         reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
         partial = observe(partial, reads_obs, *_read_metrics(spec, plans if per_part else []))
-        merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)
+        merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs, shuffled=small)
         lost = F.lit(False)
         for impl in impls:
             cond = impl.lost_expr() if ctx.options.precision_guard else None
@@ -185,11 +187,15 @@ def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs:
     return copies.where(keep(spec, plans, WS)), reads
 
 
-def _partial(spec: FlowSpec, copies: DataFrame, inputs: RunInputs):
-    """Signed partial states per (partition, window, keys, sign, broken rule): one aggregation."""
+def _partial(spec: FlowSpec, copies: DataFrame, inputs: RunInputs, *, shuffle_rows: bool = False):
+    """Signed partial states per (partition, window, keys, sign, broken rule): one aggregation.
+
+    `shuffle_rows`: hash the rows by partition number first (for small inputs). The aggregation
+    then needs no shuffle of its own, nor does the merge: one shuffle stage instead of two, at the
+    price of no map-side combining and each partition's rows in one task."""
     impls = implementations(spec, inputs.row_schema or copies.schema)
     rejected = f"{RULE} IS NOT NULL AND {SIGN} > 0 AND __primary"
-    partial = copies.groupBy(PART, WS, WE, *spec.keys, SIGN, RULE).agg(
+    partial = (copies.repartition(PART) if shuffle_rows else copies).groupBy(PART, WS, WE, *spec.keys, SIGN, RULE).agg(
         F.expr("sum(CASE WHEN __first THEN 1 ELSE 0 END) AS __in_rows"),
         F.expr(f"sum(CASE WHEN {rejected} THEN 1 ELSE 0 END) AS __rejected"),
         F.expr(f"{SIGN} * count(1) AS {ROWS}"),
@@ -199,8 +205,9 @@ def _partial(spec: FlowSpec, copies: DataFrame, inputs: RunInputs):
 
 
 def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: DataFrame, impls,
-           inputs: RunInputs) -> DataFrame:
-    """Old state of the plans' partitions (minus the windows they refill) merged with `good` partials."""
+           inputs: RunInputs, *, shuffled: bool = False) -> DataFrame:
+    """Old state of the plans' partitions (minus the windows they refill) merged with `good` partials.
+    `shuffled`: `good` is hash-partitioned by partition number already (see `_partial`)."""
     group = [PART, WS, WE, *spec.keys]
     state_cols = [c for impl in impls for c in impl.state_columns]
     combined = good.select(*group, ROWS, *state_cols)
@@ -209,10 +216,12 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
     if old is not None:
         refilled = in_ranges(WS, [r for p in plans for r in p.refill])
         old = with_partition(old, spec, WS).where(~refilled)
-        combined = old.select(*group, ROWS, *state_cols).unionByName(combined)
+        old = old.select(*group, ROWS, *state_cols)
+        # a union of two sides hashed alike keeps their partitioning (Spark 4): no shuffle after it
+        combined = (old.repartition(PART) if shuffled else old).unionByName(combined)
     # Hash-partitioned by partition number: the merge needs no further shuffle, and each partition's
     # rows end up in one task, so the writes lay out one file per partition.
-    combined = combined.repartition(PART)
+    combined = combined if shuffled else combined.repartition(PART)
     extra = [e for impl in impls for e in impl.pre_merge_exprs(group)]
     if extra:
         combined = combined.selectExpr("*", *extra)

@@ -49,7 +49,9 @@ class EngineOptions:
     # them: on small inputs compiling costs more CPU than it saves (a commit of 50 rows through the
     # demo graph took 8.3 s with code generation and 4.4 s without; at 100k rows, ~2 MB, both ~5 s;
     # a 25 MB refill took 6.1 s interpreted against 4.8 s compiled). 0 always compiles.
-    # See spark_io.interpreted.
+    # See spark_io.interpreted. A flow pass this small also shuffles its rows once, by partition
+    # (one shuffle stage instead of two; no map-side combining, which only pays on large inputs).
+    # 0: every pass compiles and combines map-side.
     interpreted_below_bytes: int = 8 * 1024 * 1024
 
 
