@@ -18,6 +18,8 @@ partition merges.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -30,7 +32,7 @@ from .delta_log import CommitKind, DataFile
 from .inputs import RunInputs
 from .plan import PartitionPlan
 from .quarantine import ROW, RULE, VERSION
-from .delta_source import snapshot_files
+from .fact_joins import joined_columns
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import FlowSpec, StageSpec
 from .validate import event_time_column
@@ -130,12 +132,40 @@ def _same_rows(change: DataFile, snapshot: DataFile) -> bool:
             and snapshot.deleted is None)
 
 
+_SIMPLE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+MAX_NAMED_FILES = 256  # files whose roles a merged scan spells out by name (snapshot-only files need not be)
+
+
+def scans(reads: ReadSet) -> list[tuple[FileGroup, ...]]:
+    """The file groups read together: per source, every plain group (no change data, no deletion
+    vectors) in one scan, each row's role told by its file name; other groups one scan each.
+    Groups stay apart when names would be ambiguous or too many to spell out."""
+    out: list[tuple[FileGroup, ...]] = []
+    plain: dict[str, list[FileGroup]] = {}
+    for g in reads.groups:
+        if g.change_data or any(f.needs_row_positions for f in g.files):
+            out.append((g,))
+        else:
+            plain.setdefault(g.source, []).append(g)
+    for groups in plain.values():
+        names = [os.path.basename(f.uri) for g in groups for f in g.files]
+        named = sum(len(g.files) for g in groups if g.version is not None)
+        if len(groups) > 1 and len(set(names)) == len(names) and named <= MAX_NAMED_FILES \
+                and all(_SIMPLE_NAME.fullmatch(n) for n in names) and sum(g.version is None for g in groups) <= 1:
+            out.append(tuple(groups))
+        else:
+            out.extend((g,) for g in groups)
+    return out
+
+
 def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> DataFrame:
     """The rows of every file group, with their role columns (one lazy frame; no job runs)."""
     frames = []
-    for g in reads.groups:
+    for scan in scans(reads):
+        g = scan[0]
         info = inputs.infos[g.source]
-        df = read_source(spark, list(g.files), info, change_data=g.change_data)
+        files = [f for grp in scan for f in grp.files]
+        df = read_source(spark, files, info, change_data=g.change_data, file_name=_FILE if len(scan) > 1 else None)
         if g.change_data:
             sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
             df = df.withColumn(SIGN, sign).where(F.col(SIGN) != 0).drop(CHANGE_TYPE)
@@ -144,8 +174,13 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
         in_range = _event_range_filter(spec, info.schema, reads.needed)
         if in_range is not None:
             df = df.where(in_range)  # pushed down to Parquet row groups
-        frames.append(df.withColumn(SRC, F.lit(g.source)).withColumn(DVER, F.lit(g.version).cast("long"))
-                      .withColumn(SNAP, F.lit(g.snapshot)).withColumn(VERSION, F.lit(g.read_version).cast("long")))
+        df = df.withColumn(SRC, F.lit(g.source))
+        if len(scan) > 1:
+            df = df.withColumns(_roles_by_file(scan)).drop(_FILE)
+        else:
+            df = df.withColumns({DVER: F.lit(g.version).cast("long"), SNAP: F.lit(g.snapshot),
+                                 VERSION: F.lit(g.read_version).cast("long")})
+        frames.append(df)
     if not frames:  # nothing to read: an empty frame still gives the state its schema
         info = inputs.infos[spec.sources[0]]
         df = read_source(spark, [], info)
@@ -158,29 +193,26 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
     return out
 
 
-def join_facts(spark: SparkSession, spec, rows: DataFrame, inputs: RunInputs) -> DataFrame:
-    """A flow's source rows joined with its other fact tables (each read whole at its pinned version),
-    their columns named `<alias>__<column>`. A flow without joins gets `rows` back."""
-    for join in spec.joins if isinstance(spec, FlowSpec) else ():
-        info = inputs.dims[join.table]
-        side = read_source(spark, snapshot_files(info, None), info)
-        side = side.select(*[F.col(c).alias(join.column(c)) for c in join.columns])
-        rows = rows.join(side, F.expr(join.on), join.how)
-    return rows
+_FILE = "__file"
 
 
-def joined_columns(spec) -> list[str]:
-    """The names a flow's joined fact-table columns get in its rows (`<alias>__<column>`)."""
-    return [join.column(c) for join in (spec.joins if isinstance(spec, FlowSpec) else ()) for c in join.columns]
-
-
-def without_joins(spec, rows: DataFrame) -> DataFrame:
-    """`rows` with a flow's joined columns as typeless NULLs: for rows no window will hold (the sweep),
-    whose derived columns and filter must still resolve but never join anything."""
-    for join in spec.joins if isinstance(spec, FlowSpec) else ():
-        for c in join.columns:
-            rows = rows.withColumn(join.column(c), F.lit(None))
-    return rows
+def _roles_by_file(scan: tuple[FileGroup, ...]) -> dict[str, Column]:
+    """Role columns of a merged scan's rows from their file names: the commit groups by name, the
+    snapshot-only group (at most one) as the default, so a large refill lists no names."""
+    default = next((g for g in scan if g.version is None), None)
+    dver, snap, version = [], [], []
+    for g in scan:
+        if g.version is None:
+            continue
+        names = ", ".join(sql_string(os.path.basename(f.uri)) for f in g.files)
+        dver.append(f"WHEN {_FILE} IN ({names}) THEN {g.version}")
+        snap.append(f"WHEN {_FILE} IN ({names}) THEN {str(g.snapshot).lower()}")
+        version.append(f"WHEN {_FILE} IN ({names}) THEN {g.read_version}")
+    rest_version = "NULL" if default is None or default.read_version is None else str(default.read_version)
+    rest_snap = "true" if default is not None else "false"
+    return {DVER: F.expr(f"CAST(CASE {' '.join(dver)} ELSE NULL END AS BIGINT)"),
+            SNAP: F.expr(f"CASE {' '.join(snap)} ELSE {rest_snap} END"),
+            VERSION: F.expr(f"CAST(CASE {' '.join(version)} ELSE {rest_version} END AS BIGINT)")}
 
 
 def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval]) -> Column | None:

@@ -24,14 +24,15 @@ CHANGE_TYPE = "_change_type"
 
 def read_files(
     spark: SparkSession, files: Sequence[DataFile], schema: pa.Schema, partition_columns: Sequence[str] = (),
-    *, change_data: bool = False, delta_schema: str | None = None,
+    *, change_data: bool = False, delta_schema: str | None = None, file_name: str | None = None,
 ) -> DataFrame:
     """Rows of `files` with the table's schema; partition values come from the Delta log.
 
     `delta_schema`: the Delta schema JSON of a table with column mapping: Parquet columns are read
     by their physical names and renamed to the logical ones. A file with a deletion vector loses
     its deleted rows; a file whose vector a commit changed (`DataFile.dv_change`) yields only the
-    rows that commit deleted (`_change_type` 'delete') or restored ('insert')."""
+    rows that commit deleted (`_change_type` 'delete') or restored ('insert').
+    `file_name`: also a column of this name holding each row's file name (plain reads only)."""
     full = spark_schema(schema)
     physical = _physical_fields(delta_schema) if delta_schema else {}
     file_fields = [physical.get(f.name, f) for f in full.fields if f.name not in partition_columns]
@@ -52,27 +53,33 @@ def read_files(
     groups: dict[tuple, list[DataFile]] = {}
     for f in files:
         groups.setdefault((f.partition_values, f.needs_row_positions, f.change_data), []).append(f)
+    if file_name and any(k[1] for k in groups):
+        raise ValueError("file names come with plain reads only (no deletion vectors)")
     out = None
     for (values, by_position, cdf_file), group in groups.items():
         if by_position:
             df = _select_positions(spark, file_schema, group, change_data)
         else:
             df = spark.read.schema(file_schema).parquet(*[spark_path(f.uri) for f in group])
+            if file_name:  # straight off the scan: `_metadata` is a column of the file relation
+                df = df.withColumn(file_name, F.col("_metadata.file_name"))
             if change_data and not cdf_file:  # data files read as change data (e.g. adds of a DV commit)
                 df = df.withColumn(CHANGE_TYPE, F.lit("insert"))
         lookup = dict(values)
         for field in full.fields:
             if field.name in partition_columns:
                 df = df.withColumn(field.name, F.lit(lookup.get(field.name)).cast(field.dataType))
-        df = df.select(*out_cols, *([CHANGE_TYPE] if change_data else []))
+        df = df.select(*out_cols, *([CHANGE_TYPE] if change_data else []), *([file_name] if file_name else []))
         out = df if out is None else out.unionByName(df)
     return out
 
 
-def read_source(spark: SparkSession, files: Sequence[DataFile], info, *, change_data: bool = False) -> DataFrame:
+def read_source(spark: SparkSession, files: Sequence[DataFile], info, *, change_data: bool = False,
+                file_name: str | None = None) -> DataFrame:
     """`read_files` with a source's schema, partition columns and column mapping (`info`: a TableInfo)."""
     return read_files(spark, files, info.schema, info.partition_columns, change_data=change_data,
-                      delta_schema=info.delta_schema if info.column_mapping != "none" else None)
+                      delta_schema=info.delta_schema if info.column_mapping != "none" else None,
+                      file_name=file_name)
 
 
 _FILE, _ROW = "__file", "__row"

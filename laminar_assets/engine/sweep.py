@@ -21,7 +21,8 @@ from .delta_source import source_history, snapshot_files, table_info, temporal
 from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
-from .reading import DVER, SNAP, SRC, prepare, without_joins
+from .fact_joins import without_joins
+from .reading import DVER, SNAP, SRC, prepare
 from .spark_read import CHANGE_TYPE, read_source
 
 
