@@ -17,18 +17,15 @@ A view without GROUP BY is a stage: see sql_stage.py.
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any, Callable, NoReturn
+from typing import Any
 
 from sqlglot import exp
 
-from .spec_parts import Agg, FactJoin, Hopping, Tumbling
+from .spec_parts import Agg, FactJoin
+from .sql_windows import Fail, is_window, window_of
 
 DIALECT = "spark"
-WINDOW_FUNCTIONS = ("TUMBLE", "HOP")
 WINDOW_COLUMNS = ("window_start", "window_end")
-Fail = Callable[[exp.Expression, str], NoReturn]
-_UNITS = {"SECOND": 1, "MINUTE": 60, "HOUR": 3600, "DAY": 86400}
 
 
 def sql(node: exp.Expression) -> str:
@@ -41,10 +38,10 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     _unqualify(select)
     window, event_time, keys = None, None, []
     for g in select.args["group"].expressions:
-        if _is_window(g):
+        if is_window(g):
             if window is not None:
                 fail(g, "a flow groups by one window (TUMBLE or HOP), found a second one")
-            window, event_time = _window(g, fail)
+            window, event_time = window_of(g, fail)
         elif isinstance(g, exp.Column):
             keys.append(g.name)
         else:
@@ -64,7 +61,7 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
             if node.name in keys or node.name in WINDOW_COLUMNS:
                 continue
             fail(node, f"column {node.name!r} is neither in GROUP BY nor inside an aggregate")
-        if _is_window(node):
+        if is_window(node):
             continue  # the window is written as window_start and window_end
         if not name:
             fail(node, f"give {sql(node)!r} a name (AS name)")
@@ -108,7 +105,7 @@ class _AggBuilder:
                 return n  # RANK() in RANK() OVER (...) is the window function itself
             if _top_aggregate(n):
                 return exp.column(self.add(n, f"_{name}_{len(self.hidden) + 1}", hidden=True))
-            if _is_window(n):
+            if is_window(n):
                 return exp.column("window_start")
             return n
 
@@ -178,42 +175,6 @@ def _top_aggregate(node: exp.Expression) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.upper() == "TOP_K"
 
 
-def _is_window(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Anonymous) and node.name.upper() in WINDOW_FUNCTIONS
-
-
-def _window(node: exp.Anonymous, fail: Fail):
-    args = node.expressions
-    kind = node.name.upper()
-    if kind == "TUMBLE" and len(args) == 2:
-        ts, sizes = args[0], [_interval(args[1], fail)]
-    elif kind == "HOP" and len(args) == 3:
-        ts, sizes = args[0], [_interval(args[1], fail), _interval(args[2], fail)]
-    else:
-        fail(node, "expected TUMBLE(ts, INTERVAL '1' MINUTE) or HOP(ts, INTERVAL slide, INTERVAL size)")
-    if not isinstance(ts, exp.Column):
-        fail(ts, "the window's time argument must be a column (derive it in a stage)")
-    window = Tumbling(sizes[0]) if kind == "TUMBLE" else Hopping(size=sizes[1], slide=sizes[0])
-    return window, ts.name
-
-
-def _interval(node: exp.Expression, fail: Fail) -> timedelta:
-    if isinstance(node, exp.Interval) and node.this is not None:
-        text = node.this.name.strip()
-        unit = node.args.get("unit")
-        unit_name = unit.name if unit is not None else ""
-        if not unit_name and " " in text:
-            text, unit_name = text.split(None, 1)
-        unit_name = unit_name.upper().rstrip("S")
-        try:
-            amount = float(text)
-        except ValueError:
-            amount = 0.0
-        if unit_name in _UNITS and amount > 0:
-            return timedelta(seconds=amount * _UNITS[unit_name])
-    fail(node, "expected an interval like INTERVAL '5' MINUTE (SECOND, MINUTE, HOUR or DAY)")
-
-
 def number(node: exp.Expression | None) -> float | None:
     if isinstance(node, exp.Literal) and not node.is_string:
         return float(node.this)
@@ -228,7 +189,7 @@ def _sources(select: exp.Select, fail: Fail) -> tuple[str, tuple[FactJoin, ...]]
         return base.name, ()
     primary = base.alias_or_name
     for g in select.args["group"].expressions:
-        ts = g.expressions[0] if _is_window(g) and g.expressions else None
+        ts = g.expressions[0] if is_window(g) and g.expressions else None
         if isinstance(ts, exp.Column) and ts.table and ts.table != primary:
             fail(ts, f"the window's time column must be of the FROM table {primary!r} (windows follow its rows): "
                      "swap the tables")
