@@ -91,12 +91,12 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     keys = [p.partition for p in plans]
     copies, reads = _copies(ctx, spec, plans, inputs)
     # small inputs: interpreted expressions (compiling each query's new code costs more than it saves)
-    small = reads.total_bytes < ctx.options.interpreted_below_bytes
-    with interpreted(ctx.spark, small):
-        partial, impls = _partial(spec, copies, inputs, shuffle_rows=small)
+    tiny = reads.total_bytes < ctx.options.shuffle_rows_below_bytes
+    with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
+        partial, impls = _partial(spec, copies, inputs, shuffle_rows=tiny)
         reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
         partial = observe(partial, reads_obs, *_read_metrics(spec, plans if per_part else []))
-        merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs, shuffled=small)
+        merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs, shuffled=tiny)
         lost = F.lit(False)
         for impl in impls:
             cond = impl.lost_expr() if ctx.options.precision_guard else None
@@ -190,7 +190,7 @@ def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs:
 def _partial(spec: FlowSpec, copies: DataFrame, inputs: RunInputs, *, shuffle_rows: bool = False):
     """Signed partial states per (partition, window, keys, sign, broken rule): one aggregation.
 
-    `shuffle_rows`: hash the rows by partition number first (for small inputs). The aggregation
+    `shuffle_rows`: hash the rows by partition number first (for tiny inputs). The aggregation
     then needs no shuffle of its own, nor does the merge: one shuffle stage instead of two, at the
     price of no map-side combining and each partition's rows in one task."""
     impls = implementations(spec, inputs.row_schema or copies.schema)

@@ -49,10 +49,13 @@ class EngineOptions:
     # them: on small inputs compiling costs more CPU than it saves (a commit of 50 rows through the
     # demo graph took 8.3 s with code generation and 4.4 s without; at 100k rows, ~2 MB, both ~5 s;
     # a 25 MB refill took 6.1 s interpreted against 4.8 s compiled). 0 always compiles.
-    # See spark_io.interpreted. A flow pass this small also shuffles its rows once, by partition
-    # (one shuffle stage instead of two; no map-side combining, which only pays on large inputs).
-    # 0: every pass compiles and combines map-side.
+    # See spark_io.interpreted.
     interpreted_below_bytes: int = 8 * 1024 * 1024
+    # A flow pass reading fewer bytes than this hashes its rows by partition before aggregating: one
+    # shuffle stage instead of two, but no map-side combining. It pays on tiny inputs (a sensor's
+    # commit); at 100k rows (~2 MB) it was even, and the benchmark's ~5 MB update/delete refill was
+    # slower with it, hence 1 MiB. 0: always combine map-side.
+    shuffle_rows_below_bytes: int = 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -81,9 +81,13 @@ op = st.one_of(
     st.tuples(st.just("run_many"), st.lists(st.booleans(), min_size=len(FLOWS) * len(PARTITIONS),
                                             max_size=len(FLOWS) * len(PARTITIONS))),
 )
-# None: never refill for cost; a tiny ratio: refill (REFILL_CHEAPER) whenever anything changed
+# None: never refill for cost; a tiny ratio: refill (REFILL_CHEAPER) whenever anything changed.
+# The tests' tables are tiny, so passes shuffle rows once and run interpreted; LARGE_PASS_PATH makes
+# them combine map-side and compile, as passes over large inputs do.
+LARGE_PASS_PATH = dict(shuffle_rows_below_bytes=0, interpreted_below_bytes=0)
 options = st.sampled_from([EngineOptions(refill_ratio=None), EngineOptions(refill_ratio=0.3, refill_min_bytes=0),
-                           EngineOptions(refill_ratio=1e-6, refill_min_bytes=0)])
+                           EngineOptions(refill_ratio=1e-6, refill_min_bytes=0),
+                           EngineOptions(refill_ratio=None, **LARGE_PASS_PATH)])
 EXAMPLES = int(os.environ.get("LAMINAR_DIFFERENTIAL_EXAMPLES", "5"))
 
 
@@ -150,8 +154,10 @@ def test_incremental_equals_full_recompute(spark, cdf, first_rows, ops, options)
             assert mode is not Mode.REFILL or reason in allowed, reason
 
 
-def test_fixed_history_exercises_every_path(spark):
-    """A hand-picked history that hits append, retract, refill, compaction and expiry paths."""
+@pytest.mark.parametrize("large", [False, True], ids=["tiny-pass-path", "large-pass-path"])
+def test_fixed_history_exercises_every_path(spark, large):
+    """A hand-picked history that hits append, retract, refill, compaction and expiry paths, along
+    the path of tiny passes (rows shuffled once, interpreted) and of large ones (combined, compiled)."""
     run_all = ("run", [True] * (len(FLOWS) * len(PARTITIONS)))
     one = [False] * (len(FLOWS) * len(PARTITIONS))
     one[1] = True  # tumble_all, 2024-01-01-00:00
@@ -171,7 +177,8 @@ def test_fixed_history_exercises_every_path(spark):
     ]
     first = [("2024-01-01 00:00:00", "a", 1.0, 1), ("2024-01-01 00:10:00", "b", 2.0, 2),
              ("2024-01-01 01:10:00", "c", 3.0, 3), ("2024-01-01 00:20:00", "a", None, 2)]
-    seen = _run_history(spark, True, first, ops)
+    seen = _run_history(spark, True, first, ops,
+                        EngineOptions(refill_ratio=None, **(LARGE_PASS_PATH if large else {})))
     reasons = {r for runs in seen.values() for _, r in runs}
     for expected in (Reason.NO_WATERMARK, Reason.APPEND_ONLY, Reason.RETRACTABLE_CHANGES,
                      Reason.NON_APPEND_ON_NON_RETRACTABLE, Reason.CHECKPOINT_EXPIRED, Reason.NO_NEW_VERSIONS,
