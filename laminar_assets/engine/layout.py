@@ -47,10 +47,11 @@ class EngineOptions:
     lease_seconds: float = 6 * 3600
     # A pass reading fewer bytes than this runs Spark's expressions interpreted instead of compiling
     # them: on small inputs compiling costs more CPU than it saves (a commit of 50 rows through the
-    # demo graph took 8.3 s with code generation and 4.4 s without; at 100k rows, ~2 MB, both ~5 s;
-    # a 25 MB refill took 6.1 s interpreted against 4.8 s compiled). 0 always compiles.
+    # demo graph took 8.3 s with code generation and 4.4 s without; rounds of the benchmark's two
+    # flows alternating both ways: even at a 20k-row Δ (~0.4 MB), compiled ~0.5 s faster at 100k
+    # rows (~2 MB), where interpreted hash aggregation spent ~6 us a row). 0 always compiles.
     # See spark_io.interpreted.
-    interpreted_below_bytes: int = 8 * 1024 * 1024
+    interpreted_below_bytes: int = 1024 * 1024
     # A flow pass reading fewer bytes than this hashes its rows by partition before aggregating: one
     # shuffle stage instead of two, but no map-side combining. It pays on tiny inputs (a sensor's
     # commit); at 100k rows (~2 MB) it was even, and the benchmark's ~5 MB update/delete refill was
