@@ -135,7 +135,11 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
 
 def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
     """Snapshot facts at `version` (latest if None); refuses features a Parquet read gets wrong."""
-    dt = open_table(name, uri, version)
+    return info_of(name, uri, open_table(name, uri, version))
+
+
+def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:
+    """`table_info` of a table already open (at the version it was opened at)."""
     meta = dt.metadata()
     schema = dt.schema()
     info = TableInfo(

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from laminar_assets.errors import CommitConflictError
 
 from .delta_log import DataFile, local_path
-from .delta_source import snapshot_files, table_info
+from .delta_source import TableInfo, info_of, snapshot_files, table_info
 from .spark_io import StagedFiles, nullable, stage
 from .spark_read import read_source
 from .windows import Interval
@@ -43,8 +43,10 @@ from .windows import Interval
 ATTEMPTS = 8
 
 
-def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, change_data: bool = False) -> bool:
-    """Create the table if needed; returns True if an existing table was reset to a new schema."""
+def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
+                 change_data: bool = False) -> tuple[bool, DeltaTable | None]:
+    """Create the table if needed. Returns whether an existing table was reset to a new schema, and
+    the table as opened when it existed already with this schema (None otherwise)."""
     schema = nullable(schema)
     try:
         dt = DeltaTable(uri)
@@ -55,20 +57,18 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, c
         except DeltaError:  # a concurrent run created it first
             if not DeltaTable.is_deltatable(uri):
                 raise
-        return False
+        return False, None
     current = nullable(pa.schema(dt.schema().to_arrow()))
     if [(f.name, str(f.type)) for f in current] == [(f.name, str(f.type)) for f in schema]:
-        return False
+        return False, dt
     if not reset_on_schema_change:
         raise CommitConflictError(f"table at {uri} has schema {current} but this run writes {schema}", table=uri)
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite")
-    return True
+    return True, None
 
 
-def split_by_range(table_uri: str, column: str, ranges: Sequence[Interval],
-                   version: int | None = None) -> tuple[list[DataFile], list[DataFile]]:
+def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> tuple[list[DataFile], list[DataFile]]:
     """Files of a table wholly inside one of `ranges` by statistics, and files only partly inside them."""
-    info = table_info(os.path.basename(table_uri), table_uri, version)
     inside, partial = [], []
     for f in snapshot_files(info, column, ranges):
         r = f.time_range
@@ -90,16 +90,16 @@ def replace_ranges(
     hold rows outside them (tables written before files were laid out per partition), adds the
     staged files (and `change_data` files) and records `transactions`. A concurrent commit makes it
     list again and retry. With `append_only`, nothing is removed. Returns the rows added."""
-    reset = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change,
-                         change_data=change_data is not None)
+    reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change,
+                                 change_data=change_data is not None)
     for attempt in range(1, ATTEMPTS + 1):
         # The commit is based on the snapshot the file list comes from: a concurrent commit in
         # between makes it fail and we list again, instead of removing a file another run rewrote.
-        dt = DeltaTable(table_uri)
+        dt = opened if attempt == 1 and opened is not None else DeltaTable(table_uri)
         read_version = dt.version()
         removes, extra = [], []
         if not append_only and not reset and ranges:
-            inside, partial = split_by_range(table_uri, column, ranges, read_version)
+            inside, partial = split_by_range(info_of(os.path.basename(table_uri), table_uri, dt), column, ranges)
             removes = [_remove_action(table_uri, f) for f in inside + partial]
             if partial:
                 keep = _outside(spark, table_uri, partial, column, ranges)

@@ -127,7 +127,7 @@ class Engine:
                  force: bool) -> dict[str, RunResult]:
         ctx = self.ctx
         try:
-            seqs = {k: protocol.begin(ctx, spec, p, marks[k], inputs.input_schema, run_id) for k, p in plans.items()}
+            seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, run_id)
             ctx.hook("after_intent")
             t0 = time.perf_counter()
             outcome = self._pass(spec, plans, marks, inputs, seqs, run_id, force)

@@ -41,11 +41,16 @@ def txn_version(uri: str, app: str) -> int | None:
     """The app-transaction version `app` committed to the table at `uri`; None if the table does
     not exist or holds none. Any other failure to read the table is an error, not a None: a None
     here would skip the guard against concurrent writers."""
+    return txn_versions(uri, [app])[app]
+
+
+def txn_versions(uri: str, apps: list[str]) -> dict[str, int | None]:
+    """`txn_version` of several apps from one open of the table."""
     try:
         table = DeltaTable(uri)
     except TableNotFoundError:
-        return None
-    return table.transaction_version(app)
+        return {a: None for a in apps}
+    return {a: table.transaction_version(a) for a in apps}
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,25 @@ def settle(ctx: RunContext, spec, partition: str, mark: Watermark) -> Settled:
     return Settled(mark.with_(pending=None, failed_attempt=f"run {p.run_id} stopped before it committed"))
 
 
-def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict[str, str],
-          run_id: str) -> int:
-    """Check the run sequence against the table's transaction and write the intent; returns the seq."""
-    app = ctx.layout.app_id(spec, plan.partition)
+_UNREAD = object()
+
+
+def begin_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], marks: dict[str, Watermark | None],
+              input_schema: dict[str, str], run_id: str) -> dict[str, int]:
+    """`begin` for every partition of a pass, reading the guard table's transactions once."""
     guard = ctx.layout.guard_uri(spec, input_schema)
-    committed = txn_version(guard, app)
+    committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans])
+    return {k: begin(ctx, spec, p, marks[k], input_schema, run_id, committed=committed[ctx.layout.app_id(spec, k)])
+            for k, p in plans.items()}
+
+
+def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict[str, str],
+          run_id: str, *, committed: int | None | object = _UNREAD) -> int:
+    """Check the run sequence against the table's transaction and write the intent; returns the seq.
+    `committed`: the partition's transaction version, when the caller has read it already."""
+    guard = ctx.layout.guard_uri(spec, input_schema)
+    if committed is _UNREAD:
+        committed = txn_version(guard, ctx.layout.app_id(spec, plan.partition))
     seq = (mark.seq if mark else 0) + 1
     if (mark is None or not mark.committed) and committed is not None:
         # The watermark is gone (deleted by hand) but the table has run `committed`: this run
