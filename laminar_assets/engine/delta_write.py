@@ -116,6 +116,7 @@ def replace_ranges(
                 pass
         elif _commit_with_change_data(table_uri, read_version + 1, adds, removes, change_data.adds,
                                       transactions=transactions, metadata=metadata):
+            _checkpoint_if_due(dt, read_version + 1)
             return staged.rows
         time.sleep(0.05 * attempt)
     raise CommitConflictError(f"commit to {table_uri} kept conflicting with concurrent writers after "
@@ -138,6 +139,14 @@ def _outside(spark: SparkSession, table_uri: str, files: Iterable[DataFile], col
     for r in ranges:
         inside = inside | ((c >= F.lit(r.start)) & (c < F.lit(r.end)))
     return df.where(c.isNull() | ~inside)
+
+
+def _checkpoint_if_due(dt: DeltaTable, version: int) -> None:
+    """Write a checkpoint at `version` when the table's interval says so, as delta-rs does after its
+    own commits: otherwise every open of the table replays all of its JSON commits."""
+    interval = int(dt.metadata().configuration.get("delta.checkpointInterval") or 100)
+    if (version + 1) % interval == 0:  # delta-rs's rule: versions 99, 199, ... for the default 100
+        DeltaTable(dt.table_uri, version=version).create_checkpoint()
 
 
 def _commit_with_change_data(uri: str, version: int, adds, removes, cdc, *, transactions, metadata: dict) -> bool:

@@ -162,3 +162,33 @@ def test_stage_correction_keeps_retractable_downstream_incremental(spark, lake, 
     assert (d.mode, d.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
     expected = full_recompute(spark, VOLUME, lake.table("norm").to_pyarrow_table())
     assert_frames_match(lake.read("volume"), expected, VOLUME.keys)
+
+
+def test_change_data_commits_write_checkpoints_at_the_tables_interval(spark, lake, engine):
+    """A stage's refills commit change data through Laminar's own log writer; like delta-rs after its
+    commits, it checkpoints at the table's interval, so opening the table never replays all of its
+    history (`delta.checkpointInterval` set to 2 here; Delta's default is 100)."""
+    import json
+    import os
+
+    from deltalake import DeltaTable
+
+    setup(lake)
+    engine.run(STAGE, PART)
+    DeltaTable(lake.path("norm")).alter.set_table_properties({"delta.checkpointInterval": "2"})
+    for trade_id in (1, 2):  # both rows are in the stage's output: each refill deletes and inserts
+        lake.update("raw", {"px": "px + 1"}, f"trade_id = {trade_id}")
+        r = engine.run(STAGE, PART)
+        assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+        assert r.metrics["rows_deleted"] == 1
+    log = os.path.join(lake.path("norm"), "_delta_log")
+
+    def has_change_data(version: int) -> bool:
+        with open(os.path.join(log, f"{version:020d}.json"), encoding="utf-8") as fh:
+            return any("cdc" in json.loads(line) for line in fh)
+
+    due = [v for v in range(DeltaTable(lake.path("norm")).version() + 1) if (v + 1) % 2 == 0 and has_change_data(v)]
+    assert due, sorted(os.listdir(log))
+    for v in due:
+        assert f"{v:020d}.checkpoint.parquet" in os.listdir(log), sorted(os.listdir(log))
+    assert_stage(lake)
