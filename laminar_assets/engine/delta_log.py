@@ -22,7 +22,7 @@ import pyarrow.fs  # noqa: F401  (pa.fs)
 
 from laminar_assets.errors import SourceError
 from .deletion_vectors import DeletedRows, DeletionVector, DvChange
-from .file_ranges import local_path, null_count, range_from_footer, range_from_stats, stats_interval  # noqa: F401
+from .file_ranges import footer_facts, local_path, null_count, range_from_stats, stats_interval  # noqa: F401
 from .windows import Interval
 
 
@@ -122,11 +122,11 @@ def _file(root: str, action: dict, column: str | None, *, change_data: bool = Fa
         return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
                         time_range=None, change_data=change_data, deleted=deleted)
     rng, rows = range_from_stats(action.get("stats"), column)
-    if rng is None and use_footer:
-        rng, rows = range_from_footer(uri, column)
+    nulls = null_count(action.get("stats"), column)
+    if rng is None and use_footer:  # change data files carry no statistics in the log
+        rng, rows, nulls = footer_facts(uri, column)
     return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
-                    time_range=rng, change_data=change_data, time_nulls=null_count(action.get("stats"), column),
-                    deleted=deleted)
+                    time_range=rng, change_data=change_data, time_nulls=nulls, deleted=deleted)
 
 
 def read_commit(table: str, uri: str, version: int, event_time: str | None,

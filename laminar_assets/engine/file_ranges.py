@@ -63,8 +63,9 @@ def range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | No
     return rng, rows
 
 
-def range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | None]:
-    """Event-time range from a Parquet footer (row-group statistics); reads no data pages."""
+def footer_facts(uri: str, column: str) -> tuple[Interval | None, int | None, int | None]:
+    """(event-time range, rows, null event times) from a Parquet footer's row-group statistics;
+    reads no data pages. For files whose log entry has no statistics (change data files)."""
     local = local_path(uri)
     try:
         if local is not None:
@@ -74,27 +75,30 @@ def range_from_footer(uri: str, column: str) -> tuple[Interval | None, int | Non
             with fs.open_input_file(path) as fh:
                 meta = pq.read_metadata(fh)
     except (OSError, pa.ArrowInvalid):
-        return None, None
+        return None, None, None
     names = meta.schema.names
     if column not in names:
-        return None, meta.num_rows
+        return None, meta.num_rows, None
     idx = names.index(column)
     lo = hi = None
+    nulls: int | None = 0
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(idx).statistics
+        if nulls is not None:
+            nulls = nulls + stats.null_count if stats is not None and stats.has_null_count else None
         if stats is None or not stats.has_min_max:
             if meta.row_group(i).num_rows and (stats is None or stats.null_count != meta.row_group(i).num_rows):
-                return None, meta.num_rows
+                return None, meta.num_rows, None
             continue
         a, b = _parse_stat_time(stats.min), _parse_stat_time(stats.max)
         if a is None or b is None:
-            return None, meta.num_rows
+            return None, meta.num_rows, None
         lo = a if lo is None else min(lo, a)
         hi = b if hi is None else max(hi, b)
     if lo is None:
         epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
-        return Interval(epoch, epoch), meta.num_rows
-    return closed_range(lo, hi), meta.num_rows
+        return Interval(epoch, epoch), meta.num_rows, nulls
+    return closed_range(lo, hi), meta.num_rows, nulls
 
 
 def null_count(stats_json: str | None, column: str) -> int | None:

@@ -131,3 +131,23 @@ def test_rule_and_bounds_validation():
     ruled = FlowSpec(name="x", source="t", event_time="ts", window=Tumbling("1m"), aggregates=(Agg.count(),),
                      rules=(RowRule("r", "a > 0"),))
     assert plain.spec_hash != ruled.spec_hash
+
+
+def test_the_sweep_reads_change_data_only_when_its_footers_allow_a_missing_event_time(spark, lake, engine):
+    # Change data files have no statistics in the Delta log; their Parquet footers do. A correction
+    # whose rows all have an in-bounds event time costs the sweep no Spark job; one that nulls an
+    # event time is still read and its row quarantined.
+    from types import SimpleNamespace
+
+    from laminar_assets.engine.sweep import sweep
+    from tests.engine.test_one_pass import Jobs
+
+    lake.create("trades", [BASE[0], BASE[7]])
+    engine.run(FLOW, PART)
+    lake.update("trades", {"px": "20.0"}, "sym = 'b'")  # v1: change data, every event time present
+    found, jobs = Jobs(spark).count(lambda: sweep(engine.ctx, FLOW, SimpleNamespace(to_versions={"trades": 1}), "r1"))
+    assert found == {} and jobs == 0
+    lake.update("trades", {"ts": "NULL"}, "sym = 'b'")  # v2: a correction that loses the event time
+    found, jobs = Jobs(spark).count(lambda: sweep(engine.ctx, FLOW, SimpleNamespace(to_versions={"trades": 2}), "r2"))
+    assert found == {"event_time_missing": 1} and jobs > 0
+    assert [(r["rule"], r["source_version"]) for r in quarantine(lake)] == [("event_time_missing", 2)]
