@@ -8,6 +8,7 @@ from laminar_assets.check_partitions import evaluate_range
 from laminar_assets.contracts import Contract
 from laminar_assets.engine import FlowSpec, LaminarError, StageSpec
 from laminar_assets.engine.inspect import inspect_partition, is_stale, lag
+from laminar_assets.engine.windows import partition_key_column
 from laminar_assets.resources import LaminarResource
 from laminar_assets.settings import LaminarSettings
 
@@ -49,8 +50,16 @@ def contract_outcome(engine, spec: FlowSpec | StageSpec, contract: Contract, par
     """Run the contract's Great Expectations suite on one partition of the spec's output."""
     from laminar_assets.contracts.expectations import validate
 
-    summary = validate(engine.sink_frame(spec, partition), contract, name=partition.replace(":", "").replace("-", ""))
-    return summary.success, {
+    summary = validate(engine.sink_frame(spec, partition), contract, name=_suffix(partition))
+    return summary.success, _contract_metadata(partition, contract, summary)
+
+
+def _suffix(partition: str) -> str:
+    return partition.replace(":", "").replace("-", "")
+
+
+def _contract_metadata(partition: str, contract: Contract, summary) -> dict:
+    return {
         "partition": partition,
         "expectations_evaluated": summary.evaluated,
         "expectations_failed": len(summary.failures),
@@ -62,21 +71,39 @@ def contract_outcome(engine, spec: FlowSpec | StageSpec, contract: Contract, par
     }
 
 
-def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, keys: list[str]) -> dict:
-    """Outcomes per partition. Several partitions are validated together first (one suite run instead
-    of one per partition, on the run's critical path when the check is blocking): for row-level
-    rules and uniqueness, passing on the union means passing on each. Only a failure, or a
-    row-count rule, validates partition by partition, so a failure is pinned to its partitions."""
-    from laminar_assets.contracts.expectations import validate
+PARTITION_COLUMN = "__laminar_partition"
 
-    if len(keys) > 1 and not any(r.expect == "row_count_between" for r in contract.rules()):
-        frame = engine.sink_frames(spec, keys)
-        together = validate(frame, contract, name="range")
+
+def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, keys: list[str]) -> dict:
+    """Outcomes per partition, from one Spark job when the partitions' rows fit on the driver.
+
+    The rows of all `keys` are fetched once, tagged with their partition. For row-level rules and
+    uniqueness, passing on the union means passing on each, so they are validated together first
+    (one suite run on the critical path when the check is blocking). A failure, or a row-count rule,
+    validates each partition's slice of the fetched rows, so a failure is pinned to its partitions.
+    Rows too many for the driver are validated by GE's Spark engine partition by partition."""
+    from laminar_assets.contracts.expectations import fetch_local, validate_local
+
+    if len(keys) == 1:
+        return {keys[0]: contract_outcome(engine, spec, contract, keys[0])}
+    column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
+    frame = engine.sink_frames(spec, keys).withColumn(PARTITION_COLUMN, partition_key_column(column, spec.granularity))
+    local = fetch_local(frame)
+    if local is None:
+        return {k: contract_outcome(engine, spec, contract, k) for k in keys}
+    rows = local.drop(columns=[PARTITION_COLUMN])
+    if not any(r.expect == "row_count_between" for r in contract.rules()):
+        together = validate_local(rows, contract, name="range")
         if together.success:
             return {k: (True, {"partition": k, "validated_together_with": len(keys) - 1,
-                               "expectations_evaluated": len(contract.rules()), "expectations_failed": 0,
+                               "expectations_evaluated": together.evaluated, "expectations_failed": 0,
+                               "rows_checked": int((local[PARTITION_COLUMN] == k).sum()),
                                "ge_engine": together.engine, "contract": contract.path}) for k in keys}
-    return {k: contract_outcome(engine, spec, contract, k) for k in keys}
+    out = {}
+    for k in keys:
+        summary = validate_local(rows[local[PARTITION_COLUMN] == k].reset_index(drop=True), contract, name=_suffix(k))
+        out[k] = (summary.success, _contract_metadata(k, contract, summary))
+    return out
 
 
 def contract_severity(contract: Contract) -> dg.AssetCheckSeverity:

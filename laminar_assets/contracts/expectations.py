@@ -125,15 +125,29 @@ def validate(df, contract: Contract, *, name: str = "partition", local_rows: int
     At most `local_rows` rows: the rows come to the driver as pandas and GE's pandas engine checks
     them; more: GE's Spark data source checks them where they are. The answer is the same (one
     difference: pandas counts a floating-point NaN as null, Spark does not)."""
-    # One Spark job on the usual path: fetch up to one row more than the limit; only a larger output
-    # (the rare path) is counted and checked in Spark.
-    local = df.limit(local_rows + 1).toPandas() if local_rows > 0 else None
-    if local is not None and len(local) <= local_rows:
-        rows, engine = len(local), "pandas"
-        batch = _batch("laminar_pandas", f"{contract.table}_{name}", local, pandas=True)
-    else:
-        rows, engine = df.count(), "spark"
-        batch = _batch("laminar_spark", f"{contract.table}_{name}", df, pandas=False)
+    local = fetch_local(df, local_rows)
+    if local is not None:
+        return validate_local(local, contract, name=name)
+    batch = _batch("laminar_spark", f"{contract.table}_{name}", df, pandas=False)
+    return _summary(batch, contract, engine="spark", rows=df.count())
+
+
+def fetch_local(df, local_rows: int = LOCAL_ROWS):
+    """`df`'s rows as pandas when there are at most `local_rows`, else None; one Spark job (it fetches
+    up to one row more than the limit)."""
+    if local_rows <= 0:
+        return None
+    local = df.limit(local_rows + 1).toPandas()
+    return local if len(local) <= local_rows else None
+
+
+def validate_local(frame, contract: Contract, *, name: str = "partition") -> ValidationSummary:
+    """Run the contract's suite on rows already fetched as pandas (GE's pandas engine, no Spark job)."""
+    batch = _batch("laminar_pandas", f"{contract.table}_{name}", frame, pandas=True)
+    return _summary(batch, contract, engine="pandas", rows=len(frame))
+
+
+def _summary(batch, contract: Contract, *, engine: str, rows: int) -> ValidationSummary:
     rules = contract.rules()
     result = batch.validate(expectation_suite(contract), result_format={"result_format": "SUMMARY",
                                                                         "partial_unexpected_count": 5})

@@ -109,3 +109,30 @@ def test_a_range_run_records_the_contract_per_partition(spark, lake, laminar, in
         [key], partition_keys=[P9, "2024-01-02-10:00"])}
     assert infos[P9].latest_execution_status.value == "SUCCEEDED" and infos[P9].is_current
     assert infos["2024-01-02-10:00"].latest_execution_status.value == "FAILED"
+
+
+def test_a_row_count_rule_is_checked_per_partition_from_one_fetch(spark, lake, laminar, instance):
+    """A row-count rule cannot be validated on the union of partitions: each partition's slice of one
+    fetch is validated (one Spark job for the range, not one per partition)."""
+    from laminar_assets.checks import contract_outcomes
+    from laminar_assets.contracts.model import ExpectationRule
+    from tests.engine.test_one_pass import Jobs
+
+    create_sources(lake, BASE)
+    span = {"dagster/asset_partition_range_start": P9, "dagster/asset_partition_range_end": "2024-01-02-10:00"}
+    assets = [build_asset(SPECS[n], SETTINGS, CONTRACT) for n in ("normalized_trades", "vwap_1m")]
+    assert dg.materialize(assets, resources={"laminar": laminar}, instance=instance, tags=span).success
+    sink = lake.read("vwap_1m")
+    counts = sink.groupby(sink["window_start"].dt.strftime("%Y-%m-%d-%H:00")).size().to_dict()
+    assert set(counts) == {P9, "2024-01-02-10:00"} and len(set(counts.values())) == 2
+    small, big = sorted(counts, key=counts.get)
+    rules = [r for r in CONTRACT["vwap_1m"].expectations if r.expect != "row_count_between"]
+    capped = CONTRACT["vwap_1m"].model_copy(update={"expectations": [
+        *rules, ExpectationRule(expect="row_count_between", min=1, max=counts[small])]})
+    outcomes, jobs = Jobs(spark).count(
+        lambda: contract_outcomes(Engine(spark, lake.root), SPECS["vwap_1m"], capped, [P9, "2024-01-02-10:00"]))
+    assert {k: ok for k, (ok, _) in outcomes.items()} == {small: True, big: False}
+    assert outcomes[big][1]["rows_checked"] == counts[big] and outcomes[small][1]["ge_engine"] == "pandas"
+    [failure] = outcomes[big][1]["failures"].value
+    assert failure["expectation"].startswith("row_count_between") and failure["observed"] == counts[big]
+    assert jobs == 1
