@@ -2,7 +2,7 @@
 
 A stage keeps no state: its output table holds its rows. Refilled partitions are
 recomputed whole (dedup is within a partition) and compared with their old rows
-(`EXCEPT ALL` both ways), so the commit carries exact change data and downstream
+(one aggregation: EXCEPT ALL both ways), so the commit carries exact change data and downstream
 retractable flows stay incremental. Appended rows of incremental partitions are
 checked against the rows already kept (dedup); a new row that would replace a kept
 duplicate refills its partition instead (DEDUP_REPLACED_ROW).
@@ -15,14 +15,12 @@ import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
 from . import quarantine as qr
 from .aggregates import EVENT_TS, SIGN
-from .delta_log import local_path
 from .delta_source import snapshot_files, table_info
 from .delta_write import replace_ranges
 from .inputs import RunInputs
@@ -183,40 +181,56 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
     new_ref, new_inc = new_ref.select(*data_cols), new_inc.select(*data_cols)
     reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not _schema_matches(uri, new_ref.drop(PART))
     old = None if reset else _sink_rows(ctx, spec, refill)
+    ranges = [p.interval for p in refill]
+    deleted_by: dict[int, int] = {}
     if old is not None:
-        old = old.select(*data_cols)
-    deleted = old.exceptAll(new_ref).persist() if old is not None else None
-    try:
-        per_part_deleted = {r[PART]: r["n"] for r in deleted.groupBy(PART).agg(F.count(F.lit(1)).alias("n")).collect()} \
-            if deleted is not None else {}
-        inserted = (new_ref.exceptAll(old) if old is not None else new_ref).unionByName(new_inc)
-        ranges = [p.interval for p in refill]
-        if reset or not per_part_deleted:
-            # nothing deleted: a plain commit (readers see the adds as inserts)
-            staged = stage(new_ref if reset else inserted, uri, run_id, by=PART)
-            if reset:
-                staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART))
-            replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges if reset else [],
-                           transactions=txns, metadata=_with_metrics(meta, read, staged), run_id=run_id,
-                           append_only=not reset,
-                           reset_on_schema_change=reset)
-            inserted_by = staged.rows_by_partition()
+        # The refilled partitions' exact changes (old rows vs recomputed rows) in one aggregation,
+        # staged as change data in one job whose observation counts them per partition.
+        changes = _net_changes(old.select(*data_cols), new_ref, data_cols).unionByName(
+            new_inc.withColumn(CHANGE_TYPE, F.lit("insert")))
+        obs = Observation()
+        cdc = stage(observe(changes, obs, *_change_counts(ids)), uri, run_id, by=PART, folder="_change_data/laminar")
+        counts = obs.get
+        deleted_by = {pid: int(counts.get(f"delete@{pid}") or 0) for pid in ids}
+        inserted_by = {pid: int(counts.get(f"insert@{pid}") or 0) for pid in ids}
+    if reset or not any(deleted_by.values()):
+        # nothing deleted: a plain commit (readers see the adds as inserts)
+        if old is not None:
+            cdc.discard()
+            new_rows = changes.where(F.col(CHANGE_TYPE) == "insert").drop(CHANGE_TYPE)
         else:
-            data = stage(new_ref.unionByName(new_inc), uri, run_id, by=PART)
-            changes = deleted.withColumn(CHANGE_TYPE, F.lit("delete")).unionByName(
-                inserted.withColumn(CHANGE_TYPE, F.lit("insert")))
-            cdc = stage(changes, uri, run_id, by=PART, folder="_change_data/laminar")
-            replace_ranges(ctx.spark, data, table_uri=uri, column=spec.event_time, ranges=ranges, transactions=txns,
-                           metadata=_with_metrics(meta, read, data), run_id=run_id, change_data=cdc)
-            inserted_by = _inserts_by_partition(uri, cdc)
-            staged = data
-        written = staged.rows_by_partition()
-        for pid, key in ids.items():
-            out.metrics[key].update(sink_rows=written.get(pid, 0), rows_inserted=inserted_by.get(pid, 0),
-                                    rows_deleted=int(per_part_deleted.get(pid, 0)))
-    finally:
-        if deleted is not None:
-            deleted.unpersist()
+            new_rows = new_ref.unionByName(new_inc)
+        staged = stage(new_ref if reset else new_rows, uri, run_id, by=PART)
+        if reset:
+            staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART))
+        replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges if reset else [],
+                       transactions=txns, metadata=_with_metrics(meta, read, staged), run_id=run_id,
+                       append_only=not reset,
+                       reset_on_schema_change=reset)
+        inserted_by = staged.rows_by_partition()
+    else:
+        staged = stage(new_ref.unionByName(new_inc), uri, run_id, by=PART)
+        replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges, transactions=txns,
+                       metadata=_with_metrics(meta, read, staged), run_id=run_id, change_data=cdc)
+    written = staged.rows_by_partition()
+    for pid, key in ids.items():
+        out.metrics[key].update(sink_rows=written.get(pid, 0), rows_inserted=inserted_by.get(pid, 0),
+                                rows_deleted=deleted_by.get(pid, 0))
+
+
+def _net_changes(old: DataFrame, new: DataFrame, cols: list[str]) -> DataFrame:
+    """Rows to delete and to insert to turn the multiset `old` into `new` (EXCEPT ALL both ways, as
+    one aggregation: Spark rewrites each EXCEPT ALL into the same union, sum and replicate)."""
+    both = old.select(*cols, F.lit(-1).alias("__d")).unionByName(new.select(*cols, F.lit(1).alias("__d")))
+    net = both.groupBy(*cols).agg(F.sum("__d").alias("__n")).where(F.col("__n") != 0)
+    kind = F.expr("explode(array_repeat(CASE WHEN __n < 0 THEN 'delete' ELSE 'insert' END, CAST(abs(__n) AS INT)))")
+    return net.select(*cols, kind.alias(CHANGE_TYPE))
+
+
+def _change_counts(ids: dict[int, str]) -> list:
+    """Observed deletes and inserts per partition number (SQL text: one Py4J call per metric)."""
+    return [F.expr(f"sum(CASE WHEN {PART} = {pid} AND {CHANGE_TYPE} = '{kind}' THEN 1 ELSE 0 END) AS `{kind}@{pid}`")
+            for pid in ids for kind in ("delete", "insert")]
 
 
 def _with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
@@ -226,21 +240,6 @@ def _with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
 
 def _with(a: StagedFiles, b: StagedFiles) -> StagedFiles:
     return StagedFiles(a.adds + b.adds, a.rows + b.rows, a.schema, a.folder)
-
-
-def _inserts_by_partition(uri: str, cdc: StagedFiles) -> dict[int, int]:
-    """Inserted rows per partition in staged change files (only their change-type column is read)."""
-    import os
-    import re
-
-    out: dict[int, int] = {}
-    for a in cdc.adds:
-        match = re.match(r"p-(-?\d+)-", os.path.basename(a.path))
-        types = pq.read_table(os.path.join(local_path(uri), a.path), columns=[CHANGE_TYPE]).column(CHANGE_TYPE)
-        n = sum(1 for t in types.to_pylist() if t == "insert")
-        if match:
-            out[int(match.group(1))] = out.get(int(match.group(1)), 0) + n
-    return out
 
 
 def _schema_matches(uri: str, out: DataFrame) -> bool:

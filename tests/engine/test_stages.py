@@ -192,3 +192,24 @@ def test_change_data_commits_write_checkpoints_at_the_tables_interval(spark, lak
     for v in due:
         assert f"{v:020d}.checkpoint.parquet" in os.listdir(log), sorted(os.listdir(log))
     assert_stage(lake)
+
+
+def test_a_refill_diffs_duplicate_rows_as_a_multiset(spark, lake, engine):
+    """Without a dedup key a stage keeps identical rows; a refill's change data deletes and inserts
+    each copy (EXCEPT ALL both ways), and rows whose count did not change are not in it."""
+    from deltalake import DeltaTable
+
+    import pyarrow as pa
+
+    plain = StageSpec(name="plain", source="raw", event_time="ts")
+    lake.create("raw", frame=raw([(1, "2024-01-01 00:01:00", "AAA", 10.0, 2)] * 2 +
+                                 [(2, "2024-01-01 00:02:00", "BBB", 20.0, 1)] * 3))
+    engine.run(plain, PART)
+    lake.update("raw", {"px": "99.0"}, "trade_id = 1")
+    r = engine.run(plain, PART)
+    assert (r.mode, r.metrics["rows_deleted"], r.metrics["rows_inserted"], r.metrics["sink_rows"]) == (Mode.REFILL, 2, 2, 5)
+    cdf = pa.table(DeltaTable(lake.path("plain")).load_cdf(starting_version=2).read_all()).to_pandas()
+    assert sorted(zip(cdf["_change_type"], cdf["trade_id"], cdf["px"])) == [
+        ("delete", 1, 10.0), ("delete", 1, 10.0), ("insert", 1, 99.0), ("insert", 1, 99.0)]
+    out = lake.read("plain").sort_values(["trade_id", "px"]).reset_index(drop=True)
+    assert list(zip(out["trade_id"], out["px"])) == [(1, 99.0)] * 2 + [(2, 20.0)] * 3
