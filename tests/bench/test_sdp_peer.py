@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import report, sdp_alone, sdp_peer, sdp_project
+from bench import report, sdp_alone, sdp_command, sdp_project
 from bench.specs import bench_specs
 
 
@@ -88,7 +88,7 @@ def _event_log(path: Path) -> None:
 
 def test_the_event_log_gives_the_refresh_time_its_jobs_and_rows(tmp_path):
     _event_log(tmp_path / "local-1")
-    out = sdp_peer.parse_event_log(str(tmp_path / "local-1"))
+    out = sdp_command.parse_event_log(str(tmp_path / "local-1"))
     assert out["refresh_s"] == 6.0 and out["app_s"] == 13.5
     assert out["phases_s"] == {"session": 4.0, "graph": 3.0, "refresh": 6.0, "after": 0.5}
     assert out["spark_jobs"] == 2 and out["spark_jobs_s"] == 4.0  # overlapping jobs counted once
