@@ -76,10 +76,10 @@ def footer_facts(uri: str, column: str) -> tuple[Interval | None, int | None, in
                 meta = pq.read_metadata(fh)
     except (OSError, pa.ArrowInvalid):
         return None, None, None
-    names = meta.schema.names
-    if column not in names:
+    # by path: `schema.names` lists leaf names, so a nested field `meta.ts` would also match `ts`
+    idx = next((i for i in range(len(meta.schema)) if meta.schema.column(i).path == column), None)
+    if idx is None:
         return None, meta.num_rows, None
-    idx = names.index(column)
     lo = hi = None
     nulls: int | None = 0
     for i in range(meta.num_row_groups):
