@@ -141,6 +141,22 @@ def fetch_local(df, local_rows: int = LOCAL_ROWS):
     return local if len(local) <= local_rows else None
 
 
+_NON_NULL_DTYPES = {"ByteType": "int8", "ShortType": "int16", "IntegerType": "int32", "LongType": "int64",
+                    "BooleanType": "bool"}
+
+
+def local_slice(frame, mask, schema):
+    """Rows `mask` of a frame `fetch_local` returned, typed as a fetch of those rows alone would be:
+    pandas widens an integer column to float64 (a boolean one to object) only when the fetched rows
+    hold a null, and a widened column would check differently (a regex sees "5.0", not "5")."""
+    part = frame[mask].reset_index(drop=True)
+    for f in schema.fields:
+        dtype = _NON_NULL_DTYPES.get(type(f.dataType).__name__)
+        if dtype and f.name in part.columns and str(part[f.name].dtype) != dtype and not part[f.name].isna().any():
+            part[f.name] = part[f.name].astype(dtype)
+    return part
+
+
 def validate_local(frame, contract: Contract, *, name: str = "partition") -> ValidationSummary:
     """Run the contract's suite on rows already fetched as pandas (GE's pandas engine, no Spark job)."""
     batch = _batch("laminar_pandas", f"{contract.table}_{name}", frame, pandas=True)

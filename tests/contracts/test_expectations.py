@@ -64,3 +64,26 @@ def test_engines_agree_on_failures(spark):
 def test_above_the_limit_spark_checks_it(spark):
     summary = validate(vwap_rows(spark, [good(i) for i in range(5)]), VWAP, local_rows=4)
     assert summary.engine == "spark" and summary.rows == 5 and summary.success
+
+
+def test_a_slice_of_a_range_fetch_is_typed_as_if_fetched_alone():
+    """pandas widens an integer column to float64 when any fetched row holds a null; a partition's
+    slice without nulls gets its integer type back, so a regex sees "5", not "5.0"."""
+    import pandas as pd
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from laminar_assets.contracts.expectations import local_slice, validate_local
+    from laminar_assets.contracts.model import Contract, ContractColumn, ExpectationRule
+
+    schema = StructType([StructField("symbol", StringType()), StructField("trades", LongType())])
+    fetched = pd.DataFrame({"symbol": ["A", "A", "B"], "trades": [None, 7.0, 5.0]})  # as toPandas gives it
+    part = pd.Series(["10:00", "10:00", "11:00"])
+    digits = Contract(table="t", kind="sink", columns={"symbol": ContractColumn(type="string"),
+                                                       "trades": ContractColumn(type="bigint")},
+                      expectations=[ExpectationRule(expect="match_regex", column="trades", regex="^[0-9]+$")])
+    alone = local_slice(fetched, part == "11:00", schema)
+    assert str(alone["trades"].dtype) == "int64" and alone["trades"].tolist() == [5]
+    assert validate_local(alone, digits).success
+    with_null = local_slice(fetched, part == "10:00", schema)
+    assert str(with_null["trades"].dtype) == "float64"  # as a fetch of these rows alone gives it
+    assert not validate_local(fetched[part == "11:00"].reset_index(drop=True), digits).success  # the widened slice
