@@ -5,7 +5,8 @@ recomputed whole (dedup is within a partition) and compared with their old rows
 (one aggregation: EXCEPT ALL both ways), so the commit carries exact change data and downstream
 retractable flows stay incremental. Appended rows of incremental partitions are
 checked against the rows already kept (dedup); a new row that would replace a kept
-duplicate refills its partition instead (DEDUP_REPLACED_ROW).
+duplicate refills its partition instead (DEDUP_REPLACED_ROW). A run of appends only is one Spark
+job: read, join, dedup against the kept rows and write, its metrics and dedup verdict observed.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame, Observation, Window
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from . import quarantine as qr
 from .aggregates import EVENT_TS, SIGN
-from .delta_source import snapshot_files, table_info
+from .delta_source import snapshot_files
 from .delta_write import replace_ranges
 from .inputs import RunInputs
 from .layout import RunContext
@@ -31,15 +32,8 @@ from .reading import PART, keep, prepare, read_rows, read_set, with_partition
 from .spark_io import StagedFiles, arrow_schema_of, interpreted, nullable, observe, stage
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import StageSpec
-from .windows import in_ranges, partition_id, partition_key_column
-
-
-class DedupReplaced(Exception):
-    """Appended rows would replace rows already kept: these partitions must refill."""
-
-    def __init__(self, partitions: list[str]) -> None:
-        super().__init__(f"dedup replaced kept rows in {partitions}")
-        self.partitions = partitions
+from .stage_rows import DedupReplaced, dedup_against_kept, deduped, kept_rows, replaced
+from .windows import partition_id, partition_key_column
 
 
 @dataclass
@@ -65,17 +59,22 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
             exprs += [F.expr(f"count(CASE WHEN {mine} THEN 1 END) AS `rows@{p.partition}`"),
                       F.expr(f"count(CASE WHEN {mine} AND {RULE} IS NOT NULL AND {SIGN} > 0 THEN 1 END)"
                              f" AS `rejected@{p.partition}`")]
-        joined = observe(joined, obs, *exprs).persist()
+        joined = observe(joined, obs, *exprs)
+        if not any(p.mode is Mode.REFILL for p in plans) and _appends(ctx, spec, plans, joined, obs, seqs, run_id, out):
+            ctx.hook("after_state_commit")
+            ctx.hook("after_sink_commit")
+            return out
+        joined = joined.persist()
         try:
             t0 = time.perf_counter()
             joined.count()  # one job: read, join and cache the rows (and fill the observed metrics)
             counts = obs.get
-            new = _deduped(spec, joined.where(F.col(RULE).isNull()))
+            new = deduped(spec, joined.where(F.col(RULE).isNull()))
             refill = [p for p in plans if p.mode is Mode.REFILL]
             incremental = [p for p in plans if p.mode is not Mode.REFILL]
             new_inc = new.where(_in_partitions(spec, incremental))
             if incremental and spec.dedup_key:
-                new_inc = _dedup_against_sink(ctx, spec, incremental, new_inc)
+                new_inc = dedup_against_kept(ctx, spec, incremental, new_inc)
             new_ref = new.where(_in_partitions(spec, refill))
             for p in plans:
                 out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
@@ -93,6 +92,47 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
     return out
 
 
+def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joined: DataFrame, obs: Observation,
+             seqs: dict[str, int], run_id: str, out: PassResult) -> bool:
+    """Incremental partitions only: one Spark job reads, joins, dedups against the kept rows and
+    stages the new rows; the run's counts and any kept row a new one would replace are observed
+    by it (nothing is cached or collected). False, with nothing done, when the output's schema
+    changes (the general path resets the table)."""
+    new = deduped(spec, joined.where(F.col(RULE).isNull()))
+    cols = [c for c in new.columns if c != EVENT_TS]
+    uri = ctx.layout.sink_uri(spec)
+    if not _schema_matches(uri, new.select(*cols).drop(PART)):
+        return False
+    lost = Observation() if spec.dedup_key else None
+    if lost is not None:
+        new = dedup_against_kept(ctx, spec, plans, new, lost=lost)
+    t0 = time.perf_counter()
+    staged = stage(new.select(*cols), uri, run_id, by=PART)  # the one Spark job
+    lost_in = replaced(spec, plans, lost.get) if lost is not None else []
+    if lost_in:
+        staged.discard()
+        raise DedupReplaced(lost_in)
+    counts = obs.get
+    for p in plans:
+        out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
+                                    "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
+    if any(m["rows_rejected"] for m in out.metrics.values()):  # reads the new files again (rare)
+        out.quarantined = _quarantine(ctx, spec, joined.where(F.col(RULE).isNotNull() & (F.col(SIGN) > 0)), run_id)
+    ctx.hook("after_read")
+    t1 = time.perf_counter()
+    read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
+    replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=[],
+                   transactions=_transactions(ctx, spec, plans, seqs),
+                   metadata=_with_metrics(_commit_meta(spec, plans, run_id), read, staged), run_id=run_id,
+                   append_only=True)
+    written = staged.rows_by_partition()
+    for p in plans:
+        n = written.get(partition_id(p.partition, spec.granularity), 0)
+        out.metrics[p.partition].update(sink_rows=n, rows_inserted=n, rows_deleted=0)
+    out.seconds = {"read": t1 - t0, "write": time.perf_counter() - t1}
+    return True
+
+
 def _join_dimensions(ctx: RunContext, spec: StageSpec, rows: DataFrame, inputs: RunInputs) -> DataFrame:
     joined = rows
     for join in spec.joins:
@@ -107,80 +147,32 @@ def _join_dimensions(ctx: RunContext, spec: StageSpec, rows: DataFrame, inputs: 
     return joined.withColumn(RULE, F.coalesce(F.col(RULE), unmatched))
 
 
-def output_columns(spec: StageSpec, columns: list[str]) -> list[str]:
-    """The stage's output columns, given the columns of its joined rows."""
-    if spec.columns:
-        return list(spec.columns)
-    base = [c for c in columns if not c.startswith("__") and c not in {c2 for j in spec.joins for c2 in j.columns}]
-    return base + [c for j in spec.joins for c in j.columns if c not in base]
-
-
-def _order(spec: StageSpec, cols: list[str]) -> list[str]:
-    return [EVENT_TS] + [c for c in cols if c not in spec.dedup_key]
-
-
-def _deduped(spec: StageSpec, good: DataFrame) -> DataFrame:
-    """Output rows (plus `__p` and the event time) with one row per dedup key and partition."""
-    cols = output_columns(spec, good.columns)
-    out = good.select(PART, *cols, EVENT_TS)
-    if spec.dedup_key:
-        w = Window.partitionBy(PART, *spec.dedup_key).orderBy(*_order(spec, cols))
-        out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
-    return out
-
-
 def _in_partitions(spec: StageSpec, plans: list[PartitionPlan]):
     ids = [partition_id(p.partition, spec.granularity) for p in plans]
     return F.col(PART).isin(*ids) if ids else F.lit(False)
 
 
-def _sink_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> DataFrame | None:
-    """The rows the output table holds now in the plans' partitions (with `__p` and the event time)."""
-    uri = ctx.layout.sink_uri(spec)
-    if not plans or not DeltaTable.is_deltatable(uri):
-        return None
-    parts = [p.interval for p in plans]
-    info = table_info(spec.sink, uri)
-    files = snapshot_files(info, spec.event_time, parts)
-    if not files:
-        return None
-    from .validate import event_time_column
-
-    df = read_source(ctx.spark, files, info)
-    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(in_ranges(EVENT_TS, parts))
-    return with_partition(df, spec, EVENT_TS)
+def _transactions(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs: dict[str, int]) -> list:
+    return [(ctx.layout.app_id(spec, p.partition), seqs[p.partition]) for p in plans]
 
 
-def _dedup_against_sink(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame) -> DataFrame:
-    existing = _sink_rows(ctx, spec, plans)
-    if existing is None:
-        return new
-    cols = [c for c in new.columns if c not in (PART, EVENT_TS)]
-    order = _order(spec, cols)
-    key = [PART, *spec.dedup_key]
-    old = existing.select(*key, F.struct(*[F.col(c) for c in order]).alias("__old"))
-    joined = new.withColumn("__new", F.struct(*[F.col(c) for c in order])).join(old, key, "left")
-    lost = joined.where(F.col("__old").isNotNull() & (F.col("__new") < F.col("__old"))).select(PART).distinct().collect()
-    if lost:
-        ids = {r[PART] for r in lost}
-        raise DedupReplaced([p.partition for p in plans if partition_id(p.partition, spec.granularity) in ids])
-    return joined.where(F.col("__old").isNull()).drop("__new", "__old")
+def _commit_meta(spec: StageSpec, plans: list[PartitionPlan], run_id: str) -> dict:
+    return {"laminar.run_id": run_id, "laminar.flow": spec.name,
+            "laminar.partition": ",".join(p.partition for p in plans),
+            "laminar.mode": ",".join(sorted({p.mode.value for p in plans})),
+            "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
 
 
 def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame, new_inc: DataFrame,
             seqs: dict[str, int], run_id: str, out: PassResult) -> None:
     uri = ctx.layout.sink_uri(spec)
-    txns = [(ctx.layout.app_id(spec, p.partition), seqs[p.partition]) for p in plans]
-    meta = {"laminar.run_id": run_id, "laminar.flow": spec.name,
-            "laminar.partition": ",".join(p.partition for p in plans),
-            "laminar.mode": ",".join(sorted({p.mode.value for p in plans})),
-            "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
+    txns, meta = _transactions(ctx, spec, plans, seqs), _commit_meta(spec, plans, run_id)
     read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
     data_cols = [c for c in new_ref.columns if c != EVENT_TS]
     new_ref, new_inc = new_ref.select(*data_cols), new_inc.select(*data_cols)
     reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not _schema_matches(uri, new_ref.drop(PART))
-    old = None if reset else _sink_rows(ctx, spec, refill)
+    old = None if reset else kept_rows(ctx, spec, refill)
     ranges = [p.interval for p in refill]
     deleted_by: dict[int, int] = {}
     if old is not None:
