@@ -91,6 +91,9 @@ def session_conf(options: SparkOptions) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "false",
         # A run names its files explicitly: list them in the driver, not in a Spark job per read.
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+        # PySpark's DataFrame debugging records each API call's Python call site in the JVM: five
+        # Py4J round trips per call, a third of all of them in a run (Laminar names its own errors).
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
         **options.conf,
     }
 
