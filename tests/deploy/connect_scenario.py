@@ -34,13 +34,23 @@ def main(root: str, url: str) -> dict:
         for r in engine.run_many(spec, keys):
             modes.append(r.mode.value)
             quarantined += sum(r.quarantined.values())
+    # late appends only (some duplicates, some breaking a rule): the stage's one-job append path
+    write_batch(root, BatchOptions(rows=40, seed=6, late_share=1.0, duplicate_share=0.1, update_share=0.0,
+                                   delete_share=0.0, bad_share=0.1), batch=2)
+    appends = []
+    for spec in specs:
+        for r in engine.run_many(spec, keys):
+            modes.append(r.mode.value)
+            quarantined += sum(r.quarantined.values())
+            if not isinstance(spec, FlowSpec):
+                appends.append(f"{r.mode.value}/{r.reason.value}/{r.metrics.get('rows_rejected', 0)}")
     equivalence = {f.name: check_equivalence(engine, f, "2024-01-02-09:00", sample=6).passed for f in flows}
     # Both Great Expectations engines over Connect: Spark's (local_rows=0) and pandas' (rows via Arrow).
     contract = {f"{s.name}/{engine_name}": validate(engine.sink_frame(s, "2024-01-02-10:00"), contracts[s.sink],
                                                      local_rows=limit).success
                 for s in specs if s.sink in contracts for engine_name, limit in (("spark", 0), ("pandas", 10**6))}
     physical = explain(engine, flows[-1], "2024-01-02-10:00")["physical"]
-    return {"session": type(spark).__module__, "modes": modes, "quarantined": quarantined,
+    return {"session": type(spark).__module__, "modes": modes, "quarantined": quarantined, "stage_appends": appends,
             "quarantine_table": DeltaTable.is_deltatable(f"{root}/_laminar/quarantine/raw_trades"),
             "equivalence": equivalence, "contract": contract, "physical": physical,
             "vectors": vectors_and_mapping(engine, root)}

@@ -48,6 +48,11 @@ def test_the_demo_pipeline_over_spark_connect_equals_a_local_recompute(server, s
     assert out["session"].startswith("pyspark.sql.connect")
     assert "INCREMENTAL" in out["modes"] and "REFILL" in out["modes"]
     assert out["quarantined"] > 0 and out["quarantine_table"]
+    # late appends only: the stages' one-job append path (dedup verdict and counts observed), with a
+    # rejected row on it
+    appends = [a.rsplit("/", 1) for a in out["stage_appends"]]
+    assert {m for m, _ in appends} == {"INCREMENTAL/APPEND_ONLY", "NOOP/NO_CHANGES_IN_PARTITION"}, appends
+    assert any(m.startswith("INCREMENTAL") and int(n) > 0 for m, n in appends), appends
     assert all(out["equivalence"].values()) and all(out["contract"].values()), out
     assert "Input [" in out["physical"] or "Scan" in out["physical"]
     stage = DeltaTable(f"{root}/normalized_trades").to_pyarrow_table()
