@@ -133,6 +133,9 @@ def serve(
     driver_memory: str = typer.Option("4g", "--driver-memory", help="Memory of the Spark Connect server's driver."),
     local_spark: bool = typer.Option(False, "--local-spark", help="Start no Connect server: every run starts its "
                                      "own Spark JVM (slow; for comparison)."),
+    warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Once the UI is up, warm the new Spark "
+                                 "Connect server with a scratch run of the demo graph (about a minute in the "
+                                 "background), so the first real run is not slowed by a cold JVM."),
 ) -> None:
     """Start the deployment: a Spark Connect server and `dagster dev` (UI + daemon) on 127.0.0.1.
     Sensors launch runs that connect to the warm Spark; Ctrl-C stops everything."""
@@ -144,7 +147,7 @@ def serve(
     c.instance()  # DAGSTER_HOME with the project's dagster.yaml
     logs = os.path.join(os.path.dirname(c.root), "logs")  # .laminar/logs beside .laminar/lake
     options = ServeOptions(root=c.root, dagster_home=c.dagster_home, ui_port=ui_port, spark_remote=spark_remote,
-                           local_spark=local_spark, log_dir=logs, spark=ConnectServerOptions(
+                           local_spark=local_spark, log_dir=logs, warm_up=warm_up, spark=ConnectServerOptions(
                                port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),
                                spark=SparkOptions(driver_memory=driver_memory)))
 
@@ -152,6 +155,8 @@ def serve(
         spark = f"Spark Connect server {d.remote} (log {logs}/spark-connect.log)" if d.spark else \
             f"Spark Connect endpoint {d.remote} (not started here)" if d.remote else \
             "local Spark: every run starts its own JVM (--local-spark)"
+        if d.warm_up is not None:
+            spark += f"\n  warming Spark up with a scratch run in the background (log {logs}/warm-up.log)"
         console.print(f"[bold]Laminar is up[/bold]\n  Dagster UI and daemon: {d.ui_url}  (log {logs}/dagster.log)"
                       f"\n  {spark}\n  Delta tables: {c.root}\n  DAGSTER_HOME: {c.dagster_home}\n"
                       "Sensors are on: commit to a source (e.g. `laminar generate --batch 1`) and watch the runs. "

@@ -35,6 +35,9 @@ class ServeOptions:
     local_spark: bool = False  # no Connect server: every run starts its own JVM (for comparison only)
     log_dir: str = ".laminar/logs"
     start_timeout: float = 180.0
+    # Once the UI is up, send a scratch run of the demo graph through a Connect server started here
+    # (deploy/warm_up.py), so the first real run finds its JVM warm. Never on an endpoint given.
+    warm_up: bool = True
 
 
 @dataclass
@@ -45,8 +48,11 @@ class Deployment:
     spark: ConnectServer | None
     remote: str | None
     ui_url: str
+    warm_up: subprocess.Popen | None = None
 
     def stop(self) -> None:
+        if self.warm_up is not None:
+            _stop_group(self.warm_up, timeout=10)
         _stop_group(self.dagster, timeout=60)
         if self.spark is not None:
             self.spark.stop()
@@ -111,7 +117,18 @@ def start(options: ServeOptions) -> Deployment:
             raise EnvironmentProblem(f"`dagster dev` did not start (exit code {dagster.returncode}); see "
                                      f"{os.path.join(options.log_dir, 'dagster.log')}")
         time.sleep(0.5)
+    if spark is not None and options.warm_up:
+        deployment.warm_up = _start_warm_up(spark.url, env, options.log_dir)
     return deployment
+
+
+def _start_warm_up(remote: str, env: dict, log_dir: str) -> subprocess.Popen:
+    """The warm-up (deploy/warm_up.py) in a process group of its own, logging to warm-up.log."""
+    env = {k: v for k, v in env.items() if k != "LAMINAR_SPARK_REMOTE"}
+    with open(os.path.join(log_dir, "warm-up.log"), "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "laminar_assets.deploy.warm_up", remote], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | None = None,

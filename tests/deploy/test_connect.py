@@ -76,3 +76,32 @@ def test_an_unreachable_endpoint_fails_fast_and_clearly():
 def test_a_taken_port_is_a_clear_error(server):
     with pytest.raises(EnvironmentProblem, match=f"port {server.options.port} .* already in use"):
         start_connect_server(ConnectServerOptions(port=server.options.port))
+
+
+def test_the_warm_up_runs_the_graph_on_a_scratch_lake_and_leaves_nothing_behind(server, tmp_path):
+    """`laminar serve`'s warm-up sends the demo graph's passes through the server on a temporary
+    folder; it removes the folder when it finishes and when it is stopped part way (SIGTERM)."""
+    import signal
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}, "TMPDIR": str(scratch)}
+    cmd = [sys.executable, "-m", "laminar_assets.deploy.warm_up", server.url]
+    stopped = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith("laminar-warm-up-") for p in scratch.iterdir()):
+            assert stopped.poll() is None and time.monotonic() < deadline, "the warm-up made no scratch folder"
+            time.sleep(0.2)
+        time.sleep(3)  # part way through its first pass
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(60) != 0
+    finally:
+        stopped.kill()
+    assert not list(scratch.iterdir()), "a stopped warm-up left its scratch folder"
+
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "warm-up done" in done.stdout and "batch 2" in done.stdout and "checks" in done.stdout, done.stdout
+    assert not list(scratch.iterdir()), "the warm-up left its scratch folder"
