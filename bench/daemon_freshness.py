@@ -141,6 +141,13 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
 
         if not _wait(lambda: port_in_use("127.0.0.1", ui), 300):
             raise RuntimeError(f"laminar serve did not start; see {work}/serve.log")
+        warm_up_s = None
+        if not local_spark:  # serve warms its new Connect server up; commits land once that is done
+            t = time.monotonic()
+            warm_log = os.path.join(work, "logs", "warm-up.log")
+            if not _wait(lambda: os.path.exists(warm_log) and "warm-up done" in open(warm_log).read(), 300):
+                raise RuntimeError(f"the Connect server's warm-up did not finish within 5 min; see {warm_log}")
+            warm_up_s = time.monotonic() - t
         instance = dg.DagsterInstance.from_config(home)
         summary = write_batch(root, BatchOptions(rows=rows, seed=seed), batch=0)
         t = time.monotonic()
@@ -182,6 +189,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
 
     return {"spark": "one JVM per run (--local-spark)" if local_spark else "Spark Connect server (laminar serve)",
             "sensor_interval_s": interval, "commits": commits, "commit_rows": max(rows // 20, 20),
+            "warm_up_s": round(warm_up_s, 1) if warm_up_s is not None else None,
             "bootstrap_s": round(bootstrap_s, 1), "samples_s": [round(s, 2) for s in samples],
             "p50_s": pct(50), "p95_s": pct(95),
             "until_checks_done_p50_s": round(float(np.percentile(with_checks, 50)), 2) if with_checks else None,
