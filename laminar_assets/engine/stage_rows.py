@@ -63,25 +63,28 @@ def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPl
                         lost: Observation | None = None) -> DataFrame:
     """`new` without the rows whose key the output keeps already. A new row that sorts before the
     kept one would replace it: raises `DedupReplaced` (one Spark job), or, given `lost`, counts such
-    rows per partition in the job that consumes the result (see `_replaced`)."""
+    rows per partition in the job that consumes the result (see `replaced`)."""
     existing = kept_rows(ctx, spec, plans)
-    if existing is None:
-        return new
+    if existing is None:  # nothing kept in these partitions: nothing to replace (still observed, as 0)
+        return new if lost is None else observe(new, lost, *_lost_counts(spec, plans, "false"))
     cols = [c for c in new.columns if c not in (PART, EVENT_TS)]
     order = order_key(spec, cols)
     key = [PART, *spec.dedup_key]
     old = existing.select(*key, F.struct(*[F.col(c) for c in order]).alias("__old"))
     joined = new.withColumn("__new", F.struct(*[F.col(c) for c in order])).join(old, key, "left")
     if lost is not None:
-        joined = observe(joined, lost, *[F.expr(
-            f"count(CASE WHEN {PART} = {partition_id(p.partition, spec.granularity)} AND __old IS NOT NULL "
-            f"AND __new < __old THEN 1 END) AS `lost@{p.partition}`") for p in plans])
+        joined = observe(joined, lost, *_lost_counts(spec, plans, "__old IS NOT NULL AND __new < __old"))
     else:
         found = joined.where(F.col("__old").isNotNull() & (F.col("__new") < F.col("__old"))).select(PART).distinct().collect()
         if found:
             ids = {r[PART] for r in found}
             raise DedupReplaced([p.partition for p in plans if partition_id(p.partition, spec.granularity) in ids])
     return joined.where(F.col("__old").isNull()).drop("__new", "__old")
+
+
+def _lost_counts(spec: StageSpec, plans: list[PartitionPlan], cond: str) -> list:
+    return [F.expr(f"count(CASE WHEN {PART} = {partition_id(p.partition, spec.granularity)} AND {cond} THEN 1 END)"
+                   f" AS `lost@{p.partition}`") for p in plans]
 
 
 def replaced(spec: StageSpec, plans: list[PartitionPlan], counts: dict) -> list[str]:

@@ -249,3 +249,17 @@ def test_an_append_is_one_spark_job_with_its_counts_quarantine_and_dedup_verdict
     assert (results[keys[1]].mode, results[keys[1]].reason) == (Mode.REFILL, Reason.DEDUP_REPLACED_ROW)
     assert results[PART].mode is Mode.NOOP
     assert_stage(lake)
+
+
+def test_an_append_to_a_partition_that_kept_no_rows(spark, lake, engine):
+    """A partition whose every row was rejected has a watermark but no rows in the output: an append
+    there is still incremental, with nothing to dedup against (found in review: the dedup verdict
+    was read from an observation no job had filled)."""
+    setup(lake)
+    late = "2024-01-01-01:00"
+    lake.append("raw", frame=raw([(20, "2024-01-01 01:05:00", "ZZZ", 1.0, 1)]))  # unknown symbol: rejected
+    engine.run_many(STAGE, [PART, late])
+    lake.append("raw", frame=raw([(21, "2024-01-01 01:06:00", "AAA", 2.0, 1)]))
+    [r] = engine.run_many(STAGE, [late])
+    assert (r.mode, r.reason, r.metrics["sink_rows"]) == (Mode.INCREMENTAL, Reason.APPEND_ONLY, 1)
+    assert_stage(lake)
