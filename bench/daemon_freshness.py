@@ -145,8 +145,10 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
         if not local_spark:  # serve warms its new Connect server up; commits land once that is done
             t = time.monotonic()
             warm_log = os.path.join(work, "logs", "warm-up.log")
-            if not _wait(lambda: os.path.exists(warm_log) and "warm-up done" in open(warm_log).read(), 300):
-                raise RuntimeError(f"the Connect server's warm-up did not finish within 5 min; see {warm_log}")
+            if not _wait(lambda: os.path.exists(warm_log) and any(s in open(warm_log).read()
+                                                                  for s in ("warm-up done", "Traceback")), 300) \
+                    or "Traceback" in open(warm_log).read():
+                raise RuntimeError(f"the Connect server's warm-up did not finish; see {warm_log}")
             warm_up_s = time.monotonic() - t
         instance = dg.DagsterInstance.from_config(home)
         summary = write_batch(root, BatchOptions(rows=rows, seed=seed), batch=0)

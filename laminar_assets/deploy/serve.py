@@ -141,6 +141,8 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
         if on_ready:
             on_ready(deployment)
         while not stop.wait(1.0):
+            if deployment.warm_up is not None and deployment.warm_up.poll() is not None:
+                deployment.warm_up = None  # finished (and reaped)
             if deployment.dagster.poll() is not None:
                 return deployment.dagster.returncode or 1
             if deployment.spark is not None and not deployment.spark.running():

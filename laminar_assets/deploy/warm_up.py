@@ -35,8 +35,9 @@ def warm_up(url: str) -> dict[str, float]:
     specs, contracts = specs_with_contracts(load_specs())
     spark = build_session(SparkOptions(remote=url, app_name="laminar-warm-up"))
     seconds["connect"] = time.perf_counter() - t
-    root = tempfile.mkdtemp(prefix="laminar-warm-up-")
+    root = None
     try:
+        root = tempfile.mkdtemp(prefix=PREFIX)
         engine = Engine(spark, root)
         batches = [BatchOptions(rows=300, seed=3),  # bootstrap: refills
                    BatchOptions(rows=60, seed=3, late_share=0.5, update_share=0.05, delete_share=0.03),
@@ -60,8 +61,37 @@ def warm_up(url: str) -> dict[str, float]:
             validate(engine.sink_frame(stage, min(keys)), contracts[stage.sink])
         seconds["checks"] = time.perf_counter() - t
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        # Stopped part way (Ctrl-C, SIGTERM): no second signal cuts the clean-up short, the server
+        # cancels this session's jobs, and a task that still wrote a file does not bring the folder back.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            spark.interruptAll()
+        except Exception:  # noqa: BLE001 - the server may be gone already; the folder is what matters
+            pass
+        if root is not None:
+            _remove(root)
     return seconds
+
+
+PREFIX = "laminar-warm-up-"
+
+
+def _remove(folder: str, attempts: int = 5) -> None:
+    for _ in range(attempts):
+        shutil.rmtree(folder, ignore_errors=True)
+        time.sleep(0.5)
+        if not os.path.exists(folder):
+            return
+
+
+def sweep_stale(hours: float = 6.0) -> None:
+    """Remove scratch folders of warm-ups that were killed (SIGKILL leaves no chance to clean up)."""
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        path = os.path.join(tmp, name)
+        if name.startswith(PREFIX) and time.time() - os.path.getmtime(path) > hours * 3600:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
@@ -69,10 +99,16 @@ def main(argv: list[str]) -> int:
         print("usage: python -m laminar_assets.deploy.warm_up SC_URL", file=sys.stderr)
         return 2
     os.environ.pop("LAMINAR_SPARK_REMOTE", None)
-    # `laminar serve` stops this process with SIGINT/SIGTERM: leave through `finally` (the scratch folder)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # `laminar serve` stops this process with SIGINT, then SIGTERM: both raise KeyboardInterrupt, which
+    # the Spark Connect client turns into a cancel of the running query; `finally` removes the folder
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sweep_stale()
     t = time.perf_counter()
-    seconds = warm_up(argv[0])
+    try:
+        seconds = warm_up(argv[0])
+    except KeyboardInterrupt:
+        print("warm-up stopped", flush=True)
+        return 130
     print(f"warm-up done in {time.perf_counter() - t:.1f} s: "
           + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()), flush=True)
     return 0
