@@ -3,7 +3,7 @@
 Times three ways to replace the rows of some hourly partitions of a state-like table whose
 rows Spark computed, and checks that all three leave the same table:
 
-* `laminar`: Spark writes Parquet files laid out per partition (`spark_io.stage`) and one
+* `laminar`: Spark writes Parquet files laid out per partition (`staging.stage`) and one
   `deltalake` transaction removes the partitions' old files and adds the new ones
   (`delta_write.replace_ranges`). The rows never reach the driver.
 * `predicate`: the rows are collected to the driver as Arrow (`DataFrame.toArrow()`) and
@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from laminar_assets.engine.delta_write import replace_ranges
 from laminar_assets.engine.session import build_session
-from laminar_assets.engine.spark_io import stage
+from laminar_assets.engine.staging import stage
 from laminar_assets.engine.windows import Interval
 
 START = datetime(2024, 1, 2)

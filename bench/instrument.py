@@ -5,7 +5,8 @@ Nothing in `laminar_assets` is edited: while `Instrument` is active, these funct
 
 * `Engine.gather`: open the source snapshot with deltalake, read the new commits' log entries
   and Parquet footers, check the spec against the schema (Spark analyzer, no job);
-* `spark_io.stage`: a Spark job that writes Parquet into a table folder, plus footer statistics;
+* `staging.stage` / `stage_split`: the Spark job that computes a run's output and writes it as Parquet
+  into a table folder (by Spark, or by the driver from Arrow batches), plus footer statistics;
 * `DeltaTable.create_write_transaction`: a Delta commit through deltalake;
 * `delta_source.snapshot_files`: listing a pinned snapshot's files with statistics (deltalake).
 
@@ -23,7 +24,8 @@ from collections import defaultdict
 
 _TARGETS = (
     ("gather_log_and_schema", "laminar_assets.engine.executor", "Engine", "gather"),
-    ("parquet_write", "laminar_assets.engine.spark_io", None, "stage"),
+    ("parquet_write", "laminar_assets.engine.staging", None, "stage"),
+    ("parquet_write", "laminar_assets.engine.staging", None, "stage_split"),
     ("delta_commit", "deltalake", "DeltaTable", "create_write_transaction"),
     ("snapshot_listing", "laminar_assets.engine.delta_source", None, "snapshot_files"),
 )

@@ -36,7 +36,8 @@ from laminar_assets.errors import CommitConflictError
 
 from .delta_log import DataFile, local_path
 from .delta_source import TableInfo, info_of, snapshot_files, table_info
-from .spark_io import StagedFiles, nullable, stage
+from .spark_io import nullable
+from .staging import StagedFiles, stage
 from .spark_read import read_source
 from .windows import Interval
 

@@ -30,7 +30,8 @@ from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .fact_joins import join_facts
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import interpreted, observe, read_staged, stage
+from .spark_io import interpreted, observe
+from .staging import StagedFiles, read_staged, stage, stage_split
 from .spark_read import read_source
 from .spec import FlowSpec
 from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_interval, \
@@ -62,7 +63,7 @@ def state_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inp
     """The merged state the plans produce, lazily (what a run writes; what `explain` prints)."""
     copies, _reads = _copies(ctx, spec, plans, inputs)
     partial, impls = _partial(spec, copies, inputs)
-    return _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)
+    return _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs)[0]
 
 
 def recompute(ctx: RunContext, spec: FlowSpec, plan: PartitionPlan, inputs: RunInputs) -> DataFrame:
@@ -96,7 +97,8 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         partial, impls = _partial(spec, copies, inputs, shuffle_rows=tiny)
         reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
         partial = observe(partial, reads_obs, *_read_metrics(spec, plans if per_part else []))
-        merged = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs, shuffled=tiny)
+        merged, old_bytes = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs,
+                                   shuffled=tiny)
         lost = F.lit(False)
         for impl in impls:
             cond = impl.lost_expr() if ctx.options.precision_guard else None
@@ -107,9 +109,13 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
                           F.sum(F.col("__lost").cast("int")).alias("lost"))
         t0 = time.perf_counter()
         state_uri = ctx.layout.state_uri(spec, inputs.input_schema)
-        staged = stage(checked.drop("__lost"), state_uri, run_id, by=PART)  # Spark job: read, merge, write
+        # the state holds at most the rows read plus the old state: a small one goes through the driver
+        small = reads.total_bytes + old_bytes < ctx.options.driver_write_below_bytes
+        staged, sink = _stage_outputs(ctx, spec, checked.drop("__lost"), impls, state_uri, run_id, small)
         if merge_obs.get.get("lost"):
-            staged.discard()
+            for files in (staged, sink):
+                if files is not None:
+                    files.discard()
             raise PrecisionLost(_lost_windows(spec, merged.where(lost)))
         _collect_metrics(out, reads_obs.get, plans, per_part)
         for k in keys:
@@ -130,11 +136,13 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
                                         transactions=txns, metadata=meta, run_id=run_id)
         ctx.hook("after_state_commit")
         t2 = time.perf_counter()
-        # The sink is finalized from the state files just staged (one scan of the touched partitions'
-        # state, no shuffle): cheaper than caching the merge, whose plan Spark must build twice.
-        state = with_partition(read_staged(ctx.spark, staged, state_uri), spec, WS)
-        sink = stage(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
-                     by=PART)  # Spark job
+        if sink is None:
+            # Finalized from the state files just staged (one scan of the touched partitions' state, no
+            # shuffle): cheaper than caching the merge, whose plan Spark must build twice.
+            state = with_partition(read_staged(ctx.spark, staged, state_uri), spec, WS)
+            small = sum(a.size for a in staged.adds) < ctx.options.driver_write_below_bytes
+            sink = stage(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
+                         by=PART, through_driver=small)  # Spark job
         metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
                                        transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
@@ -142,6 +150,25 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
         ctx.hook("after_sink_commit")
     return out
+
+
+def _stage_outputs(ctx: RunContext, spec: FlowSpec, state: DataFrame, impls, state_uri: str, run_id: str,
+                   small: bool) -> tuple[StagedFiles, StagedFiles | None]:
+    """Stage the merged state (one Spark job). A small one comes to the driver, and then its sink rows
+    come with it: each state row finalized beside it, so state and sink are staged from one job
+    (None: the sink is still to be staged from the state files)."""
+    if not small:
+        return stage(state, state_uri, run_id, by=PART), None
+    state_names = [PART, WS, WE, *spec.keys, ROWS, *[c for impl in impls for c in impl.state_columns]]
+    if any(c.startswith("__") for c in [*spec.keys, *dict(spec.post)]):  # would clash with state columns
+        return stage(state, state_uri, run_id, by=PART, through_driver=True), None
+    both = finalize(spec, state, keep=tuple(state_names[len(spec.keys) + 3:]), partitioned=True)
+    # `finalize`'s columns, minus the state's (named here: asking Spark costs an analysis)
+    sink_names = [PART, WS, WE, *spec.keys, *[a.name for a in spec.aggregates if a.name not in spec.hidden],
+                  *dict(spec.post)]
+    staged, sink = stage_split(both, [(state_uri, run_id, state_names),
+                                      (ctx.layout.sink_uri(spec), run_id + "-sink", sink_names)], by=PART)
+    return staged, sink
 
 
 def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, dict]], run_id: str) -> None:
@@ -163,13 +190,18 @@ def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, 
 
 def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:
     """The committed state rows of `keys` (only their files are read)."""
+    return _state_rows(ctx, spec, keys, input_schema)[0]
+
+
+def _state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> tuple[DataFrame | None, int]:
+    """`read_state` and the bytes of the files it reads."""
     uri = ctx.layout.state_uri(spec, input_schema)
     if not keys or not DeltaTable.is_deltatable(uri):
-        return None
+        return None, 0
     parts = [partition_interval(k, spec.granularity) for k in keys]
     info = table_info(f"{spec.name} state", uri)
-    df = read_source(ctx.spark, snapshot_files(info, WS, parts), info)
-    return df.where(in_ranges(WS, parts))
+    files = snapshot_files(info, WS, parts)
+    return read_source(ctx.spark, files, info).where(in_ranges(WS, parts)), sum(f.size for f in files)
 
 
 def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs):
@@ -205,14 +237,15 @@ def _partial(spec: FlowSpec, copies: DataFrame, inputs: RunInputs, *, shuffle_ro
 
 
 def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: DataFrame, impls,
-           inputs: RunInputs, *, shuffled: bool = False) -> DataFrame:
-    """Old state of the plans' partitions (minus the windows they refill) merged with `good` partials.
-    `shuffled`: `good` is hash-partitioned by partition number already (see `_partial`)."""
+           inputs: RunInputs, *, shuffled: bool = False) -> tuple[DataFrame, int]:
+    """Old state of the plans' partitions (minus the windows they refill) merged with `good` partials,
+    and the bytes of old state read. `shuffled`: `good` is hash-partitioned by partition number
+    already (see `_partial`)."""
     group = [PART, WS, WE, *spec.keys]
     state_cols = [c for impl in impls for c in impl.state_columns]
     combined = good.select(*group, ROWS, *state_cols)
     kept = [p.partition for p in plans if not p.refill_all]
-    old = read_state(ctx, spec, kept, inputs.input_schema)
+    old, old_bytes = _state_rows(ctx, spec, kept, inputs.input_schema)
     if old is not None:
         refilled = in_ranges(WS, [r for p in plans for r in p.refill])
         old = with_partition(old, spec, WS).where(~refilled)
@@ -226,7 +259,7 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
     if extra:
         combined = combined.selectExpr("*", *extra)
     merged = combined.groupBy(*group).agg(F.expr(f"sum({ROWS}) AS {ROWS}"), *[F.expr(e) for i in impls for e in i.merge()])
-    return merged.where(F.col(ROWS) != 0)
+    return merged.where(F.col(ROWS) != 0), old_bytes
 
 
 def _read_metrics(spec: FlowSpec, plans: list[PartitionPlan]) -> list:

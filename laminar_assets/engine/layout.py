@@ -57,6 +57,12 @@ class EngineOptions:
     # commit); at 100k rows (~2 MB) it was even, and the benchmark's ~5 MB update/delete refill was
     # slower with it, hence 1 MiB. 0: always combine map-side.
     shuffle_rows_below_bytes: int = 1024 * 1024
+    # A write whose rows are bounded by fewer bytes than this (a flow's state: the bytes the pass reads
+    # plus the old state it merges; its sink: the state just staged; a stage's rows: the bytes read)
+    # goes through the driver: Spark sends the rows as Arrow batches and pyarrow writes the files.
+    # A Spark write job of a few thousand rows cost ~0.2-0.3 s here, the collect ~0.1 s; above the
+    # bound Spark writes, so the driver never holds a large output. 0: Spark always writes.
+    driver_write_below_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)

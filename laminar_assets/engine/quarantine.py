@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from .aggregates import EVENT_TS
 from .delta_log import local_path
 from .delta_source import snapshot_files, table_info
-from .spark_io import stage
+from .staging import stage
 from .spark_read import read_source
 from .spec import FlowSpec, StageSpec
 

@@ -29,7 +29,8 @@ from .layout import RunContext
 from .plan import Mode, PartitionPlan, Reason
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
-from .spark_io import StagedFiles, arrow_schema_of, interpreted, nullable, observe, stage
+from .spark_io import arrow_schema_of, interpreted, nullable, observe
+from .staging import StagedFiles, stage
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import StageSpec
 from .stage_rows import DedupReplaced, dedup_against_kept, deduped, kept_rows, replaced
@@ -60,7 +61,10 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
                       F.expr(f"count(CASE WHEN {mine} AND {RULE} IS NOT NULL AND {SIGN} > 0 THEN 1 END)"
                              f" AS `rejected@{p.partition}`")]
         joined = observe(joined, obs, *exprs)
-        if not any(p.mode is Mode.REFILL for p in plans) and _appends(ctx, spec, plans, joined, obs, seqs, run_id, out):
+        # a stage's new rows are rows it read (plus joined columns): few bytes read, a small write
+        small = reads.total_bytes < ctx.options.driver_write_below_bytes
+        if not any(p.mode is Mode.REFILL for p in plans) and _appends(ctx, spec, plans, joined, obs, seqs, run_id, out,
+                                                                     small=small):
             ctx.hook("after_state_commit")
             ctx.hook("after_sink_commit")
             return out
@@ -83,7 +87,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
                 out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id)
             ctx.hook("after_read")
             t1 = time.perf_counter()
-            _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out)
+            _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out, small=small)
             out.seconds = {"read": t1 - t0, "write": time.perf_counter() - t1}
         finally:
             joined.unpersist()
@@ -93,7 +97,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
 
 
 def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joined: DataFrame, obs: Observation,
-             seqs: dict[str, int], run_id: str, out: PassResult) -> bool:
+             seqs: dict[str, int], run_id: str, out: PassResult, *, small: bool) -> bool:
     """Incremental partitions only: one Spark job reads, joins, dedups against the kept rows and
     stages the new rows; the run's counts and any kept row a new one would replace are observed
     by it (nothing is cached or collected). False, with nothing done, when the output's schema
@@ -107,7 +111,7 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     if lost is not None:
         new = dedup_against_kept(ctx, spec, plans, new, lost=lost)
     t0 = time.perf_counter()
-    staged = stage(new.select(*cols), uri, run_id, by=PART)  # the one Spark job
+    staged = stage(new.select(*cols), uri, run_id, by=PART, through_driver=small)  # the one Spark job
     lost_in = replaced(spec, plans, lost.get) if lost is not None else []
     if lost_in:
         staged.discard()
@@ -164,7 +168,7 @@ def _commit_meta(spec: StageSpec, plans: list[PartitionPlan], run_id: str) -> di
 
 
 def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame, new_inc: DataFrame,
-            seqs: dict[str, int], run_id: str, out: PassResult) -> None:
+            seqs: dict[str, int], run_id: str, out: PassResult, *, small: bool) -> None:
     uri = ctx.layout.sink_uri(spec)
     txns, meta = _transactions(ctx, spec, plans, seqs), _commit_meta(spec, plans, run_id)
     read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
@@ -192,16 +196,17 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
             new_rows = changes.where(F.col(CHANGE_TYPE) == "insert").drop(CHANGE_TYPE)
         else:
             new_rows = new_ref.unionByName(new_inc)
-        staged = stage(new_ref if reset else new_rows, uri, run_id, by=PART)
+        # inserts only, all of them rows this pass read (the change data above also holds old rows)
+        staged = stage(new_ref if reset else new_rows, uri, run_id, by=PART, through_driver=small)
         if reset:
-            staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART))
+            staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART, through_driver=small))
         replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges if reset else [],
                        transactions=txns, metadata=_with_metrics(meta, read, staged), run_id=run_id,
                        append_only=not reset,
                        reset_on_schema_change=reset)
         inserted_by = staged.rows_by_partition()
     else:
-        staged = stage(new_ref.unionByName(new_inc), uri, run_id, by=PART)
+        staged = stage(new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
         replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges, transactions=txns,
                        metadata=_with_metrics(meta, read, staged), run_id=run_id, change_data=cdc)
     written = staged.rows_by_partition()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from laminar_assets.engine import Agg, DimensionJoin, FlowSpec, Mode, Reason, StageSpec, Tumbling
+from laminar_assets.engine import Agg, DimensionJoin, EngineOptions, FlowSpec, Mode, Reason, StageSpec, Tumbling
 from laminar_assets.errors import InjectedCrash
 from laminar_assets.engine.executor import Engine
 from tests.reference import assert_frames_match, full_recompute
@@ -20,6 +20,14 @@ STAGE = StageSpec(
 )
 SECTORS = FlowSpec(name="sectors", source="norm", event_time="ts", window=Tumbling("10m"), keys=("sector",),
                    aggregates=(Agg.count(), Agg.sum("notional"), Agg.max("px")))
+
+
+@pytest.fixture(params=["driver-writes", "spark-writes"])
+def engine(request, spark, lake) -> Engine:
+    """Both ways a stage's rows are written: small writes through the driver (the default for
+    these tiny tables), and Spark's write job (what large passes use)."""
+    spark_writes = request.param == "spark-writes"
+    return Engine(spark, lake.root, options=EngineOptions(driver_write_below_bytes=0) if spark_writes else None)
 
 
 def raw(rows):

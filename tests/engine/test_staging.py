@@ -1,0 +1,81 @@
+"""`staging.stage`: a write through the driver (Arrow + pyarrow) stages what Spark's write job stages."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from pyspark.sql import Observation
+from pyspark.sql import functions as F
+
+from laminar_assets.engine.spark_io import observe
+from laminar_assets.engine.staging import read_staged, stage
+
+pytestmark = pytest.mark.spark
+
+
+def _frame(spark, rows: int):
+    """Every column type a state or sink holds: timestamps with and without a zone, decimals, binary
+    (sketches), strings, arrays, structs and nulls, over partition ids that include a negative one."""
+    return spark.range(rows).selectExpr(
+        "CAST(id % 3 - 1 AS BIGINT) AS __p",
+        "timestamp_micros(1704067200000000 + id * 61000000) AS window_start",
+        "CAST(timestamp_micros(1704067200000000 + id) AS TIMESTAMP_NTZ) AS local_ts",
+        "CAST(id / 7 AS DECIMAL(18, 4)) AS amount",
+        "CASE WHEN id % 4 = 0 THEN NULL ELSE concat('sym-', CAST(id % 5 AS STRING)) END AS symbol",
+        "hll_sketch_agg(id) OVER (PARTITION BY id % 2) AS sketch",
+        "array(id, id + 1) AS pair",
+        "named_struct('lo', id * 0.5, 'n', CAST(id AS INT)) AS box",
+    )
+
+
+def _staged_summary(staged):
+    names = sorted(os.path.basename(a.path).split("part-")[0] for a in staged.adds)  # "p--1-", "p-0-" or ""
+    stats = sorted((json.loads(a.stats)["numRecords"], json.dumps(json.loads(a.stats)["minValues"], sort_keys=True))
+                   for a in staged.adds)
+    return names, stats
+
+
+@pytest.mark.parametrize("by", ["__p", None], ids=["by-partition", "one-file"])
+def test_the_driver_write_stages_the_same_files_rows_and_schema_as_spark(spark, tmp_path, by):
+    df = _frame(spark, 500)
+    if by:
+        df = df.repartition("__p")
+    via_spark = stage(df, str(tmp_path / "t"), "run-spark", by=by)
+    obs = Observation()
+    via_driver = stage(observe(df, obs, F.count(F.lit(1)).alias("n")), str(tmp_path / "t"), "run-driver", by=by,
+                       through_driver=True)
+
+    assert obs.get["n"] == 500  # metrics observed on the write still arrive
+    assert via_driver.rows == via_spark.rows == 500
+    assert via_driver.schema == via_spark.schema
+    assert via_driver.rows_by_partition() == via_spark.rows_by_partition()
+    if by:
+        assert via_driver.rows_by_partition() == {-1: 167, 0: 167, 1: 166}
+    # one file per partition id in both, named so the partition shows ("p--1-...")
+    assert _staged_summary(via_driver)[0] == _staged_summary(via_spark)[0] == (["p--1-", "p-0-", "p-1-"] if by else [""])
+    assert _staged_summary(via_driver)[1] == _staged_summary(via_spark)[1]  # same Delta statistics
+    for a in via_driver.adds:
+        assert a.path.startswith("laminar/run-driver/") and os.path.isfile(tmp_path / "t" / a.path)
+    assert not [f for f in os.listdir(tmp_path / "t" / "laminar" / "run-driver") if not f.endswith(".parquet")]
+
+    back_spark = read_staged(spark, via_spark, str(tmp_path / "t"))
+    back_driver = read_staged(spark, via_driver, str(tmp_path / "t"))
+    assert back_driver.schema == back_spark.schema
+    assert back_driver.exceptAll(back_spark).count() == 0 and back_spark.exceptAll(back_driver).count() == 0
+
+
+def test_an_empty_driver_write_stages_no_files_but_knows_its_schema(spark, tmp_path):
+    df = _frame(spark, 10).where("false")
+    staged = stage(df, str(tmp_path / "t"), "run", by="__p", through_driver=True)
+    assert staged.adds == () and staged.rows == 0
+    assert "__p" not in staged.schema.names and "window_start" in staged.schema.names
+    assert staged.schema == stage(df, str(tmp_path / "t"), "run-spark", by="__p").schema
+
+
+def test_a_driver_write_again_under_the_same_run_id_replaces_the_first(spark, tmp_path):
+    stage(_frame(spark, 30), str(tmp_path / "t"), "run", by="__p", through_driver=True)
+    again = stage(_frame(spark, 9), str(tmp_path / "t"), "run", by="__p", through_driver=True)
+    assert again.rows == 9
+    assert len(os.listdir(tmp_path / "t" / "laminar" / "run")) == len(again.adds) == 3
