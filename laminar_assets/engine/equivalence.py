@@ -22,7 +22,8 @@ from pyspark.sql.types import FloatType, DoubleType
 
 from .aggregates import implementation
 from .delta_source import snapshot_files, table_info
-from .flow_job import finalize, state_query
+from .flow_job import state_query
+from .flow_state import finalize
 from .plan import Mode, PartitionPlan, Reason
 from .spec import FlowSpec
 from .reading import PART, read_set

@@ -1,7 +1,7 @@
 """`Engine`: bring (flow, partition) pairs up to date. One run reads top to bottom here:
 
     lease every partition         protocol.leases
-    settle interrupted runs       protocol.settle (+ flow_job.rederive_sinks)
+    settle interrupted runs       protocol.settle (+ flow_state.rederive_sinks)
     gather the inputs once        inputs.gather: each source opened once, its log read once
     plan every partition          planner.plan_partition (pure), NOOPs recorded without Spark
     sweep partition-less rows     sweep.sweep
@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 
-from . import flow_job, protocol, stage_job
+from . import flow_job, flow_state, protocol, stage_job
 from .delta_source import snapshot_files, table_info
 from .inputs import RunInputs, gather, partition_bytes, planner_input
 from .layout import STEPS, EngineOptions, Layout, RunContext  # noqa: F401  (STEPS: tests crash at each)
@@ -191,7 +191,7 @@ class Engine:
                 mark = s.mark
             marks[k] = mark
         if rederive:
-            flow_job.rederive_sinks(self.ctx, spec, rederive, f"{run_id}-recovered")
+            flow_state.rederive_sinks(self.ctx, spec, rederive, f"{run_id}-recovered")
         for s in settled:
             self.ctx.store.save(s.mark)
         return marks
@@ -279,7 +279,7 @@ class Engine:
 
     def finalize(self, spec: FlowSpec, state: DataFrame) -> DataFrame:
         """Sink rows from state rows."""
-        return flow_job.finalize(spec, state)
+        return flow_state.finalize(spec, state)
 
 
 def _by_target(plans: dict[str, PartitionPlan], keys: list[str]) -> list[list[str]]:

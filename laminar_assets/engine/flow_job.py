@@ -4,10 +4,12 @@
     partial   one aggregation: signed partial states per (partition, window, keys)
     merge     with the old state of the touched partitions only, minus refilled windows
     state     one Spark job writes the merged state, one file per partition; one Delta commit
-    sink      one Spark job finalizes the state files just written (a scan, no shuffle); one Delta commit
+    sink      a small pass: finalized beside the state in the same job (both staged by the driver);
+              otherwise one Spark job finalizes the state files just written (a scan, no shuffle);
+              one Delta commit
 
 Run metrics come from the same jobs (`DataFrame.observe`), not from extra ones. The
-state is re-read only when a crashed run is recovered (`rederive_sinks`).
+state is re-read only when a crashed run is recovered (`flow_state.rederive_sinks`).
 """
 
 from __future__ import annotations
@@ -18,26 +20,22 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
-from deltalake import DeltaTable
 
 from . import quarantine as qr
-from .aggregates import EVENT_TS, ROWS, SIGN, implementation, implementations, q
-from .delta_source import snapshot_files, table_info
+from .aggregates import EVENT_TS, ROWS, SIGN, implementations
 from .delta_write import replace_ranges
 from .inputs import RunInputs
 from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .fact_joins import join_facts
+from .flow_state import WE, WS, finalize, state_rows
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
 from .spark_io import interpreted, observe
 from .staging import StagedFiles, read_staged, stage, stage_split
-from .spark_read import read_source
 from .spec import FlowSpec
-from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_interval, \
-    partition_key, partition_key_column
-
-WS, WE = "window_start", "window_end"
+from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_key, \
+    partition_key_column
 
 
 class PrecisionLost(Exception):
@@ -71,19 +69,6 @@ def recompute(ctx: RunContext, spec: FlowSpec, plan: PartitionPlan, inputs: RunI
     return finalize(spec, state_query(ctx, spec, [plan], inputs)).drop(PART)
 
 
-def finalize(spec: FlowSpec, state: DataFrame, *, keep: tuple[str, ...] = (),
-             partitioned: bool | None = None) -> DataFrame:
-    """Sink rows (business columns, plus `__p` when the state has it, plus the state columns `keep`).
-    `partitioned`: whether `state` has `__p` (asked of Spark when not given)."""
-    impls = [implementation(a) for a in spec.aggregates]
-    extra = [PART] if (PART in state.columns if partitioned is None else partitioned) else []
-    out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls],
-                           *[q(c) for c in keep])
-    for name, expr in spec.post:
-        out = out.withColumn(name, F.expr(expr))
-    return out.drop(*spec.hidden) if spec.hidden else out
-
-
 def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
              inputs: RunInputs, run_id: str) -> PassResult:
     """Carry out `plans` (sharing target versions and input schema) in one pass; raises
@@ -109,8 +94,7 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
                           F.sum(F.col("__lost").cast("int")).alias("lost"))
         t0 = time.perf_counter()
         state_uri = ctx.layout.state_uri(spec, inputs.input_schema)
-        # the state holds at most the rows read plus the old state: a small one goes through the driver
-        small = reads.total_bytes + old_bytes < ctx.options.driver_write_below_bytes
+        small = _small_state(ctx, spec, reads.total_bytes, old_bytes)
         staged, sink = _stage_outputs(ctx, spec, checked.drop("__lost"), impls, state_uri, run_id, small)
         if merge_obs.get.get("lost"):
             for files in (staged, sink):
@@ -171,37 +155,13 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, state: DataFrame, impls, sta
     return staged, sink
 
 
-def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, dict]], run_id: str) -> None:
-    """Recovery: finalize the committed state of partitions whose sink commit did not land
-    (items: partition, seq, input schema) into the sink, with their app transactions."""
-    for schema_key in {tuple(sorted(s.items())) for _, _, s in items}:
-        group = [(k, seq) for k, seq, s in items if tuple(sorted(s.items())) == schema_key]
-        state = read_state(ctx, spec, [k for k, _ in group], dict(schema_key))
-        if state is None:
-            continue
-        sink = stage(finalize(spec, with_partition(state, spec, WS)).repartition(PART), ctx.layout.sink_uri(spec),
-                     run_id + "-sink", by=PART)
-        replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS,
-                       ranges=[partition_interval(k, spec.granularity) for k, _ in group],
-                       transactions=[(ctx.layout.app_id(spec, k), seq) for k, seq in group],
-                       metadata={"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.recovered": "true"},
-                       run_id=run_id + "-sink", reset_on_schema_change=True)
-
-
-def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:
-    """The committed state rows of `keys` (only their files are read)."""
-    return _state_rows(ctx, spec, keys, input_schema)[0]
-
-
-def _state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> tuple[DataFrame | None, int]:
-    """`read_state` and the bytes of the files it reads."""
-    uri = ctx.layout.state_uri(spec, input_schema)
-    if not keys or not DeltaTable.is_deltatable(uri):
-        return None, 0
-    parts = [partition_interval(k, spec.granularity) for k in keys]
-    info = table_info(f"{spec.name} state", uri)
-    files = snapshot_files(info, WS, parts)
-    return read_source(ctx.spark, files, info).where(in_ranges(WS, parts)), sum(f.size for f in files)
+def _small_state(ctx: RunContext, spec: FlowSpec, read_bytes: int, old_bytes: int) -> bool:
+    """Whether the pass's state may come through the driver: it holds at most a row per window copy
+    of each row read (hopping windows copy a row into several) plus the old state it merges. A fact
+    join can multiply rows beyond any such bound, so a flow with joins always has Spark write."""
+    if spec.joins:
+        return False
+    return read_bytes * spec.shape.copies + old_bytes < ctx.options.driver_write_below_bytes
 
 
 def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs):
@@ -245,7 +205,7 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
     state_cols = [c for impl in impls for c in impl.state_columns]
     combined = good.select(*group, ROWS, *state_cols)
     kept = [p.partition for p in plans if not p.refill_all]
-    old, old_bytes = _state_rows(ctx, spec, kept, inputs.input_schema)
+    old, old_bytes = state_rows(ctx, spec, kept, inputs.input_schema)
     if old is not None:
         refilled = in_ranges(WS, [r for p in plans for r in p.refill])
         old = with_partition(old, spec, WS).where(~refilled)

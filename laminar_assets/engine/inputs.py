@@ -41,6 +41,13 @@ class RunInputs:
             return dict(self.histories)
         return {src: h.after(mark.source_versions.get(src)) for src, h in self.histories.items()}
 
+    def joined_bytes(self) -> int:
+        """Bytes of every joined table (dimensions, fact tables) at its pinned version."""
+        key = ("__joined__", 0)
+        if key not in self._snapshots:
+            self._snapshots[key] = [f for info in self.dims.values() for f in snapshot_files(info, None)]
+        return sum(f.size for f in self._snapshots[key])
+
     def snapshot(self, spec: Spec, source: str, version: int) -> list[DataFile]:
         """Every data file of `source` at `version` with its event-time range (listed once per run)."""
         key = (source, version)

@@ -57,11 +57,13 @@ class EngineOptions:
     # commit); at 100k rows (~2 MB) it was even, and the benchmark's ~5 MB update/delete refill was
     # slower with it, hence 1 MiB. 0: always combine map-side.
     shuffle_rows_below_bytes: int = 1024 * 1024
-    # A write whose rows are bounded by fewer bytes than this (a flow's state: the bytes the pass reads
-    # plus the old state it merges; its sink: the state just staged; a stage's rows: the bytes read)
-    # goes through the driver: Spark sends the rows as Arrow batches and pyarrow writes the files.
-    # A Spark write job of a few thousand rows cost ~0.2-0.3 s here, the collect ~0.1 s; above the
-    # bound Spark writes, so the driver never holds a large output. 0: Spark always writes.
+    # A write whose rows are bounded by fewer bytes than this goes through the driver: Spark sends the
+    # rows as Arrow batches and pyarrow writes the files, and a flow's sink rows come from the same
+    # job as its state. The bound is in Parquet bytes: a flow's state by the bytes the pass reads times
+    # the window copies per row, plus the old state it merges (flows with fact joins: never); its sink
+    # by the same; a stage's rows by the bytes read plus its dimensions. Rows in Arrow take several
+    # times their Parquet bytes. A Spark write job of a few thousand rows cost ~0.2-0.3 s here, the
+    # collect ~0.1 s. 0: Spark always writes.
     driver_write_below_bytes: int = 8 * 1024 * 1024
 
 

@@ -61,8 +61,8 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
                       F.expr(f"count(CASE WHEN {mine} AND {RULE} IS NOT NULL AND {SIGN} > 0 THEN 1 END)"
                              f" AS `rejected@{p.partition}`")]
         joined = observe(joined, obs, *exprs)
-        # a stage's new rows are rows it read (plus joined columns): few bytes read, a small write
-        small = reads.total_bytes < ctx.options.driver_write_below_bytes
+        # a stage's new rows are rows it read, widened by the dimensions' columns
+        small = reads.total_bytes + inputs.joined_bytes() < ctx.options.driver_write_below_bytes
         if not any(p.mode is Mode.REFILL for p in plans) and _appends(ctx, spec, plans, joined, obs, seqs, run_id, out,
                                                                      small=small):
             ctx.hook("after_state_commit")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
@@ -76,7 +76,7 @@ def file_stats(path: str) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class StagedFiles:
-    """Parquet files Spark wrote into a table folder, not yet committed."""
+    """Parquet files written into a table folder (by Spark or by the driver), not yet committed."""
 
     adds: tuple[AddAction, ...]
     rows: int
@@ -115,7 +115,7 @@ def stage(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, 
     if through_driver:
         table = df.toArrow()
         _write_table(table, target, by)
-        return _staged(target, rel_dir, partition_values, lambda: _without(table, by).schema)
+        return _staged(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema))
     writer = (df.write.partitionBy(by) if by else (df.coalesce(max_files) if max_files else df).write)
     # "overwrite": the folder is new for every run (Spark Connect does not accept "errorifexists").
     writer.mode("overwrite").parquet(spark_path(target))
@@ -132,7 +132,7 @@ def stage_split(df: DataFrame, outputs: list[tuple[str, str, list[str]]], *, by:
         rel_dir, target = _target(table_uri, folder, run_id)
         part = table.select([by, *[c for c in columns if c != by]])
         _write_table(part, target, by)
-        out.append(_staged(target, rel_dir, None, lambda part=part: _without(part, by).schema))
+        out.append(_staged(target, rel_dir, None, lambda part=part: _plain_types(_without(part, by).schema)))
     return out
 
 
@@ -149,19 +149,52 @@ def _without(table: pa.Table, column: str | None) -> pa.Table:
 
 
 def _write_table(table: pa.Table, target: str, by: str | None) -> None:
-    """Rows collected in the driver written under `target` as Spark's writer lays them out
-    (`<by>=<id>/` folders, which `_staged` folds into the file names)."""
+    """Rows collected in the driver written under `target` as Spark's writer lays them out: one file
+    per value of `by` in a `<by>=<value>/` folder (which `_staged` folds into the file name)."""
     if os.path.isdir(target):  # a retried run id: start over, as Spark's "overwrite" would
         shutil.rmtree(target)
     os.makedirs(target, exist_ok=True)
+    table = table.cast(_plain_types(table.schema))
     if table.num_rows == 0:
         return
-    name = f"part-{{i}}-{uuid.uuid4().hex}.parquet"
-    if by:
-        ds.write_dataset(table, target, format="parquet", partitioning=[by], partitioning_flavor="hive",
-                         basename_template=name, existing_data_behavior="overwrite_or_ignore")
-    else:
-        pq.write_table(table, os.path.join(target, name.format(i=0)))
+    name = f"part-00000-{uuid.uuid4().hex}.parquet"
+    if not by:
+        pq.write_table(table, os.path.join(target, name))
+        return
+    # sorted by the partition id, each id's rows are one slice: one file per id, however many ids
+    table = table.sort_by(by)
+    ids = table.column(by)
+    rest = table.drop_columns([by])
+    start = 0
+    for run in pc.value_counts(ids).to_pylist():  # in order of first appearance: sorted order here
+        value, count = run["values"], run["counts"]
+        folder = os.path.join(target, f"{by}={_HIVE_NULL if value is None else value}")
+        os.makedirs(folder, exist_ok=True)
+        pq.write_table(rest.slice(start, count), os.path.join(folder, name))
+        start += count
+
+
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # what Spark names the folder of NULL partition values
+
+
+def _plain_types(schema: pa.Schema) -> pa.Schema:
+    """`schema` with 32-bit-offset strings and binaries (as Spark writes them: a session set to
+    large Arrow types would otherwise stage files whose schema differs from the table's)."""
+    return pa.schema([f.with_type(_plain_type(f.type)) for f in schema])
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(t.value_field.with_type(_plain_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_plain_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_plain_type(t.key_type), t.item_field.with_type(_plain_type(t.item_type)))
+    return t
 
 
 def _staged(target: str, rel_dir: str, partition_values: dict[str, str] | None, schema_if_empty) -> StagedFiles:

@@ -1,0 +1,66 @@
+"""A flow's state table: reading the committed state of partitions, finalizing state rows into
+sink rows, and re-deriving sinks from committed state when a crashed run is recovered."""
+
+from __future__ import annotations
+
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from .aggregates import implementation, q
+from .delta_source import snapshot_files, table_info
+from .delta_write import replace_ranges
+from .layout import RunContext
+from .reading import PART, with_partition
+from .spark_read import read_source
+from .spec import FlowSpec
+from .staging import stage
+from .windows import in_ranges, partition_interval
+
+WS, WE = "window_start", "window_end"
+
+
+def finalize(spec: FlowSpec, state: DataFrame, *, keep: tuple[str, ...] = (),
+             partitioned: bool | None = None) -> DataFrame:
+    """Sink rows (business columns, plus `__p` when the state has it, plus the state columns `keep`).
+    `partitioned`: whether `state` has `__p` (asked of Spark when not given)."""
+    impls = [implementation(a) for a in spec.aggregates]
+    extra = [PART] if (PART in state.columns if partitioned is None else partitioned) else []
+    out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls],
+                           *[q(c) for c in keep])
+    for name, expr in spec.post:
+        out = out.withColumn(name, F.expr(expr))
+    return out.drop(*spec.hidden) if spec.hidden else out
+
+
+def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, dict]], run_id: str) -> None:
+    """Recovery: finalize the committed state of partitions whose sink commit did not land
+    (items: partition, seq, input schema) into the sink, with their app transactions."""
+    for schema_key in {tuple(sorted(s.items())) for _, _, s in items}:
+        group = [(k, seq) for k, seq, s in items if tuple(sorted(s.items())) == schema_key]
+        state = read_state(ctx, spec, [k for k, _ in group], dict(schema_key))
+        if state is None:
+            continue
+        sink = stage(finalize(spec, with_partition(state, spec, WS)).repartition(PART), ctx.layout.sink_uri(spec),
+                     run_id + "-sink", by=PART)
+        replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS,
+                       ranges=[partition_interval(k, spec.granularity) for k, _ in group],
+                       transactions=[(ctx.layout.app_id(spec, k), seq) for k, seq in group],
+                       metadata={"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.recovered": "true"},
+                       run_id=run_id + "-sink", reset_on_schema_change=True)
+
+
+def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:
+    """The committed state rows of `keys` (only their files are read)."""
+    return state_rows(ctx, spec, keys, input_schema)[0]
+
+
+def state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> tuple[DataFrame | None, int]:
+    """`read_state` and the bytes of the files it reads."""
+    uri = ctx.layout.state_uri(spec, input_schema)
+    if not keys or not DeltaTable.is_deltatable(uri):
+        return None, 0
+    parts = [partition_interval(k, spec.granularity) for k in keys]
+    info = table_info(f"{spec.name} state", uri)
+    files = snapshot_files(info, WS, parts)
+    return read_source(ctx.spark, files, info).where(in_ranges(WS, parts)), sum(f.size for f in files)
