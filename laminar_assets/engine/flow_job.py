@@ -34,8 +34,8 @@ from .reading import PART, keep, prepare, read_rows, read_set, with_partition
 from .spark_io import interpreted, observe
 from .staging import StagedFiles, read_staged, stage, stage_split
 from .spec import FlowSpec
-from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_column, partition_key, \
-    partition_key_column
+from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_of_sql, partition_id_sql, \
+    partition_key, partition_key_column
 
 
 class PrecisionLost(Exception):
@@ -169,13 +169,14 @@ def _copies(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs:
     reads = read_set(spec, plans, inputs)
     rows = join_facts(ctx.spark, spec, read_rows(ctx.spark, spec, reads, inputs), inputs)
     rows = prepare(spec, rows, inputs).where(qr.assigned(spec))
-    copies = with_partition(assign_windows(rows, EVENT_TS, spec.shape), spec, WS)
+    copies = assign_windows(rows, EVENT_TS, spec.shape)
     # `__primary` marks the copy in the row's own partition (its latest window); `__first` the latest
     # copy within each partition the row reaches, so every partition counts the rows it read once.
+    # (SQL text in one call: each DataFrame call is an analysis of the whole plan.)
     slide_us = int(spec.shape.slide.total_seconds() * 1_000_000)
-    copies = copies.withColumn("__later", F.timestamp_micros(F.unix_micros(F.col(WS)) + F.lit(slide_us)))
-    first = F.col("__primary") | (partition_id_column("__later", spec.granularity) != F.col(PART))
-    copies = copies.withColumn("__first", first).drop("__later")
+    part = partition_id_sql(WS, spec.granularity)
+    later = partition_id_of_sql(f"timestamp_micros(unix_micros({WS}) + {slide_us})", spec.granularity)
+    copies = copies.withColumns({PART: F.expr(part), "__first": F.expr(f"__primary OR {later} != {part}")})
     return copies.where(keep(spec, plans, WS)), reads
 
 

@@ -241,11 +241,12 @@ def prepare(spec, frame: DataFrame, inputs: RunInputs | None = None) -> DataFram
     rule = F.lit(None).cast("string")
     for src in dict.fromkeys(spec.sources):  # the rules of each row's own source
         rule = F.when(F.col(SRC) == F.lit(src), qr.declared_rule(spec, src)).otherwise(rule)
-    df = frame.withColumn(ROW, qr.original_row(raw)).withColumn(RULE, rule)
+    # one call per step that needs the one before (each DataFrame call is an analysis of the plan)
+    df = frame.withColumns({ROW: qr.original_row(raw), RULE: rule})
     for name, expr in spec.derived:  # not evaluated on broken rows (ANSI errors, e.g. x / 0)
         df = df.withColumn(name, F.when(F.col(RULE).isNull(), F.expr(expr)))
-    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time, ts_type))
-    df = df.withColumn(RULE, F.coalesce(F.col(RULE), qr.key_rule(spec)))
+    df = df.withColumns({EVENT_TS: event_time_column(df, spec.event_time, ts_type),
+                         RULE: F.coalesce(F.col(RULE), qr.key_rule(spec))})
     if spec.filter:  # the filter picks among good rows; broken ones go on to the quarantine
         df = df.where(F.expr(spec.filter) | F.col(RULE).isNotNull() | ~qr.assigned(spec))
     return df

@@ -170,23 +170,20 @@ def assign_windows(df, ts_col: str, shape: WindowShape, *, primary_before: datet
     size, slide = F.lit(_micros(shape.size)).cast("long"), F.lit(_micros(shape.slide)).cast("long")
     us = F.unix_micros(F.col(ts_col))
     last = us - F.pmod(us, slide)
+    # One `withColumns` per frame, expressions inlined: each DataFrame call is a Spark analysis of
+    # the whole plan so far (a Py4J round trip; over Spark Connect a gRPC one).
     if shape.copies == 1:
-        out = df.withColumn("__ws_us", last).withColumn("__primary", F.lit(True))
+        ws, primary = last, F.lit(True)
     else:
-        primary = last
+        df = df.select("*", F.posexplode(F.sequence(F.lit(0), F.lit(shape.copies - 1))).alias("__copy", "__copy_v"))
+        ws = last - F.col("__copy").cast("long") * slide
+        latest = last
         if primary_before is not None:
-            primary = F.least(last, F.lit(to_micros(primary_before) - _micros(shape.slide)).cast("long"))
-        out = (
-            df.select("*", F.posexplode(F.sequence(F.lit(0), F.lit(shape.copies - 1))).alias("__copy", "__copy_v"))
-            .withColumn("__ws_us", last - F.col("__copy").cast("long") * slide)
-            .withColumn("__primary", F.col("__ws_us") == primary)
-            .drop("__copy", "__copy_v")
-        )
-    return (
-        out.withColumn("window_start", F.timestamp_micros(F.col("__ws_us")))
-        .withColumn("window_end", F.timestamp_micros(F.col("__ws_us") + size))
-        .drop("__ws_us")
-    )
+            latest = F.least(last, F.lit(to_micros(primary_before) - _micros(shape.slide)).cast("long"))
+        primary = ws == latest
+    out = df.withColumns({"__primary": primary, "window_start": F.timestamp_micros(ws),
+                          "window_end": F.timestamp_micros(ws + size)})
+    return out if shape.copies == 1 else out.drop("__copy", "__copy_v")
 
 
 # --- partitions ------------------------------------------------------------
@@ -252,7 +249,12 @@ def partition_id_column(col: str, granularity: Granularity):
 
 def partition_id_sql(col: str, granularity: Granularity) -> str:
     """`partition_id_column` as Spark SQL text."""
-    return f"CAST(floor(unix_micros({_ident(col)}) / {_micros(granularity.step)}) AS BIGINT)"
+    return partition_id_of_sql(_ident(col), granularity)
+
+
+def partition_id_of_sql(timestamp_sql: str, granularity: Granularity) -> str:
+    """`partition_id_sql` of a timestamp-valued SQL expression instead of a column."""
+    return f"CAST(floor(unix_micros({timestamp_sql}) / {_micros(granularity.step)}) AS BIGINT)"
 
 
 def partition_key_column(col: str, granularity: Granularity):
