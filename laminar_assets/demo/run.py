@@ -121,26 +121,15 @@ def pipeline_sensor_names(defs: dg.Definitions) -> list[str]:
 
 
 def start_spark_early(defs: dg.Definitions) -> threading.Thread | None:
-    """Start the runs' SparkSession in a background thread (~5-10 s on 2 cores), so it overlaps with
-    writing the first batch and the first sensor tick. The run's own `get_session` then finds it
-    (pyspark's builder serializes the two). A failure here is not reported: the run starts the
-    session itself and raises the same error with its own message."""
+    """Start the runs' SparkSession in a background thread (see `engine.start_session`), so it overlaps
+    with writing the first batch and the first sensor tick."""
     laminar = (defs.resources or {}).get("laminar")
     spark = getattr(laminar, "spark", None)
     if spark is None:
         return None
+    from laminar_assets.engine.session import start_session
 
-    def start() -> None:
-        from laminar_assets.engine import build_session
-
-        try:
-            build_session(spark.options())
-        except Exception:  # noqa: BLE001 - the run's own start raises it with context (see docstring)
-            return
-
-    thread = threading.Thread(target=start, name="laminar-spark-start", daemon=True)
-    thread.start()
-    return thread
+    return start_session(spark.options())
 
 
 def run_demo(defs: dg.Definitions, instance: dg.DagsterInstance, specs, root: str, *, rows: int, seed: int,

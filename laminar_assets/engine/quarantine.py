@@ -97,10 +97,12 @@ def _existing(spark: SparkSession, uri: str, flow: str) -> DataFrame | None:
     return read_source(spark, files, info).select("partition", "rule", "row")
 
 
-def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_id: str) -> dict[str | None, dict[str, int]]:
+def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_id: str,
+           through_driver: bool = False) -> dict[str | None, dict[str, int]]:
     """Append the rows of `rejects` (PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS; a NULL partition for
     the sweep's rows) not yet recorded for (flow, partition); returns the number of new rows by
-    partition and rule. One Spark job, one commit."""
+    partition and rule. One Spark job, one commit. `through_driver`: the caller read few enough
+    bytes that the rejects (a subset of those rows) are written by the driver (`staging.stage`)."""
     rows = (rejects.groupBy(F.col(PARTITION_KEY).alias("partition"), F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
             .agg(F.min(VERSION).alias("source_version"), F.min(EVENT_TS).alias("event_time")))
     old = _existing(spark, uri, flow)
@@ -114,7 +116,7 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
         "event_time", "row", F.lit(run_id).alias("run_id"), F.lit(now).alias("quarantined_at"),
     )
     staged = stage(out, uri, f"{run_id}-{uuid.uuid4().hex[:8]}", max_files=1, folder=f"flow={flow}/laminar",
-                   partition_values={"flow": flow})
+                   partition_values={"flow": flow}, through_driver=through_driver)
     if not staged.rows:
         return {}
     if not DeltaTable.is_deltatable(uri):

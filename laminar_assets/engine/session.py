@@ -8,9 +8,12 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 
 from laminar_assets.errors import EnvironmentProblem
+
+from . import class_archive
 
 MIN_JAVA = 17
 
@@ -26,6 +29,9 @@ class SparkOptions:
     driver_memory: str = "2g"
     log_level: str = "FATAL"  # Spark's own console logging; Laminar reports failures itself
     conf: dict[str, str] = field(default_factory=dict, hash=False)
+    # Map the install's class archive (class_archive.py) into a JVM Laminar starts; False: start without it.
+    class_sharing: bool = True
+    java_options: str = ""  # more options for a JVM Laminar starts (the local driver, a Connect server)
 
     @classmethod
     def from_env(cls, *, master: str | None = None, remote: str | None = None, **kw) -> "SparkOptions":
@@ -101,9 +107,14 @@ def session_conf(options: SparkOptions) -> dict[str, str]:
 def jvm_conf(options: SparkOptions) -> dict[str, str]:
     """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches)."""
     log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+    java_options = f"-Dlog4j2.configurationFile=file:{log4j}"
+    if options.class_sharing and (archive := class_archive.use_options()):
+        java_options += f" {archive}"
+    if options.java_options:
+        java_options += f" {options.java_options}"
     conf = {
         "spark.driver.memory": options.driver_memory,
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        "spark.driver.extraJavaOptions": java_options,
         # Local files are written by Spark and committed by deltalake: no checksum side files.
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     }
@@ -154,3 +165,21 @@ def build_session(options: SparkOptions | None = None):
     if not options.remote:
         spark.sparkContext.setLogLevel(options.log_level)
     return spark
+
+
+def start_session(options: SparkOptions) -> threading.Thread:
+    """Start the session for `options` in a background thread (a JVM takes seconds to start), so it
+    overlaps with what the caller does next; the caller's own `build_session(options)` then finds it
+    (pyspark's builder serializes the two). A failure here is not reported: that later call starts
+    the session itself and raises the same error with its own message."""
+
+    def start() -> None:
+        try:
+            build_session(options)
+        except Exception:  # noqa: BLE001 - the caller's own start raises it with context (see docstring)
+            return
+
+    thread = threading.Thread(target=start, name="laminar-spark-start", daemon=True)
+    thread.start()
+    return thread
+

@@ -84,7 +84,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
                 out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
                                             "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
             if any(m["rows_rejected"] for m in out.metrics.values()):
-                out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id)
+                out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id, small=small)
             ctx.hook("after_read")
             t1 = time.perf_counter()
             _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out, small=small)
@@ -121,7 +121,8 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
         out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
                                     "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
     if any(m["rows_rejected"] for m in out.metrics.values()):  # reads the new files again (rare)
-        out.quarantined = _quarantine(ctx, spec, joined.where(F.col(RULE).isNotNull() & (F.col(SIGN) > 0)), run_id)
+        out.quarantined = _quarantine(ctx, spec, joined.where(F.col(RULE).isNotNull() & (F.col(SIGN) > 0)), run_id,
+                                      small=small)
     ctx.hook("after_read")
     t1 = time.perf_counter()
     read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
@@ -247,13 +248,14 @@ def _schema_matches(uri: str, out: DataFrame) -> bool:
     return [(f.name, str(f.type)) for f in current] == [(f.name, str(f.type)) for f in wanted]
 
 
-def _quarantine(ctx: RunContext, spec: StageSpec, rejected: DataFrame, run_id: str) -> dict[str, dict[str, int]]:
+def _quarantine(ctx: RunContext, spec: StageSpec, rejected: DataFrame, run_id: str, *,
+                small: bool) -> dict[str, dict[str, int]]:
     rejected = rejected.withColumn(PARTITION_KEY, partition_key_column(EVENT_TS, spec.granularity))
     counts: dict[str, dict[str, int]] = {}
     for src in spec.sources:
         mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
         for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
-                                       run_id=run_id).items():
+                                       run_id=run_id, through_driver=small).items():
             for rule, n in by_rule.items():
                 counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
     return counts

@@ -44,13 +44,14 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, 
         for src, target in todo.items():
             if done.get(src, -1) >= target:
                 continue
-            frame = _unswept(ctx, spec, src, done.get(src), target)
+            frame, size = _unswept(ctx, spec, src, done.get(src), target)
             if frame is not None:
                 rows = prepare(spec, without_joins(spec, frame)).where(~qr.assigned(spec))
                 rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec)))
                 rows = rows.withColumn(PARTITION_KEY, F.lit(None).cast("string"))
                 new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
-                                uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id)
+                                uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
+                                through_driver=size < ctx.options.driver_write_below_bytes)
                 for rule, n in new.get(None, {}).items():
                     counts[rule] = counts.get(rule, 0) + n
             done[src] = target
@@ -60,8 +61,9 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, 
     return counts
 
 
-def _unswept(ctx: RunContext, spec, src: str, done: int | None, target: int) -> DataFrame | None:
-    """Rows of `src` added after version `done` up to `target` that may lack a usable event time."""
+def _unswept(ctx: RunContext, spec, src: str, done: int | None, target: int) -> tuple[DataFrame | None, int]:
+    """Rows of `src` added after version `done` up to `target` that may lack a usable event time,
+    and the bytes of the files they come from."""
     uri = ctx.layout.table_uri(src)
     info = table_info(src, uri, target)
     provable = temporal(info.schema, spec.event_time)
@@ -80,22 +82,23 @@ def _unswept(ctx: RunContext, spec, src: str, done: int | None, target: int) -> 
     if history is None or history.expired:
         files = [f for f in snapshot_files(info, spec.event_time, keep_null_files=True) if may_hold(f)]
         if not files:
-            return None
-        return tagged(read_source(ctx.spark, files, info).withColumn(SIGN, F.lit(1)), target)
-    frames = []
+            return None, 0
+        return tagged(read_source(ctx.spark, files, info).withColumn(SIGN, F.lit(1)), target), sum(f.size for f in files)
+    frames, size = [], 0
     for commit in history.commits:
         # rewrites without change data may add rows too (an update that nulls the event time)
         # (a file whose deletion vector changed adds no row: its rows were swept when it was added)
         files = [f for f in (commit.cdc or [a for a in commit.adds if a.dv_change is None]) if may_hold(f)]
         if not files:
             continue
+        size += sum(f.size for f in files)
         df = read_source(ctx.spark, files, info, change_data=bool(commit.cdc))
         if commit.cdc:  # inserted rows only: a deleted row was recorded when it was added
             df = df.where(F.col(CHANGE_TYPE).isin("insert", "update_postimage")).drop(CHANGE_TYPE)
         frames.append(tagged(df.withColumn(SIGN, F.lit(1)), commit.version))
     if not frames:
-        return None
+        return None, 0
     out = frames[0]
     for df in frames[1:]:
         out = out.unionByName(df)
-    return out
+    return out, size

@@ -9,7 +9,7 @@ import os
 import pytest
 from deltalake import DeltaTable
 
-from laminar_assets.engine import Agg, Engine, FlowSpec, Hopping, RowRule, SpecError, Tumbling
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, RowRule, SpecError, Tumbling
 from laminar_assets.errors import InjectedCrash
 from tests.engine.test_crash_safety import crash_at
 from tests.reference import assert_frames_match, full_recompute
@@ -32,6 +32,14 @@ BASE = [
     ("2024-01-01 01:05:00", "b", 16.0, 0),    # positive_qty, next partition
     ("2024-01-01 01:06:00", "b", 17.0, 2),
 ]
+
+
+@pytest.fixture(params=["driver-writes", "spark-writes"])
+def engine(request, spark, lake) -> Engine:
+    """Both ways rejected rows are written: through the driver (what these tiny reads choose) and
+    by Spark's write job (what large reads use)."""
+    spark_writes = request.param == "spark-writes"
+    return Engine(spark, lake.root, options=EngineOptions(driver_write_below_bytes=0) if spark_writes else None)
 
 
 def quarantine(lake, source="trades"):

@@ -44,3 +44,31 @@ def test_local_python_workers_run_this_interpreter(monkeypatch):
     assert "spark.pyspark.python" not in jvm_conf(SparkOptions(master="spark://127.0.0.1:7077"))
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python3")
     assert "spark.pyspark.python" not in jvm_conf(SparkOptions())
+
+
+def test_jvm_maps_the_class_archive_only_when_it_exists(monkeypatch, tmp_path):
+    from laminar_assets.engine import class_archive
+    from laminar_assets.engine.session import jvm_conf
+
+    archive = tmp_path / "spark-classes.jsa"
+    monkeypatch.setattr(class_archive, "archive_path", lambda prefix=None: str(archive))
+    assert "SharedArchiveFile" not in jvm_conf(SparkOptions())["spark.driver.extraJavaOptions"]
+    archive.write_bytes(b"archive")
+    options = jvm_conf(SparkOptions())["spark.driver.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={archive}" in options and "log4j2.configurationFile" in options
+    # a mismatched archive is ignored by the JVM; its warning would go to the session's stdout
+    assert "-Xlog:cds=off" in options
+    assert "SharedArchiveFile" not in jvm_conf(SparkOptions(class_sharing=False))["spark.driver.extraJavaOptions"]
+    extra = jvm_conf(SparkOptions(class_sharing=False, java_options="-Xshare:on"))["spark.driver.extraJavaOptions"]
+    assert extra.endswith(" -Xshare:on")
+
+
+def test_the_demo_starts_the_session_its_runs_ask_for(monkeypatch):
+    """`laminar demo` starts Spark with SparkOptions.from_env() before the definitions load; the runs'
+    resource must ask for the same options, or the early session would be the wrong one."""
+    from laminar_assets.resources import SparkResource
+
+    monkeypatch.delenv("LAMINAR_SPARK_MASTER", raising=False)
+    monkeypatch.delenv("LAMINAR_SPARK_REMOTE", raising=False)
+    assert SparkResource().options() == SparkOptions.from_env()
+    assert SparkResource(stop_at_end=False).options() == SparkOptions.from_env()
