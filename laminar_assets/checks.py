@@ -2,6 +2,7 @@
 
 
 import dagster as dg
+import pyarrow as pa
 
 from laminar_assets.assets import partitions_def
 from laminar_assets.check_partitions import evaluate_range
@@ -48,23 +49,21 @@ def build_lag_check(spec: FlowSpec | StageSpec) -> dg.AssetChecksDefinition:
 
 def contract_outcome(engine, spec: FlowSpec | StageSpec, contract: Contract, partition: str) -> tuple[bool, dict]:
     """Run the contract's Great Expectations suite on one partition of the spec's output."""
-    from laminar_assets.contracts.expectations import validate
-
-    summary = validate(engine.sink_frame(spec, partition), contract, name=_suffix(partition))
-    return summary.success, _contract_metadata(partition, contract, summary)
+    return contract_outcomes(engine, spec, contract, [partition])[partition]
 
 
 def _suffix(partition: str) -> str:
     return partition.replace(":", "").replace("-", "")
 
 
-def _contract_metadata(partition: str, contract: Contract, summary) -> dict:
+def _contract_metadata(partition: str, contract: Contract, summary, fetched_by: str) -> dict:
     return {
         "partition": partition,
         "expectations_evaluated": summary.evaluated,
         "expectations_failed": len(summary.failures),
         "rows_checked": summary.rows if summary.rows is not None else -1,
         "ge_engine": summary.engine,
+        "rows_fetched_by": fetched_by,
         "unexpected_rows": sum(f.unexpected_count or 0 for f in summary.failures),
         "failures": dg.MetadataValue.json([f.__dict__ for f in summary.failures]),
         "contract": contract.path,
@@ -74,40 +73,73 @@ def _contract_metadata(partition: str, contract: Contract, summary) -> dict:
 PARTITION_COLUMN = "__laminar_partition"
 
 
-def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, keys: list[str]) -> dict:
-    """Outcomes per partition, from one Spark job when the partitions' rows fit on the driver.
+def _per_row(contract: Contract) -> bool:
+    """Rules that pass on a union of partitions exactly when they pass on each (not a row count)."""
+    return not any(r.expect == "row_count_between" for r in contract.rules())
 
-    The rows of all `keys` are fetched once, tagged with their partition. For row-level rules and
-    uniqueness, passing on the union means passing on each, so they are validated together first
-    (one suite run on the critical path when the check is blocking). A failure, or a row-count rule,
-    validates each partition's slice of the fetched rows, so a failure is pinned to its partitions.
-    Rows too many for the driver are validated by GE's Spark engine partition by partition."""
+
+def _together(keys: list[str], contract: Contract, *, engine: str, fetched_by: str,
+              rows: dict[str, int] | None = None) -> dict:
+    """Every partition passed, validated in one suite run over their union."""
+    return {k: (True, {"partition": k, "validated_together_with": len(keys) - 1,
+                       "expectations_evaluated": len(contract.rules()), "expectations_failed": 0,
+                       **({"rows_checked": rows[k]} if rows is not None else {}),
+                       "ge_engine": engine, "rows_fetched_by": fetched_by, "contract": contract.path}) for k in keys}
+
+
+def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, keys: list[str]) -> dict:
+    """Outcomes per partition. For row-level rules and uniqueness, passing on the union of the
+    partitions means passing on each, so they are validated together first (one suite run on the
+    critical path when the check is blocking); a failure, or a row-count rule, validates each
+    partition's rows, so a failure is pinned to its partitions.
+
+    The rows come to the driver without a Spark job when the driver can read the sink's files
+    itself (`Engine.sink_tables`: small, local, no deletion vectors), else from one Spark job;
+    rows too many for the driver are validated by GE's Spark engine."""
+    from laminar_assets.contracts.expectations import LOCAL_ROWS, validate_local
+    from laminar_assets.engine.sink_read import to_pandas
+
+    tables = engine.sink_tables(spec, keys)
+    if tables is None or sum(t.num_rows for t in tables.values()) > LOCAL_ROWS:
+        return _spark_outcomes(engine, spec, contract, keys)
+    if len(keys) > 1 and _per_row(contract):
+        together = validate_local(to_pandas(pa.concat_tables(list(tables.values()))), contract, name="range")
+        if together.success:
+            return _together(keys, contract, engine=together.engine, fetched_by="driver",
+                             rows={k: t.num_rows for k, t in tables.items()})
+    out = {}
+    for k in keys:
+        summary = validate_local(to_pandas(tables[k]), contract, name=_suffix(k))
+        out[k] = (summary.success, _contract_metadata(k, contract, summary, "driver"))
+    return out
+
+
+def _spark_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, keys: list[str]) -> dict:
+    """`contract_outcomes` with the rows fetched by one Spark job (tagged with their partition), or
+    validated where they are when there are too many for the driver."""
     from laminar_assets.contracts.expectations import fetch_local, local_slice, validate, validate_local
 
-    if len(keys) == 1:
-        return {keys[0]: contract_outcome(engine, spec, contract, keys[0])}
     column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
     sink = engine.sink_frames(spec, keys)
     local = fetch_local(sink.withColumn(PARTITION_COLUMN, partition_key_column(column, spec.granularity)))
-    per_row = not any(r.expect == "row_count_between" for r in contract.rules())
     if local is None:  # too many rows for the driver: GE's Spark engine, the union first
-        if per_row and validate(sink, contract, name="range", local_rows=0).success:
-            return {k: (True, {"partition": k, "validated_together_with": len(keys) - 1,
-                               "expectations_evaluated": len(contract.rules()), "expectations_failed": 0,
-                               "ge_engine": "spark", "contract": contract.path}) for k in keys}
-        return {k: contract_outcome(engine, spec, contract, k) for k in keys}
+        if len(keys) > 1 and _per_row(contract) and validate(sink, contract, name="range", local_rows=0).success:
+            return _together(keys, contract, engine="spark", fetched_by="spark")
+        out = {}
+        for k in keys:
+            summary = validate(engine.sink_frame(spec, k), contract, name=_suffix(k), local_rows=0)
+            out[k] = (summary.success, _contract_metadata(k, contract, summary, "spark"))
+        return out
     rows = local.drop(columns=[PARTITION_COLUMN])
-    if per_row:
+    if len(keys) > 1 and _per_row(contract):
         together = validate_local(rows, contract, name="range")
         if together.success:
-            return {k: (True, {"partition": k, "validated_together_with": len(keys) - 1,
-                               "expectations_evaluated": together.evaluated, "expectations_failed": 0,
-                               "rows_checked": int((local[PARTITION_COLUMN] == k).sum()),
-                               "ge_engine": together.engine, "contract": contract.path}) for k in keys}
+            return _together(keys, contract, engine=together.engine, fetched_by="spark",
+                             rows={k: int((local[PARTITION_COLUMN] == k).sum()) for k in keys})
     out = {}
     for k in keys:
         summary = validate_local(local_slice(rows, local[PARTITION_COLUMN] == k, sink.schema), contract, name=_suffix(k))
-        out[k] = (summary.success, _contract_metadata(k, contract, summary))
+        out[k] = (summary.success, _contract_metadata(k, contract, summary, "spark"))
     return out
 
 

@@ -16,25 +16,22 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 
-from . import flow_job, flow_state, protocol, stage_job
-from .delta_source import snapshot_files, table_info
+from . import flow_job, flow_state, protocol, sink_read, stage_job
 from .inputs import RunInputs, gather, partition_bytes, planner_input
 from .layout import STEPS, EngineOptions, Layout, RunContext  # noqa: F401  (STEPS: tests crash at each)
 from .plan import Mode, PartitionPlan, Reason
 from .planner import plan_partition
 from .result import RunResult
 from .spark_io import interpreted, new_run_id
-from .spark_read import read_source
 from .spec import FlowSpec, RefreshPolicy, StageSpec
 from .sweep import sweep
 from .validate import CheckedSource, check_source
-from .windows import in_ranges, partition_interval
+from .windows import partition_interval
 
 Spec = FlowSpec | StageSpec
 
@@ -258,24 +255,20 @@ class Engine:
 
     def sink_frames(self, spec: Spec, partitions: list[str]) -> DataFrame:
         """The sink rows of several partitions from one table open, as one (lazy) Spark DataFrame."""
-        return self._sink_read(spec, partitions)[0]
+        return sink_read.sink_frame(self.ctx, spec, partitions)[0]
+
+    def sink_tables(self, spec: Spec, partitions: list[str], *, max_bytes: int | None = None):
+        """The sink rows of each partition as Arrow tables read by the driver, without a Spark job;
+        None when Spark must read them (see `sink_read.sink_table`). `max_bytes`: of Parquet files
+        (default: the engine's `driver_write_below_bytes`)."""
+        limit = self.ctx.options.driver_write_below_bytes if max_bytes is None else max_bytes
+        return sink_read.sink_table(self.ctx, spec, partitions, max_bytes=limit)
 
     def preview(self, spec: Spec, partition: str, *, limit: int = 5):
         """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
-        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
-        df, size = self._sink_read(spec, [partition])
+        df, size = sink_read.sink_frame(self.ctx, spec, [partition])
         with interpreted(self.spark, size < self.ctx.options.interpreted_below_bytes):
-            return df.orderBy(column).limit(limit).toPandas()
-
-    def _sink_read(self, spec: Spec, partitions: list[str]) -> tuple[DataFrame, int]:
-        uri = self.ctx.layout.sink_uri(spec)
-        if not DeltaTable.is_deltatable(uri):
-            raise LaminarError(f"sink table of '{spec.name}' does not exist yet", flow=spec.name)
-        parts = [partition_interval(p, spec.granularity) for p in partitions]
-        column = "window_start" if isinstance(spec, FlowSpec) else spec.event_time
-        info = table_info(spec.sink, uri)
-        files = snapshot_files(info, column, parts)
-        return read_source(self.spark, files, info).where(in_ranges(column, parts)), sum(f.size for f in files)
+            return df.orderBy(sink_read.time_column(spec)).limit(limit).toPandas()
 
     def finalize(self, spec: FlowSpec, state: DataFrame) -> DataFrame:
         """Sink rows from state rows."""

@@ -111,11 +111,14 @@ def test_a_range_run_records_the_contract_per_partition(spark, lake, laminar, in
     assert infos["2024-01-02-10:00"].latest_execution_status.value == "FAILED"
 
 
-def test_a_row_count_rule_is_checked_per_partition_from_one_fetch(spark, lake, laminar, instance):
-    """A row-count rule cannot be validated on the union of partitions: each partition's slice of one
-    fetch is validated (one Spark job for the range, not one per partition)."""
+@pytest.mark.parametrize("fetch", ["driver", "spark"])
+def test_a_row_count_rule_is_checked_per_partition_from_one_fetch(spark, lake, laminar, instance, fetch):
+    """A row-count rule cannot be validated on the union of partitions: each partition's rows of one
+    fetch are validated. The driver reads small local sink files itself (no Spark job); otherwise one
+    Spark job fetches the range, not one per partition. Both give the same outcomes."""
     from laminar_assets.checks import contract_outcomes
     from laminar_assets.contracts.model import ExpectationRule
+    from laminar_assets.engine import EngineOptions
     from tests.engine.test_one_pass import Jobs
 
     create_sources(lake, BASE)
@@ -129,10 +132,12 @@ def test_a_row_count_rule_is_checked_per_partition_from_one_fetch(spark, lake, l
     rules = [r for r in CONTRACT["vwap_1m"].expectations if r.expect != "row_count_between"]
     capped = CONTRACT["vwap_1m"].model_copy(update={"expectations": [
         *rules, ExpectationRule(expect="row_count_between", min=1, max=counts[small])]})
+    engine = Engine(spark, lake.root, options=EngineOptions(driver_write_below_bytes=0) if fetch == "spark" else None)
     outcomes, jobs = Jobs(spark).count(
-        lambda: contract_outcomes(Engine(spark, lake.root), SPECS["vwap_1m"], capped, [P9, "2024-01-02-10:00"]))
+        lambda: contract_outcomes(engine, SPECS["vwap_1m"], capped, [P9, "2024-01-02-10:00"]))
     assert {k: ok for k, (ok, _) in outcomes.items()} == {small: True, big: False}
     assert outcomes[big][1]["rows_checked"] == counts[big] and outcomes[small][1]["ge_engine"] == "pandas"
+    assert outcomes[big][1]["rows_fetched_by"] == fetch
     [failure] = outcomes[big][1]["failures"].value
     assert failure["expectation"].startswith("row_count_between") and failure["observed"] == counts[big]
-    assert jobs == 1
+    assert jobs == (1 if fetch == "spark" else 0)
