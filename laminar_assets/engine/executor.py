@@ -30,7 +30,7 @@ from .result import RunResult
 from .spark_io import interpreted, new_run_id
 from .spec import FlowSpec, RefreshPolicy, StageSpec
 from .sweep import sweep
-from .validate import CheckedSource, check_source
+from .validate import CheckedSource, checked_source
 from .windows import partition_interval
 
 Spec = FlowSpec | StageSpec
@@ -50,7 +50,6 @@ class Engine:
         root = root.rstrip("/")
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
-        self._checked: dict[tuple, dict[str, str]] = {}
 
     spark = property(lambda self: self.ctx.spark)
     root = property(lambda self: self.ctx.layout.root)
@@ -230,12 +229,7 @@ class Engine:
                                  run_id=run_id) from exc
 
     def _check(self, spec: Spec, info, dims) -> CheckedSource:
-        key = (spec.name, spec.spec_hash, info.uri, info.version, *[(d.uri, d.version) for d in dims.values()])
-        if key not in self._checked:  # the analyzer costs a Spark round trip: once per table version
-            if len(self._checked) > 256:
-                self._checked.clear()
-            self._checked[key] = check_source(self.ctx.spark, spec, info, dims)
-        return self._checked[key]
+        return checked_source(self.ctx.spark, spec, info, dims)
 
     def _keys(self, spec: Spec, partitions: list[str]) -> list[str]:
         keys = list(dict.fromkeys(partitions))

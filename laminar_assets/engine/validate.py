@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from pyspark.errors import AnalysisException, PySparkException
@@ -47,6 +48,29 @@ class CheckedSource:
 
     types: dict[str, str]
     row_schema: StructType
+
+
+_CHECKED: dict[tuple, CheckedSource] = {}
+_CHECKED_LOCK = threading.Lock()
+
+
+def checked_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInfo,
+                   joined: dict[str, TableInfo] | None = None) -> CheckedSource:
+    """`check_source`, remembered for this process: what it finds depends only on the spec and the
+    schemas it checks against (not on the table versions), and asking Spark's analyzer costs ~0.1 s a
+    flow run (a new Engine per Dagster step, many runs per `laminar demo` or `laminar serve` process).
+    A failed check is not remembered: it raises again, with the versions of that run."""
+    key = (id(spark), spec.name, spec.spec_hash, info.name, info.schema,
+           *sorted((name, t.schema) for name, t in (joined or {}).items()))
+    with _CHECKED_LOCK:
+        found = _CHECKED.get(key)
+    if found is None:
+        found = check_source(spark, spec, info, joined)
+        with _CHECKED_LOCK:
+            if len(_CHECKED) > 256:
+                _CHECKED.clear()
+            _CHECKED[key] = found
+    return found
 
 
 def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInfo,

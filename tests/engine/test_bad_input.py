@@ -139,3 +139,26 @@ def test_string_event_times_with_offsets_are_not_pruned_by_statistics(lake, engi
     lake.delete("trades", "px = 3.0")
     r = engine.run(FLOW, "2024-01-01-08:00")
     assert sorted(lake.read("f")["count"].tolist()) == [1, 2]  # windows 08:10 (1 row) and 08:20 (3 - 1 deleted)
+
+
+def test_a_schema_is_checked_once_per_process_and_again_when_it_changes(lake, spark, monkeypatch):
+    """Engines are made per Dagster step: the source check is remembered by schema, across engines
+    and table versions, and a changed schema is checked (and refused) again."""
+    from laminar_assets.engine import Engine
+    from laminar_assets.engine import validate
+
+    calls = []
+    real = validate.check_source
+    monkeypatch.setattr(validate, "_CHECKED", {})  # earlier tests in this process checked this schema
+    monkeypatch.setattr(validate, "check_source", lambda *a, **k: calls.append(a[2].version) or real(*a, **k))
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    Engine(spark, lake.root).run(FLOW, PART)
+    lake.append("trades", [("2024-01-01 00:02:00", "a", 2.0, 1)])
+    Engine(spark, lake.root).run(FLOW, PART)
+    assert lake.read("f")["count"].tolist() == [2]
+    assert calls == [0]  # version 1 has the same schema: not asked again
+    retyped = trades_frame([("2024-01-01 00:03:00", "a", 3.0, 1)]).astype({"px": "string"})
+    write_deltalake(lake.path("trades"), retyped, mode="overwrite", schema_mode="overwrite")
+    with pytest.raises(SchemaMismatchError, match="at version 2"):
+        Engine(spark, lake.root).run(FLOW, PART)
+    assert calls == [0, 2]
