@@ -45,12 +45,13 @@ ATTEMPTS = 8
 
 
 def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
-                 change_data: bool = False) -> tuple[bool, DeltaTable | None]:
+                 change_data: bool = False, opened: DeltaTable | None = None) -> tuple[bool, DeltaTable | None]:
     """Create the table if needed. Returns whether an existing table was reset to a new schema, and
-    the table as opened when it existed already with this schema (None otherwise)."""
+    the table as opened when it existed already with this schema (None otherwise). `opened`: the
+    table as the caller opened it earlier (not opened again)."""
     schema = nullable(schema)
     try:
-        dt = DeltaTable(uri)
+        dt = opened if opened is not None else DeltaTable(uri)
     except TableNotFoundError:
         config = {"delta.enableChangeDataFeed": "true"} if change_data else None
         try:
@@ -83,16 +84,18 @@ def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> 
 def replace_ranges(
     spark: SparkSession, staged: StagedFiles, *, table_uri: str, column: str, ranges: Sequence[Interval],
     transactions: Sequence[tuple[str, int]], metadata: dict, run_id: str, append_only: bool = False,
-    reset_on_schema_change: bool = False, change_data: StagedFiles | None = None,
+    reset_on_schema_change: bool = False, change_data: StagedFiles | None = None, opened: DeltaTable | None = None,
 ) -> int:
     """Atomically replace the rows of `table_uri` whose `column` lies in `ranges` by the staged files.
 
     One Delta commit removes the files holding only rows of the ranges, rewrites files that also
     hold rows outside them (tables written before files were laid out per partition), adds the
     staged files (and `change_data` files) and records `transactions`. A concurrent commit makes it
-    list again and retry. With `append_only`, nothing is removed. Returns the rows added."""
+    list again and retry. With `append_only`, nothing is removed. Returns the rows added.
+    `opened`: the table as the run opened it before it read from it; the first attempt commits on
+    that snapshot, so a commit by anyone since then conflicts and is listed again."""
     reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change,
-                                 change_data=change_data is not None)
+                                 change_data=change_data is not None, opened=opened)
     for attempt in range(1, ATTEMPTS + 1):
         # The commit is based on the snapshot the file list comes from: a concurrent commit in
         # between makes it fail and we list again, instead of removing a file another run rewrote.

@@ -98,7 +98,7 @@ class Engine:
             plans = self._plan_all(spec, marks, inputs, force)
             self._refuse_strict(spec, plans)
             plan_s = (time.perf_counter() - started) / len(keys)
-            swept = self._sweep(spec, plans[keys[0]], run_id)
+            swept = self._sweep(spec, plans[keys[0]], run_id, inputs)
             results: dict[str, RunResult] = {}
             todo = []
             for k in keys:
@@ -123,7 +123,7 @@ class Engine:
                  force: bool) -> dict[str, RunResult]:
         ctx = self.ctx
         try:
-            seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, run_id)
+            seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, run_id, opened=inputs.opened)
             ctx.hook("after_intent")
             t0 = time.perf_counter()
             outcome = self._pass(spec, plans, marks, inputs, seqs, run_id, force)
@@ -218,9 +218,9 @@ class Engine:
                     f"{plan.detail}. Run an explicit refill (force=True / `laminar refill`) or relax the policy",
                     reason=plan.reason.value, flow=spec.name, partition=k)
 
-    def _sweep(self, spec: Spec, plan: PartitionPlan, run_id: str) -> dict[str, int]:
+    def _sweep(self, spec: Spec, plan: PartitionPlan, run_id: str, inputs: RunInputs) -> dict[str, int]:
         try:
-            return sweep(self.ctx, spec, plan, run_id)
+            return sweep(self.ctx, spec, plan, run_id, opened=inputs.infos)
         except LaminarError:
             raise
         except Exception as exc:

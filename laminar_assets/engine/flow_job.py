@@ -117,7 +117,8 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         read = {m: sum(out.metrics[k].get(m, 0) for k in keys) for m in ("rows_read", "rows_rejected")}
         ranges = [p.interval for p in plans]
         out.state_rows = replace_ranges(ctx.spark, staged, table_uri=state_uri, column=WS, ranges=ranges,
-                                        transactions=txns, metadata=meta, run_id=run_id)
+                                        transactions=txns, metadata=meta, run_id=run_id,
+                                        opened=inputs.opened.pop(state_uri, None))
         ctx.hook("after_state_commit")
         t2 = time.perf_counter()
         if sink is None:
@@ -206,7 +207,7 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
     state_cols = [c for impl in impls for c in impl.state_columns]
     combined = good.select(*group, ROWS, *state_cols)
     kept = [p.partition for p in plans if not p.refill_all]
-    old, old_bytes = state_rows(ctx, spec, kept, inputs.input_schema)
+    old, old_bytes = state_rows(ctx, spec, kept, inputs.input_schema, opened=inputs.opened)
     if old is not None:
         refilled = in_ranges(WS, [r for p in plans for r in p.refill])
         old = with_partition(old, spec, WS).where(~refilled)

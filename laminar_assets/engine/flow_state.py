@@ -8,7 +8,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from .aggregates import implementation, q
-from .delta_source import snapshot_files, table_info
+from .delta_source import info_of, snapshot_files, table_info
 from .delta_write import replace_ranges
 from .layout import RunContext
 from .reading import PART, with_partition
@@ -55,12 +55,15 @@ def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: d
     return state_rows(ctx, spec, keys, input_schema)[0]
 
 
-def state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> tuple[DataFrame | None, int]:
-    """`read_state` and the bytes of the files it reads."""
+def state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict, *,
+               opened: dict | None = None) -> tuple[DataFrame | None, int]:
+    """`read_state` and the bytes of the files it reads. `opened`: the run's open tables
+    (`RunInputs.opened`): the state is read from the snapshot the run's intent checked."""
     uri = ctx.layout.state_uri(spec, input_schema)
-    if not keys or not DeltaTable.is_deltatable(uri):
+    table = (opened or {}).get(uri)
+    if not keys or (table is None and not DeltaTable.is_deltatable(uri)):
         return None, 0
     parts = [partition_interval(k, spec.granularity) for k in keys]
-    info = table_info(f"{spec.name} state", uri)
+    info = info_of(f"{spec.name} state", uri, table) if table is not None else table_info(f"{spec.name} state", uri)
     files = snapshot_files(info, WS, parts)
     return read_source(ctx.spark, files, info).where(in_ranges(WS, parts)), sum(f.size for f in files)

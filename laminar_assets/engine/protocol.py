@@ -44,12 +44,15 @@ def txn_version(uri: str, app: str) -> int | None:
     return txn_versions(uri, [app])[app]
 
 
-def txn_versions(uri: str, apps: list[str]) -> dict[str, int | None]:
-    """`txn_version` of several apps from one open of the table."""
+def txn_versions(uri: str, apps: list[str], *, opened: dict[str, DeltaTable] | None = None) -> dict[str, int | None]:
+    """`txn_version` of several apps from one open of the table. `opened`: the run's open tables
+    (`RunInputs.opened`); the table opened here is kept there for the run's later reads."""
     try:
         table = DeltaTable(uri)
     except TableNotFoundError:
         return {a: None for a in apps}
+    if opened is not None:
+        opened[uri] = table
     return {a: table.transaction_version(a) for a in apps}
 
 
@@ -82,10 +85,11 @@ _UNREAD = object()
 
 
 def begin_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], marks: dict[str, Watermark | None],
-              input_schema: dict[str, str], run_id: str) -> dict[str, int]:
-    """`begin` for every partition of a pass, reading the guard table's transactions once."""
+              input_schema: dict[str, str], run_id: str, *, opened: dict | None = None) -> dict[str, int]:
+    """`begin` for every partition of a pass, reading the guard table's transactions once (and
+    keeping the table in `opened`, see `txn_versions`)."""
     guard = ctx.layout.guard_uri(spec, input_schema)
-    committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans])
+    committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans], opened=opened)
     return {k: begin(ctx, spec, p, marks[k], input_schema, run_id, committed=committed[ctx.layout.app_id(spec, k)])
             for k, p in plans.items()}
 

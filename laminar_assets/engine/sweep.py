@@ -17,7 +17,7 @@ from laminar_assets.errors import ConcurrentRunError
 from . import quarantine as qr
 from .aggregates import EVENT_TS, SIGN
 from .delta_log import DataFile
-from .delta_source import source_history, snapshot_files, table_info, temporal
+from .delta_source import TableInfo, source_history, snapshot_files, table_info, temporal
 from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
@@ -26,9 +26,11 @@ from .reading import DVER, SNAP, SRC, prepare
 from .spark_read import CHANGE_TYPE, read_source
 
 
-def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, int]:
+def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
+          opened: dict[str, TableInfo] | None = None) -> dict[str, int]:
     """Quarantine the partition-less rows of the source versions up to `plan.to_versions` the flow
-    has not swept yet; returns new rows by rule. Idempotent; one sweeper per flow at a time."""
+    has not swept yet; returns new rows by rule. Idempotent; one sweeper per flow at a time.
+    `opened`: sources the run opened already (`RunInputs.infos`), used when at the version swept."""
     done = ctx.store.load_sweep(spec.name, spec.spec_hash)
     todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
     if not todo:
@@ -44,7 +46,10 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, 
         for src, target in todo.items():
             if done.get(src, -1) >= target:
                 continue
-            frame, size = _unswept(ctx, spec, src, done.get(src), target)
+            info = (opened or {}).get(src)
+            if info is None or info.version != target:
+                info = table_info(src, ctx.layout.table_uri(src), target)
+            frame, size = _unswept(ctx, spec, info, done.get(src), target)
             if frame is not None:
                 rows = prepare(spec, without_joins(spec, frame)).where(~qr.assigned(spec))
                 rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec)))
@@ -61,11 +66,10 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str) -> dict[str, 
     return counts
 
 
-def _unswept(ctx: RunContext, spec, src: str, done: int | None, target: int) -> tuple[DataFrame | None, int]:
-    """Rows of `src` added after version `done` up to `target` that may lack a usable event time,
-    and the bytes of the files they come from."""
-    uri = ctx.layout.table_uri(src)
-    info = table_info(src, uri, target)
+def _unswept(ctx: RunContext, spec, info: TableInfo, done: int | None, target: int) -> tuple[DataFrame | None, int]:
+    """Rows of source `info` (at version `target`) added after version `done` that may lack a usable
+    event time, and the bytes of the files they come from."""
+    src, uri = info.name, info.uri
     provable = temporal(info.schema, spec.event_time)
     bounds = spec.bounds
 
