@@ -11,6 +11,7 @@ quantile asked for (each sketch is within the error once): for k = 200, ±3.3%.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -72,10 +73,7 @@ def _quantile_differs(s, r, sketch, agg):
     """The sink's quantile `s` is wrong when the recomputed sketch ranks it further than twice the rank
     error from the quantile q asked for, i.e. outside [quantile(q - tol), quantile(q + tol)] of that
     sketch (Spark takes only constant ranks, so the range is asked for instead of the value's rank)."""
-    tol = 2 * kll_rank_error(agg.precision or 200)
-    q = float(agg.quantile)
-    lo = F.call_function("kll_sketch_get_quantile_double", sketch, F.lit(max(q - tol, 0.0)))
-    hi = F.call_function("kll_sketch_get_quantile_double", sketch, F.lit(min(q + tol, 1.0)))
+    lo, hi = _quantile_bounds(sketch, agg)
     within = (s >= lo) & (s <= hi)
     return ~(s.isNull() & r.isNull()) & (s.isNull() | r.isNull() | (~s.eqNullSafe(r) & ~within))
 
@@ -133,37 +131,111 @@ def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: i
     quantiles = {a.name: a for a in spec.aggregates if a.kind == "approx_percentile" and a.name not in spec.hidden}
     sketches = {name: implementation(a).state_columns[0] for name, a in quantiles.items()}
     recomputed = finalize(spec, state_query(engine.ctx, spec, plans, inputs), keep=tuple(sketches.values())).drop(PART)
-    actual = engine.sink_frames(spec, partitions).where(in_ranges("window_start", picked_ranges))
     keys = ["window_start", "window_end", *spec.keys]
     values = [c for c in recomputed.columns if c not in keys and c not in sketches.values()]
+    floats = {f.name for f in recomputed.schema.fields if isinstance(f.dataType, (FloatType, DoubleType))}
+    small = read_set(spec, plans, inputs).total_bytes < engine.ctx.options.interpreted_below_bytes
+    sink = engine.sink_tables(spec, partitions)
+    with interpreted(engine.spark, small):  # one job
+        if sink is not None:  # the sink's rows are read by the driver: Spark only recomputes
+            recomputed_rows = recomputed.select(*keys, *values, *[
+                b.alias(f"{n}__{c}") for c in sketches for b, n in zip(_quantile_bounds(
+                    F.col(sketches[c]), quantiles[c]), ("lo", "hi"))]).toArrow()
+            rows = _compare_in_driver(pa.concat_tables(list(sink.values())), recomputed_rows, picked_ranges,
+                                      keys, values, floats, set(quantiles), rel)
+        else:
+            rows = _compare_in_spark(engine, spec, partitions, recomputed, picked_ranges, keys, values, floats,
+                                     quantiles, sketches, rel)
+    found: dict[str, list[dict]] = {p: [] for p in partitions}
+    for d in rows:
+        p = partition_key(d["window_start"], spec.granularity)
+        if len(found[p]) < 20:
+            found[p].append({"window_start": str(_naive(d["window_start"])), "window_end": str(_naive(d["window_end"])),
+                             "keys": {k: d[k] for k in spec.keys}, "columns": d["__cols"],
+                             "sink": {c: d[f"s__{c}"] for c in d["__cols"]},
+                             "recomputed": {c: d[f"r__{c}"] for c in d["__cols"]}})
+    return {p: EquivalenceResult(p, dict(m.source_versions), len(chosen[p]), tuple(found[p]))
+            for p, m in zip(partitions, marks)}
+
+
+def _naive(ts: datetime) -> datetime:
+    """UTC without a zone: how Spark's collect() gives timestamps (the session's zone is UTC)."""
+    return to_utc(ts).replace(tzinfo=None) if ts.tzinfo is not None else ts
+
+
+def _quantile_bounds(sketch, agg):
+    """The values at ranks q - tol and q + tol of the recomputed sketch: a sink quantile between them
+    is within twice KLL's rank error of the one asked for (see `_quantile_differs`)."""
+    tol = 2 * kll_rank_error(agg.precision or 200)
+    q = float(agg.quantile)
+    return (F.call_function("kll_sketch_get_quantile_double", sketch, F.lit(max(q - tol, 0.0))),
+            F.call_function("kll_sketch_get_quantile_double", sketch, F.lit(min(q + tol, 1.0))))
+
+
+def _compare_in_driver(sink: pa.Table, recomputed: pa.Table, ranges: list[Interval], keys: list[str],
+                       values: list[str], floats: set[str], quantiles: set[str], rel: float) -> list[dict]:
+    """The rows of a full outer join of the sink's rows in `ranges` with the recomputed ones on `keys`
+    where a value differs, as `_compare_in_spark` returns them. A key holding a null joins nothing
+    (as in SQL). Floats: equal within `rel` (both NaN: equal; one NaN: different)."""
+    starts = [ws for ws in sink.column("window_start").to_pylist()]
+    wanted = [any(r.start <= to_utc(ws) < r.end for r in ranges) if ws is not None else False for ws in starts]
+    sink = sink.filter(pa.array(wanted, pa.bool_())).select(keys + values)
+
+    def by_key(table: pa.Table) -> dict:
+        out: dict = {}
+        for n, row in enumerate(table.to_pylist()):
+            key = tuple(row[k] for k in keys)
+            out.setdefault(key if None not in key else ("__null__", n), []).append(row)
+        return out
+
+    s_rows, r_rows = by_key(sink), by_key(recomputed)
+    found = []
+    for key in dict.fromkeys([*s_rows, *r_rows]):
+        for s in s_rows.get(key, [None]):
+            for r in r_rows.get(key, [None]):
+                cols = [c for c in values if _differs(None if s is None else s[c], None if r is None else r[c],
+                                                      c in floats, r if c in quantiles else None, c, rel)]
+                if cols:
+                    either = s if s is not None else r
+                    found.append({**{k: either[k] for k in keys}, "__cols": cols,
+                                  **{f"s__{c}": None if s is None else s[c] for c in values},
+                                  **{f"r__{c}": None if r is None else r[c] for c in values}})
+    return found
+
+
+def _differs(s, r, is_float: bool, recomputed_row: dict | None, column: str, rel: float) -> bool:
+    if s is None or r is None:
+        return (s is None) != (r is None)
+    if recomputed_row is not None:  # a KLL quantile: within the recomputed sketch's rank-error band
+        lo, hi = recomputed_row[f"lo__{column}"], recomputed_row[f"hi__{column}"]
+        return not (s == r or (lo is not None and hi is not None and lo <= s <= hi))
+    if is_float:
+        if math.isnan(s) or math.isnan(r):
+            return math.isnan(s) != math.isnan(r)
+        return abs(s - r) > max(abs(r) * rel, 1e-12)
+    return s != r
+
+
+def _compare_in_spark(engine, spec: FlowSpec, partitions: list[str], recomputed, ranges: list[Interval],
+                      keys: list[str], values: list[str], floats: set[str], quantiles: dict, sketches: dict,
+                      rel: float) -> list[dict]:
+    """`_compare_in_driver` as one Spark job, for sinks the driver does not read itself."""
+    actual = engine.sink_frames(spec, partitions).where(in_ranges("window_start", ranges))
     joined = actual.alias("s").join(recomputed.alias("r"), keys, "full_outer").select(
         *keys, *[F.col(f"s.{c}").alias(f"s__{c}") for c in values], *[F.col(f"r.{c}").alias(f"r__{c}") for c in values],
         *[F.col(f"r.{sk}").alias(f"k__{c}") for c, sk in sketches.items()],
     )
-    floats = {f.name for f in recomputed.schema.fields if isinstance(f.dataType, (FloatType, DoubleType))}
     conds = []
     for c in values:
         s, r = F.col(f"s__{c}"), F.col(f"r__{c}")
         if c in quantiles:
             diff = _quantile_differs(s, r, F.col(f"k__{c}"), quantiles[c])
         elif c in floats:
-            diff = ~(s.isNull() & r.isNull()) & (s.isNull() | r.isNull() |
-                                                 (F.abs(s - r) > F.greatest(F.abs(r) * F.lit(rel), F.lit(1e-12))))
+            both_nan = F.isnan(s) & F.isnan(r)
+            diff = ~(s.isNull() & r.isNull()) & ~both_nan & (s.isNull() | r.isNull() | (F.isnan(s) != F.isnan(r)) |
+                                                            (F.abs(s - r) > F.greatest(F.abs(r) * F.lit(rel), F.lit(1e-12))))
         else:
             diff = ~s.eqNullSafe(r)
         conds.append(F.when(diff, F.lit(c)))
     mismatched = joined.withColumn("__cols", F.array_compact(F.array(*conds))).where(F.size("__cols") > 0)
-    found: dict[str, list[dict]] = {p: [] for p in partitions}
-    small = read_set(spec, plans, inputs).total_bytes < engine.ctx.options.interpreted_below_bytes
-    with interpreted(engine.spark, small):  # one job: recompute, join, compare
-        rows = mismatched.limit(20 * len(partitions)).collect()
-    for row in rows:
-        d = row.asDict()
-        p = partition_key(d["window_start"], spec.granularity)
-        if len(found[p]) < 20:
-            found[p].append({"window_start": str(d["window_start"]), "window_end": str(d["window_end"]),
-                             "keys": {k: d[k] for k in spec.keys}, "columns": d["__cols"],
-                             "sink": {c: d[f"s__{c}"] for c in d["__cols"]},
-                             "recomputed": {c: d[f"r__{c}"] for c in d["__cols"]}})
-    return {p: EquivalenceResult(p, dict(m.source_versions), len(chosen[p]), tuple(found[p]))
-            for p, m in zip(partitions, marks)}
+    return [row.asDict() for row in mismatched.limit(20 * len(partitions)).collect()]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_assets.engine import Agg, FlowSpec, Hopping, Tumbling
-from laminar_assets.engine.equivalence import check_equivalence, check_equivalence_many
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Tumbling
+from laminar_assets.engine.equivalence import _differs, check_equivalence, check_equivalence_many
 
 pytestmark = pytest.mark.spark
 
@@ -17,6 +17,27 @@ HOP = FlowSpec(name="px_hop", source="trades", event_time="ts", window=Hopping("
 KEYS = ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00"]
 ROWS = [(f"2024-01-01 0{h}:{m:02d}:00", s, 100.0 + m + h, m) for h in range(3) for m in range(0, 60, 7)
         for s in ("X", "Y")]
+
+
+@pytest.fixture(params=["driver-compare", "spark-compare"])
+def engine(request, spark, lake) -> Engine:
+    """Both ways the sink is compared: read by the driver (small local sinks; Spark only recomputes),
+    and joined with the recomputed windows in Spark (sinks the driver does not read)."""
+    spark_side = request.param == "spark-compare"
+    return Engine(spark, lake.root, options=EngineOptions(driver_write_below_bytes=0) if spark_side else None)
+
+
+def test_value_comparison_rules():
+    nan = float("nan")
+    assert not _differs(None, None, True, None, "x", 1e-9)
+    assert _differs(None, 1.0, True, None, "x", 1e-9) and _differs(1, None, False, None, "x", 1e-9)
+    assert not _differs(nan, nan, True, None, "x", 1e-9)
+    assert _differs(nan, 1.0, True, None, "x", 1e-9) and _differs(1.0, nan, True, None, "x", 1e-9)
+    assert not _differs(1.0 + 1e-12, 1.0, True, None, "x", 1e-9) and _differs(1.001, 1.0, True, None, "x", 1e-9)
+    assert not _differs(0.0, 1e-13, True, None, "x", 1e-9)  # absolute floor near zero
+    assert _differs(3, 4, False, None, "x", 1e-9) and not _differs("a", "a", False, None, "x", 1e-9)
+    band = {"lo__p50": 10.0, "hi__p50": 12.0}
+    assert not _differs(11.0, 10.5, True, band, "p50", 1e-9) and _differs(13.0, 10.5, True, band, "p50", 1e-9)
 
 
 @pytest.mark.parametrize("flow", [TUMBLE, HOP], ids=["tumbling", "hopping"])
