@@ -11,6 +11,7 @@ Usage: python -m laminar_assets.deploy.class_archive [--force]
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,11 +51,17 @@ def create(path: str | None = None, *, timeout: float = 900.0) -> str:
 
 def _python(args: list[str], timeout: float, doing: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("LAMINAR_SPARK_REMOTE", "LAMINAR_SPARK_MASTER")}
+    # A group of its own: on a timeout the JVM it started goes too (it shares the output pipes, so
+    # communicate() waits for it as well).
+    proc = subprocess.Popen([sys.executable, "-m", MODULE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
     try:
-        proc = subprocess.run([sys.executable, "-m", MODULE, *args], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise EnvironmentProblem(f"{doing} took longer than {timeout:.0f} s") from None
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise EnvironmentProblem(f"{doing} took longer than {timeout:.0f} s; stopped it") from None
+    proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise EnvironmentProblem(f"{doing} failed (exit {proc.returncode}): {' | '.join(tail)}")

@@ -18,6 +18,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import FloatType, DoubleType
 
@@ -29,7 +30,7 @@ from .plan import Mode, PartitionPlan, Reason
 from .spec import FlowSpec
 from .reading import PART, read_set
 from .spark_io import interpreted
-from .windows import Interval, in_ranges, partition_interval, partition_key, to_utc
+from .windows import Interval, in_ranges, partition_interval, partition_key, partition_key_column, to_utc
 
 
 @dataclass(frozen=True)
@@ -176,19 +177,20 @@ def _compare_in_driver(sink: pa.Table, recomputed: pa.Table, ranges: list[Interv
                        values: list[str], floats: set[str], quantiles: set[str], rel: float) -> list[dict]:
     """The rows of a full outer join of the sink's rows in `ranges` with the recomputed ones on `keys`
     where a value differs, as `_compare_in_spark` returns them. A key holding a null joins nothing
-    (as in SQL). Floats: equal within `rel` (both NaN: equal; one NaN: different)."""
+    (as in SQL). Floats: equal within `rel` (both NaN: equal; one NaN: different; an infinity equals
+    only the same infinity)."""
     starts = [ws for ws in sink.column("window_start").to_pylist()]
     wanted = [any(r.start <= to_utc(ws) < r.end for r in ranges) if ws is not None else False for ws in starts]
     sink = sink.filter(pa.array(wanted, pa.bool_())).select(keys + values)
 
-    def by_key(table: pa.Table) -> dict:
+    def by_key(table: pa.Table, side: str) -> dict:
         out: dict = {}
         for n, row in enumerate(table.to_pylist()):
             key = tuple(row[k] for k in keys)
-            out.setdefault(key if None not in key else ("__null__", n), []).append(row)
+            out.setdefault(key if None not in key else (f"__null_{side}__", n), []).append(row)
         return out
 
-    s_rows, r_rows = by_key(sink), by_key(recomputed)
+    s_rows, r_rows = by_key(sink, "s"), by_key(recomputed, "r")
     found = []
     for key in dict.fromkeys([*s_rows, *r_rows]):
         for s in s_rows.get(key, [None]):
@@ -212,6 +214,8 @@ def _differs(s, r, is_float: bool, recomputed_row: dict | None, column: str, rel
     if is_float:
         if math.isnan(s) or math.isnan(r):
             return math.isnan(s) != math.isnan(r)
+        if math.isinf(s) or math.isinf(r):  # a relative tolerance of an infinity would accept anything
+            return s != r
         return abs(s - r) > max(abs(r) * rel, 1e-12)
     return s != r
 
@@ -232,10 +236,14 @@ def _compare_in_spark(engine, spec: FlowSpec, partitions: list[str], recomputed,
             diff = _quantile_differs(s, r, F.col(f"k__{c}"), quantiles[c])
         elif c in floats:
             both_nan = F.isnan(s) & F.isnan(r)
-            diff = ~(s.isNull() & r.isNull()) & ~both_nan & (s.isNull() | r.isNull() | (F.isnan(s) != F.isnan(r)) |
-                                                            (F.abs(s - r) > F.greatest(F.abs(r) * F.lit(rel), F.lit(1e-12))))
+            infinite = (F.abs(s) == F.lit(float("inf"))) | (F.abs(r) == F.lit(float("inf")))
+            off = F.when(infinite, s != r).otherwise(F.abs(s - r) > F.greatest(F.abs(r) * F.lit(rel), F.lit(1e-12)))
+            diff = ~(s.isNull() & r.isNull()) & ~both_nan & (s.isNull() | r.isNull() | (F.isnan(s) != F.isnan(r)) | off)
         else:
             diff = ~s.eqNullSafe(r)
         conds.append(F.when(diff, F.lit(c)))
     mismatched = joined.withColumn("__cols", F.array_compact(F.array(*conds))).where(F.size("__cols") > 0)
-    return [row.asDict() for row in mismatched.limit(20 * len(partitions)).collect()]
+    # at most 20 per partition: one partition's many mismatches must not crowd out another's
+    rank = F.row_number().over(Window.partitionBy(partition_key_column("window_start", spec.granularity))
+                               .orderBy("window_start", *spec.keys))
+    return [row.asDict() for row in mismatched.withColumn("__n", rank).where(F.col("__n") <= 20).collect()]

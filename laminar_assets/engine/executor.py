@@ -256,6 +256,8 @@ class Engine:
         None when Spark must read them (see `sink_read.sink_table`). `max_bytes`: of Parquet files
         (default: the engine's `driver_write_below_bytes`)."""
         limit = self.ctx.options.driver_write_below_bytes if max_bytes is None else max_bytes
+        if self.spark.conf.get("spark.sql.session.timeZone") not in sink_read.UTC_NAMES:
+            return None  # Spark would show times in another zone (a session setting): let it fetch them
         return sink_read.sink_table(self.ctx, spec, partitions, max_bytes=limit)
 
     def preview(self, spec: Spec, partition: str, *, limit: int = 5):

@@ -28,6 +28,7 @@ from .spec import FlowSpec, StageSpec
 from .windows import Interval, in_ranges, partition_interval
 
 Spec = FlowSpec | StageSpec
+UTC_NAMES = ("UTC", "Etc/UTC", "GMT", "Z", "+00:00")  # session time zones in which `to_pandas` matches Spark
 
 
 def time_column(spec: Spec) -> str:

@@ -36,6 +36,9 @@ def test_value_comparison_rules():
     assert not _differs(1.0 + 1e-12, 1.0, True, None, "x", 1e-9) and _differs(1.001, 1.0, True, None, "x", 1e-9)
     assert not _differs(0.0, 1e-13, True, None, "x", 1e-9)  # absolute floor near zero
     assert _differs(3, 4, False, None, "x", 1e-9) and not _differs("a", "a", False, None, "x", 1e-9)
+    inf = float("inf")
+    assert not _differs(inf, inf, True, None, "x", 1e-9) and _differs(1e300, inf, True, None, "x", 1e-9)
+    assert _differs(-inf, inf, True, None, "x", 1e-9) and _differs(inf, 5.0, True, None, "x", 1e-9)
     band = {"lo__p50": 10.0, "hi__p50": 12.0}
     assert not _differs(11.0, 10.5, True, band, "p50", 1e-9) and _differs(13.0, 10.5, True, band, "p50", 1e-9)
 
@@ -95,3 +98,18 @@ def test_a_small_sample_always_includes_windows_the_sink_holds(spark, lake, engi
     assert bad.windows_checked == 4
     assert {m["window_start"][:16] for m in bad.mismatches} == {"2024-01-01 01:13", "2024-01-01 01:41"}
     assert check_equivalence(engine, TUMBLE, KEYS[0], sample=4).passed  # the other partition is untouched
+
+
+def test_many_mismatches_in_one_partition_do_not_hide_another_partitions(spark, lake, engine):
+    """At most 20 mismatches are reported per partition; a partition with 120 wrong rows must not use
+    up the report of another partition with one."""
+    rows = [(f"2024-01-01 0{h}:{m:02d}:10", s, 100.0 + m, 1) for h in range(2) for m in range(60) for s in ("X", "Y")]
+    lake.create("trades", rows)
+    engine.run_many(TUMBLE, KEYS[:2])
+    lake.table(TUMBLE.sink).update(updates={"sum_px": "-5.0"}, predicate="window_start < '2024-01-01 01:00:00'")
+    lake.table(TUMBLE.sink).update(updates={"sum_px": "-7.0"},
+                                   predicate="window_start = '2024-01-01 01:30:00' AND sym = 'X'")
+    results = check_equivalence_many(engine, TUMBLE, KEYS[:2], sample=1000)
+    assert len(results[KEYS[0]].mismatches) == 20
+    [one] = results[KEYS[1]].mismatches
+    assert one["window_start"].startswith("2024-01-01 01:30") and one["keys"] == {"sym": "X"}
