@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 
@@ -27,22 +28,52 @@ def warm_up(url: str) -> dict[str, float]:
     t = time.perf_counter()
     spark = build_session(SparkOptions(remote=url, app_name="laminar-warm-up"))
     seconds = {"connect": time.perf_counter() - t}
-    root = None
+    root = tempfile.mkdtemp(prefix=PREFIX)
+    outcome: dict = {}
+    # The work runs in a thread so that a stop (Ctrl-C, SIGTERM) lands in this thread while it only
+    # waits: a KeyboardInterrupt raised inside a gRPC wait can leave the client's channel locked, and
+    # the Connect client's exit hook then hangs the process (seen: 1 stop in 12).
+    worker = threading.Thread(target=_work, args=(spark, root, outcome), name="laminar-warm-up", daemon=True)
     try:
-        root = tempfile.mkdtemp(prefix=PREFIX)
-        seconds.update(exercise(spark, root))
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        _ignore_signals()
+        _cancel(spark, worker)
+        raise
     finally:
-        # Stopped part way (Ctrl-C, SIGTERM): no second signal cuts the clean-up short, the server
-        # cancels this session's jobs, and a task that still wrote a file does not bring the folder back.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+        _ignore_signals()  # no second signal cuts the clean-up short
+        _remove(root)  # retried: a task that still wrote a file does not bring the folder back
+        spark.stop()
+    if "error" in outcome:
+        raise outcome["error"]
+    seconds.update(outcome["seconds"])
+    return seconds
+
+
+def _work(spark, root: str, outcome: dict) -> None:
+    try:
+        outcome["seconds"] = exercise(spark, root)
+    except BaseException as error:  # noqa: BLE001 - handed to the main thread, which raises it
+        outcome["error"] = error
+
+
+def _ignore_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _cancel(spark, worker: threading.Thread, seconds: float = 60.0) -> None:
+    """Cancel the session's queries until the work stops: the work goes on to its next query after
+    a cancelled one only if its error handling does, so cancel again until it has ended."""
+    deadline = time.monotonic() + seconds
+    while worker.is_alive() and time.monotonic() < deadline:
         try:
             spark.interruptAll()
         except Exception:  # noqa: BLE001 - the server may be gone already; the folder is what matters
-            pass
-        if root is not None:
-            _remove(root)
-    return seconds
+            return
+        worker.join(0.5)
 
 
 def exercise(spark, root: str) -> dict[str, float]:

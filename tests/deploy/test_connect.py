@@ -91,19 +91,23 @@ def test_the_warm_up_runs_the_graph_on_a_scratch_lake_and_leaves_nothing_behind(
     scratch.mkdir()
     env = {**{k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}, "TMPDIR": str(scratch)}
     cmd = [sys.executable, "-m", "laminar_assets.deploy.warm_up", server.url]
-    stopped = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while not any(p.name.startswith("laminar-warm-up-") for p in scratch.iterdir()):
-            assert stopped.poll() is None and time.monotonic() < deadline, "the warm-up made no scratch folder"
-            time.sleep(0.2)
-        time.sleep(3)  # part way through its first pass
-        stopped.send_signal(signal.SIGTERM)
-        assert stopped.wait(60) == 130
-        assert b"warm-up stopped" in stopped.stdout.read()
-    finally:
-        stopped.kill()
-    assert not list(scratch.iterdir()), "a stopped warm-up left its scratch folder"
+    # Stopped early and part way through its first pass: a stop that landed inside a gRPC wait once
+    # left the client's channel locked and the process hung at exit (1 stop in 12 before the fix).
+    for pause in (0.5, 3.0):
+        stopped = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(p.name.startswith("laminar-warm-up-") for p in scratch.iterdir()):
+                assert stopped.poll() is None and time.monotonic() < deadline, "the warm-up made no scratch folder"
+                time.sleep(0.2)
+            time.sleep(pause)
+            stopped.send_signal(signal.SIGTERM)
+            out, _ = stopped.communicate(timeout=60)  # reads as it waits: a full pipe cannot block the exit
+            assert stopped.returncode == 130, out[-3000:]
+            assert b"warm-up stopped" in out
+        finally:
+            stopped.kill()
+        assert not list(scratch.iterdir()), f"a warm-up stopped after {pause} s left its scratch folder"
 
     stale = scratch / "laminar-warm-up-killed"  # what a SIGKILLed warm-up leaves: swept once old
     stale.mkdir()
