@@ -169,14 +169,14 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         except LaminarError as exc:
             raise _failure(exc, {"partitions": f"{keys[0]}..{keys[-1]}"},
                            last=context.retry_number >= settings.retries) from None
-        noop = 0
-        for key, result in zip(keys, results):
-            if result.mode.value == "NOOP" and len(keys) > 1:
-                noop += 1
-                continue
-            context.log.info(f"{spec.name} {key}: {result.mode.value} ({result.reason.value}) — {result.detail}")
-        if noop:
-            context.log.info(f"{spec.name}: {noop} other partition(s) of the range had nothing to do (NOOP, no Spark job)")
+        # One log entry per step, a line per partition: each entry is an event the instance stores
+        # (a SQLite write of ~9 ms here), and the lines read the same in the run's log.
+        lines = [f"{spec.name} {key}: {result.mode.value} ({result.reason.value}) — {result.detail}"
+                 for key, result in zip(keys, results) if result.mode.value != "NOOP" or len(keys) == 1]
+        if len(lines) < len(keys):
+            lines.append(f"{spec.name}: {len(keys) - len(lines)} other partition(s) of the range had nothing to do "
+                         "(NOOP, no Spark job)")
+        context.log.info("\n".join(lines))
         table, by_partition = table_metadata(spec, engine.layout.sink_uri(spec), keys)
         if len(results) == 1:
             md = {**run_metadata(results[0]), **table, **by_partition.get(keys[0], {})}

@@ -80,6 +80,11 @@ def test_partition_range_runs_in_one_run(spark, lake, laminar, instance):
         assert md["dagster/partition_row_count"].value == md["sink_rows"].value > 0
         assert state is not None
     assert by_key[P9]["rows_read"].value + by_key[P10]["rows_read"].value == len(BASE)
+    # one log entry for the step, a line per partition (every entry is an event the instance stores)
+    logs = [r.event_log_entry.user_message for r in instance.get_records_for_run(runs[0].run_id).records
+            if r.event_log_entry.dagster_event is None and r.event_log_entry.step_key == "normalized_trades"]
+    assert len(logs) == 1 and logs[0].splitlines() == [
+        f"normalized_trades {key}: REFILL (NO_WATERMARK) — partition {key} has no watermark yet" for key in (P9, P10)]
 
 
 def test_failure_carries_engine_message_and_keeps_watermark(spark, lake, laminar, instance):
