@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install chromium demo test test-fast quality ui clean bench bench-smoke
+.PHONY: install class-archive chromium demo test test-fast quality ui clean bench bench-smoke
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 install: $(VENV)/.installed
@@ -20,26 +20,29 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@$(BIN)/python -c "from laminar_assets.engine import check_java; check_java()" || \
 		(echo "Laminar needs Java 17+ for Spark (see the message above)"; exit 1)
-	@# Spark JVMs start about twice as fast with an archive of the classes Laminar's work loads (~1 min, once).
-	@$(BIN)/python -m laminar_assets.deploy.class_archive || echo "(continuing: Spark starts without the class archive)"
 	touch $@
+
+# Spark JVMs start about twice as fast with an archive of the classes Laminar's work loads: written
+# after install (~1 min) and again after a JDK or pyspark update; otherwise this returns at once.
+class-archive: install
+	@$(BIN)/python -m laminar_assets.deploy.class_archive || echo "(continuing: Spark starts without the class archive)"
 
 $(DAGSTER_HOME)/dagster.yaml: $(DAGSTER_YAML)
 	mkdir -p $(DAGSTER_HOME)
 	cp $(DAGSTER_YAML) $@
 
-demo: install $(DAGSTER_HOME)/dagster.yaml
+demo: class-archive $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar demo
 
 # The local deployment: a Spark Connect server + `dagster dev` (UI and daemon) on 127.0.0.1; Ctrl-C stops both.
-ui: install $(DAGSTER_HOME)/dagster.yaml
+ui: class-archive $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar serve
 
 # Two test processes (pytest-xdist), each with its own Spark session; a file's tests stay in one
 # process, so its fixtures are built once. The deployment tests mostly wait on servers they start,
 # so two processes on 2 cores take about half the time of one. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: install chromium
+test: class-archive chromium
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The deployment test checks the Dagster UI in headless Chromium (Debian's package): install it if missing.
@@ -51,7 +54,7 @@ chromium:
 	  ( echo "the UI test needs Chromium: install it (Debian: apt-get install chromium) or set LAMINAR_CHROMIUM"; exit 1 )
 
 # Quality gate: the demo at a small size, then every contract and equivalence check.
-quality: install $(DAGSTER_HOME)/dagster.yaml
+quality: class-archive $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar --root .laminar/quality check --demo --rows 200
 
 test-fast: install
@@ -59,10 +62,10 @@ test-fast: install
 
 # Benchmark (bench/README.md): incremental vs refill vs full recompute vs Structured Streaming,
 # scaling with table size, end-to-end freshness. Reports numbers; fails only on wrong answers.
-bench: install
+bench: class-archive
 	$(BIN)/python -m bench.run --profile full $(BENCH_ARGS)
 
-bench-smoke: install
+bench-smoke: class-archive
 	$(BIN)/python -m bench.run --profile smoke $(BENCH_ARGS)
 
 clean:

@@ -3,7 +3,9 @@
 A local Spark JVM runs Laminar's own work (the serve warm-up's passes of the demo graph and its
 checks, on a scratch lake) and, when it exits, writes the classes it loaded to the archive. A second
 JVM then starts with `-Xshare:on`, which fails unless the archive maps, so only an archive that
-works is put in place. `make install` runs this; it takes about a minute on 2 cores.
+works is put in place. `make demo`, `make ui` and `make test` run this first: it returns at once when
+this pyspark's and this Java build's archive exists, and writes it otherwise (about a minute on 2
+cores: after install, and after a JDK or pyspark update).
 
 Usage: python -m laminar_assets.deploy.class_archive [--force]
 """
@@ -17,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from laminar_assets.engine.class_archive import archive_path, dump_options
+from laminar_assets.engine.class_archive import archive_path, dump_options, stale_archives
 from laminar_assets.errors import EnvironmentProblem
 
 PID_LINE = "laminar-jvm-pid "
@@ -126,6 +128,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     print(f"Spark class archive: {path} ({os.path.getsize(path) / 2**20:.0f} MiB, {time.perf_counter() - t:.0f} s)")
+    for stale in stale_archives(path):  # another pyspark's or JDK's: the JVM would ignore it
+        os.remove(stale)
+        print(f"removed the class archive of another pyspark or Java build: {stale}")
     return 0
 
 

@@ -12,18 +12,42 @@ new pyspark) costs the speed-up, never a failure.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import sys
 
 SUFFIX = ".jsa"
 
 
 def archive_path(prefix: str | None = None) -> str:
-    """Where the archive of this interpreter's pyspark lives: `<venv>/share/laminar/`, named by the
-    pyspark version (a new pyspark ships new jars, so it needs a new archive)."""
+    """Where the archive of this interpreter's pyspark and this machine's Java lives:
+    `<venv>/share/laminar/`, named by the pyspark version (a new pyspark ships new jars) and the Java
+    build (a JDK update ignores an archive another build wrote), so either change asks for a new one."""
     from pyspark.version import __version__
 
-    return os.path.join(prefix or sys.prefix, "share", "laminar", f"spark-{__version__}-classes{SUFFIX}")
+    return os.path.join(prefix or sys.prefix, "share", "laminar", f"spark-{__version__}-java-{java_build()}{SUFFIX}")
+
+
+def java_build() -> str:
+    """The Java version and a digest of `java -version`'s whole text (vendor and build), e.g. `17.0.9-1a2b3c4d`."""
+    from .session import java_version_output
+
+    out = java_version_output()
+    if out is None:
+        return "none"
+    match = re.search(r'version "([^"]+)"', out)
+    version = re.sub(r"[^A-Za-z0-9._-]", "_", match.group(1)) if match else "unknown"
+    return f"{version}-{hashlib.sha256(out.encode()).hexdigest()[:8]}"
+
+
+def stale_archives(path: str) -> list[str]:
+    """Archives beside `path` that other pyspark or Java builds wrote (the JVM would ignore them)."""
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        return []
+    return [os.path.join(folder, n) for n in sorted(os.listdir(folder))
+            if n.startswith("spark-") and n.endswith(SUFFIX) and os.path.join(folder, n) != path]
 
 
 # The JVM's own messages about a missing or mismatched archive would go to the session's stdout.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -40,17 +41,29 @@ class SparkOptions:
                    remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None, **kw)
 
 
-def java_major_version() -> int | None:
-    """The major version of the `java` Spark would start, or None if there is none."""
+def java_version_output() -> str | None:
+    """What `java -version` says for the `java` Spark would start (JAVA_HOME, else PATH), or None
+    when there is none. Asked once per process and binary: every local session start needs it."""
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
     if not java or not os.path.exists(java):
         return None
+    real = os.path.realpath(java)
+    return _version_output(real, os.path.getmtime(real))  # a JDK replaced in place has a new mtime
+
+
+@functools.lru_cache(maxsize=8)
+def _version_output(java: str, mtime: float) -> str | None:
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    return out.stderr + out.stdout
+
+
+def java_major_version() -> int | None:
+    """The major version of the `java` Spark would start, or None if there is none."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', java_version_output() or "")
     if not match:
         return None
     major = int(match.group(1))
