@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from . import quarantine as qr
+from . import stable_sql
 from .aggregates import EVENT_TS, ROWS, SIGN, implementations
 from .delta_write import replace_ranges
 from .inputs import RunInputs
@@ -34,7 +35,7 @@ from .reading import PART, keep, prepare, read_rows, read_set, with_partition
 from .spark_io import interpreted, observe
 from .staging import StagedFiles, read_staged, stage, stage_split
 from .spec import FlowSpec
-from .windows import Interval, assign_windows, in_ranges, partition_id, partition_id_of_sql, partition_id_sql, \
+from .windows import Interval, assign_windows, partition_id, partition_id_of_sql, partition_id_sql, \
     partition_key, partition_key_column
 
 
@@ -209,8 +210,8 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
     kept = [p.partition for p in plans if not p.refill_all]
     old, old_bytes = state_rows(ctx, spec, kept, inputs.input_schema, opened=inputs.opened)
     if old is not None:
-        refilled = in_ranges(WS, [r for p in plans for r in p.refill])
-        old = with_partition(old, spec, WS).where(~refilled)
+        refilled = stable_sql.in_ranges_sql(WS, [r for p in plans for r in p.refill], spec.granularity)
+        old = with_partition(old, spec, WS).where(F.expr(f"NOT {refilled}"))
         old = old.select(*group, ROWS, *state_cols)
         # a union of two sides hashed alike keeps their partitioning (Spark 4): no shuffle after it
         combined = (old.repartition(PART) if shuffled else old).unionByName(combined)

@@ -15,7 +15,8 @@ from .reading import PART, with_partition
 from .spark_read import read_source
 from .spec import FlowSpec
 from .staging import stage
-from .windows import in_ranges, partition_interval
+from . import stable_sql
+from .windows import partition_interval
 
 WS, WE = "window_start", "window_end"
 
@@ -66,4 +67,6 @@ def state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: d
     parts = [partition_interval(k, spec.granularity) for k in keys]
     info = info_of(f"{spec.name} state", uri, table) if table is not None else table_info(f"{spec.name} state", uri)
     files = snapshot_files(info, WS, parts)
-    return read_source(ctx.spark, files, info).where(in_ranges(WS, parts)), sum(f.size for f in files)
+    # a lookup by partition number, not the partitions' timestamps: the same code every run (stable_sql.py)
+    inside = F.expr(stable_sql.in_ranges_sql(WS, parts, spec.granularity))
+    return read_source(ctx.spark, files, info).where(inside), sum(f.size for f in files)

@@ -36,8 +36,9 @@ from .fact_joins import joined_columns
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import FlowSpec, StageSpec
 from .validate import event_time_column
-from .windows import Interval, coalesce, in_ranges, in_ranges_sql, partition_id, partition_id_column, \
-    partition_id_sql
+from . import stable_sql
+from .stable_sql import bigint
+from .windows import Interval, coalesce, in_ranges, partition_id, partition_id_column, partition_id_sql
 
 SRC, DVER, SNAP, PART = "__src", "__dver", "__snap", "__p"
 _SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
@@ -165,18 +166,21 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
         g = scan[0]
         info = inputs.infos[g.source]
         files = [f for grp in scan for f in grp.files]
-        df = read_source(spark, files, info, change_data=g.change_data, file_name=_FILE if len(scan) > 1 else None)
+        by_name = not g.change_data and not any(f.needs_row_positions for f in files)
+        df = read_source(spark, files, info, change_data=g.change_data, file_name=_FILE if by_name else None)
         if g.change_data:
             sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
             df = df.withColumn(SIGN, sign).where(F.col(SIGN) != 0).drop(CHANGE_TYPE)
         else:
             df = df.withColumn(SIGN, F.lit(1))
-        in_range = _event_range_filter(spec, info.schema, reads.needed)
+        in_range = _event_range_filter(spec, info.schema, reads.needed, sum(f.size for f in files))
         if in_range is not None:
-            df = df.where(in_range)  # pushed down to Parquet row groups
+            df = df.where(in_range)
         df = df.withColumn(SRC, F.lit(g.source))
-        if len(scan) > 1:
-            df = df.withColumns(_roles_by_file(scan)).drop(_FILE)
+        if by_name:
+            df = df.withColumn(_ROLE, F.expr(_role_by_file(scan)))
+            df = df.withColumns({DVER: F.col(f"{_ROLE}.d"), SNAP: F.col(f"{_ROLE}.s"),
+                                 VERSION: F.col(f"{_ROLE}.v")}).drop(_ROLE, _FILE)
         else:
             df = df.withColumns({DVER: F.lit(g.version).cast("long"), SNAP: F.lit(g.snapshot),
                                  VERSION: F.lit(g.read_version).cast("long")})
@@ -193,37 +197,46 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
     return out
 
 
-_FILE = "__file"
+_FILE, _ROLE = "__file", "__role"
 
 
-def _roles_by_file(scan: tuple[FileGroup, ...]) -> dict[str, Column]:
-    """Role columns of a merged scan's rows from their file names: the commit groups by name, the
-    snapshot-only group (at most one) as the default, so a large refill lists no names."""
-    default = next((g for g in scan if g.version is None), None)
-    dver, snap, version = [], [], []
-    for g in scan:
-        if g.version is None:
-            continue
-        names = ", ".join(sql_string(os.path.basename(f.uri)) for f in g.files)
-        dver.append(f"WHEN {_FILE} IN ({names}) THEN {g.version}")
-        snap.append(f"WHEN {_FILE} IN ({names}) THEN {str(g.snapshot).lower()}")
-        version.append(f"WHEN {_FILE} IN ({names}) THEN {g.read_version}")
-    rest_version = "NULL" if default is None or default.read_version is None else str(default.read_version)
-    rest_snap = "true" if default is not None else "false"
-    return {DVER: F.expr(f"CAST(CASE {' '.join(dver)} ELSE NULL END AS BIGINT)"),
-            SNAP: F.expr(f"CASE {' '.join(snap)} ELSE {rest_snap} END"),
-            VERSION: F.expr(f"CAST(CASE {' '.join(version)} ELSE {rest_version} END AS BIGINT)")}
+def _role_by_file(scan: tuple[FileGroup, ...]) -> str:
+    """SQL of a struct (d: DVER, s: SNAP, v: VERSION) with each row's role, looked up by its file
+    name: the commit groups' files by name, the rest (the snapshot-only group of a merged scan, every
+    file of a one-group scan) as the default, so a large refill lists no names. A lookup, not a CASE
+    of the run's versions, so the generated code stays the same from run to run (stable_sql.py)."""
+    default = scan[0] if len(scan) == 1 else next((g for g in scan if g.version is None), None)
+    named = [] if len(scan) == 1 else [(os.path.basename(f.uri), g) for g in scan if g.version is not None
+                                       for f in g.files]
+    # '' never names a file: it keeps the map typed and non-empty
+    entries = ", ".join(f"{sql_string(name)}, {_role(g)}" for name, g in [("", default), *named])
+    return f"coalesce(element_at(map({entries}), {_FILE}), {_role(default)})"
 
 
-def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval]) -> Column | None:
+def _role(g: FileGroup | None) -> str:
+    if g is None:  # a merged scan without snapshot-only files: no row falls back to it
+        return f"named_struct('d', {bigint(None)}, 's', false, 'v', {bigint(None)})"
+    return f"named_struct('d', {bigint(g.version)}, 's', {str(g.snapshot).lower()}, 'v', {bigint(g.read_version)})"
+
+
+# Above this many bytes a scan filters on the event-time ranges as plain timestamp comparisons, which
+# Parquet can push down to skip row groups; below it the lookup form keeps the generated code stable
+# (stable_sql.py) and the few row groups read cost less than compiling the scan again.
+PUSHDOWN_MIN_BYTES = 64 * 1024 * 1024
+
+
+def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval], size: int) -> Column | None:
     """`ts in needed` on the raw event-time column when it is a UTC timestamp (rows without one
-    belong to the sweep); None when the column is derived or not a timestamp."""
+    belong to the sweep); None when the column is derived or not a timestamp. Scans of `size` bytes
+    from `PUSHDOWN_MIN_BYTES` on get the form Parquet pushes down to its row groups."""
     if spec.event_time not in schema.names or spec.event_time in dict(spec.derived) or not needed:
         return None
     typ = schema.field(spec.event_time).type
     if not (pa.types.is_timestamp(typ) and typ.tz is not None):
         return None
-    return in_ranges(spec.event_time, needed)
+    if size >= PUSHDOWN_MIN_BYTES:
+        return in_ranges(spec.event_time, needed)
+    return F.expr(stable_sql.in_ranges_sql(spec.event_time, needed, spec.granularity))
 
 
 def prepare(spec, frame: DataFrame, inputs: RunInputs | None = None) -> DataFrame:
@@ -254,20 +267,19 @@ def prepare(spec, frame: DataFrame, inputs: RunInputs | None = None) -> DataFram
 
 def keep(spec, plans: list[PartitionPlan], at: str) -> Column:
     """Whether a row counts for the partition holding timestamp column `at` (the window start of a
-    flow's row copy, a stage row's event time); rows of partitions outside `plans` never count."""
-    refilled = in_ranges_sql(at, [r for p in plans for r in (p.refill if isinstance(spec, FlowSpec) else
-                                                          ([p.interval] if p.refill else []))])
-    groups: dict[tuple, list[int]] = {}
+    flow's row copy, a stage row's event time); rows of partitions outside `plans` never count.
+    Map lookups rather than the run's timestamps and versions: the same code every run (stable_sql.py)."""
+    refilled = stable_sql.in_ranges_sql(at, [r for p in plans for r in (
+        p.refill if isinstance(spec, FlowSpec) else ([p.interval] if p.refill else []))], spec.granularity)
+    merges: dict[str, dict[int, tuple[int, ...]]] = {}
     for p in plans:
-        versions = tuple(sorted((s, tuple(v)) for s, v in p.incremental_versions.items() if v))
-        if versions:
-            groups.setdefault(versions, []).append(partition_id(p.partition, spec.granularity))
+        for src, versions in p.incremental_versions.items():
+            if versions:
+                merges.setdefault(src, {})[partition_id(p.partition, spec.granularity)] = tuple(sorted(versions))
     # SQL text, one expression: a Column tree costs a Py4J round trip per node in local mode
     part = partition_id_sql(at, spec.granularity)
-    merged = [f"({part} IN ({', '.join(map(str, ids))}) AND ("
-              + " OR ".join(f"({SRC} = {sql_string(src)} AND {DVER} IN ({', '.join(map(str, vs))}))"
-                            for src, vs in versions) + "))"
-              for versions, ids in groups.items()]
+    merged = [f"({SRC} = {sql_string(src)} AND {stable_sql.contains_sql(by_part, part, DVER)})"
+              for src, by_part in sorted(merges.items())]
     return F.expr(f"CASE WHEN {refilled} THEN {SNAP} ELSE {' OR '.join(merged) or 'false'} END")
 
 

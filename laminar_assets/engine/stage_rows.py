@@ -16,7 +16,8 @@ from .reading import PART, with_partition
 from .spark_io import observe
 from .spark_read import read_source
 from .spec import StageSpec
-from .windows import in_ranges, partition_id
+from . import stable_sql
+from .windows import partition_id
 
 
 class DedupReplaced(Exception):
@@ -55,7 +56,8 @@ def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> D
     from .validate import event_time_column
 
     df = read_source(ctx.spark, files, info)
-    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(in_ranges(EVENT_TS, parts))
+    inside = F.expr(stable_sql.in_ranges_sql(EVENT_TS, parts, spec.granularity))  # same code every run
+    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(inside)
     return with_partition(df, spec, EVENT_TS)
 
 

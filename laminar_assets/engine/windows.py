@@ -235,6 +235,23 @@ def partitions_overlapping(events: Interval, granularity: Granularity) -> list[s
     return keys
 
 
+def pieces_by_partition(ranges, granularity: Granularity, *, limit: int) -> dict[int, tuple[int, int]] | None:
+    """Each partition's piece of `ranges` as [start, end) microseconds, by partition number (see
+    `partition_id`); None when a partition holds two disjoint pieces or more than `limit` hold one."""
+    step = _micros(granularity.step)
+    out: dict[int, tuple[int, int]] = {}
+    for iv in coalesce(ranges):  # disjoint: two pieces in one partition come from two intervals
+        lo, hi = to_micros(iv.start), to_micros(iv.end)
+        while lo < hi:
+            pid = lo // step
+            end = min(hi, (pid + 1) * step)
+            if pid in out or len(out) >= limit:
+                return None
+            out[pid] = (lo, end)
+            lo = end
+    return out
+
+
 def partition_id(key: str, granularity: Granularity) -> int:
     """A partition's number: whole steps (hours or days) since the epoch."""
     return to_micros(partition_interval(key, granularity).start) // _micros(granularity.step)

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laminar_assets.engine.windows import (
-    Granularity, Interval, WindowShape, coalesce, in_ranges_sql, parse_duration, partition_interval, partition_key,
-    partitions_overlapping, sql_timestamp,
+    Granularity, Interval, WindowShape, coalesce, in_ranges_sql, parse_duration, partition_id, partition_interval,
+    partition_key, partitions_overlapping, pieces_by_partition, sql_timestamp, to_micros,
 )
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -98,3 +98,32 @@ def test_sql_range_text_edge_cases():
     # touching ranges merge into one condition; a backquote in a name is escaped
     text = in_ranges_sql("a`b", [Interval(T0, T0 + timedelta(hours=1)), Interval(T0 + timedelta(hours=1), T0 + timedelta(hours=2))])
     assert text.count(">=") == 1 and "`a``b`" in text
+
+
+interval_lists = st.lists(st.tuples(times, st.integers(0, 3 * 86400 * 10**6)), max_size=6).map(
+    lambda xs: [Interval(a, a + timedelta(microseconds=d)) for a, d in xs])
+
+
+@given(interval_lists, st.lists(times, max_size=20), st.sampled_from(list(Granularity)))
+def test_pieces_by_partition_cover_exactly_the_ranges(ranges, probes, granularity):
+    pieces = pieces_by_partition(ranges, granularity, limit=10_000)
+    spans = [(partition_id(partition_key(iv.start, granularity), granularity),
+              partition_id(partition_key(iv.end - timedelta(microseconds=1), granularity), granularity))
+             for iv in coalesce(ranges) if iv.start < iv.end]
+    shared = any(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # two disjoint pieces in one partition
+    assert (pieces is None) == shared
+    if pieces is None:
+        return
+    for t in [*probes, *(iv.start for iv in ranges), *(iv.end for iv in ranges)]:
+        inside = any(iv.contains(t) for iv in ranges)
+        piece = pieces.get(partition_id(partition_key(t, granularity), granularity))
+        assert inside == (piece is not None and piece[0] <= to_micros(t) < piece[1]), t
+
+
+def test_pieces_by_partition_limits():
+    hour = timedelta(hours=1)
+    assert pieces_by_partition([Interval(T0, T0 + 3 * hour)], Granularity.HOURLY, limit=3) is not None
+    assert pieces_by_partition([Interval(T0, T0 + 3 * hour)], Granularity.HOURLY, limit=2) is None
+    two_in_one = [Interval(T0, T0 + timedelta(minutes=10)), Interval(T0 + timedelta(minutes=20), T0 + hour)]
+    assert pieces_by_partition(two_in_one, Granularity.HOURLY, limit=10) is None
+    assert pieces_by_partition([], Granularity.DAILY, limit=10) == {}
