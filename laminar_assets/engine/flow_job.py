@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from . import quarantine as qr
 from . import stable_sql
+from .stable_sql import bigint
 from .aggregates import EVENT_TS, ROWS, SIGN, implementations
 from .delta_write import replace_ranges
 from .inputs import RunInputs
@@ -244,8 +245,14 @@ def _read_metrics(spec: FlowSpec, plans: list[PartitionPlan]) -> list:
             f" AS `windows{suffix}`")]
 
     out = four("true", "")
-    for p in plans:
-        out += four(f"{PART} = {partition_id(p.partition, spec.granularity)}", f"@{p.partition}")
+    if not plans:
+        return out
+    # Per-partition aggregates by slot (the partition's place in an array literal, which generated
+    # code references), and slots rounded up to a power of two: runs touching different partitions
+    # share the code of these aggregates instead of compiling their own (see stable_sql.py).
+    slot = f"array_position(array({', '.join(bigint(partition_id(p.partition, spec.granularity)) for p in plans)}), {PART})"
+    for i in range(1, (1 << (len(plans) - 1).bit_length()) + 1):
+        out += four(f"{slot} = {i}", f"@{i}")
     return out
 
 
@@ -254,7 +261,7 @@ def _collect_metrics(out: PassResult, row: dict, plans: list[PartitionPlan], per
              "groups": "partial_groups", "windows": "windows_touched"}
     for i, p in enumerate(plans):
         if per_part:
-            out.metrics[p.partition] = {v: int(row.get(f"{k}@{p.partition}") or 0) for k, v in names.items()}
+            out.metrics[p.partition] = {v: int(row.get(f"{k}@{i + 1}") or 0) for k, v in names.items()}
         else:  # too many partitions for a breakdown: the pass's totals go on the first one
             out.metrics[p.partition] = {v: int(row.get(k) or 0) if i == 0 else 0 for k, v in names.items()}
 

@@ -204,3 +204,20 @@ def test_overlapping_interpreted_passes_in_threads_restore_the_session_settings(
         t.join(60)
     assert seen == {"inside_after_a_left": "NO_CODEGEN"}
     assert spark.conf.get(key, None) == before != "NO_CODEGEN"
+
+
+def test_per_partition_metrics_of_a_batched_run_match_single_runs(spark, lake, engine, tmp_path):
+    """A batched run's metrics per partition come from one observation (aggregates by slot): each
+    partition gets its own numbers, however many partitions share the pass."""
+    from tests.conftest import Lake
+
+    rows = [r for h in range(5) for r in spread([h] * (h + 1), minute=5 + h)]  # h+1 rows in hour h
+    rows += [(f"2024-01-01 03:{m:02d}:00", "b", 7.0, 2) for m in (11, 12, 31)]  # more windows and keys in hour 3
+    lake.create("trades", rows)
+    other = Lake(str(tmp_path / "other"))
+    other.create("trades", rows)
+    single = [engine.run(FLOW, k) for k in KEYS[:5]]
+    batched = Engine(spark, other.root).run_many(FLOW, KEYS[:5])
+    names = ("rows_read", "partial_groups", "windows_touched", "rows_rejected")
+    assert [[r.metrics[n] for n in names] for r in batched] == [[r.metrics[n] for n in names] for r in single]
+    assert [r.metrics["rows_read"] for r in batched] == [1, 2, 3, 7, 5]
