@@ -83,7 +83,9 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
         partial, impls = _partial(spec, copies, inputs, shuffle_rows=tiny)
         reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
-        partial = observe(partial, reads_obs, *_read_metrics(spec, plans if per_part else []))
+        if per_part:  # each partial row's slot, once (the merge selects its own columns)
+            partial = partial.withColumn(SLOT, F.expr(_slot(spec, plans)))
+        partial = observe(partial, reads_obs, *_read_metrics(plans if per_part else []))
         merged, old_bytes = _merge(ctx, spec, plans, partial.where(F.col(RULE).isNull()), impls, inputs,
                                    shuffled=tiny)
         lost = F.lit(False)
@@ -226,8 +228,18 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
     return merged.where(F.col(ROWS) != 0), old_bytes
 
 
-def _read_metrics(spec: FlowSpec, plans: list[PartitionPlan]) -> list:
-    """Aggregates over partial states: totals, and per partition when `plans` is given.
+SLOT = "__slot"
+
+
+def _slot(spec: FlowSpec, plans: list[PartitionPlan]) -> str:
+    """SQL: a partial row's partition's place in `plans` (1-based; 0 for none), looked up in an array
+    literal, which generated code references: runs over other partitions share the code."""
+    ids = ", ".join(bigint(partition_id(p.partition, spec.granularity)) for p in plans)
+    return f"array_position(array({ids}), {PART})"
+
+
+def _read_metrics(plans: list[PartitionPlan]) -> list:
+    """Aggregates over partial states: totals, and per partition (by `SLOT`) when `plans` is given.
 
     SQL text rather than Column trees (a Py4J round trip per node in local mode). Windows are
     counted with a DataSketches HLL sketch: exact for small counts, a few hundred bytes per
@@ -247,12 +259,10 @@ def _read_metrics(spec: FlowSpec, plans: list[PartitionPlan]) -> list:
     out = four("true", "")
     if not plans:
         return out
-    # Per-partition aggregates by slot (the partition's place in an array literal, which generated
-    # code references), and slots rounded up to a power of two: runs touching different partitions
-    # share the code of these aggregates instead of compiling their own (see stable_sql.py).
-    slot = f"array_position(array({', '.join(bigint(partition_id(p.partition, spec.granularity)) for p in plans)}), {PART})"
+    # Slots rounded up to a power of two: runs over a similar number of partitions share the code
+    # of these aggregates instead of compiling their own (see stable_sql.py).
     for i in range(1, (1 << (len(plans) - 1).bit_length()) + 1):
-        out += four(f"{slot} = {i}", f"@{i}")
+        out += four(f"{SLOT} = {i}", f"@{i}")
     return out
 
 

@@ -61,8 +61,8 @@ def read_files(
             df = _select_positions(spark, file_schema, group, change_data)
         else:
             df = spark.read.schema(file_schema).parquet(*[spark_path(f.uri) for f in group])
-            if file_name:  # straight off the scan: `_metadata` is a column of the file relation
-                df = df.withColumn(file_name, F.col("_metadata.file_name"))
+            if file_name:  # straight off the scan (the file relation's metadata, even beside a data column `_metadata`)
+                df = df.withColumn(file_name, df.metadataColumn("_metadata").getField("file_name"))
             if change_data and not cdf_file:  # data files read as change data (e.g. adds of a DV commit)
                 df = df.withColumn(CHANGE_TYPE, F.lit("insert"))
         lookup = dict(values)
@@ -97,7 +97,8 @@ def _select_positions(spark: SparkSession, file_schema: StructType, files: Seque
             out = out.unionByName(p)
         return out
     df = spark.read.schema(file_schema).parquet(*[spark_path(f.uri) for f in files])
-    df = df.select("*", F.col("_metadata.file_name").alias(_FILE), F.col("_metadata.row_index").alias(_ROW))
+    meta = df.metadataColumn("_metadata")  # the file relation's, even beside a data column `_metadata`
+    df = df.select("*", meta.getField("file_name").alias(_FILE), meta.getField("row_index").alias(_ROW))
     dropped, changed = [], []
     for f, name in zip(files, names):
         if f.dv_change is not None:

@@ -62,3 +62,32 @@ def test_rows_of_a_merged_scan_carry_the_roles_of_their_files(spark, lake):
     got = sorted((r["sym"], r[SRC], r[DVER], r[SNAP], r[VERSION]) for r in rows)
     assert got == [("a", "trades", None, True, 2), ("b", "trades", 1, False, 1), ("b", "trades", 1, False, 1),
                    ("c", "trades", 2, True, 2)]
+
+
+@pytest.mark.spark
+def test_roles_of_one_group_scans_and_beside_a_data_column_named_metadata(spark, lake):
+    """A one-group scan's rows all take that group's role; the file name comes from the file
+    relation's metadata even when the source has a data column of its own called `_metadata`."""
+    from tests.conftest import trades_frame
+
+    def frame(rows, tag):
+        df = trades_frame(rows)
+        df["_metadata"] = tag
+        return df
+
+    lake.create("trades", frame=frame([("2024-01-01 00:01:00", "a", 1.0, 1)], "first"))
+    lake.append("trades", frame=frame([("2024-01-01 00:02:00", "b", 2.0, 2)], "second"))
+    info = table_info("trades", lake.path("trades"))
+    files = sorted(snapshot_files(info, "ts"), key=lambda d: d.time_range.start)
+    inputs = RunInputs(infos={"trades": info}, histories={}, dims={}, input_schema={})
+
+    def roles(groups):
+        rows = read_rows(spark, FLOW, ReadSet(groups=groups), inputs).select("sym", "_metadata", DVER, SNAP, VERSION)
+        return sorted(tuple(r) for r in rows.collect())
+
+    assert roles([FileGroup("trades", (files[1],), 1, True, read_version=1)]) == [("b", "second", 1, True, 1)]
+    assert roles([FileGroup("trades", tuple(files), None, True, read_version=1)]) == [
+        ("a", "first", None, True, 1), ("b", "second", None, True, 1)]
+    assert roles([FileGroup("trades", (files[0],), None, True, read_version=1),
+                  FileGroup("trades", (files[1],), 1, False, read_version=1)]) == [
+        ("a", "first", None, True, 1), ("b", "second", 1, False, 1)]
