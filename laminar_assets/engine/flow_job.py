@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from . import quarantine as qr
 from . import stable_sql
 from .stable_sql import bigint
-from .aggregates import EVENT_TS, ROWS, SIGN, implementations
+from .aggregates import EVENT_TS, ROWS, SIGN, implementations, q
 from .delta_write import replace_ranges
 from .inputs import RunInputs
 from .layout import RunContext
@@ -209,13 +209,15 @@ def _merge(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], good: Da
     already (see `_partial`)."""
     group = [PART, WS, WE, *spec.keys]
     state_cols = [c for impl in impls for c in impl.state_columns]
-    combined = good.select(*group, ROWS, *state_cols)
+    # selectExpr of quoted names: a select of names costs more Py4J round trips per column
+    columns = [q(c) for c in (*group, ROWS, *state_cols)]
+    combined = good.selectExpr(*columns)
     kept = [p.partition for p in plans if not p.refill_all]
     old, old_bytes = state_rows(ctx, spec, kept, inputs.input_schema, opened=inputs.opened)
     if old is not None:
         refilled = stable_sql.in_ranges_sql(WS, [r for p in plans for r in p.refill], spec.granularity)
         old = with_partition(old, spec, WS).where(F.expr(f"NOT {refilled}"))
-        old = old.select(*group, ROWS, *state_cols)
+        old = old.selectExpr(*columns)
         # a union of two sides hashed alike keeps their partitioning (Spark 4): no shuffle after it
         combined = (old.repartition(PART) if shuffled else old).unionByName(combined)
     # Hash-partitioned by partition number: the merge needs no further shuffle, and each partition's
@@ -239,41 +241,40 @@ def _slot(spec: FlowSpec, plans: list[PartitionPlan]) -> str:
 
 
 def _read_metrics(plans: list[PartitionPlan]) -> list:
-    """Aggregates over partial states: totals, and per partition (by `SLOT`) when `plans` is given.
+    """Aggregates over partial states: one array per metric, the pass's total first, then one
+    element per partition (by `SLOT`) when `plans` is given.
 
-    SQL text rather than Column trees (a Py4J round trip per node in local mode). Windows are
-    counted with a DataSketches HLL sketch: exact for small counts, a few hundred bytes per
-    aggregate; `approx_count_distinct` at 1% error carried 16k registers per aggregate and task
-    and cost a second per run in the observation alone."""
+    SQL text, one expression per metric rather than one per metric and partition: each expression
+    is a few Py4J round trips in local mode. Windows are counted with a DataSketches HLL sketch:
+    exact for small counts, a few hundred bytes per aggregate; `approx_count_distinct` at 1% error
+    carried 16k registers per aggregate and task and cost a second per run in the observation alone."""
     good = f"{RULE} IS NULL"
-
-    def four(cond: str, suffix: str) -> list:
-        return [F.expr(e) for e in (
-            f"sum(CASE WHEN {cond} THEN __in_rows END) AS `rows{suffix}`",
-            f"sum(CASE WHEN {cond} THEN __rejected END) AS `rejected{suffix}`",
-            f"sum(CASE WHEN {cond} AND {SIGN} < 0 THEN __in_rows END) AS `retracted{suffix}`",
-            f"count(CASE WHEN {cond} AND {good} THEN 1 END) AS `groups{suffix}`",
-            f"hll_sketch_estimate(hll_sketch_agg(CASE WHEN {cond} AND {good} THEN unix_micros({WS}) END, 12))"
-            f" AS `windows{suffix}`")]
-
-    out = four("true", "")
-    if not plans:
-        return out
     # Slots rounded up to a power of two: runs over a similar number of partitions share the code
     # of these aggregates instead of compiling their own (see stable_sql.py).
-    for i in range(1, (1 << (len(plans) - 1).bit_length()) + 1):
-        out += four(f"{SLOT} = {i}", f"@{i}")
-    return out
+    slots = (1 << (len(plans) - 1).bit_length()) if plans else 0
+    conds = ["true", *[f"{SLOT} = {i}" for i in range(1, slots + 1)]]
+    metrics = {
+        "rows": "sum(CASE WHEN {c} THEN __in_rows END)",
+        "rejected": "sum(CASE WHEN {c} THEN __rejected END)",
+        "retracted": f"sum(CASE WHEN {{c}} AND {SIGN} < 0 THEN __in_rows END)",
+        "groups": f"count(CASE WHEN {{c}} AND {good} THEN 1 END)",
+        "windows": f"hll_sketch_estimate(hll_sketch_agg(CASE WHEN {{c}} AND {good} THEN unix_micros({WS}) END, 12))",
+    }
+    return [F.expr(f"array({', '.join(m.format(c=c) for c in conds)}) AS `{name}`") for name, m in metrics.items()]
 
 
 def _collect_metrics(out: PassResult, row: dict, plans: list[PartitionPlan], per_part: bool) -> None:
     names = {"rows": "rows_read", "rejected": "rows_rejected", "retracted": "rows_retracted",
              "groups": "partial_groups", "windows": "windows_touched"}
     for i, p in enumerate(plans):
-        if per_part:
-            out.metrics[p.partition] = {v: int(row.get(f"{k}@{i + 1}") or 0) for k, v in names.items()}
-        else:  # too many partitions for a breakdown: the pass's totals go on the first one
-            out.metrics[p.partition] = {v: int(row.get(k) or 0) if i == 0 else 0 for k, v in names.items()}
+        # element 0: the pass's total; element i + 1: partition i's slot. Without a breakdown (too
+        # many partitions) the pass's totals go on the first partition.
+        at = i + 1 if per_part else (0 if i == 0 else None)
+        out.metrics[p.partition] = {v: _element(row.get(k), at) for k, v in names.items()}
+
+
+def _element(values: list | None, at: int | None) -> int:
+    return int(values[at] or 0) if values is not None and at is not None and at < len(values) else 0
 
 
 def _lost_windows(spec: FlowSpec, lost: DataFrame) -> dict[str, tuple[Interval, ...]]:

@@ -42,14 +42,16 @@ def read_files(
     if not files:
         return spark.createDataFrame([], StructType([*full.fields, *([file_schema[CHANGE_TYPE]] if change_data else [])]))
     # logical columns from physical ones (a cast renames nested struct fields too)
-    out_cols = []
-    for f in full.fields:
-        if f.name in partition_columns:
-            out_cols.append(f.name)
-        elif f.name in physical:
-            out_cols.append(F.col(f"`{physical[f.name].name}`").cast(f.dataType).alias(f.name))
-        else:
-            out_cols.append(F.col(f"`{f.name}`"))
+    reshaped = bool(physical) or any(f.name in partition_columns for f in full.fields)
+    out_cols = []  # built only when used: a Column per field costs Py4J round trips
+    if reshaped or any(f.needs_row_positions for f in files):
+        for field in full.fields:
+            if field.name in partition_columns:
+                out_cols.append(field.name)
+            elif field.name in physical:
+                out_cols.append(F.col(f"`{physical[field.name].name}`").cast(field.dataType).alias(field.name))
+            else:
+                out_cols.append(F.col(f"`{field.name}`"))
     groups: dict[tuple, list[DataFile]] = {}
     for f in files:
         groups.setdefault((f.partition_values, f.needs_row_positions, f.change_data), []).append(f)
@@ -69,7 +71,8 @@ def read_files(
         for field in full.fields:
             if field.name in partition_columns:
                 df = df.withColumn(field.name, F.lit(lookup.get(field.name)).cast(field.dataType))
-        df = df.select(*out_cols, *([CHANGE_TYPE] if change_data else []), *([file_name] if file_name else []))
+        if reshaped or by_position:  # else the scan's columns are in this order already (a select is an analysis)
+            df = df.select(*out_cols, *([CHANGE_TYPE] if change_data else []), *([file_name] if file_name else []))
         out = df if out is None else out.unionByName(df)
     return out
 

@@ -30,6 +30,7 @@ from .plan import Mode, PartitionPlan, Reason
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, keep, prepare, read_rows, read_set, with_partition
 from .spark_io import arrow_schema_of, interpreted, nullable, observe
+from .stable_sql import bigint
 from .staging import StagedFiles, stage
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import StageSpec
@@ -54,13 +55,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
         joined = _join_dimensions(ctx, spec, rows, inputs)
         obs = Observation()
         rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
-        exprs = []  # SQL text: a Column tree costs a Py4J round trip per node in local mode
-        for p in plans:
-            mine = f"{PART} = {partition_id(p.partition, spec.granularity)}"
-            exprs += [F.expr(f"count(CASE WHEN {mine} THEN 1 END) AS `rows@{p.partition}`"),
-                      F.expr(f"count(CASE WHEN {mine} AND {RULE} IS NOT NULL AND {SIGN} > 0 THEN 1 END)"
-                             f" AS `rejected@{p.partition}`")]
-        joined = observe(joined, obs, *exprs)
+        joined = observe(joined, obs, *_row_counts(spec, plans))
         # a stage's new rows are rows it read, widened by the dimensions' columns
         small = reads.total_bytes + inputs.joined_bytes() < ctx.options.driver_write_below_bytes
         if not any(p.mode is Mode.REFILL for p in plans) and _appends(ctx, spec, plans, joined, obs, seqs, run_id, out,
@@ -80,9 +75,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
             if incremental and spec.dedup_key:
                 new_inc = dedup_against_kept(ctx, spec, incremental, new_inc)
             new_ref = new.where(_in_partitions(spec, refill))
-            for p in plans:
-                out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
-                                            "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
+            _count_metrics(out, counts, plans)
             if any(m["rows_rejected"] for m in out.metrics.values()):
                 out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id, small=small)
             ctx.hook("after_read")
@@ -94,6 +87,26 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
     ctx.hook("after_state_commit")
     ctx.hook("after_sink_commit")
     return out
+
+
+def _row_counts(spec: StageSpec, plans: list[PartitionPlan]) -> list:
+    """Observed per partition: rows read and rows rejected, as arrays by the partition's place in
+    `plans`. SQL text, one expression per metric (each costs Py4J round trips in local mode), and
+    partition numbers in an array literal, which generated code references: runs over other
+    partitions share the code (stable_sql.py). Slots are rounded up to a power of two for the same reason."""
+    ids = ", ".join(bigint(partition_id(p.partition, spec.granularity)) for p in plans)
+    slot = f"array_position(array({ids}), {PART})"
+    slots = range(1, (1 << (len(plans) - 1).bit_length()) + 1)
+    bad = f"{RULE} IS NOT NULL AND {SIGN} > 0"
+    return [F.expr(f"array({', '.join(f'count(CASE WHEN {slot} = {i} THEN 1 END)' for i in slots)}) AS rows"),
+            F.expr(f"array({', '.join(f'count(CASE WHEN {slot} = {i} AND {bad} THEN 1 END)' for i in slots)}) AS rejected")]
+
+
+def _count_metrics(out: PassResult, counts: dict, plans: list[PartitionPlan]) -> None:
+    rows, rejected = counts.get("rows") or [], counts.get("rejected") or []
+    for i, p in enumerate(plans):
+        out.metrics[p.partition] = {"rows_read": int(rows[i] or 0) if i < len(rows) else 0,
+                                    "rows_rejected": int(rejected[i] or 0) if i < len(rejected) else 0}
 
 
 def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joined: DataFrame, obs: Observation,
@@ -116,10 +129,7 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     if lost_in:
         staged.discard()
         raise DedupReplaced(lost_in)
-    counts = obs.get
-    for p in plans:
-        out.metrics[p.partition] = {"rows_read": int(counts.get(f"rows@{p.partition}") or 0),
-                                    "rows_rejected": int(counts.get(f"rejected@{p.partition}") or 0)}
+    _count_metrics(out, obs.get, plans)
     if any(m["rows_rejected"] for m in out.metrics.values()):  # reads the new files again (rare)
         out.quarantined = _quarantine(ctx, spec, joined.where(F.col(RULE).isNotNull() & (F.col(SIGN) > 0)), run_id,
                                       small=small)

@@ -271,3 +271,30 @@ def test_an_append_to_a_partition_that_kept_no_rows(spark, lake, engine):
     [r] = engine.run_many(STAGE, [late])
     assert (r.mode, r.reason, r.metrics["sink_rows"]) == (Mode.INCREMENTAL, Reason.APPEND_ONLY, 1)
     assert_stage(lake)
+
+
+def test_per_partition_counts_of_a_batched_stage_run(spark, lake, engine):
+    """A batch over three partitions counts each partition's rows read and rejected apart, in the
+    refill path (no watermark yet) and in the append-only path (the counts are observed by
+    partition slot, so a batch's partitions must not swap or merge their numbers)."""
+    setup(lake)  # 00:00: 5 rows, of which 1 unmatched symbol (ZZZ) and 1 filtered out (qty 0)
+    keys = [PART, "2024-01-01-01:00", "2024-01-01-02:00"]
+    lake.append("raw", frame=raw([(10, "2024-01-01 01:05:00", "AAA", 3.0, 1),
+                                  (11, "2024-01-01 02:05:00", "ZZZ", 3.0, 1), (12, "2024-01-01 02:06:00", "ZZZ", 3.0, 1),
+                                  (13, "2024-01-01 02:07:00", "BBB", 3.0, 1)]))
+    first = {r.plan.partition: r for r in engine.run_many(STAGE, keys)}
+    assert {k: r.mode for k, r in first.items()} == {k: Mode.REFILL for k in keys}
+    counts = {k: (r.metrics["rows_read"], r.metrics["rows_rejected"]) for k, r in first.items()}
+    singles = {}
+    for k in keys:  # the same partitions refilled one at a time count the same rows
+        [single] = engine.run_many(STAGE, [k], force=True)
+        singles[k] = (single.metrics["rows_read"], single.metrics["rows_rejected"])
+    assert counts == singles
+    assert counts[keys[1]] == (1, 0) and counts[keys[2]] == (3, 2), counts
+
+    lake.append("raw", frame=raw([(20, "2024-01-01 00:20:00", "AAA", 1.0, 1), (21, "2024-01-01 00:21:00", "BBB", 1.0, 1),
+                                  (22, "2024-01-01 02:20:00", "ZZZ", 1.0, 1)]))
+    again = {r.plan.partition: r for r in engine.run_many(STAGE, keys)}  # 01:00 is within the file's time range
+    assert {k: (r.mode, r.metrics["rows_read"], r.metrics["rows_rejected"]) for k, r in again.items()} == {
+        keys[0]: (Mode.INCREMENTAL, 2, 0), keys[1]: (Mode.INCREMENTAL, 0, 0), keys[2]: (Mode.INCREMENTAL, 1, 1)}
+    assert_stage(lake)
