@@ -22,6 +22,7 @@ from laminar_assets.resources import LaminarResource, SparkResource
 from laminar_assets.schedules import build_schedule
 from laminar_assets.sensors import build_pipeline_sensors, build_stale_sensor
 from laminar_assets.settings import LaminarSettings, load_settings
+from laminar_assets.thread_executor import thread_executor
 
 
 
@@ -72,7 +73,7 @@ def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettin
         schedules=schedules,
         jobs=jobs,
         resources=resources or {"laminar": LaminarResource(spark=SparkResource())},
-        executor=dg.in_process_executor,
+        executor=thread_executor,
     )
 
 

@@ -10,6 +10,7 @@ from laminar_assets.sensors import RANGE_END, RANGE_START
 # this silences its console echo entirely; events still go to the instance (and the UI), and callers
 # report a failure in one line with `failure_message`.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+RUN_JOB = "__laminar_request_run"
 
 
 def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
@@ -24,14 +25,28 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
         checks = [c for c in graph.asset_check_keys if c.asset_key in set(request.asset_selection)]
     selection = dg.AssetSelection.assets(*request.asset_selection).without_checks() | \
         dg.AssetSelection.checks(*checks)
-    kwargs = {"selection": selection}
     tags = dict(request.tags)
-    if request.partition_key is not None:
-        kwargs["partition_key"] = request.partition_key
-    elif RANGE_START not in tags or RANGE_END not in tags:
+    if request.partition_key is None and (RANGE_START not in tags or RANGE_END not in tags):
         raise ValueError(f"run request {request.run_key} names neither a partition nor a range")
-    return dg.materialize(assets, instance=instance, tags=tags, raise_on_error=False, run_config=QUIET_CONSOLE,
-                          **kwargs)
+    job = dg.Definitions(jobs=[dg.define_asset_job(RUN_JOB, selection=selection, executor_def=defs.executor)],
+                         assets=assets).resolve_job_def(RUN_JOB)
+    return execute_job_here(job, instance=instance, partition_key=request.partition_key, tags=tags,
+                            run_config=QUIET_CONSOLE)
+
+
+def execute_job_here(job: dg.JobDefinition, *, instance: dg.DagsterInstance, partition_key: str | None,
+                     tags: dict, run_config: dict) -> dg.ExecuteInProcessResult:
+    """`job.execute_in_process`, but with the job's own executor (Laminar's thread executor runs the
+    run's independent steps side by side): `execute_in_process` always swaps in the one-step-at-a-time
+    executor. The run is recorded on `instance` like any other; step failures are in its events."""
+    from dagster._core.definitions.job_base import InMemoryJob
+    from dagster._core.execution.execute_in_process import core_execute_in_process, merge_run_tags
+
+    return core_execute_in_process(
+        run_config=run_config, job=InMemoryJob(job), instance=instance, output_capturing_enabled=False,
+        raise_on_error=False,
+        run_tags=merge_run_tags(job_def=job, partition_key=partition_key, tags=tags, asset_selection=None,
+                                instance=instance, run_config=run_config))
 
 
 def failure_message(outcome: dg.ExecuteInProcessResult) -> str:

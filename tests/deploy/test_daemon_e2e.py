@@ -117,6 +117,9 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
     assert all(set(r.asset_selection or ()) >= {dg.AssetKey("normalized_trades")} or
                r.tags.get("laminar/component") for r in runs)
     assert len(runs) <= 6, f"{len(runs)} runs for two batches"
+    # the run workers ran their steps with Laminar's thread executor, independent steps side by side
+    assert all(any("Executing steps in up to" in (e.message or "") for e in instance.all_logs(r.run_id))
+               for r in runs)
     checks = [c for c in instance.event_log_storage.get_asset_check_partition_info(
         [dg.AssetCheckKey(dg.AssetKey(s.name), n) for s in SPECS for n in ("contract", "equivalence")],
         partition_keys=None)]

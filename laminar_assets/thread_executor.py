@@ -1,0 +1,166 @@
+"""A Dagster executor that runs a run's ready steps side by side, in threads of the run's process.
+
+Dagster ships an in-process executor (one step at a time) and a multiprocess one (a Python process
+per step, each of which would start its own Spark client and re-import the definitions). Laminar's
+steps spend most of their time waiting on Spark, which runs jobs from several threads of one
+session concurrently, so the steps whose dependencies are done share the run's resources (one
+Spark session, one engine root) and run in threads: the flows of a run after their shared stage,
+and the checks after their assets.
+
+Dagster has no public API for an executor's step loop; this follows its in-process executor
+(`dagster._core.executor.in_process`) and uses the same internals. The step loop stays in the run's
+main thread: it picks ready steps, hands each to a worker thread, and applies every event the
+workers produce to the plan's `ActiveExecution` in order, so skips, blocking checks and failures
+behave as in the in-process executor. Step events are written to the instance by the worker that
+produced them, as they would be in-process."""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import dagster as dg
+from dagster._core.events import DagsterEvent, EngineEventData
+from dagster._core.execution.api import ExecuteRunWithPlanIterable
+from dagster._core.execution.compute_logs import create_compute_log_file_key
+from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
+from dagster._core.execution.context_creation_job import PlanExecutionContextManager
+from dagster._core.execution.plan.execute_plan import dagster_event_sequence_for_step
+from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
+from dagster._core.execution.plan.plan import ExecutionPlan
+from dagster._core.execution.retries import RetryMode, get_retries_config
+from dagster._core.executor.base import Executor
+
+MAX_DEFAULT_THREADS = 4
+_DONE = object()
+
+
+class _Raised:
+    """An error a worker's step raised past Dagster's own handling (DagsterEvent is a tuple, so this is not)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def default_threads() -> int:
+    """Steps at once: one per core, at most MAX_DEFAULT_THREADS. The steps share one driver and one
+    Spark JVM, so more threads than cores only trade places (the demo on 2 cores: 4 threads were
+    no faster than 2)."""
+    return max(1, min(MAX_DEFAULT_THREADS, os.cpu_count() or 1))
+
+
+class ThreadExecutor(Executor):
+    """Runs ready steps in up to `max_concurrent` threads of the run worker's process."""
+
+    def __init__(self, *, max_concurrent: int, retries: RetryMode):
+        if max_concurrent < 1:
+            raise dg.DagsterInvalidConfigError(
+                f"thread executor: max_concurrent must be at least 1, got {max_concurrent}", [], None)
+        self.max_concurrent = max_concurrent
+        self._retries = retries
+
+    @property
+    def retries(self) -> RetryMode:
+        return self._retries
+
+    def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+        keys = execution_plan.step_keys_to_execute
+        yield DagsterEvent.engine_event(
+            plan_context, f"Executing steps in up to {self.max_concurrent} threads (pid: {os.getpid()})",
+            event_specific_data=EngineEventData.in_process(os.getpid(), keys))
+        yield from ExecuteRunWithPlanIterable(
+            execution_plan=plan_context.execution_plan,
+            iterator=partial(_threaded_plan_iterator, max_concurrent=self.max_concurrent),
+            execution_context_manager=PlanExecutionContextManager(
+                job=plan_context.job,
+                retry_mode=plan_context.retry_mode,
+                execution_plan=plan_context.execution_plan,
+                run_config=plan_context.run_config,
+                dagster_run=plan_context.dagster_run,
+                instance=plan_context.instance,
+                raise_on_error=plan_context.raise_on_error,
+                output_capture=plan_context.output_capture,
+            ),
+        )
+
+
+@dg.executor(
+    name="laminar_threads",
+    config_schema={
+        "max_concurrent": dg.Field(int, is_required=False,
+                                   description="Steps at once (default: one per core, at most 4)."),
+        "retries": get_retries_config(),
+    },
+)
+def thread_executor(init_context: dg.InitExecutorContext) -> ThreadExecutor:
+    """Runs the steps whose dependencies are done side by side, in threads of the run's process,
+    sharing the run's resources (one Spark session)."""
+    config = init_context.executor_config
+    return ThreadExecutor(max_concurrent=config.get("max_concurrent") or default_threads(),
+                          retries=RetryMode.from_config(config["retries"]))
+
+
+def _run_step(step_context, events: queue.Queue) -> None:
+    """A worker: the step's events, then _DONE; an error Dagster did not turn into an event goes to the
+    loop, which re-raises it in the run's thread."""
+    key = step_context.step.key
+    try:
+        for event in dagster_event_sequence_for_step(step_context):
+            events.put((key, event))
+    except BaseException as error:  # re-raised by the loop: nothing is swallowed here
+        events.put((key, _Raised(error)))
+    events.put((key, _DONE))
+
+
+def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: ExecutionPlan, *,
+                            max_concurrent: int) -> Iterator[DagsterEvent]:
+    compute_logs = job_context.instance.compute_log_manager
+    step_keys = [step.key for step in execution_plan.get_steps_to_execute_in_topo_order()]
+    with InstanceConcurrencyContext(job_context.instance, job_context.dagster_run) as concurrency, \
+            execution_plan.start(retry_mode=job_context.retry_mode, instance_concurrency_context=concurrency,
+                                 step_dependency_config=job_context.step_dependency_config) as active:
+        log_key = compute_logs.build_log_key_for_run(job_context.run_id, create_compute_log_file_key())
+        with compute_logs.capture_logs(log_key) as log_context:
+            yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
+            events: queue.Queue = queue.Queue()
+            running: dict[str, tuple] = {}  # step key -> (step context, its events so far)
+            pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="laminar-step")
+            try:
+                while running or not active.is_complete:
+                    for step in active.get_steps_to_execute(limit=max_concurrent - len(running)):
+                        context = job_context.for_step(step, active.get_known_state())
+                        running[step.key] = (context, [])
+                        pool.submit(_run_step, context, events)
+                    yield from active.concurrency_event_iterator(job_context)
+                    if not running:
+                        active.sleep_til_ready()
+                        continue
+                    key, item = events.get()
+                    context, seen = running[key]
+                    if isinstance(item, _Raised):
+                        raise item.error
+                    if item is not _DONE:
+                        seen.append(item)
+                        yield item
+                        active.handle_event(item)
+                        continue
+                    del running[key]
+                    active.verify_complete(job_context, key)
+                    for event in active.plan_events_iterator(job_context):  # skips after failures
+                        seen.append(event)
+                        yield event
+                    yield from _hooks(context, seen)
+            finally:
+                # When the loop stops early (an interrupt, a framework error) nothing new starts, and the
+                # run ends after the steps still running: a thread cannot be stopped from outside, and a
+                # run that reported its end while a step still wrote would mislead whoever retries it.
+                pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _hooks(step_context, step_events) -> Iterator[DagsterEvent]:
+    from dagster._core.execution.plan.execute_plan import _trigger_hook
+
+    yield from _trigger_hook(step_context, step_events)

@@ -1,0 +1,167 @@
+"""The thread executor on a real (temporary) Dagster instance: independent steps overlap, dependencies,
+failures, skips and blocking checks behave as in Dagster's in-process executor."""
+
+import threading
+import time
+
+import dagster as dg
+import pytest
+
+from laminar_assets.orchestrate import execute_job_here
+from laminar_assets.thread_executor import ThreadExecutor, default_threads, thread_executor
+
+BARRIER_SECONDS = 20
+
+
+def _run(assets, *, checks=(), max_concurrent=None, tags=None, executor=None):
+    if executor is None:
+        executor = thread_executor.configured({"max_concurrent": max_concurrent}) if max_concurrent else thread_executor
+    job = dg.Definitions(jobs=[dg.define_asset_job("j", executor_def=executor)], assets=assets,
+                         asset_checks=list(checks)).resolve_job_def("j")
+    with dg.instance_for_test() as instance:
+        result = execute_job_here(job, instance=instance, partition_key=None, tags=tags or {}, run_config={})
+        events = [(e.event_type_value, e.step_key) for e in result.all_events]
+        record = instance.get_run_by_id(result.run_id)
+        logs = [e.message for e in instance.all_logs(result.run_id)]
+    return result, events, record, logs
+
+
+def _order(events, kind):
+    return [key for k, key in events if k == kind]
+
+
+def _step_outcomes(events):
+    """What happened to each step, as Dagster's own in-process executor would report it."""
+    return sorted((k, key) for k, key in events if key and k.startswith("STEP_") or k.endswith("_EVALUATION"))
+
+
+def _same_as_in_process(assets, checks=()):
+    threaded, t_events, *_ = _run(assets, checks=checks, max_concurrent=3)
+    serial, s_events, *_ = _run(assets, checks=checks, executor=dg.in_process_executor)
+    assert threaded.success == serial.success
+    assert _step_outcomes(t_events) == _step_outcomes(s_events)
+    return t_events
+
+
+def test_independent_steps_run_at_the_same_time():
+    # Both branches wait for each other: with one step at a time the barrier would break.
+    meet = threading.Barrier(2, timeout=BARRIER_SECONDS)
+
+    @dg.asset
+    def root():
+        return dg.MaterializeResult()
+
+    @dg.asset(deps=[root])
+    def left():
+        meet.wait()
+        return dg.MaterializeResult()
+
+    @dg.asset(deps=[root])
+    def right():
+        meet.wait()
+        return dg.MaterializeResult()
+
+    result, events, record, logs = _run([root, left, right], max_concurrent=2)
+    assert result.success and record.status == dg.DagsterRunStatus.SUCCESS
+    starts = _order(events, "STEP_START")
+    assert starts[0] == "root" and set(starts[1:]) == {"left", "right"}
+    # the downstream steps start only after the upstream step succeeded
+    assert events.index(("STEP_SUCCESS", "root")) < events.index(("STEP_START", "left"))
+    assert any("up to 2 threads" in (m or "") for m in logs)
+
+
+def test_max_concurrent_bounds_the_steps_in_flight():
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def work():
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.3)
+        with lock:
+            state["now"] -= 1
+
+    assets = []
+    for name in ("a", "b", "c", "d"):
+        @dg.asset(name=name)
+        def _asset():
+            work()
+            return dg.MaterializeResult()
+        assets.append(_asset)
+
+    result, *_ = _run(assets, max_concurrent=1)
+    assert result.success and state["most"] == 1
+    result, *_ = _run(assets, max_concurrent=3)
+    assert result.success and 2 <= state["most"] <= 3
+
+
+def test_a_failed_step_skips_its_dependents_and_not_the_other_branch():
+    @dg.asset
+    def broken():
+        raise dg.Failure(description="broken on purpose")
+
+    @dg.asset(deps=[broken])
+    def after_broken():
+        return dg.MaterializeResult()
+
+    @dg.asset
+    def fine():
+        time.sleep(0.2)
+        return dg.MaterializeResult()
+
+    result, events, record, _ = _run([broken, after_broken, fine], max_concurrent=2)
+    assert not result.success and record.status == dg.DagsterRunStatus.FAILURE
+    assert ("STEP_FAILURE", "broken") in events
+    assert ("STEP_SUCCESS", "fine") in events
+    assert "after_broken" not in _order(events, "STEP_START")
+    _same_as_in_process([broken, after_broken, fine])
+
+
+def test_a_failing_blocking_check_keeps_downstream_assets_from_running():
+    @dg.asset
+    def upstream():
+        return dg.MaterializeResult()
+
+    @dg.asset_check(asset=upstream, blocking=True)
+    def must_pass():
+        return dg.AssetCheckResult(passed=False)
+
+    @dg.asset(deps=[upstream])
+    def downstream():
+        return dg.MaterializeResult()
+
+    result, events, _, _ = _run([upstream, downstream], checks=[must_pass], max_concurrent=3)
+    assert not result.success
+    assert "downstream" not in _order(events, "STEP_START")
+    _same_as_in_process([upstream, downstream], [must_pass])
+
+
+def test_an_error_outside_user_code_fails_the_run_with_its_message(monkeypatch):
+    import laminar_assets.thread_executor as module
+
+    def explode(step_context):
+        raise RuntimeError("executor broke")
+        yield  # pragma: no cover - makes this a generator like the real one
+
+    monkeypatch.setattr(module, "dagster_event_sequence_for_step", explode)
+
+    @dg.asset
+    def one():
+        return dg.MaterializeResult()
+
+    result, events, record, _ = _run([one], max_concurrent=2)
+    assert not result.success and record.status == dg.DagsterRunStatus.FAILURE
+    failure = next(e for e in result.all_events if e.is_run_failure)
+    assert "RuntimeError: executor broke" in failure.event_specific_data.error.message
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(dg.DagsterInvalidConfigError, match="max_concurrent must be at least 1, got 0"):
+        ThreadExecutor(max_concurrent=0, retries=None)
+    assert 1 <= default_threads() <= 4
+
+
+def test_the_definitions_use_it():
+    from laminar_assets.definitions import defs
+
+    assert defs.executor is thread_executor
