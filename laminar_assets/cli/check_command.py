@@ -33,10 +33,10 @@ def check(
 
     c: CliContext = ctx.obj
     if demo_first:
-        from laminar_assets.demo.run import run_demo
+        from laminar_assets.demo.run import DEMO_JIT, run_demo
 
         with console.status("running the demo pipeline..."):
-            run_demo(c.definitions(), c.instance(), c.specs(), c.root, rows=rows, seed=7)
+            run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7)
     c.require_lake()
     contracts = load_contracts(CONTRACTS)
     engine = c.engine()

@@ -27,10 +27,10 @@ def demo(
     c: CliContext = ctx.obj
     # Spark's JVM starts while Dagster and the definitions load: the runs' SparkResource asks for
     # these same options (a test holds the two together), so their session is this one.
-    start_session(SparkOptions.from_env())
-    from laminar_assets.demo.run import run_demo
+    from laminar_assets.demo.run import DEMO_JIT, run_demo
 
-    defs = c.definitions()
+    start_session(SparkOptions.from_env(jit=DEMO_JIT))
+    defs = c.definitions(jit=DEMO_JIT)
     instance = c.instance()
     with console.status("starting Spark and the Dagster instance...") as status:
         def progress(row):

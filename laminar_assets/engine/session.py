@@ -17,6 +17,11 @@ from laminar_assets.errors import EnvironmentProblem
 from . import class_archive
 
 MIN_JAVA = 17
+# How a JVM Laminar starts compiles hot code (SparkOptions.jit).
+JIT_OPTIONS = {
+    "tiered": "",  # the JVM's default: C1 at once, C2 later for the hottest code
+    "quick": "-XX:TieredStopAtLevel=1",  # C1 only
+}
 
 
 @dataclass(frozen=True)
@@ -33,12 +38,24 @@ class SparkOptions:
     # Map the install's class archive (class_archive.py) into a JVM Laminar starts; False: start without it.
     class_sharing: bool = True
     java_options: str = ""  # more options for a JVM Laminar starts (the local driver, a Connect server)
+    # "tiered" (the JVM's default) or "quick": C1 only. A short-lived JVM on few cores spends most of its
+    # CPU in the C2 compiler (the demo on 2 cores: 43 s of compilation in a 35 s run), so "quick" is for
+    # the demo, tests and one-off runs; "tiered" pays off for long-lived JVMs and large scans.
+    jit: str = "tiered"
+
+    def __post_init__(self) -> None:
+        if self.jit not in JIT_OPTIONS:
+            raise EnvironmentProblem(f"Spark option jit must be one of {', '.join(sorted(JIT_OPTIONS))}, got {self.jit!r}",
+                                     field="jit")
 
     @classmethod
-    def from_env(cls, *, master: str | None = None, remote: str | None = None, **kw) -> "SparkOptions":
-        """Options where an unset master/remote comes from LAMINAR_SPARK_MASTER / LAMINAR_SPARK_REMOTE."""
+    def from_env(cls, *, master: str | None = None, remote: str | None = None, jit: str | None = None,
+                 **kw) -> "SparkOptions":
+        """Options where an unset master/remote/jit comes from LAMINAR_SPARK_MASTER / LAMINAR_SPARK_REMOTE /
+        LAMINAR_SPARK_JIT."""
         return cls(master=master or os.environ.get("LAMINAR_SPARK_MASTER") or "local[*]",
-                   remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None, **kw)
+                   remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None,
+                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "tiered", **kw)
 
 
 def java_version_output() -> str | None:
@@ -123,6 +140,8 @@ def jvm_conf(options: SparkOptions) -> dict[str, str]:
     java_options = f"-Dlog4j2.configurationFile=file:{log4j}"
     if options.class_sharing and (archive := class_archive.use_options()):
         java_options += f" {archive}"
+    if JIT_OPTIONS[options.jit]:
+        java_options += f" {JIT_OPTIONS[options.jit]}"
     if options.java_options:
         java_options += f" {options.java_options}"
     conf = {

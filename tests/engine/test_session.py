@@ -70,5 +70,22 @@ def test_the_demo_starts_the_session_its_runs_ask_for(monkeypatch):
 
     monkeypatch.delenv("LAMINAR_SPARK_MASTER", raising=False)
     monkeypatch.delenv("LAMINAR_SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("LAMINAR_SPARK_JIT", raising=False)
     assert SparkResource().options() == SparkOptions.from_env()
     assert SparkResource(stop_at_end=False).options() == SparkOptions.from_env()
+    from laminar_assets.demo.run import DEMO_JIT
+
+    assert SparkResource(jit=DEMO_JIT).options() == SparkOptions.from_env(jit=DEMO_JIT)
+
+
+def test_jit_mode_of_a_jvm_laminar_starts(monkeypatch):
+    from laminar_assets.engine.session import jvm_conf
+
+    monkeypatch.delenv("LAMINAR_SPARK_JIT", raising=False)
+    assert "TieredStopAtLevel" not in jvm_conf(SparkOptions())["spark.driver.extraJavaOptions"]
+    quick = jvm_conf(SparkOptions(jit="quick", java_options="-Xss4m"))["spark.driver.extraJavaOptions"]
+    assert quick.endswith("-XX:TieredStopAtLevel=1 -Xss4m")  # the user's own options come last and win
+    monkeypatch.setenv("LAMINAR_SPARK_JIT", "quick")
+    assert SparkOptions.from_env().jit == "quick"
+    with pytest.raises(EnvironmentProblem, match=r"jit must be one of quick, tiered, got 'fast'.*field=jit"):
+        SparkOptions(jit="fast")
