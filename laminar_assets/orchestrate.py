@@ -4,6 +4,7 @@ executed with `materialize` on a real instance (used by the demo and tests)."""
 import dagster as dg
 
 from laminar_assets.sensors import RANGE_END, RANGE_START
+from laminar_assets.thread_executor import thread_executor
 
 
 # Dagster logs step and run failures (with their stack traces) at ERROR and never logs at CRITICAL, so
@@ -28,7 +29,7 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
     tags = dict(request.tags)
     if request.partition_key is None and (RANGE_START not in tags or RANGE_END not in tags):
         raise ValueError(f"run request {request.run_key} names neither a partition nor a range")
-    job = dg.Definitions(jobs=[dg.define_asset_job(RUN_JOB, selection=selection, executor_def=defs.executor)],
+    job = dg.Definitions(jobs=[dg.define_asset_job(RUN_JOB, selection=selection, executor_def=defs.executor or thread_executor)],
                          assets=assets).resolve_job_def(RUN_JOB)
     return execute_job_here(job, instance=instance, partition_key=request.partition_key, tags=tags,
                             run_config=QUIET_CONSOLE)

@@ -35,6 +35,7 @@ from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.executor.base import Executor
 
 MAX_DEFAULT_THREADS = 4
+POLL_SECONDS = 0.25  # how often the loop looks for interrupts and ready steps while steps run
 _DONE = object()
 
 
@@ -127,18 +128,40 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
             yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
             events: queue.Queue = queue.Queue()
             running: dict[str, tuple] = {}  # step key -> (step context, its events so far)
+            waiting: dict[str, object] = {}  # a retry Dagster re-queued before its last attempt's worker ended
+            stopping = False
             pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="laminar-step")
+
+            def launch(step) -> None:
+                context = job_context.for_step(step, active.get_known_state())
+                running[step.key] = (context, [])
+                pool.submit(_run_step, context, events)
+
             try:
-                while running or not active.is_complete:
-                    for step in active.get_steps_to_execute(limit=max_concurrent - len(running)):
-                        context = job_context.for_step(step, active.get_known_state())
-                        running[step.key] = (context, [])
-                        pool.submit(_run_step, context, events)
-                    yield from active.concurrency_event_iterator(job_context)
+                while running or not (stopping or active.is_complete):
+                    if not stopping and active.check_for_interrupts():
+                        # A termination request: nothing new starts; a running step cannot be stopped
+                        # from outside its thread, so the run ends when the running ones have.
+                        stopping = True
+                        active.mark_interrupted()
+                        yield DagsterEvent.engine_event(
+                            job_context, f"Termination requested: no new steps start; waiting for {sorted(running)}",
+                            EngineEventData.interrupted(sorted(running)))
+                    if not stopping:
+                        free = max_concurrent - len(running) - len(waiting)
+                        for step in active.get_steps_to_execute(limit=max(free, 0)):
+                            if step.key in running:
+                                waiting[step.key] = step
+                            else:
+                                launch(step)
+                        yield from active.concurrency_event_iterator(job_context)
                     if not running:
                         active.sleep_til_ready()
                         continue
-                    key, item = events.get()
+                    try:  # a timeout, so interrupts, delayed retries and freed pool slots are seen
+                        key, item = events.get(timeout=POLL_SECONDS)
+                    except queue.Empty:
+                        continue
                     context, seen = running[key]
                     if isinstance(item, _Raised):
                         raise item.error
@@ -148,15 +171,18 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
                         active.handle_event(item)
                         continue
                     del running[key]
-                    active.verify_complete(job_context, key)
+                    if key not in waiting:  # a re-queued retry is in flight again: this attempt ended known
+                        active.verify_complete(job_context, key)
                     for event in active.plan_events_iterator(job_context):  # skips after failures
                         seen.append(event)
                         yield event
                     yield from _hooks(context, seen)
+                    if key in waiting and not stopping:
+                        launch(waiting.pop(key))
             finally:
-                # When the loop stops early (an interrupt, a framework error) nothing new starts, and the
-                # run ends after the steps still running: a thread cannot be stopped from outside, and a
-                # run that reported its end while a step still wrote would mislead whoever retries it.
+                # When the loop stops early (a framework error) nothing new starts, and the run ends after
+                # the steps still running: a thread cannot be stopped from outside, and a run that
+                # reported its end while a step still wrote would mislead whoever retries it.
                 pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -31,6 +31,9 @@ class ValidationSummary:
 
 
 _CONTEXT_LOCK = threading.Lock()
+# The GE context is one per process and not thread-safe: a run's contract checks run in threads at
+# once (thread_executor), and two adding their data assets at the same time lose one of them.
+_VALIDATION_LOCK = threading.Lock()
 _warming: list[threading.Thread] = []
 
 
@@ -128,8 +131,10 @@ def validate(df, contract: Contract, *, name: str = "partition", local_rows: int
     local = fetch_local(df, local_rows)
     if local is not None:
         return validate_local(local, contract, name=name)
-    batch = _batch("laminar_spark", f"{contract.table}_{name}", df, pandas=False)
-    return _summary(batch, contract, engine="spark", rows=df.count())
+    rows = df.count()
+    with _VALIDATION_LOCK:
+        batch = _batch("laminar_spark", f"{contract.table}_{name}", df, pandas=False)
+        return _summary(batch, contract, engine="spark", rows=rows)
 
 
 def fetch_local(df, local_rows: int = LOCAL_ROWS):
@@ -159,8 +164,9 @@ def local_slice(frame, mask, schema):
 
 def validate_local(frame, contract: Contract, *, name: str = "partition") -> ValidationSummary:
     """Run the contract's suite on rows already fetched as pandas (GE's pandas engine, no Spark job)."""
-    batch = _batch("laminar_pandas", f"{contract.table}_{name}", frame, pandas=True)
-    return _summary(batch, contract, engine="pandas", rows=len(frame))
+    with _VALIDATION_LOCK:
+        batch = _batch("laminar_pandas", f"{contract.table}_{name}", frame, pandas=True)
+        return _summary(batch, contract, engine="pandas", rows=len(frame))
 
 
 def _summary(batch, contract: Contract, *, engine: str, rows: int) -> ValidationSummary:

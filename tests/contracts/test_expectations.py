@@ -87,3 +87,43 @@ def test_a_slice_of_a_range_fetch_is_typed_as_if_fetched_alone():
     with_null = local_slice(fetched, part == "10:00", schema)
     assert str(with_null["trades"].dtype) == "float64"  # as a fetch of these rows alone gives it
     assert not validate_local(fetched[part == "11:00"].reset_index(drop=True), digits).success  # the widened slice
+
+
+def test_contract_checks_validate_from_several_threads_at_once():
+    """A run's contract checks run in threads at once (thread_executor); Great Expectations' one context
+    per process must not lose a data asset one thread adds while another adds its own."""
+    import sys
+    import threading
+
+    import pandas as pd
+
+    from laminar_assets.contracts.expectations import validate_local, warm_up
+    from laminar_assets.contracts.model import Contract, ContractColumn, ExpectationRule
+
+    warming = warm_up()  # GE imported and its context built first, as in a run
+    if warming:
+        warming.join(120)
+
+    contracts = [Contract(table=f"threads_t{i}", kind="sink", columns={"a": ContractColumn(type="bigint", nullable=False)},
+                          expectations=[ExpectationRule(expect="between", column="a", min=0, max=10)])
+                 for i in range(4)]
+    frame = pd.DataFrame({"a": [1, 2, 3]})
+    start, errors = threading.Barrier(4, timeout=60), []
+
+    def check(contract):
+        try:
+            start.wait()
+            for j in range(12):
+                assert validate_local(frame, contract, name=f"p{j}").success
+        except Exception as exc:  # noqa: BLE001 - collected and asserted on below
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=check, args=(c,)) for c in contracts]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: a race shows at once
+    try:
+        [t.start() for t in threads]
+        [t.join(120) for t in threads]
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

@@ -155,6 +155,50 @@ def test_an_error_outside_user_code_fails_the_run_with_its_message(monkeypatch):
     assert "RuntimeError: executor broke" in failure.event_specific_data.error.message
 
 
+def test_a_step_retried_at_once_runs_again_after_its_first_attempt():
+    # Dagster re-queues a retry without delay at once, while the first attempt's worker is still ending.
+    calls = []
+
+    @dg.asset
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise dg.RetryRequested(max_retries=2)
+        return dg.MaterializeResult()
+
+    @dg.asset
+    def slow():
+        time.sleep(0.5)
+        return dg.MaterializeResult()
+
+    result, events, record, _ = _run([flaky, slow], max_concurrent=3)
+    assert result.success and record.status == dg.DagsterRunStatus.SUCCESS, events
+    assert ("STEP_UP_FOR_RETRY", "flaky") in events and ("STEP_SUCCESS", "flaky") in events
+    assert len(calls) == 2
+
+
+def test_a_termination_request_starts_no_new_step(tmp_path):
+    import os
+    import signal
+
+    @dg.asset
+    def first():
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        time.sleep(1.5)
+        return dg.MaterializeResult()
+
+    @dg.asset(deps=[first])
+    def second():
+        (tmp_path / "second-ran").write_text("yes")
+        return dg.MaterializeResult()
+
+    result, events, record, _ = _run([first, second], max_concurrent=2)
+    assert not result.success and record.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+    assert "second" not in _order(events, "STEP_START") and not (tmp_path / "second-ran").exists()
+    # the running step was not cut off: it ended, and its end is recorded
+    assert ("STEP_SUCCESS", "first") in events
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(dg.DagsterInvalidConfigError, match="max_concurrent must be at least 1, got 0"):
         ThreadExecutor(max_concurrent=0, retries=None)
