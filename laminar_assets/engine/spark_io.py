@@ -51,7 +51,8 @@ _INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.fact
 
 
 _interpreted_lock = threading.Lock()
-_interpreted_users: dict[int, tuple[int, dict]] = {}  # id(session) -> (passes inside, settings before)
+# id(session) -> [small passes inside, large passes inside, settings before (None: not interpreted now)]
+_interpreted_users: dict[int, list] = {}
 
 
 @contextlib.contextmanager
@@ -60,32 +61,42 @@ def interpreted(spark: SparkSession, enabled: bool):
     query's generated code is new, so compiling it costs more than it saves), then restore the
     session's settings.
 
-    The settings belong to the session, which concurrent runs (threads) may share: the first pass
-    in sets them, the last one out restores what was there before."""
-    if not enabled:
-        yield
-        return
+    The settings belong to the session, which a run's steps (threads) share: the first small pass in
+    sets them and the last one out restores what was there before. A large pass (`enabled` False)
+    must not run interpreted, so while one is inside the session compiles for everyone: small passes
+    then only lose the shortcut, never an answer."""
     key = id(spark)
     with _interpreted_lock:
-        users, before = _interpreted_users.get(key, (0, None))
-        if users == 0:
-            before = {k: spark.conf.get(k, None) for k in _INTERPRETED}
-            for k, v in _INTERPRETED.items():
-                spark.conf.set(k, v)
-        _interpreted_users[key] = (users + 1, before)
+        state = _interpreted_users.setdefault(key, [0, 0, None])
+        if enabled:
+            state[0] += 1
+            if state[1] == 0 and state[2] is None:
+                state[2] = {k: spark.conf.get(k, None) for k in _INTERPRETED}
+                for k, v in _INTERPRETED.items():
+                    spark.conf.set(k, v)
+        else:
+            state[1] += 1
+            _restore(spark, state)
     try:
         yield
     finally:
         with _interpreted_lock:
-            users, before = _interpreted_users.pop(key)
-            if users > 1:
-                _interpreted_users[key] = (users - 1, before)
-            else:
-                for k, v in before.items():
-                    if v is None:
-                        spark.conf.unset(k)
-                    else:
-                        spark.conf.set(k, v)
+            state = _interpreted_users[key]
+            state[0 if enabled else 1] -= 1
+            if state[0] == 0:
+                _restore(spark, state)
+            if state[0] == state[1] == 0:
+                del _interpreted_users[key]
+
+
+def _restore(spark: SparkSession, state: list) -> None:
+    """Put back the settings interpretation replaced, if it is on (called under `_interpreted_lock`)."""
+    before, state[2] = state[2], None
+    for k, v in (before or {}).items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
 
 
 def nullable(schema: pa.Schema) -> pa.Schema:

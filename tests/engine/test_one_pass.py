@@ -206,6 +206,27 @@ def test_overlapping_interpreted_passes_in_threads_restore_the_session_settings(
     assert spark.conf.get(key, None) == before != "NO_CODEGEN"
 
 
+def test_a_large_pass_beside_small_ones_compiles(spark):
+    """A run's steps share the session: a large pass entering while a small one runs turns the
+    interpreted settings off (and they stay off for it), and when everyone has left the settings are
+    what they were before."""
+    from laminar_assets.engine.spark_io import interpreted
+
+    key = "spark.sql.codegen.factoryMode"
+    before = spark.conf.get(key, None)
+    with interpreted(spark, True):
+        assert spark.conf.get(key, None) == "NO_CODEGEN"
+        with interpreted(spark, False):
+            assert spark.conf.get(key, None) == before
+            with interpreted(spark, True):  # another small pass while the large one runs: still compiled
+                assert spark.conf.get(key, None) == before
+        assert spark.conf.get(key, None) == before  # not switched back under a pass that began compiled
+    assert spark.conf.get(key, None) == before != "NO_CODEGEN"
+    with interpreted(spark, True):  # and the next small pass alone is interpreted again
+        assert spark.conf.get(key, None) == "NO_CODEGEN"
+    assert spark.conf.get(key, None) == before
+
+
 def test_per_partition_metrics_of_a_batched_run_match_single_runs(spark, lake, engine, tmp_path):
     """A batched run's metrics per partition come from one observation (aggregates by slot): each
     partition gets its own numbers, however many partitions share the pass."""
