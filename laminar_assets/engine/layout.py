@@ -52,11 +52,12 @@ class EngineOptions:
     # rows (~2 MB), where interpreted hash aggregation spent ~6 us a row). 0 always compiles.
     # See spark_io.interpreted.
     interpreted_below_bytes: int = 1024 * 1024
-    # A flow pass reading fewer bytes than this hashes its rows by partition before aggregating: one
-    # shuffle stage instead of two, but no map-side combining. It pays on tiny inputs (a sensor's
-    # commit); at 100k rows (~2 MB) it was even, and the benchmark's ~5 MB update/delete refill was
-    # slower with it, hence 1 MiB. 0: always combine map-side.
-    shuffle_rows_below_bytes: int = 1024 * 1024
+    # A flow pass whose input (bytes read plus the old state it merges) is smaller than this runs in
+    # one Spark task with no shuffle: partial states and merge in one stage. On small inputs a stage
+    # and its tasks cost more than the work: the benchmark's two flows, one after the other, 1M-row
+    # base, alternated runs: 100k-row Δ (3.5 MB a flow) 1.50 -> 1.21 s; 300k (9 MB) 1.65 -> 1.41 s;
+    # 1M (27 MB) 2.50 -> 2.35 s; 3M (117 MB) 6.2 -> 7.2 s (one core idles). 0: never.
+    single_task_below_bytes: int = 32 * 1024 * 1024
     # A write whose rows are bounded by fewer bytes than this goes through the driver: Spark sends the
     # rows as Arrow batches and pyarrow writes the files, and a flow's sink rows come from the same
     # job as its state. The bound is in Parquet bytes: a flow's state by the bytes the pass reads times

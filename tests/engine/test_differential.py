@@ -82,9 +82,9 @@ op = st.one_of(
                                             max_size=len(FLOWS) * len(PARTITIONS))),
 )
 # None: never refill for cost; a tiny ratio: refill (REFILL_CHEAPER) whenever anything changed.
-# The tests' tables are tiny, so passes shuffle rows once and run interpreted; LARGE_PASS_PATH makes
-# them combine map-side and compile, as passes over large inputs do.
-LARGE_PASS_PATH = dict(shuffle_rows_below_bytes=0, interpreted_below_bytes=0, driver_write_below_bytes=0)
+# The tests' tables are tiny, so passes run in one task and interpreted; LARGE_PASS_PATH makes them
+# combine map-side, shuffle by partition and compile, as passes over large inputs do.
+LARGE_PASS_PATH = dict(single_task_below_bytes=0, interpreted_below_bytes=0, driver_write_below_bytes=0)
 options = st.sampled_from([EngineOptions(refill_ratio=None), EngineOptions(refill_ratio=0.3, refill_min_bytes=0),
                            EngineOptions(refill_ratio=1e-6, refill_min_bytes=0),
                            EngineOptions(refill_ratio=None, **LARGE_PASS_PATH)])

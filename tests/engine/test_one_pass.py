@@ -44,6 +44,16 @@ class Jobs:
         out = fn()
         return out, self._last() - start - 1
 
+    def tasks(self, fn):
+        """`fn()` and the task count of every stage its jobs ran, by job (skipped stages: none)."""
+        start = self._last()
+        out = fn()
+        end = self._last()
+        tracker = self.sc.statusTracker()
+        stages = [tracker.getJobInfo(j).stageIds for j in range(start + 1, end)]
+        return out, [[tracker.getStageInfo(s).numTasks for s in ids if tracker.getStageInfo(s).numCompletedTasks]
+                     for ids in stages]
+
 
 def check(spark, lake, flow=FLOW):
     expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
@@ -242,3 +252,26 @@ def test_per_partition_metrics_of_a_batched_run_match_single_runs(spark, lake, e
     names = ("rows_read", "partial_groups", "windows_touched", "rows_rejected")
     assert [[r.metrics[n] for n in names] for r in batched] == [[r.metrics[n] for n in names] for r in single]
     assert [r.metrics["rows_read"] for r in batched] == [1, 2, 3, 7, 5]
+
+
+def test_a_small_pass_runs_in_one_task_and_a_large_one_shuffles_and_both_agree(spark, lake, tmp_path):
+    """Below `single_task_below_bytes` a flow pass (partials, old state and merge) is one stage of one
+    task; above it the partials combine map-side and shuffle by partition. Same answers."""
+    from tests.conftest import Lake
+
+    other = Lake(str(tmp_path / "other"))
+    small, large = Engine(spark, lake.root), Engine(spark, other.root, options=EngineOptions(single_task_below_bytes=0))
+    jobs = Jobs(spark)
+    by_engine = {}
+    for engine, where in ((small, lake), (large, other)):
+        where.create("trades", spread(range(6)))
+        where.append("trades", spread([0], minute=7))  # a second file: the scan has two
+        engine.run_many(FLOW, KEYS)
+        where.append("trades", spread([1, 4], minute=30, px=3.5, qty=2))
+        _, by_engine[engine is small] = jobs.tasks(lambda: engine.run_many(FLOW, KEYS))
+        check(spark, where)
+    assert by_engine[True] == [[1]]  # one job, one stage, one task (state and sink staged together)
+    assert len(by_engine[False][0]) >= 2, by_engine[False]  # a shuffle: more than one stage
+    a = small.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)
+    b = large.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-12)
