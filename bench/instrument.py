@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -39,18 +40,19 @@ class Instrument:
         self.calls: dict[str, int] = defaultdict(int)
         self.missing: list[str] = []
         self._undo: list[tuple[object, str, object]] = []
-        self._depth: dict[str, int] = defaultdict(int)
+        self._depth: dict[tuple[str, int], int] = defaultdict(int)  # per thread: flows may run side by side
 
     def _wrap(self, name: str, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            self._depth[name] += 1
+            key = (name, threading.get_ident())
+            self._depth[key] += 1
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._depth[name] -= 1
-                if self._depth[name] == 0:  # count re-entrant calls once
+                self._depth[key] -= 1
+                if self._depth[key] == 0:  # count re-entrant calls once
                     self.seconds[name] += time.perf_counter() - t
                     self.calls[name] += 1
         return wrapper

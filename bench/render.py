@@ -74,9 +74,12 @@ def markdown(r: dict) -> str:
         b = r.get(f"breakdown_{section}") or {}
         if not b:
             continue
-        path = "per partition" if section == "incremental" else "batched (run_many)"
-        lines += ["", f"## Where incremental time goes: {path}, B = {_fmt(r.get('base_rows'))}", "",
-                  f"{b['runs']} partitions, {_fmt(b.get('per_partition_s'))} s each; {_fmt(b.get('spark_jobs'))} "
+        path = "per partition" if section == "incremental" else "batched (run_many, flows side by side)"
+        lines += ["", f"## Where incremental time goes: {path}, B = {_fmt(r.get('base_rows'))}", ""]
+        if section != "incremental":
+            lines += ["Stage times are summed over the flows, which run at the same time, so they may add up to "
+                      "more than the wall time; 'other' is what the wall time leaves (at least 0).", ""]
+        lines += [f"{b['runs']} partitions, {_fmt(b.get('per_partition_s'))} s each; {_fmt(b.get('spark_jobs'))} "
                   f"Spark jobs; a trivial job costs {_fmt(b.get('spark_job_floor_s'), 3)} s here, so at least "
                   f"{_fmt(b.get('spark_job_overhead_est_s'))} s is bare per-job latency; "
                   f"{_fmt(b.get('delta_commit_calls'))} Delta commits. Rows read: {_fmt(b.get('rows_read'))}.",

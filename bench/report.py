@@ -2,8 +2,9 @@
 targets (met or missed, and which stage is responsible), then `latest.json`, `latest.md`, `latest.png`.
 
 Laminar is measured along two paths (see `variants.PATHS`): `per_partition` (`Engine.run` per
-touched partition; the headline keys `t_incremental_s`, `ratio_inc_*`, `growth_inc_1m_to_10m`) and
-`batched` (`Engine.run_many`; the same keys with `_batched`). Targets are evaluated for both.
+touched partition, one after another; the keys `t_incremental_s`, `ratio_inc_*`, `growth_inc_1m_to_10m`)
+and `batched` (the sensor's run: `Engine.run_many` per flow, the flows side by side; the same keys with
+`_batched`). Targets are evaluated for both.
 
 The Spark Declarative Pipelines peer (`sdp_peer`) adds its keys (`t_sdp_s`, `t_sdp_refresh_s`,
 `ratio_sdp_vs_inc_batched`, `sdp`) when it ran. The markdown and the plot are drawn by `render`.
@@ -24,11 +25,11 @@ TARGET_RATIO_INC_VS_STREAMING = 1.0
 TARGET_GROWTH = 1.3
 VARIANTS = (
     ("t_incremental_s", "Laminar incremental (Engine.run per partition)"),
-    ("t_incremental_batched_s", "Laminar incremental, batched (Engine.run_many)"),
+    ("t_incremental_batched_s", "Laminar incremental, batched (the sensor's run: run_many per flow, flows side by side)"),
     ("t_refill_touched_s", "Laminar refill of touched partitions (per partition)"),
     ("t_refill_touched_batched_s", "Laminar refill of touched partitions, batched"),
-    ("t_full_recompute_s", "Full recompute (naive batch job)"),
-    ("t_structured_streaming_s", "Structured Streaming (AvailableNow, RocksDB)"),
+    ("t_full_recompute_s", "Full recompute (naive batch job, flows side by side)"),
+    ("t_structured_streaming_s", "Structured Streaming (AvailableNow, RocksDB, queries side by side)"),
     *sdp_peer.VARIANTS,
 )
 PATH_KEYS = {"per_partition": ("incremental", ""), "batched": ("incremental_batched", "_batched")}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -97,10 +98,11 @@ def touched_partitions(engine: Engine, specs: list[FlowSpec], after: int | None)
 
 
 PATHS = {
-    "per_partition": "Engine.run once per touched partition (what the version sensor requests for up to "
-                     "backfill_threshold dirty partitions: one Dagster run per partition)",
-    "batched": "Engine.run_many over all touched partitions of a flow (one shared read/merge job, one state "
-               "and one sink commit; what Dagster range runs use)",
+    "per_partition": "Engine.run once per touched partition, one after another (a run per partition, as "
+                     "materializing one partition at a time does)",
+    "batched": "the sensor's run: Engine.run_many over all touched partitions of a flow (one shared read/merge "
+               "job, one state and one sink commit), the flows side by side in threads, as the one run a "
+               "version sensor requests per tick executes them (laminar_assets/thread_executor.py)",
 }
 
 
@@ -108,23 +110,33 @@ def has_run_many(engine: Engine) -> bool:
     return callable(getattr(engine, "run_many", None))
 
 
+def side_by_side(work: dict, fn) -> dict:
+    """`fn(item)` for every item of `work` in threads, one per item (at most one per core, as the
+    thread executor runs a Dagster run's steps); returns {key: result}, raising the first error."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(work), os.cpu_count() or 1))) as pool:
+        futures = {k: pool.submit(fn, v) for k, v in work.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
 def laminar_pass(engine: Engine, specs: list[FlowSpec], *, after: int | None, force: bool = False,
                  partitions: dict[str, list[str]] | None = None, batched: bool = False) -> LaminarPass:
     """Bring every flow up to date for the commits after `after` (or run `partitions` as given).
     `force=True` refills them (`FORCED_BY_USER`): what a partition-overwrite tool does.
-    `batched`: one `Engine.run_many` per flow instead of one `Engine.run` per partition."""
+    `batched`: one `Engine.run_many` per flow, the flows side by side, instead of one `Engine.run`
+    per partition, one after another."""
     out = LaminarPass()
     t0 = time.perf_counter()
     if partitions is None:
         partitions = touched_partitions(engine, specs, after)
     out.discover_s = time.perf_counter() - t0
     out.partitions = partitions
-    for spec in specs:
-        keys = partitions.get(spec.name, [])
-        if batched and keys:
-            out.results.extend((spec.name, r) for r in engine.run_many(spec, keys, force=force))
-        else:
-            out.results.extend((spec.name, engine.run(spec, k, force=force)) for k in keys)
+    if batched:
+        work = {s.name: s for s in specs if partitions.get(s.name)}
+        done = side_by_side(work, lambda s: engine.run_many(s, partitions[s.name], force=force))
+        out.results.extend((name, r) for name in work for r in done[name])
+    else:
+        for spec in specs:
+            out.results.extend((spec.name, engine.run(spec, k, force=force)) for k in partitions.get(spec.name, []))
     out.wall_s = time.perf_counter() - t0
     return out
 
@@ -197,18 +209,22 @@ def overwrite_delta(df: DataFrame, uri: str) -> int:
 
 def full_recompute(spark: SparkSession, lake: Lake, specs: list[FlowSpec], out_root: str,
                    version: int | None = None) -> dict:
-    """Recompute every sink from every data file of the source snapshot; one Delta commit per sink."""
+    """Recompute every sink from every data file of the source snapshot; one Delta commit per sink.
+    The flows run side by side, like Laminar's batched path."""
     out = {"sinks": {}, "seconds": {}, "rows": {}}
     t0 = time.perf_counter()
     files = [f"file://{p}" for p in lake.files(version)]
     out["source_files"] = len(files)
-    for spec in specs:
+
+    def one(spec: FlowSpec) -> tuple[int, float]:
         t = time.perf_counter()
         source = spark.read.parquet(*files)
-        uri = os.path.join(out_root, spec.name)
-        out["rows"][spec.name] = overwrite_delta(reference_query(source, spec), uri)
-        out["sinks"][spec.name] = uri
-        out["seconds"][spec.name] = round(time.perf_counter() - t, 4)
+        rows = overwrite_delta(reference_query(source, spec), os.path.join(out_root, spec.name))
+        return rows, round(time.perf_counter() - t, 4)
+
+    for name, (rows, seconds) in side_by_side({s.name: s for s in specs}, one).items():
+        out["rows"][name], out["seconds"][name] = rows, seconds
+        out["sinks"][name] = os.path.join(out_root, name)
     out["wall_s"] = round(time.perf_counter() - t0, 4)
     return out
 
