@@ -61,9 +61,11 @@ class PassResult:
 
 def state_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs) -> DataFrame:
     """The merged state the plans produce, lazily (what a run writes; what `explain` prints)."""
-    copies, _reads = _copies(ctx, spec, plans, inputs)
-    partial, impls = _partial(spec, copies, inputs)
-    return _merge(spec, plans, partial.where(F.col(RULE).isNull()), impls, _old_state(ctx, spec, plans, inputs)[0])
+    copies, reads = _copies(ctx, spec, plans, inputs)
+    old, old_bytes = _old_state(ctx, spec, plans, inputs)
+    single = _one_task(ctx, spec, reads.total_bytes, old_bytes)
+    partial, impls = _partial(spec, copies, inputs, single=single)
+    return _merge(spec, plans, partial.where(F.col(RULE).isNull()), impls, old, single=single)
 
 
 def recompute(ctx: RunContext, spec: FlowSpec, plan: PartitionPlan, inputs: RunInputs) -> DataFrame:
@@ -79,9 +81,9 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     keys = [p.partition for p in plans]
     copies, reads = _copies(ctx, spec, plans, inputs)
     old, old_bytes = _old_state(ctx, spec, plans, inputs)
-    # small inputs: one task, no shuffle (see EngineOptions.single_task_below_bytes), and interpreted
-    # expressions (compiling each query's new code costs more than it saves)
-    single = reads.total_bytes + old_bytes < ctx.options.single_task_below_bytes
+    # small inputs: one task, no shuffle, and interpreted expressions (compiling each query's new
+    # code costs more than it saves)
+    single = _one_task(ctx, spec, reads.total_bytes, old_bytes)
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
         partial, impls = _partial(spec, copies, inputs, single=single)
         reads_obs, per_part = Observation(), len(plans) <= ctx.options.metrics_partitions
@@ -159,6 +161,15 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, state: DataFrame, impls, sta
     staged, sink = stage_split(both, [(state_uri, run_id, state_names),
                                       (ctx.layout.sink_uri(spec), run_id + "-sink", sink_names)], by=PART)
     return staged, sink
+
+
+def _one_task(ctx: RunContext, spec: FlowSpec, read_bytes: int, old_bytes: int) -> bool:
+    """Whether the pass runs in one task (`EngineOptions.single_task_below_bytes`), bounded like
+    `_small_state`: the rows read times the window copies of each, plus the old state. A fact join
+    reads its joined table whole and can multiply rows: never in one task."""
+    if spec.joins:
+        return False
+    return read_bytes * spec.shape.copies + old_bytes < ctx.options.single_task_below_bytes
 
 
 def _small_state(ctx: RunContext, spec: FlowSpec, read_bytes: int, old_bytes: int) -> bool:

@@ -52,8 +52,8 @@ class EngineOptions:
     # rows (~2 MB), where interpreted hash aggregation spent ~6 us a row). 0 always compiles.
     # See spark_io.interpreted.
     interpreted_below_bytes: int = 1024 * 1024
-    # A flow pass whose input (bytes read plus the old state it merges) is smaller than this runs in
-    # one Spark task with no shuffle: partial states and merge in one stage. On small inputs a stage
+    # A flow pass whose input (bytes read times the window copies of each row, plus the old state it
+    # merges; flows with fact joins: never) is smaller than this runs in one Spark task with no shuffle: partial states and merge in one stage. On small inputs a stage
     # and its tasks cost more than the work: the benchmark's two flows, one after the other, 1M-row
     # base, alternated runs: 100k-row Δ (3.5 MB a flow) 1.50 -> 1.21 s; 300k (9 MB) 1.65 -> 1.41 s;
     # 1M (27 MB) 2.50 -> 2.35 s; 3M (117 MB) 6.2 -> 7.2 s (one core idles). 0: never.

@@ -142,3 +142,16 @@ def test_explain_shows_the_join():
     assert join["on"] == "sym = q__sym AND q__ts <= ts AND q__ts > ts - INTERVAL '10' MINUTES"
     assert set(join["columns"]) == {"q__bid", "q__venue", "q__sym", "q__ts"}
     assert logical(spec)["not_incrementalizable"] == ["JOIN quotes"]  # COUNT(DISTINCT) alone would merge
+
+
+def test_a_flow_with_a_fact_join_never_runs_in_one_task(spark, lake):
+    """The one-task path of small passes is bounded by the bytes a pass reads, and a joined table is
+    read whole and can multiply rows: a flow with joins keeps the shuffle by partition."""
+    from tests.engine.test_one_pass import Jobs
+
+    (spec,) = compile_sql(EDGE, origin="edge.sql")
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 10.0, 1), ("2024-01-01 01:05:00", "b", 21.0, 3)])
+    lake.create("quotes", frame=_quotes([("2024-01-01 00:00:00", "a", 9.5, "x"), ("2024-01-01 01:00:00", "b", 20.5, "y")]))
+    _, tasks = Jobs(spark).tasks(lambda: Engine(spark, lake.root).run_many(spec, PARTS))
+    assert max(len(job) for job in tasks) >= 2, tasks  # a job with a shuffle: more than one stage
+    assert_frames_match(lake.read("edge"), _reference(spark, lake), ["sym"])
