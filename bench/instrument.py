@@ -40,7 +40,9 @@ class Instrument:
         self.calls: dict[str, int] = defaultdict(int)
         self.missing: list[str] = []
         self._undo: list[tuple[object, str, object]] = []
-        self._depth: dict[tuple[str, int], int] = defaultdict(int)  # per thread: flows may run side by side
+        # per thread: flows may run side by side (their times then add up beyond the wall time)
+        self._depth: dict[tuple[str, int], int] = defaultdict(int)
+        self._lock = threading.Lock()
 
     def _wrap(self, name: str, fn):
         @functools.wraps(fn)
@@ -53,8 +55,9 @@ class Instrument:
             finally:
                 self._depth[key] -= 1
                 if self._depth[key] == 0:  # count re-entrant calls once
-                    self.seconds[name] += time.perf_counter() - t
-                    self.calls[name] += 1
+                    with self._lock:
+                        self.seconds[name] += time.perf_counter() - t
+                        self.calls[name] += 1
         return wrapper
 
     def __enter__(self) -> "Instrument":

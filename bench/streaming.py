@@ -64,7 +64,7 @@ _STREAM_HADOOP = {"fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem", "fs.fi
 @dataclass
 class StreamRun:
     wall_s: float = 0.0
-    per_query_s: dict[str, float] = field(default_factory=dict)
+    per_query_s: dict[str, float] = field(default_factory=dict)  # from the queries' shared start to each one's end
     batches: dict[str, int] = field(default_factory=dict)
     input_rows: dict[str, int] = field(default_factory=dict)
     state_rows: dict[str, int] = field(default_factory=dict)
