@@ -85,11 +85,15 @@ class LaminarPass:
 
 def touched_partitions(engine: Engine, specs: list[FlowSpec], after: int | None) -> dict[str, list[str]]:
     """flow -> partitions the commits after version `after` touched (all partitions if None),
-    from Delta file statistics only, as the version sensors compute them."""
-    out = {}
+    from Delta file statistics only, as the version sensors compute them (a source's new commits
+    read once for the flows that share it and its event time, as a sensor tick does)."""
+    out, seen = {}, {}
     for spec in specs:
         source = spec.sources[0]
-        changes = new_commits(engine.root, source, spec.event_time, after)
+        key = (source, spec.event_time)
+        if key not in seen:
+            seen[key] = new_commits(engine.root, source, spec.event_time, after)
+        changes = seen[key]
         keys = dirty_partitions(spec, changes) if changes else []
         if changes is not None and changes.unknown_range:
             keys = sorted(set(keys) | set(engine.store.partitions(spec.name)))

@@ -14,6 +14,7 @@ from .layout import RunContext
 from .reading import PART, with_partition
 from .spark_read import read_source
 from .spec import FlowSpec
+from .sql_query import Query, frame as sql_frame
 from .staging import stage
 from . import stable_sql
 from .windows import partition_interval
@@ -27,11 +28,21 @@ def finalize(spec: FlowSpec, state: DataFrame, *, keep: tuple[str, ...] = (),
     `partitioned`: whether `state` has `__p` (asked of Spark when not given)."""
     impls = [implementation(a) for a in spec.aggregates]
     extra = [PART] if (PART in state.columns if partitioned is None else partitioned) else []
-    out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[impl.finalize() for impl in impls],
+    finals, post, _ = sink_columns(spec, impls)
+    out = state.selectExpr(*extra, WS, WE, *[q(k) for k in spec.keys], *[f"{e} AS {q(n)}" for n, e in finals],
                            *[q(c) for c in keep])
-    for name, expr in spec.post:
+    for name, expr in post:
         out = out.withColumn(name, F.expr(expr))
     return out.drop(*spec.hidden) if spec.hidden else out
+
+
+def sink_columns(spec: FlowSpec, impls) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+    """How state rows become sink rows: (aggregate name, SQL over the state columns) per aggregate,
+    the spec's `post` columns (each may use the ones before), and the sink's business columns after
+    the keys (hidden aggregates left out)."""
+    finals = [(impl.agg.name, impl.finalize_expr()) for impl in impls]
+    names = [a.name for a in spec.aggregates if a.name not in spec.hidden]
+    return finals, list(spec.post), [*names, *dict(spec.post)]
 
 
 def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, dict]], run_id: str) -> None:
@@ -60,6 +71,13 @@ def state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: d
                opened: dict | None = None) -> tuple[DataFrame | None, int]:
     """`read_state` and the bytes of the files it reads. `opened`: the run's open tables
     (`RunInputs.opened`): the state is read from the snapshot the run's intent checked."""
+    query, size = state_query(ctx, spec, keys, input_schema, opened=opened)
+    return (query.run(ctx.spark) if query is not None else None), size
+
+
+def state_query(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict, *,
+                opened: dict | None = None) -> tuple[Query | None, int]:
+    """`state_rows` as a query (its columns: the state table's)."""
     uri = ctx.layout.state_uri(spec, input_schema)
     table = (opened or {}).get(uri)
     if not keys or (table is None and not DeltaTable.is_deltatable(uri)):
@@ -68,5 +86,6 @@ def state_rows(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: d
     info = info_of(f"{spec.name} state", uri, table) if table is not None else table_info(f"{spec.name} state", uri)
     files = snapshot_files(info, WS, parts)
     # a lookup by partition number, not the partitions' timestamps: the same code every run (stable_sql.py)
-    inside = F.expr(stable_sql.in_ranges_sql(WS, parts, spec.granularity))
-    return read_source(ctx.spark, files, info).where(inside), sum(f.size for f in files)
+    inside = stable_sql.in_ranges_sql(WS, parts, spec.granularity)
+    scan = sql_frame("state", read_source(ctx.spark, files, info), tuple(info.schema.names))
+    return scan.where(inside), sum(f.size for f in files)

@@ -27,12 +27,13 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .aggregates import EVENT_TS
+from .agg_base import EVENT_TS, q, sql_string
 from .delta_log import local_path
 from .delta_source import snapshot_files, table_info
 from .staging import stage
 from .spark_read import read_source
 from .spec import FlowSpec, StageSpec
+from .windows import sql_timestamp
 
 RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"
 MISSING, OUT_OF_BOUNDS, KEY_MISSING = "event_time_missing", "event_time_out_of_bounds", "key_missing"
@@ -50,10 +51,13 @@ def table_name(source: str) -> str:
 
 def declared_rule(spec: FlowSpec | StageSpec, source: str) -> Column:
     """Name of the first declared rule the raw row breaks (false or NULL), else NULL."""
-    out = F.lit(None).cast("string")
-    for rule in reversed(spec.rules_for(source)):
-        out = F.when(~F.coalesce(F.expr(rule.check), F.lit(False)), F.lit(rule.name)).otherwise(out)
-    return out
+    return F.expr(declared_rule_sql(spec, source))
+
+
+def declared_rule_sql(spec: FlowSpec | StageSpec, source: str) -> str:
+    """`declared_rule` as Spark SQL text."""
+    terms = [f"WHEN NOT coalesce(({rule.check}), false) THEN {sql_string(rule.name)}" for rule in spec.rules_for(source)]
+    return f"CASE {' '.join(terms)} END" if terms else "CAST(NULL AS STRING)"
 
 
 def key_columns(spec: FlowSpec | StageSpec) -> tuple[str, ...]:
@@ -61,19 +65,27 @@ def key_columns(spec: FlowSpec | StageSpec) -> tuple[str, ...]:
 
 
 def key_rule(spec: FlowSpec | StageSpec) -> Column:
-    missing = F.lit(False)
-    for k in key_columns(spec):
-        missing = missing | F.col(k).isNull()
-    return F.when(missing, F.lit(KEY_MISSING))
+    return F.expr(key_rule_sql(spec))
+
+
+def key_rule_sql(spec: FlowSpec | StageSpec) -> str:
+    """SQL: KEY_MISSING when a key column is NULL, else NULL."""
+    missing = " OR ".join(f"{q(k)} IS NULL" for k in key_columns(spec)) or "false"
+    return f"CASE WHEN {missing} THEN {sql_string(KEY_MISSING)} END"
 
 
 def assigned(spec: FlowSpec | StageSpec) -> Column:
     """True for rows a partition run owns: a usable event time inside the bounds."""
-    ts = F.col(EVENT_TS)
-    ok = ts.isNotNull()
+    return F.expr(assigned_sql(spec))
+
+
+def assigned_sql(spec: FlowSpec | StageSpec) -> str:
+    """`assigned` as Spark SQL text."""
+    ts = q(EVENT_TS)
+    ok = f"{ts} IS NOT NULL"
     if spec.bounds is not None:
-        ok = ok & (ts >= F.lit(spec.bounds.start)) & (ts < F.lit(spec.bounds.end))
-    return ok
+        ok += f" AND {ts} >= {sql_timestamp(spec.bounds.start)} AND {ts} < {sql_timestamp(spec.bounds.end)}"
+    return f"({ok})"
 
 
 def unassigned_rule(spec: FlowSpec | StageSpec) -> Column:
@@ -81,10 +93,20 @@ def unassigned_rule(spec: FlowSpec | StageSpec) -> Column:
     return F.when(ts.isNull(), F.lit(MISSING)).when(~assigned(spec), F.lit(OUT_OF_BOUNDS))
 
 
+# ISO 8601 UTC to the microsecond: a row's identity in the quarantine (its JSON) must not change
+TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
+
+
 def original_row(columns: list[str]) -> Column:
     """The source row as JSON (timestamps in ISO 8601 UTC). Null fields are left out, so a column
     added to the source later (null in old rows) does not change an old row's identity."""
-    return F.to_json(F.struct(*[F.col(c) for c in columns]), {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"})
+    return F.to_json(F.struct(*[F.col(c) for c in columns]), {"timestampFormat": TIMESTAMP_FORMAT})
+
+
+def original_row_sql(columns: list[str]) -> str:
+    """`original_row` as Spark SQL text (the same JSON)."""
+    fields = ", ".join(f"{sql_string(c)}, {q(c)}" for c in columns)
+    return f"to_json(named_struct({fields}), map('timestampFormat', {sql_string(TIMESTAMP_FORMAT)}))"
 
 
 def _existing(spark: SparkSession, uri: str, flow: str) -> DataFrame | None:

@@ -20,25 +20,22 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
-from . import quarantine as qr
-from .aggregates import EVENT_TS, SIGN
+from .agg_base import SIGN, q, sql_string
 from .delta_log import CommitKind, DataFile
 from .inputs import RunInputs
 from .plan import PartitionPlan
-from .quarantine import ROW, RULE, VERSION
-from .fact_joins import joined_columns
+from .quarantine import VERSION
 from .spark_read import CHANGE_TYPE, read_source
-from .spec import FlowSpec, StageSpec
-from .validate import event_time_column
+from .spec import StageSpec
+from .sql_query import Query, frame as sql_frame, union_all
 from . import stable_sql
 from .stable_sql import bigint
-from .windows import Interval, coalesce, in_ranges, partition_id, partition_id_column, partition_id_sql
+from .windows import Interval, coalesce, in_ranges_sql, partition_id_column
 
 SRC, DVER, SNAP, PART = "__src", "__dver", "__snap", "__p"
 _SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
@@ -161,40 +158,41 @@ def scans(reads: ReadSet) -> list[tuple[FileGroup, ...]]:
 
 def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> DataFrame:
     """The rows of every file group, with their role columns (one lazy frame; no job runs)."""
-    frames = []
-    for scan in scans(reads):
+    return rows_query(spark, spec, reads, inputs).run(spark)
+
+
+def rows_query(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> Query:
+    """`read_rows` as a query: each scan's Parquet read is a frame, the rest SQL text. Its columns are
+    the first source's, then `__sign`, `__src`, `__dver`, `__snap` and `__src_version`."""
+    names = list(inputs.infos[spec.sources[0]].schema.names)  # every source's rows in this order (by name)
+    cols = [q(c) for c in names]
+    parts = []
+    for i, scan in enumerate(scans(reads) or [(FileGroup(spec.sources[0], (), None, False),)]):
         g = scan[0]
         info = inputs.infos[g.source]
         files = [f for grp in scan for f in grp.files]
-        by_name = not g.change_data and not any(f.needs_row_positions for f in files)
+        by_name = bool(files) and not g.change_data and not any(f.needs_row_positions for f in files)
         df = read_source(spark, files, info, change_data=g.change_data, file_name=_FILE if by_name else None)
+        part = sql_frame(f"scan{i}", df)
+        conds = []
         if g.change_data:
-            sign = F.coalesce(*[F.when(F.col(CHANGE_TYPE) == k, F.lit(v)) for k, v in _SIGNS.items()], F.lit(0))
-            df = df.withColumn(SIGN, sign).where(F.col(SIGN) != 0).drop(CHANGE_TYPE)
+            sign = "CASE " + " ".join(f"WHEN {q(CHANGE_TYPE)} = {sql_string(k)} THEN {v}" for k, v in _SIGNS.items()) \
+                + " ELSE 0 END"
+            conds.append(f"{sign} != 0")
         else:
-            df = df.withColumn(SIGN, F.lit(1))
+            sign = "1"
         in_range = _event_range_filter(spec, info.schema, reads.needed, sum(f.size for f in files))
         if in_range is not None:
-            df = df.where(in_range)
-        df = df.withColumn(SRC, F.lit(g.source))
-        if by_name:
-            df = df.withColumn(_ROLE, F.expr(_role_by_file(scan)))
-            df = df.withColumns({DVER: F.col(f"{_ROLE}.d"), SNAP: F.col(f"{_ROLE}.s"),
-                                 VERSION: F.col(f"{_ROLE}.v")}).drop(_ROLE, _FILE)
+            conds.append(in_range)
+        if by_name:  # each row's role looked up by its file name
+            part = part.add_columns([(_ROLE, _role_by_file(scan))])
+            role = [f"{_ROLE}.d", f"{_ROLE}.s", f"{_ROLE}.v"]
         else:
-            df = df.withColumns({DVER: F.lit(g.version).cast("long"), SNAP: F.lit(g.snapshot),
-                                 VERSION: F.lit(g.read_version).cast("long")})
-        frames.append(df)
-    if not frames:  # nothing to read: an empty frame still gives the state its schema
-        info = inputs.infos[spec.sources[0]]
-        df = read_source(spark, [], info)
-        frames.append(df.withColumn(SIGN, F.lit(1)).withColumn(SRC, F.lit(spec.sources[0]))
-                      .withColumn(DVER, F.lit(None).cast("long")).withColumn(SNAP, F.lit(False))
-                      .withColumn(VERSION, F.lit(None).cast("long")))
-    out = frames[0]
-    for df in frames[1:]:
-        out = out.unionByName(df)
-    return out
+            role = [bigint(g.version), str(g.snapshot).lower(), bigint(g.read_version)]
+        exprs = [*cols, f"{sign} AS {SIGN}", f"{sql_string(g.source)} AS {SRC}",
+                 *[f"{e} AS {c}" for e, c in zip(role, (DVER, SNAP, VERSION))]]
+        parts.append(part.select(exprs, where=" AND ".join(conds) or None))
+    return replace(union_all(parts), columns=(*names, SIGN, SRC, DVER, SNAP, VERSION))
 
 
 _FILE, _ROLE = "__file", "__role"
@@ -225,7 +223,7 @@ def _role(g: FileGroup | None) -> str:
 PUSHDOWN_MIN_BYTES = 64 * 1024 * 1024
 
 
-def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval], size: int) -> Column | None:
+def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval], size: int) -> str | None:
     """`ts in needed` on the raw event-time column when it is a UTC timestamp (rows without one
     belong to the sweep); None when the column is derived or not a timestamp. Scans of `size` bytes
     from `PUSHDOWN_MIN_BYTES` on get the form Parquet pushes down to its row groups."""
@@ -235,57 +233,8 @@ def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval], size: i
     if not (pa.types.is_timestamp(typ) and typ.tz is not None):
         return None
     if size >= PUSHDOWN_MIN_BYTES:
-        return in_ranges(spec.event_time, needed)
-    return F.expr(stable_sql.in_ranges_sql(spec.event_time, needed, spec.granularity))
-
-
-def prepare(spec, frame: DataFrame, inputs: RunInputs | None = None) -> DataFrame:
-    """Source rows with the event time (EVENT_TS), the first rule each breaks (RULE) and the original
-    row (ROW). Rows breaking a rule pass the spec's filter so they reach the quarantine.
-
-    `inputs`: the run's inputs, for `frame` as `read_rows` (+ `join_facts`) built it; its column
-    names and types then come from the checked source schema instead of an analysis of `frame`
-    (over Spark Connect each is a round trip that re-analyses the whole plan)."""
-    if inputs is not None and inputs.row_schema is not None:
-        raw = [*inputs.infos[spec.sources[0]].schema.names, *joined_columns(spec)]
-        ts_type = inputs.row_schema[spec.event_time].dataType
-    else:
-        raw, ts_type = [c for c in frame.columns if not c.startswith("__")], None
-    rule = F.lit(None).cast("string")
-    for src in dict.fromkeys(spec.sources):  # the rules of each row's own source
-        rule = F.when(F.col(SRC) == F.lit(src), qr.declared_rule(spec, src)).otherwise(rule)
-    # one call per step that needs the one before (each DataFrame call is an analysis of the plan)
-    df = frame.withColumns({ROW: qr.original_row(raw), RULE: rule})
-    for name, expr in spec.derived:  # not evaluated on broken rows (ANSI errors, e.g. x / 0)
-        df = df.withColumn(name, F.when(F.col(RULE).isNull(), F.expr(expr)))
-    df = df.withColumns({EVENT_TS: event_time_column(df, spec.event_time, ts_type),
-                         RULE: F.coalesce(F.col(RULE), qr.key_rule(spec))})
-    if spec.filter:  # the filter picks among good rows; broken ones go on to the quarantine
-        df = df.where(F.expr(spec.filter) | F.col(RULE).isNotNull() | ~qr.assigned(spec))
-    return df
-
-
-def keep(spec, plans: list[PartitionPlan], at: str) -> Column:
-    """Whether a row counts for the partition holding timestamp column `at` (the window start of a
-    flow's row copy, a stage row's event time); rows of partitions outside `plans` never count.
-    Map lookups rather than the run's timestamps and versions: the same code every run (stable_sql.py)."""
-    refilled = stable_sql.in_ranges_sql(at, [r for p in plans for r in (
-        p.refill if isinstance(spec, FlowSpec) else ([p.interval] if p.refill else []))], spec.granularity)
-    merges: dict[str, dict[int, tuple[int, ...]]] = {}
-    for p in plans:
-        for src, versions in p.incremental_versions.items():
-            if versions:
-                merges.setdefault(src, {})[partition_id(p.partition, spec.granularity)] = tuple(sorted(versions))
-    # SQL text, one expression: a Column tree costs a Py4J round trip per node in local mode
-    part = partition_id_sql(at, spec.granularity)
-    merged = [f"({SRC} = {sql_string(src)} AND {stable_sql.contains_sql(by_part, part, DVER)})"
-              for src, by_part in sorted(merges.items())]
-    return F.expr(f"CASE WHEN {refilled} THEN {SNAP} ELSE {' OR '.join(merged) or 'false'} END")
-
-
-def sql_string(value: str) -> str:
-    """A Spark SQL string literal (backslashes and quotes escaped)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return in_ranges_sql(spec.event_time, needed)
+    return stable_sql.in_ranges_sql(spec.event_time, needed, spec.granularity)
 
 
 def with_partition(df: DataFrame, spec, at: str) -> DataFrame:

@@ -28,14 +28,15 @@ from .inputs import RunInputs
 from .layout import RunContext
 from .plan import Mode, PartitionPlan, Reason
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
-from .reading import PART, keep, prepare, read_rows, read_set, with_partition
+from .reading import PART, read_set, rows_query
+from .row_prep import keep_sql, prepare_query
 from .spark_io import arrow_schema_of, interpreted, nullable, observe
 from .stable_sql import bigint
 from .staging import StagedFiles, stage
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import StageSpec
 from .stage_rows import DedupReplaced, dedup_against_kept, deduped, kept_rows, replaced
-from .windows import partition_id, partition_key_column
+from .windows import partition_id, partition_id_sql, partition_key_column
 
 
 @dataclass
@@ -50,8 +51,9 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
     out = PassResult()
     reads = read_set(spec, plans, inputs)
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see flow_job
-        rows = prepare(spec, read_rows(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned(spec))
-        rows = with_partition(rows, spec, EVENT_TS).where(keep(spec, plans, EVENT_TS))
+        rows = prepare_query(spec, rows_query(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned_sql(spec))
+        rows = rows.add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
+        rows = rows.where(keep_sql(spec, plans, EVENT_TS)).run(ctx.spark)  # one analysis (sql_query.py)
         joined = _join_dimensions(ctx, spec, rows, inputs)
         obs = Observation()
         rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)

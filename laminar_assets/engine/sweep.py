@@ -22,7 +22,8 @@ from .layout import RunContext
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .fact_joins import without_joins
-from .reading import DVER, SNAP, SRC, prepare
+from .reading import DVER, SNAP, SRC
+from .row_prep import prepare
 from .spark_read import CHANGE_TYPE, read_source
 
 

@@ -32,12 +32,17 @@ def apply_row_logic(df: DataFrame, spec: FlowSpec | StageSpec) -> DataFrame:
 def event_time_column(df: DataFrame | None, column: str, dtype: DataType | None = None):
     """The event time as a timestamp; strings that do not parse become null (counted, not fatal).
     `dtype`: the column's type when known (no analysis of `df` then)."""
-    dtype = dtype or df.schema[column].dataType
+    return F.expr(event_time_sql(column, dtype or df.schema[column].dataType))
+
+
+def event_time_sql(column: str, dtype: DataType) -> str:
+    """`event_time_column` as Spark SQL text, for a column of type `dtype`."""
+    c = "`" + column.replace("`", "``") + "`"
     if isinstance(dtype, StringType):
-        return F.try_to_timestamp(F.col(column))
+        return f"try_to_timestamp({c})"
     if isinstance(dtype, (TimestampNTZType, DateType)):
-        return F.col(column).cast("timestamp")
-    return F.col(column)
+        return f"CAST({c} AS TIMESTAMP)"
+    return c
 
 
 @dataclass(frozen=True)

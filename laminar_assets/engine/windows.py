@@ -156,34 +156,22 @@ class WindowShape:
         return Interval(starts.start, starts.end - self.slide + self.size)
 
 
-def assign_windows(df, ts_col: str, shape: WindowShape, *, primary_before: datetime | None = None):
-    """Add `window_start`, `window_end` and `__primary` to a Spark DataFrame of events.
-
-    Tumbling windows give one row per event; hopping windows give `copies` rows,
-    one per window holding the event. `__primary` marks exactly one copy so input
-    rows can be counted once: the latest window starting before `primary_before`
-    (the end of the partition being computed), or the latest window if not given.
-    """
-    from pyspark.sql import functions as F
-
+def window_columns(ts_col: str, shape: WindowShape) -> tuple[list[str], list[tuple[str, str]]]:
+    """Spark SQL that assigns events (timestamp column `ts_col`) to windows: the expressions of a
+    first step (hopping windows: `__copy`, one row per window holding the event, by `posexplode`;
+    none for tumbling ones) and the columns a second step adds: `window_start`, `window_end` and
+    `__primary`, which marks exactly one copy (the latest window) so input rows are counted once."""
     # Microsecond arithmetic in 64 bits: a 15-minute slide times 3 copies overflows an int.
-    size, slide = F.lit(_micros(shape.size)).cast("long"), F.lit(_micros(shape.slide)).cast("long")
-    us = F.unix_micros(F.col(ts_col))
-    last = us - F.pmod(us, slide)
-    # One `withColumns` per frame, expressions inlined: each DataFrame call is a Spark analysis of
-    # the whole plan so far (a Py4J round trip; over Spark Connect a gRPC one).
+    size, slide = f"{_micros(shape.size)}L", f"{_micros(shape.slide)}L"
+    us = f"unix_micros({_ident(ts_col)})"
+    last = f"({us} - pmod({us}, {slide}))"
     if shape.copies == 1:
-        ws, primary = last, F.lit(True)
-    else:
-        df = df.select("*", F.posexplode(F.sequence(F.lit(0), F.lit(shape.copies - 1))).alias("__copy", "__copy_v"))
-        ws = last - F.col("__copy").cast("long") * slide
-        latest = last
-        if primary_before is not None:
-            latest = F.least(last, F.lit(to_micros(primary_before) - _micros(shape.slide)).cast("long"))
-        primary = ws == latest
-    out = df.withColumns({"__primary": primary, "window_start": F.timestamp_micros(ws),
-                          "window_end": F.timestamp_micros(ws + size)})
-    return out if shape.copies == 1 else out.drop("__copy", "__copy_v")
+        return [], [("__primary", "true"), ("window_start", f"timestamp_micros({last})"),
+                    ("window_end", f"timestamp_micros({last} + {size})")]
+    ws = f"({last} - CAST(__copy AS BIGINT) * {slide})"
+    return ([f"posexplode(sequence(0, {shape.copies - 1})) AS (__copy, __copy_v)"],
+            [("__primary", f"{ws} = {last}"), ("window_start", f"timestamp_micros({ws})"),
+             ("window_end", f"timestamp_micros({ws} + {size})")])
 
 
 # --- partitions ------------------------------------------------------------

@@ -128,6 +128,19 @@ def test_a_rule_that_does_not_compile_names_flow_rule_and_table(lake, engine):
     assert "'typo'" in text and "trades" in text and "version 0" in text and "Py4J" not in text
 
 
+def test_a_post_column_never_sees_the_groups_of_broken_rows(spark, lake, engine):
+    """The pass merges broken rows in groups of their own (its metrics come from the merged rows); a
+    post column dividing by an aggregate must not see them: b's only row breaks `qty > 0`, so its
+    group's volume is 0 and `hi / volume` would raise DIVIDE_BY_ZERO."""
+    flow = FlowSpec(name="d", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.sum("qty", name="volume"), Agg.max("px", name="hi")),
+                    post={"per_unit": "hi / volume"}, rules=(RowRule("positive_qty", "qty > 0"),))
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 10.0, 2), ("2024-01-01 00:02:00", "b", 11.0, 0)])
+    r = engine.run(flow, PART)
+    assert r.metrics["rows_rejected"] == 1 and r.metrics["rows_read"] == 2
+    assert lake.read(flow.sink)[["sym", "volume", "per_unit"]].values.tolist() == [["a", 2, 5.0]]
+
+
 def test_rule_and_bounds_validation():
     with pytest.raises(SpecError, match="rules\\[0\\].name"):
         FlowSpec(name="x", source="t", event_time="ts", window=Tumbling("1m"), aggregates=(Agg.count(),),
