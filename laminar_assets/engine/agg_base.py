@@ -24,6 +24,12 @@ def q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def user_sql(expr: str) -> str:
+    """A user's SQL expression (a rule, a derived or post column, a filter) to embed in generated SQL:
+    in parentheses, on lines of its own, so a `--` comment in it ends where it does."""
+    return f"(\n{expr}\n)"
+
+
 def sql_string(value: str) -> str:
     """A Spark SQL string literal (backslashes and quotes escaped)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

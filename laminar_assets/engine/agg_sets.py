@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import IntegralType
 
-from .agg_base import AggImpl, q
+from .agg_base import AggImpl, q, user_sql
 
 
 class DistinctSketch(AggImpl):
@@ -122,7 +122,7 @@ class Query(AggImpl):
     PARTS = ("v",)
 
     def partial_exprs(self, sign):
-        return [f"({self.agg.expr})"]
+        return [user_sql(self.agg.expr)]
 
     def merge_exprs(self):
         msg = f"laminar: aggregate {self.agg.name} = {self.agg.expr} cannot merge two partial states"

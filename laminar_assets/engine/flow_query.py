@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from . import quarantine as qr
 from . import stable_sql
-from .agg_base import EVENT_TS, ROWS, SIGN, q
+from .agg_base import EVENT_TS, ROWS, SIGN, q, user_sql
 from .aggregates import implementations
 from .fact_joins import join_facts
 from .flow_state import WE, WS, sink_columns, state_query
@@ -120,7 +120,7 @@ def pass_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], read
     finals, post, names = sink_columns(spec, impls)
     # only for the rows kept: a post column's `x / y` must not see a broken rule's or an emptied group
     merged = merged.add_columns([(n, f"CASE WHEN {GOOD} THEN {e} END") for n, e in finals])
-    merged = merged.with_columns([(n, f"CASE WHEN {GOOD} THEN ({e}) END") for n, e in post])
+    merged = merged.with_columns([(n, f"CASE WHEN {GOOD} THEN {user_sql(e)} END") for n, e in post])
     return PassQuery(copies, merged, impls, state, (PART, WS, WE, *spec.keys, *names))
 
 

@@ -27,7 +27,7 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .agg_base import EVENT_TS, q, sql_string
+from .agg_base import EVENT_TS, q, sql_string, user_sql
 from .delta_log import local_path
 from .delta_source import snapshot_files, table_info
 from .staging import stage
@@ -56,7 +56,7 @@ def declared_rule(spec: FlowSpec | StageSpec, source: str) -> Column:
 
 def declared_rule_sql(spec: FlowSpec | StageSpec, source: str) -> str:
     """`declared_rule` as Spark SQL text."""
-    terms = [f"WHEN NOT coalesce(({rule.check}), false) THEN {sql_string(rule.name)}" for rule in spec.rules_for(source)]
+    terms = [f"WHEN NOT coalesce({user_sql(rule.check)}, false) THEN {sql_string(rule.name)}" for rule in spec.rules_for(source)]
     return f"CASE {' '.join(terms)} END" if terms else "CAST(NULL AS STRING)"
 
 

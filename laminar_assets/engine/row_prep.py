@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from . import quarantine as qr
 from . import stable_sql
-from .agg_base import EVENT_TS, SIGN, sql_string
+from .agg_base import EVENT_TS, SIGN, sql_string, user_sql
 from .fact_joins import joined_columns
 from .inputs import RunInputs
 from .plan import PartitionPlan
@@ -55,13 +55,13 @@ def prepare_query(spec, rows: Query, inputs: RunInputs | None, *, ts_type=None, 
                      for src in dict.fromkeys(spec.sources))  # the rules of each row's own source
     out = rows.with_columns([(ROW, qr.original_row_sql(raw)), (RULE, f"CASE {rules} END")])
     # not evaluated on broken rows (ANSI errors, e.g. x / 0)
-    out = out.with_columns([(name, f"CASE WHEN {RULE} IS NULL THEN ({expr}) END") for name, expr in spec.derived])
+    out = out.with_columns([(name, f"CASE WHEN {RULE} IS NULL THEN {user_sql(expr)} END") for name, expr in spec.derived])
     if derived_only:
         return out
     out = out.with_columns([(EVENT_TS, event_time_sql(spec.event_time, ts_type)),
                             (RULE, f"coalesce({RULE}, {qr.key_rule_sql(spec)})")])
     if spec.filter:  # the filter picks among good rows; broken ones go on to the quarantine
-        out = out.where(f"({spec.filter}) OR {RULE} IS NOT NULL OR NOT {qr.assigned_sql(spec)}")
+        out = out.where(f"{user_sql(spec.filter)} OR {RULE} IS NOT NULL OR NOT {qr.assigned_sql(spec)}")
     return out
 
 

@@ -86,6 +86,9 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
             return (f"keys[{i}]", f"expected a column name, found {key!r}")
     if len(set(spec.keys)) != len(spec.keys):
         return ("keys", f"duplicate group-by key in {list(spec.keys)}")
+    for col, _expr in spec.derived:
+        if col in reserved:  # the pass adds the window columns beside the row's own
+            return (f"derived.{col}", f"{col!r} is the window column every flow adds; derive another name")
     if not spec.aggregates:
         return ("aggregates", "expected at least one aggregate, found none")
     seen: set[str] = set(spec.keys) | set(reserved)
@@ -113,4 +116,26 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
         return ("refresh", "refresh 'incremental_strict' cannot maintain "
                 f"{', '.join(spec.not_incrementalizable)} incrementally (Laminar can only recompute the "
                 "windows it touches); use refresh 'auto' or an aggregate Laminar can merge")
+    return None
+
+
+def alias_problem(spec) -> tuple[str, str] | None:
+    """(field, what is wrong) for a user expression (derived, post, filter, rule) that names itself
+    with a top-level `AS`: the field's key is its name, and the pass embeds the expression in its own
+    SQL, where an alias cannot stand. Text sqlglot cannot parse is left to Spark's own check."""
+    import sqlglot
+    from sqlglot import exp
+
+    fields = [*[(f"derived.{c}", e) for c, e in spec.derived], *[(f"post.{c}", e) for c, e in getattr(spec, "post", ())],
+              *[(f"rules.{r.name}", r.check) for r in spec.rules], *([("filter", spec.filter)] if spec.filter else [])]
+    for field, expr in fields:
+        if not isinstance(expr, str) or not re.search(r"\bas\b", expr, re.IGNORECASE):
+            continue  # no `AS` anywhere: nothing to parse
+        try:
+            tree = sqlglot.parse_one(expr, read="spark")
+        except sqlglot.errors.SqlglotError:
+            continue
+        if isinstance(tree, exp.Alias):
+            return (field, f"expected an expression without a top-level alias, found {expr!r}: drop "
+                           f"'AS {tree.alias}' (the field's key names the column)")
     return None

@@ -32,6 +32,10 @@ def flow(**kw):
     (dict(max_versions_per_run=0), "max_versions_per_run", "positive integer"),
     (dict(derived={"__x": "1"}), "derived[0]", "not starting with '__'"),
     (dict(derived={"ts": "ts - INTERVAL 30 MINUTES"}), "derived.ts", "may not replace the event time"),
+    (dict(derived={"window_start": "ts"}), "derived.window_start", "window column every flow adds"),
+    (dict(derived={"d": "px * 2 AS doubled"}), "derived.d", "drop 'AS doubled'"),
+    (dict(post={"r": "sum_qty / 2 as half"}), "post.r", "without a top-level alias"),
+    (dict(filter="qty > 0 AS ok"), "filter", "without a top-level alias"),
 ])
 def test_invalid_specs_name_flow_and_field(kw, field, text):
     with pytest.raises(SpecError) as info:
@@ -66,3 +70,7 @@ def test_stage_validation():
     with pytest.raises(SpecError) as info:
         StageSpec(name="s", source="t", event_time="ts", joins=(DimensionJoin("d", on=(), columns=("x",)),))
     assert info.value.field == "joins[0].on"
+
+
+def test_aliases_inside_an_expression_are_fine():
+    flow(derived={"d": "CASE WHEN px > 0 THEN CAST(px AS DOUBLE) END"}, filter="(SELECT 1) = 1 OR qty > 0")

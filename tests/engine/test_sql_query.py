@@ -38,3 +38,22 @@ def test_braces_in_the_sql_reach_spark_as_written(spark):
     rows = frame("t", spark.range(3), ("id",)).where("'{x}' = concat('{', 'x}')").add_columns([("s", "'{}'")])
     both = union_all([rows.select(["id", "s"]), frame("u", spark.range(1), ("id",)).select(["id", "'{0}' AS s"])])
     assert sorted((r.id, r.s) for r in both.run(spark).collect()) == [(0, "{0}"), (0, "{}"), (1, "{}"), (2, "{}")]
+
+
+@pytest.mark.spark
+def test_a_comment_in_a_users_expression_ends_with_it(spark, lake):
+    """A `--` comment in a rule, filter, derived or post expression ends at the expression's end, not
+    at the end of the one SQL statement it is embedded in (which it would otherwise cut short)."""
+    from laminar_assets.engine import Agg, Engine, FlowSpec, RowRule, Tumbling
+    from tests.reference import assert_frames_match, full_recompute
+
+    flow = FlowSpec(name="c", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.count(), Agg.sum("d", name="d_sum")), derived={"d": "px * 2 -- doubled"},
+                    filter="px > 0 -- positive prices", rules=(RowRule("pos", "qty > 0 -- no shorts"),),
+                    post={"avg_d": "d_sum / `count` -- per row"})
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 10.0, 1), ("2024-01-01 00:02:00", "a", 11.0, -2),
+                           ("2024-01-01 00:03:00", "b", -1.0, 3)])
+    r = Engine(spark, lake.root).run(flow, "2024-01-01-00:00")
+    assert r.metrics["rows_rejected"] == 1
+    expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
+    assert_frames_match(lake.read(flow.sink), expected.reset_index(drop=True), flow.keys)
