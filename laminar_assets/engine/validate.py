@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import (
+    BooleanType, DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType,
+)
 
-from .aggregates import is_numeric
+from .agg_base import EVENT_TS, q, user_sql
+from .aggregates import implementations, is_numeric
 from .kinds import KINDS
 from .delta_source import TableInfo, column_fate
 from laminar_assets.errors import SchemaMismatchError, SpecError
@@ -96,12 +100,18 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
         base = _with_joined_columns(spark, spec, base, joined or {})
     for rule in spec.rules_for(info.name):
         try:
-            _ = base.select(F.expr(rule.check)).schema
+            kind = base.select(F.expr(rule.check)).schema[0].dataType
         except (AnalysisException, PySparkException) as exc:
             raise SpecError(
                 f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) does not compile against source "
                 f"'{info.name}' at version {info.version}: {_first_line(exc)}. Fix the rule in the source's "
                 "contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
+        if not isinstance(kind, BooleanType):
+            raise SpecError(
+                f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) must be a condition, true for the rows to "
+                f"keep; on source '{info.name}' at version {info.version} it gives {kind.simpleString()}. Fix the "
+                "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts)
+    _check_names(spec, base.columns, facts)
     try:
         df = apply_row_logic(base, spec)
         _ = df.schema
@@ -148,6 +158,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                         f"found {t.simpleString()} in '{info.name}' at version {info.version}",
                         column=agg.column, **facts,
                     )
+        _check_post(df, spec, facts)
     schema = df.schema
     return CheckedSource({c: schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}, schema)
 
@@ -187,6 +198,44 @@ def _check_expression(df: DataFrame, spec: FlowSpec, agg, facts: dict) -> None:
                         field=f"aggregates.{agg.name}", **facts) from None
 
 
+def _check_names(spec, columns: list[str], facts: dict) -> None:
+    """Derived names must not differ from a source column (or an earlier derived one) only in case:
+    Spark resolves names regardless of case, so the two would be one ambiguous name."""
+    seen = {c.lower(): (c, "source column") for c in columns}
+    for name, _expr in spec.derived:
+        other, what = seen.get(name.lower(), (name, ""))
+        if other != name:
+            raise SpecError(
+                f"flow '{spec.name}': derived column {name!r} differs from {what} {other!r} of '{facts['table']}' "
+                f"only in case, and Spark resolves column names regardless of case; name it {other!r} to replace "
+                "that column, or choose another name", field=f"derived.{name}", **facts)
+        seen[name.lower()] = (name, "derived column")
+
+
+def _check_post(df: DataFrame, spec: FlowSpec, facts: dict) -> None:
+    """Each post column must compile over a sink row: the keys, window_start/window_end, every
+    aggregate (hidden ones too) and the post columns before it (analysed over an empty frame, the
+    aggregates finalized from partial states as a run computes them)."""
+    if not spec.post:
+        return
+    impls = implementations(spec, df.schema)
+    rows = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+    keys = [q(k) for k in spec.keys]
+    state = rows.groupBy(*[F.expr(k) for k in keys]).agg(*[F.expr(e) for i in impls for e in i.partial("1")])
+    sink = state.selectExpr(*keys, "CAST(NULL AS TIMESTAMP) AS window_start", "CAST(NULL AS TIMESTAMP) AS window_end",
+                            *[i.finalize() for i in impls])
+    for name, expr in spec.post:
+        try:
+            sink = sink.withColumn(name, F.expr(user_sql(expr)))
+            _ = sink.schema
+        except (AnalysisException, PySparkException) as exc:
+            raise SpecError(
+                f"flow '{spec.name}': post column {name!r} ({expr}) does not compile over the sink's columns "
+                f"{sink.columns}: {_first_line(exc)}. A post column may use the keys, window_start, window_end, "
+                "the aggregates and the post columns before it (source columns are gone after aggregation)",
+                field=f"post.{name}", **facts) from None
+
+
 def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:
     """A clear error when column mapping renamed or dropped a column the spec uses."""
     fate = column_fate(info, col)
@@ -199,7 +248,9 @@ def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:
 
 
 def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """Spark's message, first line, without its position in a statement the user never wrote."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return re.sub(r";?\s*line \d+ pos \d+;?$", "", text).rstrip(" ;")
 
 
 def _unresolved(exc: Exception) -> str | None:

@@ -9,8 +9,8 @@ import pytest
 from deltalake import write_deltalake
 
 from laminar_assets.engine import (
-    Agg, FlowSpec, LaminarError, RunFailedError, SchemaMismatchError, SourceNotFoundError, Tumbling,
-    UnsupportedTableFeatureError,
+    Agg, FlowSpec, LaminarError, RowRule, RunFailedError, SchemaMismatchError, SourceNotFoundError, SpecError,
+    Tumbling, UnsupportedTableFeatureError,
 )
 from tests.conftest import trades_frame
 
@@ -76,6 +76,66 @@ def test_filter_on_missing_column_names_it(lake, engine):
         engine.run(flow, PART)
     assert info.value.facts["column"] == "venue"
     no_trace(info.value)
+
+
+def test_a_rule_that_is_not_a_condition_names_rule_type_and_table(lake, engine):
+    """Before this check the run failed inside the pass with Spark's message about an internal
+    `coalesce(..., false)` at a position in a statement the user never wrote."""
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), aggregates=(Agg.count(),),
+                    rules=(RowRule("positive", "qty + 1"),))
+    with pytest.raises(SpecError, match=r"rule 'positive' \(qty \+ 1\) must be a condition.*gives bigint") as info:
+        engine.run(flow, PART)
+    assert info.value.facts["field"] == "rules.positive" and info.value.facts["table"] == "trades"
+    no_trace(info.value)
+    nothing_written(lake)
+
+
+@pytest.mark.parametrize("post, problem", [
+    ("volume / nosuch", "nosuch"),         # no such column anywhere
+    ("volume * px", "px"),                 # a source column: gone after aggregation
+    ("sum(volume)", "MISSING_GROUP_BY"),   # an aggregate over the sink's rows
+    ("volume + array(1)", "ARRAY<INT>"),   # types that do not combine
+])
+def test_a_post_column_that_does_not_compile_names_it_and_the_sink_columns(lake, engine, post, problem):
+    """Before this check these failed in the pass as a RunFailedError listing internal columns
+    (`__n`, `__bad`, ...) and promising a refill that would fail the same way."""
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.sum("qty", name="volume"),), post={"x": post})
+    with pytest.raises(SpecError) as info:
+        engine.run(flow, PART)
+    text = str(info.value)
+    assert info.value.facts["field"] == "post.x" and problem in text, text
+    assert "['sym', 'window_start', 'window_end', 'volume']" in text and "__" not in text, text
+    no_trace(info.value)
+    nothing_written(lake)
+
+
+def test_post_columns_may_use_hidden_aggregates_window_bounds_and_earlier_post_columns(lake, engine):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 2.0, 3), ("2024-01-01 00:02:00", "a", 4.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    derived={"notional": "px * qty"},
+                    aggregates=(Agg.sum("notional", name="n"), Agg.sum("qty", name="v"), Agg.first("px", name="o")),
+                    hidden=("n",), post={"vwap": "n / v", "gap": "vwap - o",
+                                         "minutes": "(unix_seconds(window_end) - unix_seconds(window_start)) / 60"})
+    engine.run(flow, PART)
+    row = lake.read("f").iloc[0]
+    assert "n" not in lake.read("f").columns
+    assert (row["vwap"], row["gap"], row["minutes"]) == (2.5, 0.5, 10.0)
+
+
+def test_a_derived_column_differing_from_a_source_column_only_in_case_is_refused(lake, engine):
+    """Spark resolves names regardless of case: `PX` beside the source's `px` was an ambiguous
+    reference deep in the pass."""
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), aggregates=(Agg.sum("PX"),),
+                    derived={"PX": "px * 2"})
+    with pytest.raises(SpecError, match="derived column 'PX' differs from source column 'px'") as info:
+        engine.run(flow, PART)
+    assert info.value.facts["field"] == "derived.PX"
+    no_trace(info.value)
+    nothing_written(lake)
 
 
 def test_missing_source_table(lake, engine):
