@@ -18,7 +18,7 @@ from .kinds import KINDS
 from .spec_parts import (  # noqa: F401  (re-exported: specs are built from these)
     Agg, DimensionJoin, FactJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, as_pairs, as_tuple,
 )
-from .spec_checks import alias_problem, catalog_problem, flow_problem, joins_problem
+from .spec_checks import expression_problem, catalog_problem, flow_problem, joins_problem
 from .windows import Granularity, Interval, WindowShape, parse_duration, to_utc
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -152,7 +152,7 @@ class _Common:
             if rule.source is not None and rule.source not in self.source:
                 self._fail(f"rules.{rule.name}.source", f"expected one of the sources {list(self.source)}, "
                            f"found {rule.source!r}")
-        problem = alias_problem(self)
+        problem = expression_problem(self)
         if problem:
             self._fail(*problem)
         for attr in ("max_versions_per_run", "max_rows_per_run"):

@@ -119,15 +119,21 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
     return None
 
 
-def alias_problem(spec) -> tuple[str, str] | None:
-    """(field, what is wrong) for a user expression (derived, post, filter, rule) that names itself
-    with a top-level `AS`: the field's key is its name, and the pass embeds the expression in its own
-    SQL, where an alias cannot stand. Text sqlglot cannot parse is left to Spark's own check."""
+def expression_problem(spec) -> tuple[str, str] | None:
+    """(field, what is wrong) for a user expression the pass cannot embed in its own SQL: one holding
+    a NUL character (the pass's placeholders for its input frames are NUL-delimited, sql_query.py), or
+    a derived, post, filter or rule expression that names itself with a top-level `AS` (the field's
+    key is its name; an alias cannot stand where the pass puts it). Text sqlglot cannot parse is left
+    to Spark's own check."""
     import sqlglot
     from sqlglot import exp
 
     fields = [*[(f"derived.{c}", e) for c, e in spec.derived], *[(f"post.{c}", e) for c, e in getattr(spec, "post", ())],
               *[(f"rules.{r.name}", r.check) for r in spec.rules], *([("filter", spec.filter)] if spec.filter else [])]
+    sql_aggs = [(f"aggregates.{a.name}", a.expr) for a in getattr(spec, "aggregates", ()) if getattr(a, "expr", None)]
+    for field, expr in [*fields, *sql_aggs]:
+        if isinstance(expr, str) and "\x00" in expr:
+            return (field, f"expected an expression without NUL characters, found {expr!r}")
     for field, expr in fields:
         if not isinstance(expr, str) or not re.search(r"\bas\b", expr, re.IGNORECASE):
             continue  # no `AS` anywhere: nothing to parse

@@ -36,6 +36,8 @@ def flow(**kw):
     (dict(derived={"d": "px * 2 AS doubled"}), "derived.d", "drop 'AS doubled'"),
     (dict(post={"r": "sum_qty / 2 as half"}), "post.r", "without a top-level alias"),
     (dict(filter="qty > 0 AS ok"), "filter", "without a top-level alias"),
+    (dict(filter="sym = 'a\x00b'"), "filter", "without NUL characters"),
+    (dict(aggregates=(Agg.sql("max(sym || '\x00')", name="m"),)), "aggregates.m", "without NUL characters"),
 ])
 def test_invalid_specs_name_flow_and_field(kw, field, text):
     with pytest.raises(SpecError) as info:
