@@ -112,19 +112,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                 f"keep; on source '{info.name}' at version {info.version} it gives {kind.simpleString()}. Fix the "
                 "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts)
     _check_names(spec, base.columns, facts)
-    try:
-        df = apply_row_logic(base, spec)
-        _ = df.schema
-    except (AnalysisException, PySparkException) as exc:
-        col = _unresolved(exc)
-        if col:
-            _renamed_or_dropped(spec, info, col)
-            raise SchemaMismatchError(
-                f"flow '{spec.name}': source '{info.name}' at version {info.version} has no column {col!r} "
-                f"used by its derived columns or filter; found columns {base.columns}", column=col, **facts,
-            ) from None
-        raise SpecError(f"flow '{spec.name}': derived column or filter does not compile against "
-                        f"'{info.name}': {_first_line(exc)}", field="derived/filter", **facts) from None
+    df = _row_logic_checked(spec, info, base, facts)
     needed = [spec.event_time]
     if isinstance(spec, FlowSpec):
         needed += list(spec.keys) + [c for a in spec.aggregates for c in (a.column, a.by) if c]
@@ -196,6 +184,27 @@ def _check_expression(df: DataFrame, spec: FlowSpec, agg, facts: dict) -> None:
         raise SpecError(f"aggregate {agg.name} = {agg.expr} of flow '{spec.name}' does not compile against "
                         f"'{facts['table']}' as an aggregate: {_first_line(exc)}",
                         field=f"aggregates.{agg.name}", **facts) from None
+
+
+def _row_logic_checked(spec, info: TableInfo, base: DataFrame, facts: dict) -> DataFrame:
+    """`apply_row_logic`, one field at a time, so an error names the derived column or the filter."""
+    df, field, expr = base, "", ""
+    try:
+        for name, expr in [*spec.derived, *([("", spec.filter)] if spec.filter else [])]:
+            field = f"derived.{name}" if name else "filter"
+            df = df.withColumn(name, F.expr(expr)) if name else df.where(F.expr(expr))
+            _ = df.schema
+    except (AnalysisException, PySparkException) as exc:
+        col = _unresolved(exc)
+        if col:
+            _renamed_or_dropped(spec, info, col)
+            raise SchemaMismatchError(
+                f"flow '{spec.name}': {field} ({expr}) uses column {col!r}, which source '{info.name}' does not "
+                f"have at version {info.version}; found columns {df.columns}", column=col, field=field, **facts,
+            ) from None
+        raise SpecError(f"flow '{spec.name}': {field} ({expr}) does not compile against '{info.name}' at version "
+                        f"{info.version}: {_first_line(exc)}", field=field, **facts) from None
+    return df
 
 
 def _check_names(spec, columns: list[str], facts: dict) -> None:

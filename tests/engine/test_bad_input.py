@@ -74,8 +74,23 @@ def test_filter_on_missing_column_names_it(lake, engine):
                     aggregates=(Agg.count(),), filter="venue = 'X'")
     with pytest.raises(SchemaMismatchError) as info:
         engine.run(flow, PART)
-    assert info.value.facts["column"] == "venue"
+    assert info.value.facts["column"] == "venue" and info.value.facts["field"] == "filter"
     no_trace(info.value)
+
+
+@pytest.mark.parametrize("kw, field, text", [
+    (dict(filter="qty + 1"), "filter", "FILTER_NOT_BOOLEAN"),
+    (dict(derived={"ok": "px * 2", "bad": "px + array(1)"}), "derived.bad", "(px + array(1)) does not compile"),
+    (dict(derived={"n": "px * qty", "m": "n * nosuch"}), "derived.m", "uses column 'nosuch'"),
+])
+def test_a_derived_column_or_filter_that_does_not_compile_is_named(lake, engine, kw, field, text):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), aggregates=(Agg.count(),), **kw)
+    with pytest.raises(LaminarError) as info:
+        engine.run(flow, PART)
+    assert info.value.facts["field"] == field and text in str(info.value), str(info.value)
+    no_trace(info.value)
+    nothing_written(lake)
 
 
 def test_a_rule_that_is_not_a_condition_names_rule_type_and_table(lake, engine):
