@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 
@@ -13,8 +12,9 @@ from pyspark.sql.types import (
     BooleanType, DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType,
 )
 
-from .agg_base import EVENT_TS, q, user_sql
-from .aggregates import implementations, is_numeric
+from .agg_base import EVENT_TS
+from .aggregates import is_numeric
+from .aggregation_checks import check_aggregation, spark_message
 from .kinds import KINDS
 from .delta_source import TableInfo, column_fate
 from laminar_assets.errors import SchemaMismatchError, SpecError
@@ -104,7 +104,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
         except (AnalysisException, PySparkException) as exc:
             raise SpecError(
                 f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) does not compile against source "
-                f"'{info.name}' at version {info.version}: {_first_line(exc)}. Fix the rule in the source's "
+                f"'{info.name}' at version {info.version}: {spark_message(exc)}. Fix the rule in the source's "
                 "contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
         if not isinstance(kind, BooleanType):
             raise SpecError(
@@ -146,7 +146,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                         f"found {t.simpleString()} in '{info.name}' at version {info.version}",
                         column=agg.column, **facts,
                     )
-        _check_post(df, spec, facts)
+        check_aggregation(df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)), spec, facts)
     schema = df.schema
     return CheckedSource({c: schema[c].dataType.simpleString() for c in dict.fromkeys(needed)}, schema)
 
@@ -171,7 +171,7 @@ def _with_joined_columns(spark: SparkSession, spec: FlowSpec, base: DataFrame,
             _ = base.schema
         except (AnalysisException, PySparkException) as exc:
             raise SpecError(f"flow '{spec.name}': join condition {join.on!r} with '{info.name}' does not compile: "
-                            f"{_first_line(exc)}", field=f"joins.{join.alias}", flow=spec.name, table=info.name,
+                            f"{spark_message(exc)}", field=f"joins.{join.alias}", flow=spec.name, table=info.name,
                             version=info.version) from None
     return base
 
@@ -182,7 +182,7 @@ def _check_expression(df: DataFrame, spec: FlowSpec, agg, facts: dict) -> None:
         _ = df.groupBy().agg(F.expr(agg.expr)).schema
     except (AnalysisException, PySparkException) as exc:
         raise SpecError(f"aggregate {agg.name} = {agg.expr} of flow '{spec.name}' does not compile against "
-                        f"'{facts['table']}' as an aggregate: {_first_line(exc)}",
+                        f"'{facts['table']}' as an aggregate: {spark_message(exc)}",
                         field=f"aggregates.{agg.name}", **facts) from None
 
 
@@ -203,7 +203,7 @@ def _row_logic_checked(spec, info: TableInfo, base: DataFrame, facts: dict) -> D
                 f"have at version {info.version}; found columns {df.columns}", column=col, field=field, **facts,
             ) from None
         raise SpecError(f"flow '{spec.name}': {field} ({expr}) does not compile against '{info.name}' at version "
-                        f"{info.version}: {_first_line(exc)}", field=field, **facts) from None
+                        f"{info.version}: {spark_message(exc)}", field=field, **facts) from None
     return df
 
 
@@ -221,30 +221,6 @@ def _check_names(spec, columns: list[str], facts: dict) -> None:
         seen[name.lower()] = (name, "derived column")
 
 
-def _check_post(df: DataFrame, spec: FlowSpec, facts: dict) -> None:
-    """Each post column must compile over a sink row: the keys, window_start/window_end, every
-    aggregate (hidden ones too) and the post columns before it (analysed over an empty frame, the
-    aggregates finalized from partial states as a run computes them)."""
-    if not spec.post:
-        return
-    impls = implementations(spec, df.schema)
-    rows = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
-    keys = [q(k) for k in spec.keys]
-    state = rows.groupBy(*[F.expr(k) for k in keys]).agg(*[F.expr(e) for i in impls for e in i.partial("1")])
-    sink = state.selectExpr(*keys, "CAST(NULL AS TIMESTAMP) AS window_start", "CAST(NULL AS TIMESTAMP) AS window_end",
-                            *[i.finalize() for i in impls])
-    for name, expr in spec.post:
-        try:
-            sink = sink.withColumn(name, F.expr(user_sql(expr)))
-            _ = sink.schema
-        except (AnalysisException, PySparkException) as exc:
-            raise SpecError(
-                f"flow '{spec.name}': post column {name!r} ({expr}) does not compile over the sink's columns "
-                f"{sink.columns}: {_first_line(exc)}. A post column may use the keys, window_start, window_end, "
-                "the aggregates and the post columns before it (source columns are gone after aggregation)",
-                field=f"post.{name}", **facts) from None
-
-
 def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:
     """A clear error when column mapping renamed or dropped a column the spec uses."""
     fate = column_fate(info, col)
@@ -254,12 +230,6 @@ def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:
             f"(the table is at version {info.version}); update the flow to the new name or remove its use",
             flow=spec.name, table=info.name, version=info.version, column=col,
         ) from None
-
-
-def _first_line(exc: Exception) -> str:
-    """Spark's message, first line, without its position in a statement the user never wrote."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return re.sub(r";?\s*line \d+ pos \d+;?$", "", text).rstrip(" ;")
 
 
 def _unresolved(exc: Exception) -> str | None:

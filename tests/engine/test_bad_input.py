@@ -140,6 +140,44 @@ def test_post_columns_may_use_hidden_aggregates_window_bounds_and_earlier_post_c
     assert (row["vwap"], row["gap"], row["minutes"]) == (2.5, 0.5, 10.0)
 
 
+@pytest.mark.parametrize("agg, why", [
+    (Agg.min("m"), "min needs values that have an order"),
+    (Agg.first("m"), "first needs values that have an order"),
+    (Agg.min_by("px", "m"), "min_by needs values that have an order"),
+    (Agg.count_distinct("m"), "count_distinct does not accept values of this type"),
+])
+def test_an_aggregate_over_a_column_of_an_unusable_type_names_aggregate_column_and_type(lake, engine, agg, why):
+    """Before this check these failed in the pass quoting our SQL (`min(CASE WHEN ... named_struct(t, __ts,
+    v, m) END)`) as a RunFailedError."""
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), derived={"m": "map('k', sym)"},
+                    aggregates=(Agg.count(), agg))
+    with pytest.raises(SpecError) as info:
+        engine.run(flow, PART)
+    text = str(info.value)
+    assert info.value.facts["field"] == f"aggregates.{agg.name}" and why in text, text
+    assert "'m' of type map<string,string>" in text and "__" not in text and "version 0" in text, text
+    no_trace(info.value)
+    nothing_written(lake)
+
+
+def test_the_checks_accept_every_aggregate_kind_with_a_post_over_all_of_them(lake, engine):
+    rows = [(f"2024-01-01 00:{i % 20:02d}:00", "a" if i % 3 else "b", 10.0 + i, i + 1) for i in range(30)]
+    lake.create("trades", rows)
+    aggs = (Agg.count(name="c"), Agg.sum("qty", name="s"), Agg.avg("px", name="a"), Agg.min("px", name="mn"),
+            Agg.max("px", name="mx"), Agg.var_samp("px", name="vs"), Agg.stddev_samp("px", name="sd"),
+            Agg.first("px", name="f"), Agg.last("px", name="l"), Agg.approx_count_distinct("qty", name="acd"),
+            Agg.approx_percentile("px", 0.5, name="ap"), Agg.count_distinct("qty", name="cd"),
+            Agg.min_by("px", "qty", name="mb"), Agg.max_by("px", "qty", name="xb"), Agg.top_k("px", 2, name="tk"),
+            Agg.approx_top_k("sym", 2, name="atk"), Agg.sql("percentile(px, 0.5)", name="med"))
+    total = " + ".join(f"coalesce({a.name}, 0)" for a in aggs if a.name not in ("tk", "atk"))
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",), aggregates=aggs,
+                    hidden=("c",), post={"total": total, "sizes": "size(tk) + size(atk)", "twice": "total * 2"})
+    engine.run(flow, PART)
+    sink = lake.read("f")
+    assert len(sink) == 4 and (sink["twice"] == 2 * sink["total"]).all() and set(sink["sizes"]) <= {2, 3, 4}
+
+
 def test_a_derived_column_differing_from_a_source_column_only_in_case_is_refused(lake, engine):
     """Spark resolves names regardless of case: `PX` beside the source's `px` was an ambiguous
     reference deep in the pass."""
