@@ -45,6 +45,7 @@ def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
         sink = state(impls).selectExpr(*keys, *WINDOW_BOUNDS, *[i.finalize() for i in impls])
         _ = sink.schema
     except (AnalysisException, PySparkException) as exc:
+        _check_keys(rows, spec, facts)
         for impl in impls:
             _check_one(rows, state, impl, spec, facts)
         raise SpecError(f"flow '{spec.name}': its aggregates do not compile together over source "
@@ -60,6 +61,23 @@ def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
                 f"{sink.columns}: {spark_message(exc)}. A post column may use the keys, window_start, window_end, "
                 "the aggregates and the post columns before it (source columns are gone after aggregation)",
                 field=f"post.{name}", **facts) from None
+    for f in sink.schema.fields:  # Delta tables hold no intervals: the state and sink commits would fail
+        if "interval" in f.dataType.simpleString():
+            field = ("keys" if f.name in spec.keys else f"post.{f.name}" if f.name in dict(spec.post)
+                     else f"aggregates.{f.name}")
+            raise SpecError(
+                f"flow '{spec.name}': output column {f.name!r} is of type {f.dataType.simpleString()}, which a Delta "
+                "table cannot store; convert it, e.g. to seconds with unix_seconds(a) - unix_seconds(b)",
+                field=field, **facts)
+
+
+def _check_keys(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
+    try:
+        _ = rows.groupBy(*[F.expr(q(k)) for k in spec.keys]).count().schema
+    except (AnalysisException, PySparkException) as exc:
+        typed = ", ".join(f"{k!r} of type {rows.schema[k].dataType.simpleString()}" for k in spec.keys)
+        raise SpecError(f"flow '{spec.name}': its keys ({typed}) cannot group rows of source '{facts['table']}' at "
+                        f"version {facts['version']}: {spark_message(exc)}", field="keys", **facts) from None
 
 
 def _check_one(rows: DataFrame, state, impl: AggImpl, spec: FlowSpec, facts: dict) -> None:

@@ -54,9 +54,14 @@ def declared_rule(spec: FlowSpec | StageSpec, source: str) -> Column:
     return F.expr(declared_rule_sql(spec, source))
 
 
+def rule_kept_sql(rule) -> str:
+    """Whether a row keeps `rule`, as Spark SQL: its check, NULL counting as broken."""
+    return f"coalesce({user_sql(rule.check)}, false)"
+
+
 def declared_rule_sql(spec: FlowSpec | StageSpec, source: str) -> str:
     """`declared_rule` as Spark SQL text."""
-    terms = [f"WHEN NOT coalesce({user_sql(rule.check)}, false) THEN {sql_string(rule.name)}" for rule in spec.rules_for(source)]
+    terms = [f"WHEN NOT {rule_kept_sql(rule)} THEN {sql_string(rule.name)}" for rule in spec.rules_for(source)]
     return f"CASE {' '.join(terms)} END" if terms else "CAST(NULL AS STRING)"
 
 

@@ -84,14 +84,15 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
     for i, key in enumerate(spec.keys):
         if not isinstance(key, str) or not _NAME_RE.match(key):
             return (f"keys[{i}]", f"expected a column name, found {key!r}")
-    if len(set(spec.keys)) != len(spec.keys):
-        return ("keys", f"duplicate group-by key in {list(spec.keys)}")
+    if len({k.lower() for k in spec.keys}) != len(spec.keys):
+        return ("keys", f"duplicate group-by key in {list(spec.keys)} (names are compared regardless of case)")
     for col, _expr in spec.derived:
-        if col in reserved:  # the pass adds the window columns beside the row's own
+        if col.lower() in reserved:  # the pass adds the window columns beside the row's own
             return (f"derived.{col}", f"{col!r} is the window column every flow adds; derive another name")
     if not spec.aggregates:
         return ("aggregates", "expected at least one aggregate, found none")
-    seen: set[str] = set(spec.keys) | set(reserved)
+    # Spark and Delta compare column names regardless of case: so does this
+    seen: dict[str, str] = {n.lower(): n for n in [*spec.keys, *reserved]}
     for i, agg in enumerate(spec.aggregates):
         where = f"aggregates[{i}]"
         if not isinstance(agg, Agg):
@@ -101,13 +102,13 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
             return (where, problem)
         if not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
             return (where, f"output name {agg.name!r} is not an identifier")
-        if agg.name in seen:
-            return (where, f"duplicate output column {agg.name!r}")
-        seen.add(agg.name)
+        if agg.name.lower() in seen:
+            return (where, f"duplicate output column {agg.name!r}{_case_note(agg.name, seen)}")
+        seen[agg.name.lower()] = agg.name
     for col, _expr in spec.post:
-        if col in seen:
-            return (f"post.{col}", f"duplicate output column {col!r}")
-        seen.add(col)
+        if col.lower() in seen:
+            return (f"post.{col}", f"duplicate output column {col!r}{_case_note(col, seen)}")
+        seen[col.lower()] = col
     names = {a.name for a in spec.aggregates}
     for col in spec.hidden:
         if col not in names:
@@ -119,9 +120,18 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
     return None
 
 
+# How the pass marks an input frame in its SQL text (sql_query.py): a name between NUL characters.
+FRAME_PLACEHOLDER = re.compile("\x00([A-Za-z0-9_]+)\x00")
+
+
+def _case_note(name: str, seen: dict[str, str]) -> str:
+    other = seen[name.lower()]
+    return "" if other == name else f" (the same as {other!r} but for case: column names are case-insensitive)"
+
+
 def expression_problem(spec) -> tuple[str, str] | None:
     """(field, what is wrong) for a user expression the pass cannot embed in its own SQL: one holding
-    a NUL character (the pass's placeholders for its input frames are NUL-delimited, sql_query.py), or
+    what reads as a placeholder for an input frame (`FRAME_PLACEHOLDER`), or
     a derived, post, filter or rule expression that names itself with a top-level `AS` (the field's
     key is its name; an alias cannot stand where the pass puts it). Text sqlglot cannot parse is left
     to Spark's own check."""
@@ -132,9 +142,10 @@ def expression_problem(spec) -> tuple[str, str] | None:
               *[(f"rules.{r.name}", r.check) for r in spec.rules], *([("filter", spec.filter)] if spec.filter else [])]
     sql_aggs = [(f"aggregates.{a.name}", a.expr) for a in getattr(spec, "aggregates", ()) if getattr(a, "expr", None)]
     for field, expr in [*fields, *sql_aggs]:
-        if isinstance(expr, str) and "\x00" in expr:
-            return (field, f"expected an expression without NUL characters, found {expr!r}")
-    for field, expr in fields:
+        if isinstance(expr, str) and FRAME_PLACEHOLDER.search(expr):
+            return (field, f"expected an expression without a name between two NUL characters (how the pass "
+                           f"marks its inputs), found {expr!r}; write NUL as char(0)")
+    for field, expr in [*fields, *sql_aggs]:
         if not isinstance(expr, str) or not re.search(r"\bas\b", expr, re.IGNORECASE):
             continue  # no `AS` anywhere: nothing to parse
         try:

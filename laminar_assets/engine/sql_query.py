@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pyspark.sql import DataFrame, SparkSession
 
 from .agg_base import q
+from .spec_checks import FRAME_PLACEHOLDER
 
-_REF = re.compile("\x00([A-Za-z0-9_]+)\x00")
+_REF = FRAME_PLACEHOLDER
 
 
 def ref(name: str) -> str:

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BooleanType, DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType,
-)
+from pyspark.sql.types import DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType
 
 from .agg_base import EVENT_TS
 from .aggregates import is_numeric
 from .aggregation_checks import check_aggregation, spark_message
+from .quarantine import rule_kept_sql
 from .kinds import KINDS
 from .delta_source import TableInfo, column_fate
 from laminar_assets.errors import SchemaMismatchError, SpecError
@@ -106,12 +105,15 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                 f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) does not compile against source "
                 f"'{info.name}' at version {info.version}: {spark_message(exc)}. Fix the rule in the source's "
                 "contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
-        if not isinstance(kind, BooleanType):
+        try:  # as the pass uses it: Spark casts what it can (a string 'true'/'N') to a condition
+            _ = base.select(F.expr(f"NOT {rule_kept_sql(rule)}")).schema
+        except (AnalysisException, PySparkException):
             raise SpecError(
                 f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) must be a condition, true for the rows to "
                 f"keep; on source '{info.name}' at version {info.version} it gives {kind.simpleString()}. Fix the "
-                "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts)
-    _check_names(spec, base.columns, facts)
+                "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
+    if info.name == spec.sources[0]:  # a fan-in flow reads its other sources under the first one's names
+        _check_names(spec, base.columns, facts)
     df = _row_logic_checked(spec, info, base, facts)
     needed = [spec.event_time]
     if isinstance(spec, FlowSpec):

@@ -178,6 +178,42 @@ def test_the_checks_accept_every_aggregate_kind_with_a_post_over_all_of_them(lak
     assert len(sink) == 4 and (sink["twice"] == 2 * sink["total"]).all() and set(sink["sizes"]) <= {2, 3, 4}
 
 
+def test_a_rule_spark_casts_to_a_condition_is_accepted_as_the_pass_uses_it(lake, engine):
+    """The pass keeps a row where `coalesce(check, false)` holds; Spark casts a string 'true'/'false' there
+    (a review found the first version of the check refusing such rules, which ran before)."""
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1), ("2024-01-01 00:02:00", "a", 5.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), aggregates=(Agg.count(),),
+                    rules=(RowRule("pricey", "CASE WHEN px > 1 THEN 'true' ELSE 'false' END"),))
+    r = engine.run(flow, PART)
+    assert r.quarantined == {"pricey": 1} and lake.read("f")["count"].tolist() == [1]
+
+
+def test_a_fan_in_flow_is_checked_for_case_against_its_first_source_only(lake, engine):
+    """A fan-in flow reads its other sources under the first one's column names: `tb`'s `Px` is read as
+    `px`, so a derived `px` replacing it is fine (it ran before; the first version of the case check
+    refused it)."""
+    lake.create("ta", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    lake.create("tb", frame=trades_frame([("2024-01-01 00:02:00", "a", 5.0, 1)]).rename(columns={"px": "Px"}))
+    flow = FlowSpec(name="f", source=("ta", "tb"), event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    derived={"px": "px * 2"}, aggregates=(Agg.sum("px", name="s"),))
+    engine.run(flow, PART)
+    assert lake.read("f")["s"].tolist() == [12.0]
+
+
+@pytest.mark.parametrize("kw, field, text", [
+    (dict(keys=("v",), derived={"v": "parse_json('{\"a\": 1}')"}), "keys", "cannot group rows"),
+    (dict(keys=("sym",), post={"dur": "window_end - window_start"}), "post.dur", "which a Delta table cannot store"),
+])
+def test_keys_that_cannot_group_and_outputs_delta_cannot_store_are_named(lake, engine, kw, field, text):
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), aggregates=(Agg.count(),), **kw)
+    with pytest.raises(SpecError) as info:
+        engine.run(flow, PART)
+    assert info.value.facts["field"] == field and text in str(info.value), str(info.value)
+    no_trace(info.value)
+    nothing_written(lake)
+
+
 def test_a_derived_column_differing_from_a_source_column_only_in_case_is_refused(lake, engine):
     """Spark resolves names regardless of case: `PX` beside the source's `px` was an ambiguous
     reference deep in the pass."""

@@ -36,8 +36,14 @@ def flow(**kw):
     (dict(derived={"d": "px * 2 AS doubled"}), "derived.d", "drop 'AS doubled'"),
     (dict(post={"r": "sum_qty / 2 as half"}), "post.r", "without a top-level alias"),
     (dict(filter="qty > 0 AS ok"), "filter", "without a top-level alias"),
-    (dict(filter="sym = 'a\x00b'"), "filter", "without NUL characters"),
-    (dict(aggregates=(Agg.sql("max(sym || '\x00')", name="m"),)), "aggregates.m", "without NUL characters"),
+    (dict(filter="sym = '\x00scan0\x00'"), "filter", "between two NUL characters"),
+    (dict(aggregates=(Agg.sql("max(sym || '\x00rows\x00')", name="m"),)), "aggregates.m", "between two NUL"),
+    (dict(aggregates=(Agg.sql("sum(qty) AS s", name="s"),)), "aggregates.s", "drop 'AS s'"),
+    (dict(aggregates=(Agg.sum("qty", name="volume"),), post={"VOLUME": "volume * 2"}), "post.VOLUME",
+     "the same as 'volume' but for case"),
+    (dict(aggregates=(Agg.count(name="SYM"),)), "aggregates[0]", "the same as 'sym' but for case"),
+    (dict(aggregates=(Agg.count(name="Window_Start"),)), "aggregates[0]", "the same as 'window_start'"),
+    (dict(keys=("sym", "SYM")), "keys", "duplicate group-by key"),
 ])
 def test_invalid_specs_name_flow_and_field(kw, field, text):
     with pytest.raises(SpecError) as info:
@@ -45,6 +51,10 @@ def test_invalid_specs_name_flow_and_field(kw, field, text):
     err = info.value
     assert err.flow == kw.get("name", "vwap") and err.field == field
     assert text in str(err)
+
+
+def test_a_lone_nul_character_in_an_expression_is_fine():
+    assert flow(filter="instr(sym, '\x00') = 0").filter == "instr(sym, '\x00') = 0"
 
 
 def test_daily_partition_accepts_hour_windows():
