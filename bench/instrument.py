@@ -5,7 +5,7 @@ Nothing in `laminar_assets` is edited: while `Instrument` is active, these funct
 
 * `Engine.gather`: open the source snapshot with deltalake, read the new commits' log entries
   and Parquet footers, check the spec against the schema (Spark analyzer, no job);
-* `staging.stage` / `stage_split`: the Spark job that computes a run's output and writes it as Parquet
+* `staging.stage` / `stage_split` / `collect_rows` + `stage_rows`: the Spark job that computes a run's output and writes it as Parquet
   into a table folder (by Spark, or by the driver from Arrow batches), plus footer statistics;
 * `DeltaTable.create_write_transaction`: a Delta commit through deltalake;
 * `delta_source.snapshot_files`: listing a pinned snapshot's files with statistics (deltalake).
@@ -27,6 +27,8 @@ _TARGETS = (
     ("gather_log_and_schema", "laminar_assets.engine.executor", "Engine", "gather"),
     ("parquet_write", "laminar_assets.engine.staging", None, "stage"),
     ("parquet_write", "laminar_assets.engine.staging", None, "stage_split"),
+    ("parquet_write", "laminar_assets.engine.staging", None, "collect_rows"),
+    ("parquet_write", "laminar_assets.engine.staging", None, "stage_rows"),
     ("delta_commit", "deltalake", "DeltaTable", "create_write_transaction"),
     ("snapshot_listing", "laminar_assets.engine.delta_source", None, "snapshot_files"),
 )

@@ -4,11 +4,13 @@
               role, signed partial states per (partition, window, keys), merged with the old state of
               the touched partitions only, minus refilled windows
     state     one Spark job writes the merged state, one file per partition; one Delta commit
-    sink      a small pass: finalized beside the state in the same job (both staged by the driver);
+    sink      a small pass: finalized beside the state in the same job (both staged by the driver,
+              which sums the run metrics from the same rows);
               otherwise one Spark job finalizes the state files just written (a scan, no shuffle);
               one Delta commit
 
-Run metrics come from the same jobs (`DataFrame.observe`), not from extra ones. The
+Run metrics come from the same jobs (pass_metrics.py: observed, or summed from collected rows),
+not from extra ones. The
 state is re-read only when a crashed run is recovered (`flow_state.rederive_sinks`).
 """
 
@@ -24,15 +26,16 @@ from pyspark.sql import functions as F
 from . import quarantine as qr
 from .agg_base import EVENT_TS, SIGN, q
 from .delta_write import replace_ranges
-from .flow_query import GOOD, LOST, PassQuery, old_state, pass_query, read_metrics
+from .flow_query import PassQuery, old_state, pass_query
 from .flow_state import WS, finalize
 from .inputs import RunInputs
 from .layout import RunContext
+from .pass_metrics import GOOD, LOST, collected_metrics, good_mask, lost_window_starts, observed_metrics
 from .plan import PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, ReadSet, read_set, with_partition
 from .spark_io import interpreted, observe
-from .staging import StagedFiles, read_staged, stage, stage_split
+from .staging import collect_rows, read_staged, stage, stage_rows
 from .spec import FlowSpec
 from .windows import Interval, partition_key, partition_key_column
 
@@ -77,7 +80,9 @@ def _build(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: 
     single = _bounded(spec, read_bytes, ctx.options.single_task_below_bytes)
     small = _bounded(spec, read_bytes, ctx.options.driver_write_below_bytes)
     sink = sink and small and not any(c.startswith("__") for c in [*spec.keys, *dict(spec.post)])
-    return pass_query(ctx, spec, plans, reads, inputs, single=single, old=old, slots=slots, sink=sink), reads, small
+    # per-partition metrics of a pass staged with its sink are summed from its rows: no slot column
+    return pass_query(ctx, spec, plans, reads, inputs, single=single, old=old, slots=slots and not sink,
+                      sink=sink), reads, small
 
 
 def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
@@ -90,18 +95,11 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     built, reads, small = _build(ctx, spec, plans, inputs, slots=per_part, sink=True)
     # small inputs: interpreted expressions (compiling each query's new code costs more than it saves)
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
-        obs = Observation()
-        merged = observe(built.merged.run(ctx.spark), obs, *[F.expr(m) for m in read_metrics(plans if per_part else [])])
-        good = merged.where(GOOD)
         t0 = time.perf_counter()
         state_uri = ctx.layout.state_uri(spec, inputs.input_schema)
-        staged, sink = _stage_outputs(ctx, spec, built, good, state_uri, run_id, small)
-        row = obs.get
-        if row.get("lost"):
-            for files in (staged, sink):
-                if files is not None:
-                    files.discard()
-            raise PrecisionLost(_lost_windows(spec, merged.where(f"{LOST} AND {GOOD}")))
+        staged, sink, row = _stage_outputs(ctx, spec, plans, built, state_uri, run_id, small,
+                                           plans if per_part else [])
+        per_part = per_part or sink is not None  # collected metrics: every partition's
         _collect_metrics(out, row, plans, per_part)
         for k in keys:
             out.metrics[k].update(files_read=reads.files.get(k, 0), bytes_read=reads.bytes.get(k, 0))
@@ -138,17 +136,32 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     return out
 
 
-def _stage_outputs(ctx: RunContext, spec: FlowSpec, built: PassQuery, good: DataFrame, state_uri: str,
-                   run_id: str, small: bool) -> tuple[StagedFiles, StagedFiles | None]:
-    """Stage the merged state (one Spark job). With the sink's columns beside it (a small pass), both
-    come to the driver and are staged from that one job; otherwise the sink (None) is still to be
-    staged from the state files."""
-    if built.sink is None:
-        return stage(good.selectExpr(*[q(c) for c in built.state]), state_uri, run_id, by=PART,
-                     through_driver=small), None
-    staged, sink = stage_split(good, [(state_uri, run_id, list(built.state)),
-                                      (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))], by=PART)
-    return staged, sink
+def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], built: PassQuery, state_uri: str,
+                   run_id: str, small: bool, slotted: list[PartitionPlan]) -> tuple:
+    """Stage the merged state in one Spark job; returns (state files, sink files or None, metrics).
+    A small pass collects every merged row, stages state and sink from them and sums its metrics
+    in Arrow; otherwise Spark writes the state, the metrics are observed in that job and the sink
+    (None) is still to be staged from the state files. Raises `PrecisionLost` before anything is
+    staged (collected) or after discarding the state files (observed)."""
+    merged = built.merged.run(ctx.spark)
+    if built.sink is not None:
+        rows = collect_rows(merged)
+        metrics = collected_metrics(rows, plans, spec.granularity)
+        if metrics["lost"]:
+            raise PrecisionLost(_lost_windows(spec, lost_window_starts(rows)))
+        staged, sink = stage_rows(rows.filter(good_mask(rows)), [
+            (state_uri, run_id, list(built.state)), (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))],
+            by=PART)
+        return staged, sink, metrics
+    obs = Observation()
+    merged = observe(merged, obs, *[F.expr(m) for m in observed_metrics(slotted)])
+    staged = stage(merged.where(GOOD).selectExpr(*[q(c) for c in built.state]), state_uri, run_id, by=PART,
+                   through_driver=small)
+    if obs.get.get("lost"):
+        staged.discard()
+        starts = [r[WS] for r in merged.where(f"{LOST} AND {GOOD}").select(WS).distinct().collect()]
+        raise PrecisionLost(_lost_windows(spec, starts))  # a job only when precision was lost
+    return staged, None, obs.get
 
 
 def _bounded(spec: FlowSpec, size: int, limit: int) -> bool:
@@ -173,11 +186,10 @@ def _element(values: list | None, at: int | None) -> int:
     return int(values[at] or 0) if values is not None and at is not None and at < len(values) else 0
 
 
-def _lost_windows(spec: FlowSpec, lost: DataFrame) -> dict[str, tuple[Interval, ...]]:
-    rows = lost.select(WS).distinct().collect()  # a job only when precision was lost
+def _lost_windows(spec: FlowSpec, starts: list) -> dict[str, tuple[Interval, ...]]:
     out: dict[str, list[Interval]] = {}
-    for r in rows:
-        iv = Interval(r[WS], r[WS] + spec.shape.slide)
+    for start in starts:
+        iv = Interval(start, start + spec.shape.slide)
         out.setdefault(partition_key(iv.start, spec.granularity), []).append(iv)
     return {k: tuple(v) for k, v in out.items()}
 

@@ -6,8 +6,8 @@
     merged    the touched partitions' old state (minus refilled windows) merged with the partials
 
 Rows that broke a rule stay in their own merged groups (`__bad`): the pass's metrics are
-aggregates over the merged rows, observed in the job that stages them, so each merged row carries
-what its partials read (`__in_rows`, `__rejected`, `__retracted`, `__groups`). `GOOD` picks the
+aggregates over the merged rows, in the job that stages them (pass_metrics.py), so each merged row
+carries what its partials read (`__in_rows`, `__rejected`, `__retracted`, `__groups`). `GOOD` picks the
 state rows to keep. A small pass (`single`) runs in one task: the `COALESCE(1)` hint puts every
 row in one partition, which satisfies every grouping, so Spark plans no exchange.
 """
@@ -26,6 +26,7 @@ from .fact_joins import join_facts
 from .flow_state import WE, WS, sink_columns, state_query
 from .inputs import RunInputs
 from .layout import RunContext
+from .pass_metrics import BAD, GOOD, GROUPS, IN_ROWS, LOST, REJECTED, RETRACTED, SLOT
 from .plan import PartitionPlan
 from .quarantine import RULE
 from .reading import PART, ReadSet, rows_query
@@ -35,9 +36,6 @@ from .spec import FlowSpec
 from .stable_sql import bigint
 from .windows import partition_id, partition_id_of_sql, partition_id_sql, window_columns
 
-BAD, LOST, SLOT = "__bad", "__lost", "__slot"
-IN_ROWS, REJECTED, RETRACTED, GROUPS = "__in_rows", "__rejected", "__retracted", "__groups"
-GOOD = f"NOT {BAD} AND {ROWS} != 0"  # state rows: no broken rule, rows left after retractions
 
 
 @dataclass(frozen=True)
@@ -133,26 +131,3 @@ def old_state(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], input
         return None, 0
     refilled = stable_sql.in_ranges_sql(WS, [r for p in plans for r in p.refill], spec.granularity)
     return old.where(f"NOT {refilled}").add_columns([(PART, partition_id_sql(WS, spec.granularity))]), old_bytes
-
-
-def read_metrics(plans: list[PartitionPlan]) -> list[str]:
-    """Aggregates over merged rows: one array per metric, the pass's total first, then one element
-    per partition (by `SLOT`) when `plans` is given.
-
-    SQL text, one expression per metric rather than one per metric and partition: each expression
-    is a few Py4J round trips in local mode. Windows are counted with a DataSketches HLL sketch:
-    exact for small counts, a few hundred bytes per aggregate; `approx_count_distinct` at 1% error
-    carried 16k registers per aggregate and task and cost a second per run in the observation alone."""
-    # Slots rounded up to a power of two: runs over a similar number of partitions share the code
-    # of these aggregates instead of compiling their own (see stable_sql.py).
-    slots = (1 << (len(plans) - 1).bit_length()) if plans else 0
-    conds = ["true", *[f"{SLOT} = {i}" for i in range(1, slots + 1)]]
-    metrics = {
-        "rows": f"sum(CASE WHEN {{c}} THEN {IN_ROWS} END)",
-        "rejected": f"sum(CASE WHEN {{c}} THEN {REJECTED} END)",
-        "retracted": f"sum(CASE WHEN {{c}} THEN {RETRACTED} END)",
-        "groups": f"sum(CASE WHEN {{c}} THEN {GROUPS} END)",
-        "windows": f"hll_sketch_estimate(hll_sketch_agg(CASE WHEN {{c}} AND {GROUPS} > 0 THEN unix_micros({WS}) END, 12))",
-    }
-    out = [f"array({', '.join(m.format(c=c) for c in conds)}) AS `{name}`" for name, m in metrics.items()]
-    return [*out, f"sum(CASE WHEN {LOST} AND {GOOD} THEN 1 ELSE 0 END) AS lost"]

@@ -126,7 +126,17 @@ def stage_split(df: DataFrame, outputs: list[tuple[str, str, list[str]]], *, by:
                 folder: str = "laminar") -> list[StagedFiles]:
     """One Spark job for several tables: `df`'s rows are collected through the driver (see `stage`)
     and each output (table URI, run id, columns) stages those columns of every row, split by `by`."""
-    table = df.toArrow()
+    return stage_rows(collect_rows(df), outputs, by=by, folder=folder)
+
+
+def collect_rows(df: DataFrame) -> pa.Table:
+    """The rows of a small output, sent to the driver as Arrow batches (one Spark job)."""
+    return df.toArrow()
+
+
+def stage_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]], *, by: str,
+               folder: str = "laminar") -> list[StagedFiles]:
+    """`stage_split` for rows already collected as Arrow."""
     out = []
     for table_uri, run_id, columns in outputs:
         rel_dir, target = _target(table_uri, folder, run_id)
