@@ -57,6 +57,12 @@ def copies_query(spark: SparkSession, spec: FlowSpec, plans: list[PartitionPlan]
     if spec.joins:  # a DataFrame join (its fact tables are read whole)
         rows = frame_query(join_facts(spark, spec, rows.run(spark), inputs), spec, inputs)
     rows = prepare_query(spec, rows, inputs).where(qr.assigned_sql(spec))
+    # A source with window columns of its own (a flow over another flow's sink): they served the
+    # event time, derived columns, filter and rules above; from here on the flow's windows replace them.
+    shadowed = [c for c in rows.columns if c.lower() in (WS, WE)]
+    if shadowed:
+        kept = tuple(c for c in rows.columns if c not in shadowed)
+        rows = rows.select([q(c) for c in kept], columns=kept)
     explode, windows = window_columns(EVENT_TS, spec.shape)
     if explode:
         rows = rows.select(["*", *explode], columns=(*rows.columns, "__copy", "__copy_v"))

@@ -86,6 +86,10 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
             return (f"keys[{i}]", f"expected a column name, found {key!r}")
     if len({k.lower() for k in spec.keys}) != len(spec.keys):
         return ("keys", f"duplicate group-by key in {list(spec.keys)} (names are compared regardless of case)")
+    for i, key in enumerate(spec.keys):
+        if key.lower() in reserved:  # every flow groups by its own window already
+            return (f"keys[{i}]", f"{key!r} is the window column every flow adds and groups by; derive the source's "
+                    "column under another name to group by it")
     for col, _expr in spec.derived:
         if col.lower() in reserved:  # the pass adds the window columns beside the row's own
             return (f"derived.{col}", f"{col!r} is the window column every flow adds; derive another name")

@@ -137,6 +137,7 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
             f"found {ts_type.simpleString()} at version {info.version}", column=spec.event_time, **facts,
         )
     if isinstance(spec, FlowSpec):
+        _check_shadowed(spec, df.columns, facts)
         for agg in spec.aggregates:
             if agg.expr:
                 _check_expression(df, spec, agg, facts)
@@ -221,6 +222,21 @@ def _check_names(spec, columns: list[str], facts: dict) -> None:
                 f"only in case, and Spark resolves column names regardless of case; name it {other!r} to replace "
                 "that column, or choose another name", field=f"derived.{name}", **facts)
         seen[name.lower()] = (name, "derived column")
+
+
+def _check_shadowed(spec: FlowSpec, columns: list[str], facts: dict) -> None:
+    """A source's own `window_start`/`window_end` (a flow over another flow's sink) serve the event
+    time, derived columns, filter and rules; inside aggregates those names are the flow's windows,
+    so an aggregate naming one as its column would silently read the flow's window instead."""
+    own = {c.lower(): c for c in columns if c.lower() in ("window_start", "window_end")}
+    for agg in spec.aggregates:
+        for col in (agg.column, agg.by):
+            if col and col.lower() in own:
+                raise SpecError(
+                    f"flow '{spec.name}': aggregate {agg.name!r} reads column {col!r} of '{facts['table']}', but in "
+                    f"aggregates that name is the flow's own window; derive it under another name first, e.g. "
+                    f"derived={{'source_{col.lower()}': {own[col.lower()]!r}}}, and aggregate that",
+                    field=f"aggregates.{agg.name}", **facts)
 
 
 def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:

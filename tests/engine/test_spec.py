@@ -33,6 +33,7 @@ def flow(**kw):
     (dict(derived={"__x": "1"}), "derived[0]", "not starting with '__'"),
     (dict(derived={"ts": "ts - INTERVAL 30 MINUTES"}), "derived.ts", "may not replace the event time"),
     (dict(derived={"window_start": "ts"}), "derived.window_start", "window column every flow adds"),
+    (dict(keys=("sym", "Window_Start")), "keys[1]", "window column every flow adds and groups by"),
     (dict(derived={"d": "px * 2 AS doubled"}), "derived.d", "drop 'AS doubled'"),
     (dict(post={"r": "sum_qty / 2 as half"}), "post.r", "without a top-level alias"),
     (dict(filter="qty > 0 AS ok"), "filter", "without a top-level alias"),
