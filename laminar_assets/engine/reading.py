@@ -30,6 +30,7 @@ from .delta_log import CommitKind, DataFile
 from .inputs import RunInputs
 from .plan import PartitionPlan
 from .quarantine import VERSION
+from .spark_io import spark_schema
 from .spark_read import CHANGE_TYPE, read_source
 from .spec import StageSpec
 from .sql_query import Query, frame as sql_frame, union_all
@@ -164,12 +165,13 @@ def read_rows(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> D
 def rows_query(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> Query:
     """`read_rows` as a query: each scan's Parquet read is a frame, the rest SQL text. Its columns are
     the first source's, then `__sign`, `__src`, `__dver`, `__snap` and `__src_version`."""
-    names = list(inputs.infos[spec.sources[0]].schema.names)  # every source's rows in this order (by name)
-    cols = [q(c) for c in names]
+    first = inputs.infos[spec.sources[0]].schema
+    names = list(first.names)  # every source's rows in this order (by name)
     parts = []
     for i, scan in enumerate(scans(reads) or [(FileGroup(spec.sources[0], (), None, False),)]):
         g = scan[0]
         info = inputs.infos[g.source]
+        cols = _columns_as(first, info.schema)
         files = [f for grp in scan for f in grp.files]
         by_name = bool(files) and not g.change_data and not any(f.needs_row_positions for f in files)
         df = read_source(spark, files, info, change_data=g.change_data, file_name=_FILE if by_name else None)
@@ -196,6 +198,16 @@ def rows_query(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> 
 
 
 _FILE, _ROLE = "__file", "__role"
+
+
+def _columns_as(first: pa.Schema, schema: pa.Schema) -> list[str]:
+    """The first source's columns, selected from a source with `schema`. A fan-in flow's other
+    source may lack a column the flow does not use (the source check refuses a used one): NULL."""
+    have = {n.lower() for n in schema.names}
+    missing = [c for c in first.names if c.lower() not in have]
+    types = spark_schema(pa.schema([first.field(c) for c in missing])) if missing else None
+    return [f"CAST(NULL AS {types[c].dataType.simpleString()}) AS {q(c)}" if c in missing else q(c)
+            for c in first.names]
 
 
 def _role_by_file(scan: tuple[FileGroup, ...]) -> str:

@@ -299,3 +299,20 @@ def test_a_schema_is_checked_once_per_process_and_again_when_it_changes(lake, sp
     with pytest.raises(SchemaMismatchError, match="at version 2"):
         Engine(spark, lake.root).run(FLOW, PART)
     assert calls == [0, 2]
+
+
+def test_a_fan_in_source_may_lack_a_column_the_flow_does_not_use(lake, engine):
+    """`tb` has no `qty`, which the flow never reads: its rows count, with `qty` NULL (was
+    UNRESOLVED_COLUMN deep in the pass). A column the flow uses must be in every source."""
+    lake.create("ta", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    lake.create("tb", frame=trades_frame([("2024-01-01 00:02:00", "a", 5.0, 1)]).drop(columns=["qty"]))
+    flow = FlowSpec(name="f", source=("ta", "tb"), event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.sum("px", name="s"), Agg.count(name="n")))
+    engine.run(flow, PART)
+    assert lake.read("f")[["s", "n"]].values.tolist() == [[6.0, 2]]
+    uses_qty = FlowSpec(name="g", source=("ta", "tb"), event_time="ts", window=Tumbling("10m"),
+                        aggregates=(Agg.sum("qty"),))
+    with pytest.raises(SchemaMismatchError) as info:
+        engine.run(uses_qty, PART)
+    assert info.value.facts["table"] == "tb" and info.value.facts["column"] == "qty"
+    no_trace(info.value)
