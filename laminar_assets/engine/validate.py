@@ -114,6 +114,8 @@ def check_source(spark: SparkSession, spec: FlowSpec | StageSpec, info: TableInf
                 "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
     if info.name == spec.sources[0]:  # a fan-in flow reads its other sources under the first one's names
         _check_names(spec, base.columns, facts)
+        if isinstance(spec, StageSpec):
+            _check_dimension_names(spec, base.columns, facts)
     df = _row_logic_checked(spec, info, base, facts)
     needed = [spec.event_time]
     if isinstance(spec, FlowSpec):
@@ -237,6 +239,26 @@ def _check_shadowed(spec: FlowSpec, columns: list[str], facts: dict) -> None:
                     f"aggregates that name is the flow's own window; derive it under another name first, e.g. "
                     f"derived={{'source_{col.lower()}': {own[col.lower()]!r}}}, and aggregate that",
                     field=f"aggregates.{agg.name}", **facts)
+
+
+def _check_dimension_names(spec: StageSpec, columns: list[str], facts: dict) -> None:
+    """A stage's dimension joins add their columns beside the row's: none may share a name (in any
+    case) with a source or derived column or another join's column, or the stage's row would hold
+    two columns Spark cannot tell apart."""
+    seen = {c.lower(): f"source column {c!r}" for c in columns}
+    seen.update({n.lower(): f"derived column {n!r}" for n, _expr in spec.derived})
+    for i, join in enumerate(spec.joins):
+        on = {c.lower() for c in join.on}
+        for col in join.columns:
+            if col.lower() in on:
+                continue
+            if col.lower() in seen:
+                raise SpecError(
+                    f"stage '{spec.name}': dimension '{join.table}' adds column {col!r} beside the "
+                    f"{seen[col.lower()]} (Spark resolves names regardless of case, so the row would hold two columns "
+                    "of one name); leave it out of the join's columns or rename the other",
+                    field=f"joins[{i}].columns", **facts)
+            seen[col.lower()] = f"column {col!r} of dimension '{join.table}'"
 
 
 def _renamed_or_dropped(spec, info: TableInfo, col: str) -> None:

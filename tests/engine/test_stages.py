@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
 from laminar_assets.engine import Agg, DimensionJoin, EngineOptions, FlowSpec, Mode, Reason, StageSpec, Tumbling
-from laminar_assets.errors import InjectedCrash
+from laminar_assets.errors import InjectedCrash, SpecError
 from laminar_assets.engine.executor import Engine
 from tests.reference import assert_frames_match, full_recompute
 
@@ -298,3 +300,22 @@ def test_per_partition_counts_of_a_batched_stage_run(spark, lake, engine):
     assert {k: (r.mode, r.metrics["rows_read"], r.metrics["rows_rejected"]) for k, r in again.items()} == {
         keys[0]: (Mode.INCREMENTAL, 2, 0), keys[1]: (Mode.INCREMENTAL, 0, 0), keys[2]: (Mode.INCREMENTAL, 1, 1)}
     assert_stage(lake)
+
+
+@pytest.mark.parametrize("change", [
+    dict(derived={"notional": "px * qty", "SECTOR": "upper(sym)"}),  # a derived column, other case
+    dict(derived={"notional": "px * qty", "sector": "upper(sym)"}),  # a derived column, same name
+    dict(joins=(DimensionJoin("symbols", on=("sym",), columns=("sector",)),
+                DimensionJoin("symbols2", on=("sym",), columns=("Sector",)))),  # two joins adding it
+], ids=["derived-case", "derived-same", "two-joins"])
+def test_a_dimension_column_beside_another_of_its_name_is_refused(lake, engine, change):
+    """The join adds `sector` beside a column Spark would call the same: the run failed with
+    AMBIGUOUS_REFERENCE deep in the pass; now the source check names the join's columns."""
+    setup(lake)
+    lake.create("symbols2", frame=symbols([("AAA", "tech")]))
+    bad = dataclasses.replace(STAGE, **change)
+    with pytest.raises(SpecError) as info:
+        engine.run(bad, PART)
+    assert info.value.field.startswith("joins[") and info.value.field.endswith("].columns")
+    assert "sector" in str(info.value).lower() and info.value.facts["table"] == "raw"
+    assert not lake.table_exists("norm")
