@@ -11,7 +11,8 @@ import uuid
 from datetime import datetime, timezone
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -33,6 +34,12 @@ def arrow_schema_of(df: DataFrame) -> pa.Schema:
 
 def empty_frame(spark: SparkSession, schema: pa.Schema) -> DataFrame:
     return spark.createDataFrame([], spark_schema(schema))
+
+
+def named(names) -> list[Column]:
+    """Columns by name, quoted: a user's column name may hold a dot or a backtick, which a bare
+    name in `select`/`F.col` would read as a struct field or fail to parse."""
+    return [F.col("`" + n.replace("`", "``") + "`") for n in names]
 
 
 def observe(df: DataFrame, observation, *metrics) -> DataFrame:

@@ -30,7 +30,7 @@ from .plan import Mode, PartitionPlan, Reason
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, read_set, rows_query
 from .row_prep import keep_sql, prepare_query
-from .spark_io import arrow_schema_of, interpreted, nullable, observe
+from .spark_io import arrow_schema_of, interpreted, named, nullable, observe
 from .stable_sql import bigint
 from .staging import StagedFiles, stage
 from .spark_read import CHANGE_TYPE, read_source
@@ -120,13 +120,13 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     new = deduped(spec, joined.where(F.col(RULE).isNull()))
     cols = [c for c in new.columns if c != EVENT_TS]
     uri = ctx.layout.sink_uri(spec)
-    if not _schema_matches(uri, new.select(*cols).drop(PART)):
+    if not _schema_matches(uri, new.select(*named(cols)).drop(PART)):
         return False
     lost = Observation() if spec.dedup_key else None
     if lost is not None:
         new = dedup_against_kept(ctx, spec, plans, new, lost=lost)
     t0 = time.perf_counter()
-    staged = stage(new.select(*cols), uri, run_id, by=PART, through_driver=small)  # the one Spark job
+    staged = stage(new.select(*named(cols)), uri, run_id, by=PART, through_driver=small)  # the one Spark job
     lost_in = replaced(spec, plans, lost.get) if lost is not None else []
     if lost_in:
         staged.discard()
@@ -152,16 +152,30 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
 
 def _join_dimensions(ctx: RunContext, spec: StageSpec, rows: DataFrame, inputs: RunInputs) -> DataFrame:
     joined = rows
-    for join in spec.joins:
+    for i, join in enumerate(spec.joins):
         info = inputs.dims[join.table]
         dim = read_source(ctx.spark, snapshot_files(info, None), info)
-        dim = dim.select(*join.on, *join.columns).withColumn(f"__m_{join.table}", F.lit(True))
+        # quoted: a column name may hold a backtick or a dot; the match marker is per join (a
+        # table may be joined twice, on other keys or for other columns)
+        dim = dim.select(*named(dict.fromkeys([*join.on, *join.columns]))).withColumn(
+            _matched(i), F.lit(True))
         joined = joined.join(dim, list(join.on), "left")
     unmatched = F.lit(None).cast("string")
-    for join in reversed(spec.joins):
+    for i, join in reversed(list(enumerate(spec.joins))):
         if join.how == "inner":
-            unmatched = F.when(F.col(f"__m_{join.table}").isNull(), F.lit(f"unmatched_{join.table}")).otherwise(unmatched)
+            unmatched = F.when(F.col(_matched(i)).isNull(), F.lit(unmatched_rule(spec, join))).otherwise(unmatched)
     return joined.withColumn(RULE, F.coalesce(F.col(RULE), unmatched))
+
+
+def unmatched_rule(spec: StageSpec, join) -> str:
+    """The quarantine rule of a row an inner join found no match for: `unmatched_<table>`, and
+    `unmatched_<table>_on_<keys>` when the stage joins that table more than once."""
+    twice = sum(j.table == join.table for j in spec.joins) > 1
+    return f"unmatched_{join.table}" + (f"_on_{'_'.join(join.on)}" if twice else "")
+
+
+def _matched(i: int) -> str:
+    return f"__matched_{i}"
 
 
 def _in_partitions(spec: StageSpec, plans: list[PartitionPlan]):
@@ -187,7 +201,7 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
     read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
     data_cols = [c for c in new_ref.columns if c != EVENT_TS]
-    new_ref, new_inc = new_ref.select(*data_cols), new_inc.select(*data_cols)
+    new_ref, new_inc = new_ref.select(*named(data_cols)), new_inc.select(*named(data_cols))
     reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not _schema_matches(uri, new_ref.drop(PART))
     old = None if reset else kept_rows(ctx, spec, refill)
     ranges = [p.interval for p in refill]
@@ -195,7 +209,7 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
     if old is not None:
         # The refilled partitions' exact changes (old rows vs recomputed rows) in one aggregation,
         # staged as change data in one job whose observation counts them per partition.
-        changes = _net_changes(old.select(*data_cols), new_ref, data_cols).unionByName(
+        changes = _net_changes(old.select(*named(data_cols)), new_ref, data_cols).unionByName(
             new_inc.withColumn(CHANGE_TYPE, F.lit("insert")))
         obs = Observation()
         cdc = stage(observe(changes, obs, *_change_counts(ids)), uri, run_id, by=PART, folder="_change_data/laminar")
@@ -231,10 +245,10 @@ def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame,
 def _net_changes(old: DataFrame, new: DataFrame, cols: list[str]) -> DataFrame:
     """Rows to delete and to insert to turn the multiset `old` into `new` (EXCEPT ALL both ways, as
     one aggregation: Spark rewrites each EXCEPT ALL into the same union, sum and replicate)."""
-    both = old.select(*cols, F.lit(-1).alias("__d")).unionByName(new.select(*cols, F.lit(1).alias("__d")))
-    net = both.groupBy(*cols).agg(F.sum("__d").alias("__n")).where(F.col("__n") != 0)
+    both = old.select(*named(cols), F.lit(-1).alias("__d")).unionByName(new.select(*named(cols), F.lit(1).alias("__d")))
+    net = both.groupBy(*named(cols)).agg(F.sum("__d").alias("__n")).where(F.col("__n") != 0)
     kind = F.expr("explode(array_repeat(CASE WHEN __n < 0 THEN 'delete' ELSE 'insert' END, CAST(abs(__n) AS INT)))")
-    return net.select(*cols, kind.alias(CHANGE_TYPE))
+    return net.select(*named(cols), kind.alias(CHANGE_TYPE))
 
 
 def _change_counts(ids: dict[int, str]) -> list:

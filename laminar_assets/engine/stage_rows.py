@@ -13,7 +13,7 @@ from .delta_source import snapshot_files, table_info
 from .layout import RunContext
 from .plan import PartitionPlan
 from .reading import PART, with_partition
-from .spark_io import observe
+from .spark_io import named, observe
 from .spark_read import read_source
 from .spec import StageSpec
 from . import stable_sql
@@ -36,9 +36,9 @@ def order_key(spec: StageSpec, cols: list[str]) -> list[str]:
 def deduped(spec: StageSpec, good: DataFrame) -> DataFrame:
     """Output rows (plus `__p` and the event time) with one row per dedup key and partition."""
     cols = output_columns(spec, good.columns)
-    out = good.select(PART, *cols, EVENT_TS)
+    out = good.select(PART, *named(cols), EVENT_TS)
     if spec.dedup_key:
-        w = Window.partitionBy(PART, *spec.dedup_key).orderBy(*order_key(spec, cols))
+        w = Window.partitionBy(PART, *named(spec.dedup_key)).orderBy(*named(order_key(spec, cols)))
         out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
     return out
 
@@ -72,8 +72,8 @@ def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPl
     cols = [c for c in new.columns if c not in (PART, EVENT_TS)]
     order = order_key(spec, cols)
     key = [PART, *spec.dedup_key]
-    old = existing.select(*key, F.struct(*[F.col(c) for c in order]).alias("__old"))
-    joined = new.withColumn("__new", F.struct(*[F.col(c) for c in order])).join(old, key, "left")
+    old = existing.select(*named(key), F.struct(*named(order)).alias("__old"))
+    joined = new.withColumn("__new", F.struct(*named(order))).join(old, key, "left")
     if lost is not None:
         joined = observe(joined, lost, *_lost_counts(spec, plans, "__old IS NOT NULL AND __new < __old"))
     else:
