@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from .agg_base import EVENT_TS, q, sql_string, user_sql
 from .delta_log import local_path
+from .delta_write import CHECKPOINT_EVERY
 from .delta_source import snapshot_files, table_info
 from .staging import stage
 from .spark_read import read_source
@@ -148,7 +149,8 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
         return {}
     if not DeltaTable.is_deltatable(uri):
         try:
-            DeltaTable.create(uri, schema=SCHEMA, mode="ignore", partition_by=["flow"])
+            DeltaTable.create(uri, schema=SCHEMA, mode="ignore", partition_by=["flow"],
+                              configuration={"delta.checkpointInterval": str(CHECKPOINT_EVERY)})
         except DeltaError:  # a concurrent run created it first
             if not DeltaTable.is_deltatable(uri):
                 raise
