@@ -23,7 +23,7 @@ def start_session(profile: Profile, result: dict):
         spark = build_session(SparkOptions(master="local[2]", app_name="laminar-bench",
                                            driver_memory=profile.driver_memory,
                                            shuffle_partitions=profile.shuffle_partitions))
-    result["spark"] = {"version": spark.version, "master": spark.sparkContext.master,
+    result["spark"] = {"version": spark.version, "master": spark.sparkContext.master, "jit": SparkOptions().jit,
                        "driver_memory": profile.driver_memory, "shuffle_partitions": profile.shuffle_partitions}
     return spark
 

@@ -28,7 +28,7 @@ def markdown(r: dict) -> str:
     lines = [f"# Laminar benchmark — profile `{r.get('profile')}`", ""]
     lines.append(f"Started {r.get('started_at')}, {_fmt(r.get('t_total_s'), 0)} s in all. Machine: {m.get('cpus')} "
                  f"CPUs, {m.get('memory_gb')} GB; Spark {sp.get('version')} {sp.get('master')}, driver "
-                 f"{sp.get('driver_memory')}. Load average at start {r.get('load_avg_start')}, at end "
+                 f"{sp.get('driver_memory')}, JIT {sp.get('jit', 'tiered')}. Load average at start {r.get('load_avg_start')}, at end "
                  f"{r.get('load_avg_end')}. Code: {(r.get('code') or {}).get('git_head')} "
                  f"(uncommitted engine files: {len((r.get('code') or {}).get('uncommitted_laminar_assets_files') or [])}).")
     lines += ["", f"Sizes: {r.get('sizes_note')}. Every timing is the median over {s.get('rounds', 1)} Δ round(s) "

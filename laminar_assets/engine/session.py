@@ -19,7 +19,12 @@ from . import class_archive
 MIN_JAVA = 17
 # How a JVM Laminar starts compiles hot code (SparkOptions.jit).
 JIT_OPTIONS = {
-    "tiered": "",  # the JVM's default: C1 at once, C2 later for the hottest code
+    # C1 at once, C2 only for the hottest code: about 10x the JVM's invocation thresholds for the
+    # optimizing compiler (loops over rows still reach it through back-edge counts). Spark's
+    # planner is a large body of lukewarm code that C2 kept compiling for minutes: on 2 cores,
+    # 0.3-0.6 s of compiler CPU per benchmark round even after 40 rounds.
+    "hot": "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=60000 -XX:Tier4MinInvocationThreshold=20000",
+    "tiered": "",  # the JVM's default: C1 at once, C2 later for any warm code
     "quick": "-XX:TieredStopAtLevel=1",  # C1 only
 }
 
@@ -38,10 +43,11 @@ class SparkOptions:
     # Map the install's class archive (class_archive.py) into a JVM Laminar starts; False: start without it.
     class_sharing: bool = True
     java_options: str = ""  # more options for a JVM Laminar starts (the local driver, a Connect server)
-    # "tiered" (the JVM's default) or "quick": C1 only. A short-lived JVM on few cores spends most of its
-    # CPU in the C2 compiler (the demo on 2 cores: 43 s of compilation in a 35 s run), so "quick" is for
-    # the demo, tests and one-off runs; "tiered" pays off for long-lived JVMs and large scans.
-    jit: str = "tiered"
+    # "hot" (C2 only for the hottest code), "tiered" (the JVM's default) or "quick" (C1 only). A
+    # short-lived JVM on few cores spends most of its CPU in the C2 compiler (the demo on 2 cores: 43 s
+    # of compilation in a 35 s run), so "quick" is for the demo, tests and one-off runs; "hot" keeps
+    # C2 for large scans without compiling the planner's lukewarm code (see JIT_OPTIONS).
+    jit: str = "hot"
 
     def __post_init__(self) -> None:
         if self.jit not in JIT_OPTIONS:
@@ -55,7 +61,7 @@ class SparkOptions:
         LAMINAR_SPARK_JIT."""
         return cls(master=master or os.environ.get("LAMINAR_SPARK_MASTER") or "local[*]",
                    remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None,
-                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "tiered", **kw)
+                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "hot", **kw)
 
 
 def java_version_output() -> str | None:

@@ -82,10 +82,12 @@ def test_jit_mode_of_a_jvm_laminar_starts(monkeypatch):
     from laminar_assets.engine.session import jvm_conf
 
     monkeypatch.delenv("LAMINAR_SPARK_JIT", raising=False)
-    assert "TieredStopAtLevel" not in jvm_conf(SparkOptions())["spark.driver.extraJavaOptions"]
+    default = jvm_conf(SparkOptions())["spark.driver.extraJavaOptions"]
+    assert "TieredStopAtLevel" not in default and "-XX:Tier4InvocationThreshold=50000" in default  # "hot"
+    assert "Tier4" not in jvm_conf(SparkOptions(jit="tiered"))["spark.driver.extraJavaOptions"]  # the JVM's own
     quick = jvm_conf(SparkOptions(jit="quick", java_options="-Xss4m"))["spark.driver.extraJavaOptions"]
     assert quick.endswith("-XX:TieredStopAtLevel=1 -Xss4m")  # the user's own options come last and win
     monkeypatch.setenv("LAMINAR_SPARK_JIT", "quick")
     assert SparkOptions.from_env().jit == "quick"
-    with pytest.raises(EnvironmentProblem, match=r"jit must be one of quick, tiered, got 'fast'.*field=jit"):
+    with pytest.raises(EnvironmentProblem, match=r"jit must be one of hot, quick, tiered, got 'fast'.*field=jit"):
         SparkOptions(jit="fast")
