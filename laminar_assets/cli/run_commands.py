@@ -137,6 +137,9 @@ def serve(
     spark_remote: str = typer.Option(None, "--spark-remote", envvar="LAMINAR_SPARK_REMOTE",
                                      help="Use this Spark Connect endpoint (sc://host:port) instead of starting one."),
     driver_memory: str = typer.Option("4g", "--driver-memory", help="Memory of the Spark Connect server's driver."),
+    jit: str = typer.Option("tiered", "--jit", envvar="LAMINAR_SPARK_JIT", help="How the Spark Connect server's JVM "
+                            "compiles: tiered (the JVM's own), hot (C2 only for the hottest code: faster batched runs "
+                            "in a long-lived server) or quick (C1 only)."),
     local_spark: bool = typer.Option(False, "--local-spark", help="Start no Connect server: every run starts its "
                                      "own Spark JVM (slow; for comparison)."),
     warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Once the UI is up, warm the new Spark "
@@ -155,7 +158,7 @@ def serve(
     options = ServeOptions(root=c.root, dagster_home=c.dagster_home, ui_port=ui_port, spark_remote=spark_remote,
                            local_spark=local_spark, log_dir=logs, warm_up=warm_up, spark=ConnectServerOptions(
                                port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),
-                               spark=SparkOptions(driver_memory=driver_memory)))
+                               spark=SparkOptions(driver_memory=driver_memory, jit=jit)))
 
     def ready(d) -> None:
         spark = f"Spark Connect server {d.remote} (log {logs}/spark-connect.log)" if d.spark else \

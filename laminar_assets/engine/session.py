@@ -22,7 +22,8 @@ JIT_OPTIONS = {
     # C1 at once, C2 only for the hottest code: about 10x the JVM's invocation thresholds for the
     # optimizing compiler (loops over rows still reach it through back-edge counts). Spark's
     # planner is a large body of lukewarm code that C2 kept compiling for minutes: on 2 cores,
-    # 0.3-0.6 s of compiler CPU per benchmark round even after 40 rounds.
+    # 0.3-0.6 s of compiler CPU per benchmark round even after 40 rounds. Planner code that many
+    # small runs call stays in C1 longer, though: opt-in (README, "JIT").
     "hot": "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=60000 -XX:Tier4MinInvocationThreshold=20000",
     "tiered": "",  # the JVM's default: C1 at once, C2 later for any warm code
     "quick": "-XX:TieredStopAtLevel=1",  # C1 only
@@ -43,11 +44,12 @@ class SparkOptions:
     # Map the install's class archive (class_archive.py) into a JVM Laminar starts; False: start without it.
     class_sharing: bool = True
     java_options: str = ""  # more options for a JVM Laminar starts (the local driver, a Connect server)
-    # "hot" (C2 only for the hottest code), "tiered" (the JVM's default) or "quick" (C1 only). A
+    # "tiered" (the JVM's default), "hot" (C2 only for the hottest code) or "quick" (C1 only). A
     # short-lived JVM on few cores spends most of its CPU in the C2 compiler (the demo on 2 cores: 43 s
-    # of compilation in a 35 s run), so "quick" is for the demo, tests and one-off runs; "hot" keeps
-    # C2 for large scans without compiling the planner's lukewarm code (see JIT_OPTIONS).
-    jit: str = "hot"
+    # of compilation in a 35 s run), so "quick" is for the demo, tests and one-off runs. "hot" suits a
+    # long-lived JVM serving batched runs (a Connect server): faster batched passes and full scans,
+    # slower one-partition-at-a-time runs (see JIT_OPTIONS and the README).
+    jit: str = "tiered"
 
     def __post_init__(self) -> None:
         if self.jit not in JIT_OPTIONS:
@@ -61,7 +63,7 @@ class SparkOptions:
         LAMINAR_SPARK_JIT."""
         return cls(master=master or os.environ.get("LAMINAR_SPARK_MASTER") or "local[*]",
                    remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None,
-                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "hot", **kw)
+                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "tiered", **kw)
 
 
 def java_version_output() -> str | None:

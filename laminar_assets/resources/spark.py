@@ -13,9 +13,9 @@ from laminar_assets.engine import SparkOptions, build_session
 class SparkResource(dg.ConfigurableResource):
     """A SparkSession for the run: `local[*]` by default, a cluster via `master`,
     or a Spark Connect endpoint via `remote` (e.g. `sc://spark-connect:15002`).
-    `jit`: how a JVM Laminar starts compiles: "hot" (default: C2 only for the hottest code), "tiered"
-    (the JVM's default) or "quick" (C1 only: less CPU for short runs over small data on few cores,
-    the demo; slower on large scans). Unset fields fall back to `LAMINAR_SPARK_MASTER` /
+    `jit`: how a JVM Laminar starts compiles: "tiered" (default, the JVM's own), "hot" (C2 only for
+    the hottest code: for a long-lived JVM serving batched runs) or "quick" (C1 only: less CPU for
+    short runs over small data on few cores, the demo; slower on large scans). Unset fields fall back to `LAMINAR_SPARK_MASTER` /
     `LAMINAR_SPARK_REMOTE` / `LAMINAR_SPARK_JIT`, read when the run starts."""
 
     master: str | None = None

@@ -57,7 +57,8 @@ def test_errors_are_one_red_line_and_nonzero(tmp_path):
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02...2024-01-03"],
                         "bad partition in --partition-range"),
-                       (["status", "--bogus"], "No such option")]:
+                       (["status", "--bogus"], "No such option"),
+                       (["serve", "--jit", "fast"], "jit must be one of hot, quick, tiered, got 'fast'")]:
         proc = run_cli("--root", str(tmp_path), *args, home=tmp_path / "dh")
         assert proc.returncode != 0, args
         assert text in one_error_line(proc), (args, proc.stderr)
