@@ -25,6 +25,7 @@ from .delta_log import (  # noqa: F401  (re-exported: the planner and tests use 
     stats_interval,
 )
 from .deletion_vectors import snapshot_deleted_rows
+from .file_ranges import may_overlap
 from .windows import Interval
 
 # Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
@@ -245,10 +246,13 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
     deleted = {}
     if "deletionVectors" in (dt.protocol().reader_features or []):
         deleted = {_normal(p): rows for p, rows in snapshot_deleted_rows(dt).items()}
-    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
     if event_time is not None and not temporal(info.schema, event_time):
         event_time = None  # e.g. string times: their statistics do not order like time
     stat = info.physical(event_time)  # statistics are keyed by physical name; partition values are not
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if event_time is not None and ranges is not None:
+        actions = may_overlap(actions, stat, ranges)  # in Arrow: only candidates become Python dicts
+    actions = actions.to_pylist()
     files = []
     for a in actions:
         rng = stats_interval(a.get(f"min.{stat}"), a.get(f"max.{stat}")) if event_time else None
