@@ -95,6 +95,7 @@ class Engine:
             started = time.perf_counter()
             marks = self._settle(spec, keys, run_id)
             inputs = self.gather(spec, list(marks.values()))
+            inputs.limit_to(spec, keys)
             plans = self._plan_all(spec, marks, inputs, force)
             self._refuse_strict(spec, plans)
             plan_s = (time.perf_counter() - started) / len(keys)

@@ -18,9 +18,9 @@ from laminar_assets.errors import LaminarError
 
 from .delta_source import DataFile, SourceHistory, TableInfo, snapshot_files, source_history, table_info
 from .layout import Layout
-from .planner import PlannerInput
+from .planner import PlannerInput, needed_events
 from .spec import FlowSpec, StageSpec
-from .windows import partition_interval, share_inside
+from .windows import Interval, coalesce, partition_interval, share_inside
 
 Spec = FlowSpec | StageSpec
 
@@ -36,6 +36,9 @@ class RunInputs:
     input_schema: dict[str, str]
     row_schema: StructType | None = None  # a source row with joined and derived columns (check_source)
     _snapshots: dict[tuple, list[DataFile]] = field(default_factory=dict, repr=False)
+    # Event times the run's partitions can use (`limit_to`); None: all. A source's snapshot is listed
+    # for these only: a table of tens of thousands of files costs ~10 us a file to list in Python.
+    scope: tuple[Interval, ...] | None = None
     # Laminar's own tables (state) as this run opened them: the intent's transaction check, the old
     # state's read and the state commit share one open (~25 ms each at 10M rows); a commit to a table
     # takes it out, so nothing reads a snapshot older than the run's own last commit.
@@ -53,14 +56,19 @@ class RunInputs:
             self._snapshots[key] = [f for info in self.dims.values() for f in snapshot_files(info, None)]
         return sum(f.size for f in self._snapshots[key])
 
+    def limit_to(self, spec: Spec, partitions: list[str]) -> None:
+        """Only event times these partitions' windows can use are ever read (see `snapshot`)."""
+        self.scope = coalesce(needed_events(spec, partition_interval(k, spec.granularity)) for k in partitions)
+
     def snapshot(self, spec: Spec, source: str, version: int) -> list[DataFile]:
-        """Every data file of `source` at `version` with its event-time range (listed once per run)."""
+        """The data files of `source` at `version` with their event-time ranges (listed once per run):
+        those that may hold event times in `scope` (every file without a usable range), or all."""
         key = (source, version)
         if key not in self._snapshots:
             info = self.infos[source]
             if info.version != version:
                 info = table_info(source, info.uri, version)
-            self._snapshots[key] = snapshot_files(info, spec.event_time)
+            self._snapshots[key] = snapshot_files(info, spec.event_time, self.scope)
         return self._snapshots[key]
 
     def snapshot_info(self, source: str, version: int) -> TableInfo:
@@ -109,8 +117,6 @@ def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: Ru
 def partition_bytes(spec: Spec, inputs: RunInputs, partition: str, to_versions: dict[str, int]) -> dict[str, int]:
     """Estimated bytes of the snapshot rows a refill of the partition would read, per source:
     each overlapping file's size, times the share of its event-time range inside the needed range."""
-    from .planner import needed_events
-
     needed = needed_events(spec, partition_interval(partition, spec.granularity))
     out = {}
     for src in spec.sources:

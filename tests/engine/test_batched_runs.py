@@ -87,3 +87,22 @@ def test_a_range_with_a_new_partition_still_sees_the_changes_of_the_materialized
     expected = full_recompute(spark, RETRACTING, lake.table("trades").to_pyarrow_table())
     expected = expected[(expected["window_start"] >= "2024-01-01") & (expected["window_start"] < "2024-01-01 04:00")]
     assert_frames_match(lake.read(RETRACTING.sink), expected.reset_index(drop=True), RETRACTING.keys)
+
+
+def test_a_run_lists_only_the_source_files_its_partitions_can_use(spark, lake, engine):
+    """A run's snapshot listing (refill files, refill-cost estimates) is limited to the event times
+    its partitions' windows can use; a refill of one hour still equals a full recompute."""
+    for i, hour in enumerate(["00", "01", "02"]):  # one file per hour
+        rows = [r for r in BASE if r[0][11:13] == hour]
+        lake.create("trades", rows) if i == 0 else lake.append("trades", rows)
+    version = lake.table("trades").version()
+    everything = engine.gather(RETRACTING, [None])
+    assert len(everything.snapshot(RETRACTING, "trades", version)) == 3
+    limited = engine.gather(RETRACTING, [None])
+    limited.limit_to(RETRACTING, [KEYS[1]])
+    [f] = limited.snapshot(RETRACTING, "trades", version)
+    assert f.time_range.start.hour == 1
+    engine.run_many(RETRACTING, KEYS)
+    [r] = engine.run_many(RETRACTING, [KEYS[1]], force=True)
+    assert r.mode is Mode.REFILL and r.metrics["files_read"] == 1
+    check(spark, lake, RETRACTING)
