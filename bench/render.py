@@ -4,6 +4,7 @@ variant, log-log), from the summarized results (`report.summarize`). Pure Python
 
 from __future__ import annotations
 
+from . import cpu_split
 from .report import PATH_KEYS, STAGE_LABELS, VARIANTS, _ratio
 
 
@@ -89,6 +90,12 @@ def markdown(r: dict) -> str:
         cc = b.get("cross_cutting_s") or {}
         lines += ["", "Across stages: " + ", ".join(f"{k.replace('_', ' ')} {_fmt(v)} s" for k, v in cc.items()) + ".",
                   "", "Modes: " + _modes(b.get("modes")) + "."]
+        cpu = cpu_split.describe(b.get("cpu"))
+        full_cpu = cpu_split.describe(r.get("full_recompute_cpu"))
+        if cpu:
+            lines += ["", cpu + (" The full recompute, for comparison: " + full_cpu.replace("CPU while timed: ", "")
+                                 if full_cpu else ""),
+                      "", "CPU kinds: " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in cpu_split.KINDS.items()) + "."]
     ud = r.get("updates_deletes") or {}
     if ud.get("t_full_recompute_s") is not None:
         lines += ["", "## Updates and deletes (change data feed)", "",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import sdp_peer
+from . import cpu_split, sdp_peer
 
 TARGET_RATIO_INC_VS_FULL = 0.10
 TARGET_RATIO_INC_VS_STREAMING = 1.0
@@ -98,6 +98,7 @@ def breakdown(size: dict, floor_s: float | None, section: str = "incremental") -
         "sink_rows_written": metrics.get("sink_rows"),
         "partitions": inc.get("partitions"),
         "modes": inc.get("modes"),
+        "cpu": inc.get("cpu"),
     }
     est = out["spark_job_overhead_est_s"]
     out["spark_job_overhead_share"] = round(est / wall, 3) if est is not None and wall else None
@@ -119,7 +120,8 @@ def _explain_cost(b: dict, path: str) -> str:
     commits = (b.get("cross_cutting_s") or {}).get("delta_commits")
     if commits is not None:
         text += f" Delta commits (deltalake) {commits:.2f}s over {b.get('delta_commit_calls')} commits."
-    return text
+    cpu = cpu_split.describe(b.get("cpu"))
+    return text + (" " + cpu if cpu else "")
 
 
 def _growth_culprit(first: dict, last: dict, section: str) -> str:
@@ -189,6 +191,7 @@ def summarize(r: dict) -> dict:
     r["delta_rows"] = head.get("delta_rows")
     for key, _ in VARIANTS:
         r[key] = head.get(key)
+    r["full_recompute_cpu"] = (head.get("full_recompute") or {}).get("cpu")
     first, last = (by[0], by[-1]) if len(by) >= 2 else (None, None)
     for section, suffix in PATH_KEYS.values():
         t = r[f"t_{section}_s"]

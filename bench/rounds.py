@@ -9,6 +9,7 @@ import shutil
 from . import sdp_peer
 from .equality import all_equal as _all_equal
 from .equality import equal_sinks as _equal
+from .cpu_split import CpuSplit
 from .instrument import Instrument
 from .measure import JobCounter, MemorySampler
 from .variants import full_recompute, laminar_pass
@@ -20,9 +21,10 @@ def timed_pass(name: str, label: str, engine, specs, counter: JobCounter, sample
     """One instrumented Laminar pass; returns it and its JSON section."""
     jobs: dict = {}
     with sampler.during(f"{label} {name}"), Instrument() as ins, counter.count(jobs):
-        done = laminar_pass(engine, specs, **kw)
+        with CpuSplit() as cpu:
+            done = laminar_pass(engine, specs, **kw)
     return done, {**done.summary(), "spark_jobs": jobs.get("spark_jobs"), "instrumented": ins.report(),
-                  "per_run": done.per_run()}
+                  "per_run": done.per_run(), "cpu": cpu.result}
 
 
 def delta_round(ctx: dict, r: int, v_prev: int) -> dict:
@@ -50,10 +52,10 @@ def delta_round(ctx: dict, r: int, v_prev: int) -> dict:
 
     # 3. full recompute (also the reference every variant is checked against)
     full_jobs: dict = {}
-    with sampler.during(f"{label} full recompute"), counter.count(full_jobs):
+    with sampler.during(f"{label} full recompute"), counter.count(full_jobs), CpuSplit() as cpu:
         full = full_recompute(spark, lake, specs, os.path.join(work, f"full-{r}"), version=v_delta)
     out["t_full_recompute_s"] = full["wall_s"]
-    out["full_recompute"] = {**full, "spark_jobs": full_jobs.get("spark_jobs")}
+    out["full_recompute"] = {**full, "spark_jobs": full_jobs.get("spark_jobs"), "cpu": cpu.result}
     print(f"  {label}: full recompute in {full['wall_s']:.2f}s", flush=True)
     sinks = {path: {s.name: e.layout.sink_uri(s) for s in specs} for path, e in engines.items()}
     out["equality_incremental"] = _equal(spark, specs, full["sinks"], sinks)
