@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 
@@ -29,34 +30,46 @@ def warm_up(url: str) -> dict[str, float]:
     spark = build_session(SparkOptions(remote=url, app_name="laminar-warm-up"))
     seconds = {"connect": time.perf_counter() - t}
     root = tempfile.mkdtemp(prefix=PREFIX)
-    outcome: dict = {}
-    # The work runs in a thread so that a stop (Ctrl-C, SIGTERM) lands in this thread while it only
-    # waits: a KeyboardInterrupt raised inside a gRPC wait can leave the client's channel locked, and
-    # the Connect client's exit hook then hangs the process (seen: 1 stop in 12).
-    worker = threading.Thread(target=_work, args=(spark, root, outcome), name="laminar-warm-up", daemon=True)
     try:
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.2)
-    except KeyboardInterrupt:
-        _ignore_signals()
-        _cancel(spark, worker)
-        raise
+        seconds.update(run_stoppable(lambda: exercise(spark, root), cancel=spark.interruptAll))
     finally:
         _ignore_signals()  # no second signal cuts the clean-up short
         _remove(root)  # retried: a task that still wrote a file does not bring the folder back
         spark.stop()
-    if "error" in outcome:
-        raise outcome["error"]
-    seconds.update(outcome["seconds"])
     return seconds
 
 
-def _work(spark, root: str, outcome: dict) -> None:
+def run_stoppable(work: Callable[[], dict], *, cancel: Callable[[], object], grace: float = 60.0) -> dict:
+    """`work()` in a thread of its own; a stop (Ctrl-C, SIGTERM) cancels it with `cancel()` until it
+    has ended (at most `grace` seconds), then raises KeyboardInterrupt; its error is raised here.
+
+    The work runs in a thread so that a stop lands in this thread while it only waits: a
+    KeyboardInterrupt raised inside a gRPC wait can leave the client's channel locked, and the
+    Connect client's exit hook then hangs the process (seen: 1 stop in 12). The wait is on an Event,
+    not Thread.join: on Python 3.11 a KeyboardInterrupt inside join() marks a running thread as ended
+    (threading's bpo-45274 handling), so the work went on writing while its folder was removed."""
+    done = threading.Event()
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread, which raises it
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="laminar-warm-up", daemon=True).start()
     try:
-        outcome["seconds"] = exercise(spark, root)
-    except BaseException as error:  # noqa: BLE001 - handed to the main thread, which raises it
-        outcome["error"] = error
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        _ignore_signals()
+        _cancel(cancel, done, grace)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _ignore_signals() -> None:
@@ -64,16 +77,16 @@ def _ignore_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _cancel(spark, worker: threading.Thread, seconds: float = 60.0) -> None:
+def _cancel(cancel: Callable[[], object], done: threading.Event, seconds: float) -> None:
     """Cancel the session's queries until the work stops: the work goes on to its next query after
     a cancelled one only if its error handling does, so cancel again until it has ended."""
     deadline = time.monotonic() + seconds
-    while worker.is_alive() and time.monotonic() < deadline:
+    while not done.is_set() and time.monotonic() < deadline:
         try:
-            spark.interruptAll()
-        except Exception:  # noqa: BLE001 - the server may be gone already; the folder is what matters
-            return
-        worker.join(0.5)
+            cancel()
+        except Exception:  # noqa: BLE001 - the server may be gone already; then the work fails on its own
+            pass
+        done.wait(0.5)
 
 
 def exercise(spark, root: str) -> dict[str, float]:
