@@ -71,13 +71,18 @@ def test_independent_steps_run_at_the_same_time():
 
 
 def test_max_concurrent_bounds_the_steps_in_flight():
-    lock, state = threading.Lock(), {"now": 0, "most": 0}
+    lock, state = threading.Lock(), {"now": 0, "most": 0, "peers": 1}
 
     def work():
         with lock:
             state["now"] += 1
             state["most"] = max(state["most"], state["now"])
         time.sleep(0.3)
+        # with room for more, a step waits (bounded) for a peer: a loaded machine that starts the
+        # next step late does not make the run look serial
+        deadline = time.monotonic() + 20
+        while state["most"] < state["peers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         with lock:
             state["now"] -= 1
 
@@ -91,6 +96,7 @@ def test_max_concurrent_bounds_the_steps_in_flight():
 
     result, *_ = _run(assets, max_concurrent=1)
     assert result.success and state["most"] == 1
+    state.update(most=0, peers=2)
     result, *_ = _run(assets, max_concurrent=3)
     assert result.success and 2 <= state["most"] <= 3
 

@@ -17,8 +17,10 @@ from laminar_assets.deploy.warm_up import run_stoppable
 state = {"cancels": 0, "writes_after_return": 0, "ended": False}
 stop = threading.Event()
 returned = threading.Event()
+started = threading.Event()
 
 def work():
+    started.set()
     # like Laminar's passes: keeps going until a cancel reaches it, then fails the way a cancelled query does
     while not stop.is_set():
         time.sleep(0.01)
@@ -31,7 +33,12 @@ def cancel():
     state["cancels"] += 1
     stop.set()
 
-threading.Timer(0.5, _thread.interrupt_main).start()
+def interrupt():  # a stop while the work runs, however slowly this interpreter got there
+    started.wait(60)
+    time.sleep(0.2)
+    _thread.interrupt_main()
+
+threading.Thread(target=interrupt, daemon=True).start()
 try:
     run_stoppable(work, cancel=cancel, grace=10)
 except KeyboardInterrupt:
