@@ -104,7 +104,9 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         for k in keys:
             out.metrics[k].update(files_read=reads.files.get(k, 0), bytes_read=reads.bytes.get(k, 0))
         if any(m.get("rows_rejected") for m in out.metrics.values()):
-            counts = _quarantine(ctx, spec, built.copies.run(ctx.spark), run_id, small=small)
+            # a reject's event time lies in its copy's window: at most a window's size past its partition
+            within = [Interval(p.interval.start, p.interval.end + spec.shape.size) for p in plans]
+            counts = _quarantine(ctx, spec, built.copies.run(ctx.spark), run_id, small=small, within=within)
             for k in keys:
                 out.quarantined[k] = counts.get(k, {})
         ctx.hook("after_read")
@@ -195,7 +197,7 @@ def _lost_windows(spec: FlowSpec, starts: list) -> dict[str, tuple[Interval, ...
 
 
 def _quarantine(ctx: RunContext, spec: FlowSpec, copies: DataFrame, run_id: str, *,
-                small: bool) -> dict[str, dict[str, int]]:
+                small: bool, within: list[Interval]) -> dict[str, dict[str, int]]:
     """Append the rows that broke a rule (each in its own partition's copy) to their sources'
     quarantine tables; returns the new rows by partition and rule."""
     rejected = copies.where(F.col("__primary") & F.col(RULE).isNotNull() & (F.col(SIGN) > 0))
@@ -204,7 +206,7 @@ def _quarantine(ctx: RunContext, spec: FlowSpec, copies: DataFrame, run_id: str,
     for src in spec.sources:
         mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
         for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
-                                       run_id=run_id, through_driver=small).items():
+                                       run_id=run_id, through_driver=small, within=within).items():
             for rule, n in by_rule.items():
                 counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
     return counts

@@ -8,7 +8,8 @@ the flow that rejected the rows. Each rejected row has exactly one writer:
     partition; the flow's sweep records it (`partition` NULL), reading each source
     version once.
 A write appends only rows not yet recorded for (flow, partition) — an anti-join on
-(rule, row) — so retried, repeated and refilled runs never record a row twice.
+(rule, row) with the flow's files whose event times overlap the run's partitions
+(`recorded_files`) — so retried, repeated and refilled runs never record a row twice.
 The quarantine is a record of what was rejected: a rejected row later deleted from
 the source stays in it.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -34,7 +36,7 @@ from .delta_source import snapshot_files, table_info
 from .staging import stage
 from .spark_read import read_source
 from .spec import FlowSpec, StageSpec
-from .windows import sql_timestamp
+from .windows import Interval, sql_timestamp
 
 RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"
 MISSING, OUT_OF_BOUNDS, KEY_MISSING = "event_time_missing", "event_time_out_of_bounds", "key_missing"
@@ -115,25 +117,37 @@ def original_row_sql(columns: list[str]) -> str:
     return f"to_json(named_struct({fields}), map('timestampFormat', {sql_string(TIMESTAMP_FORMAT)}))"
 
 
-def _existing(spark: SparkSession, uri: str, flow: str) -> DataFrame | None:
+def recorded_files(uri: str, flow: str, within: Sequence[Interval] | None = None) -> tuple[object, list]:
+    """(table info, data files) of the rows `flow` has recorded in the quarantine table at `uri`
+    that a write of rejects from `within` (event-time intervals) must check against: only files
+    whose event-time statistics overlap them, since a recorded row's partition key comes from its
+    event time. None: every file of the flow (the sweep's rows have no partition and often no
+    event time). Without this a run's check read the flow's whole quarantine history."""
     if not DeltaTable.is_deltatable(uri):
-        return None
+        return None, []
     info = table_info(table_name(uri), uri)
-    files = [f for f in snapshot_files(info, None) if dict(f.partition_values).get("flow") == flow]
+    files = snapshot_files(info, "event_time" if within is not None else None, within)
+    return info, [f for f in files if dict(f.partition_values).get("flow") == flow]
+
+
+def _existing(spark: SparkSession, uri: str, flow: str, within: Sequence[Interval] | None) -> DataFrame | None:
+    info, files = recorded_files(uri, flow, within)
     if not files:
         return None
     return read_source(spark, files, info).select("partition", "rule", "row")
 
 
 def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_id: str,
-           through_driver: bool = False) -> dict[str | None, dict[str, int]]:
+           through_driver: bool = False, within: Sequence[Interval] | None = None) -> dict[str | None, dict[str, int]]:
     """Append the rows of `rejects` (PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS; a NULL partition for
     the sweep's rows) not yet recorded for (flow, partition); returns the number of new rows by
     partition and rule. One Spark job, one commit. `through_driver`: the caller read few enough
-    bytes that the rejects (a subset of those rows) are written by the driver (`staging.stage`)."""
+    bytes that the rejects (a subset of those rows) are written by the driver (`staging.stage`).
+    `within`: event-time intervals holding every reject's event time (a run's partitions); only
+    recorded rows there are read to skip what is recorded already (`recorded_files`)."""
     rows = (rejects.groupBy(F.col(PARTITION_KEY).alias("partition"), F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
             .agg(F.min(VERSION).alias("source_version"), F.min(EVENT_TS).alias("event_time")))
-    old = _existing(spark, uri, flow)
+    old = _existing(spark, uri, flow, within)
     if old is not None:
         same = rows["partition"].eqNullSafe(old["partition"]) & (rows["rule"] == old["rule"]) & \
             (rows["row"] == old["row"])

@@ -79,7 +79,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
             new_ref = new.where(_in_partitions(spec, refill))
             _count_metrics(out, counts, plans)
             if any(m["rows_rejected"] for m in out.metrics.values()):
-                out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id, small=small)
+                out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id, small=small, plans=plans)
             ctx.hook("after_read")
             t1 = time.perf_counter()
             _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out, small=small)
@@ -134,7 +134,7 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     _count_metrics(out, obs.get, plans)
     if any(m["rows_rejected"] for m in out.metrics.values()):  # reads the new files again (rare)
         out.quarantined = _quarantine(ctx, spec, joined.where(F.col(RULE).isNotNull() & (F.col(SIGN) > 0)), run_id,
-                                      small=small)
+                                      small=small, plans=plans)
     ctx.hook("after_read")
     t1 = time.perf_counter()
     read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
@@ -275,13 +275,15 @@ def _schema_matches(uri: str, out: DataFrame) -> bool:
 
 
 def _quarantine(ctx: RunContext, spec: StageSpec, rejected: DataFrame, run_id: str, *,
-                small: bool) -> dict[str, dict[str, int]]:
+                small: bool, plans: list[PartitionPlan]) -> dict[str, dict[str, int]]:
+    """Record the rejected rows (all inside the plans' partitions: a stage reads no others)."""
     rejected = rejected.withColumn(PARTITION_KEY, partition_key_column(EVENT_TS, spec.granularity))
     counts: dict[str, dict[str, int]] = {}
     for src in spec.sources:
         mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
         for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
-                                       run_id=run_id, through_driver=small).items():
+                                       run_id=run_id, through_driver=small,
+                                       within=[p.interval for p in plans]).items():
             for rule, n in by_rule.items():
                 counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
     return counts

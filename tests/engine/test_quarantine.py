@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, RowRule, SpecError, Tumbling
+from laminar_assets.engine.quarantine import recorded_files
+from laminar_assets.engine.windows import partition_interval
 from laminar_assets.errors import InjectedCrash
 from tests.engine.test_crash_safety import crash_at
 from tests.reference import assert_frames_match, full_recompute
@@ -105,6 +108,30 @@ def test_crash_after_quarantine_write_does_not_duplicate(spark, lake):
     assert r.mode.value == "REFILL" and r.quarantined == {}
     assert len(quarantine(lake)) == 5
     check_sink(spark, lake, until="2024-01-01 01:00")
+
+
+def test_a_run_reads_only_the_recorded_rows_of_its_own_partitions(spark, lake, engine):
+    """Skipping rows recorded already reads the flow's quarantine files whose event times overlap
+    the run's partitions (plus a window's size for a flow), not the flow's whole history."""
+    lake.create("trades", BASE)
+    engine.run(FLOW, PART)
+    engine.run(FLOW, NEXT)
+    uri = os.path.join(lake.root, "_laminar", "quarantine", "trades")
+
+    def partitions(within):
+        _, files = recorded_files(uri, "q", within)
+        keys = {r["partition"] for f in files for r in pq.read_table(f.uri.removeprefix("file://"),
+                                                                     columns=["partition"]).to_pylist()}
+        return sorted(keys, key=lambda k: (k is not None, k or ""))
+
+    assert partitions(None) == [None, PART, NEXT]  # the sweep's rows (no partition) too
+    assert partitions([partition_interval(PART, FLOW.granularity)]) == [PART]
+    assert partitions([partition_interval(NEXT, FLOW.granularity)]) == [NEXT]
+    assert recorded_files(uri, "q2", None)[1] == []  # another flow's files are never read
+    # and a rerun still records nothing twice through the pruned check
+    before = quarantine(lake)
+    assert engine.run(FLOW, NEXT, force=True).quarantined == {}
+    assert quarantine(lake) == before
 
 
 def test_flows_share_a_source_quarantine_table_by_flow(spark, lake, engine):
