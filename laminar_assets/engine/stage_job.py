@@ -1,9 +1,8 @@
 """One Spark pass over every partition a stage run touches: rows, dedup, joins, one commit.
 
 A stage keeps no state: its output table holds its rows. Refilled partitions are
-recomputed whole (dedup is within a partition) and compared with their old rows
-(one aggregation: EXCEPT ALL both ways), so the commit carries exact change data and downstream
-retractable flows stay incremental. Appended rows of incremental partitions are
+recomputed whole (dedup is within a partition); their commit, with exact change data, is
+stage_commit.py's. Small inputs run in one task (no shuffle). Appended rows of incremental partitions are
 checked against the rows already kept (dedup); a new row that would replace a kept
 duplicate refills its partition instead (DEDUP_REPLACED_ROW). A run of appends only is one Spark
 job: read, join, dedup against the kept rows and write, its metrics and dedup verdict observed.
@@ -11,12 +10,9 @@ job: read, join, dedup against the kept rows and write, its metrics and dedup ve
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
@@ -26,16 +22,17 @@ from .delta_source import snapshot_files
 from .delta_write import replace_ranges
 from .inputs import RunInputs
 from .layout import RunContext
-from .plan import Mode, PartitionPlan, Reason
+from .plan import Mode, PartitionPlan
 from .quarantine import PARTITION_KEY, ROW, RULE, VERSION
 from .reading import PART, read_set, rows_query
 from .row_prep import keep_sql, prepare_query
-from .spark_io import arrow_schema_of, interpreted, named, nullable, observe
+from .spark_io import interpreted, named, observe
 from .stable_sql import bigint
-from .staging import StagedFiles, stage
-from .spark_read import CHANGE_TYPE, read_source
+from .staging import stage
+from .spark_read import read_source
 from .spec import StageSpec
-from .stage_rows import DedupReplaced, dedup_against_kept, deduped, kept_rows, replaced
+from .stage_commit import commit_meta, commit_refill, schema_matches, transactions, with_metrics
+from .stage_rows import DedupReplaced, dedup_against_kept, deduped, replaced
 from .windows import partition_id, partition_id_sql, partition_key_column
 
 
@@ -59,7 +56,11 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
         rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
         joined = observe(joined, obs, *_row_counts(spec, plans))
         # a stage's new rows are rows it read, widened by the dimensions' columns
-        small = reads.total_bytes + inputs.joined_bytes() < ctx.options.driver_write_below_bytes
+        in_bytes = reads.total_bytes + inputs.joined_bytes()
+        small = in_bytes < ctx.options.driver_write_below_bytes
+        single = in_bytes < ctx.options.single_task_below_bytes
+        if single:  # small inputs: every row in one task, so the dedup and the diff plan no shuffle
+            joined = joined.coalesce(1)
         if not any(p.mode is Mode.REFILL for p in plans) and _appends(ctx, spec, plans, joined, obs, seqs, run_id, out,
                                                                      small=small):
             ctx.hook("after_state_commit")
@@ -82,7 +83,8 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
                 out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id, small=small, plans=plans)
             ctx.hook("after_read")
             t1 = time.perf_counter()
-            _commit(ctx, spec, plans, refill, new_ref, new_inc, seqs, run_id, out, small=small)
+            commit_refill(ctx, spec, plans, new_ref, new_inc, seqs, run_id, out.metrics, small=small,
+                          in_bytes=in_bytes, single=single)
             out.seconds = {"read": t1 - t0, "write": time.perf_counter() - t1}
         finally:
             joined.unpersist()
@@ -120,7 +122,7 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     new = deduped(spec, joined.where(F.col(RULE).isNull()))
     cols = [c for c in new.columns if c != EVENT_TS]
     uri = ctx.layout.sink_uri(spec)
-    if not _schema_matches(uri, new.select(*named(cols)).drop(PART)):
+    if not schema_matches(uri, new.select(*named(cols)).drop(PART)):
         return False
     lost = Observation() if spec.dedup_key else None
     if lost is not None:
@@ -139,8 +141,8 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     t1 = time.perf_counter()
     read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
     replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=[],
-                   transactions=_transactions(ctx, spec, plans, seqs),
-                   metadata=_with_metrics(_commit_meta(spec, plans, run_id), read, staged), run_id=run_id,
+                   transactions=transactions(ctx, spec, plans, seqs),
+                   metadata=with_metrics(commit_meta(spec, plans, run_id), read, staged), run_id=run_id,
                    append_only=True)
     written = staged.rows_by_partition()
     for p in plans:
@@ -181,97 +183,6 @@ def _matched(i: int) -> str:
 def _in_partitions(spec: StageSpec, plans: list[PartitionPlan]):
     ids = [partition_id(p.partition, spec.granularity) for p in plans]
     return F.col(PART).isin(*ids) if ids else F.lit(False)
-
-
-def _transactions(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs: dict[str, int]) -> list:
-    return [(ctx.layout.app_id(spec, p.partition), seqs[p.partition]) for p in plans]
-
-
-def _commit_meta(spec: StageSpec, plans: list[PartitionPlan], run_id: str) -> dict:
-    return {"laminar.run_id": run_id, "laminar.flow": spec.name,
-            "laminar.partition": ",".join(p.partition for p in plans),
-            "laminar.mode": ",".join(sorted({p.mode.value for p in plans})),
-            "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
-
-
-def _commit(ctx: RunContext, spec: StageSpec, plans, refill, new_ref: DataFrame, new_inc: DataFrame,
-            seqs: dict[str, int], run_id: str, out: PassResult, *, small: bool) -> None:
-    uri = ctx.layout.sink_uri(spec)
-    txns, meta = _transactions(ctx, spec, plans, seqs), _commit_meta(spec, plans, run_id)
-    read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
-    ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
-    data_cols = [c for c in new_ref.columns if c != EVENT_TS]
-    new_ref, new_inc = new_ref.select(*named(data_cols)), new_inc.select(*named(data_cols))
-    reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not _schema_matches(uri, new_ref.drop(PART))
-    old = None if reset else kept_rows(ctx, spec, refill)
-    ranges = [p.interval for p in refill]
-    deleted_by: dict[int, int] = {}
-    if old is not None:
-        # The refilled partitions' exact changes (old rows vs recomputed rows) in one aggregation,
-        # staged as change data in one job whose observation counts them per partition.
-        changes = _net_changes(old.select(*named(data_cols)), new_ref, data_cols).unionByName(
-            new_inc.withColumn(CHANGE_TYPE, F.lit("insert")))
-        obs = Observation()
-        cdc = stage(observe(changes, obs, *_change_counts(ids)), uri, run_id, by=PART, folder="_change_data/laminar")
-        counts = obs.get
-        deleted_by = {pid: int(counts.get(f"delete@{pid}") or 0) for pid in ids}
-        inserted_by = {pid: int(counts.get(f"insert@{pid}") or 0) for pid in ids}
-    if reset or not any(deleted_by.values()):
-        # nothing deleted: a plain commit (readers see the adds as inserts)
-        if old is not None:
-            cdc.discard()
-            new_rows = changes.where(F.col(CHANGE_TYPE) == "insert").drop(CHANGE_TYPE)
-        else:
-            new_rows = new_ref.unionByName(new_inc)
-        # inserts only, all of them rows this pass read (the change data above also holds old rows)
-        staged = stage(new_ref if reset else new_rows, uri, run_id, by=PART, through_driver=small)
-        if reset:
-            staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART, through_driver=small))
-        replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges if reset else [],
-                       transactions=txns, metadata=_with_metrics(meta, read, staged), run_id=run_id,
-                       append_only=not reset,
-                       reset_on_schema_change=reset)
-        inserted_by = staged.rows_by_partition()
-    else:
-        staged = stage(new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
-        replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=ranges, transactions=txns,
-                       metadata=_with_metrics(meta, read, staged), run_id=run_id, change_data=cdc)
-    written = staged.rows_by_partition()
-    for pid, key in ids.items():
-        out.metrics[key].update(sink_rows=written.get(pid, 0), rows_inserted=inserted_by.get(pid, 0),
-                                rows_deleted=deleted_by.get(pid, 0))
-
-
-def _net_changes(old: DataFrame, new: DataFrame, cols: list[str]) -> DataFrame:
-    """Rows to delete and to insert to turn the multiset `old` into `new` (EXCEPT ALL both ways, as
-    one aggregation: Spark rewrites each EXCEPT ALL into the same union, sum and replicate)."""
-    both = old.select(*named(cols), F.lit(-1).alias("__d")).unionByName(new.select(*named(cols), F.lit(1).alias("__d")))
-    net = both.groupBy(*named(cols)).agg(F.sum("__d").alias("__n")).where(F.col("__n") != 0)
-    kind = F.expr("explode(array_repeat(CASE WHEN __n < 0 THEN 'delete' ELSE 'insert' END, CAST(abs(__n) AS INT)))")
-    return net.select(*named(cols), kind.alias(CHANGE_TYPE))
-
-
-def _change_counts(ids: dict[int, str]) -> list:
-    """Observed deletes and inserts per partition number (SQL text: one Py4J call per metric)."""
-    return [F.expr(f"sum(CASE WHEN {PART} = {pid} AND {CHANGE_TYPE} = '{kind}' THEN 1 ELSE 0 END) AS `{kind}@{pid}`")
-            for pid in ids for kind in ("delete", "insert")]
-
-
-def _with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
-    """The commit's metadata with the run's metrics (what `laminar_system.runs` shows)."""
-    return {**meta, "laminar.metrics": json.dumps({**read, "sink_rows": staged.rows})}
-
-
-def _with(a: StagedFiles, b: StagedFiles) -> StagedFiles:
-    return StagedFiles(a.adds + b.adds, a.rows + b.rows, a.schema, a.folder)
-
-
-def _schema_matches(uri: str, out: DataFrame) -> bool:
-    if not DeltaTable.is_deltatable(uri):
-        return True
-    current = nullable(pa.schema(DeltaTable(uri).schema().to_arrow()))
-    wanted = nullable(arrow_schema_of(out))
-    return [(f.name, str(f.type)) for f in current] == [(f.name, str(f.type)) for f in wanted]
 
 
 def _quarantine(ctx: RunContext, spec: StageSpec, rejected: DataFrame, run_id: str, *,

@@ -43,22 +43,23 @@ def deduped(spec: StageSpec, good: DataFrame) -> DataFrame:
     return out
 
 
-def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> DataFrame | None:
-    """The rows the output table holds now in the plans' partitions (with `__p` and the event time)."""
+def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> tuple[DataFrame | None, int]:
+    """The rows the output table holds now in the plans' partitions (with `__p` and the event
+    time), and the bytes of the files holding them; (None, 0) when it holds none."""
     uri = ctx.layout.sink_uri(spec)
     if not plans or not DeltaTable.is_deltatable(uri):
-        return None
+        return None, 0
     parts = [p.interval for p in plans]
     info = table_info(spec.sink, uri)
     files = snapshot_files(info, spec.event_time, parts)
     if not files:
-        return None
+        return None, 0
     from .validate import event_time_column
 
     df = read_source(ctx.spark, files, info)
     inside = F.expr(stable_sql.in_ranges_sql(EVENT_TS, parts, spec.granularity))  # same code every run
     df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(inside)
-    return with_partition(df, spec, EVENT_TS)
+    return with_partition(df, spec, EVENT_TS), sum(f.size for f in files)
 
 
 def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame, *,
@@ -66,7 +67,7 @@ def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPl
     """`new` without the rows whose key the output keeps already. A new row that sorts before the
     kept one would replace it: raises `DedupReplaced` (one Spark job), or, given `lost`, counts such
     rows per partition in the job that consumes the result (see `replaced`)."""
-    existing = kept_rows(ctx, spec, plans)
+    existing, _ = kept_rows(ctx, spec, plans)
     if existing is None:  # nothing kept in these partitions: nothing to replace (still observed, as 0)
         return new if lost is None else observe(new, lost, *_lost_counts(spec, plans, "false"))
     cols = [c for c in new.columns if c not in (PART, EVENT_TS)]

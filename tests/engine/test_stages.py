@@ -26,10 +26,11 @@ SECTORS = FlowSpec(name="sectors", source="norm", event_time="ts", window=Tumbli
 
 @pytest.fixture(params=["driver-writes", "spark-writes"])
 def engine(request, spark, lake) -> Engine:
-    """Both ways a stage's rows are written: small writes through the driver (the default for
-    these tiny tables), and Spark's write job (what large passes use)."""
+    """Both ways a stage pass runs: small passes in one task with their rows written through the
+    driver (the default for these tiny tables), and large passes' shuffles and Spark write jobs."""
     spark_writes = request.param == "spark-writes"
-    return Engine(spark, lake.root, options=EngineOptions(driver_write_below_bytes=0) if spark_writes else None)
+    large = EngineOptions(driver_write_below_bytes=0, single_task_below_bytes=0)
+    return Engine(spark, lake.root, options=large if spark_writes else None)
 
 
 def raw(rows):
@@ -258,6 +259,33 @@ def test_an_append_is_one_spark_job_with_its_counts_quarantine_and_dedup_verdict
     results = {x.plan.partition: x for x in engine.run_many(STAGE, keys)}
     assert (results[keys[1]].mode, results[keys[1]].reason) == (Mode.REFILL, Reason.DEDUP_REPLACED_ROW)
     assert results[PART].mode is Mode.NOOP
+    assert_stage(lake)
+
+
+def test_a_refill_with_deletes_commits_from_one_job_after_the_read(spark, lake, engine, request):
+    """A refill that deletes rows: the rows are read once (cached); a small pass then brings its
+    change data and its new rows to the driver in one Spark job, where a large one stages them in
+    two. Both commit the same rows and change data."""
+    from deltalake import DeltaTable
+
+    import pyarrow as pa
+    from tests.engine.test_one_pass import Jobs
+
+    setup(lake)
+    engine.run(STAGE, PART)
+    lake.update("raw", {"px": "px + 1"}, "trade_id = 2")
+    lake.delete("raw", "trade_id = 1")
+    r, jobs = Jobs(spark).count(lambda: engine.run(STAGE, PART))
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert (r.metrics["rows_deleted"], r.metrics["rows_inserted"]) == (2, 1)
+    # the dimension's broadcast and the read; the quarantine's two (trade 3's symbol is unknown: its
+    # recorded rows' broadcast, its write); then the commit: one job (small), or the change data and the rows
+    small = request.node.callspec.params["engine"] == "driver-writes"
+    assert jobs <= (5 if small else 6), jobs
+    norm = DeltaTable(lake.path("norm"))
+    cdf = pa.table(norm.load_cdf(starting_version=norm.version()).read_all()).to_pandas()
+    assert sorted(zip(cdf["_change_type"], cdf["trade_id"], cdf["px"])) == [
+        ("delete", 1, 10.0), ("delete", 2, 20.0), ("insert", 2, 21.0)]
     assert_stage(lake)
 
 
