@@ -20,6 +20,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
@@ -121,13 +122,28 @@ def recorded_files(uri: str, flow: str, within: Sequence[Interval] | None = None
     """(table info, data files) of the rows `flow` has recorded in the quarantine table at `uri`
     that a write of rejects from `within` (event-time intervals) must check against: only files
     whose event-time statistics overlap them, since a recorded row's partition key comes from its
-    event time. None: every file of the flow (the sweep's rows have no partition and often no
-    event time). Without this a run's check read the flow's whole quarantine history."""
+    event time. None: the sweep's rows, which have no partition (and often no event time): only
+    files whose statistics say they hold a NULL `partition`. Without this a run's check read the
+    flow's whole quarantine history."""
     if not DeltaTable.is_deltatable(uri):
         return None, []
     info = table_info(table_name(uri), uri)
     files = snapshot_files(info, "event_time" if within is not None else None, within)
-    return info, [f for f in files if dict(f.partition_values).get("flow") == flow]
+    mine = [f for f in files if dict(f.partition_values).get("flow") == flow]
+    if within is None:
+        partitioned = _without_null_partition(info)
+        mine = [f for f in mine if unquote(f.uri.rsplit("/", 1)[-1]) not in partitioned]
+    return info, mine
+
+
+def _without_null_partition(info) -> set[str]:
+    """Names of the files whose statistics prove every row has a `partition` (files a run of
+    some partition wrote); files without statistics are not in it."""
+    actions = pa.table(info.delta().get_add_actions(flatten=True))
+    if "null_count.partition" not in actions.column_names:
+        return set()
+    nulls = actions.column("null_count.partition").to_pylist()
+    return {unquote(p.rsplit("/", 1)[-1]) for p, n in zip(actions.column("path").to_pylist(), nulls) if n == 0}
 
 
 def _existing(spark: SparkSession, uri: str, flow: str, within: Sequence[Interval] | None) -> DataFrame | None:

@@ -3,6 +3,7 @@ the source version and the original row; the good rows are aggregated exactly as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -124,13 +125,18 @@ def test_a_run_reads_only_the_recorded_rows_of_its_own_partitions(spark, lake, e
                                                                      columns=["partition"]).to_pylist()}
         return sorted(keys, key=lambda k: (k is not None, k or ""))
 
-    assert partitions(None) == [None, PART, NEXT]  # the sweep's rows (no partition) too
+    assert partitions(None) == [None]  # the sweep's rows (no partition): only files holding them
     assert partitions([partition_interval(PART, FLOW.granularity)]) == [PART]
     assert partitions([partition_interval(NEXT, FLOW.granularity)]) == [NEXT]
     assert recorded_files(uri, "q2", None)[1] == []  # another flow's files are never read
     # and a rerun still records nothing twice through the pruned check
     before = quarantine(lake)
     assert engine.run(FLOW, NEXT, force=True).quarantined == {}
+    assert quarantine(lake) == before
+    # a changed spec sweeps the whole source again: its partition-less rows are found recorded
+    changed = dataclasses.replace(FLOW, aggregates=(*FLOW.aggregates, Agg.min("px")))
+    assert changed.spec_hash != FLOW.spec_hash
+    assert engine.run(changed, NEXT).quarantined == {}
     assert quarantine(lake) == before
 
 
