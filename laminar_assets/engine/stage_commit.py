@@ -120,9 +120,8 @@ def _stage_collected(changes: DataFrame, rows: DataFrame, uri: str, run_id: str,
     table = collect_rows(changes.unionByName(rows.withColumn(CHANGE_TYPE, F.lit(None).cast("string"))))
     is_row = pc.is_null(table[CHANGE_TYPE])
     change = table.filter(pc.invert(is_row))
-    counts = {(r[PART], r[CHANGE_TYPE]): r["__n"] for r in
-              change.group_by([PART, CHANGE_TYPE]).aggregate([([], "count_all")])
-              .rename_columns([PART, CHANGE_TYPE, "__n"]).to_pylist()}
+    counts = {(r[PART], r[CHANGE_TYPE]): r["count_all"] for r in
+              change.group_by([PART, CHANGE_TYPE]).aggregate([([], "count_all")]).to_pylist()}
     inserted = {pid: n for (pid, kind), n in counts.items() if kind == "insert"}
     deleted = {pid: n for (pid, kind), n in counts.items() if kind == "delete"}
     if not any(deleted.values()):
