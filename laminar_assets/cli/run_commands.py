@@ -82,7 +82,8 @@ def generate(
                                                bad_share=bad_share, seed=seed, start=recent_start()),
                     batch=batch)
     console.print(f"raw_trades: appended {s.appended}, late {s.late}, duplicates {s.duplicates}, corrected "
-                  f"{s.updated}, cancelled {s.deleted}; new versions {list(s.versions)}", markup=False)
+                  f"{s.updated}, cancelled {s.deleted}, broken {s.bad} (they go to the quarantine); new versions "
+                  f"{list(s.versions)}", markup=False)
 
 
 @app.command()

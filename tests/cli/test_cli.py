@@ -163,6 +163,7 @@ def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
     assert run_cli("--root", str(new), "dag", home=tmp_path / "dh").returncode == 0
     proc = run_cli("--root", str(new), "generate", "--rows", "50", "--batch", "0", home=tmp_path / "dh")
     assert proc.returncode == 0, proc.stderr
+    assert "broken " in proc.stdout and "new versions [0]" in proc.stdout, proc.stdout  # what it wrote, counted
     assert (new / "raw_trades").is_dir()
 
 
