@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import urllib.request
@@ -28,14 +29,46 @@ class Cluster:
     env: dict         # what a driver on this machine needs: loopback, the same Python as the executors
 
     def status(self) -> dict:
+        """The master's /json/ status; an answer that is not this master's JSON fails naming what came."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as response:
-            return json.load(response)
+            body, kind = response.read(), response.headers.get("Content-Type")
+        try:
+            status = json.loads(body)
+        except ValueError:
+            raise AssertionError(f"port {self.ui_port} answered /json/ with {kind!r}, not the Spark master's "
+                                 f"JSON: {body[:300]!r}") from None
+        if status.get("url") != self.url:
+            raise AssertionError(f"port {self.ui_port} is the web UI of {status.get('url')!r}, not {self.url}")
+        return status
 
     def alive_workers(self) -> int:
+        return sum(w["state"] == "ALIVE" for w in self.status()["workers"])
+
+
+# The ports the master really bound: Spark moves to the next port when the one asked for is taken
+# (something else may grab a free port between `free_port()` and the JVM binding it), so the log is the
+# truth. A CI run once read another server's answer on the asked-for UI port.
+_BOUND = {"rpc": re.compile(rb"Successfully started service 'sparkMaster' on port (\d+)"),
+          "ui": re.compile(rb"Successfully started service 'MasterUI' on port (\d+)")}
+
+
+def _bound_ports(log: Path) -> dict[str, int] | None:
+    text = log.read_bytes() if log.exists() else b""
+    found = {name: pattern.search(text) for name, pattern in _BOUND.items()}
+    return {name: int(m.group(1)) for name, m in found.items()} if all(found.values()) else None
+
+
+def _ready(probe):
+    """A readiness probe for `wait_for`: False (not yet) while the server refuses or answers oddly, the
+    last such answer kept in `.last` for the timeout's message."""
+    def check() -> bool:
         try:
-            return sum(w["state"] == "ALIVE" for w in self.status()["workers"])
-        except OSError:
-            return 0
+            return probe()
+        except (OSError, AssertionError) as exc:
+            check.last = exc
+            return False
+    check.last = None
+    return check
 
 
 def _spark_class() -> str:
@@ -48,14 +81,11 @@ def _spark_class() -> str:
 def standalone_cluster(folder: Path, *, workers: int = 2, cores: int = 1, memory: str = "1g", python: str):
     """Start a master and `workers` workers, wait until all registered, yield a `Cluster`, always stop."""
     folder.mkdir(parents=True, exist_ok=True)
-    port, ui_port = free_port(), free_port()
+    asked, asked_ui = free_port(), free_port()
     env = {**os.environ, TAG: str(folder), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python,
            "SPARK_LOG_DIR": str(folder), "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
     env.pop("LAMINAR_SPARK_REMOTE", None)
-    url = f"spark://127.0.0.1:{port}"
-    cluster = Cluster(url=url, ui_port=ui_port, folder=folder,
-                      env={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, TAG: str(folder)})
-    procs, logs = [], []
+    procs, logs, port = [], [], asked
 
     def launch(name: str, *args: str) -> None:
         log = open(folder / f"{name}.log", "wb")
@@ -64,10 +94,19 @@ def standalone_cluster(folder: Path, *, workers: int = 2, cores: int = 1, memory
                                       start_new_session=True))
 
     try:
-        launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-               "--webui-port", str(ui_port))
-        wait_for(lambda: listening(port) and listening(ui_port), 120, "the Spark master",
+        launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(asked),
+               "--webui-port", str(asked_ui))
+        wait_for(lambda: _bound_ports(folder / "master.log") is not None, 120, "the Spark master's ports in its log",
                  alive=lambda: procs[0].poll() is None)
+        bound = _bound_ports(folder / "master.log")
+        port, url = bound["rpc"], f"spark://127.0.0.1:{bound['rpc']}"
+        cluster = Cluster(url=url, ui_port=bound["ui"], folder=folder,
+                          env={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, TAG: str(folder)})
+        up = _ready(lambda: cluster.status() is not None)
+        try:
+            wait_for(up, 120, "the Spark master's status page", alive=lambda: procs[0].poll() is None)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last answer: {up.last}") from None
         for i in range(workers):
             launch(f"worker{i + 1}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                    "--cores", str(cores), "--memory", memory, "--webui-port", "0",
