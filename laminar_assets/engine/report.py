@@ -120,12 +120,14 @@ def explain(engine, spec: Spec, partition: str) -> dict:
 
 
 def status(root: str, specs: list[Spec]) -> list[dict]:
-    """Per spec: materialized partitions, stale ones and why, watermark vs source versions, pending versions."""
+    """Per spec: materialized partitions, stale ones and why, watermark vs source versions, pending versions.
+    Source versions cover every input the watermark records: the sources and the dimension tables."""
     store = CheckpointStore(root)
     out = []
     for spec in specs:
         latest = {}
-        for src in spec.sources:
+        inputs = (*spec.sources, *spec.dimension_tables)
+        for src in inputs:
             uri = resolve_uri(root, src)
             try:
                 latest[src] = table_info(src, uri).version
@@ -139,7 +141,7 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
                 stale.append({"partition": key, "reason": "ERROR", "detail": str(exc)})
                 continue
             behind = {s: (latest[s] - mark.source_versions.get(s, 0)) if latest.get(s) is not None else None
-                      for s in spec.sources}
+                      for s in inputs}
             row = {"partition": key, "watermark": mark.source_versions, "versions_behind": behind,
                    "last_mode": mark.last_mode, "last_reason": mark.last_reason}
             partitions.append(row)
