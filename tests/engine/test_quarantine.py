@@ -78,6 +78,16 @@ def test_each_broken_row_is_quarantined_once_with_rule_version_and_row(spark, la
     check_sink(spark, lake)
 
 
+def test_a_runs_swept_rows_are_credited_to_a_partition_that_did_work(lake, engine):
+    lake.create("trades", BASE)
+    engine.run_many(FLOW, [PART, NEXT])
+    lake.append("trades", [(None, "a", 20.0, 1), ("2024-01-01 01:30:00", "a", 21.0, 1)])
+    idle, busy = engine.run_many(FLOW, [PART, NEXT])  # the new version touches NEXT only
+    assert idle.plan.mode.value == "NOOP" and busy.plan.mode.value != "NOOP"
+    assert idle.quarantined == {} and idle.metrics["rows_quarantined"] == 0
+    assert busy.quarantined == {"event_time_missing": 1} and busy.metrics["rows_quarantined"] == 1
+
+
 def test_reruns_and_refills_record_nothing_twice(spark, lake, engine):
     lake.create("trades", BASE)
     engine.run(FLOW, PART)
