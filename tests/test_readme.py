@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.request
 import pytest
 
 from laminar_assets.engine import FlowSpec
+from tests.deploy.processes import free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -61,14 +61,8 @@ def test_dagster_asset_materialize_from_repo_root(tmp_path):
     assert sorted(lake.read("normalized_trades")["trade_id"]) == [1, 2, 3]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dagster_dev_serves_the_definitions(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
     proc = subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import time
 
 
+# Ports for the servers tests start. A port bind(0) found free is free only until the server binds
+# it, seconds later for a JVM; meanwhile the other pytest-xdist worker (or any process's bind(0) or
+# outgoing connection) can take it. So: below the kernel's ephemeral range (32768-60999 here), a
+# separate span per xdist worker, never the same port twice in one process.
+_BASE, _SPAN = 20000, 2000
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port on 127.0.0.1 nothing listens on, from this test worker's own span."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    low = _BASE + (int(worker[2:]) if worker[2:].isdigit() else 0) % 6 * _SPAN
+    for port in random.sample(range(low, low + _SPAN), _SPAN):
+        if port in _given:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise AssertionError(f"no free port in {low}-{low + _SPAN - 1} on 127.0.0.1")
 
 
 def listening(port: int) -> bool:
