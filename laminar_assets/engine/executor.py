@@ -113,8 +113,9 @@ class Engine:
                 results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force))
         for k in keys:
             results[k].seconds["plan"] = plan_s
-        # The sweep's rows belong to no partition: credit them to the first partition that did work,
-        # so a NOOP partition never reports rows it did not read.
+        # The sweep's rows belong to no partition: credit them to the first partition that did work, so
+        # a NOOP partition does not report them beside one that read rows. When every partition is a
+        # NOOP (a commit holding only partition-less rows), the first one carries them: not lost.
         first = results[next((k for k in keys if plans[k].mode is not Mode.NOOP), keys[0])]
         for rule, n in swept.items():
             first.quarantined[rule] = first.quarantined.get(rule, 0) + n

@@ -232,7 +232,8 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     # the stage's watermark holds the dimension's version too, so its status shows it, up to date
     stage_status = next(r for r in status if r["flow"] == "normalized_trades")
     assert set(stage_status["source_versions"]) == {"raw_trades", "symbols"}
-    assert all(p["versions_behind"]["symbols"] == 0 for p in stage_status["partitions"])
+    assert all(p["watermark"]["symbols"] == 0 and p["versions_behind"]["symbols"] == 0
+               for p in stage_status["partitions"])
 
     # the demo's data starts a few hours before now: its first hour is the stage's first event time
     first = min(stage["event_time"].to_pylist()).replace(minute=0, second=0, microsecond=0)

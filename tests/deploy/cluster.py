@@ -58,17 +58,22 @@ def _bound_ports(log: Path) -> dict[str, int] | None:
     return {name: int(m.group(1)) for name, m in found.items()} if all(found.values()) else None
 
 
-def _ready(probe):
-    """A readiness probe for `wait_for`: False (not yet) while the server refuses or answers oddly, the
-    last such answer kept in `.last` for the timeout's message."""
+def _wait_ready(probe, what: str, procs: list) -> None:
+    """`wait_for(probe)` while every process lives; a refused connection, a timeout or an odd answer
+    (a loaded machine, a server still starting) counts as "not yet", and the last one is in the
+    timeout's message."""
+    last = []
+
     def check() -> bool:
         try:
             return probe()
         except (OSError, AssertionError) as exc:
-            check.last = exc
+            last[:] = [exc]
             return False
-    check.last = None
-    return check
+    try:
+        wait_for(check, 120, what, alive=lambda: all(p.poll() is None for p in procs))
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answer: {last[0] if last else 'none'}") from None
 
 
 def _spark_class() -> str:
@@ -85,7 +90,7 @@ def standalone_cluster(folder: Path, *, workers: int = 2, cores: int = 1, memory
     env = {**os.environ, TAG: str(folder), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python,
            "SPARK_LOG_DIR": str(folder), "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
     env.pop("LAMINAR_SPARK_REMOTE", None)
-    procs, logs, port = [], [], asked
+    procs, logs, bound = [], [], {}
 
     def launch(name: str, *args: str) -> None:
         log = open(folder / f"{name}.log", "wb")
@@ -96,23 +101,24 @@ def standalone_cluster(folder: Path, *, workers: int = 2, cores: int = 1, memory
     try:
         launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(asked),
                "--webui-port", str(asked_ui))
-        wait_for(lambda: _bound_ports(folder / "master.log") is not None, 120, "the Spark master's ports in its log",
-                 alive=lambda: procs[0].poll() is None)
-        bound = _bound_ports(folder / "master.log")
-        port, url = bound["rpc"], f"spark://127.0.0.1:{bound['rpc']}"
+        log = folder / "master.log"
+        try:
+            wait_for(lambda: _bound_ports(log) is not None, 120, "the Spark master's ports in its log",
+                     alive=lambda: procs[0].poll() is None)
+        except AssertionError as exc:
+            tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+            raise AssertionError(f"{exc} (its 'Successfully started service' lines are INFO messages: does the "
+                                 f"environment's Spark log4j configuration hide them?); {log} ends with: {tail}") from None
+        bound = _bound_ports(log)
+        url = f"spark://127.0.0.1:{bound['rpc']}"
         cluster = Cluster(url=url, ui_port=bound["ui"], folder=folder,
                           env={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, TAG: str(folder)})
-        up = _ready(lambda: cluster.status() is not None)
-        try:
-            wait_for(up, 120, "the Spark master's status page", alive=lambda: procs[0].poll() is None)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; its last answer: {up.last}") from None
+        _wait_ready(lambda: cluster.status() is not None, "the Spark master's status page", procs)
         for i in range(workers):
             launch(f"worker{i + 1}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                    "--cores", str(cores), "--memory", memory, "--webui-port", "0",
                    "--work-dir", str(folder / f"work{i + 1}"), url)
-        wait_for(lambda: cluster.alive_workers() == workers, 120, f"{workers} Spark workers to register",
-                 alive=lambda: all(p.poll() is None for p in procs))
+        _wait_ready(lambda: cluster.alive_workers() == workers, f"{workers} Spark workers to register", procs)
         yield cluster
     finally:
         for proc in procs:
@@ -127,4 +133,5 @@ def standalone_cluster(folder: Path, *, workers: int = 2, cores: int = 1, memory
             log.close()
         left = kill_tagged(TAG, str(folder), grace=10)
         assert not left, f"the Spark cluster left {len(left)} process(es) running after stop: {left}"
-        assert not listening(port), f"the Spark master still listens on {port}"
+        still = [p for p in bound.values() if listening(p)]
+        assert not still, f"the Spark master still listens on {still}"
