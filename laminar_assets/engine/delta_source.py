@@ -24,6 +24,7 @@ from .delta_log import (  # noqa: F401  (re-exported: the planner and tests use 
     CommitKind, CommitSummary, DataFile, commit_summary, local_path, missing_files, read_commit, read_log_entry,
     stats_interval,
 )
+from . import snapshot_cache
 from .deletion_vectors import snapshot_deleted_rows
 from .file_ranges import may_overlap
 from .windows import Interval
@@ -120,9 +121,10 @@ def resolve_uri(root: str, name: str) -> str:
 
 
 def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
-    """Open a Delta table or raise `SourceNotFoundError` naming it."""
+    """Open a Delta table for reading or raise `SourceNotFoundError` naming it. Readers of the same
+    snapshot in one process share one open table (`snapshot_cache`): never commit through it."""
     try:
-        return DeltaTable(uri, version=version)
+        return snapshot_cache.open_snapshot(uri, version, _open)
     except TableNotFoundError as exc:
         raise SourceNotFoundError(
             f"source table '{name}' does not exist: expected a Delta table at {uri}; "
@@ -132,6 +134,10 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
         raise SourceNotFoundError(
             f"cannot open Delta table '{name}' at {uri}: {exc}", table=name, version=version,
         ) from exc
+
+
+def _open(uri: str, version: int | None) -> DeltaTable:
+    return DeltaTable(uri, version=version)
 
 
 def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:

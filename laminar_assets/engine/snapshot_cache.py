@@ -1,0 +1,114 @@
+"""Delta snapshots opened once per process and shared by the readers that ask for the same one.
+
+A run's steps (threads of one process) read the same tables: every flow of the demo graph reads
+`normalized_trades` at the same version, and a run's checks open the sinks its steps just wrote.
+Opening a snapshot replays the log since the last checkpoint (a source with ~50 commits and no
+checkpoint: 20-30 ms of CPU each time). Here a snapshot is opened once and handed to every reader
+of that table version.
+
+Only read-only handles come from here (`delta_source.open_table`); writers open their own tables,
+because a commit through a `DeltaTable` moves that object to the new version.
+
+Why a cached snapshot cannot be stale: an entry is keyed by the table's path, its version and a
+hash of that version's commit file. Delta never rewrites a commit file, and a commit file is
+unique: it names the data files it adds (file names carry UUIDs), a table's first commit holds the
+table's UUID, and every commit its time in milliseconds. So a table deleted and recreated at the
+same path has another commit file at that version, and misses. (File identity alone would not do:
+the file system hands a freed inode out again, and modification times are only as fine as the
+kernel's clock tick.) A request for the latest version lists the
+log first (what `deltalake` does as well) and opens exactly the version found, so a commit landing
+meanwhile is not mistaken for the one listed. Tables that are not on the local file system are not
+cached (their commit files cannot be checked as cheaply).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Callable
+
+from deltalake import DeltaTable
+
+from .file_ranges import local_path
+
+# Snapshots kept (least recently used dropped first). A snapshot of a large table holds its file
+# list in memory; a run touches a few tables at one or two versions each.
+MAX_SNAPSHOTS = 8
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+
+_lock = threading.Lock()
+_entries: OrderedDict[tuple, Future] = OrderedDict()
+_stats = {"opened": 0, "shared": 0}
+
+
+def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | None], DeltaTable]) -> DeltaTable:
+    """The snapshot of the table at `uri` at `version` (latest if None), opened by `opener(uri,
+    version)` unless an identical one is open already. The returned table must only be read."""
+    key = _key(uri, version)
+    if key is None:
+        return opener(uri, version)
+    with _lock:
+        entry = _entries.get(key)
+        mine = entry is None
+        if mine:
+            entry = _entries[key] = Future()
+            while len(_entries) > MAX_SNAPSHOTS:
+                _entries.popitem(last=False)
+        else:
+            _entries.move_to_end(key)
+            _stats["shared"] += 1
+    if not mine:
+        return entry.result()  # opened by another reader (or being opened: wait for it)
+    try:
+        table = opener(uri, key[1])
+    except BaseException as exc:
+        with _lock:  # not cached: the next reader tries again and gets its own error
+            if _entries.get(key) is entry:
+                del _entries[key]
+        entry.set_exception(exc)
+        raise
+    with _lock:
+        _stats["opened"] += 1
+    entry.set_result(table)
+    return table
+
+
+def stats() -> dict[str, int]:
+    """Snapshots opened and shared so far in this process (for tests and the benchmark)."""
+    with _lock:
+        return dict(_stats)
+
+
+def clear() -> None:
+    """Forget every snapshot (tests; a process that deleted tables it will recreate need not)."""
+    with _lock:
+        _entries.clear()
+
+
+def _key(uri: str, version: int | None) -> tuple | None:
+    """(path, version, commit file identity), or None when the snapshot cannot be checked cheaply:
+    not a local table, no log, or the version's commit file is gone (expired history; opened as
+    asked, uncached)."""
+    path = local_path(uri)
+    if path is None:
+        return None
+    log = os.path.join(path, "_delta_log")
+    if version is None:
+        try:
+            with os.scandir(log) as it:
+                versions = [int(m.group(1)) for e in it if (m := _COMMIT.match(e.name))]
+        except OSError:
+            return None
+        if not versions:
+            return None
+        version = max(versions)
+    try:
+        with open(os.path.join(log, f"{version:020d}.json"), "rb") as fh:
+            digest = hashlib.blake2b(fh.read(), digest_size=16).digest()
+    except OSError:
+        return None
+    return (os.path.realpath(path), version, digest)
