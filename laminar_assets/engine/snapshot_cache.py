@@ -27,6 +27,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
@@ -38,10 +39,14 @@ from .file_ranges import local_path
 # Snapshots kept (least recently used dropped first). A snapshot of a large table holds its file
 # list in memory; a run touches a few tables at one or two versions each.
 MAX_SNAPSHOTS = 8
+# A snapshot is shared for this long after it was opened. The readers that gain are a run's steps,
+# seconds apart; a long-lived process (the code server evaluating sensors) holds no snapshot
+# memory for longer than this.
+KEEP_SECONDS = 120.0
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 
 _lock = threading.Lock()
-_entries: OrderedDict[tuple, Future] = OrderedDict()
+_entries: OrderedDict[tuple, tuple[Future, float]] = OrderedDict()  # key -> (table, opened at)
 _stats = {"opened": 0, "shared": 0}
 
 
@@ -52,10 +57,14 @@ def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | No
     if key is None:
         return opener(uri, version)
     with _lock:
-        entry = _entries.get(key)
+        now = time.monotonic()
+        for old in [k for k, (_, at) in _entries.items() if now - at > KEEP_SECONDS]:
+            del _entries[old]
+        entry = _entries[key][0] if key in _entries else None
         mine = entry is None
         if mine:
-            entry = _entries[key] = Future()
+            entry = Future()
+            _entries[key] = (entry, now)
             while len(_entries) > MAX_SNAPSHOTS:
                 _entries.popitem(last=False)
         else:
@@ -67,7 +76,7 @@ def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | No
         table = opener(uri, key[1])
     except BaseException as exc:
         with _lock:  # not cached: the next reader tries again and gets its own error
-            if _entries.get(key) is entry:
+            if key in _entries and _entries[key][0] is entry:
                 del _entries[key]
         entry.set_exception(exc)
         raise

@@ -144,3 +144,15 @@ def test_only_a_few_snapshots_are_kept(tmp_path):
     snapshot_cache.open_snapshot(paths[0], None, opener)  # the oldest: dropped, opened again
     assert [c[0] for c in opener.calls].count(paths[-1]) == 1
     assert [c[0] for c in opener.calls].count(paths[0]) == 2
+
+
+def test_a_snapshot_is_shared_only_for_a_while(tmp_path, monkeypatch):
+    path = str(tmp_path / "t")
+    _write(path, [1])
+    opener = Counting()
+    snapshot_cache.open_snapshot(path, None, opener)
+    snapshot_cache.open_snapshot(path, None, opener)
+    assert len(opener.calls) == 1
+    monkeypatch.setattr(snapshot_cache, "KEEP_SECONDS", 0.0)  # every entry is now too old
+    snapshot_cache.open_snapshot(path, None, opener)
+    assert len(opener.calls) == 2
