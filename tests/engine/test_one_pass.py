@@ -275,3 +275,30 @@ def test_a_small_pass_runs_in_one_task_and_a_large_one_shuffles_and_both_agree(s
     a = small.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)
     b = large.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-12)
+
+
+def test_flows_run_side_by_side_open_their_common_source_once(spark, lake, engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from laminar_assets.engine import snapshot_cache
+
+    other = FlowSpec(name="vw_max", source="trades", event_time="ts", window=Tumbling("30m"), keys=("sym",),
+                     aggregates=(Agg.max("px"), Agg.count()))
+    lake.create("trades", spread(range(3)))
+    snapshot_cache.clear()
+    opened: list[str] = []
+    real = snapshot_cache.open_snapshot
+
+    def counting(uri, version, opener):
+        return real(uri, version, lambda u, v: opened.append(u) or opener(u, v))
+
+    snapshot_cache.open_snapshot = counting
+    try:
+        with ThreadPoolExecutor(2) as pool:  # as a Dagster run's steps do
+            for done in [pool.submit(engine.run_many, f, KEYS[:3]) for f in (FLOW, other)]:
+                assert all(r.mode is Mode.REFILL for r in done.result())
+    finally:
+        snapshot_cache.open_snapshot = real
+    assert opened.count(lake.path("trades")) == 1  # one open of the source, shared by both runs
+    for f in (FLOW, other):
+        check(spark, lake, f)
