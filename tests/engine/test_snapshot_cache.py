@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -82,6 +83,65 @@ def test_a_table_recreated_at_the_same_path_is_never_served_from_the_old_snapsho
         assert _values(open_table("t", path, 0)) == [round_]
 
 
+def test_a_recreated_table_whose_newest_commit_repeats_the_old_one_byte_for_byte_misses(tmp_path):
+    # Commits written by hand (or by a tool) need no time stamp: version 1 can be the same bytes in
+    # both tables. The first commit (the table's UUID, its files) still differs.
+    path = str(tmp_path / "t")
+    hand_written = '{"commitInfo":{"timestamp":0,"operation":"TXN"}}\n{"txn":{"appId":"a","version":1}}\n'
+    for round_ in range(3):
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        _write(path, [round_])
+        with open(os.path.join(path, "_delta_log", f"{1:020d}.json"), "w") as fh:
+            fh.write(hand_written)
+        dt = open_table("t", path)
+        assert dt.version() == 1 and _values(dt) == [round_], round_
+
+
+def test_a_failed_open_is_not_kept_and_waiting_readers_get_its_error(tmp_path):
+    path = str(tmp_path / "t")
+    _write(path, [1])
+    calls, entered, release = [], threading.Event(), threading.Event()
+
+    def flaky(uri, version):
+        calls.append(version)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(10)
+            raise OSError("disk hiccup")
+        return DeltaTable(uri, version=version)
+
+    errors = []
+
+    def first():
+        try:
+            snapshot_cache.open_snapshot(path, None, flaky)
+        except OSError as exc:
+            errors.append(("first", str(exc)))
+
+    def waiting():
+        try:
+            snapshot_cache.open_snapshot(path, None, flaky)
+        except OSError as exc:
+            errors.append(("waiting", str(exc)))
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert entered.wait(10)
+    shared = snapshot_cache.stats()["shared"]
+    b = threading.Thread(target=waiting)  # asks while the first open is under way: waits for it
+    b.start()
+    deadline = time.monotonic() + 10
+    while snapshot_cache.stats()["shared"] == shared and time.monotonic() < deadline:
+        time.sleep(0.01)  # until it found the pending entry
+    release.set()
+    a.join(10)
+    b.join(10)
+    assert sorted(errors) == [("first", "disk hiccup"), ("waiting", "disk hiccup")]
+    assert _values(snapshot_cache.open_snapshot(path, None, flaky)) == [1]  # not kept: opened again
+    assert calls == [0, 0]
+
+
 def test_threads_asking_at_once_wait_for_one_open(tmp_path):
     path = str(tmp_path / "t")
     for i in range(20):
@@ -102,7 +162,7 @@ def test_threads_asking_at_once_wait_for_one_open(tmp_path):
     assert len(opener.calls) == 1
 
 
-def test_a_failed_open_is_not_remembered(tmp_path):
+def test_a_path_that_is_not_a_table_yet_is_an_error_until_it_is(tmp_path):
     path = str(tmp_path / "later")
     with pytest.raises(SourceNotFoundError, match="later"):
         open_table("later", path)
