@@ -33,7 +33,8 @@ def check(
 
     c: CliContext = ctx.obj
     if demo_first:
-        from laminar_assets.demo.run import DEMO_JIT, run_demo
+        from laminar_assets.demo import DEMO_JIT
+        from laminar_assets.demo.run import run_demo
 
         with console.status("running the demo pipeline..."):
             run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7)

@@ -21,15 +21,15 @@ def demo(
 ) -> None:
     """The main job: generate sources, let Dagster's sensors bring every asset up to date, commit late
     rows, corrections and cancellations, and let Dagster bring everything up to date again."""
+    from laminar_assets.demo import DEMO_JIT
     from laminar_assets.engine import SparkOptions
     from laminar_assets.engine.session import start_session
 
     c: CliContext = ctx.obj
-    # Spark's JVM starts while Dagster and the definitions load: the runs' SparkResource asks for
-    # these same options (a test holds the two together), so their session is this one.
-    from laminar_assets.demo.run import DEMO_JIT, run_demo
-
+    # Spark's JVM starts before Dagster is imported and the definitions load: the runs' SparkResource
+    # asks for these same options (a test holds the two together), so their session is this one.
     start_session(SparkOptions.from_env(jit=DEMO_JIT))
+    from laminar_assets.demo.run import run_demo
     defs = c.definitions(jit=DEMO_JIT)
     instance = c.instance()
     with console.status("starting Spark and the Dagster instance...") as status:

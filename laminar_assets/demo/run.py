@@ -18,11 +18,6 @@ from laminar_assets.orchestrate import evaluate_sensor, execute_request, failure
 from .generator import BatchOptions, BatchSummary, recent_start, write_batch
 
 
-# The demo's JVM lives for one short run over a few thousand rows: compiling with C1 only leaves the
-# CPU to the work (2 cores: the demo in ~28 s instead of ~35 s; `SparkOptions.jit`).
-DEMO_JIT = "quick"
-
-
 @dataclass(frozen=True)
 class RunRow:
     """One materialized partition, as the demo table shows it (from the run's Dagster metadata)."""

@@ -74,7 +74,7 @@ def test_the_demo_starts_the_session_its_runs_ask_for(monkeypatch):
     monkeypatch.delenv("LAMINAR_SPARK_JIT", raising=False)
     assert SparkResource().options() == SparkOptions.from_env()
     assert SparkResource(stop_at_end=False).options() == SparkOptions.from_env()
-    from laminar_assets.demo.run import DEMO_JIT
+    from laminar_assets.demo import DEMO_JIT
 
     assert SparkResource(jit=DEMO_JIT).options() == SparkOptions.from_env(jit=DEMO_JIT)
 
