@@ -83,4 +83,9 @@ def test_dagster_dev_serves_the_definitions(tmp_path):
         assert "vwap_1m" in body and "normalized_trades" in body, body[:500]
     finally:
         os.killpg(proc.pid, 15)
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:  # e.g. SIGTERM ignored (an inherited ignored SIGINT): not left behind
+            os.killpg(proc.pid, 9)
+            proc.wait(30)
+            raise
