@@ -1,0 +1,171 @@
+"""The project's Dagster instance (dagster.yaml -> laminar_assets/instance.py) on real SQLite files:
+events land where Dagster's default storage puts them, round-trip, reuse their engines, and survive
+a deleted database, a fork, a wipe, and a home written by Dagster's own storage."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+import laminar_assets.instance as li
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = dg.StaticPartitionsDefinition(["a", "b", "c"])
+
+
+@dg.asset(partitions_def=PARTS)
+def thing() -> int:
+    return 1
+
+
+@dg.asset_check(asset=thing)
+def thing_ok() -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(passed=True)
+
+
+def _home(tmp_path: Path, *, stock: bool = False) -> str:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    text = (REPO / "dagster.yaml").read_text()
+    if stock:  # Dagster's own instance: the same file without the instance class
+        assert "instance_class:" in text
+        text = text.replace("instance_class:\n  module: laminar_assets.instance\n  class: LaminarInstance\n", "")
+    (home / "dagster.yaml").write_text(text)
+    return str(home)
+
+
+def _run(inst, partition: str = "a") -> str:
+    result = dg.materialize([thing, thing_ok], instance=inst, partition_key=partition, raise_on_error=True)
+    return result.run_id
+
+
+def test_events_go_to_the_instance_folder_whatever_dagster_home_says(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(elsewhere))
+    home = _home(tmp_path)
+    with dg.DagsterInstance.from_config(home) as inst:
+        assert isinstance(inst, li.LaminarInstance)
+        assert isinstance(inst.event_log_storage, li.KeptEngineSqliteEventLogStorage)
+        run_id = _run(inst)
+        assert os.path.exists(os.path.join(home, "history", "runs", f"{run_id}.db"))
+        assert os.path.exists(os.path.join(home, "history", "runs.db"))  # runs: Dagster's place too
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_runs_events_and_checks_round_trip_and_engines_are_reused(tmp_path, monkeypatch):
+    made: list[str] = []
+    create = li.sa.create_engine
+
+    def counting(url, **kw):
+        made.append(str(url))
+        return create(url, **kw)
+
+    monkeypatch.setattr(li.sa, "create_engine", counting)
+    with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
+        runs = [_run(inst, p) for p in ("a", "b", "a")]
+        assert all(inst.get_run_by_id(r).status == dg.DagsterRunStatus.SUCCESS for r in runs)
+        mats = inst.fetch_materializations(dg.AssetKey("thing"), limit=10).records
+        assert sorted(m.partition_key for m in mats) == ["a", "a", "b"]
+        assert {m.run_id for m in mats} == set(runs)
+        logs = inst.all_logs(runs[2])
+        assert [e.dagster_event_type for e in logs if e.is_dagster_event][-1] == dg.DagsterEventType.RUN_SUCCESS
+        check = inst.event_log_storage.get_latest_asset_check_execution_by_key(
+            [dg.AssetCheckKey(dg.AssetKey("thing"), "thing_ok")])
+        assert list(check.values())[0].run_id == runs[2]
+    # one engine per database: the index and each run's own, however many events each stored
+    assert sum(u.endswith("index.db") for u in made) == 1, made
+    assert len(made) == 1 + len(runs), made
+
+
+def test_at_most_keep_engines_stay_open(tmp_path):
+    with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
+        runs = [_run(inst, "abc"[i % 3]) for i in range(li.KEEP_ENGINES + 3)]
+        kept = inst.event_log_storage._engines
+        assert len(kept) == li.KEEP_ENGINES
+        assert runs[0] not in kept and runs[-1] in kept  # least recently used out first
+        assert len(inst.all_logs(runs[0])) > 5  # a dropped engine opens again
+
+
+def test_a_run_database_deleted_under_the_storage_is_created_again(tmp_path):
+    with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
+        storage = inst.event_log_storage
+        run_id = _run(inst)
+        path = storage.path_for_shard(run_id)
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
+        assert inst.all_logs(run_id) == []  # a fresh, empty database (what Dagster's own storage does)
+        inst.report_engine_event("after the delete", inst.get_run_by_id(run_id))
+        assert [e.message for e in inst.all_logs(run_id)] == ["after the delete"]
+
+
+def _child_reports(home: str, run_id: str) -> None:
+    with dg.DagsterInstance.from_config(home) as inst:
+        inst.report_engine_event("from the child", inst.get_run_by_id(run_id))
+
+
+def _forked_child_reports(holder, run_id: str) -> None:
+    inst = holder[0]
+    inherited = {id(engine) for engine, _ in inst.event_log_storage._engines.values()}
+    assert inherited  # the parent's engines came along with the fork
+    inst.report_engine_event("from the forked child", inst.get_run_by_id(run_id))
+    used = {id(engine) for engine, _ in inst.event_log_storage._engines.values()}
+    if used & inherited:  # SQLite connections must not cross a fork
+        os._exit(3)
+
+
+def test_another_process_and_a_forked_child_write_beside_the_kept_engines(tmp_path):
+    home = _home(tmp_path)
+    with dg.DagsterInstance.from_config(home) as inst:
+        run_id = _run(inst)
+        spawned = multiprocessing.get_context("spawn").Process(target=_child_reports, args=(home, run_id))
+        spawned.start()
+        spawned.join(120)
+        assert spawned.exitcode == 0
+        # the child inherits this instance, kept engines included, and must not use them
+        forked = multiprocessing.get_context("fork").Process(target=_forked_child_reports, args=([inst], run_id))
+        forked.start()
+        forked.join(120)
+        assert forked.exitcode == 0
+        inst.report_engine_event("from the parent", inst.get_run_by_id(run_id))
+        messages = [e.message for e in inst.all_logs(run_id)]
+        assert messages[-3:] == ["from the child", "from the forked child", "from the parent"]
+
+
+def test_wipe_then_new_runs(tmp_path):
+    with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
+        _run(inst)
+        inst.wipe()
+        assert inst.get_runs_count() == 0
+        assert inst.fetch_materializations(dg.AssetKey("thing"), limit=10).records == []
+        run_id = _run(inst, "c")
+        [mat] = inst.fetch_materializations(dg.AssetKey("thing"), limit=10).records
+        assert (mat.run_id, mat.partition_key) == (run_id, "c")
+
+
+def test_a_home_written_by_dagsters_own_storage_keeps_its_history(tmp_path):
+    home = _home(tmp_path, stock=True)
+    with dg.DagsterInstance.from_config(home) as inst:
+        assert type(inst) is dg.DagsterInstance
+        before = _run(inst, "b")
+    shutil.copy(REPO / "dagster.yaml", Path(home) / "dagster.yaml")
+    with dg.DagsterInstance.from_config(home) as inst:
+        assert isinstance(inst, li.LaminarInstance)
+        after = _run(inst, "c")
+        mats = inst.fetch_materializations(dg.AssetKey("thing"), limit=10).records
+        assert sorted((m.run_id, m.partition_key) for m in mats) == sorted([(before, "b"), (after, "c")])
+        assert inst.get_run_by_id(before).status == dg.DagsterRunStatus.SUCCESS
+
+
+@pytest.mark.parametrize("name", ["dagster.yaml", "dagster.postgres.yaml"])
+def test_both_templates_name_the_instance_class(name):
+    import yaml
+
+    config = yaml.safe_load((REPO / name).read_text())
+    assert config["instance_class"] == {"module": "laminar_assets.instance", "class": "LaminarInstance"}
