@@ -26,7 +26,7 @@ import sqlalchemy as sa
 import yaml
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
 from dagster._core.storage.runs import SqliteRunStorage
 from dagster._core.storage.schedules import SqliteScheduleStorage
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
@@ -61,8 +61,17 @@ class KeptEngineSqliteEventLogStorage(SqliteEventLogStorage):
         # the same contract as Dagster's: one lock, the database created on first use, one transaction
         with self._db_lock:
             engine = self.engine_for(shard)
-            with engine.connect() as conn, conn.begin():
-                yield conn
+            with engine.connect() as conn:
+                sqlite = conn.connection.dbapi_connection
+                before = sqlite.total_changes
+                with conn.begin():
+                    yield conn
+                if shard != INDEX_SHARD_NAME and sqlite.total_changes != before:
+                    # A run's database is in WAL mode, and the UI follows a running run by watching
+                    # its .db file (Dagster's SqliteEventLogStorageWatchdog). Dagster's connection
+                    # closed after each event, which moved the log into that file; a kept one does
+                    # not, so move it here (without waiting for readers).
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     def engine_for(self, shard: str) -> Engine:
         """The kept engine of database `shard` (a run id, or the index), opened if needed."""

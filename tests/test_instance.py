@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import dagster as dg
@@ -136,6 +137,42 @@ def test_another_process_and_a_forked_child_write_beside_the_kept_engines(tmp_pa
         inst.report_engine_event("from the parent", inst.get_run_by_id(run_id))
         messages = [e.message for e in inst.all_logs(run_id)]
         assert messages[-3:] == ["from the child", "from the forked child", "from the parent"]
+
+
+def _writer_stays(home: str, run_id: str, wrote, done) -> None:
+    with dg.DagsterInstance.from_config(home) as inst:
+        inst.report_engine_event("live", inst.get_run_by_id(run_id))
+        wrote.set()
+        done.wait(60)  # keeps its engine (and connection) open meanwhile, as a running run does
+
+
+def test_the_ui_sees_a_running_runs_events_while_the_writer_keeps_its_connection(tmp_path):
+    """The UI follows a run by watching its database file (Dagster's SQLite watchdog); a writer
+    that never closes its connection must still get each event there."""
+    home = _home(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    wrote, done = ctx.Event(), ctx.Event()
+    seen = threading.Event()
+    with dg.DagsterInstance.from_config(home) as inst:
+        run_id = _run(inst)
+        cursor = str(inst.event_log_storage.get_records_for_run(run_id).cursor)
+
+        def on_event(entry, _cursor):
+            if entry.message == "live":
+                seen.set()
+
+        inst.event_log_storage.watch(run_id, cursor, on_event)
+        writer = ctx.Process(target=_writer_stays, args=(home, run_id, wrote, done))
+        writer.start()
+        try:
+            assert wrote.wait(120)
+            assert seen.wait(15), "the watcher never saw the event while its writer was running"
+            assert writer.is_alive()
+        finally:
+            done.set()
+            writer.join(60)
+            inst.event_log_storage.end_watch(run_id, on_event)
+        assert writer.exitcode == 0
 
 
 def test_wipe_then_new_runs(tmp_path):
