@@ -148,6 +148,10 @@ class LaminarInstance(DagsterInstance):
         defaults = dict(InstanceRef.config_defaults(base_dir))
         defaults["storage"] = ConfigurableClassData(
             __name__, LaminarSqliteStorage.__name__, yaml.dump({"base_dir": base_dir}, default_flow_style=False))
+        # the legacy per-storage field, for whatever still reads it: the same event log
+        defaults["event_log_storage"] = ConfigurableClassData(
+            __name__, KeptEngineSqliteEventLogStorage.__name__,
+            yaml.dump({"base_dir": os.path.join(base_dir, "history", "runs", "")}, default_flow_style=False))
         return defaults
 
 

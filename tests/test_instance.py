@@ -53,6 +53,10 @@ def test_events_go_to_the_instance_folder_whatever_dagster_home_says(tmp_path, m
     with dg.DagsterInstance.from_config(home) as inst:
         assert isinstance(inst, li.LaminarInstance)
         assert isinstance(inst.event_log_storage, li.KeptEngineSqliteEventLogStorage)
+        legacy = inst.get_ref().event_storage  # the ref's per-storage field names the same class and folder
+        assert isinstance(legacy, li.KeptEngineSqliteEventLogStorage)
+        assert legacy._base_dir == inst.event_log_storage._base_dir
+        legacy.dispose()
         run_id = _run(inst)
         assert os.path.exists(os.path.join(home, "history", "runs", f"{run_id}.db"))
         assert os.path.exists(os.path.join(home, "history", "runs.db"))  # runs: Dagster's place too
