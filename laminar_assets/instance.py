@@ -4,7 +4,7 @@ connections kept between writes.
 Dagster's SQLite event log opens a new SQLAlchemy engine and connection for every event it stores
 (and for every read), under a lock its threads share. A Laminar run stores ~240 events (steps,
 materializations, checks, logs): measured here, 4 ms per plain event and 11-12 ms per asset
-event (written twice: the run's database and the index), against 0.7-1.0 and 2.5-3.6 ms with the
+event (written twice: the run's database and the index), against 0.7-1.4 and 2.2-3.6 ms with the
 engine kept, and the demo's two batches took 4-5 s less (alternated runs). Everything else is
 Dagster's: the same files in the same places (`<DAGSTER_HOME>/history/runs/*.db`), so a home made
 before keeps its history, and an explicit `storage:` section (dagster.postgres.yaml) replaces it.
