@@ -3,9 +3,10 @@ connections kept between writes.
 
 Dagster's SQLite event log opens a new SQLAlchemy engine and connection for every event it stores
 (and for every read), under a lock its threads share. A Laminar run stores ~240 events (steps,
-materializations, checks, logs): measured here, 4 ms per plain event and 11-12 ms per asset
-event (written twice: the run's database and the index), against 0.7-1.4 and 2.2-3.6 ms with the
-engine kept, and the demo's two batches took 4-5 s less (alternated runs). Everything else is
+materializations, checks, logs): measured here, 4-7 ms per plain event and 8-14 ms per asset
+event (written twice: the run's database and the index), against 0.7-1.4 and 2.2-4.0 ms with the
+engine kept, and the demo's two batches took 3.5-5 s less (alternated runs). A run page follows
+new events by polling (`watch`), since Dagster's SQLite file watch relies on connections closing. Everything else is
 Dagster's: the same files in the same places (`<DAGSTER_HOME>/history/runs/*.db`), so a home made
 before keeps its history, and an explicit `storage:` section (dagster.postgres.yaml) replaces it.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -26,7 +28,9 @@ import sqlalchemy as sa
 import yaml
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
+from dagster._core.event_api import EventHandlerFn
+from dagster._core.storage.event_log.polling_event_watcher import SqlPollingEventWatcher
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.runs import SqliteRunStorage
 from dagster._core.storage.schedules import SqliteScheduleStorage
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
@@ -35,6 +39,23 @@ from sqlalchemy.engine import Connection, Engine
 
 KEEP_ENGINES = 8  # the index and the few runs a process writes or shows at a time
 BUSY_TIMEOUT_S = 15  # Dagster's own SQLite busy timeout
+
+
+class _Engines:
+    """The kept engines of one storage, by database, least recently used first, and the process
+    that opened them. Closing in another process (a fork) only forgets them: a child never touches
+    its parent's SQLite connections."""
+
+    def __init__(self) -> None:
+        self.by_shard: OrderedDict[str, tuple[Engine, tuple[int, int] | None]] = OrderedDict()
+        self.pid = os.getpid()
+
+    def close(self) -> None:
+        mine = os.getpid() == self.pid
+        for engine, _ in self.by_shard.values():
+            engine.dispose(close=mine)
+        self.by_shard.clear()
+        self.pid = os.getpid()
 
 
 class KeptEngineSqliteEventLogStorage(SqliteEventLogStorage):
@@ -47,9 +68,12 @@ class KeptEngineSqliteEventLogStorage(SqliteEventLogStorage):
     and on `wipe` and `dispose`. Calls still take the storage's one lock, as Dagster's do."""
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
-        self._engines: OrderedDict[str, tuple[Engine, tuple[int, int] | None]] = OrderedDict()
-        self._engines_pid = os.getpid()
+        self._engines = _Engines()
         self._engines_lock = threading.Lock()  # dispose/wipe may come from another thread
+        self._event_watcher: SqlPollingEventWatcher | None = None
+        # close the connections when the process ends too (the last one to close a database
+        # folds its write-ahead log back in and removes the -wal and -shm files)
+        weakref.finalize(self, self._engines.close)
         super().__init__(base_dir, inst_data=inst_data)
 
     @classmethod
@@ -61,28 +85,31 @@ class KeptEngineSqliteEventLogStorage(SqliteEventLogStorage):
         # the same contract as Dagster's: one lock, the database created on first use, one transaction
         with self._db_lock:
             engine = self.engine_for(shard)
-            with engine.connect() as conn:
-                sqlite = conn.connection.dbapi_connection
-                before = sqlite.total_changes
-                with conn.begin():
-                    yield conn
-                if shard != INDEX_SHARD_NAME and sqlite.total_changes != before:
-                    # A run's database is in WAL mode, and the UI follows a running run by watching
-                    # its .db file (Dagster's SqliteEventLogStorageWatchdog). Dagster's connection
-                    # closed after each event, which moved the log into that file; a kept one does
-                    # not, so move it here (without waiting for readers).
-                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            with engine.connect() as conn, conn.begin():
+                yield conn
+
+    def watch(self, run_id: str, cursor: str | None, callback: EventHandlerFn) -> None:
+        """Follow a run's new events (the UI's live run page) by polling its database, as Dagster's
+        Postgres storage does. Dagster's SQLite storage instead watches the run's .db file, which
+        changes when SQLite moves its write-ahead log into it: when the last connection closes, or
+        at a checkpoint. Kept connections rarely close, and a checkpoint cannot pass a reader's
+        open snapshot, so a file watch could miss a run's last events for good."""
+        if self._event_watcher is None:
+            self._event_watcher = SqlPollingEventWatcher(self)
+        self._event_watcher.watch_run(run_id, cursor, callback)
+
+    def end_watch(self, run_id: str, handler: EventHandlerFn) -> None:
+        if self._event_watcher is not None:
+            self._event_watcher.unwatch_run(run_id, handler)
 
     def engine_for(self, shard: str) -> Engine:
         """The kept engine of database `shard` (a run id, or the index), opened if needed."""
         with self._engines_lock:
-            if os.getpid() != self._engines_pid:  # forked: leave the parent's connections alone
-                for engine, _ in self._engines.values():
-                    engine.dispose(close=False)
-                self._engines.clear()
-                self._engines_pid = os.getpid()
+            if os.getpid() != self._engines.pid:  # forked: leave the parent's connections alone
+                self._engines.close()
+            kept_engines = self._engines.by_shard
             path = self.path_for_shard(shard)
-            kept = self._engines.pop(shard, None)
+            kept = kept_engines.pop(shard, None)
             found = _identity(path)
             if kept is not None and (found is None or kept[1] != found):
                 kept[0].dispose()
@@ -94,18 +121,20 @@ class KeptEngineSqliteEventLogStorage(SqliteEventLogStorage):
             if shard not in self._initialized_dbs:
                 self._initdb(engine)
                 self._initialized_dbs.add(shard)
-            self._engines[shard] = (engine, _identity(path))
-            while len(self._engines) > KEEP_ENGINES:
-                _, (old, _) = self._engines.popitem(last=False)
+            kept_engines[shard] = (engine, _identity(path))
+            while len(kept_engines) > KEEP_ENGINES:
+                _, (old, _) = kept_engines.popitem(last=False)
                 old.dispose()
             return engine
 
     def close_engines(self) -> None:
         """Close every kept connection (they reopen on the next call)."""
         with self._engines_lock:
-            for engine, _ in self._engines.values():
-                engine.dispose()
-            self._engines.clear()
+            self._engines.close()
+
+    def kept_shards(self) -> list[str]:
+        """The databases with a kept engine, least recently used first."""
+        return list(self._engines.by_shard)
 
     def wipe(self) -> None:
         with self._db_lock:  # no call is using a connection while the files go
@@ -113,6 +142,9 @@ class KeptEngineSqliteEventLogStorage(SqliteEventLogStorage):
         super().wipe()
 
     def dispose(self) -> None:
+        if self._event_watcher is not None:
+            self._event_watcher.close()
+            self._event_watcher = None
         super().dispose()
         self.close_engines()
 

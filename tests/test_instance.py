@@ -7,11 +7,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import sqlite3
 import threading
 from pathlib import Path
 
 import dagster as dg
 import pytest
+
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
 import laminar_assets.instance as li
 
@@ -91,7 +94,7 @@ def test_runs_events_and_checks_round_trip_and_engines_are_reused(tmp_path, monk
 def test_at_most_keep_engines_stay_open(tmp_path):
     with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
         runs = [_run(inst, "abc"[i % 3]) for i in range(li.KEEP_ENGINES + 3)]
-        kept = inst.event_log_storage._engines
+        kept = inst.event_log_storage.kept_shards()
         assert len(kept) == li.KEEP_ENGINES
         assert runs[0] not in kept and runs[-1] in kept  # least recently used out first
         assert len(inst.all_logs(runs[0])) > 5  # a dropped engine opens again
@@ -117,12 +120,13 @@ def _child_reports(home: str, run_id: str) -> None:
 
 def _forked_child_reports(holder, run_id: str) -> None:
     inst = holder[0]
-    inherited = {id(engine) for engine, _ in inst.event_log_storage._engines.values()}
+    storage = inst.event_log_storage
+    inherited = [engine for engine, _ in storage._engines.by_shard.values()]  # held: no id is reused
     assert inherited  # the parent's engines came along with the fork
     inst.report_engine_event("from the forked child", inst.get_run_by_id(run_id))
-    used = {id(engine) for engine, _ in inst.event_log_storage._engines.values()}
-    if used & inherited:  # SQLite connections must not cross a fork
-        os._exit(3)
+    used = [engine for engine, _ in storage._engines.by_shard.values()]
+    if any(u is i for u in used for i in inherited) or storage._engines.pid != os.getpid():
+        os._exit(3)  # SQLite connections must not cross a fork
 
 
 def test_another_process_and_a_forked_child_write_beside_the_kept_engines(tmp_path):
@@ -188,6 +192,87 @@ def test_wipe_then_new_runs(tmp_path):
         run_id = _run(inst, "c")
         [mat] = inst.fetch_materializations(dg.AssetKey("thing"), limit=10).records
         assert (mat.run_id, mat.partition_key) == (run_id, "c")
+
+
+def _writer_last_event(home: str, run_id: str, go, wrote) -> None:
+    with dg.DagsterInstance.from_config(home) as inst:
+        go.wait(60)
+        inst.report_engine_event("last", inst.get_run_by_id(run_id))
+        wrote.set()
+
+
+def test_the_ui_sees_a_runs_last_event_written_while_another_reader_holds_a_snapshot(tmp_path):
+    """The review's race: a read in progress elsewhere (the daemon, another page) when a run
+    writes its last event. A file watch depends on a checkpoint that such a reader blocks."""
+    home = _home(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    go, wrote = ctx.Event(), ctx.Event()
+    seen = threading.Event()
+    with dg.DagsterInstance.from_config(home) as inst:
+        run_id = _run(inst)
+        storage = inst.event_log_storage
+        cursor = str(storage.get_records_for_run(run_id).cursor)
+
+        def on_event(entry, _cursor):
+            if entry.message == "last":
+                seen.set()
+
+        storage.watch(run_id, cursor, on_event)
+        writer = ctx.Process(target=_writer_last_event, args=(home, run_id, go, wrote))
+        writer.start()
+        try:
+            reader = sqlite3.connect(storage.path_for_shard(run_id))
+            reading = reader.execute("SELECT id FROM event_logs")
+            reading.fetchone()  # a read in progress: its snapshot pins the write-ahead log
+            go.set()
+            assert wrote.wait(120)
+            writer.join(60)
+            reading.close()
+            reader.close()
+            assert seen.wait(20), "the run's last event never reached the watcher"
+        finally:
+            go.set()
+            writer.join(60)
+            storage.end_watch(run_id, on_event)
+        assert writer.exitcode == 0
+
+
+def _write_and_exit(home: str) -> None:
+    inst = dg.DagsterInstance.from_config(home)  # never disposed: the process just ends
+    _run(inst, "b")
+
+
+def test_no_connection_outlives_its_instance_or_process(tmp_path):
+    home = _home(tmp_path)
+    runs_dir = Path(home) / "history" / "runs"
+    with dg.DagsterInstance.from_config(home) as inst:
+        _run(inst)
+        assert inst.event_log_storage.kept_shards()
+        assert list(runs_dir.glob("*.db-wal"))  # open connections: SQLite's write-ahead logs exist
+    assert inst.event_log_storage.kept_shards() == []
+    assert not list(runs_dir.glob("*.db-wal")) and not list(runs_dir.glob("*.db-shm"))
+    child = multiprocessing.get_context("spawn").Process(target=_write_and_exit, args=(home,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert not list(runs_dir.glob("*.db-wal")) and not list(runs_dir.glob("*.db-shm"))
+    with dg.DagsterInstance.from_config(home) as inst:
+        assert inst.get_runs_count() == 2
+        _run(inst, "c")
+        inst.wipe()  # closes every engine before it deletes the run databases (then clears the index)
+        assert inst.event_log_storage.kept_shards() == ["index"]
+
+
+def test_an_explicit_storage_section_replaces_the_kept_engines(tmp_path):
+    home = Path(_home(tmp_path))
+    other = tmp_path / "sqlite_storage"
+    text = (home / "dagster.yaml").read_text()
+    (home / "dagster.yaml").write_text(text + f"\nstorage:\n  sqlite:\n    base_dir: {other}\n")
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        assert isinstance(inst, li.LaminarInstance)
+        assert type(inst.event_log_storage) is SqliteEventLogStorage
+        run_id = _run(inst)
+    assert (other / "history" / "runs" / f"{run_id}.db").exists()
 
 
 def test_a_home_written_by_dagsters_own_storage_keeps_its_history(tmp_path):
