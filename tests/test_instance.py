@@ -9,6 +9,8 @@ import os
 import shutil
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -147,6 +149,23 @@ def test_another_process_and_a_forked_child_write_beside_the_kept_engines(tmp_pa
         assert messages[-3:] == ["from the child", "from the forked child", "from the parent"]
 
 
+@contextmanager
+def _watching(storage, run_id: str, message: str) -> Iterator[threading.Event]:
+    """Watch run `run_id` from its current end, as the UI's run page does; the event is set when
+    an event with `message` arrives."""
+    seen = threading.Event()
+
+    def on_event(entry, _cursor):
+        if entry.message == message:
+            seen.set()
+
+    storage.watch(run_id, str(storage.get_records_for_run(run_id).cursor), on_event)
+    try:
+        yield seen
+    finally:
+        storage.end_watch(run_id, on_event)
+
+
 def _writer_stays(home: str, run_id: str, wrote, done) -> None:
     with dg.DagsterInstance.from_config(home) as inst:
         inst.report_engine_event("live", inst.get_run_by_id(run_id))
@@ -155,31 +174,22 @@ def _writer_stays(home: str, run_id: str, wrote, done) -> None:
 
 
 def test_the_ui_sees_a_running_runs_events_while_the_writer_keeps_its_connection(tmp_path):
-    """The UI follows a run by watching its database file (Dagster's SQLite watchdog); a writer
-    that never closes its connection must still get each event there."""
+    """The UI's run page follows a running run; its writer never closes its connection."""
     home = _home(tmp_path)
     ctx = multiprocessing.get_context("spawn")
     wrote, done = ctx.Event(), ctx.Event()
-    seen = threading.Event()
     with dg.DagsterInstance.from_config(home) as inst:
         run_id = _run(inst)
-        cursor = str(inst.event_log_storage.get_records_for_run(run_id).cursor)
-
-        def on_event(entry, _cursor):
-            if entry.message == "live":
-                seen.set()
-
-        inst.event_log_storage.watch(run_id, cursor, on_event)
         writer = ctx.Process(target=_writer_stays, args=(home, run_id, wrote, done))
-        writer.start()
-        try:
-            assert wrote.wait(120)
-            assert seen.wait(15), "the watcher never saw the event while its writer was running"
-            assert writer.is_alive()
-        finally:
-            done.set()
-            writer.join(60)
-            inst.event_log_storage.end_watch(run_id, on_event)
+        with _watching(inst.event_log_storage, run_id, "live") as seen:
+            writer.start()
+            try:
+                assert wrote.wait(120)
+                assert seen.wait(15), "the watcher never saw the event while its writer was running"
+                assert writer.is_alive()
+            finally:
+                done.set()
+                writer.join(60)
         assert writer.exitcode == 0
 
 
@@ -207,33 +217,25 @@ def test_the_ui_sees_a_runs_last_event_written_while_another_reader_holds_a_snap
     home = _home(tmp_path)
     ctx = multiprocessing.get_context("spawn")
     go, wrote = ctx.Event(), ctx.Event()
-    seen = threading.Event()
     with dg.DagsterInstance.from_config(home) as inst:
         run_id = _run(inst)
         storage = inst.event_log_storage
-        cursor = str(storage.get_records_for_run(run_id).cursor)
-
-        def on_event(entry, _cursor):
-            if entry.message == "last":
-                seen.set()
-
-        storage.watch(run_id, cursor, on_event)
         writer = ctx.Process(target=_writer_last_event, args=(home, run_id, go, wrote))
-        writer.start()
-        try:
-            reader = sqlite3.connect(storage.path_for_shard(run_id))
-            reading = reader.execute("SELECT id FROM event_logs")
-            reading.fetchone()  # a read in progress: its snapshot pins the write-ahead log
-            go.set()
-            assert wrote.wait(120)
-            writer.join(60)
-            reading.close()
-            reader.close()
-            assert seen.wait(20), "the run's last event never reached the watcher"
-        finally:
-            go.set()
-            writer.join(60)
-            storage.end_watch(run_id, on_event)
+        with _watching(storage, run_id, "last") as seen:
+            writer.start()
+            try:
+                reader = sqlite3.connect(storage.path_for_shard(run_id))
+                reading = reader.execute("SELECT id FROM event_logs")
+                reading.fetchone()  # a read in progress: its snapshot pins the write-ahead log
+                go.set()
+                assert wrote.wait(120)
+                writer.join(60)
+                reading.close()
+                reader.close()
+                assert seen.wait(20), "the run's last event never reached the watcher"
+            finally:
+                go.set()
+                writer.join(60)
         assert writer.exitcode == 0
 
 
