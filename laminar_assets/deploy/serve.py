@@ -2,7 +2,8 @@
 
 Starts a Spark Connect server (unless an endpoint is given) and `dagster dev` (webserver and
 daemon) with `LAMINAR_SPARK_REMOTE` pointing at it, so every run the daemon launches connects to
-a warm JVM instead of starting its own. Both bind to 127.0.0.1; Ctrl-C (or SIGTERM) stops both.
+a warm JVM instead of starting its own. Both bind to 127.0.0.1; Ctrl-C, SIGINT, SIGTERM or a closed
+terminal (SIGHUP) stops both.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def _stop_group(process: subprocess.Popen, timeout: float) -> None:
             return
 
 
-def start(options: ServeOptions) -> Deployment:
-    """Start Spark Connect (unless remote) and `dagster dev`; return once the UI answers."""
+def start(options: ServeOptions, *, stop: threading.Event | None = None) -> Deployment:
+    """Start Spark Connect (unless remote) and `dagster dev`; return once the UI answers, or as soon as
+    `stop` is set (the caller then stops what was started)."""
     if not os.path.exists(options.workspace):
         raise EnvironmentProblem(f"no {options.workspace} in {os.getcwd()}: run `laminar serve` from the project "
                                  "folder (where workspace.yaml and dagster.yaml are)", workspace=options.workspace)
@@ -112,12 +114,14 @@ def start(options: ServeOptions) -> Deployment:
     deployment = Deployment(dagster, spark, remote, f"http://{options.host}:{options.ui_port}")
     deadline = time.monotonic() + options.start_timeout
     while not port_in_use(options.host, options.ui_port):
+        if stop is not None and stop.is_set():
+            return deployment
         if dagster.poll() is not None or time.monotonic() > deadline:
             deployment.stop()
             raise EnvironmentProblem(f"`dagster dev` did not start (exit code {dagster.returncode}); see "
                                      f"{os.path.join(options.log_dir, 'dagster.log')}")
         time.sleep(0.5)
-    if spark is not None and options.warm_up:
+    if spark is not None and options.warm_up and not (stop is not None and stop.is_set()):
         deployment.warm_up = _start_warm_up(spark.url, env, options.log_dir)
     return deployment
 
@@ -133,23 +137,39 @@ def _start_warm_up(remote: str, env: dict, log_dir: str) -> subprocess.Popen:
 
 def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | None = None,
           stop: threading.Event | None = None) -> int:
-    """Run until Ctrl-C/SIGTERM, `stop` is set, or a process dies; always stop both. Returns an exit code."""
+    """Run until Ctrl-C/SIGINT, SIGTERM, SIGHUP, `stop` is set, or a process dies; always stop both.
+    Returns an exit code. Call it from the main thread (it installs signal handlers)."""
     stop = stop or threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    deployment = start(options)
+    previous = _stop_on_signals(stop)
     try:
-        if on_ready:
-            on_ready(deployment)
-        while not stop.wait(1.0):
-            if deployment.warm_up is not None and deployment.warm_up.poll() is not None:
-                deployment.warm_up = None  # finished (and reaped)
-            if deployment.dagster.poll() is not None:
-                return deployment.dagster.returncode or 1
-            if deployment.spark is not None and not deployment.spark.running():
-                return 1
-        return 0
-    except KeyboardInterrupt:
-        return 0
+        deployment = start(options, stop=stop)
+        try:
+            if on_ready and not stop.is_set():
+                on_ready(deployment)
+            while not stop.wait(1.0):
+                if deployment.warm_up is not None and deployment.warm_up.poll() is not None:
+                    deployment.warm_up = None  # finished (and reaped)
+                if deployment.dagster.poll() is not None:
+                    return deployment.dagster.returncode or 1
+                if deployment.spark is not None and not deployment.spark.running():
+                    return 1
+            return 0
+        finally:
+            deployment.stop()
     finally:
-        deployment.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_on_signals(stop: threading.Event) -> dict[int, object]:
+    """Make SIGINT, SIGTERM and SIGHUP set `stop`; returns the handlers they had.
+
+    The servers run in sessions of their own (so a Ctrl-C reaches them only through this process,
+    which stops them in order), so a signal this process does not handle would leave them running
+    as orphans. SIGINT is handled even when inherited as ignored: a shell starts a background job
+    (`laminar serve &`, `make ui &` in a script) with SIGINT ignored, and `kill -INT` then did nothing
+    at all. SIGHUP stays ignored when it was (`nohup`)."""
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    return {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}

@@ -74,15 +74,18 @@ def deployment(request, tmp_path, monkeypatch):
         wait_for(lambda: listening(ui), 300, "the Dagster UI", alive=lambda: proc.poll() is None)
         yield root, home, request.param, f"http://127.0.0.1:{ui}"
     finally:
+        ignored_sigint = False
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # what Ctrl-C does: serve stops dagster, then Spark
             try:
                 proc.wait(120)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                ignored_sigint = True
         log.close()
         leftovers = kill_tagged("DAGSTER_HOME", str(home), grace=15)
         print((logs / "serve.log").read_text()[-3000:])
+        assert not ignored_sigint, "serve did not stop within 120 s of SIGINT (killed)"
         assert not leftovers, f"serve left {len(leftovers)} process(es) running 15 s after it stopped: {leftovers}"
         assert not listening(ui) and not listening(spark)
 

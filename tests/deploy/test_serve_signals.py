@@ -1,0 +1,83 @@
+"""`laminar serve` stops everything it started on the signals a user sends it, however it was started.
+
+Its servers run in sessions of their own, so a signal it ignores or dies of leaves them running as
+orphans. A shell starts a background job (`make ui &` in a script, a CI step) with SIGINT ignored:
+`kill -INT` then did nothing, and whoever killed it next orphaned `dagster dev` and the Spark
+Connect server. These tests start the real command (without a Connect server, to stay quick: the
+server is stopped by the same code path) and check what is left afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.processes import free_port, kill_tagged, listening, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _start(tmp_path: Path, ignored: tuple[int, ...]) -> tuple[subprocess.Popen, int, Path]:
+    """`laminar serve` with `ignored` signals ignored from the start, as a shell's background job has them."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    env = {**os.environ, "DAGSTER_HOME": str(home), "LAMINAR_ROOT": str(tmp_path / "lake")}
+    env.pop("LAMINAR_SPARK_REMOTE", None)
+    ui = free_port()
+
+    def ignore() -> None:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", str(tmp_path / "lake"), "serve",
+                             "--ui-port", str(ui), "--local-spark", "--no-warm-up"], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=ignore)
+    log.close()
+    wait_for(lambda: listening(ui), 180, "the Dagster UI", alive=lambda: proc.poll() is None)
+    return proc, ui, home
+
+
+def _stopped_cleanly(proc: subprocess.Popen, ui: int, home: Path, log: Path) -> None:
+    try:
+        code = proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = None
+    leftovers = kill_tagged("DAGSTER_HOME", str(home), grace=15)
+    assert code == 0, f"serve did not exit 0 within 90 s of the signal (code {code}):\n{log.read_text()[-2000:]}"
+    assert not leftovers, f"serve left {len(leftovers)} process(es) running: {leftovers}"
+    assert not listening(ui)
+
+
+def test_sigint_stops_it_even_when_started_with_sigint_ignored_and_sighup_respects_nohup(tmp_path):
+    proc, ui, home = _start(tmp_path, ignored=(signal.SIGINT, signal.SIGHUP))
+    try:
+        os.kill(proc.pid, signal.SIGHUP)  # ignored on purpose (nohup): keeps serving
+        time.sleep(3)
+        assert proc.poll() is None and listening(ui), "serve stopped on a SIGHUP it was started to ignore"
+        os.kill(proc.pid, signal.SIGINT)
+        _stopped_cleanly(proc, ui, home, tmp_path / "serve.log")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_tagged("DAGSTER_HOME", str(home))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["sighup", "sigterm"])
+def test_a_closed_terminal_or_sigterm_stops_everything(tmp_path, sig):
+    proc, ui, home = _start(tmp_path, ignored=(signal.SIGINT,))
+    try:
+        os.kill(proc.pid, sig)
+        _stopped_cleanly(proc, ui, home, tmp_path / "serve.log")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_tagged("DAGSTER_HOME", str(home))
