@@ -9,6 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 import pathlib
+import warnings
 
 from laminar_assets.alerts import build_failure_sensor
 from laminar_assets.assets import build_asset, build_source_asset, source_tables
@@ -41,8 +42,24 @@ def specs_with_contracts(specs: list[FlowSpec | StageSpec], contracts_dir: str |
     return [with_contract_rules(s, contracts) for s in specs], contracts
 
 
+# Dagster marks three features Laminar relies on as beta/preview and warns each time they are used:
+# in every process that loads the definitions (code server, each launched run), a dozen lines of
+# dagster.log per run that bury what a user looks there for. Only these three are silenced.
+_KNOWN_PREVIEWS = ((dg.BetaWarning, r"Parameter `backfill_policy` of function `asset`"),
+                   (dg.BetaWarning, r"Function `observable_source_asset`"),
+                   (dg.PreviewWarning, r"Specifying a partitions_def on an AssetCheckSpec"))
+
+
 def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettings,
                       resources: dict | None = None, contracts_dir: str | pathlib.Path | None = CONTRACTS) -> dg.Definitions:
+    """Every asset, check, sensor, schedule and job of `specs`, with the contracts in `contracts_dir`."""
+    with warnings.catch_warnings():
+        for category, message in _KNOWN_PREVIEWS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        return _build_definitions(specs, settings, resources, contracts_dir)
+
+
+def _build_definitions(specs, settings, resources, contracts_dir) -> dg.Definitions:
     specs, contracts = specs_with_contracts(specs, contracts_dir)
     readers: dict[str, list[str]] = {}
     for s in specs:

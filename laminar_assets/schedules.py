@@ -3,15 +3,15 @@
 
 import dagster as dg
 
-from laminar_assets.assets import COMPONENT_TAG, PARTITION_TAG, partitions_def
+from laminar_assets.assets import COMPONENT_TAG, PARTITION_TAG
 from laminar_assets.engine import FlowSpec, StageSpec
 from laminar_assets.engine.windows import partition_key
 from laminar_assets.settings import LaminarSettings
 
 
 def build_schedule(spec: FlowSpec | StageSpec, cron: str, settings: LaminarSettings, component: str) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
-    job = dg.define_asset_job(f"{spec.name}_latest", selection=[dg.AssetKey(spec.name)],
-                              partitions_def=partitions_def(spec, settings))
+    # partitioned like its asset (Dagster infers it from the selection)
+    job = dg.define_asset_job(f"{spec.name}_latest", selection=[dg.AssetKey(spec.name)])
 
     @dg.schedule(name=f"{spec.name}_schedule", cron_schedule=cron, job=job, execution_timezone="UTC",
                  default_status=dg.DefaultScheduleStatus.STOPPED,

@@ -31,3 +31,14 @@ def test_adding_a_spec_adds_an_asset():
     asset = built.resolve_asset_graph().get(dg.AssetKey("extra"))
     assert isinstance(asset.partitions_def, dg.DailyPartitionsDefinition)
     assert asset.parent_keys == {dg.AssetKey("raw_trades")}
+
+
+def test_building_them_warns_of_nothing():
+    """Every process that loads the definitions (code server, each launched run) logs what they warn
+    of: the beta/preview features Laminar uses on purpose are silenced, and nothing deprecated is used."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_definitions(load_specs(), LaminarSettings(schedules={"vwap_1m": "*/15 * * * *"}))
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []

@@ -194,6 +194,14 @@ def test_schedule_requests_the_current_partition():
     ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 2, 10, 45, tzinfo=timezone.utc))
     request = schedule(ctx)
     assert request.partition_key == "2024-01-02-10:00" and request.tags["laminar/component"] == "raw_trades"
+    # the job is partitioned like its asset (inferred from the selection), so the request's key is valid
+    from laminar_assets.assets import partitions_def
+    from laminar_assets.definitions import build_definitions
+
+    defs = build_definitions(SPECS, LaminarSettings(schedules={"vwap_1m": "*/15 * * * *"}))
+    job = defs.resolve_job_def("vwap_1m_latest")
+    assert job.partitions_def == partitions_def(BY_NAME["vwap_1m"], LaminarSettings())
+    assert job.partitions_def.has_partition_key(request.partition_key)
 
 
 def test_new_commits_stops_at_the_version_the_tick_read(lake):
