@@ -35,12 +35,14 @@ def parse_cursor(text: str | None) -> Cursor:
         return Cursor()
     data = json.loads(text)
     return Cursor(versions={k: int(v) for k, v in (data.get("versions") or {}).items()},
-                  held={k: tuple(v) for k, v in (data.get("held") or {}).items()})
+                  held={k: tuple(v) for k, v in (data.get("held") or {}).items()},
+                  ids={k: str(v) for k, v in (data.get("ids") or {}).items()})  # absent in older cursors
 
 
 def format_cursor(cursor: Cursor) -> str:
     held = {k: sorted(v) for k, v in cursor.held.items() if v}
-    return json.dumps({"versions": cursor.versions, **({"held": held} if held else {})}, sort_keys=True)
+    return json.dumps({"versions": cursor.versions, "ids": cursor.ids, **({"held": held} if held else {})},
+                      sort_keys=True)
 
 
 def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: set[str]) -> set[str]:
@@ -147,12 +149,12 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
 
 
 def source_observations(component: Component, before: Cursor, now: Cursor) -> list[dg.AssetObservation]:
-    """An observation of each source table whose Delta version moved since the last tick, so the UI
-    shows the sources' versions (their data version) without a separate observation run."""
+    """An observation of each source table whose Delta version moved since the last tick (or that was
+    recreated), so the UI shows the sources' versions (their data version) without an observation run."""
     return [dg.AssetObservation(asset_key=table, metadata={"delta_version": now.versions[table]},
                                 tags={DATA_VERSION_TAG: str(now.versions[table])})
             for table in component.external
-            if table in now.versions and before.versions.get(table) != now.versions[table]]
+            if table in now.versions and before.since(table, now.versions[table], now.ids.get(table)) != now.versions[table]]
 
 
 def build_pipeline_sensors(specs: list[Spec], settings: LaminarSettings, *, blocking: set[str],

@@ -34,10 +34,23 @@ FailedCheck = Callable[[Spec, set[str]], set[str]]
 
 @dataclass(frozen=True)
 class Cursor:
-    """The last table versions a tick looked at, and the partitions held back per spec."""
+    """The last table versions a tick looked at, the tables' Delta ids at those versions, and the
+    partitions held back per spec. A version is only comparable within one table id: a table deleted
+    and created again at the same path (a re-run demo, a rebuilt source) starts at version 0 again."""
 
     versions: dict[str, int] = field(default_factory=dict)
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)
+
+    def since(self, table: str, version: int, table_id: str | None) -> int | None:
+        """The version after which `table` (now at `version`, id `table_id`; None: not known) has
+        commits this cursor has not seen; None when it cannot tell (never seen, recreated, or gone
+        back in versions)."""
+        after = self.versions.get(table)
+        recreated = table_id is not None and self.ids.get(table, table_id) != table_id
+        if after is None or recreated or after > version:
+            return None
+        return after
 
 
 @dataclass(frozen=True)
@@ -54,14 +67,16 @@ class TickPlan:
         return not any(self.dirty.values())
 
 
-def table_versions(root: str, tables: tuple[str, ...]) -> dict[str, int]:
-    """The current version of each table that exists (read once per tick, so every spec sees the same)."""
-    out = {}
+def table_versions(root: str, tables: tuple[str, ...]) -> tuple[dict[str, int], dict[str, str]]:
+    """The current version and Delta table id of each table that exists (read once per tick, so every
+    spec sees the same)."""
+    versions, ids = {}, {}
     for table in tables:
         uri = resolve_uri(root, table)
         if DeltaTable.is_deltatable(uri):
-            out[table] = DeltaTable(uri).version()
-    return out
+            dt = DeltaTable(uri)
+            versions[table], ids[table] = dt.version(), dt.metadata().id
+    return versions, ids
 
 
 def reads_of(consumer: Spec, producer: Spec, key: str) -> set[str]:
@@ -103,7 +118,7 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
               failed: FailedCheck, blocking: set[str]) -> TickPlan:
     """The dirty partitions of every spec of `component`. `blocking`: names of specs whose
     `contract` check is blocking (their consumers wait for it per partition)."""
-    versions = table_versions(root, component.tables)
+    versions, ids = table_versions(root, component.tables)
     cache: dict[tuple[str, str, int | None], object] = {}
 
     def touched(table: str, event_time: str, since: int | None):
@@ -126,7 +141,8 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
             if table not in versions:
                 continue
             try:
-                changes = touched(table, spec.event_time, cursor.versions.get(table))
+                # a table the cursor cannot place (recreated): all its commits; is_current drops what is done
+                changes = touched(table, spec.event_time, cursor.since(table, versions[table], ids[table]))
             except LaminarError as exc:
                 notes.append(f"cannot read {table}: {exc.message}")
                 continue
@@ -135,8 +151,8 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
                 if changes.unknown_range:
                     found |= set(store.partitions(spec.name))
         for dim in spec.dimension_tables:
-            after = cursor.versions.get(dim)
-            if dim in versions and after is not None and versions[dim] > after:
+            seen = cursor.versions.get(dim) is not None
+            if dim in versions and seen and cursor.since(dim, versions[dim], ids[dim]) != versions[dim]:
                 found |= set(store.partitions(spec.name))  # a dimension (or joined table) change refills all
         try:
             found = {k for k in found - predicted if not is_current(store, spec, k, versions, touched)}
@@ -149,7 +165,7 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
         dirty[spec.name] = tuple(sorted(predicted | (found - blocked)))
         if blocked:
             held[spec.name] = tuple(sorted(blocked))
-    return TickPlan(dirty=dirty, held=held, cursor=Cursor(versions=versions, held=held), notes=tuple(notes))
+    return TickPlan(dirty=dirty, held=held, cursor=Cursor(versions=versions, held=held, ids=ids), notes=tuple(notes))
 
 
 def _blocked(component: Component, spec: Spec, keys: set[str], failed: FailedCheck, blocking: set[str]) -> set[str]:
