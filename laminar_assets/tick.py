@@ -93,16 +93,21 @@ def upstream_of(consumer: Spec, producer: Spec, key: str) -> set[str]:
     return set(partitions_overlapping(events, producer.granularity))
 
 
-def is_current(store: CheckpointStore, spec: Spec, key: str, versions: dict[str, int], touched) -> bool:
+def is_current(store: CheckpointStore, spec: Spec, key: str, versions: dict[str, int], touched,
+               ids: dict[str, str] | None = None) -> bool:
     """True when the partition's watermark reflects every table it reads: at the current version, or
     behind it only by commits that touch other partitions. `touched(table, event_time, since)` gives
-    a table's new commits after `since` (None: none)."""
+    a table's new commits after `since` (None: none). `ids`: each table's Delta id; a watermark of a
+    table since recreated at the same path is never current."""
     mark = store.load(spec.name, key)
     if mark is None or not mark.committed or mark.failed_attempt or mark.pending is not None:
         return False
     if mark.spec_hash != spec.spec_hash:
         return False
     for table in inputs_of(spec):
+        was, now = mark.source_ids.get(table), (ids or {}).get(table)
+        if was and now and was != now:
+            return False
         at = mark.source_versions.get(table)
         if table not in versions or (at is not None and at >= versions[table]):
             continue
@@ -155,7 +160,7 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
             if dim in versions and seen and cursor.since(dim, versions[dim], ids[dim]) != versions[dim]:
                 found |= set(store.partitions(spec.name))  # a dimension (or joined table) change refills all
         try:
-            found = {k for k in found - predicted if not is_current(store, spec, k, versions, touched)}
+            found = {k for k in found - predicted if not is_current(store, spec, k, versions, touched, ids)}
         except LaminarError as exc:
             notes.append(f"cannot read the history of {spec.name}'s inputs: {exc.message}")
         blocked = _blocked(component, spec, found, failed, blocking)

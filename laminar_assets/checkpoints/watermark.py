@@ -21,6 +21,7 @@ class PendingRun:
     mode: str
     reason: str
     input_schema: dict[str, str] = field(default_factory=dict)
+    source_ids: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class Watermark:
     failed_attempt: str | None = None  # set when a run failed; the next run refills
     pending: PendingRun | None = None
     updated_at: str | None = None
+    # each source's Delta table id at those versions: a version means nothing in a recreated table
+    source_ids: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -53,6 +53,13 @@ class SourceHistory:
     gone: tuple[int, ...] = field(default=(), compare=False)
     vacuumed: tuple[tuple[int, str], ...] = field(default=(), compare=False)
 
+    def replaced(self, version: int) -> "SourceHistory":
+        """This history seen from a watermark at `version` of another table that stood at the same path
+        (its Delta id differs): nothing after that version can be read as a change to it."""
+        return SourceHistory(self.table, self.uri, version, self.latest_version, (), (
+            f"'{self.table}' was recreated since the checkpoint at version {version} (its Delta table id "
+            "changed), so its history since the checkpoint is unknown"), self.cdf_enabled)
+
     def after(self, version: int | None) -> "SourceHistory":
         """The same history seen from a later watermark: commits after `version` only. A run reads the
         log once from its oldest watermark and gives every partition its own slice."""
@@ -82,6 +89,8 @@ class TableInfo:
     table: DeltaTable | None = field(default=None, hash=False, compare=False, repr=False)
     # column mapping: the Delta schema (JSON, with physical names in its field metadata)
     delta_schema: str | None = field(default=None, hash=False, compare=False, repr=False)
+    # the table's Delta id (its first commit's metaData.id): a table recreated at the same path has another
+    table_id: str | None = field(default=None, hash=False, compare=False)
 
     @property
     def column_mapping(self) -> str:
@@ -152,7 +161,7 @@ def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:
     info = TableInfo(
         name=name, uri=uri, version=dt.version(), schema=pa.schema(schema.to_arrow()),
         partition_columns=tuple(meta.partition_columns), configuration=dict(meta.configuration), table=dt,
-        delta_schema=schema.to_json(),
+        delta_schema=schema.to_json(), table_id=meta.id,
     )
     unsupported = sorted(set(dt.protocol().reader_features or []) - SUPPORTED_READER_FEATURES)
     if unsupported:

@@ -104,7 +104,7 @@ class Engine:
             todo = []
             for k in keys:
                 if plans[k].mode is Mode.NOOP:
-                    protocol.record_noop(self.ctx, plans[k], marks[k])
+                    protocol.record_noop(self.ctx, plans[k], marks[k], source_ids=inputs.source_ids())
                     results[k] = RunResult(plans[k], run_id, {"pending_versions": sum(plans[k].pending_versions.values())},
                                            {"plan": plan_s})
                 else:
@@ -127,14 +127,15 @@ class Engine:
                  force: bool) -> dict[str, RunResult]:
         ctx = self.ctx
         try:
-            seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, run_id, opened=inputs.opened)
+            seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, run_id, opened=inputs.opened,
+                                      source_ids=inputs.source_ids())
             ctx.hook("after_intent")
             t0 = time.perf_counter()
             outcome = self._pass(spec, plans, marks, inputs, seqs, run_id, force)
             pass_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             for i, (k, p) in enumerate(plans.items()):
-                protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k])
+                protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k], source_ids=inputs.source_ids())
                 if i == 0:
                     ctx.hook("after_first_watermark")
             ctx.hook("after_watermark")

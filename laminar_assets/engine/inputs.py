@@ -45,9 +45,20 @@ class RunInputs:
     opened: dict[str, DeltaTable] = field(default_factory=dict, repr=False)
 
     def histories_after(self, mark: Watermark | None) -> dict[str, SourceHistory]:
+        """Each source's history after the watermark's version of it; a source recreated since then
+        (another Delta table id at the same path) has no readable history."""
         if mark is None or not mark.committed:
             return dict(self.histories)
-        return {src: h.after(mark.source_versions.get(src)) for src, h in self.histories.items()}
+        out = {}
+        for src, h in self.histories.items():
+            at, was = mark.source_versions.get(src), mark.source_ids.get(src)
+            now = self.infos[src].table_id if src in self.infos else None
+            out[src] = h.replaced(at) if at is not None and was and now and was != now else h.after(at)
+        return out
+
+    def source_ids(self) -> dict[str, str]:
+        """The Delta table id of each source and dimension (what a watermark records beside its versions)."""
+        return {t: info.table_id for t, info in {**self.infos, **self.dims}.items() if info.table_id}
 
     def joined_bytes(self) -> int:
         """Bytes of every joined table (dimensions, fact tables) at its pinned version."""
@@ -109,6 +120,7 @@ def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: Ru
     return PlannerInput(
         spec=spec, partition=partition, watermark=mark, histories=inputs.histories_after(mark),
         dimension_versions={d: i.version for d, i in inputs.dims.items()},
+        dimension_ids={d: i.table_id for d, i in inputs.dims.items() if i.table_id},
         input_schema=inputs.input_schema, force=force, escalation=escalation, escalation_scope=escalation_scope,
         partition_bytes=partition_bytes, refill_ratio=refill_ratio, refill_min_bytes=refill_min_bytes,
     )

@@ -28,6 +28,7 @@ class PlannerInput:
     watermark: Watermark | None
     histories: Mapping[str, SourceHistory] = field(hash=False)
     dimension_versions: Mapping[str, int] = field(default_factory=dict, hash=False)
+    dimension_ids: Mapping[str, str] = field(default_factory=dict, hash=False)  # each one's Delta table id
     input_schema: Mapping[str, str] = field(default_factory=dict, hash=False)
     force: bool = False
     escalation: Reason | None = None  # set by the executor when a run finds it must refill
@@ -173,6 +174,9 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
         if mark.source_versions[dim] != version:
             return refill_all(Reason.DIMENSION_CHANGED,
                               f"dimension '{dim}' moved from version {mark.source_versions[dim]} to {version}")
+        was, now = mark.source_ids.get(dim), inp.dimension_ids.get(dim)
+        if was and now and was != now:
+            return refill_all(Reason.DIMENSION_CHANGED, f"dimension '{dim}' was recreated (its Delta table id changed)")
     for src, hist in inp.histories.items():
         if hist.expired:
             return refill_all(Reason.CHECKPOINT_EXPIRED, hist.expired)

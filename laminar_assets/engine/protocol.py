@@ -74,6 +74,7 @@ def settle(ctx: RunContext, spec, partition: str, mark: Watermark) -> Settled:
         behind = spec.kind == "flow" and txn_version(ctx.layout.sink_uri(spec), app) != p.seq
         settled = mark.with_(
             seq=p.seq, source_versions=dict(p.target_versions), input_schema=dict(p.input_schema),
+            source_ids=dict(p.source_ids),
             last_mode=p.mode, last_reason=p.reason, pending=None, failed_attempt=None,
             spec_hash=spec.spec_hash if spec.kind == "flow" else mark.spec_hash,
         )
@@ -85,17 +86,19 @@ _UNREAD = object()
 
 
 def begin_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], marks: dict[str, Watermark | None],
-              input_schema: dict[str, str], run_id: str, *, opened: dict | None = None) -> dict[str, int]:
+              input_schema: dict[str, str], run_id: str, *, opened: dict | None = None,
+              source_ids: dict[str, str] | None = None) -> dict[str, int]:
     """`begin` for every partition of a pass, reading the guard table's transactions once (and
     keeping the table in `opened`, see `txn_versions`)."""
     guard = ctx.layout.guard_uri(spec, input_schema)
     committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans], opened=opened)
-    return {k: begin(ctx, spec, p, marks[k], input_schema, run_id, committed=committed[ctx.layout.app_id(spec, k)])
+    return {k: begin(ctx, spec, p, marks[k], input_schema, run_id, committed=committed[ctx.layout.app_id(spec, k)],
+                     source_ids=source_ids)
             for k, p in plans.items()}
 
 
 def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict[str, str],
-          run_id: str, *, committed: int | None | object = _UNREAD) -> int:
+          run_id: str, *, committed: int | None | object = _UNREAD, source_ids: dict[str, str] | None = None) -> int:
     """Check the run sequence against the table's transaction and write the intent; returns the seq.
     `committed`: the partition's transaction version, when the caller has read it already."""
     guard = ctx.layout.guard_uri(spec, input_schema)
@@ -112,26 +115,35 @@ def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, in
             "another process wrote it concurrently", flow=spec.name, partition=plan.partition, table=guard,
         )
     pending = PendingRun(seq=seq, run_id=run_id, target_versions=dict(plan.to_versions),
-                         mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(input_schema))
+                         mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(input_schema),
+                         source_ids=_ids(plan, source_ids))
     base = mark or Watermark(spec.name, plan.partition, spec.spec_hash, {}, 0)
     ctx.store.save(base.with_(pending=pending))
     return seq
 
 
-def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, str], seq: int) -> None:
+def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, str], seq: int, *,
+           source_ids: dict[str, str] | None = None) -> None:
     """Move the watermark to the plan's target versions (both commits have landed)."""
     ctx.store.save(Watermark(
         flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
         source_versions=dict(plan.to_versions), seq=seq, input_schema=dict(input_schema),
-        last_mode=plan.mode.value, last_reason=plan.reason.value,
+        last_mode=plan.mode.value, last_reason=plan.reason.value, source_ids=_ids(plan, source_ids),
     ))
 
 
-def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None) -> None:
+def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None, *,
+                source_ids: dict[str, str] | None = None) -> None:
     """Nothing to compute: record the newer versions the partition is already up to date with."""
-    if mark is not None and mark.committed and plan.to_versions != mark.source_versions:
+    ids = (_ids(plan, source_ids) or mark.source_ids) if mark is not None else {}
+    if mark is not None and mark.committed and (plan.to_versions != mark.source_versions or ids != mark.source_ids):
         ctx.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
-                                  last_reason=plan.reason.value))
+                                  last_reason=plan.reason.value, source_ids=ids))
+
+
+def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, str]:
+    """The table ids of the tables the plan's versions name."""
+    return {t: source_ids[t] for t in plan.to_versions if source_ids and t in source_ids}
 
 
 def record_failure(ctx: RunContext, spec, partition: str, mark: Watermark | None, message: str) -> None:

@@ -119,6 +119,25 @@ def test_a_sensor_without_cursor_skips_what_the_watermarks_already_cover(lake, l
     assert span(request) == ("2024-01-02-09:00", "2024-01-02-10:00")
 
 
+def test_a_watermark_of_a_table_since_recreated_is_not_current(lake):
+    """A tick without a cursor trusts watermarks at the tables' versions, but not across a recreation."""
+    from laminar_assets.tick import is_current, table_versions
+
+    create_sources(lake, BASE)
+    store = CheckpointStore(lake.root)
+    stage, key = BY_NAME["normalized_trades"], "2024-01-02-09:00"
+    versions, ids = table_versions(lake.root, ("raw_trades", "symbols"))
+    store.save(Watermark(stage.name, key, stage.spec_hash, dict(versions), 1, source_ids=dict(ids)))
+    assert is_current(store, stage, key, versions, lambda *_: None, ids)
+    import shutil
+
+    shutil.rmtree(lake.path("raw_trades"))
+    lake.create("raw_trades", frame=trades([(12, "2024-01-02 09:20:00", "MSFT", "ACC-2", "BUY", 411.0, 50)]))
+    versions, ids = table_versions(lake.root, ("raw_trades", "symbols"))
+    assert versions["raw_trades"] == 0  # the same version as the watermark's, of another table
+    assert not is_current(store, stage, key, versions, lambda *_: None, ids)
+
+
 def test_a_watermark_behind_only_by_commits_elsewhere_is_current(lake, laminar, instance):
     """A run covers the partitions a commit touched; the others keep older watermarks and must not
     be requested again by a tick without cursor."""

@@ -129,6 +129,13 @@ def test_dimension_change_refills():
     assert same.reason is Reason.NO_NEW_VERSIONS
     moved = plan(stage, mark(stage, extra={"dim": 2}), dimension_versions={"dim": 3})
     assert (moved.mode, moved.reason) == (Mode.REFILL, Reason.DIMENSION_CHANGED)
+    # recreated at the same path and back at the same version: another table (its Delta id)
+    ids = dict(source_ids={"dim": "old-id"})
+    assert plan(stage, mark(stage, extra={"dim": 2}, **ids), dimension_versions={"dim": 2},
+                dimension_ids={"dim": "old-id"}).reason is Reason.NO_NEW_VERSIONS
+    rebuilt = plan(stage, mark(stage, extra={"dim": 2}, **ids), dimension_versions={"dim": 2},
+                   dimension_ids={"dim": "new-id"})
+    assert (rebuilt.mode, rebuilt.reason) == (Mode.REFILL, Reason.DIMENSION_CHANGED) and "recreated" in rebuilt.detail
 
 
 def test_stage_refills_on_deletes():

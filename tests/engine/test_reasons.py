@@ -228,3 +228,23 @@ def test_vacuum_seen_by_a_long_lived_engine_refills_instead_of_failing(spark, la
     assert "vacuumed" in plan.detail
     assert engine.run(sums(), hour1).reason is Reason.CHECKPOINT_EXPIRED
     check(spark, lake, sums())
+
+
+def test_source_recreated_past_the_watermark_version_refills(spark, lake, engine):
+    """A table deleted and created again at the same path whose versions have caught up with the
+    watermark's: its commits after that version are another table's, so merging them would be wrong."""
+    lake.create("trades", BASE)
+    for minute in (2, 3):
+        lake.append("trades", [(f"2024-01-01 00:0{minute}:00", "a", 1.0, 1)])
+    engine.run(sums(), PART)  # watermark at version 2
+    import shutil
+
+    shutil.rmtree(lake.path("trades"))
+    lake.create("trades", BASE[:1])  # version 0 of another table
+    for minute in (4, 5, 6):
+        lake.append("trades", [(f"2024-01-01 00:0{minute}:00", "b", 2.0, 1)])  # versions 1-3
+    r = engine.run(sums(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.CHECKPOINT_EXPIRED)
+    assert "recreated" in r.detail
+    check(spark, lake, sums())
+    assert engine.run(sums(), PART).reason is Reason.NO_NEW_VERSIONS

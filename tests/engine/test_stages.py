@@ -124,6 +124,20 @@ def test_dimension_change_refills_stage_and_downstream(spark, lake, engine):
     assert_frames_match(lake.read("sectors"), expected, SECTORS.keys)
 
 
+def test_dimension_recreated_at_the_same_version_refills_stage(spark, lake, engine):
+    import shutil
+
+    from deltalake import write_deltalake
+
+    setup(lake)
+    engine.run(STAGE, PART)
+    shutil.rmtree(lake.path("symbols"))
+    write_deltalake(lake.path("symbols"), symbols([("AAA", "tech"), ("BBB", "utilities")]))  # version 0 again
+    r = engine.run(STAGE, PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.DIMENSION_CHANGED) and "recreated" in r.plan.detail
+    assert_stage(lake)
+
+
 def test_source_delete_refills_stage(spark, lake, engine):
     setup(lake)
     engine.run(STAGE, PART)
