@@ -44,13 +44,17 @@ def demo(
                       f"duplicates {b.duplicates}, corrected {b.updated}, cancelled {b.deleted}, broken {b.bad}; "
                       f"raw_trades versions {lit(list(b.versions))}; "
                       f"{step.requests} runs from {step.sensor_ticks} sensor ticks in {step.seconds:.1f}s")
-        table = Table("flow", "partition", "mode", "reason", "versions", "rows read", "sink rows", "quarantined",
-                      "seconds")
+        # versions only when a run names them (a range run records them per partition, not in total);
+        # reasons fold instead of being cut off, also in a log file's 80 columns
+        versions = any(r.versions for r in step.runs)
+        table = Table("flow", "partition", "mode", "reason", *(["versions"] if versions else []), "rows read",
+                      "sink rows", "quarantined", "seconds")
+        table.columns[3].overflow = "fold"
         for r in step.runs:
             failed += not r.success
             add_row(table, r.flow, r.partition, r.mode if r.success else Text("FAILED", style="red"),
-                     r.reason if r.success else r.error, r.versions, r.rows_read, r.sink_rows, r.quarantined,
-                     f"{r.seconds:.2f}")
+                     r.reason if r.success else r.error, *([r.versions] if versions else []), r.rows_read,
+                     r.sink_rows, r.quarantined, f"{r.seconds:.2f}")
         console.print(table)
     console.print(f"\nDelta tables: {c.root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
                   "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
@@ -63,15 +67,21 @@ def demo(
 @app.command()
 def generate(
     ctx: typer.Context,
-    rows: int = typer.Option(1000, "--rows", min=1),
-    batch: int = typer.Option(1, "--batch", help="Batch number (0 creates the sources; later batches add late rows etc.)."),
-    late_share: float = typer.Option(0.05, "--late-share", min=0.0, max=1.0),
-    duplicate_share: float = typer.Option(0.02, "--duplicate-share", min=0.0, max=1.0),
-    update_share: float = typer.Option(0.02, "--update-share", min=0.0, max=1.0),
-    delete_share: float = typer.Option(0.01, "--delete-share", min=0.0, max=1.0),
+    rows: int = typer.Option(1000, "--rows", min=1, help="Rows appended in the batch's new hour."),
+    batch: int = typer.Option(1, "--batch", help="Batch number (0 creates the sources; later batches add late "
+                              "rows etc.; the demo wrote 0 and 1, so continue with 2, 3, ...: a number used "
+                              "again repeats that batch's random draws)."),
+    late_share: float = typer.Option(0.05, "--late-share", min=0.0, max=1.0,
+                                     help="Share of rows that land late, in older partitions."),
+    duplicate_share: float = typer.Option(0.02, "--duplicate-share", min=0.0, max=1.0,
+                                          help="Share of rows sent again (the stage drops the duplicates)."),
+    update_share: float = typer.Option(0.02, "--update-share", min=0.0, max=1.0,
+                                       help="Share of existing trades corrected (a Delta update)."),
+    delete_share: float = typer.Option(0.01, "--delete-share", min=0.0, max=1.0,
+                                       help="Share of existing trades cancelled (a Delta delete)."),
     bad_share: float = typer.Option(0.003, "--bad-share", min=0.0, max=1.0,
                                     help="Share of rows that break raw_trades' contract rules."),
-    seed: int = typer.Option(7, "--seed"),
+    seed: int = typer.Option(7, "--seed", help="Random seed (combined with the batch number)."),
 ) -> None:
     """Write more source commits to raw_trades (creating the sources if needed)."""
     from laminar_assets.demo.generator import BatchOptions, recent_start, write_batch
@@ -169,10 +179,12 @@ def serve(
             spark += f"\n  warming Spark up with a scratch run in the background (log {logs}/warm-up.log)"
         console.print(f"[bold]Laminar is up[/bold]\n  Dagster UI and daemon: {d.ui_url}  (log {logs}/dagster.log)"
                       f"\n  {spark}\n  Delta tables: {c.root}\n  DAGSTER_HOME: {c.dagster_home}\n"
-                      "Sensors are on: commit to a source (e.g. `laminar generate --batch 1`) and watch the runs. "
+                      "Sensors are on: commit to a source (e.g. `laminar generate --batch 2` after the demo) and watch the runs. "
                       "Ctrl-C stops both processes.", markup=True, highlight=False)
 
     console.print("starting the Spark Connect server and Dagster (about 30 s)...")
     code = run_serve(options, on_ready=ready)
+    if not code:
+        console.print("stopped: Dagster and the Spark Connect server are down")
     if code:
         raise LaminarError(f"a process of the deployment exited unexpectedly (code {code}); see {logs}/")
