@@ -136,7 +136,10 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
                 f"{name}: {len(keys)} changed partition(s) are outside the asset's partitions "
                 f"({keys[0]}..{keys[-1]}; they start at {settings.partitions_start:%Y-%m-%d %H:%M}): no run can "
                 "materialize them; set [tool.laminar] partitions_start earlier to include them")
-        span = ",".join(f"{t}={cursor.versions.get(t, '-')}..{v}" for t, v in sorted(plan.cursor.versions.items()))
+        # the run key names each table's id too: a lake rebuilt at the same path reaches the same
+        # versions again, and Dagster skips a run whose key one of the sensor's runs already had
+        span = ",".join(f"{t}:{plan.cursor.ids.get(t, '')[:8]}={_or_dash(cursor.since(t, v, plan.cursor.ids.get(t)))}..{v}"
+                        for t, v in sorted(plan.cursor.versions.items()))
         requests = range_requests(by_spec, settings, run_key=f"{component.name}@{span}",
                                   tags={COMPONENT_TAG: component.name}, checks=checks)
         new_cursor = format_cursor(plan.cursor)
@@ -146,6 +149,10 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
                                asset_events=source_observations(component, cursor, plan.cursor))
 
     return _sensor
+
+
+def _or_dash(version: int | None) -> str:
+    return "-" if version is None else str(version)
 
 
 def source_observations(component: Component, before: Cursor, now: Cursor) -> list[dg.AssetObservation]:

@@ -87,6 +87,9 @@ def test_a_recreated_lake_at_the_versions_the_cursor_saw_is_not_skipped(lake, la
     lake.append("raw_trades", frame=trades([(11, "2024-01-02 07:15:00", "XOM", "ACC-1", "SELL", 109.0, 100)]))
     cursor = tick(laminar, instance, None).cursor
     assert parse_cursor(cursor).versions["raw_trades"] == 1
+    lake.append("raw_trades", frame=trades([(14, "2024-01-02 14:10:00", "XOM", "ACC-1", "SELL", 108.0, 7)]))
+    [old_run] = tick(laminar, instance, cursor).run_requests  # versions 1..2 of the old table
+    before_second = old_run.run_key
     shutil.rmtree(lake.root)
     create_sources(lake, BASE)
     lake.append("raw_trades", frame=trades([(12, "2024-01-02 13:20:00", "MSFT", "ACC-2", "BUY", 411.0, 50)]))
@@ -94,6 +97,11 @@ def test_a_recreated_lake_at_the_versions_the_cursor_saw_is_not_skipped(lake, la
     [request] = result.run_requests
     assert span(request) == ("2024-01-02-08:00", "2024-01-02-13:00")  # the new table's rows, all of them
     assert {e.asset_key.to_user_string() for e in result.asset_events} == {"raw_trades", "symbols"}
+    # a later commit brings raw_trades to version 2 again: the run's key must differ from the old
+    # tables' run over the same versions, or Dagster skips it as done
+    lake.append("raw_trades", frame=trades([(13, "2024-01-02 14:20:00", "MSFT", "ACC-2", "BUY", 412.0, 5)]))
+    [again] = tick(laminar, instance, result.cursor).run_requests
+    assert again.run_key != before_second
 
 
 def test_many_partitions_are_still_one_run(lake, laminar, instance):
