@@ -36,8 +36,8 @@ from laminar_assets.errors import CommitConflictError
 
 from .delta_log import DataFile, local_path
 from .delta_source import TableInfo, info_of, snapshot_files, table_info
-from .spark_io import nullable
-from .staging import StagedFiles, stage
+from .spark_io import nullable, schema_change
+from .staging import StagedFiles, committed, stage
 from .spark_read import read_source
 from .windows import Interval
 
@@ -51,8 +51,10 @@ CHECKPOINT_EVERY = 10
 
 def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
                  change_data: bool = False, opened: DeltaTable | None = None) -> tuple[bool, DeltaTable | None]:
-    """Create the table if needed. Returns whether an existing table was reset to a new schema, and
-    the table as opened when it existed already with this schema (None otherwise). `opened`: the
+    """Create the table if needed, or add the new columns of `schema` to it. Returns whether an
+    existing table was reset to a new schema (a column's type changed or a column went: with
+    `reset_on_schema_change`, else an error), and the table as opened when it existed already with
+    this schema (None otherwise). `opened`: the
     table as the caller opened it earlier (not opened again)."""
     schema = nullable(schema)
     try:
@@ -67,8 +69,12 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
                 raise
         return False, None
     current = nullable(pa.schema(dt.schema().to_arrow()))
-    if [(f.name, str(f.type)) for f in current] == [(f.name, str(f.type)) for f in schema]:
+    change = schema_change(current, schema)
+    if change == "same":
         return False, dt
+    if change == "adds":  # new columns only: the schema evolves, every row stays (NULL in them)
+        write_deltalake(uri, schema.empty_table(), mode="append", schema_mode="merge")
+        return False, None
     if not reset_on_schema_change:
         raise CommitConflictError(f"table at {uri} has schema {current} but this run writes {schema}", table=uri)
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite")
@@ -112,20 +118,22 @@ def replace_ranges(
             inside, partial = split_by_range(info_of(os.path.basename(table_uri), table_uri, dt), column, ranges)
             removes = [_remove_action(table_uri, f) for f in inside + partial]
             if partial:
-                keep = _outside(spark, table_uri, partial, column, ranges)
-                extra = list(stage(keep, table_uri, f"{run_id}-keep-{attempt}").adds)
-        adds = list(staged.adds) + extra
+                keep = stage(_outside(spark, table_uri, partial, column, ranges), table_uri, f"{run_id}-keep")
+                extra = [keep]
+        adds = list(staged.adds) + [a for e in extra for a in e.adds]
         if change_data is None:
             props = CommitProperties(app_transactions=[Transaction(a, v) for a, v in transactions],
                                      custom_metadata=metadata, max_commit_retries=0)
             try:
                 dt.create_write_transaction(adds + removes, mode="append", schema=nullable(staged.schema),
                                             commit_properties=props)
+                committed(staged, *extra)
                 return staged.rows
             except CommitFailedError:
                 pass
         elif _commit_with_change_data(table_uri, read_version + 1, adds, removes, change_data.adds,
                                       transactions=transactions, metadata=metadata):
+            committed(staged, change_data, *extra)
             _checkpoint_if_due(dt, read_version + 1)
             return staged.rows
         time.sleep(0.05 * attempt)

@@ -17,7 +17,6 @@ the source stays in it.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from urllib.parse import unquote
@@ -34,7 +33,7 @@ from .agg_base import EVENT_TS, q, sql_string, user_sql
 from .delta_log import local_path
 from .delta_write import CHECKPOINT_EVERY
 from .delta_source import snapshot_files, table_info
-from .staging import stage
+from .staging import committed, stage
 from .spark_read import read_source
 from .spec import FlowSpec, StageSpec
 from .windows import Interval, sql_timestamp
@@ -173,7 +172,7 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
         F.col("partition").cast("string").alias("partition"), "rule", F.col("source_version").cast("long"),
         "event_time", "row", F.lit(run_id).alias("run_id"), F.lit(now).alias("quarantined_at"),
     )
-    staged = stage(out, uri, f"{run_id}-{uuid.uuid4().hex[:8]}", max_files=1, folder=f"flow={flow}/laminar",
+    staged = stage(out, uri, run_id, max_files=1, folder=f"flow={flow}/laminar",
                    partition_values={"flow": flow}, through_driver=through_driver)
     if not staged.rows:
         return {}
@@ -185,6 +184,7 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
             if not DeltaTable.is_deltatable(uri):
                 raise
     DeltaTable(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"])
+    committed(staged)
     local = local_path(uri)
     counts: dict[str | None, dict[str, int]] = {}
     for add in staged.adds:  # only the partition and rule columns of what this run just wrote

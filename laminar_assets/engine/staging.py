@@ -9,6 +9,13 @@ Files are laid out per partition: `stage(..., by=column)` writes one file per va
 of a partition-id column, so replacing one partition's rows later removes that
 partition's files and rewrites nobody else's. Small outputs are written by the driver
 from Arrow batches instead of a Spark write job (`through_driver`, `stage_split`).
+
+Every staging call writes into a folder of its own (`<folder>/<run id>-<token>`) that did
+not exist before, so no staging ever overwrites or deletes another's files, whatever run,
+pass or attempt made them. The only files removed are staged ones no commit names: a run
+that holds a `scope()` removes, when it ends, each folder it staged whose files it did not
+commit (after checking the table's recent commits), so neither a failed pass nor an empty
+staging leaves files behind. A killed process leaves its staged files for Delta's VACUUM.
 """
 
 from __future__ import annotations
@@ -19,8 +26,12 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +39,9 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 
-from .delta_log import local_path
+from laminar_assets.errors import InjectedCrash
+
+from .delta_log import local_path, read_log_entry
 from .spark_io import arrow_schema_of, empty_frame, spark_path, spark_schema
 
 
@@ -81,7 +94,7 @@ class StagedFiles:
     adds: tuple[AddAction, ...]
     rows: int
     schema: pa.Schema | None
-    folder: str | None = None  # the local staging folder (removed by `discard`)
+    folders: tuple[str, ...] = ()  # the local staging folders the files are in (each one call's own)
 
     def rows_by_partition(self) -> dict[int, int]:
         """Rows staged per partition number, for files staged with `by="__p"` (from their names)."""
@@ -93,10 +106,109 @@ class StagedFiles:
                 out[pid] = out.get(pid, 0) + json.loads(a.stats)["numRecords"]
         return out
 
+    def plus(self, other: "StagedFiles") -> "StagedFiles":
+        """Both stagings' files, committed together."""
+        return StagedFiles(self.adds + other.adds, self.rows + other.rows, self.schema, self.folders + other.folders)
+
     def discard(self) -> None:
-        """Delete files that will never be committed (a run that escalates re-stages)."""
-        if self.folder and os.path.isdir(self.folder):
-            shutil.rmtree(self.folder, ignore_errors=True)
+        """Delete files that were never handed to a commit (a pass that escalates stages anew)."""
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class _Scope:
+    """The stagings of one run: which folders it wrote, and which of them a commit took."""
+
+    started_ms: int
+    staged: dict[str, tuple[str, str]] = field(default_factory=dict)  # folder -> (table URI, folder in the table)
+    committed: set[str] = field(default_factory=set)
+
+
+_SCOPE: ContextVar[_Scope | None] = ContextVar("laminar_staging_scope", default=None)
+# How far before a run's start its commits' timestamps may lie (clock steps): `_named_since` looks this far back.
+_CLOCK_SLACK_MS = 10 * 60 * 1000
+
+
+@contextmanager
+def scope() -> Iterator[None]:
+    """Track every staging of the block. When it ends, successfully or not, each folder it staged that
+    no commit took is removed, unless a commit of its table since the block began names one of its
+    files (then it stays: never delete what a commit may name). A simulated kill (`InjectedCrash`)
+    leaves everything, as a real one would. Scopes nest: an inner block shares the outer one."""
+    if _SCOPE.get() is not None:
+        yield
+        return
+    current = _Scope(int(time.time() * 1000))
+    token = _SCOPE.set(current)
+    crashed = False
+    try:
+        yield
+    except InjectedCrash:
+        crashed = True
+        raise
+    finally:
+        _SCOPE.reset(token)
+        if not crashed:
+            for folder, (table_uri, rel_dir) in current.staged.items():
+                if folder not in current.committed:
+                    _discard_unless_named(table_uri, rel_dir, folder, current.started_ms)
+
+
+def committed(*staged: StagedFiles | None) -> None:
+    """Record that a commit took these files: the scope must never remove them."""
+    current = _SCOPE.get()
+    if current is not None:
+        for s in staged:
+            if s is not None:
+                current.committed.update(s.folders)
+
+
+def _register(table_uri: str, rel_dir: str, folder: str) -> None:
+    current = _SCOPE.get()
+    if current is not None:
+        current.staged[folder] = (table_uri, rel_dir)
+
+
+def _discard_unless_named(table_uri: str, rel_dir: str, folder: str, since_ms: int) -> None:
+    if not os.path.isdir(folder):
+        return
+    has_files = any(names for _, _, names in os.walk(folder))
+    if has_files and _named_since(table_uri, rel_dir, since_ms - _CLOCK_SLACK_MS):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    parent = os.path.dirname(folder)  # the staging folders above it, up to the table's, when left empty
+    for _ in range(rel_dir.count("/")):
+        try:
+            os.rmdir(parent)
+        except OSError:  # not empty (another staging's files), or gone
+            return
+        parent = os.path.dirname(parent)
+
+
+def _named_since(table_uri: str, rel_dir: str, since_ms: int) -> bool:
+    """Whether a commit of the table made at or after `since_ms` names a file under `rel_dir`
+    (the table's newest commits, read back until one is older)."""
+    log = os.path.join(local_path(table_uri) or table_uri, "_delta_log")
+    try:
+        versions = sorted((int(n[:20]) for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()),
+                          reverse=True)
+    except FileNotFoundError:
+        return False
+    prefix = rel_dir + "/"
+    for version in versions:
+        text = read_log_entry(os.path.basename(table_uri), table_uri, version) or ""
+        stamp = None
+        for line in text.splitlines():
+            action = json.loads(line) if line.strip() else {}
+            for kind in ("add", "cdc"):
+                if kind in action and unquote(action[kind]["path"]).startswith(prefix):
+                    return True
+            if "commitInfo" in action:
+                stamp = action["commitInfo"].get("timestamp")
+        if stamp is not None and stamp < since_ms:
+            return False
+    return False
 
 
 def stage(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, max_files: int = 1,
@@ -117,7 +229,8 @@ def stage(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, 
         _write_table(table, target, by)
         return _staged(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema))
     writer = (df.write.partitionBy(by) if by else (df.coalesce(max_files) if max_files else df).write)
-    # "overwrite": the folder is new for every run (Spark Connect does not accept "errorifexists").
+    # "overwrite" replaces nothing: the folder is new for every call (`_target`). Spark Connect does
+    # not accept "errorifexists".
     writer.mode("overwrite").parquet(spark_path(target))
     return _staged(target, rel_dir, partition_values, lambda: arrow_schema_of(df.drop(by) if by else df))
 
@@ -147,11 +260,14 @@ def stage_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]], *, by
 
 
 def _target(table_uri: str, folder: str, run_id: str) -> tuple[str, str]:
+    """A staging folder of the table no other staging has used or will use: `<folder>/<run id>-<token>`."""
     local = local_path(table_uri)
     if local is None:
         raise NotImplementedError("writing to object stores needs a local staging path in this version")
-    rel_dir = f"{folder}/{run_id}"
-    return rel_dir, os.path.join(local, rel_dir)
+    rel_dir = f"{folder}/{run_id}-{uuid.uuid4().hex[:12]}"
+    target = os.path.join(local, rel_dir)
+    _register(table_uri, rel_dir, target)
+    return rel_dir, target
 
 
 def _without(table: pa.Table, column: str | None) -> pa.Table:
@@ -161,9 +277,7 @@ def _without(table: pa.Table, column: str | None) -> pa.Table:
 def _write_table(table: pa.Table, target: str, by: str | None) -> None:
     """Rows collected in the driver written under `target` as Spark's writer lays them out: one file
     per value of `by` in a `<by>=<value>/` folder (which `_staged` folds into the file name)."""
-    if os.path.isdir(target):  # a retried run id: start over, as Spark's "overwrite" would
-        shutil.rmtree(target)
-    os.makedirs(target, exist_ok=True)
+    os.makedirs(target)  # new: `_target` never hands out a folder twice
     table = table.cast(_plain_types(table.schema))
     if table.num_rows == 0:
         return
@@ -223,7 +337,7 @@ def _staged(target: str, rel_dir: str, partition_values: dict[str, str] | None, 
             path=f"{rel_dir}/{name}", size=os.path.getsize(path), partition_values=dict(partition_values or {}),
             modification_time=int(time.time() * 1000), data_change=True, stats=stats,
         ))
-    return StagedFiles(tuple(adds), rows, schema if schema is not None else schema_if_empty(), target)
+    return StagedFiles(tuple(adds), rows, schema if schema is not None else schema_if_empty(), (target,))
 
 
 def read_staged(spark: SparkSession, staged: StagedFiles, table_uri: str) -> DataFrame:

@@ -55,9 +55,11 @@ def test_the_driver_write_stages_the_same_files_rows_and_schema_as_spark(spark, 
     # one file per partition id in both, named so the partition shows ("p--1-...")
     assert _staged_summary(via_driver)[0] == _staged_summary(via_spark)[0] == (["p--1-", "p-0-", "p-1-"] if by else [""])
     assert _staged_summary(via_driver)[1] == _staged_summary(via_spark)[1]  # same Delta statistics
+    [folder] = via_driver.folders
     for a in via_driver.adds:
-        assert a.path.startswith("laminar/run-driver/") and os.path.isfile(tmp_path / "t" / a.path)
-    assert not [f for f in os.listdir(tmp_path / "t" / "laminar" / "run-driver") if not f.endswith(".parquet")]
+        assert a.path.startswith(f"laminar/{os.path.basename(folder)}/") and os.path.isfile(tmp_path / "t" / a.path)
+    assert os.path.basename(folder).startswith("run-driver-")
+    assert not [f for f in os.listdir(folder) if not f.endswith(".parquet")]
 
     back_spark = read_staged(spark, via_spark, str(tmp_path / "t"))
     back_driver = read_staged(spark, via_driver, str(tmp_path / "t"))
@@ -73,11 +75,15 @@ def test_an_empty_driver_write_stages_no_files_but_knows_its_schema(spark, tmp_p
     assert staged.schema == stage(df, str(tmp_path / "t"), "run-spark", by="__p").schema
 
 
-def test_a_driver_write_again_under_the_same_run_id_replaces_the_first(spark, tmp_path):
-    stage(_frame(spark, 30), str(tmp_path / "t"), "run", by="__p", through_driver=True)
-    again = stage(_frame(spark, 9), str(tmp_path / "t"), "run", by="__p", through_driver=True)
-    assert again.rows == 9
-    assert len(os.listdir(tmp_path / "t" / "laminar" / "run")) == len(again.adds) == 3
+@pytest.mark.parametrize("through_driver", [True, False], ids=["driver", "spark"])
+def test_a_staging_never_touches_the_files_of_another_under_the_same_run_id(spark, tmp_path, through_driver):
+    """Every staging call has a folder of its own: a second pass, attempt or retry of one run never
+    deletes or overwrites what the first staged (and may have committed)."""
+    first = stage(_frame(spark, 30), str(tmp_path / "t"), "run", by="__p", through_driver=through_driver)
+    again = stage(_frame(spark, 9), str(tmp_path / "t"), "run", by="__p", through_driver=through_driver)
+    assert again.rows == 9 and first.rows == 30
+    assert set(first.folders).isdisjoint(again.folders)
+    assert all(os.path.isfile(tmp_path / "t" / a.path) for a in first.adds + again.adds)
 
 
 def test_a_driver_write_of_thousands_of_partitions_is_one_file_each(spark, tmp_path):
