@@ -99,6 +99,10 @@ def run_metadata(result: RunResult) -> dict:
         if key in m:
             md[key] = int(m[key])
     md["quarantined_by_rule"] = dg.MetadataValue.json(dict(result.quarantined))
+    if result.sweep is not None:  # the flow's sweep of rows no partition owns: what it read, and why
+        md["sweep"] = result.sweep.detail
+        md["sweep_reason"] = result.sweep.reason.value if result.sweep.reason else "NEW_VERSIONS"
+        md["sweep_quarantined"] = int(sum(result.sweep.counts.values()))
     for stage in ("plan", "read", "state", "merge", "write", "watermark"):
         md[f"seconds_{stage}"] = float(round(result.seconds.get(stage, 0.0), 4))
     md["seconds_total"] = float(round(sum(result.seconds.values()), 4))

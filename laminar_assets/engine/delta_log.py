@@ -70,6 +70,9 @@ class CommitSummary:
     adds: tuple[DataFile, ...] = ()
     removes: tuple[DataFile, ...] = ()
     cdc: tuple[DataFile, ...] = ()
+    # every file the commit removed, with or without a data change (compaction): snapshots before the
+    # commit name them, so a vacuum that deleted one makes those snapshots unreadable
+    removed: tuple[str, ...] = ()
 
     @property
     def touched(self) -> tuple[Interval, ...] | None:
@@ -103,12 +106,17 @@ class CommitSummary:
 
 
 
+def _uri(root: str, path: str) -> str:
+    """The URI of a file an action names (relative paths are URL-encoded and under the table)."""
+    path = unquote(path)
+    return path if "://" in path or path.startswith("/") else f"{root}/{path}"
+
+
 def _file(root: str, action: dict, column: str | None, *, change_data: bool = False, use_footer: bool = False,
           names: dict[str, str] | None = None) -> DataFile:
     """One file of an action. `column`: the event time's physical name; `names`: physical -> logical
     column names of a table with column mapping (partition values are keyed by physical name)."""
-    path = unquote(action["path"])
-    uri = path if "://" in path or path.startswith("/") else f"{root}/{path}"
+    uri = _uri(root, action["path"])
     dv = DeletionVector.from_action(root, action.get("deletionVector"))
     deleted = DeletedRows(vector=dv) if dv is not None else None
     names = names or {}
@@ -143,6 +151,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
     info: dict = {}
     metadata_changed = protocol_changed = False
     layout_only = 0
+    removed: list[str] = []
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -155,6 +164,8 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
             protocol_changed = True
         elif "add" in action or "remove" in action:
             kind, act = ("add", action["add"]) if "add" in action else ("remove", action["remove"])
+            if kind == "remove":
+                removed.append(_uri(uri, act["path"]))
             if not act.get("dataChange", True):
                 layout_only += 1
             else:
@@ -194,7 +205,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
     return CommitSummary(
         version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc),
         operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
-        removes=tuple(removes), cdc=tuple(cdc),
+        removes=tuple(removes), cdc=tuple(cdc), removed=tuple(removed),
     )
 
 

@@ -21,8 +21,8 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureError
 from .delta_log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
-    CommitKind, CommitSummary, DataFile, commit_summary, local_path, missing_files, read_commit, read_log_entry,
-    stats_interval,
+    CommitKind, CommitSummary, DataFile, commit_summary, file_exists, local_path, missing_files, read_commit,
+    read_log_entry, stats_interval,
 )
 from . import snapshot_cache
 from .deletion_vectors import snapshot_deleted_rows
@@ -52,6 +52,18 @@ class SourceHistory:
     # versions whose log entry is gone, and versions whose files were vacuumed (version -> a file)
     gone: tuple[int, ...] = field(default=(), compare=False)
     vacuumed: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+    # files removed by a commit (version, file) that no longer exist: every snapshot before that
+    # version may name them, so a run must not read one (looked for only when asked: `source_history`)
+    snapshot_gone: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+
+    def snapshot_readable(self, version: int) -> str | None:
+        """None when the snapshot at `version` names no file known to be gone, else why it cannot be read."""
+        lost = [(v, f) for v, f in self.snapshot_gone if v > version]
+        if not lost:
+            return None
+        v, f = lost[0]
+        return (f"the snapshot at version {version} of '{self.table}' names files that were vacuumed after "
+                f"commit {v} removed them ({f}{' and more' if len(lost) > 1 else ''})")
 
     def replaced(self, version: int) -> "SourceHistory":
         """This history seen from a watermark at `version` of another table that stood at the same path
@@ -71,9 +83,11 @@ class SourceHistory:
             return _recreated(self.table, self.uri, version, self.latest_version, self.cdf_enabled)
         gone = tuple(v for v in self.gone if v > version)
         vacuumed = tuple((v, f) for v, f in self.vacuumed if v > version)
+        snapshot_gone = tuple((v, f) for v, f in self.snapshot_gone if v > version)
         return SourceHistory(self.table, self.uri, version, self.latest_version,
                              tuple(c for c in self.commits if c.version > version),
-                             _expired(self.table, version, gone, vacuumed), self.cdf_enabled, gone, vacuumed)
+                             _expired(self.table, version, gone, vacuumed), self.cdf_enabled, gone, vacuumed,
+                             snapshot_gone)
 
 
 @dataclass(frozen=True)
@@ -225,10 +239,12 @@ def _expired(table: str, since: int | None, gone: tuple[int, ...], vacuumed: tup
 
 
 def source_history(table: str, uri: str, from_version: int | None, latest: int, event_time: str,
-                   *, info: TableInfo | None = None) -> SourceHistory:
+                   *, info: TableInfo | None = None, check_snapshots: bool = False) -> SourceHistory:
     """Commits in (from_version, latest]; `expired` says why the range is unreadable, if it is.
     `info`: the snapshot at `latest` if the caller already opened it. Log entries are parsed once
-    per process; whether their files still exist is checked on every call."""
+    per process; whether their files still exist is checked on every call. `check_snapshots`: also
+    look whether the files each commit removed still exist (`snapshot_gone`), for runs that may read
+    a snapshot older than `latest` (a spec that bounds its work per run)."""
     info = info if info is not None and info.version == latest else table_info(table, uri, latest)
     if from_version is not None and from_version > latest:
         return _recreated(table, uri, from_version, latest, info.cdf_enabled)
@@ -238,6 +254,7 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
     commits: list[CommitSummary] = []
     gone: list[int] = []
     vacuumed: list[tuple[int, str]] = []
+    snapshot_gone: list[tuple[int, str]] = []
     for version in range(from_version + 1, latest + 1):
         summary = commit_summary(table, uri, version, stats_column, info.name_pairs)
         if summary is None:
@@ -246,10 +263,12 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
         lost = missing_files(summary)
         if lost:
             vacuumed.append((version, lost[0]))
+        if check_snapshots:
+            snapshot_gone += [(version, f) for f in summary.removed if not file_exists(f)][:1]
         commits.append(summary)
     return SourceHistory(table, uri, from_version, latest, tuple(commits),
                          _expired(table, from_version, tuple(gone), tuple(vacuumed)), info.cdf_enabled,
-                         tuple(gone), tuple(vacuumed))
+                         tuple(gone), tuple(vacuumed), tuple(snapshot_gone))
 
 
 def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Interval] | None = None,

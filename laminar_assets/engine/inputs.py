@@ -110,7 +110,9 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
         oldest = None if (not since or any(v is None for v in since)) else min(since)
         if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
             oldest = info.version
-        histories[src] = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info)
+        bounded = bool(spec.max_versions_per_run or spec.max_rows_per_run)  # may read a snapshot before the latest
+        histories[src] = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info,
+                                        check_snapshots=bounded)
     return RunInputs(infos, histories, dims, schema, row_schema)
 
 

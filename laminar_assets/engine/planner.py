@@ -246,6 +246,10 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
                         f"changes in versions {sorted(v for vs in incremental.values() for v in vs)} are ignored",
                         **{**common, "incremental_versions": {}})
     if refill:
+        for src, hist in inp.histories.items():  # a bounded refill reads the snapshot at its target version
+            unreadable = hist.snapshot_readable(to_versions[src]) if to_versions[src] < hist.latest_version else None
+            if unreadable:
+                return refill_all(Reason.CHECKPOINT_EXPIRED, f"{unreadable}: refilling at the latest version")
         scope = coalesce(refill)
         whole = len(scope) == 1 and scope[0] == part
         return make(Mode.REFILL, refill_reason, refill_detail, refill=scope, refill_all=whole, **common)

@@ -8,6 +8,24 @@ from .plan import Mode, PartitionPlan, Reason
 
 
 @dataclass(frozen=True)
+class SweepResult:
+    """What one sweep did: new quarantine rows by rule, and per source what it read and why."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    # per source: "commits 3..7" or "snapshot at version 9", with the reason a snapshot was read
+    sources: dict[str, str] = field(default_factory=dict)
+    reason: Reason | None = None  # for a snapshot sweep: NO_WATERMARK (first sweep) or CHECKPOINT_EXPIRED
+
+    @property
+    def detail(self) -> str:
+        return "; ".join(f"{src}: {how}" for src, how in self.sources.items())
+
+    def to_json(self) -> dict:
+        return {"counts": dict(self.counts), "sources": dict(self.sources),
+                "reason": self.reason.value if self.reason else None}
+
+
+@dataclass(frozen=True)
 class RunResult:
     """The plan a partition ran, the run's id, and its numbers (see the README's metadata list)."""
 
@@ -16,6 +34,7 @@ class RunResult:
     metrics: dict[str, float | int] = field(default_factory=dict, hash=False)
     seconds: dict[str, float] = field(default_factory=dict, hash=False)
     quarantined: dict[str, int] = field(default_factory=dict, hash=False)  # new quarantine rows by rule
+    sweep: SweepResult | None = field(default=None, hash=False)  # the flow's sweep, on the run's first partition
 
     @property
     def mode(self) -> Mode:
@@ -31,4 +50,4 @@ class RunResult:
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, **self.plan.to_json(), "metrics": self.metrics, "seconds": self.seconds,
-                "quarantined": self.quarantined}
+                "quarantined": self.quarantined, **({"sweep": self.sweep.to_json()} if self.sweep else {})}

@@ -209,9 +209,9 @@ def test_the_sweep_reads_change_data_only_when_its_footers_allow_a_missing_event
     lake.create("trades", [BASE[0], BASE[7]])
     engine.run(FLOW, PART)
     lake.update("trades", {"px": "20.0"}, "sym = 'b'")  # v1: change data, every event time present
-    found, jobs = Jobs(spark).count(lambda: sweep(engine.ctx, FLOW, SimpleNamespace(to_versions={"trades": 1}), "r1"))
+    found, jobs = Jobs(spark).count(lambda: sweep(engine.ctx, FLOW, SimpleNamespace(to_versions={"trades": 1}), "r1").counts)
     assert found == {} and jobs == 0
     lake.update("trades", {"ts": "NULL"}, "sym = 'b'")  # v2: a correction that loses the event time
-    found, jobs = Jobs(spark).count(lambda: sweep(engine.ctx, FLOW, SimpleNamespace(to_versions={"trades": 2}), "r2"))
+    found, jobs = Jobs(spark).count(lambda: sweep(engine.ctx, FLOW, SimpleNamespace(to_versions={"trades": 2}), "r2").counts)
     assert found == {"event_time_missing": 1} and jobs > 0
     assert [(r["rule"], r["source_version"]) for r in quarantine(lake)] == [("event_time_missing", 2)]
