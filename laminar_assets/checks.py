@@ -87,8 +87,19 @@ def _together(keys: list[str], contract: Contract, *, engine: str, fetched_by: s
                        "ge_engine": engine, "rows_fetched_by": fetched_by, "contract": contract.path}) for k in keys}
 
 
+def broken_tables(engine, spec: FlowSpec | StageSpec, keys: list[str]) -> dict | None:
+    """Failed outcomes for every partition when a table Laminar writes for the spec names a missing file
+    (`Engine.integrity`): no reader should be the first to find it. None when every table is whole."""
+    broken = [t for t in engine.integrity(spec) if not t.ok]
+    if not broken:
+        return None
+    md = {"broken_tables": dg.MetadataValue.json([t.to_json() for t in broken]),
+          "integrity": "; ".join(t.describe() for t in broken)}
+    return {k: (False, {"partition": k, **md}) for k in keys}
+
+
 def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, keys: list[str]) -> dict:
-    """Outcomes per partition. For row-level rules and uniqueness, passing on the union of the
+    """Outcomes per partition (all failed when a table the spec writes names a missing file). For row-level rules and uniqueness, passing on the union of the
     partitions means passing on each, so they are validated together first (one suite run on the
     critical path when the check is blocking); a failure, or a row-count rule, validates each
     partition's rows, so a failure is pinned to its partitions.
@@ -99,6 +110,9 @@ def contract_outcomes(engine, spec: FlowSpec | StageSpec, contract: Contract, ke
     from laminar_assets.contracts.expectations import LOCAL_ROWS, validate_local
     from laminar_assets.engine.sink_read import to_pandas
 
+    broken = broken_tables(engine, spec, keys)
+    if broken is not None:
+        return broken
     tables = engine.sink_tables(spec, keys)
     if tables is None or sum(t.num_rows for t in tables.values()) > LOCAL_ROWS:
         return _spark_outcomes(engine, spec, contract, keys)
@@ -171,9 +185,13 @@ def equivalence_outcome(engine, spec: FlowSpec, partition: str, sample: int = 8)
 
 
 def equivalence_outcomes(engine, spec: FlowSpec, partitions: list[str], sample: int = 8) -> dict[str, tuple[bool, dict]]:
-    """Outcomes per partition, from one recompute and one comparison for all of them."""
+    """Outcomes per partition, from one recompute and one comparison for all of them (all failed when
+    a table the spec writes names a missing file)."""
     from laminar_assets.engine.equivalence import check_equivalence_many
 
+    broken = broken_tables(engine, spec, partitions)
+    if broken is not None:
+        return broken
     results = check_equivalence_many(engine, spec, partitions, sample=sample)
     return {p: _equivalence_outcome(p, r) for p, r in results.items()}
 

@@ -21,8 +21,9 @@ from laminar_assets.errors import (
     UnsupportedTableFeatureError,
 )
 from .executor import Engine
+from .integrity import TableIntegrity
 from .layout import EngineOptions
-from .result import RunResult
+from .result import RunResult, SweepResult
 from .plan import Mode, PartitionPlan, Reason
 from .planner import PlannerInput, plan_partition
 from .session import SparkOptions, build_session, check_java
@@ -34,6 +35,6 @@ __all__ = [
     "EnvironmentProblem", "FlowSpec", "Granularity", "Hopping", "Interval", "LaminarError", "LatePolicy",
     "Mode", "PartitionPlan", "PlannerInput", "Reason", "RefreshPolicy", "RowRule", "RunFailedError", "RunResult",
     "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SparkOptions", "SpecError", "StageSpec",
-    "StrictRefreshError", "Tumbling", "UnsupportedTableFeatureError", "build_session", "check_java",
+    "StrictRefreshError", "SweepResult", "TableIntegrity", "Tumbling", "UnsupportedTableFeatureError", "build_session", "check_java",
     "plan_partition",
 ]

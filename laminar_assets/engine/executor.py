@@ -14,14 +14,18 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
+from deltalake.exceptions import DeltaError
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 
-from . import flow_job, flow_state, protocol, sink_read, stage_job
+from . import flow_job, flow_state, integrity, protocol, sink_read, stage_job, staging
 from .inputs import RunInputs, gather, partition_bytes, planner_input
 from .layout import STEPS, EngineOptions, Layout, RunContext  # noqa: F401  (STEPS: tests crash at each)
 from .plan import Mode, PartitionPlan, Reason
@@ -29,11 +33,16 @@ from .planner import plan_partition
 from .result import RunResult
 from .spark_io import interpreted, new_run_id
 from .spec import FlowSpec, RefreshPolicy, StageSpec
-from .sweep import sweep
+from .sweep import SweepResult, sweep
 from .validate import CheckedSource, checked_source
 from .windows import partition_interval
 
 Spec = FlowSpec | StageSpec
+# What a later run can cure: Spark, Delta and file-system failures (a lost executor, a full disk, a
+# conflicting writer). A pass failing with one of them records a failed attempt, so the partition
+# refills next time. Anything else is a bug: it propagates as it is, and the interrupted run's intent
+# is settled by the next run like a crash.
+CURABLE = (OSError, DeltaError, PySparkException, Py4JError)
 
 
 class Engine:
@@ -91,7 +100,8 @@ class Engine:
         nothing to do is a NOOP without any Spark job. Results come back in the order given."""
         keys = self._keys(spec, partitions)
         run_id = new_run_id()
-        with protocol.leases(self.ctx, spec, keys, run_id):
+        # every staging of the run is tracked: what no commit took is removed when the run ends
+        with protocol.leases(self.ctx, spec, keys, run_id), staging.scope():
             started = time.perf_counter()
             marks = self._settle(spec, keys, run_id)
             inputs = self.gather(spec, list(marks.values()))
@@ -113,12 +123,14 @@ class Engine:
                 results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force))
         for k in keys:
             results[k].seconds["plan"] = plan_s
-        # The sweep's rows belong to no partition: credit them to the first partition that did work, so
-        # a NOOP partition does not report them beside one that read rows. When every partition is a
+        # The sweep belongs to no partition: credit it to the first partition that did work, so a NOOP
+        # partition does not report its rows beside one that read rows. When every partition is a
         # NOOP (a commit holding only partition-less rows), the first one carries them: not lost.
-        first = results[next((k for k in keys if plans[k].mode is not Mode.NOOP), keys[0])]
-        for rule, n in swept.items():
-            first.quarantined[rule] = first.quarantined.get(rule, 0) + n
+        first = next((k for k in keys if plans[k].mode is not Mode.NOOP), keys[0])
+        if swept.sources:
+            results[first] = replace(results[first], sweep=swept)
+        for rule, n in swept.counts.items():
+            results[first].quarantined[rule] = results[first].quarantined.get(rule, 0) + n
         for r in results.values():
             r.metrics["rows_quarantined"] = sum(r.quarantined.values())
         return [results[k] for k in keys]
@@ -141,14 +153,17 @@ class Engine:
             ctx.hook("after_watermark")
         except InjectedCrash:
             raise  # a simulated kill: nothing more is written
-        except Exception as exc:
-            for k in plans:
-                if not protocol.finished_since(ctx, spec, k, marks[k]):
-                    protocol.record_failure(ctx, spec, k, marks[k], protocol.short(exc))
+        except (LaminarError, *CURABLE) as exc:
+            moved = [k for k in plans if protocol.finished_since(ctx, spec, k, marks[k])]
+            stuck = [k for k in plans if k not in moved]
+            for k in stuck:
+                protocol.record_failure(ctx, spec, k, marks[k], protocol.short(exc))
             if isinstance(exc, LaminarError):
                 raise
-            raise RunFailedError(f"run of '{spec.name}' partition(s) {', '.join(plans)} failed: {protocol.short(exc)}; "
-                                 "the watermark did not move and the next run refills", flow=spec.name, run_id=run_id) from exc
+            done = f"; partition(s) {', '.join(moved)} finished before the failure" if moved else ""
+            raise RunFailedError(f"run of '{spec.name}' failed: {protocol.short(exc)}; the watermark of partition(s) "
+                                 f"{', '.join(stuck)} did not move and the next run refills them{done}",
+                                 flow=spec.name, run_id=run_id) from exc
         n = len(plans)
         seconds = {k: v / n for k, v in outcome.seconds.items()}
         seconds.update(other=max(pass_s - sum(outcome.seconds.values()), 0.0) / n,
@@ -172,8 +187,8 @@ class Engine:
                 return job.run_pass(self.ctx, spec, list(plans.values()), seqs, inputs, run_id)
             except flow_job.PrecisionLost as lost:
                 again = {k: dict(escalation=Reason.PRECISION_LOSS, escalation_scope=w) for k, w in lost.windows.items()}
-            except stage_job.DedupReplaced as dup:
-                again = {k: dict(escalation=Reason.DEDUP_REPLACED_ROW) for k in dup.partitions}
+            except stage_job.DedupReplaced as dup:  # or OutputReset: SCHEMA_CHANGED
+                again = {k: dict(escalation=Reason(dup.reason)) for k in dup.partitions}
             for k, kw in again.items():
                 plans[k] = plan_partition(planner_input(spec, k, marks[k], inputs, force=force, **kw))
         raise RunFailedError(f"run of '{spec.name}' kept finding windows to recompute", flow=spec.name, run_id=run_id)
@@ -223,12 +238,10 @@ class Engine:
                     f"{plan.detail}. Run an explicit refill (force=True / `laminar refill`) or relax the policy",
                     reason=plan.reason.value, flow=spec.name, partition=k)
 
-    def _sweep(self, spec: Spec, plan: PartitionPlan, run_id: str, inputs: RunInputs) -> dict[str, int]:
+    def _sweep(self, spec: Spec, plan: PartitionPlan, run_id: str, inputs: RunInputs) -> SweepResult:
         try:
             return sweep(self.ctx, spec, plan, run_id, opened=inputs.infos)
-        except LaminarError:
-            raise
-        except Exception as exc:
+        except CURABLE as exc:
             raise RunFailedError(f"quarantine sweep of '{spec.name}' failed: {protocol.short(exc)}; nothing was "
                                  "written to the partition", flow=spec.name, partition=plan.partition,
                                  run_id=run_id) from exc
@@ -246,6 +259,11 @@ class Engine:
             except ValueError as exc:
                 raise LaminarError(f"bad partition key for '{spec.name}': {exc}", flow=spec.name) from None
         return keys
+
+    def integrity(self, spec: Spec) -> list[integrity.TableIntegrity]:
+        """Whether every file the latest snapshot of each table Laminar writes for `spec` names exists
+        (its sink or output, its state tables, its sources' quarantine tables)."""
+        return integrity.check_spec(self.ctx.layout, spec)
 
     # --- reading results --------------------------------------------------------
     def sink_frame(self, spec: Spec, partition: str) -> DataFrame:

@@ -79,7 +79,9 @@ def settle(ctx: RunContext, spec, partition: str, mark: Watermark) -> Settled:
             spec_hash=spec.spec_hash if spec.kind == "flow" else mark.spec_hash,
         )
         return Settled(settled, behind, p.seq, dict(p.input_schema))
-    return Settled(mark.with_(pending=None, failed_attempt=f"run {p.run_id} stopped before it committed"))
+    # a run that failed recorded why (`record_failure`); a killed one could not
+    why = mark.failed_attempt or f"run {p.run_id} stopped before it committed"
+    return Settled(mark.with_(pending=None, failed_attempt=why))
 
 
 _UNREAD = object()

@@ -275,4 +275,19 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     checked = invoke("--root", str(root), "check", "--json", home=home)
     assert checked.exit_code == 0, checked.output
     results = json.loads(checked.output)
-    assert {r["check"] for r in results} == {"contract", "equivalence"} and all(r["passed"] for r in results)
+    assert {r["check"] for r in results} == {"contract", "equivalence", "integrity"} and all(r["passed"] for r in results)
+    integrity = {r["partition"] for r in results if r["check"] == "integrity"}
+    assert {"vwap_1m", "normalized_trades", "quarantine of raw_trades"} <= integrity
+    assert any(t.startswith("vwap_1m state ") for t in integrity)
+
+    # a table that names a missing file: `laminar check` says which table, version and file, before a reader does
+    sink = DeltaTable(str(root / "vwap_1m"))
+    lost = sink.file_uris()[0]
+    os.remove(lost.removeprefix("file://"))
+    broken = run_cli("--root", str(root), "check", "--json", home=home)
+    assert broken.returncode == 1
+    [bad] = [r for r in json.loads(broken.stdout) if r["check"] == "integrity" and not r["passed"]]
+    assert bad["asset"] == "vwap_1m" and bad["partition"] == "vwap_1m"
+    assert f"vwap_1m at {root / 'vwap_1m'}, version {sink.version()}: 1 of the" in bad["details"]
+    assert os.path.basename(lost) in bad["details"]
+    assert "checks failed" in one_error_line(broken) and "integrity on vwap_1m" in broken.stderr

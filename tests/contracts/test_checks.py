@@ -64,6 +64,23 @@ def test_lost_sink_row_fails_equivalence(spark, lake, laminar, instance):
     assert {m["keys"]["symbol"] for m in missing} == {"AAPL"} and all(m["sink"]["trades"] is None for m in missing)
 
 
+def test_a_sink_naming_a_missing_file_fails_both_checks_naming_the_table_and_file(spark, lake, laminar, instance):
+    """A reader should never be the first to find a table that names a missing file."""
+    import os
+
+    materialized(spark, lake, laminar, instance)
+    sink = lake.table("vwap_1m")
+    lost = sink.file_uris()[0].removeprefix("file://")
+    os.remove(lost)
+    engine = Engine(spark, lake.root)
+    for result in (contract_result(engine, SPECS["vwap_1m"], CONTRACT["vwap_1m"], P9),
+                   equivalence_result(engine, SPECS["vwap_1m"], P9)):
+        assert not result.passed
+        [broken] = result.metadata["broken_tables"].value
+        assert broken["table"] == "vwap_1m" and broken["version"] == sink.version() and broken["missing"] == [lost]
+        assert f"vwap_1m at {lake.path('vwap_1m')}, version {sink.version()}: 1 of the" in result.metadata["integrity"].value
+
+
 def test_retyped_source_column_stops_the_run_before_writing(spark, lake, laminar, instance):
     create_sources(lake, BASE)
     retyped = trades(BASE).astype({"price": "string"})

@@ -257,7 +257,7 @@ def test_runtime_failure_keeps_watermark_and_refills_next_time(lake, engine):
     with pytest.raises(RunFailedError) as info:
         engine.run(failing, PART)
     no_trace(info.value)
-    assert "watermark did not move" in str(info.value)
+    assert "the watermark of partition(s) 2024-01-01-00:00 did not move" in str(info.value)
     assert lake.read("f")["count"].tolist() == [1]  # sink untouched
     again = engine.run(FLOW, PART)
     assert again.reason.value == "PREVIOUS_ATTEMPT_FAILED"
