@@ -106,6 +106,19 @@ def _restore(spark: SparkSession, state: list) -> None:
             spark.conf.set(k, v)
 
 
+def schema_change(current: pa.Schema, wanted: pa.Schema) -> str:
+    """How a table of schema `current` must change to hold rows of `wanted`: "same"; "adds" (only new
+    columns: the table's schema evolves in place, its rows read NULL there, as the new source columns
+    of rows written before they existed do); or "differs" (a column's type changed or a column went)."""
+    now = {f.name: str(f.type) for f in nullable(current)}
+    then = {f.name: str(f.type) for f in nullable(wanted)}
+    if now == then:
+        return "same"
+    if all(then.get(name) == t for name, t in now.items()):
+        return "adds"
+    return "differs"
+
+
 def nullable(schema: pa.Schema) -> pa.Schema:
     """The schema with every field nullable, nested ones too: Spark marks array elements and struct
     fields non-null or not depending on the expression that built them, which is not a change of shape."""

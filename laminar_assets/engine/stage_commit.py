@@ -27,10 +27,10 @@ from .delta_write import replace_ranges
 from .layout import RunContext
 from .plan import Mode, PartitionPlan, Reason
 from .reading import PART
-from .spark_io import arrow_schema_of, named, nullable, observe
+from .spark_io import arrow_schema_of, named, observe, schema_change
 from .spark_read import CHANGE_TYPE
 from .spec import StageSpec
-from .stage_rows import kept_rows
+from .stage_rows import OutputReset, kept_rows, with_columns_of
 from .staging import StagedFiles, collect_rows, stage, stage_rows
 from .windows import partition_id
 
@@ -56,12 +56,10 @@ def with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
 
 
 def schema_matches(uri: str, out: DataFrame) -> bool:
-    """Whether the output table at `uri` (if any) has `out`'s columns and types."""
+    """Whether the output table at `uri` (if any) can hold `out`'s rows as it is or by adding columns."""
     if not DeltaTable.is_deltatable(uri):
         return True
-    current = nullable(pa.schema(DeltaTable(uri).schema().to_arrow()))
-    wanted = nullable(arrow_schema_of(out))
-    return [(f.name, str(f.type)) for f in current] == [(f.name, str(f.type)) for f in wanted]
+    return schema_change(pa.schema(DeltaTable(uri).schema().to_arrow()), arrow_schema_of(out)) != "differs"
 
 
 def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new_ref: DataFrame,
@@ -80,17 +78,20 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
     data_cols = [c for c in new_ref.columns if c != EVENT_TS]
     new_ref, new_inc = new_ref.select(*named(data_cols)), new_inc.select(*named(data_cols))
     reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not schema_matches(uri, new_ref.drop(PART))
+    if reset and len(refill) < len(plans):  # the reset drops every row: incremental partitions recompute too
+        raise OutputReset([p.partition for p in plans if p.mode is not Mode.REFILL])
     old, old_bytes = (None, 0) if reset else kept_rows(ctx, spec, refill)
     ranges = [p.interval for p in refill]
     common = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id)
     if old is None:  # nothing kept in the refilled partitions (or a new schema): every row is new
         staged = stage(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
         if reset:
-            staged = _with(staged, stage(new_inc, uri, run_id + "-inc", by=PART, through_driver=small))
+            staged = staged.plus(stage(new_inc, uri, run_id + "-inc", by=PART, through_driver=small))
         replace_ranges(ctx.spark, staged, ranges=ranges if reset else [], metadata=with_metrics(meta, read, staged),
                        append_only=not reset, reset_on_schema_change=reset, **common)
         inserted, deleted = staged.rows_by_partition(), {}
     else:
+        old = with_columns_of(old, new_ref)  # columns the output gains read NULL in its kept rows
         changes = _net_changes(old.select(*named(data_cols)), new_ref, data_cols, single=single).unionByName(
             new_inc.withColumn(CHANGE_TYPE, F.lit("insert")))
         if small and in_bytes + old_bytes < ctx.options.driver_write_below_bytes:
@@ -164,7 +165,3 @@ def _change_counts(ids: dict[int, str]) -> list:
     """Observed deletes and inserts per partition number (SQL text: one Py4J call per metric)."""
     return [F.expr(f"sum(CASE WHEN {PART} = {pid} AND {CHANGE_TYPE} = '{kind}' THEN 1 ELSE 0 END) AS `{kind}@{pid}`")
             for pid in ids for kind in ("delete", "insert")]
-
-
-def _with(a: StagedFiles, b: StagedFiles) -> StagedFiles:
-    return StagedFiles(a.adds + b.adds, a.rows + b.rows, a.schema, a.folder)

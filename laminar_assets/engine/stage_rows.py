@@ -23,9 +23,18 @@ from .windows import partition_id
 class DedupReplaced(Exception):
     """Appended rows would replace rows already kept: these partitions must refill."""
 
+    reason = "DEDUP_REPLACED_ROW"
+
     def __init__(self, partitions: list[str]) -> None:
         super().__init__(f"dedup replaced kept rows in {partitions}")
         self.partitions = partitions
+
+
+class OutputReset(DedupReplaced):
+    """The output table must be reset to a new schema (a column's type changed or went): the rows it
+    keeps of these incrementally planned partitions would be lost, so they must refill too."""
+
+    reason = "SCHEMA_CHANGED"
 
 
 def order_key(spec: StageSpec, cols: list[str]) -> list[str]:
@@ -62,6 +71,15 @@ def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> t
     return with_partition(df, spec, EVENT_TS), sum(f.size for f in files)
 
 
+def with_columns_of(kept: DataFrame, new: DataFrame) -> DataFrame:
+    """`kept` (rows of the output table) with the columns `new` rows have and it lacks, as NULL: a
+    column the source gained reads NULL in rows written before it existed."""
+    for f in new.schema.fields:
+        if f.name not in kept.columns:
+            kept = kept.withColumn(f.name, F.lit(None).cast(f.dataType))
+    return kept
+
+
 def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame, *,
                         lost: Observation | None = None) -> DataFrame:
     """`new` without the rows whose key the output keeps already. A new row that sorts before the
@@ -70,6 +88,7 @@ def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPl
     existing, _ = kept_rows(ctx, spec, plans)
     if existing is None:  # nothing kept in these partitions: nothing to replace (still observed, as 0)
         return new if lost is None else observe(new, lost, *_lost_counts(spec, plans, "false"))
+    existing = with_columns_of(existing, new)
     cols = [c for c in new.columns if c not in (PART, EVENT_TS)]
     order = order_key(spec, cols)
     key = [PART, *spec.dedup_key]
