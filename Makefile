@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive chromium demo test test-fast quality ui clean bench bench-smoke
+.PHONY: install class-archive chromium demo test test-fast quality ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 install: $(VENV)/.installed
@@ -56,6 +56,12 @@ chromium:
 # Quality gate: the demo at a small size, then every contract and equivalence check.
 quality: class-archive $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar --root .laminar/quality check --demo --rows 200
+
+# The random stateful test (tests/engine/stateful_lake.py) for a time budget, seed after seed; a failure
+# prints its smallest history and one line that reproduces it. E.g. SOAK_ARGS='--seconds 3600 --seed 7'.
+SOAK_ARGS ?= --seconds 600
+soak: class-archive
+	$(BIN)/python -m tests.soak $(SOAK_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not spark"

@@ -1,0 +1,372 @@
+"""A random stateful test of the engine the way users operate tables (issue #44).
+
+Hypothesis interleaves what users and operators do to a source table (appends, late rows,
+duplicates, updates that move event times or null a key, deletes, compaction, vacuum, vacuum
+with log clean-up, a new column) with what the scheduler does (`run` and `run_many` over any
+partitions, some at other watermarks or brand new, under work bounds, `force`, a kill at any
+step of a run followed by more runs), on a source partitioned by a column or not, with change
+data on or off. After every step:
+
+- every materialized partition of every spec equals a recompute, by pandas and without the
+  engine, of its input at the versions its watermark names (flows on the stage: the stage
+  table at that version);
+- every Delta table in the lake names only files that exist, and no table Laminar writes holds
+  staged files that no commit took (beyond those a kill left behind, which VACUUM reclaims);
+- no quarantine row is recorded twice.
+
+At the end, running every partition again and again brings each to the latest versions within
+a bounded number of runs (a failure that repeats on every run is a bug).
+
+The reference keeps the source's content at every version as read right after the commit,
+because vacuum makes older versions unreadable later.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import replace
+
+import pandas as pd
+from deltalake import DeltaTable, write_deltalake
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, RowRule, StageSpec, Tumbling
+from laminar_assets.engine.executor import STEPS
+from laminar_assets.engine.sql_views import compile_sql
+from laminar_assets.errors import InjectedCrash, SourceNotFoundError
+from tests.lake_invariants import assert_lake_intact, laminar_tables, orphan_files
+from tests.reference import assert_frames_match
+
+PARTITIONS = ("2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00")
+DAY = pd.Timestamp("2024-01-01", tz="UTC")
+VENUES = ("XNYS", "XNAS", "XLON")
+
+SYM_10M = FlowSpec(name="sym_10m", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                   aggregates=(Agg.count(), Agg.sum("px"), Agg.max("px")))  # MAX cannot retract
+ACCOUNT_HOP = FlowSpec(name="account_hop", source="trades", event_time="ts", window=Hopping("20m", "10m"),
+                       keys=("account",), aggregates=(Agg.count(), Agg.sum("qty"), Agg.avg("px")))
+CLEAN = StageSpec(name="clean", source="trades", event_time="ts", dedup_key=("id",),
+                  rules=(RowRule("positive_px", "px > 0"),))
+VENUE_15M = FlowSpec(name="venue_15m", source="clean", event_time="ts", window=Tumbling("15m"), keys=("venue",),
+                     aggregates=(Agg.count(), Agg.sum("px"), Agg.min("qty")))
+[VENUE_SQL] = compile_sql("""
+    CREATE MATERIALIZED VIEW venue_sql AS
+    SELECT venue, TUMBLE(ts, INTERVAL '30' MINUTE), COUNT(*) AS n, SUM(qty) AS q
+    FROM trades WHERE qty > 1
+    GROUP BY venue, TUMBLE(ts, INTERVAL '30' MINUTE)""", origin="stateful_lake")
+SPECS = {s.name: s for s in (CLEAN, SYM_10M, ACCOUNT_HOP, VENUE_15M, VENUE_SQL)}  # in graph order
+
+# Event times: minutes after 2024-01-01 00:00 (a few before it: hopping windows reach back), or none.
+minute = st.one_of(st.integers(-15, 179), st.integers(0, 179), st.just(None))
+price = st.sampled_from([-1.0, 0.0, 0.25, 1.5, 2.75, 10.0, 99.5])  # quarters: float sums stay exact
+new_row = st.tuples(minute, st.sampled_from(["a", "b", "c"]), st.sampled_from(VENUES),
+                    st.sampled_from(["acc1", "acc2", None]), price, st.integers(0, 4))
+partition_sets = st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=3, unique=True)
+ids_where = st.tuples(st.integers(2, 4), st.integers(0, 3))  # rows with id % m == r
+bounds = st.sampled_from([{}, {}, {"max_versions_per_run": 1}, {"max_versions_per_run": 2}, {"max_rows_per_run": 4}])
+# tiny passes (one task, interpreted, through the driver) mostly; now and then the large-pass path
+LARGE_PASS_PATH = EngineOptions(refill_ratio=None, single_task_below_bytes=0, interpreted_below_bytes=0,
+                                driver_write_below_bytes=0)
+options = st.sampled_from([EngineOptions(refill_ratio=None)] * 5 + [EngineOptions(refill_ratio=1e-6, refill_min_bytes=0),
+                                                                   LARGE_PASS_PATH])
+spec_sets = st.sampled_from([("sym_10m", "account_hop"), ("clean", "venue_15m"), ("sym_10m", "venue_sql"),
+                             ("clean", "venue_15m", "account_hop"), ("account_hop",), ("clean", "sym_10m")])
+
+
+def _frame(rows, with_note: bool) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=["id", "ts", "sym", "venue", "account", "px", "qty", "note"][:7 + with_note])
+    df["id"] = df["id"].astype("int64")
+    df["ts"] = pd.to_datetime(df["ts"], utc=True).astype("datetime64[us, UTC]")
+    for c in ("sym", "venue", "account", *(("note",) if with_note else ())):
+        df[c] = df[c].astype("string")
+    df["px"] = df["px"].astype("float64")
+    df["qty"] = df["qty"].astype("int64")
+    return df
+
+
+class LakeMachine(RuleBasedStateMachine):
+    """One lake: a `trades` source, some specs over it, an engine; see the module docstring."""
+
+    spark = None  # set by the test module (the session's SparkSession)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = tempfile.mkdtemp(prefix="laminar-stateful-")
+        self.root = os.path.join(self.folder, "lake")
+        self.source = os.path.join(self.root, "trades")
+        self.next_id = 1
+        self.snapshots: dict[int, pd.DataFrame] = {}  # the source's rows at each version
+        self.allowed_orphans: set[str] = set()  # staged files a kill left behind
+        self.with_note = False
+
+    # --- set-up -----------------------------------------------------------------
+    @initialize(names=spec_sets, bound=bounds, partitioned=st.booleans(), cdf=st.booleans(), opts=options,
+                first=st.lists(new_row, min_size=1, max_size=6))
+    def create(self, names, bound, partitioned, cdf, opts, first):
+        self.specs = [replace(SPECS[n], **bound) for n in SPECS if n in names]
+        self.engine = Engine(self.spark, self.root, options=opts)
+        config = {"delta.enableChangeDataFeed": str(cdf).lower(), "delta.logRetentionDuration": "interval 0 seconds"}
+        write_deltalake(self.source, self._rows(first), partition_by=["venue"] if partitioned else None,
+                        configuration=config)
+        self._record()
+
+    def teardown(self) -> None:
+        try:
+            if sys.exc_info()[0] is None and hasattr(self, "engine"):
+                self._catch_up()
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    # --- what users and operators do to the source --------------------------------
+    @rule(rows=st.lists(new_row, min_size=1, max_size=6))
+    def append(self, rows):
+        write_deltalake(self.source, self._rows(rows), mode="append", schema_mode="merge" if self.with_note else None)
+        self._record()
+
+    @rule(picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=3))
+    def duplicate(self, picks):
+        """Rows appended again exactly as they are (a producer's retry)."""
+        current = self.snapshots[max(self.snapshots)]
+        if len(current) == 0:
+            return
+        copies = current.iloc[[p % len(current) for p in picks]]
+        write_deltalake(self.source, copies.reset_index(drop=True), mode="append")
+        self._record()
+
+    @rule(where=ids_where, change=st.sampled_from(["correct_price", "move_time", "null_key"]))
+    def update(self, where, change):
+        updates = {"correct_price": {"px": "px + 0.5"}, "move_time": {"ts": "ts - INTERVAL 20 MINUTES"},
+                   "null_key": {"account": "NULL"}}[change]
+        DeltaTable(self.source).update(updates=updates, predicate=f"id % {where[0]} = {where[1]}")
+        self._record()
+
+    @rule(where=ids_where)
+    def delete(self, where):
+        DeltaTable(self.source).delete(f"id % {where[0]} = {where[1]}")
+        self._record()
+
+    @rule()
+    def compact(self):
+        DeltaTable(self.source).optimize.compact()
+        self._record()
+
+    @rule(clean_log=st.booleans())
+    def vacuum(self, clean_log):
+        dt = DeltaTable(self.source)
+        if clean_log:  # a checkpoint, then the log before it goes (retention 0)
+            dt.create_checkpoint()
+            dt.cleanup_metadata()
+        dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+        self._record()
+
+    @precondition(lambda self: not self.with_note)
+    @rule(rows=st.lists(new_row, min_size=1, max_size=3))
+    def add_column(self, rows):
+        self.with_note = True
+        write_deltalake(self.source, self._rows(rows), mode="append", schema_mode="merge")
+        self._record()
+
+    # --- what the scheduler does ----------------------------------------------------
+    @rule(data=st.data(), keys=partition_sets, together=st.booleans(), force=st.sampled_from([False] * 7 + [True]))
+    def run(self, data, keys, together, force):
+        spec = self._spec(data)
+        with self._unless_missing(spec):
+            if together:
+                self.engine.run_many(spec, keys, force=force)
+            else:
+                for k in keys:
+                    self.engine.run(spec, k, force=force)
+
+    @rule(data=st.data(), keys=partition_sets, step=st.sampled_from(STEPS))
+    def kill(self, data, keys, step):
+        """A run killed at `step` (nothing more is written, as with kill -9); later runs recover."""
+        spec = self._spec(data)
+
+        def hook(current):
+            if current == step:
+                raise InjectedCrash(f"killed at {step}")
+
+        try:
+            with self._unless_missing(spec):
+                Engine(self.spark, self.root, hook=hook, options=self.engine.ctx.options).run_many(spec, keys)
+        except InjectedCrash:
+            self.allowed_orphans |= self._orphans()
+
+    # --- invariants -------------------------------------------------------------------
+    @invariant()
+    def every_partition_equals_a_recompute_at_its_watermark(self):
+        if not hasattr(self, "engine"):
+            return
+        for spec in self.specs:
+            for key in PARTITIONS:
+                mark = self.engine.store.load(spec.name, key)
+                if mark is None or not mark.committed or mark.pending is not None:
+                    continue  # nothing materialized, or a killed run's intent the next run settles
+                actual, expected = self._partition(spec, key, mark.source_versions)
+                try:
+                    if isinstance(spec, StageSpec):
+                        pd.testing.assert_frame_equal(actual, expected, check_dtype=False)
+                    else:
+                        assert_frames_match(actual, expected, spec.keys)
+                except AssertionError as exc:
+                    raise AssertionError(f"{spec.name} {key} at {mark.source_versions} ({mark.last_mode} "
+                                         f"{mark.last_reason}) differs from a recompute: {exc}") from None
+
+    @invariant()
+    def every_file_a_table_names_exists(self):
+        if hasattr(self, "engine"):
+            assert_lake_intact(self.root)
+
+    @invariant()
+    def no_run_leaves_staged_files_behind(self):
+        if hasattr(self, "engine"):
+            left = self._orphans() - self.allowed_orphans
+            assert not left, f"staged files no commit took: {sorted(left)}"
+
+    @invariant()
+    def no_quarantine_row_is_recorded_twice(self):
+        path = os.path.join(self.root, "_laminar", "quarantine", "trades")
+        if os.path.isdir(path):
+            rows = DeltaTable(path).to_pandas(columns=["flow", "partition", "rule", "row"])
+            twice = rows[rows.duplicated(keep=False)]
+            assert twice.empty, f"quarantine rows recorded twice:\n{twice}"
+
+    # --- helpers ------------------------------------------------------------------------
+    def _spec(self, data):
+        name = data.draw(st.sampled_from([s.name for s in self.specs]))
+        return next(s for s in self.specs if s.name == name)
+
+    @contextmanager
+    def _unless_missing(self, spec):
+        """A flow on the stage before the stage's first run fails with an error naming the table."""
+        missing = [s for s in spec.sources if not os.path.isdir(os.path.join(self.root, s, "_delta_log"))]
+        if not missing:
+            yield
+            return
+        try:
+            yield
+        except SourceNotFoundError as exc:
+            assert exc.facts["table"] == missing[0], exc
+        else:
+            raise AssertionError(f"{spec.name} ran although its source {missing} does not exist")
+
+    def _rows(self, rows) -> pd.DataFrame:
+        out = []
+        for m, sym, venue, account, px, qty in rows:
+            ts = None if m is None else DAY + pd.Timedelta(minutes=m)
+            out.append((self.next_id, ts, sym, venue, account, px, qty, *((f"n{self.next_id}",) if self.with_note else ())))
+            self.next_id += 1
+        return _frame(out, self.with_note)
+
+    def _record(self) -> None:
+        """Keep the source's rows at every version up to the latest (an operation may commit more
+        than one version, e.g. VACUUM START and END; their rows are the latest's)."""
+        dt = DeltaTable(self.source)
+        rows = dt.to_pandas()
+        for v in range(max(self.snapshots, default=-1) + 1, dt.version() + 1):
+            self.snapshots[v] = rows
+
+    def _orphans(self) -> set[str]:
+        sinks = [s.sink for s in self.specs]
+        return {f for t in laminar_tables(self.root, sinks) for f in orphan_files(t)}
+
+    def _partition(self, spec, key: str, versions: dict[str, int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The sink's rows of one partition, and a pandas recompute of them from the inputs at `versions`."""
+        start = pd.Timestamp(key[:10] + " " + key[11:], tz="UTC")
+        end = start + pd.Timedelta(hours=1)
+        sink = DeltaTable(os.path.join(self.root, spec.sink)).to_pandas()
+        if isinstance(spec, StageSpec):
+            ts = pd.to_datetime(sink["ts"], utc=True)
+            actual = sink[(ts >= start) & (ts < end)]
+            expected = _clean(self.snapshots[versions["trades"]])
+            expected = expected[(expected["ts"] >= start) & (expected["ts"] < end)]
+            cols = sorted(c for c in expected.columns)
+            return (actual[cols].sort_values("id").reset_index(drop=True),
+                    expected[cols].sort_values("id").reset_index(drop=True))
+        ws = pd.to_datetime(sink["window_start"], utc=True) if len(sink) else pd.Series([], dtype="datetime64[us, UTC]")
+        actual = sink[(ws >= start) & (ws < end)].reset_index(drop=True)
+        if spec.name == "venue_15m":
+            rows = DeltaTable(os.path.join(self.root, "clean"), version=versions["clean"]).to_pandas()
+        else:
+            rows = self.snapshots[versions["trades"]]
+        expected = REFERENCES[spec.name](rows)
+        if len(expected):
+            expected = expected[(expected["window_start"] >= start) & (expected["window_start"] < end)]
+        return actual, expected.reset_index(drop=True)
+
+    def _catch_up(self) -> None:
+        """Liveness: every partition of every spec reaches the latest versions of its inputs within a
+        bounded number of runs, then equals a recompute."""
+        runs = 3 + len(self.snapshots)  # a work bound still takes at least one version per run
+        for spec in self.specs:  # in graph order: the stage first
+            latest = {s: DeltaTable(os.path.join(self.root, s)).version() for s in spec.sources}
+            for _ in range(runs):
+                self.engine.run_many(spec, list(PARTITIONS))
+                marks = [self.engine.store.load(spec.name, k) for k in PARTITIONS]
+                if all(m.committed and m.pending is None and m.source_versions == latest for m in marks):
+                    break
+            else:
+                behind = {k: m.source_versions for k, m in zip(PARTITIONS, marks)}
+                raise AssertionError(f"{spec.name} is still behind {latest} after {runs} runs: {behind}")
+        self.every_partition_equals_a_recompute_at_its_watermark()
+        self.no_run_leaves_staged_files_behind()
+
+
+# --- the pandas references: written from each spec's meaning, sharing no code with the engine ---------
+
+def _windows(rows: pd.DataFrame, size: str, slide: str) -> pd.DataFrame:
+    """Each row once per window [start, start + size) holding its event time (starts every `slide`)."""
+    rows = rows[rows["ts"].notna()].copy()
+    rows["ts"] = pd.to_datetime(rows["ts"], utc=True)
+    size_td, slide_td = pd.Timedelta(size), pd.Timedelta(slide)
+    copies = []
+    for back in range(int(size_td / slide_td)):
+        c = rows.copy()
+        c["window_start"] = c["ts"].dt.floor(slide) - back * slide_td
+        copies.append(c)
+    out = pd.concat(copies, ignore_index=True) if copies else rows.assign(window_start=rows["ts"])
+    out = out[(out["ts"] >= out["window_start"]) & (out["ts"] < out["window_start"] + size_td)]
+    return out.assign(window_end=out["window_start"] + size_td)
+
+
+def _grouped(rows: pd.DataFrame, keys: list[str], aggs: dict) -> pd.DataFrame:
+    if rows.empty:
+        return pd.DataFrame()
+    out = rows.groupby(["window_start", "window_end", *keys], dropna=False).agg(**aggs).reset_index()
+    return out
+
+
+def _sym_10m(rows):
+    w = _windows(rows, "10min", "10min")
+    return _grouped(w, ["sym"], {"count": ("id", "size"), "sum_px": ("px", "sum"), "max_px": ("px", "max")})
+
+
+def _account_hop(rows):
+    w = _windows(rows[rows["account"].notna()], "20min", "10min")
+    return _grouped(w, ["account"], {"count": ("id", "size"), "sum_qty": ("qty", "sum"), "avg_px": ("px", "mean")})
+
+
+def _venue_sql(rows):
+    w = _windows(rows[rows["qty"] > 1], "30min", "30min")
+    return _grouped(w, ["venue"], {"n": ("id", "size"), "q": ("qty", "sum")})
+
+
+def _clean(rows: pd.DataFrame) -> pd.DataFrame:
+    """The stage: rows with an event time and a positive price, one per id (copies of an id are
+    identical in this test, so which one is kept does not matter)."""
+    kept = rows[rows["ts"].notna() & (rows["px"] > 0)].copy()
+    kept["ts"] = pd.to_datetime(kept["ts"], utc=True)
+    return kept.drop_duplicates(subset=["id"]).reset_index(drop=True)
+
+
+def _venue_15m(rows):
+    w = _windows(rows, "15min", "15min")
+    return _grouped(w, ["venue"], {"count": ("id", "size"), "sum_px": ("px", "sum"), "min_qty": ("qty", "min")})
+
+
+REFERENCES = {"sym_10m": _sym_10m, "account_hop": _account_hop, "venue_sql": _venue_sql, "venue_15m": _venue_15m}
