@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 # Spark JVMs start about twice as fast with an archive of the classes Laminar's work loads: written
 # after install (~1 min) and again after a JDK or pyspark update; otherwise this returns at once.
 class-archive: install
-	@$(BIN)/python -m laminar_assets.deploy.class_archive || echo "(continuing: Spark starts without the class archive)"
+	@$(BIN)/python -m laminar_assets.deploy.class_archive_writer || echo "(continuing: Spark starts without the class archive)"
 
 $(DAGSTER_HOME)/dagster.yaml: $(DAGSTER_YAML)
 	mkdir -p $(DAGSTER_HOME)

@@ -29,10 +29,10 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from laminar_assets.engine.delta_write import replace_ranges
-from laminar_assets.engine.session import build_session
-from laminar_assets.engine.staging import stage
-from laminar_assets.engine.windows import Interval
+from laminar_assets.engine.output import replace_ranges
+from laminar_assets.engine.spark import build_session
+from laminar_assets.engine.output import write_staged
+from laminar_assets.engine import Interval
 
 START = datetime(2024, 1, 2)
 KEYS = ("symbol", "window_start")
@@ -62,13 +62,13 @@ def _ranges(first_hour: int, hours: int) -> list[Interval]:
 
 def _base(spark, uri: str, partitions: int, rows: int) -> None:
     base = state_frame(spark, 0, partitions, rows, salt=0).repartition("__part")
-    staged = stage(base, uri, "base", by="__part")
+    staged = write_staged(base, uri, "base", by="__part")
     replace_ranges(spark, staged, table_uri=uri, column="window_start", ranges=[], transactions=[],
                    metadata={}, run_id="base", append_only=True)
 
 
 def run_laminar(spark, uri, new, ranges, i):
-    staged = stage(new.repartition("__part"), uri, f"r{i}", by="__part")
+    staged = write_staged(new.repartition("__part"), uri, f"r{i}", by="__part")
     replace_ranges(spark, staged, table_uri=uri, column="window_start", ranges=ranges,
                    transactions=[("bench", i)], metadata={}, run_id=f"r{i}")
 

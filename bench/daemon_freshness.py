@@ -44,8 +44,8 @@ def _caught_up(component, root: str, instance, *, runs_done: bool = True) -> boo
     import dagster as dg
 
     from laminar_assets.checkpoints import CheckpointStore
-    from laminar_assets.sensors import ACTIVE
-    from laminar_assets.tick import Cursor, plan_tick
+    from laminar_assets.orchestration.sensors import ACTIVE
+    from laminar_assets.pipeline.tick import Cursor, plan_tick
 
     if runs_done and instance.get_run_ids(dg.RunsFilter(statuses=ACTIVE), limit=1):
         return False
@@ -117,8 +117,8 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
     from laminar_assets.definitions import specs_with_contracts
     from laminar_assets.demo.generator import BatchOptions, append_trades, write_batch
     from laminar_assets.flows import load_specs
-    from laminar_assets.graph import components
-    from laminar_assets.settings import load_settings
+    from laminar_assets.pipeline.graph import components
+    from laminar_assets.pipeline.settings import load_settings
 
     [component] = components(specs_with_contracts(load_specs())[0])
     interval = float(load_settings().sensor_interval_seconds)

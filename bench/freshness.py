@@ -3,7 +3,7 @@
 The path is the production one: the `trades_versions` Delta-version sensor sees the commit, requests
 runs for the partitions its file statistics touch, and the runs (the flows' Dagster assets calling
 the engine) commit the new windows. The sensor daemon is emulated in process, the way the demo
-drives Dagster (`laminar_assets.orchestrate`): the sensor is evaluated every
+drives Dagster (`laminar_assets.orchestration.internals.in_process`): the sensor is evaluated every
 `sensor_interval_seconds` (the project's local default from `[tool.laminar]`, measured from the
 start of the previous tick, as the daemon's minimum interval), and its run requests are executed
 with `materialize` on a real, temporary `DagsterInstance` (SQLite, the repo's dagster.yaml), on the
@@ -32,8 +32,8 @@ from datetime import timedelta
 import numpy as np
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine.inspect import reach
-from laminar_assets.engine.windows import Interval
+from laminar_assets.engine.report import reach
+from laminar_assets.engine import Interval
 
 # Imported when the harness starts (not when freshness is measured, half an hour later), so one
 # run uses one consistent version of the code; and without Dagster's beta/preview notices.
@@ -43,9 +43,9 @@ with warnings.catch_warnings():
 
     from laminar_assets.definitions import build_definitions
     from laminar_assets.demo.run import Driver, pipeline_sensor_names
-    from laminar_assets.orchestrate import evaluate_sensor, execute_request
+    from laminar_assets.orchestration.internals.in_process import evaluate_sensor, execute_request
     from laminar_assets.resources import LaminarResource, SparkResource
-    from laminar_assets.settings import load_settings
+    from laminar_assets.pipeline.settings import load_settings
 
 from .specs import bench_specs
 from .workload import TABLE, Lake, commit_table, trades, uniform_times, write_base
@@ -68,7 +68,7 @@ class _Pending:
 
 def _cursor_version(cursor: str | None) -> int:
     """The Delta version of the source table in a pipeline sensor's cursor."""
-    from laminar_assets.sensors import parse_cursor
+    from laminar_assets.orchestration.sensors import parse_cursor
 
     return int(parse_cursor(cursor).versions.get(TABLE, -1))
 

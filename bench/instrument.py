@@ -5,7 +5,7 @@ Nothing in `laminar_assets` is edited: while `Instrument` is active, these funct
 
 * `Engine.gather`: open the source snapshot with deltalake, read the new commits' log entries
   and Parquet footers, check the spec against the schema (Spark analyzer, no job);
-* `staging.stage` / `stage_split` / `collect_rows` + `stage_rows`: the Spark job that computes a run's output and writes it as Parquet
+* `staged_files.write_staged` / `collect_rows` + `write_staged_rows`: the Spark job that computes a run's output and writes it as Parquet
   into a table folder (by Spark, or by the driver from Arrow batches), plus footer statistics;
 * `DeltaTable.create_write_transaction`: a Delta commit through deltalake;
 * `delta_source.snapshot_files`: listing a pinned snapshot's files with statistics (deltalake).
@@ -25,12 +25,11 @@ from collections import defaultdict
 
 _TARGETS = (
     ("gather_log_and_schema", "laminar_assets.engine.executor", "Engine", "gather"),
-    ("parquet_write", "laminar_assets.engine.staging", None, "stage"),
-    ("parquet_write", "laminar_assets.engine.staging", None, "stage_split"),
-    ("parquet_write", "laminar_assets.engine.staging", None, "collect_rows"),
-    ("parquet_write", "laminar_assets.engine.staging", None, "stage_rows"),
+    ("parquet_write", "laminar_assets.engine.output.staged_files", None, "write_staged"),
+    ("parquet_write", "laminar_assets.engine.output.staged_files", None, "collect_rows"),
+    ("parquet_write", "laminar_assets.engine.output.staged_files", None, "write_staged_rows"),
     ("delta_commit", "deltalake", "DeltaTable", "create_write_transaction"),
-    ("snapshot_listing", "laminar_assets.engine.delta_source", None, "snapshot_files"),
+    ("snapshot_listing", "laminar_assets.engine.delta.tables", None, "snapshot_files"),
 )
 
 

@@ -3,7 +3,7 @@ recompute of the whole sink from the whole source.
 
 Laminar runs go through the public engine API, along two paths (`PATHS`): `Engine.run` once per
 touched partition, and `Engine.run_many` over all touched partitions of a flow. Which partitions a
-set of commits touched comes from `laminar_assets.engine.inspect` (Delta file statistics, no data
+set of commits touched comes from `laminar_assets.engine.report` (Delta file statistics, no data
 read), exactly as the Delta-version sensors find them. The full recompute shares no code with the
 engine: Spark's own `window()` and aggregate functions over every data file of the snapshot,
 written as one Delta overwrite commit per sink.
@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
 from laminar_assets.engine import Engine, FlowSpec, RunResult
-from laminar_assets.engine.inspect import dirty_partitions, new_commits
+from laminar_assets.engine.report import dirty_partitions, new_commits
 
 from .workload import Lake
 

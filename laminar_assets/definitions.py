@@ -11,23 +11,23 @@ import dagster as dg
 import pathlib
 import warnings
 
-from laminar_assets.alerts import build_failure_sensor
-from laminar_assets.assets import build_asset, build_source_asset, source_tables
+from laminar_assets.orchestration.alerts import build_failure_sensor
+from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 
-from laminar_assets.checks import build_contract_check, build_equivalence_check, build_lag_check
+from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-from laminar_assets.engine import FlowSpec, StageSpec
+from laminar_assets.engine import FlowSpec, Spec, StageSpec
 from laminar_assets.flows import load_specs
-from laminar_assets.graph import components
+from laminar_assets.pipeline.graph import components
 from laminar_assets.resources import LaminarResource, SparkResource
-from laminar_assets.schedules import build_schedule
-from laminar_assets.sensors import build_pipeline_sensors, build_stale_sensor
-from laminar_assets.settings import LaminarSettings, load_settings
-from laminar_assets.thread_executor import thread_executor
+from laminar_assets.orchestration.schedules import build_schedule
+from laminar_assets.orchestration.sensors import build_pipeline_sensors, build_stale_sensor
+from laminar_assets.pipeline.settings import LaminarSettings, load_settings
+from laminar_assets.orchestration.internals.thread_executor import thread_executor
 
 
 
-def output_columns(spec: FlowSpec | StageSpec) -> list[str] | None:
+def output_columns(spec: Spec) -> list[str] | None:
     """The sink columns a spec writes, when they are known without reading a table."""
     if isinstance(spec, FlowSpec):
         return ["window_start", "window_end", *spec.keys, *[a.name for a in spec.aggregates if a.name not in spec.hidden],
@@ -35,7 +35,7 @@ def output_columns(spec: FlowSpec | StageSpec) -> list[str] | None:
     return list(spec.columns) or None
 
 
-def specs_with_contracts(specs: list[FlowSpec | StageSpec], contracts_dir: str | pathlib.Path | None = CONTRACTS):
+def specs_with_contracts(specs: list[Spec], contracts_dir: str | pathlib.Path | None = CONTRACTS):
     """(the specs as deployed, with their sources' contract rules folded in; the contracts by table)."""
     known = {s.sink: cols for s in specs if (cols := output_columns(s))}
     contracts = load_contracts(contracts_dir, known) if contracts_dir else {}
@@ -50,7 +50,7 @@ _KNOWN_PREVIEWS = ((dg.BetaWarning, r"Parameter `backfill_policy` of function `a
                    (dg.PreviewWarning, r"Specifying a partitions_def on an AssetCheckSpec"))
 
 
-def build_definitions(specs: list[FlowSpec | StageSpec], settings: LaminarSettings,
+def build_definitions(specs: list[Spec], settings: LaminarSettings,
                       resources: dict | None = None, contracts_dir: str | pathlib.Path | None = CONTRACTS) -> dg.Definitions:
     """Every asset, check, sensor, schedule and job of `specs`, with the contracts in `contracts_dir`."""
     with warnings.catch_warnings():

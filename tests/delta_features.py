@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder
 from pyroaring import BitMap64
 
-from laminar_assets.engine.deletion_vectors import DeletionVector
+from laminar_assets.engine.delta.deletion_vectors import DeletionVector
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 

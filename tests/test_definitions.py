@@ -7,7 +7,7 @@ import dagster as dg
 from laminar_assets.definitions import build_definitions, defs
 from laminar_assets.engine import Agg, FlowSpec, Tumbling
 from laminar_assets.flows import load_specs
-from laminar_assets.settings import LaminarSettings
+from laminar_assets.pipeline.settings import LaminarSettings
 
 
 def test_definitions_load_and_validate():

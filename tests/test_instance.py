@@ -18,7 +18,7 @@ import pytest
 
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
-import laminar_assets.instance as li
+import laminar_assets.orchestration.internals.instance as li
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = dg.StaticPartitionsDefinition(["a", "b", "c"])
@@ -40,7 +40,7 @@ def _home(tmp_path: Path, *, stock: bool = False) -> str:
     text = (REPO / "dagster.yaml").read_text()
     if stock:  # Dagster's own instance: the same file without the instance class
         assert "instance_class:" in text
-        text = text.replace("instance_class:\n  module: laminar_assets.instance\n  class: LaminarInstance\n", "")
+        text = text.replace("instance_class:\n  module: laminar_assets.orchestration.internals.instance\n  class: LaminarInstance\n", "")
     (home / "dagster.yaml").write_text(text)
     return str(home)
 
@@ -296,4 +296,4 @@ def test_both_templates_name_the_instance_class(name):
     import yaml
 
     config = yaml.safe_load((REPO / name).read_text())
-    assert config["instance_class"] == {"module": "laminar_assets.instance", "class": "LaminarInstance"}
+    assert config["instance_class"] == {"module": "laminar_assets.orchestration.internals.instance", "class": "LaminarInstance"}

@@ -23,7 +23,7 @@ def demo(
     rows, corrections and cancellations, and let Dagster bring everything up to date again."""
     from laminar_assets.demo import DEMO_JIT
     from laminar_assets.engine import SparkOptions
-    from laminar_assets.engine.session import start_session
+    from laminar_assets.engine.spark import start_session
 
     c: CliContext = ctx.obj
     # Spark's JVM starts before Dagster is imported and the definitions load: the runs' SparkResource
@@ -105,11 +105,11 @@ def refill(
     """Recompute partitions through Dagster, recorded with reason FORCED_BY_USER."""
     import dagster as dg
 
-    from laminar_assets.assets import FORCE_TAG
+    from laminar_assets.orchestration.assets import FORCE_TAG
     from laminar_assets.checkpoints import CheckpointStore
-    from laminar_assets.engine.windows import partition_interval
-    from laminar_assets.orchestrate import execute_request, failure_message
-    from laminar_assets.sensors import RANGE_END, RANGE_START
+    from laminar_assets.engine import partition_interval
+    from laminar_assets.orchestration.internals.in_process import execute_request, failure_message
+    from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
 
     c: CliContext = ctx.obj
     c.require_lake()

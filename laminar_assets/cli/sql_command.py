@@ -30,7 +30,7 @@ def sql(
     """Spark SQL over the lake: every sink and stage table by its name, the raw sources, and
     laminar_system.dag_topology / .partitions / .runs. Reads only; writes nothing."""
     from laminar_assets.engine import SparkOptions, build_session
-    from laminar_assets.engine.system_tables import jsonable, run_query
+    from laminar_assets.engine.report import jsonable, run_query
 
     c: CliContext = ctx.obj
     c.require_lake()

@@ -82,7 +82,7 @@ class QuarantineRules(BaseModel):
     @field_validator("rules")
     @classmethod
     def _names(cls, value: dict[str, str]) -> dict[str, str]:
-        from laminar_assets.engine.spec import BUILTIN_RULES
+        from laminar_assets.engine import BUILTIN_RULES
 
         for name, check in value.items():
             if not _NAME.match(name) or name in BUILTIN_RULES:

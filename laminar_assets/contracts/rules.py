@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from laminar_assets.engine import FlowSpec, RowRule, StageSpec
+from laminar_assets.engine import FlowSpec, RowRule, Spec, StageSpec
 
 from .model import Contract
 
 
-def with_contract_rules(spec: FlowSpec | StageSpec, contracts: dict[str, Contract]) -> FlowSpec | StageSpec:
+def with_contract_rules(spec: Spec, contracts: dict[str, Contract]) -> Spec:
     """`spec` with the quarantine rules of its sources' contracts (replacing any taken from a contract
     before, so applying it twice is harmless). The rules count in the spec hash: changing one is a
     SPEC_CHANGED refill. Event-time bounds apply when the contract's column is the spec's event time."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from laminar_assets.orchestrate import evaluate_sensor, execute_request, failure_message
+from laminar_assets.orchestration.internals.in_process import evaluate_sensor, execute_request, failure_message
 
 from .generator import BatchOptions, BatchSummary, recent_start, write_batch
 
@@ -127,7 +127,7 @@ def start_spark_early(defs: dg.Definitions) -> threading.Thread | None:
     spark = getattr(laminar, "spark", None)
     if spark is None:
         return None
-    from laminar_assets.engine.session import start_session
+    from laminar_assets.engine.spark import start_session
 
     return start_session(spark.options())
 

@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 from laminar_assets.engine import SparkOptions
-from laminar_assets.engine.session import check_java, jvm_conf, session_conf
+from laminar_assets.engine.spark import check_java, jvm_conf, session_conf
 from laminar_assets.errors import EnvironmentProblem
 
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,8 @@ def exercise(spark, root: str) -> dict[str, float]:
     from laminar_assets.definitions import specs_with_contracts
     from laminar_assets.demo.generator import BatchOptions, write_batch
     from laminar_assets.engine import Engine, FlowSpec
-    from laminar_assets.engine.equivalence import check_equivalence
-    from laminar_assets.engine.windows import Granularity, partition_key
+    from laminar_assets.engine.report import check_equivalence
+    from laminar_assets.engine import Granularity, partition_key
     from laminar_assets.flows import load_specs
 
     seconds: dict[str, float] = {}

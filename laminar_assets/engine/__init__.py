@@ -4,6 +4,13 @@
     engine = Engine(build_session(), root="/data/lake")
     result = engine.run(my_flow, "2024-01-01-00:00")
     print(result.mode, result.reason)
+
+This module is the one import path for the rest of the project; its subpackages' `__init__`
+modules export what other layers need of them (`engine.report`, `engine.delta`, `engine.spark`, ...).
+The packages, from the bottom up: `windows` (all window and interval math), `spec`, `aggregates`,
+`sql`, `delta`, `spark`, `output`, `quarantine`, `run`, `flow` and `stage`, `report`; then `Engine`
+(`executor`) and `collect_specs` (`registry`). Imports only point down that list
+(tests/test_boundaries.py).
 """
 
 from laminar_assets.errors import (
@@ -17,24 +24,35 @@ from laminar_assets.errors import (
     SourceError,
     SourceNotFoundError,
     SpecError,
+    SqlDefinitionError,
     StrictRefreshError,
     UnsupportedTableFeatureError,
 )
+
+from .delta import TableIntegrity
 from .executor import Engine
-from .integrity import TableIntegrity
-from .layout import EngineOptions
-from .result import RunResult, SweepResult
-from .plan import Mode, PartitionPlan, Reason
-from .planner import PlannerInput, plan_partition
-from .session import SparkOptions, build_session, check_java
-from .spec import Agg, DimensionJoin, FactJoin, FlowSpec, Hopping, LatePolicy, RefreshPolicy, RowRule, StageSpec, Tumbling
-from .windows import Granularity, Interval
+from .registry import collect_specs, order_specs
+from .run import EngineOptions, Mode, PartitionPlan, Reason, RunResult, SweepResult
+from .spark import SparkOptions, build_session, check_java, start_session
+from .spec import (
+    BUILTIN_RULES, Agg, BaseSpec, DimensionJoin, FactJoin, FlowSpec, Hopping, LatePolicy, RefreshPolicy, RowRule, Spec,
+    StageSpec, Tumbling,
+)
+from .sql import compile_sql
+from .windows import Granularity, Interval, partition_interval, partition_key, partition_key_column, partitions_overlapping
 
 __all__ = [
-    "Agg", "CheckpointError", "CommitConflictError", "ConcurrentRunError", "DimensionJoin", "Engine", "EngineOptions", "FactJoin",
-    "EnvironmentProblem", "FlowSpec", "Granularity", "Hopping", "Interval", "LaminarError", "LatePolicy",
-    "Mode", "PartitionPlan", "PlannerInput", "Reason", "RefreshPolicy", "RowRule", "RunFailedError", "RunResult",
-    "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SparkOptions", "SpecError", "StageSpec",
-    "StrictRefreshError", "SweepResult", "TableIntegrity", "Tumbling", "UnsupportedTableFeatureError", "build_session", "check_java",
-    "plan_partition",
+    # running
+    "Engine", "EngineOptions", "RunResult", "SweepResult", "Mode", "Reason", "PartitionPlan", "TableIntegrity",
+    # declaring
+    "Agg", "BUILTIN_RULES", "BaseSpec", "DimensionJoin", "FactJoin", "FlowSpec", "Hopping", "LatePolicy",
+    "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "collect_specs", "compile_sql", "order_specs",
+    # Spark
+    "SparkOptions", "build_session", "check_java", "start_session",
+    # time
+    "Granularity", "Interval", "partition_interval", "partition_key", "partition_key_column", "partitions_overlapping",
+    # errors
+    "CheckpointError", "CommitConflictError", "ConcurrentRunError", "EnvironmentProblem", "LaminarError",
+    "RunFailedError", "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SpecError", "SqlDefinitionError",
+    "StrictRefreshError", "UnsupportedTableFeatureError",
 ]

@@ -25,24 +25,31 @@ from pyspark.sql import DataFrame, SparkSession
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 
-from . import flow_job, flow_state, integrity, protocol, sink_read, stage_job, staging
-from .inputs import RunInputs, gather, partition_bytes, planner_input
-from .layout import STEPS, EngineOptions, Layout, RunContext  # noqa: F401  (STEPS: tests crash at each)
-from .plan import Mode, PartitionPlan, Reason
-from .planner import plan_partition
-from .result import RunResult
-from .spark_io import interpreted, new_run_id
-from .spec import FlowSpec, RefreshPolicy, StageSpec
-from .sweep import SweepResult, sweep
-from .validate import CheckedSource, checked_source
+from .flow import job as flow_job
+from .flow import state as flow_state
+from .delta import integrity
+from .run import protocol
+from .report import sink_read
+from .stage import job as stage_job
+from .output import staged_files as staging
+from .run.inputs import RunInputs, gather, partition_bytes, planner_input
+from .delta.layout import Layout
+from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
+from .run.plan import Mode, PartitionPlan, Reason
+from .run.planner import plan_partition
+from .run.result import RunResult
+from .spark.frames import interpreted, new_run_id
+from .spec.specs import FlowSpec, RefreshPolicy, Spec, StageSpec
+from .run.sweep import SweepResult, sweep
+from .run.validate import CheckedSource, checked_source
 from .windows import partition_interval
 
-Spec = FlowSpec | StageSpec
 # What a later run can cure: Spark, Delta and file-system failures (a lost executor, a full disk, a
 # conflicting writer). A pass failing with one of them records a failed attempt, so the partition
 # refills next time. Anything else is a bug: it propagates as it is, and the interrupted run's intent
 # is settled by the next run like a crash.
 CURABLE = (OSError, DeltaError, PySparkException, Py4JError)
+JOBS = {"flow": flow_job, "stage": stage_job}  # the job that carries out a pass of each kind of spec
 
 
 class Engine:
@@ -52,10 +59,8 @@ class Engine:
     paths); Laminar keeps its state tables and watermarks under `<root>/_laminar/`."""
 
     def __init__(self, spark: SparkSession, root: str, *, hook: Callable[[str], None] | None = None,
-                 options: EngineOptions | None = None, lease_seconds: float | None = None) -> None:
+                 options: EngineOptions | None = None) -> None:
         options = options or EngineOptions()
-        if lease_seconds is not None:
-            options = EngineOptions(**{**options.__dict__, "lease_seconds": lease_seconds})
         root = root.rstrip("/")
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
@@ -181,7 +186,7 @@ class Engine:
     def _pass(self, spec, plans, marks, inputs, seqs, run_id, force):
         """One pass; a pass that finds windows it must recompute after all (precision lost, a
         duplicate replaced) plans those partitions again (in `plans`) and runs once more."""
-        job = flow_job if isinstance(spec, FlowSpec) else stage_job
+        job = JOBS[spec.kind]
         for _attempt in range(3):
             try:
                 return job.run_pass(self.ctx, spec, list(plans.values()), seqs, inputs, run_id)
@@ -219,7 +224,7 @@ class Engine:
     def _plan_all(self, spec, marks: dict, inputs: RunInputs, force: bool) -> dict[str, PartitionPlan]:
         plans = {k: plan_partition(planner_input(spec, k, m, inputs, force=force)) for k, m in marks.items()}
         ratio = self.ctx.options.refill_ratio
-        if ratio is not None and isinstance(spec, FlowSpec):  # cost estimates only where a merge is planned
+        if ratio is not None and spec.kind == "flow":  # cost estimates only where state merges
             for k, p in plans.items():
                 if p.mode is Mode.INCREMENTAL:
                     sizes = partition_bytes(spec, inputs, k, p.to_versions)
@@ -288,10 +293,6 @@ class Engine:
         df, size = sink_read.sink_frame(self.ctx, spec, [partition])
         with interpreted(self.spark, size < self.ctx.options.interpreted_below_bytes):
             return df.orderBy(sink_read.time_column(spec)).limit(limit).toPandas()
-
-    def finalize(self, spec: FlowSpec, state: DataFrame) -> DataFrame:
-        """Sink rows from state rows."""
-        return flow_state.finalize(spec, state)
 
 
 def _by_target(plans: dict[str, PartitionPlan], keys: list[str]) -> list[list[str]]:

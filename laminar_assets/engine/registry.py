@@ -11,10 +11,9 @@ from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
 
 from laminar_assets.errors import SpecError
-from .spec import FlowSpec, StageSpec
-from .sql_views import compile_sql_file
+from .spec.specs import FlowSpec, Spec, StageSpec
+from .sql.views import compile_sql_file
 
-Spec = FlowSpec | StageSpec
 
 
 def collect_specs(package: ModuleType | str) -> list[Spec]:

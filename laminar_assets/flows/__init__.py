@@ -17,7 +17,7 @@ def load_specs(contracts_dir=None):
     """Every spec defined in this package, stages before the flows that read them, with the
     quarantine rules of their sources' contracts (`contracts_dir`, default `data_contracts/`)."""
     from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-    from laminar_assets.engine.registry import collect_specs
+    from laminar_assets.engine import collect_specs
 
     contracts = load_contracts(contracts_dir or CONTRACTS)
     return [with_contract_rules(s, contracts) for s in collect_specs(__name__)]

@@ -6,7 +6,7 @@ import os
 import dagster as dg
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import Engine
+from laminar_assets.engine import Engine, EngineOptions
 
 from .spark import SparkResource
 
@@ -27,7 +27,7 @@ class LaminarResource(dg.ConfigurableResource):
 
     def engine(self) -> Engine:
         """An engine on this run's Spark session."""
-        return Engine(self.spark.get_session(), self.resolved_root(), lease_seconds=self.lease_seconds)
+        return Engine(self.spark.get_session(), self.resolved_root(), options=EngineOptions(lease_seconds=self.lease_seconds))
 
     def checkpoints(self) -> CheckpointStore:
         """Watermarks, readable without Spark (sensors and checks use this)."""

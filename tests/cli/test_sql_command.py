@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 
 from laminar_assets.demo.generator import BatchOptions, write_batch
 from laminar_assets.engine import Engine
-from laminar_assets.engine.report import topology
+from laminar_assets.engine.report.overview import topology
 from laminar_assets.engine.windows import partition_key
 from tests.cli.test_cli import SPECS, invoke, run_cli
 

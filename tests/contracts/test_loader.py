@@ -12,7 +12,7 @@ from laminar_assets.contracts.guard import guard_source
 from laminar_assets.definitions import CONTRACTS, build_definitions
 from laminar_assets.errors import ContractError, SchemaMismatchError
 from laminar_assets.flows import load_specs
-from laminar_assets.settings import LaminarSettings
+from laminar_assets.pipeline.settings import LaminarSettings
 
 GOOD = """
 table: t

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from laminar_assets.assets import build_asset, run_metadata
-from laminar_assets.checks import build_lag_check
+from laminar_assets.orchestration.assets import build_asset, run_metadata
+from laminar_assets.orchestration.checks import build_lag_check
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.flows import load_specs
-from laminar_assets.settings import LaminarSettings
+from laminar_assets.pipeline.settings import LaminarSettings
 from tests.dagster.pipeline import BASE, create_sources, trades
 from tests.reference import assert_frames_match, full_recompute
 
@@ -59,7 +59,7 @@ def test_materialize_stage_and_flow_with_metadata(spark, lake, laminar, instance
 
 def test_partition_range_runs_in_one_run(spark, lake, laminar, instance):
     create_sources(lake, BASE)
-    from laminar_assets.sensors import RANGE_END, RANGE_START
+    from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
 
     result = dg.materialize([STAGE], tags={RANGE_START: P9, RANGE_END: P10},
                             resources={"laminar": laminar}, instance=instance)
@@ -122,9 +122,3 @@ def test_watermark_lag_check(spark, lake, laminar, instance):
     assert not result.passed
     assert result.metadata["stale_partitions"].value == 1 and result.metadata["max_versions_behind"].value == 1
 
-
-def test_run_metadata_shape_is_documented():
-    from laminar_assets.assets import metadata_keys
-
-    assert set(metadata_keys()) <= set(NUMERIC)
-    assert callable(run_metadata)

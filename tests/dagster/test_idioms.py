@@ -11,13 +11,13 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import dagster as dg
 import pytest
 
-from laminar_assets.alerts import Alert, build_failure_sensor, send
-from laminar_assets.assets import build_asset
-from laminar_assets.engine import Agg, Engine, FlowSpec, Tumbling
+from laminar_assets.orchestration.alerts import Alert, build_failure_sensor, send
+from laminar_assets.orchestration.assets import build_asset
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Tumbling
 from laminar_assets.errors import CommitConflictError, ConcurrentRunError, LaminarError, RunFailedError, SchemaMismatchError
 from laminar_assets.flows import load_specs
 from laminar_assets.resources import LaminarResource
-from laminar_assets.settings import LaminarSettings
+from laminar_assets.pipeline.settings import LaminarSettings
 from tests.dagster.pipeline import BASE, create_sources
 from tests.reference import assert_frames_match, full_recompute
 
@@ -70,7 +70,8 @@ class FlakyLaminar(LaminarResource):
                 FAILED.append(step)
                 raise CommitConflictError("injected: a concurrent writer committed first")
 
-        return Engine(self.spark.get_session(), self.resolved_root(), hook=hook, lease_seconds=self.lease_seconds)
+        return Engine(self.spark.get_session(), self.resolved_root(), hook=hook,
+                      options=EngineOptions(lease_seconds=self.lease_seconds))
 
 
 FAILED: list[str] = []

@@ -11,10 +11,10 @@ import dagster as dg
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.flows import load_specs
-from laminar_assets.graph import components, graph_order
-from laminar_assets.schedules import build_schedule
-from laminar_assets.sensors import RANGE_END, RANGE_START, build_pipeline_sensor, parse_cursor, range_requests
-from laminar_assets.settings import LaminarSettings
+from laminar_assets.pipeline.graph import components, graph_order
+from laminar_assets.orchestration.schedules import build_schedule
+from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START, build_pipeline_sensor, parse_cursor, range_requests
+from laminar_assets.pipeline.settings import LaminarSettings
 from tests.dagster.pipeline import BASE, create_sources, trades
 
 SPECS, _ = specs_with_contracts(load_specs())
@@ -129,7 +129,7 @@ def test_a_sensor_without_cursor_skips_what_the_watermarks_already_cover(lake, l
 
 def test_a_watermark_of_a_table_since_recreated_is_not_current(lake):
     """A tick without a cursor trusts watermarks at the tables' versions, but not across a recreation."""
-    from laminar_assets.tick import is_current, table_versions
+    from laminar_assets.pipeline.tick import is_current, table_versions
 
     create_sources(lake, BASE)
     store = CheckpointStore(lake.root)
@@ -183,7 +183,7 @@ def test_dimension_change_refills_materialized_stage_partitions(lake, laminar, i
 
 
 def test_flow_partitions_reading_a_failed_blocking_check_are_held_until_it_passes(lake, laminar, instance):
-    from laminar_assets.assets import partitions_def
+    from laminar_assets.orchestration.assets import partitions_def
 
     pdef = partitions_def(BY_NAME["normalized_trades"], SETTINGS)
 
@@ -240,7 +240,7 @@ def test_schedule_requests_the_current_partition():
     request = schedule(ctx)
     assert request.partition_key == "2024-01-02-10:00" and request.tags["laminar/component"] == "raw_trades"
     # the job is partitioned like its asset (inferred from the selection), so the request's key is valid
-    from laminar_assets.assets import partitions_def
+    from laminar_assets.orchestration.assets import partitions_def
     from laminar_assets.definitions import build_definitions
 
     defs = build_definitions(SPECS, LaminarSettings(schedules={"vwap_1m": "*/15 * * * *"}))
@@ -250,7 +250,7 @@ def test_schedule_requests_the_current_partition():
 
 
 def test_new_commits_stops_at_the_version_the_tick_read(lake):
-    from laminar_assets.engine.inspect import new_commits
+    from laminar_assets.engine.report.staleness import new_commits
 
     create_sources(lake, BASE)
     lake.append("raw_trades", frame=trades([(10, "2024-01-02 10:06:00", "MSFT", "ACC-3", "BUY", 411.0, 100)]))
@@ -266,7 +266,7 @@ def test_single_partition_requests_name_the_partition():
 def test_changes_before_partitions_start_are_reported_not_dropped_quietly():
     from datetime import datetime
 
-    from laminar_assets.sensors import outside_partitions
+    from laminar_assets.orchestration.sensors import outside_partitions
 
     late_start = LaminarSettings(partitions_start=datetime(2024, 1, 2, 10))
     dirty = {BY_NAME["vwap_1m"]: ["2024-01-02-09:00", "2024-01-02-10:00"]}

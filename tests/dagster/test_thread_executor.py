@@ -7,8 +7,8 @@ import time
 import dagster as dg
 import pytest
 
-from laminar_assets.orchestrate import execute_job_here
-from laminar_assets.thread_executor import ThreadExecutor, default_threads, thread_executor
+from laminar_assets.orchestration.internals.in_process import execute_job_here
+from laminar_assets.orchestration.internals.thread_executor import ThreadExecutor, default_threads, thread_executor
 
 BARRIER_SECONDS = 20
 
@@ -143,7 +143,7 @@ def test_a_failing_blocking_check_keeps_downstream_assets_from_running():
 
 
 def test_an_error_outside_user_code_fails_the_run_with_its_message(monkeypatch):
-    import laminar_assets.thread_executor as module
+    import laminar_assets.orchestration.internals.thread_executor as module
 
     def explode(step_context):
         raise RuntimeError("executor broke")

@@ -8,7 +8,7 @@ import sys
 def test_the_cli_and_what_the_demo_imports_before_its_jvm_starts_load_no_dagster():
     # the CLI's modules, then what `demo` imports before `start_session` (cli/run_commands.py)
     code = ("import sys; import laminar_assets.cli; from laminar_assets.demo import DEMO_JIT; "
-            "from laminar_assets.engine import SparkOptions; from laminar_assets.engine.session import start_session; "
+            "from laminar_assets.engine import SparkOptions; from laminar_assets.engine.spark.session import start_session; "
             "print(sorted(m for m in sys.modules if m == 'dagster' or m.startswith('dagster.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"imported before the JVM starts: {out.strip()[:300]}"

@@ -16,8 +16,8 @@ def main(root: str, url: str) -> dict:
     from laminar_assets.definitions import specs_with_contracts
     from laminar_assets.demo.generator import BatchOptions, write_batch
     from laminar_assets.engine import Engine, FlowSpec, SparkOptions, build_session
-    from laminar_assets.engine.equivalence import check_equivalence
-    from laminar_assets.engine.report import explain
+    from laminar_assets.engine.report.equivalence import check_equivalence
+    from laminar_assets.engine.report.overview import explain
     from laminar_assets.flows import load_specs
 
     specs, contracts = specs_with_contracts(load_specs())

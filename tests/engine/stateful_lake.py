@@ -37,7 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, RowRule, StageSpec, Tumbling
 from laminar_assets.engine.executor import STEPS
-from laminar_assets.engine.sql_views import compile_sql
+from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import InjectedCrash, SourceNotFoundError
 from tests.lake_invariants import assert_lake_intact, laminar_tables, orphan_files
 from tests.reference import assert_frames_match

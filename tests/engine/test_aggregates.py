@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from laminar_assets.engine import Agg
-from laminar_assets.engine.aggregates import EVENT_TS, SIGN, implementation
+from laminar_assets.engine.aggregates.algebra import EVENT_TS, SIGN, implementation
 from tests.reference import aggregate_column as ref_agg, plain
 
 pytestmark = pytest.mark.spark

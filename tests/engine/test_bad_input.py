@@ -282,7 +282,7 @@ def test_a_schema_is_checked_once_per_process_and_again_when_it_changes(lake, sp
     """Engines are made per Dagster step: the source check is remembered by schema, across engines
     and table versions, and a changed schema is checked (and refused) again."""
     from laminar_assets.engine import Engine
-    from laminar_assets.engine import validate
+    from laminar_assets.engine.run import validate
 
     calls = []
     real = validate.check_source

@@ -6,8 +6,8 @@ import os
 
 from pyspark.version import __version__
 
-from laminar_assets.engine import class_archive
-from laminar_assets.engine.session import java_major_version, java_version_output
+from laminar_assets.engine.spark import class_archive
+from laminar_assets.engine.spark.java import java_major_version, java_version_output
 
 
 def _fake_java(home, version: str, build: str, calls=None):

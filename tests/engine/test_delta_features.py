@@ -18,9 +18,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, SchemaMismatchError, Tumbling
 from laminar_assets.engine import UnsupportedTableFeatureError
-from laminar_assets.engine.delta_log import CommitKind, read_commit
-from laminar_assets.engine.delta_source import snapshot_files, table_info
-from laminar_assets.engine.deletion_vectors import DeletedRows, DeletionVector
+from laminar_assets.engine.delta.log import CommitKind, read_commit
+from laminar_assets.engine.delta.tables import snapshot_files, table_info
+from laminar_assets.engine.delta.deletion_vectors import DeletedRows, DeletionVector
 from tests.conftest import trades_frame
 from tests.delta_features import delete_where, enable_deletion_vectors, live_adds, rename_column, snapshot
 from tests.reference import assert_frames_match, full_recompute

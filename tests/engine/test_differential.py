@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, Reason, Tumbling
-from laminar_assets.engine.sql_views import compile_sql
+from laminar_assets.engine.sql.views import compile_sql
 from tests.conftest import Lake
 from tests.reference import assert_frames_match, full_recompute
 

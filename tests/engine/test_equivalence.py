@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Tumbling
-from laminar_assets.engine.equivalence import _differs, check_equivalence, check_equivalence_many
+from laminar_assets.engine.report.equivalence import _differs, check_equivalence, check_equivalence_many
 
 pytestmark = pytest.mark.spark
 

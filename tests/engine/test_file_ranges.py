@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from laminar_assets.engine.file_ranges import footer_facts
+from laminar_assets.engine.delta.file_ranges import footer_facts
 
 
 def test_footer_facts_read_the_top_level_column_not_a_nested_field_of_the_same_name(tmp_path):
@@ -66,7 +66,7 @@ def test_files_pruned_in_arrow_are_the_files_the_exact_check_keeps(tmp_path, typ
     each file: the same files as the exact check over every file, at range edges too."""
     from datetime import timedelta
 
-    from laminar_assets.engine.delta_source import snapshot_files, table_info
+    from laminar_assets.engine.delta.tables import snapshot_files, table_info
     from laminar_assets.engine.windows import Interval
 
     path = str(tmp_path / "t")

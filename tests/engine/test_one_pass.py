@@ -187,7 +187,7 @@ def test_overlapping_interpreted_passes_in_threads_restore_the_session_settings(
     interpreted), B leaves; afterwards the settings are what they were before either came."""
     import threading
 
-    from laminar_assets.engine.spark_io import interpreted
+    from laminar_assets.engine.spark.frames import interpreted
 
     key = "spark.sql.codegen.factoryMode"
     before = spark.conf.get(key, None)
@@ -220,7 +220,7 @@ def test_a_large_pass_beside_small_ones_compiles(spark):
     """A run's steps share the session: a large pass entering while a small one runs turns the
     interpreted settings off (and they stay off for it), and when everyone has left the settings are
     what they were before."""
-    from laminar_assets.engine.spark_io import interpreted
+    from laminar_assets.engine.spark.frames import interpreted
 
     key = "spark.sql.codegen.factoryMode"
     before = spark.conf.get(key, None)
@@ -280,7 +280,7 @@ def test_a_small_pass_runs_in_one_task_and_a_large_one_shuffles_and_both_agree(s
 def test_the_flows_of_a_run_open_their_common_source_once(spark, lake, engine):
     from concurrent.futures import ThreadPoolExecutor
 
-    from laminar_assets.engine import snapshot_cache
+    from laminar_assets.engine.delta import snapshot_cache
 
     other = FlowSpec(name="vw_max", source="trades", event_time="ts", window=Tumbling("30m"), keys=("sym",),
                      aggregates=(Agg.max("px"), Agg.count()))

@@ -8,9 +8,9 @@ import pytest
 
 from laminar_assets.checkpoints import Watermark
 from laminar_assets.engine import Agg, FlowSpec, Hopping, LatePolicy, Mode, Reason, StageSpec, Tumbling
-from laminar_assets.engine.delta_source import CommitKind, CommitSummary, DataFile, SourceHistory
-from laminar_assets.engine.planner import PlannerInput, plan_partition
-from laminar_assets.engine.spec import DimensionJoin
+from laminar_assets.engine.delta.tables import CommitKind, CommitSummary, DataFile, SourceHistory
+from laminar_assets.engine.run.planner import PlannerInput, plan_partition
+from laminar_assets.engine.spec.specs import DimensionJoin
 from laminar_assets.engine.windows import Interval
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

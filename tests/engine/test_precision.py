@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, Reason, Tumbling
-from laminar_assets.engine.equivalence import check_equivalence
+from laminar_assets.engine.report.equivalence import check_equivalence
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = pytest.mark.spark

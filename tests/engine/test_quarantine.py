@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, RowRule, SpecError, Tumbling
-from laminar_assets.engine.quarantine import recorded_files
+from laminar_assets.engine.quarantine.records import recorded_files
 from laminar_assets.engine.windows import partition_interval
 from laminar_assets.errors import InjectedCrash
 from tests.engine.test_crash_safety import crash_at
@@ -203,7 +203,7 @@ def test_the_sweep_reads_change_data_only_when_its_footers_allow_a_missing_event
     # event time is still read and its row quarantined.
     from types import SimpleNamespace
 
-    from laminar_assets.engine.sweep import sweep
+    from laminar_assets.engine.run.sweep import sweep
     from tests.engine.test_one_pass import Jobs
 
     lake.create("trades", [BASE[0], BASE[7]])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from laminar_assets.engine import EnvironmentProblem, SparkOptions, check_java
-from laminar_assets.engine.session import JIT_OPTIONS
+from laminar_assets.engine.spark.session import JIT_OPTIONS
 
 
 def test_missing_java_says_what_to_install(monkeypatch, tmp_path):
@@ -37,7 +37,7 @@ def test_spark_options_from_env(monkeypatch):
 def test_local_python_workers_run_this_interpreter(monkeypatch):
     import sys
 
-    from laminar_assets.engine.session import jvm_conf
+    from laminar_assets.engine.spark.session import jvm_conf
 
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     assert jvm_conf(SparkOptions())["spark.pyspark.python"] == sys.executable
@@ -48,8 +48,8 @@ def test_local_python_workers_run_this_interpreter(monkeypatch):
 
 
 def test_jvm_maps_the_class_archive_only_when_it_exists(monkeypatch, tmp_path):
-    from laminar_assets.engine import class_archive
-    from laminar_assets.engine.session import jvm_conf
+    from laminar_assets.engine.spark import class_archive
+    from laminar_assets.engine.spark.session import jvm_conf
 
     archive = tmp_path / "spark-classes.jsa"
     monkeypatch.setattr(class_archive, "archive_path", lambda prefix=None: str(archive))
@@ -80,7 +80,7 @@ def test_the_demo_starts_the_session_its_runs_ask_for(monkeypatch):
 
 
 def test_jit_mode_of_a_jvm_laminar_starts(monkeypatch):
-    from laminar_assets.engine.session import jvm_conf
+    from laminar_assets.engine.spark.session import jvm_conf
 
     monkeypatch.delenv("LAMINAR_SPARK_JIT", raising=False)
     default = jvm_conf(SparkOptions())["spark.driver.extraJavaOptions"]

@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 
 from laminar_assets.engine import Agg, Engine, FlowSpec, Tumbling
-from laminar_assets.engine.sink_read import to_pandas
+from laminar_assets.engine.report.sink_read import to_pandas
 from tests.delta_features import delete_where, enable_deletion_vectors, rename_column
 
 pytestmark = pytest.mark.spark

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from laminar_assets.engine import snapshot_cache
-from laminar_assets.engine.delta_source import open_table, table_info
+from laminar_assets.engine.delta import snapshot_cache
+from laminar_assets.engine.delta.tables import open_table, table_info
 from laminar_assets.errors import SourceNotFoundError
 
 

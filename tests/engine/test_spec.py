@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from laminar_assets.engine import Agg, FlowSpec, Hopping, SpecError, StageSpec, Tumbling
-from laminar_assets.engine.spec import DimensionJoin
+from laminar_assets.engine.spec.specs import DimensionJoin
 
 
 def flow(**kw):

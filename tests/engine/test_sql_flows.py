@@ -9,7 +9,7 @@ import pytest
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
 from laminar_assets.demo.generator import BatchOptions, write_batch
 from laminar_assets.engine import Engine, Mode, Reason, StageSpec
-from laminar_assets.engine.sql_views import compile_sql, compile_sql_file
+from laminar_assets.engine.sql.views import compile_sql, compile_sql_file
 from laminar_assets.errors import SpecError
 from laminar_assets.flows import load_specs
 from tests.conftest import Lake

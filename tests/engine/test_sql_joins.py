@@ -9,9 +9,9 @@ import pytest
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Engine, Mode, Reason
-from laminar_assets.graph import components
-from laminar_assets.tick import Cursor, plan_tick
-from laminar_assets.engine.sql_views import compile_sql
+from laminar_assets.pipeline.graph import components
+from laminar_assets.pipeline.tick import Cursor, plan_tick
+from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import SchemaMismatchError, SpecError
 from tests.reference import assert_frames_match
 
@@ -134,7 +134,7 @@ def test_joins_that_cannot_follow_the_windows_are_rejected_at_load():
 
 
 def test_explain_shows_the_join():
-    from laminar_assets.engine.report import logical
+    from laminar_assets.engine.report.overview import logical
 
     (spec,) = compile_sql(EDGE, origin="edge.sql")
     (join,) = logical(spec)["joins"]

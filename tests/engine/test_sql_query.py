@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from laminar_assets.engine.sql_query import Query, frame, union_all
+from laminar_assets.engine.spark.query import Query, frame, union_all
 
 
 def _fake(name: str) -> Query:

@@ -10,7 +10,7 @@ import pytest
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
 from laminar_assets.engine import Agg, FlowSpec, Hopping, StageSpec, Tumbling
 from laminar_assets.engine.registry import collect_specs
-from laminar_assets.engine.sql_views import compile_sql, compile_sql_file
+from laminar_assets.engine.sql.views import compile_sql, compile_sql_file
 from laminar_assets.errors import SpecError, SqlDefinitionError
 from laminar_assets.flows import load_specs
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark.sql import functions as F
 
-from laminar_assets.engine import stable_sql
+from laminar_assets.engine.spark import stable_sql
 from laminar_assets.engine.windows import Granularity, Interval, in_ranges_sql
 
 pytestmark = pytest.mark.spark

@@ -9,8 +9,8 @@ import pytest
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
-from laminar_assets.engine.spark_io import observe
-from laminar_assets.engine.staging import read_staged, stage
+from laminar_assets.engine.spark.frames import observe
+from laminar_assets.engine.output.staged_files import read_staged, write_staged
 
 pytestmark = pytest.mark.spark
 
@@ -41,9 +41,9 @@ def test_the_driver_write_stages_the_same_files_rows_and_schema_as_spark(spark, 
     df = _frame(spark, 500)
     if by:
         df = df.repartition("__p")
-    via_spark = stage(df, str(tmp_path / "t"), "run-spark", by=by)
+    via_spark = write_staged(df, str(tmp_path / "t"), "run-spark", by=by)
     obs = Observation()
-    via_driver = stage(observe(df, obs, F.count(F.lit(1)).alias("n")), str(tmp_path / "t"), "run-driver", by=by,
+    via_driver = write_staged(observe(df, obs, F.count(F.lit(1)).alias("n")), str(tmp_path / "t"), "run-driver", by=by,
                        through_driver=True)
 
     assert obs.get["n"] == 500  # metrics observed on the write still arrive
@@ -69,18 +69,18 @@ def test_the_driver_write_stages_the_same_files_rows_and_schema_as_spark(spark, 
 
 def test_an_empty_driver_write_stages_no_files_but_knows_its_schema(spark, tmp_path):
     df = _frame(spark, 10).where("false")
-    staged = stage(df, str(tmp_path / "t"), "run", by="__p", through_driver=True)
+    staged = write_staged(df, str(tmp_path / "t"), "run", by="__p", through_driver=True)
     assert staged.adds == () and staged.rows == 0
     assert "__p" not in staged.schema.names and "window_start" in staged.schema.names
-    assert staged.schema == stage(df, str(tmp_path / "t"), "run-spark", by="__p").schema
+    assert staged.schema == write_staged(df, str(tmp_path / "t"), "run-spark", by="__p").schema
 
 
 @pytest.mark.parametrize("through_driver", [True, False], ids=["driver", "spark"])
 def test_a_staging_never_touches_the_files_of_another_under_the_same_run_id(spark, tmp_path, through_driver):
     """Every staging call has a folder of its own: a second pass, attempt or retry of one run never
     deletes or overwrites what the first staged (and may have committed)."""
-    first = stage(_frame(spark, 30), str(tmp_path / "t"), "run", by="__p", through_driver=through_driver)
-    again = stage(_frame(spark, 9), str(tmp_path / "t"), "run", by="__p", through_driver=through_driver)
+    first = write_staged(_frame(spark, 30), str(tmp_path / "t"), "run", by="__p", through_driver=through_driver)
+    again = write_staged(_frame(spark, 9), str(tmp_path / "t"), "run", by="__p", through_driver=through_driver)
     assert again.rows == 9 and first.rows == 30
     assert set(first.folders).isdisjoint(again.folders)
     assert all(os.path.isfile(tmp_path / "t" / a.path) for a in first.adds + again.adds)
@@ -89,17 +89,17 @@ def test_a_staging_never_touches_the_files_of_another_under_the_same_run_id(spar
 def test_a_driver_write_of_thousands_of_partitions_is_one_file_each(spark, tmp_path):
     # one Arrow batch holding 3,000 partition ids (pyarrow's dataset writer stops at 1,024 by default)
     df = spark.range(6000).selectExpr("CAST(id % 3000 AS BIGINT) AS __p", "id").coalesce(1)
-    staged = stage(df, str(tmp_path / "t"), "run", by="__p", through_driver=True)
+    staged = write_staged(df, str(tmp_path / "t"), "run", by="__p", through_driver=True)
     assert len(staged.adds) == 3000 and staged.rows == 6000
     assert set(staged.rows_by_partition().values()) == {2}
 
 
 def test_large_arrow_types_in_the_session_stage_the_same_schema(spark, tmp_path):
     df = _frame(spark, 50).repartition("__p")
-    plain = stage(df, str(tmp_path / "t"), "run-spark", by="__p").schema
+    plain = write_staged(df, str(tmp_path / "t"), "run-spark", by="__p").schema
     spark.conf.set("spark.sql.execution.arrow.useLargeVarTypes", "true")
     try:
-        large = stage(df, str(tmp_path / "t"), "run-driver", by="__p", through_driver=True).schema
+        large = write_staged(df, str(tmp_path / "t"), "run-driver", by="__p", through_driver=True).schema
     finally:
         spark.conf.unset("spark.sql.execution.arrow.useLargeVarTypes")
     assert large == plain

@@ -10,8 +10,8 @@ from deltalake import DeltaTable
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Agg, DimensionJoin, Engine, FlowSpec, StageSpec, Tumbling
-from laminar_assets.engine import system_tables as st
-from laminar_assets.engine.report import topology
+from laminar_assets.engine.report import system_tables as st
+from laminar_assets.engine.report.overview import topology
 from laminar_assets.errors import LaminarError
 from tests.conftest import Lake
 

@@ -1,0 +1,94 @@
+"""Lake integrity: every file the latest snapshot of a table names exists.
+
+A reader should never be the first to find that a table names a missing file. `check_table`
+opens a table's latest snapshot afresh (never a shared, cached one) and looks for every data
+file it names (Laminar writes no deletion vectors). `written_tables` lists the tables Laminar writes for a
+spec: its sink (a stage's output), its state tables and its sources' quarantine tables.
+`laminar check` and the contract and equivalence asset checks report a broken table with its
+name, version and missing files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.fs  # noqa: F401  (pa.fs)
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from .log import file_exists, local_path
+from .layout import Layout
+
+
+@dataclass(frozen=True)
+class TableIntegrity:
+    """What `check_table` found: the table's latest version, how many files it names, which are missing."""
+
+    table: str
+    uri: str
+    version: int | None  # None: there is no table here (yet): nothing to check
+    files: int = 0
+    missing: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+    def describe(self) -> str:
+        if self.version is None:
+            return f"{self.table}: no table at {self.uri}"
+        if self.ok:
+            return f"{self.table} (version {self.version}): all {self.files} files present"
+        shown = ", ".join(self.missing[:3]) + (f" and {len(self.missing) - 3} more" if len(self.missing) > 3 else "")
+        return (f"{self.table} at {self.uri}, version {self.version}: {len(self.missing)} of the {self.files} files "
+                f"its snapshot names are missing ({shown}); readers of this version fail. Refill the partitions "
+                "it holds (`laminar refill`) or restore the files")
+
+    def to_json(self) -> dict:
+        return {"table": self.table, "uri": self.uri, "version": self.version, "files": self.files,
+                "missing": list(self.missing)}
+
+
+def check_table(name: str, uri: str) -> TableIntegrity:
+    """Whether every file the latest snapshot of the table at `uri` names exists."""
+    try:
+        dt = DeltaTable(uri)  # a fresh open: a shared snapshot could predate the newest commit
+    except TableNotFoundError:
+        return TableIntegrity(name, uri, None)
+    paths = [_absolute(uri, p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()]
+    missing = tuple(p for p in paths if not file_exists(p))
+    return TableIntegrity(name, uri, dt.version(), len(paths), missing)
+
+
+def written_tables(layout: Layout, spec) -> list[tuple[str, str]]:
+    """(name, URI) of every table Laminar writes for `spec`: its sink or output, the state tables
+    of every spec version and input schema it has had (flows), and its sources' quarantine tables."""
+    tables = [(spec.sink, layout.sink_uri(spec))]
+    if spec.kind == "flow":
+        folder = f"{layout.root}/_laminar/state/{spec.name}"
+        tables += [(f"{spec.name} state {name}", f"{folder}/{name}") for name in _subfolders(folder)]
+    tables += [(f"quarantine of {os.path.basename(src.rstrip('/'))}", layout.quarantine_uri(src))
+               for src in spec.sources]
+    return tables
+
+
+def check_spec(layout: Layout, spec) -> list[TableIntegrity]:
+    """`check_table` of every table in `written_tables` that exists."""
+    return [r for r in (check_table(name, uri) for name, uri in written_tables(layout, spec)) if r.version is not None]
+
+
+def _absolute(table_uri: str, path: str) -> str:
+    path = unquote(path)
+    return path if "://" in path or path.startswith("/") else f"{table_uri}/{path}"
+
+
+def _subfolders(uri: str) -> list[str]:
+    local = local_path(uri)
+    if local is not None:
+        return sorted(n for n in os.listdir(local) if os.path.isdir(os.path.join(local, n))) if os.path.isdir(local) else []
+    fs, path = pa.fs.FileSystem.from_uri(uri)
+    infos = fs.get_file_info(pa.fs.FileSelector(path, allow_not_found=True))
+    return sorted(i.base_name for i in infos if i.type == pa.fs.FileType.Directory)

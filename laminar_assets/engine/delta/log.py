@@ -1,0 +1,269 @@
+"""One Delta commit, as the planner needs it: what kind of change, which files, which event times.
+
+The `deltalake` API exposes snapshots but not the actions of one commit, so this
+module reads the commit's JSON entry from `_delta_log/` (the documented Delta
+protocol format) and nothing else by hand. Event-time ranges come from the add
+actions' statistics, and for change-data and removed files from their Parquet
+footers, so no data is scanned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from enum import Enum
+from functools import lru_cache
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.fs  # noqa: F401  (pa.fs)
+
+from laminar_assets.errors import SourceError
+from .deletion_vectors import DeletedRows, DeletionVector, DvChange
+from .file_ranges import footer_facts, local_path, null_count, range_from_stats, stats_interval  # noqa: F401
+from ..windows import Interval
+
+
+class CommitKind(str, Enum):
+    """What one Delta commit did to the data of a table."""
+
+    APPEND = "append"  # only added data files
+    CHANGE_DATA = "change_data"  # deletes / updates / merges with a change data feed
+    DELETION_VECTORS = "deletion_vectors"  # rows deleted (or restored) through deletion vectors, plus adds
+    REWRITE = "rewrite"  # removed data without change data: rows are unknown
+    LAYOUT = "layout"  # compaction, z-order: dataChange=false, no row changed
+    METADATA = "metadata"  # schema, properties or protocol only
+    EMPTY = "empty"  # no file actions at all
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file of a table (data or change data) with what is known of it."""
+
+    uri: str
+    rows: int | None
+    size: int
+    partition_values: tuple[tuple[str, str | None], ...] = ()
+    time_range: Interval | None = None  # None: not known from statistics
+    change_data: bool = False
+    time_nulls: int | None = None  # null event times in the file; None: not known from statistics
+    # rows a read of the file skips (its deletion vector); not part of the file's identity
+    deleted: DeletedRows | None = field(default=None, compare=False, hash=False)
+    # set on a file whose deletion vector a commit changed: the read yields only the rows it changed
+    dv_change: DvChange | None = None
+
+    @property
+    def needs_row_positions(self) -> bool:
+        return self.deleted is not None or self.dv_change is not None
+
+
+@dataclass(frozen=True)
+class CommitSummary:
+    """The facts of one commit that the planner needs."""
+
+    version: int
+    timestamp: datetime
+    operation: str
+    kind: CommitKind
+    adds: tuple[DataFile, ...] = ()
+    removes: tuple[DataFile, ...] = ()
+    cdc: tuple[DataFile, ...] = ()
+    # every file the commit removed, with or without a data change (compaction): snapshots before the
+    # commit name them, so a vacuum that deleted one makes those snapshots unreadable
+    removed: tuple[str, ...] = ()
+
+    @property
+    def touched(self) -> tuple[Interval, ...] | None:
+        """Event-time ranges the commit touched; None when some range is unknown."""
+        if self.kind in (CommitKind.LAYOUT, CommitKind.METADATA, CommitKind.EMPTY):
+            return ()
+        files = self.cdc if self.kind is CommitKind.CHANGE_DATA else self.adds + self.removes
+        if self.kind is CommitKind.DELETION_VECTORS:
+            files = self.readable
+        ranges = [f.time_range for f in files]
+        if any(r is None for r in ranges):
+            return None
+        return tuple(ranges)  # type: ignore[arg-type]
+
+    @property
+    def readable(self) -> tuple[DataFile, ...]:
+        """The files an incremental read of this commit opens (adds of an append, change data)."""
+        if self.kind is CommitKind.CHANGE_DATA:
+            return self.cdc
+        return self.adds if self.kind in (CommitKind.APPEND, CommitKind.DELETION_VECTORS) else ()
+
+    @property
+    def rows(self) -> int:
+        files = self.cdc if self.kind is CommitKind.CHANGE_DATA else self.adds
+        return sum(f.rows or 0 for f in files)
+
+    @property
+    def dv_rows(self) -> int:
+        """Rows deleted or restored through deletion vectors (from the descriptors)."""
+        return sum(f.dv_change.rows for f in self.adds if f.dv_change is not None)
+
+
+
+def _uri(root: str, path: str) -> str:
+    """The URI of a file an action names (relative paths are URL-encoded and under the table)."""
+    path = unquote(path)
+    return path if "://" in path or path.startswith("/") else f"{root}/{path}"
+
+
+def _file(root: str, action: dict, column: str | None, *, change_data: bool = False, use_footer: bool = False,
+          names: dict[str, str] | None = None) -> DataFile:
+    """One file of an action. `column`: the event time's physical name; `names`: physical -> logical
+    column names of a table with column mapping (partition values are keyed by physical name)."""
+    uri = _uri(root, action["path"])
+    dv = DeletionVector.from_action(root, action.get("deletionVector"))
+    deleted = DeletedRows(vector=dv) if dv is not None else None
+    names = names or {}
+    pv = tuple(sorted((names.get(k, k), v) for k, v in (action.get("partitionValues") or {}).items()))
+    if column is None:
+        rows = None
+        try:
+            rows = json.loads(action.get("stats") or "{}").get("numRecords")
+        except ValueError:
+            pass
+        return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
+                        time_range=None, change_data=change_data, deleted=deleted)
+    rng, rows = range_from_stats(action.get("stats"), column)
+    nulls = null_count(action.get("stats"), column)
+    if rng is None and use_footer:  # change data files carry no statistics in the log
+        rng, rows, nulls = footer_facts(uri, column)
+    return DataFile(uri=uri, rows=rows, size=int(action.get("size") or 0), partition_values=pv,
+                    time_range=rng, change_data=change_data, time_nulls=nulls, deleted=deleted)
+
+
+def read_commit(table: str, uri: str, version: int, event_time: str | None,
+                names: tuple[tuple[str, str], ...] = ()) -> CommitSummary | None:
+    """Summarise commit `version`, or None if its log entry no longer exists (log clean-up).
+    `event_time` None: the column's statistics cannot locate rows (every range is unknown); else its
+    physical name. `names`: (physical, logical) column names of a table with column mapping.
+    Whether the commit's files still exist is not part of the summary: see `missing_files`."""
+    text = read_log_entry(table, uri, version)
+    if text is None:
+        return None
+    mapping = dict(names)
+    add_actions, remove_actions, cdc = [], [], []
+    info: dict = {}
+    metadata_changed = protocol_changed = False
+    layout_only = 0
+    removed: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info = action["commitInfo"]
+        elif "metaData" in action:
+            metadata_changed = True
+        elif "protocol" in action:
+            protocol_changed = True
+        elif "add" in action or "remove" in action:
+            kind, act = ("add", action["add"]) if "add" in action else ("remove", action["remove"])
+            if kind == "remove":
+                removed.append(_uri(uri, act["path"]))
+            if not act.get("dataChange", True):
+                layout_only += 1
+            else:
+                (add_actions if kind == "add" else remove_actions).append(act)
+        elif "cdc" in action:
+            cdc.append(_file(uri, action["cdc"], event_time, change_data=True, use_footer=True, names=mapping))
+    # A remove and an add of the same path replace the file's deletion vector: rows deleted or
+    # restored in place. Their rows are known (new vector minus old), unlike a removed file's.
+    readded = {a["path"] for a in add_actions}
+    old_dv = {r["path"]: r.get("deletionVector") for r in remove_actions if r["path"] in readded}
+    adds = []
+    for a in add_actions:
+        f = _file(uri, a, event_time, names=mapping)
+        if a["path"] in old_dv:
+            change = DvChange(DeletionVector.from_action(uri, old_dv[a["path"]]),
+                              DeletionVector.from_action(uri, a.get("deletionVector")))
+            share = change.rows / f.rows if f.rows else 1.0
+            f = replace(f, deleted=None, dv_change=change, rows=change.rows, size=int(f.size * min(1.0, share)))
+        adds.append(f)
+    removes = [_file(uri, r, event_time, use_footer=True, names=mapping) for r in remove_actions
+               if r["path"] not in old_dv]
+    if cdc:
+        kind = CommitKind.CHANGE_DATA
+    elif removes:
+        kind = CommitKind.REWRITE
+    elif old_dv:
+        kind = CommitKind.DELETION_VECTORS
+    elif adds:
+        kind = CommitKind.APPEND
+    elif layout_only:
+        kind = CommitKind.LAYOUT
+    elif metadata_changed or protocol_changed:
+        kind = CommitKind.METADATA
+    else:
+        kind = CommitKind.EMPTY
+    ts_ms = info.get("timestamp") or 0
+    return CommitSummary(
+        version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc),
+        operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
+        removes=tuple(removes), cdc=tuple(cdc), removed=tuple(removed),
+    )
+
+
+def file_exists(uri: str) -> bool:
+    local = local_path(uri)
+    if local is not None:
+        return os.path.exists(local)
+    fs, path = pa.fs.FileSystem.from_uri(uri)
+    return fs.get_file_info(path).type != pa.fs.FileType.NotFound
+
+
+def read_log_entry(table: str, uri: str, version: int) -> str | None:
+    """The JSON text of commit `version`, or None when the entry is gone. Any other I/O error is a
+    `SourceError`: an unreadable log is not an expired one."""
+    path = f"{uri}/_delta_log/{version:020d}.json"
+    local = local_path(path)
+    try:
+        if local is not None:
+            with open(local, encoding="utf-8") as fh:
+                return fh.read()
+        fs, fs_path = pa.fs.FileSystem.from_uri(path)
+        with fs.open_input_stream(fs_path) as fh:
+            return fh.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"cannot read commit {version} of '{table}' ({path}): {exc}", table=table,
+                          version=version) from exc
+
+
+def _entry_stamp(uri: str, version: int) -> tuple[float, int]:
+    local = local_path(f"{uri}/_delta_log/{version:020d}.json")
+    try:
+        st = os.stat(local) if local else None
+    except FileNotFoundError:
+        return (0.0, -1)
+    return (st.st_mtime, st.st_size) if st else (0.0, 0)
+
+
+@lru_cache(maxsize=8192)
+def _cached_commit(table: str, uri: str, version: int, event_time: str | None, names: tuple,
+                   stamp: tuple) -> CommitSummary | None:
+    return read_commit(table, uri, version, event_time, names)
+
+
+def commit_summary(table: str, uri: str, version: int, event_time: str | None,
+                   names: tuple[tuple[str, str], ...] = ()) -> CommitSummary | None:
+    """`read_commit`, cached while the log entry is unchanged (entries are immutable once written)."""
+    return _cached_commit(table, uri, version, event_time, names, _entry_stamp(uri, version))
+
+
+def missing_files(commit: CommitSummary) -> list[str]:
+    """Files the commit's incremental read needs that no longer exist (vacuumed). Never cached:
+    a vacuum removes files without touching the log, so a long-lived process must look again."""
+    needed = [f.uri for f in commit.readable]
+    for f in commit.readable:  # a change read of a deletion vector needs both vectors
+        if f.dv_change is not None:
+            needed += [dv.file_uri for dv in (f.dv_change.old, f.dv_change.new) if dv is not None and dv.file_uri]
+        elif f.deleted is not None and f.deleted.vector is not None and f.deleted.vector.file_uri:
+            needed.append(f.deleted.vector.file_uri)
+    return [u for u in needed if not file_exists(u)]

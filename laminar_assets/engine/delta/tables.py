@@ -1,0 +1,314 @@
+"""Delta tables as Laminar reads them: pinned snapshots and the history of commits since a version.
+
+Delta commit versions are Laminar's sequence numbers. Snapshot facts (schema,
+protocol, configuration, the add actions of a pinned version with their
+statistics) come from the `deltalake` package's public API; per-commit actions
+come from `delta_log`. A missing commit entry or a vacuumed data file means the
+history has expired; it is reported, never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterable
+from urllib.parse import unquote
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureError
+from .log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
+    CommitKind, CommitSummary, DataFile, commit_summary, file_exists, local_path, missing_files, read_commit,
+    read_log_entry, stats_interval,
+)
+from . import snapshot_cache
+from .deletion_vectors import snapshot_deleted_rows
+from .file_ranges import may_overlap
+from ..windows import Interval
+
+# Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
+SUPPORTED_READER_FEATURES = frozenset({
+    "deletionVectors",  # rows skipped by position (deletion_vectors.py)
+    "columnMapping",  # Parquet columns read by physical name, exposed by logical name
+    "timestampNtz",  # Spark reads TIMESTAMP_NTZ natively
+    "v2Checkpoint", "vacuumProtocolCheck",  # log-level features: deltalake reads the log
+})
+
+
+@dataclass(frozen=True)
+class SourceHistory:
+    """Commits of one source in (from_version, latest_version], as the planner sees them."""
+
+    table: str
+    uri: str
+    from_version: int | None
+    latest_version: int
+    commits: tuple[CommitSummary, ...] = ()
+    expired: str | None = None  # why the range can no longer be read, if it cannot
+    cdf_enabled: bool = False
+    # versions whose log entry is gone, and versions whose files were vacuumed (version -> a file)
+    gone: tuple[int, ...] = field(default=(), compare=False)
+    vacuumed: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+    # files removed by a commit (version, file) that no longer exist: every snapshot before that
+    # version may name them, so a run must not read one (looked for only when asked: `source_history`)
+    snapshot_gone: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+
+    def snapshot_readable(self, version: int) -> str | None:
+        """None when the snapshot at `version` names no file known to be gone, else why it cannot be read."""
+        lost = [(v, f) for v, f in self.snapshot_gone if v > version]
+        if not lost:
+            return None
+        v, f = lost[0]
+        return (f"the snapshot at version {version} of '{self.table}' names files that were vacuumed after "
+                f"commit {v} removed them ({f}{' and more' if len(lost) > 1 else ''})")
+
+    def replaced(self, version: int) -> "SourceHistory":
+        """This history seen from a watermark at `version` of another table that stood at the same path
+        (its Delta id differs): nothing after that version can be read as a change to it."""
+        return SourceHistory(self.table, self.uri, version, self.latest_version, (), (
+            f"'{self.table}' was recreated since the checkpoint at version {version} (its Delta table id "
+            "changed), so its history since the checkpoint is unknown"), self.cdf_enabled)
+
+    def after(self, version: int | None) -> "SourceHistory":
+        """The same history seen from a later watermark: commits after `version` only. A run reads the
+        log once from its oldest watermark and gives every partition its own slice."""
+        if version is None or version == self.from_version:
+            return self
+        if self.from_version is None or version < self.from_version:  # never hand out a slice we did not read
+            raise ValueError(f"history of '{self.table}' starts at {self.from_version}, not before {version}")
+        if version > self.latest_version:
+            return _recreated(self.table, self.uri, version, self.latest_version, self.cdf_enabled)
+        gone = tuple(v for v in self.gone if v > version)
+        vacuumed = tuple((v, f) for v, f in self.vacuumed if v > version)
+        snapshot_gone = tuple((v, f) for v, f in self.snapshot_gone if v > version)
+        return SourceHistory(self.table, self.uri, version, self.latest_version,
+                             tuple(c for c in self.commits if c.version > version),
+                             _expired(self.table, version, gone, vacuumed), self.cdf_enabled, gone, vacuumed,
+                             snapshot_gone)
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """Snapshot facts of a table at one version (with the opened table, so it is opened once)."""
+
+    name: str
+    uri: str
+    version: int
+    schema: pa.Schema
+    partition_columns: tuple[str, ...]
+    configuration: dict = field(default_factory=dict, hash=False, compare=False)
+    table: DeltaTable | None = field(default=None, hash=False, compare=False, repr=False)
+    # column mapping: the Delta schema (JSON, with physical names in its field metadata)
+    delta_schema: str | None = field(default=None, hash=False, compare=False, repr=False)
+    # the table's Delta id (its first commit's metaData.id): a table recreated at the same path has another
+    table_id: str | None = field(default=None, hash=False, compare=False)
+
+    @property
+    def column_mapping(self) -> str:
+        return str(self.configuration.get("delta.columnMapping.mode", "none"))
+
+    @property
+    def physical_names(self) -> dict[str, str]:
+        """Logical -> physical name of each top-level column (identity without column mapping)."""
+        if self.column_mapping == "none" or not self.delta_schema:
+            return {n: n for n in self.schema.names}
+        fields = json.loads(self.delta_schema)["fields"]
+        return {f["name"]: (f.get("metadata") or {}).get("delta.columnMapping.physicalName", f["name"])
+                for f in fields}
+
+    def physical(self, column: str | None) -> str | None:
+        """The physical (Parquet and statistics) name of a logical column."""
+        return None if column is None else self.physical_names.get(column, column)
+
+    @property
+    def name_pairs(self) -> tuple[tuple[str, str], ...]:
+        """(physical, logical) pairs where they differ, hashable for caches."""
+        return tuple(sorted((p, l) for l, p in self.physical_names.items() if p != l))
+
+    @property
+    def cdf_enabled(self) -> bool:
+        return str(self.configuration.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+    def delta(self) -> DeltaTable:
+        return self.table if self.table is not None else open_table(self.name, self.uri, self.version)
+
+
+def resolve_uri(root: str, name: str) -> str:
+    """A table name relative to the storage root, or an absolute path / URI as given."""
+    if "://" in name or name.startswith("/"):
+        return name.rstrip("/")
+    return os.path.join(root, name).rstrip("/")
+
+
+def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
+    """Open a Delta table for reading or raise `SourceNotFoundError` naming it. Readers of the same
+    snapshot in one process share one open table (`snapshot_cache`): never commit through it."""
+    try:
+        return snapshot_cache.open_snapshot(uri, version, _open)
+    except TableNotFoundError as exc:
+        raise SourceNotFoundError(
+            f"source table '{name}' does not exist: expected a Delta table at {uri}; "
+            "create it or fix the flow's source", table=name, version=version,
+        ) from exc
+    except (DeltaError, OSError, ValueError) as exc:  # e.g. a version whose log entry is gone
+        raise SourceNotFoundError(
+            f"cannot open Delta table '{name}' at {uri}: {exc}", table=name, version=version,
+        ) from exc
+
+
+def _open(uri: str, version: int | None) -> DeltaTable:
+    return DeltaTable(uri, version=version)
+
+
+def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
+    """Snapshot facts at `version` (latest if None); refuses features a Parquet read gets wrong."""
+    return info_of(name, uri, open_table(name, uri, version))
+
+
+def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:
+    """`table_info` of a table already open (at the version it was opened at)."""
+    meta = dt.metadata()
+    schema = dt.schema()
+    info = TableInfo(
+        name=name, uri=uri, version=dt.version(), schema=pa.schema(schema.to_arrow()),
+        partition_columns=tuple(meta.partition_columns), configuration=dict(meta.configuration), table=dt,
+        delta_schema=schema.to_json(), table_id=meta.id,
+    )
+    unsupported = sorted(set(dt.protocol().reader_features or []) - SUPPORTED_READER_FEATURES)
+    if unsupported:
+        raise UnsupportedTableFeatureError(
+            f"table '{name}' at version {info.version} needs reader feature(s) {', '.join(unsupported)}, "
+            f"which Laminar cannot read correctly yet (supported: {', '.join(sorted(SUPPORTED_READER_FEATURES))}); "
+            "use a source without them", table=name, version=info.version, feature=",".join(unsupported),
+        )
+    return info
+
+
+def column_fate(info: TableInfo, column: str, *, max_versions: int = 1000) -> str | None:
+    """How a logical column the table once had left it: 'renamed to X at version V' (column mapping
+    keeps the physical name) or 'dropped at version V'; None if the log does not show it."""
+    if info.column_mapping == "none":
+        return None
+    now = {p: l for l, p in info.physical_names.items()}
+    newer: int | None = None  # the version of the newest schema change seen so far (walking back)
+    for version in range(info.version, max(-1, info.version - max_versions), -1):
+        text = read_log_entry(info.name, info.uri, version)
+        if text is None:
+            return None
+        for line in text.splitlines():
+            if '"metaData"' not in line:
+                continue
+            fields = json.loads(json.loads(line)["metaData"]["schemaString"])["fields"]
+            then = {f["name"]: (f.get("metadata") or {}).get("delta.columnMapping.physicalName", f["name"])
+                    for f in fields}
+            if column in then and newer is not None:
+                physical = then[column]
+                if physical in now:
+                    return f"renamed to {now[physical]!r} at version {newer}"
+                return f"dropped at version {newer}"
+            newer = version
+    return None
+
+
+def temporal(schema: pa.Schema, column: str) -> bool:
+    """Statistics of `column` order like time only for timestamp and date columns (not strings)."""
+    if column not in schema.names:
+        return False
+    t = schema.field(column).type
+    return pa.types.is_timestamp(t) or pa.types.is_date(t)
+
+
+def _recreated(table: str, uri: str, from_version: int, latest: int, cdf: bool) -> SourceHistory:
+    return SourceHistory(table, uri, from_version, latest, (), (
+        f"'{table}' is at version {latest}, behind the checkpoint at version {from_version}: "
+        "the table was recreated or restored, so its history since the checkpoint is unknown"), cdf)
+
+
+def _expired(table: str, since: int | None, gone: tuple[int, ...], vacuumed: tuple[tuple[int, str], ...]) -> str | None:
+    if gone:
+        return (f"commit {gone[0]} of '{table}' is no longer in the Delta log (log clean-up); "
+                f"the checkpoint at version {since} is older than the history Delta keeps")
+    if vacuumed:
+        version, path = vacuumed[0]
+        more = " and more" if len(vacuumed) > 1 else ""
+        return f"commit {version} of '{table}' refers to files that were vacuumed ({path}{more})"
+    return None
+
+
+def source_history(table: str, uri: str, from_version: int | None, latest: int, event_time: str,
+                   *, info: TableInfo | None = None, check_snapshots: bool = False) -> SourceHistory:
+    """Commits in (from_version, latest]; `expired` says why the range is unreadable, if it is.
+    `info`: the snapshot at `latest` if the caller already opened it. Log entries are parsed once
+    per process; whether their files still exist is checked on every call. `check_snapshots`: also
+    look whether the files each commit removed still exist (`snapshot_gone`), for runs that may read
+    a snapshot older than `latest` (a spec that bounds its work per run)."""
+    info = info if info is not None and info.version == latest else table_info(table, uri, latest)
+    if from_version is not None and from_version > latest:
+        return _recreated(table, uri, from_version, latest, info.cdf_enabled)
+    if from_version is None or from_version >= latest:
+        return SourceHistory(table, uri, from_version, latest, (), None, info.cdf_enabled)
+    stats_column = info.physical(event_time) if temporal(info.schema, event_time) else None
+    commits: list[CommitSummary] = []
+    gone: list[int] = []
+    vacuumed: list[tuple[int, str]] = []
+    snapshot_gone: list[tuple[int, str]] = []
+    for version in range(from_version + 1, latest + 1):
+        summary = commit_summary(table, uri, version, stats_column, info.name_pairs)
+        if summary is None:
+            gone.append(version)
+            continue
+        lost = missing_files(summary)
+        if lost:
+            vacuumed.append((version, lost[0]))
+        if check_snapshots:
+            snapshot_gone += [(version, f) for f in summary.removed if not file_exists(f)][:1]
+        commits.append(summary)
+    return SourceHistory(table, uri, from_version, latest, tuple(commits),
+                         _expired(table, from_version, tuple(gone), tuple(vacuumed)), info.cdf_enabled,
+                         tuple(gone), tuple(vacuumed), tuple(snapshot_gone))
+
+
+def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Interval] | None = None,
+                   *, keep_null_files: bool = False) -> list[DataFile]:
+    """Data files of the pinned snapshot, pruned to those whose statistics overlap `within`.
+    Files whose event times are all null are left out unless `keep_null_files`."""
+    dt = info.delta()
+    ranges = list(within) if within is not None else None
+    deleted = {}
+    if "deletionVectors" in (dt.protocol().reader_features or []):
+        deleted = {_normal(p): rows for p, rows in snapshot_deleted_rows(dt).items()}
+    if event_time is not None and not temporal(info.schema, event_time):
+        event_time = None  # e.g. string times: their statistics do not order like time
+    stat = info.physical(event_time)  # statistics are keyed by physical name; partition values are not
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if event_time is not None and ranges is not None:
+        actions = may_overlap(actions, stat, ranges)  # in Arrow: only candidates become Python dicts
+    actions = actions.to_pylist()
+    files = []
+    for a in actions:
+        rng = stats_interval(a.get(f"min.{stat}"), a.get(f"max.{stat}")) if event_time else None
+        all_null = event_time and a.get("num_records") is not None and \
+            a.get(f"null_count.{stat}") == a.get("num_records")
+        if rng is None and all_null and not keep_null_files:
+            continue  # all event times null: no window can use these rows
+        if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
+            continue
+        pv = tuple(sorted((k[len("partition."):], None if v is None else str(v))
+                          for k, v in a.items() if k.startswith("partition.")))
+        path = unquote(a["path"])
+        uri = path if "://" in path or path.startswith("/") else f"{info.uri}/{path}"
+        nulls = a.get(f"null_count.{stat}") if event_time else None
+        files.append(DataFile(uri=uri, rows=a.get("num_records"), size=int(a.get("size_bytes") or 0),
+                              partition_values=pv, time_range=rng,
+                              time_nulls=int(nulls) if nulls is not None else None,
+                              deleted=deleted.get(_normal(uri))))
+    return files
+
+
+def _normal(uri: str) -> str:
+    """A file URI compared across `deltalake` (file:///x) and the log (/x, relative paths joined)."""
+    local = local_path(uri)
+    return os.path.abspath(local) if local is not None else uri

@@ -1,0 +1,212 @@
+"""One Spark pass over every partition a flow run touches: partial states, merge, state and sink.
+
+    query     one SQL statement (flow_query.py): every needed file read once, rows tagged with their
+              role, signed partial states per (partition, window, keys), merged with the old state of
+              the touched partitions only, minus refilled windows
+    state     one Spark job writes the merged state, one file per partition; one Delta commit
+    sink      a small pass: finalized beside the state in the same job (both staged by the driver,
+              which sums the run metrics from the same rows);
+              otherwise one Spark job finalizes the state files just written (a scan, no shuffle);
+              one Delta commit
+
+Run metrics come from the same jobs (pass_metrics.py: observed, or summed from collected rows),
+not from extra ones. The
+state is re-read only when a crashed run is recovered (`flow_state.rederive_sinks`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from ..quarantine import records as qr
+from ..aggregates.base import EVENT_TS, SIGN, q
+from ..output.commit import replace_ranges
+from .query import PassQuery, old_state, pass_query
+from .state import WS, finalize
+from ..run.inputs import RunInputs
+from ..run.context import RunContext
+from .metrics import GOOD, LOST, collected_metrics, good_mask, lost_window_starts, observed_metrics
+from ..run.plan import PartitionPlan
+from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
+from ..run.reading import PART, ReadSet, read_set, with_partition
+from ..spark.frames import interpreted, observe
+from ..output.staged_files import collect_rows, read_staged, write_staged, write_staged_rows
+from ..spec.specs import FlowSpec
+from ..windows import Interval, partition_key, partition_key_column
+
+
+class PrecisionLost(Exception):
+    """Windows whose float state a retraction left untrustworthy: {partition: window-start ranges}."""
+
+    def __init__(self, windows: dict[str, tuple[Interval, ...]]) -> None:
+        super().__init__(f"precision lost in {sum(len(w) for w in windows.values())} window(s)")
+        self.windows = windows
+
+
+@dataclass
+class PassResult:
+    """What one pass measured, per partition; `state_rows`/`sink_rows` are the pass's totals."""
+
+    metrics: dict[str, dict] = field(default_factory=dict)
+    quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
+    state_rows: int = 0
+    sink_rows: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # read (the first Spark job), state, write
+
+
+def state_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs) -> DataFrame:
+    """The merged state the plans produce, lazily (what a run writes; what `explain` prints)."""
+    built, _, _ = _build(ctx, spec, plans, inputs, slots=False, sink=False)
+    return built.merged.where(GOOD).select([q(c) for c in built.state]).run(ctx.spark)
+
+
+def recompute(ctx: RunContext, spec: FlowSpec, plan: PartitionPlan, inputs: RunInputs) -> DataFrame:
+    """Sink rows of a refill plan's windows, from the snapshot alone (the equivalence check)."""
+    return finalize(spec, state_query(ctx, spec, [plan], inputs)).drop(PART)
+
+
+def _build(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs, *, slots: bool,
+           sink: bool) -> tuple[PassQuery, ReadSet, bool]:
+    reads = read_set(spec, plans, inputs)
+    old = old_state(ctx, spec, plans, inputs)
+    read_bytes = reads.total_bytes * spec.shape.copies + old[1]
+    # small inputs: one task, no shuffle; a small state comes through the driver, its sink beside it
+    # (the sink's columns in the same statement, unless a key or post column could clash with ours)
+    single = _bounded(spec, read_bytes, ctx.options.single_task_below_bytes)
+    small = _bounded(spec, read_bytes, ctx.options.driver_write_below_bytes)
+    sink = sink and small and not any(c.startswith("__") for c in [*spec.keys, *dict(spec.post)])
+    # per-partition metrics of a pass staged with its sink are summed from its rows: no slot column
+    return pass_query(ctx, spec, plans, reads, inputs, single=single, old=old, slots=slots and not sink,
+                      sink=sink), reads, small
+
+
+def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
+             inputs: RunInputs, run_id: str) -> PassResult:
+    """Carry out `plans` (sharing target versions and input schema) in one pass; raises
+    `PrecisionLost` before committing anything when a window must be recomputed instead."""
+    out = PassResult()
+    keys = [p.partition for p in plans]
+    per_part = len(plans) <= ctx.options.metrics_partitions
+    built, reads, small = _build(ctx, spec, plans, inputs, slots=per_part, sink=True)
+    # small inputs: interpreted expressions (compiling each query's new code costs more than it saves)
+    with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
+        t0 = time.perf_counter()
+        state_uri = ctx.layout.state_uri(spec, inputs.input_schema)
+        staged, sink, row = _stage_outputs(ctx, spec, plans, built, state_uri, run_id, small,
+                                           plans if per_part else [])
+        per_part = per_part or sink is not None  # collected metrics: every partition's
+        _collect_metrics(out, row, plans, per_part)
+        for k in keys:
+            out.metrics[k].update(files_read=reads.files.get(k, 0), bytes_read=reads.bytes.get(k, 0))
+        if any(m.get("rows_rejected") for m in out.metrics.values()):
+            # a reject's event time lies in its copy's window: at most a window's size past its partition
+            within = [Interval(p.interval.start, p.interval.end + spec.shape.size) for p in plans]
+            counts = _quarantine(ctx, spec, built.copies.run(ctx.spark), run_id, small=small, within=within)
+            for k in keys:
+                out.quarantined[k] = counts.get(k, {})
+        ctx.hook("after_read")
+        t1 = time.perf_counter()
+        txns = [(ctx.layout.app_id(spec, k), seqs[k]) for k in keys]
+        meta = {"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.partition": ",".join(keys),
+                "laminar.mode": ",".join(sorted({p.mode.value for p in plans})),
+                "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
+        read = {m: sum(out.metrics[k].get(m, 0) for k in keys) for m in ("rows_read", "rows_rejected")}
+        ranges = [p.interval for p in plans]
+        out.state_rows = replace_ranges(ctx.spark, staged, table_uri=state_uri, column=WS, ranges=ranges,
+                                        transactions=txns, metadata=meta, run_id=run_id,
+                                        opened=inputs.opened.pop(state_uri, None))
+        ctx.hook("after_state_commit")
+        t2 = time.perf_counter()
+        if sink is None:
+            # Finalized from the state files just staged (one scan of the touched partitions' state, no
+            # shuffle): cheaper than caching the merge, whose plan Spark must build twice.
+            state = with_partition(read_staged(ctx.spark, staged, state_uri), spec, WS)
+            small = sum(a.size for a in staged.adds) < ctx.options.driver_write_below_bytes
+            sink = write_staged(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
+                         by=PART, through_driver=small)  # Spark job
+        metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
+        out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
+                                       transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
+                                       run_id=run_id + "-sink", reset_on_schema_change=True)
+        out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
+        ctx.hook("after_sink_commit")
+    return out
+
+
+def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], built: PassQuery, state_uri: str,
+                   run_id: str, small: bool, slotted: list[PartitionPlan]) -> tuple:
+    """Stage the merged state in one Spark job; returns (state files, sink files or None, metrics).
+    A small pass collects every merged row, stages state and sink from them and sums its metrics
+    in Arrow; otherwise Spark writes the state, the metrics are observed in that job and the sink
+    (None) is still to be staged from the state files. Raises `PrecisionLost` before anything is
+    staged (collected) or after discarding the state files (observed)."""
+    merged = built.merged.run(ctx.spark)
+    if built.sink is not None:
+        rows = collect_rows(merged)
+        metrics = collected_metrics(rows, plans, spec.granularity)
+        if metrics["lost"]:
+            raise PrecisionLost(_lost_windows(spec, lost_window_starts(rows)))
+        staged, sink = write_staged_rows(rows.filter(good_mask(rows)), [
+            (state_uri, run_id, list(built.state)), (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))],
+            by=PART)
+        return staged, sink, metrics
+    obs = Observation()
+    merged = observe(merged, obs, *[F.expr(m) for m in observed_metrics(slotted)])
+    staged = write_staged(merged.where(GOOD).selectExpr(*[q(c) for c in built.state]), state_uri, run_id, by=PART,
+                   through_driver=small)
+    if obs.get.get("lost"):
+        staged.discard()
+        starts = [r[WS] for r in merged.where(f"{LOST} AND {GOOD}").select(WS).distinct().collect()]
+        raise PrecisionLost(_lost_windows(spec, starts))  # a job only when precision was lost
+    return staged, None, obs.get
+
+
+def _bounded(spec: FlowSpec, size: int, limit: int) -> bool:
+    """Whether a pass reading `size` bytes (each row's window copies counted, plus the old state it
+    merges) is under `limit`: the one-task (`EngineOptions.single_task_below_bytes`) and driver-write
+    (`driver_write_below_bytes`) bounds. A fact join reads its joined table whole and can multiply
+    rows beyond any such bound: never."""
+    return not spec.joins and size < limit
+
+
+def _collect_metrics(out: PassResult, row: dict, plans: list[PartitionPlan], per_part: bool) -> None:
+    names = {"rows": "rows_read", "rejected": "rows_rejected", "retracted": "rows_retracted",
+             "groups": "partial_groups", "windows": "windows_touched"}
+    for i, p in enumerate(plans):
+        # element 0: the pass's total; element i + 1: partition i's slot. Without a breakdown (too
+        # many partitions) the pass's totals go on the first partition.
+        at = i + 1 if per_part else (0 if i == 0 else None)
+        out.metrics[p.partition] = {v: _element(row.get(k), at) for k, v in names.items()}
+
+
+def _element(values: list | None, at: int | None) -> int:
+    return int(values[at] or 0) if values is not None and at is not None and at < len(values) else 0
+
+
+def _lost_windows(spec: FlowSpec, starts: list) -> dict[str, tuple[Interval, ...]]:
+    out: dict[str, list[Interval]] = {}
+    for start in starts:
+        iv = Interval(start, start + spec.shape.slide)
+        out.setdefault(partition_key(iv.start, spec.granularity), []).append(iv)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _quarantine(ctx: RunContext, spec: FlowSpec, copies: DataFrame, run_id: str, *,
+                small: bool, within: list[Interval]) -> dict[str, dict[str, int]]:
+    """Append the rows that broke a rule (each in its own partition's copy) to their sources'
+    quarantine tables; returns the new rows by partition and rule."""
+    rejected = copies.where(F.col("__primary") & F.col(RULE).isNotNull() & (F.col(SIGN) > 0))
+    rejected = rejected.withColumn(PARTITION_KEY, partition_key_column(EVENT_TS, spec.granularity))
+    counts: dict[str, dict[str, int]] = {}
+    for src in spec.sources:
+        mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
+        for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
+                                       run_id=run_id, through_driver=small, within=within).items():
+            for rule, n in by_rule.items():
+                counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
+    return counts

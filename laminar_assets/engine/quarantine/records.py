@@ -1,0 +1,204 @@
+"""Quarantine: source rows that break a rule, kept with the rule, the source version and the row.
+
+One Delta table per source, `<root>/_laminar/quarantine/<source>`, partitioned by
+the flow that rejected the rows. Each rejected row has exactly one writer:
+  - a row whose event time is usable and inside the spec's bounds belongs to the
+    partition run of that time (`partition` = its key);
+  - a row with a missing, unparseable or out-of-bounds event time belongs to no
+    partition; the flow's sweep records it (`partition` NULL), reading each source
+    version once.
+A write appends only rows not yet recorded for (flow, partition) — an anti-join on
+(rule, row) with the flow's files whose event times overlap the run's partitions
+(`recorded_files`) — so retried, repeated and refilled runs never record a row twice.
+The quarantine is a record of what was rejected: a rejected row later deleted from
+the source stays in it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
+from ..delta.log import local_path
+from ..output.commit import CHECKPOINT_EVERY
+from ..delta.tables import snapshot_files, table_info
+from ..output.staged_files import committed, write_staged
+from ..spark.read import read_source
+from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..windows import Interval, sql_timestamp
+
+RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"
+MISSING, OUT_OF_BOUNDS, KEY_MISSING = "event_time_missing", "event_time_out_of_bounds", "key_missing"
+
+SCHEMA = pa.schema([
+    ("flow", pa.string()), ("partition", pa.string()), ("rule", pa.string()), ("source_version", pa.int64()),
+    ("event_time", pa.timestamp("us", tz="UTC")), ("row", pa.string()), ("run_id", pa.string()),
+    ("quarantined_at", pa.timestamp("us", tz="UTC")),
+])
+
+
+def table_name(source: str) -> str:
+    return os.path.basename(source.rstrip("/"))
+
+
+def declared_rule(spec: Spec, source: str) -> Column:
+    """Name of the first declared rule the raw row breaks (false or NULL), else NULL."""
+    return F.expr(declared_rule_sql(spec, source))
+
+
+def rule_kept_sql(rule) -> str:
+    """Whether a row keeps `rule`, as Spark SQL: its check, NULL counting as broken."""
+    return f"coalesce({user_sql(rule.check)}, false)"
+
+
+def declared_rule_sql(spec: Spec, source: str) -> str:
+    """`declared_rule` as Spark SQL text."""
+    terms = [f"WHEN NOT {rule_kept_sql(rule)} THEN {sql_string(rule.name)}" for rule in spec.rules_for(source)]
+    return f"CASE {' '.join(terms)} END" if terms else "CAST(NULL AS STRING)"
+
+
+def key_rule_sql(spec: Spec) -> str:
+    """SQL: KEY_MISSING when a key column is NULL, else NULL."""
+    missing = " OR ".join(f"{q(k)} IS NULL" for k in spec.key_columns) or "false"
+    return f"CASE WHEN {missing} THEN {sql_string(KEY_MISSING)} END"
+
+
+def assigned(spec: Spec) -> Column:
+    """True for rows a partition run owns: a usable event time inside the bounds."""
+    return F.expr(assigned_sql(spec))
+
+
+def assigned_sql(spec: Spec) -> str:
+    """`assigned` as Spark SQL text."""
+    ts = q(EVENT_TS)
+    ok = f"{ts} IS NOT NULL"
+    if spec.bounds is not None:
+        ok += f" AND {ts} >= {sql_timestamp(spec.bounds.start)} AND {ts} < {sql_timestamp(spec.bounds.end)}"
+    return f"({ok})"
+
+
+def unassigned_rule(spec: Spec) -> Column:
+    ts = F.col(EVENT_TS)
+    return F.when(ts.isNull(), F.lit(MISSING)).when(~assigned(spec), F.lit(OUT_OF_BOUNDS))
+
+
+# ISO 8601 UTC to the microsecond: a row's identity in the quarantine (its JSON) must not change
+TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
+
+
+def original_row(columns: list[str]) -> Column:
+    """The source row as JSON (timestamps in ISO 8601 UTC). Null fields are left out, so a column
+    added to the source later (null in old rows) does not change an old row's identity."""
+    return F.to_json(F.struct(*[F.col(c) for c in columns]), {"timestampFormat": TIMESTAMP_FORMAT})
+
+
+def original_row_sql(columns: list[str]) -> str:
+    """`original_row` as Spark SQL text (the same JSON)."""
+    fields = ", ".join(f"{sql_string(c)}, {q(c)}" for c in columns)
+    return f"to_json(named_struct({fields}), map('timestampFormat', {sql_string(TIMESTAMP_FORMAT)}))"
+
+
+def recorded_files(uri: str, flow: str, within: Sequence[Interval] | None = None) -> tuple[object, list]:
+    """(table info, data files) of the rows `flow` has recorded in the quarantine table at `uri`
+    that a write of rejects from `within` (event-time intervals) must check against: only files
+    whose event-time statistics overlap them, since a recorded row's partition key comes from its
+    event time. None: the sweep's rows, which have no partition (and often no event time): only
+    files whose statistics say they hold a NULL `partition`. Without this a run's check read the
+    flow's whole quarantine history."""
+    if not DeltaTable.is_deltatable(uri):
+        return None, []
+    info = table_info(table_name(uri), uri)
+    files = snapshot_files(info, "event_time" if within is not None else None, within)
+    mine = [f for f in files if dict(f.partition_values).get("flow") == flow]
+    if within is None:
+        partitioned = _without_null_partition(info)
+        mine = [f for f in mine if unquote(f.uri.rsplit("/", 1)[-1]) not in partitioned]
+    return info, mine
+
+
+def _without_null_partition(info) -> set[str]:
+    """Names of the files whose statistics prove every row has a `partition` (files a run of
+    some partition wrote); files without statistics are not in it."""
+    actions = pa.table(info.delta().get_add_actions(flatten=True))
+    if "null_count.partition" not in actions.column_names:
+        return set()
+    nulls = actions.column("null_count.partition").to_pylist()
+    return {unquote(p.rsplit("/", 1)[-1]) for p, n in zip(actions.column("path").to_pylist(), nulls) if n == 0}
+
+
+def _existing(spark: SparkSession, uri: str, flow: str, within: Sequence[Interval] | None) -> DataFrame | None:
+    info, files = recorded_files(uri, flow, within)
+    if not files:
+        return None
+    return read_source(spark, files, info).select("partition", "rule", "row")
+
+
+def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_id: str,
+           through_driver: bool = False, within: Sequence[Interval] | None = None) -> dict[str | None, dict[str, int]]:
+    """Append the rows of `rejects` (PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS; a NULL partition for
+    the sweep's rows) not yet recorded for (flow, partition); returns the number of new rows by
+    partition and rule. One Spark job, one commit. `through_driver`: the caller read few enough
+    bytes that the rejects (a subset of those rows) are written by the driver (`staging.stage`).
+    `within`: event-time intervals holding every reject's event time (a run's partitions); only
+    recorded rows there are read to skip what is recorded already (`recorded_files`)."""
+    rows = (rejects.groupBy(F.col(PARTITION_KEY).alias("partition"), F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
+            .agg(F.min(VERSION).alias("source_version"), F.min(EVENT_TS).alias("event_time")))
+    old = _existing(spark, uri, flow, within)
+    if old is not None:
+        same = rows["partition"].eqNullSafe(old["partition"]) & (rows["rule"] == old["rule"]) & \
+            (rows["row"] == old["row"])
+        rows = rows.join(old, same, "left_anti")
+    now = datetime.now(timezone.utc)
+    out = rows.select(
+        F.col("partition").cast("string").alias("partition"), "rule", F.col("source_version").cast("long"),
+        "event_time", "row", F.lit(run_id).alias("run_id"), F.lit(now).alias("quarantined_at"),
+    )
+    staged = write_staged(out, uri, run_id, max_files=1, folder=f"flow={flow}/laminar",
+                   partition_values={"flow": flow}, through_driver=through_driver)
+    if not staged.rows:
+        return {}
+    if not DeltaTable.is_deltatable(uri):
+        try:
+            DeltaTable.create(uri, schema=SCHEMA, mode="ignore", partition_by=["flow"],
+                              configuration={"delta.checkpointInterval": str(CHECKPOINT_EVERY)})
+        except DeltaError:  # a concurrent run created it first
+            if not DeltaTable.is_deltatable(uri):
+                raise
+    DeltaTable(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"])
+    committed(staged)
+    local = local_path(uri)
+    counts: dict[str | None, dict[str, int]] = {}
+    for add in staged.adds:  # only the partition and rule columns of what this run just wrote
+        written = pq.read_table(os.path.join(local, add.path), columns=["partition", "rule"]).to_pylist()
+        for r in written:
+            by_rule = counts.setdefault(r["partition"], {})
+            by_rule[r["rule"]] = by_rule.get(r["rule"], 0) + 1
+    return counts
+
+
+def summarize(uri: str, *, examples: int = 3) -> list[dict]:
+    """Counts by (flow, rule) of one quarantine table, with version range and example rows.
+    Spark-free: the quarantine holds rejected rows only, read with deltalake/pyarrow."""
+    if not DeltaTable.is_deltatable(uri):
+        return []
+    table = DeltaTable(uri).to_pyarrow_table(columns=["flow", "rule", "source_version", "row"])
+    grouped = table.group_by(["flow", "rule"]).aggregate(
+        [("source_version", "min"), ("source_version", "max"), ("row", "count")])
+    out = []
+    for g in sorted(grouped.to_pylist(), key=lambda r: (r["flow"], r["rule"])):
+        mask = pa.compute.and_(pa.compute.equal(table["flow"], g["flow"]), pa.compute.equal(table["rule"], g["rule"]))
+        rows = table.filter(mask).column("row").slice(0, examples).to_pylist()
+        out.append({"source": table_name(uri), "flow": g["flow"], "rule": g["rule"], "rows": g["row_count"],
+                    "min_version": g["source_version_min"], "max_version": g["source_version_max"], "examples": rows})
+    return out

@@ -1,0 +1,15 @@
+"""Answers about a lake, for the CLI and the Dagster layer: the graph, explain and status
+(`overview`), staleness and dirty partitions without Spark (`staleness`), `laminar sql`'s system tables,
+the equivalence check, and reading a sink's rows."""
+
+from .equivalence import EquivalenceResult, check_equivalence, check_equivalence_many
+from .overview import explain, status, topology
+from .sink_read import to_pandas
+from .staleness import NewCommits, dirty_partitions, inspect_partition, is_stale, lag, new_commits, reach
+from .system_tables import jsonable, run_query
+
+__all__ = [
+    "EquivalenceResult", "NewCommits", "check_equivalence", "check_equivalence_many", "dirty_partitions", "explain",
+    "inspect_partition", "is_stale", "jsonable", "lag", "new_commits", "reach", "run_query", "status", "to_pandas",
+    "topology",
+]

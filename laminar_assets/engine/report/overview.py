@@ -1,0 +1,157 @@
+"""Reports as plain data (JSON-able dicts): the topology, a flow's explanation, and status.
+
+`explain` needs Spark (for the physical plan) but runs no job and writes nothing;
+`topology` and `status` need no Spark at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.errors import LaminarError
+
+from ..aggregates.algebra import implementation
+from ..delta.tables import CommitKind, resolve_uri, snapshot_files, source_history, table_info
+from .staleness import inspect_partition, is_stale
+from ..spark.read import read_source
+from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..run.validate import apply_row_logic
+
+
+
+def topology(specs: list[Spec]) -> list[dict]:
+    """One row per node: node, kind (source/stage/flow), inputs, outputs, is_shared, partitioning."""
+    produced = {s.sink: s for s in specs}
+    readers: dict[str, list[str]] = {}
+    for s in specs:
+        for t in (*s.sources, *s.dimension_tables):
+            readers.setdefault(t, []).append(s.name)
+    rows = []
+    for table in readers:
+        if table not in produced:
+            rows.append({"node": table, "kind": "source", "inputs": [], "outputs": sorted(readers[table]),
+                         "is_shared": len(readers[table]) > 1, "partitioning": None})
+    for s in specs:
+        outputs = sorted(readers.get(s.sink, []))
+        rows.append({"node": s.name, "kind": s.kind,
+                     "inputs": [*s.sources, *s.dimension_tables],
+                     "outputs": outputs, "is_shared": len(outputs) > 1, "partitioning": s.granularity.value})
+    return rows
+
+
+def logical(spec: Spec) -> dict:
+    out = {"name": spec.name, "kind": spec.kind, "description": spec.description, "sources": list(spec.sources),
+           "event_time": spec.event_time, "filter": spec.filter, "derived": dict(spec.derived),
+           "partitioning": spec.granularity.value, "refresh": spec.refresh.value, "sink": spec.sink,
+           "spec_hash": spec.spec_hash, "origin": spec.origin or None, "sql": spec.definition or None}
+    if isinstance(spec, FlowSpec):
+        out["keys"] = list(spec.keys)
+        out["window"] = {"kind": "hopping" if spec.shape.is_hopping else "tumbling",
+                         "size_seconds": spec.shape.size.total_seconds(),
+                         "slide_seconds": spec.shape.slide.total_seconds()}
+        out["aggregates"] = [implementation(a).describe() for a in spec.aggregates]
+        out["post"] = dict(spec.post)
+        out["hidden"] = list(spec.hidden)
+        out["retractable"] = spec.retractable
+        out["not_incrementalizable"] = list(spec.not_incrementalizable)
+        out["joins"] = [{"table": j.table, "alias": j.alias, "on": j.on, "columns": [j.column(c) for c in j.columns],
+                         "how": j.how} for j in spec.joins]
+    else:
+        out["dedup_key"] = list(spec.dedup_key)
+        out["joins"] = [{"table": j.table, "on": list(j.on), "columns": list(j.columns), "how": j.how}
+                        for j in spec.joins]
+        out["columns"] = list(spec.columns)
+    return out
+
+
+def _formatted(df) -> str:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        df.explain(mode="formatted")
+    return buffer.getvalue().strip()
+
+
+def explain(engine, spec: Spec, partition: str) -> dict:
+    """Logical (the spec), physical (Spark's plan of the query a run would execute), strategy (the plan)."""
+    mark = engine.store.load(spec.name, partition)
+    if isinstance(spec, FlowSpec):
+        plan, query = engine.state_query(spec, partition)
+        physical = _formatted(query)
+    else:
+        plan = engine.plan(spec, partition)
+        src = spec.sources[0]
+        info = table_info(src, resolve_uri(engine.root, src))
+        physical = _formatted(apply_row_logic(read_source(engine.spark, [], info), spec))
+    estimate = {"files": 0, "bytes": 0, "rows": 0}
+    pending_commits = []
+    for src in spec.sources:
+        uri = resolve_uri(engine.root, src)
+        since = plan.from_versions.get(src)
+        history = source_history(src, uri, since, table_info(src, uri).version, spec.event_time)
+        wanted = set(plan.incremental_versions.get(src, ()))
+        for c in history.commits:
+            pending_commits.append({"table": src, "version": c.version, "operation": c.operation,
+                                    "kind": c.kind.value, "rows": c.rows})
+            if c.version in wanted:
+                files = c.adds if c.kind in (CommitKind.APPEND, CommitKind.DELETION_VECTORS) else c.cdc
+                for f in files:
+                    if f.time_range is None or f.time_range.overlaps(plan.needed):
+                        estimate["files"] += 1
+                        estimate["bytes"] += f.size
+                        estimate["rows"] += f.rows or 0
+        if plan.refill:
+            info = table_info(src, uri, plan.to_versions[src])
+            events = spec.refill_events(plan.interval, plan.refill)
+            for f in snapshot_files(info, spec.event_time, events):
+                estimate["files"] += 1
+                estimate["bytes"] += f.size
+                estimate["rows"] += f.rows or 0
+    strategy = {
+        **plan.to_json(),
+        "watermark": None if mark is None else {"source_versions": mark.source_versions, "seq": mark.seq,
+                                                "spec_hash": mark.spec_hash, "failed_attempt": mark.failed_attempt},
+        "pending_commits": pending_commits,
+        "estimated_read": estimate,
+    }
+    return {"logical": logical(spec), "physical": physical, "strategy": strategy}
+
+
+def status(root: str, specs: list[Spec]) -> list[dict]:
+    """Per spec: materialized partitions, stale ones and why, watermark vs source versions, pending versions.
+    Source versions cover every input the watermark records: the sources and the dimension tables."""
+    store = CheckpointStore(root)
+    out = []
+    for spec in specs:
+        latest = {}
+        inputs = (*spec.sources, *spec.dimension_tables)
+        for src in inputs:
+            uri = resolve_uri(root, src)
+            try:
+                latest[src] = table_info(src, uri).version
+            except LaminarError:  # a missing source shows as None; the partitions below say why
+                latest[src] = None
+        partitions, stale = [], []
+        for key in store.partitions(spec.name):
+            try:
+                mark, plan = inspect_partition(root, spec, key, store)
+            except LaminarError as exc:  # a source that vanished: report it, don't crash the report
+                stale.append({"partition": key, "reason": "ERROR", "detail": str(exc)})
+                continue
+            behind = {s: (latest[s] - mark.source_versions.get(s, 0)) if latest.get(s) is not None else None
+                      for s in inputs}
+            row = {"partition": key, "watermark": mark.source_versions, "versions_behind": behind,
+                   "last_mode": mark.last_mode, "last_reason": mark.last_reason}
+            partitions.append(row)
+            if is_stale(mark, plan):
+                why = plan.reason.value if not mark.failed_attempt else "PREVIOUS_ATTEMPT_FAILED"
+                stale.append({"partition": key, "reason": why,
+                              "detail": mark.failed_attempt or plan.detail})
+        out.append({"flow": spec.name, "kind": spec.kind, "source_versions": latest,
+                    "partitions_materialized": len(partitions), "stale_partitions": stale,
+                    "pending_versions": max((max(v for v in p["versions_behind"].values() if v is not None)
+                                             for p in partitions if any(v is not None for v in p["versions_behind"].values())),
+                                            default=0),
+                    "partitions": partitions})
+    return out

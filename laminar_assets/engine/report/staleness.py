@@ -1,0 +1,124 @@
+"""Answers about sources and partitions that need no Spark: dirty partitions of new
+commits (from Delta file statistics) and what the planner would do for a partition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from laminar_assets.checkpoints import CheckpointStore, Watermark
+
+from ..delta.tables import CommitSummary, read_commit, resolve_uri, snapshot_files, source_history, table_info, temporal
+from ..run.plan import Mode, PartitionPlan
+from ..run.planner import PlannerInput, plan_partition
+from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..windows import Interval, coalesce, partitions_overlapping
+
+
+def reach(spec: Spec, events: Interval) -> list[str]:
+    """Partitions of `spec` whose windows can hold rows with event times in `events`."""
+    return partitions_overlapping(spec.output_times_of(events), spec.granularity)
+
+
+@dataclass(frozen=True)
+class NewCommits:
+    """Commits of a table after a cursor, and the event-time ranges they touched."""
+
+    table: str
+    from_version: int | None
+    to_version: int
+    ranges: tuple[Interval, ...]
+    unknown_range: bool
+    commits: tuple[CommitSummary, ...]
+
+
+def new_commits(root: str, table: str, event_time: str, after: int | None,
+                upto: int | None = None) -> NewCommits | None:
+    """What changed in `table` after version `after` up to version `upto` (latest if None; all of
+    it if `after` is None); None if nothing did."""
+    uri = resolve_uri(root, table)
+    info = table_info(table, uri, upto)
+    if after is not None and after >= info.version:
+        return None
+    ranges: list[Interval] = []
+    unknown = False
+    commits: list[CommitSummary] = []
+    expired = False
+    stats_column = info.physical(event_time) if temporal(info.schema, event_time) else None
+    if stats_column is None:
+        unknown = True
+    if after is not None:
+        for version in range(after + 1, info.version + 1):
+            commit = read_commit(table, uri, version, stats_column, info.name_pairs)
+            if commit is None:
+                expired = True
+                break
+            commits.append(commit)
+            touched = commit.touched
+            if touched is None:
+                unknown = True
+            else:
+                ranges.extend(t for t in touched if t.end > t.start)
+    if after is None or expired or unknown:
+        # Everything the table holds may be affected: use the snapshot's statistics. Rows that were
+        # deleted are not in the snapshot, so `unknown` stays set and callers also take every
+        # partition already materialized.
+        for f in snapshot_files(info, event_time):
+            if f.time_range is None:
+                unknown = True
+            elif f.time_range.end > f.time_range.start:
+                ranges.append(f.time_range)
+        if after is None and not expired:
+            unknown = False  # a first look: everything there is, is in the snapshot
+    return NewCommits(table, after, info.version, coalesce(ranges), unknown, tuple(commits))
+
+
+def dirty_partitions(spec: Spec, changes: NewCommits) -> list[str]:
+    keys: set[str] = set()
+    for r in changes.ranges:
+        keys.update(reach(spec, r))
+    return sorted(keys)
+
+
+def inspect_partition(root: str, spec: Spec, partition: str,
+                      store: CheckpointStore | None = None) -> tuple[Watermark | None, PartitionPlan]:
+    """The watermark of a partition and the plan a run would follow now (schema checks aside)."""
+    store = store or CheckpointStore(root)
+    mark = store.load(spec.name, partition)
+    histories, dims = {}, {}
+    for src in spec.sources:
+        uri = resolve_uri(root, src)
+        info = table_info(src, uri)
+        since = mark.source_versions.get(src) if (mark and mark.committed) else None
+        histories[src] = source_history(src, uri, since, info.version, spec.event_time, info=info)
+    for table in spec.dimension_tables:
+        dims[table] = table_info(table, resolve_uri(root, table)).version
+    schema = dict(mark.input_schema) if mark else {}
+    plan = plan_partition(PlannerInput(spec=spec, partition=partition, watermark=mark, histories=histories,
+                                       dimension_versions=dims, input_schema=schema))
+    return mark, plan
+
+
+def is_stale(mark: Watermark | None, plan: PartitionPlan) -> bool:
+    """A materialized partition is stale when a run would change it, or its last attempt failed."""
+    if mark is None:
+        return False
+    return bool(mark.failed_attempt) or mark.pending is not None or plan.mode is not Mode.NOOP
+
+
+def lag(root: str, spec: Spec, mark: Watermark) -> tuple[int, float]:
+    """(versions behind, seconds of commit time behind) of a watermark against its sources."""
+    versions, seconds = 0, 0.0
+    for src in spec.sources:
+        uri = resolve_uri(root, src)
+        latest = table_info(src, uri).version
+        at = mark.source_versions.get(src)
+        if at is None:
+            continue
+        versions = max(versions, latest - at)
+        if latest > at:
+            newest = read_commit(src, uri, latest, spec.event_time)
+            oldest = read_commit(src, uri, at + 1, spec.event_time)
+            if newest and oldest:
+                seconds = max(seconds, (newest.timestamp - oldest.timestamp + timedelta(0)).total_seconds())
+    return versions, seconds

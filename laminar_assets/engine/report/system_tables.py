@@ -1,0 +1,260 @@
+"""`laminar sql`: Spark SQL over the lake, with Laminar's own facts as `laminar_system.*` tables.
+
+Every sink and stage table is a temp view by its name, every raw source too; Spark reads the Parquet
+files of the table's latest snapshot (`spark_read`), never the Delta log. The system tables:
+
+    laminar_system.dag_topology   one row per node of the graph (`report.topology`)
+    laminar_system.partitions     one row per (flow, partition) watermark (`CheckpointStore`)
+    laminar_system.runs           one row per commit a run made to a sink, from its Delta history
+
+Spark temp views cannot have a dotted name, so `laminar_system.x` is rewritten in the query text to
+the view `laminar_system_x` (same length, so Spark's error positions still point into the query as
+typed). Only the tables a query names are registered; the driver collects only the (limited) result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from typing import Callable
+
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (ArrayType, BooleanType, LongType, MapType, StringType, StructField, StructType,
+                               TimestampType)
+
+from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.errors import LaminarError
+
+from ..delta.tables import resolve_uri, snapshot_files, table_info
+from .overview import topology
+from ..spark.read import read_source
+
+SYSTEM = "laminar_system"
+HISTORY = 1000  # commits read per sink table for `laminar_system.runs` (the most recent ones)
+_WRITES = {"CREATE", "INSERT", "DROP", "ALTER", "DELETE", "UPDATE", "MERGE", "TRUNCATE", "SET", "RESET", "CACHE",
+           "UNCACHE", "REFRESH", "ADD", "LOAD", "USE", "REPLACE", "MSCK", "ANALYZE", "CLEAR", "DECLARE", "BEGIN"}
+
+
+def _fields(*spec: tuple[str, object]) -> StructType:
+    return StructType([StructField(name, kind, True) for name, kind in spec])
+
+
+S, L, B, T, STRS = StringType(), LongType(), BooleanType(), TimestampType(), ArrayType(StringType())
+DAG_SCHEMA = _fields(("node_id", S), ("operator_type", S), ("inputs", STRS), ("outputs", STRS), ("is_shared", B),
+                     ("partitioning", S))
+PARTITIONS_SCHEMA = _fields(("flow", S), ("partition", S), ("source_versions", MapType(S, L)), ("seq", L),
+                            ("spec_hash", S), ("last_mode", S), ("last_reason", S), ("failed_attempt", S),
+                            ("updated_at", T))
+METRICS = ("rows_read", "rows_rejected", "state_rows", "sink_rows")
+RUNS_SCHEMA = _fields(("run_id", S), ("flow", S), ("partitions", STRS), ("mode", S), ("reason", S),
+                      ("committed_at", T), ("table_version", L), *[(m, L) for m in METRICS], ("recovered", B))
+
+
+def dag_topology(spark: SparkSession, specs) -> DataFrame:
+    """`laminar_system.dag_topology`: node_id, operator_type (source/stage/flow), inputs, outputs,
+    is_shared, partitioning; one row per node of `report.topology(specs)`."""
+    rows = [(r["node"], r["kind"], list(r["inputs"]), list(r["outputs"]), bool(r["is_shared"]), r["partitioning"])
+            for r in topology(specs)]
+    return spark.createDataFrame(rows, DAG_SCHEMA)
+
+
+def partitions(spark: SparkSession, root: str, specs) -> DataFrame:
+    """`laminar_system.partitions`: one row per (flow, partition) watermark: source_versions, seq,
+    spec_hash, last_mode, last_reason, failed_attempt, updated_at."""
+    store = CheckpointStore(root)
+    rows = []
+    for spec in specs:
+        for key in store.partitions(spec.name):
+            m = store.load(spec.name, key)
+            if m is not None:
+                rows.append((m.flow, m.partition, {k: int(v) for k, v in m.source_versions.items()}, m.seq,
+                             m.spec_hash, m.last_mode, m.last_reason, m.failed_attempt,
+                             datetime.fromisoformat(m.updated_at) if m.updated_at else None))
+    return spark.createDataFrame(rows, PARTITIONS_SCHEMA)
+
+
+def runs(spark: SparkSession, root: str, specs, *, history: int = HISTORY) -> DataFrame:
+    """`laminar_system.runs`: one row per commit a run made to a flow's or stage's sink (a run of many
+    partitions commits once per group of partitions sharing target versions), from the newest `history`
+    commits of each sink's Delta history and their `laminar.*` commit metadata: run_id, flow, partitions,
+    mode, reason, committed_at, table_version, rows_read, rows_rejected, state_rows (flows), sink_rows
+    (rows the commit wrote) and recovered (a sink re-derived from committed state after a crash).
+    Commits older than the `laminar.reason`/`laminar.metrics` metadata have NULL there."""
+    rows = []
+    for spec in specs:
+        uri = resolve_uri(root, spec.sink)
+        if not DeltaTable.is_deltatable(uri):
+            continue
+        for c in DeltaTable(uri).history(history):
+            if "laminar.run_id" not in c:
+                continue  # table creation, a schema reset: not a run's commit
+            metrics = json.loads(c.get("laminar.metrics") or "{}")
+            split = lambda key: c[key].split(",") if c.get(key) else None  # noqa: E731
+            rows.append((c["laminar.run_id"], c.get("laminar.flow", spec.name), split("laminar.partition"),
+                         c.get("laminar.mode"), c.get("laminar.reason"),
+                         datetime.fromtimestamp(c["timestamp"] / 1000, timezone.utc), c.get("version"),
+                         *[metrics.get(m) for m in METRICS], c.get("laminar.recovered") == "true"))
+    return spark.createDataFrame(rows, RUNS_SCHEMA)
+
+
+def lake_tables(root: str, specs) -> dict[str, str]:
+    """Name -> Delta URI of every data table a query may name: the sink of each flow and stage (by its
+    name) and the raw sources they read. System tables are not included (see `run_query`)."""
+    out = {}
+    for spec in specs:
+        out[os.path.basename(spec.sink.rstrip("/")).lower()] = resolve_uri(root, spec.sink)
+    for node in topology(specs):
+        if node["kind"] == "source":
+            out.setdefault(os.path.basename(node["node"].rstrip("/")).lower(), resolve_uri(root, node["node"]))
+    return out
+
+
+def table_frame(spark: SparkSession, name: str, uri: str) -> DataFrame:
+    """The rows of a Delta table's latest snapshot as a lazy DataFrame (its Parquet files, deletion
+    vectors applied); a table not written yet is a LaminarError naming it."""
+    if not DeltaTable.is_deltatable(uri):
+        raise LaminarError(f"table {name!r} has no data yet: no Delta table at {uri} (materialize it first, "
+                           "e.g. `laminar demo`, or let the sensors run)", table=name)
+    info = table_info(name, uri)
+    return read_source(spark, snapshot_files(info, None), info)
+
+
+def _view(name: str) -> str:
+    return f"{SYSTEM}_{name}"
+
+
+def references(query: str) -> tuple[set[str] | None, set[str], str]:
+    """What `query` names: (tables, candidates, rewritten query). `tables`: the tables sqlglot's parse
+    finds (lower case, CTE names left out, system tables as `laminar_system.x`), None when sqlglot cannot
+    parse the query; then Spark judges the syntax and `candidates` (every identifier in it) says which
+    tables to register. The rewritten query has each `laminar_system.x` replaced by its view name.
+    A statement that is not one query (DDL, DML, several statements) is a LaminarError."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import SqlglotError
+
+    try:
+        tokens = sqlglot.tokenize(query, read="spark")
+    except SqlglotError:
+        return None, set(), query  # e.g. an unterminated string: Spark's parser says where
+    text, candidates = list(query), set()
+    for i, tok in enumerate(tokens):
+        if tok.token_type.name not in ("VAR", "IDENTIFIER"):
+            continue
+        candidates.add(tok.text.lower())
+        if tok.text.lower() == SYSTEM and i + 2 < len(tokens) and tokens[i + 1].token_type.name == "DOT":
+            name = tokens[i + 2].text.lower()
+            candidates.add(f"{SYSTEM}.{name}")
+            start, end = tok.start, tokens[i + 2].end + 1  # same length: Spark's positions stay right
+            text[start:end] = list(_view(name).ljust(end - start))
+    rewritten = "".join(text)
+    what = "`laminar sql` runs one query (SELECT, WITH, VALUES, DESCRIBE)"
+    try:
+        trees = [t for t in sqlglot.parse(query, read="spark") if t is not None]
+    except SqlglotError:
+        first = next((t.text.upper() for t in tokens if t.token_type.name != "L_PAREN"), "")
+        if first in _WRITES or any(t.token_type.name == "SEMICOLON" for t in tokens[:-1]):
+            raise LaminarError(f"{what}; found {first} ...") from None
+        return None, candidates, rewritten
+    if len(trees) != 1 or not isinstance(trees[0], (exp.Query, exp.Values, exp.Describe)):
+        found = "several statements" if len(trees) > 1 else f"{(query.split() or ['nothing'])[0].upper()} ..."
+        raise LaminarError(f"{what}; found {found}")
+    ctes = {c.alias_or_name.lower() for c in trees[0].find_all(exp.CTE)}
+    tables = {".".join(p for p in (t.catalog, t.db, t.name) if p).lower() for t in trees[0].find_all(exp.Table)
+              if t.name and (t.db or t.catalog or t.name.lower() not in ctes)}
+    return tables, candidates, rewritten
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """A query's columns and at most `limit` rows (values as Python objects); `truncated` when it had more."""
+
+    columns: list[str]
+    rows: list[tuple]
+    truncated: bool
+
+    def records(self) -> list[dict]:
+        """Rows as JSON-able dicts (timestamps in ISO 8601; a repeated column name gets a `_2` suffix)."""
+        names, seen = [], {}
+        for c in self.columns:
+            seen[c] = seen.get(c, 0) + 1
+            names.append(c if seen[c] == 1 else f"{c}_{seen[c]}")
+        return [dict(zip(names, (jsonable(v) for v in row))) for row in self.rows]
+
+
+def jsonable(value):
+    """A Spark result value as JSON data: datetimes in ISO 8601, decimals and non-finite floats as text."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Decimal) or (isinstance(value, float) and not math.isfinite(value)):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return value.hex()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):  # a Row (struct) is a tuple: keep its field names
+        return {k: jsonable(v) for k, v in value.asDict().items()} if hasattr(value, "asDict") else \
+            [jsonable(v) for v in value]
+    return value
+
+
+def run_query(session: SparkSession | Callable[[], SparkSession], root: str, specs, query: str, *,
+              limit: int = 100) -> QueryResult:
+    """Run one Spark SQL query over the lake and return at most `limit` rows (the driver collects no
+    more). `session` may be a function that builds one: it is called only after the query's tables were
+    found (an unknown table fails without starting Spark). An unknown table, and Spark's parse, analysis
+    and runtime errors, are one-line LaminarErrors."""
+    data = lake_tables(root, specs)
+    system = {f"{SYSTEM}.dag_topology": lambda: dag_topology(spark, specs),
+              f"{SYSTEM}.partitions": lambda: partitions(spark, root, specs),
+              f"{SYSTEM}.runs": lambda: runs(spark, root, specs)}
+    known = sorted(data) + sorted(system)
+    tables, candidates, sql = references(query)
+    for name in sorted(tables or ()):
+        if name not in data and name not in system:
+            raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
+    spark = session if hasattr(session, "sql") else session()  # a session (local or Connect), or its factory
+    views = []
+    try:
+        for name in sorted(tables if tables is not None else candidates):
+            if name in system:
+                system[name]().createOrReplaceTempView(_view(name.split(".", 1)[1]))
+                views.append(_view(name.split(".", 1)[1]))
+            elif name in data:
+                table_frame(spark, name, data[name]).createOrReplaceTempView(name)
+                views.append(name)
+        try:
+            df = spark.sql(sql)
+            kinds = [f.dataType for f in df.schema.fields]
+            rows = [tuple(_utc(v, k) for v, k in zip(r, kinds)) for r in df.limit(limit + 1).collect()]
+        except Exception as exc:  # Spark's errors, local (Py4J) or over Spark Connect (gRPC)
+            raise LaminarError(_one_line(exc, known)) from exc
+        return QueryResult(list(df.columns), rows[:limit], len(rows) > limit)
+    finally:
+        for v in views:
+            try:
+                spark.catalog.dropTempView(v)
+            except Exception:  # noqa: BLE001  (a lost session: nothing left to clean up)
+                pass
+
+
+def _utc(value, kind):
+    """Spark hands TIMESTAMP values to Python as naive local times: make them UTC instants."""
+    return value.astimezone(timezone.utc) if isinstance(kind, TimestampType) and isinstance(value, datetime) else value
+
+
+def _one_line(exc: Exception, known: list[str]) -> str:
+    """Spark's message, first line only (no plan, no JVM trace), with view names shown as typed."""
+    java = getattr(exc, "java_exception", None)  # a Py4JJavaError Spark did not convert
+    text = str(java.toString()) if java is not None else str(exc)
+    line = next((x.strip() for x in text.splitlines() if x.strip()), type(exc).__name__).rstrip(";")
+    line = re.sub(rf"`?{SYSTEM}_(\w+)`?", rf"{SYSTEM}.\1", line)
+    if "TABLE_OR_VIEW_NOT_FOUND" in line:
+        line += f" Known tables: {', '.join(known)}."
+    return f"query failed: {line}"

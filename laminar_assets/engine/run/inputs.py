@@ -1,0 +1,134 @@
+"""A run's inputs, gathered once: each source opened once, its log read once, its schema checked.
+
+Partitions of one run may have watermarks at different versions; the log is read
+from the oldest and every partition plans from its own slice (`SourceHistory.after`).
+`inspect`, `report` and `explain` plan from the same inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from deltalake import DeltaTable
+from pyspark.sql.types import StructType
+
+from laminar_assets.checkpoints import Watermark
+from laminar_assets.errors import LaminarError
+
+from ..delta.tables import DataFile, SourceHistory, TableInfo, snapshot_files, source_history, table_info
+from ..delta.layout import Layout
+from .planner import PlannerInput, needed_events
+from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..windows import Interval, coalesce, partition_interval, share_inside
+
+
+
+@dataclass
+class RunInputs:
+    """Sources at their latest version, their history since the run's oldest watermark, dimensions,
+    and the types of the columns the spec reads."""
+
+    infos: dict[str, TableInfo]
+    histories: dict[str, SourceHistory]
+    dims: dict[str, TableInfo]
+    input_schema: dict[str, str]
+    row_schema: StructType | None = None  # a source row with joined and derived columns (check_source)
+    _snapshots: dict[tuple, list[DataFile]] = field(default_factory=dict, repr=False)
+    # Event times the run's partitions can use (`limit_to`); None: all. A source's snapshot is listed
+    # for these only: a table of tens of thousands of files costs ~10 us a file to list in Python.
+    scope: tuple[Interval, ...] | None = None
+    # Laminar's own tables (state) as this run opened them: the intent's transaction check, the old
+    # state's read and the state commit share one open (~25 ms each at 10M rows); a commit to a table
+    # takes it out, so nothing reads a snapshot older than the run's own last commit.
+    opened: dict[str, DeltaTable] = field(default_factory=dict, repr=False)
+
+    def histories_after(self, mark: Watermark | None) -> dict[str, SourceHistory]:
+        """Each source's history after the watermark's version of it; a source recreated since then
+        (another Delta table id at the same path) has no readable history."""
+        if mark is None or not mark.committed:
+            return dict(self.histories)
+        out = {}
+        for src, h in self.histories.items():
+            at, was = mark.source_versions.get(src), mark.source_ids.get(src)
+            now = self.infos[src].table_id if src in self.infos else None
+            out[src] = h.replaced(at) if at is not None and was and now and was != now else h.after(at)
+        return out
+
+    def source_ids(self) -> dict[str, str]:
+        """The Delta table id of each source and dimension (what a watermark records beside its versions)."""
+        return {t: info.table_id for t, info in {**self.infos, **self.dims}.items() if info.table_id}
+
+    def joined_bytes(self) -> int:
+        """Bytes of every joined table (dimensions, fact tables) at its pinned version."""
+        key = ("__joined__", 0)
+        if key not in self._snapshots:
+            self._snapshots[key] = [f for info in self.dims.values() for f in snapshot_files(info, None)]
+        return sum(f.size for f in self._snapshots[key])
+
+    def limit_to(self, spec: Spec, partitions: list[str]) -> None:
+        """Only event times these partitions' windows can use are ever read (see `snapshot`)."""
+        self.scope = coalesce(needed_events(spec, partition_interval(k, spec.granularity)) for k in partitions)
+
+    def snapshot(self, spec: Spec, source: str, version: int) -> list[DataFile]:
+        """The data files of `source` at `version` with their event-time ranges (listed once per run):
+        those that may hold event times in `scope` (every file without a usable range), or all."""
+        key = (source, version)
+        if key not in self._snapshots:
+            info = self.infos[source]
+            if info.version != version:
+                info = table_info(source, info.uri, version)
+            self._snapshots[key] = snapshot_files(info, spec.event_time, self.scope)
+        return self._snapshots[key]
+
+
+def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema) -> RunInputs:
+    """Open every source and dimension once at its latest version, check the spec against each
+    source's schema (`check_schema(info, dims) -> CheckedSource`) and read the log once from the oldest
+    watermark among `marks` (partitions without one refill from the snapshot)."""
+    marks = list(marks)
+    infos, histories, schema, row_schema = {}, {}, {}, None
+    dims = {t: table_info(t, layout.table_uri(t)) for t in spec.dimension_tables}
+    for src in spec.sources:
+        info = table_info(src, layout.table_uri(src))
+        checked = check_schema(info, dims)
+        row_schema = row_schema or checked.row_schema
+        for col, typ in checked.types.items():
+            if col in schema and schema[col] != typ:
+                raise LaminarError(f"sources of '{spec.name}' disagree on the type of {col!r}: "
+                                   f"{schema[col]} vs {typ} in '{src}'", flow=spec.name, table=src, column=col)
+            schema[col] = typ
+        infos[src] = info
+        # A partition without a watermark refills from the snapshot and needs no history; the others
+        # need the log from the oldest of their versions (None: a watermark that never saw `src`).
+        since = [m.source_versions.get(src) for m in marks if m is not None and m.committed]
+        oldest = None if (not since or any(v is None for v in since)) else min(since)
+        if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
+            oldest = info.version
+        bounded = bool(spec.max_versions_per_run or spec.max_rows_per_run)  # may read a snapshot before the latest
+        histories[src] = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info,
+                                        check_snapshots=bounded)
+    return RunInputs(infos, histories, dims, schema, row_schema)
+
+
+def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: RunInputs, *, force: bool = False,
+                  escalation=None, escalation_scope=None, partition_bytes: dict[str, int] | None = None,
+                  refill_ratio: float | None = None, refill_min_bytes: int = 0) -> PlannerInput:
+    return PlannerInput(
+        spec=spec, partition=partition, watermark=mark, histories=inputs.histories_after(mark),
+        dimension_versions={d: i.version for d, i in inputs.dims.items()},
+        dimension_ids={d: i.table_id for d, i in inputs.dims.items() if i.table_id},
+        input_schema=inputs.input_schema, force=force, escalation=escalation, escalation_scope=escalation_scope,
+        partition_bytes=partition_bytes, refill_ratio=refill_ratio, refill_min_bytes=refill_min_bytes,
+    )
+
+
+def partition_bytes(spec: Spec, inputs: RunInputs, partition: str, to_versions: dict[str, int]) -> dict[str, int]:
+    """Estimated bytes of the snapshot rows a refill of the partition would read, per source:
+    each overlapping file's size, times the share of its event-time range inside the needed range."""
+    needed = needed_events(spec, partition_interval(partition, spec.granularity))
+    out = {}
+    for src in spec.sources:
+        out[src] = int(sum(share_inside(f.time_range, needed) * f.size
+                           for f in inputs.snapshot(spec, src, to_versions[src])))
+    return out

@@ -1,0 +1,296 @@
+"""The planner: a pure function from (spec, watermark, source history) to a plan.
+
+It reads nothing and writes nothing; `inputs.py` gathers its inputs, `executor.py`
+carries its plan out, `report.py` explains it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Mapping
+
+from laminar_assets.checkpoints.watermark import Watermark
+
+from ..delta.tables import CommitKind, CommitSummary, SourceHistory
+from ..spec.kinds import KINDS
+from .plan import Mode, PartitionPlan, Reason
+from ..spec.specs import FlowSpec, RefreshPolicy, Spec, StageSpec
+from ..windows import Interval, coalesce, partition_interval, partitions_overlapping, share_inside
+
+
+@dataclass(frozen=True)
+class PlannerInput:
+    """Everything the planner may look at."""
+
+    spec: Spec
+    partition: str
+    watermark: Watermark | None
+    histories: Mapping[str, SourceHistory] = field(hash=False)
+    dimension_versions: Mapping[str, int] = field(default_factory=dict, hash=False)
+    dimension_ids: Mapping[str, str] = field(default_factory=dict, hash=False)  # each one's Delta table id
+    input_schema: Mapping[str, str] = field(default_factory=dict, hash=False)
+    force: bool = False
+    escalation: Reason | None = None  # set by the executor when a run finds it must refill
+    escalation_scope: tuple[Interval, ...] | None = None  # window starts to refill for it (None: all)
+    # Bytes of the partition's snapshot rows per source (estimated from file statistics) and the share
+    # of them that, once changed, makes a refill cheaper than a merge; None: never refill for cost.
+    partition_bytes: Mapping[str, int] | None = field(default=None, hash=False)
+    refill_ratio: float | None = None
+    refill_min_bytes: int = 0  # smaller partitions are never refilled for cost (job latency dominates)
+
+
+def needed_events(spec: Spec, part: Interval) -> Interval:
+    """Event times whose rows can land in the partition's windows."""
+    return spec.events_needed(part)
+
+
+def refill_scope(spec: Spec, part: Interval, touched: Interval) -> Interval | None:
+    """Window starts (flows) or event times (stages) of this partition affected by `touched`."""
+    return spec.refill_scope(part, touched)
+
+
+def _relevant(commit: CommitSummary, needed: Interval) -> bool:
+    touched = commit.touched
+    if touched is None:
+        return True
+    return any(t.overlaps(needed) for t in touched)
+
+
+def _bound(spec, commits: tuple[CommitSummary, ...]) -> int:
+    """How many of `commits` one run may take under the spec's work bounds (at least one)."""
+    if not commits:
+        return 0
+    limit = len(commits)
+    if spec.max_versions_per_run:
+        limit = min(limit, spec.max_versions_per_run)
+    if spec.max_rows_per_run:
+        rows, taken = 0, 0
+        for c in commits[:limit]:
+            rows += c.rows
+            if taken and rows > spec.max_rows_per_run:
+                break
+            taken += 1
+        limit = taken
+    return max(1, limit)
+
+
+def _other_partitions(spec, commits, own: str) -> tuple[tuple[str, ...], bool]:
+    keys: set[str] = set()
+    unknown = False
+    for c in commits:
+        touched = c.touched
+        if touched is None:
+            unknown = True
+            continue
+        for t in touched:
+            if t.end > t.start:
+                keys.update(partitions_overlapping(t, spec.granularity))
+    keys.discard(own)
+    return tuple(sorted(keys)), unknown
+
+
+def plan_partition(inp: PlannerInput) -> PartitionPlan:
+    """Choose INCREMENTAL, REFILL or NOOP and a reason for one (flow, partition)."""
+    if inp.escalation is not None and inp.escalation_scope is not None:
+        return _escalate_windows(_plan(replace(inp, escalation=None, escalation_scope=None)), inp)
+    plan = _plan(inp)
+    if plan.mode is Mode.INCREMENTAL and inp.refill_ratio is not None and inp.partition_bytes is not None \
+            and inp.spec.refresh is not RefreshPolicy.INCREMENTAL_STRICT:
+        return _cheaper_refill(plan, inp)
+    return plan
+
+
+def _escalate_windows(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
+    """The plan, with the escalation's windows added to what it refills (e.g. PRECISION_LOSS)."""
+    scope = coalesce([*plan.refill, *[s for s in inp.escalation_scope if s.overlaps(plan.interval)]])
+    whole = plan.refill_all or (len(scope) == 1 and scope[0] == plan.interval)
+    windows = ", ".join(f"{s.start:%H:%M}..{s.end:%H:%M}" for s in inp.escalation_scope)
+    return replace(plan, mode=Mode.REFILL, reason=inp.escalation,
+                   detail=f"{inp.escalation.describe} (windows starting {windows})", refill=scope, refill_all=whole)
+
+
+def _cheaper_refill(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
+    """REFILL_CHEAPER when the partition's changed bytes are a large share of its bytes."""
+    changed = 0.0
+    for src, versions in plan.incremental_versions.items():
+        wanted = set(versions)
+        for c in inp.histories[src].commits:
+            if c.version in wanted:
+                changed += sum(share_inside(f.time_range, plan.needed) * f.size for f in c.readable)
+    total = float(sum(inp.partition_bytes.values()))
+    if changed <= 0 or changed < inp.refill_ratio * total or max(total, changed) < inp.refill_min_bytes:
+        return plan
+    share = changed / total if total else float("inf")
+    detail = (f"changed rows ~{int(changed):,} bytes vs ~{int(total):,} bytes in the partition "
+              f"({share:.0%} >= refill_ratio {inp.refill_ratio:.0%}): recomputing reads less than merging")
+    return replace(plan, mode=Mode.REFILL, reason=Reason.REFILL_CHEAPER, detail=detail,
+                   refill=(plan.interval,), refill_all=True, incremental_versions={})
+
+
+def _plan(inp: PlannerInput) -> PartitionPlan:
+    spec, mark = inp.spec, inp.watermark
+    part = partition_interval(inp.partition, spec.granularity)
+    needed = needed_events(spec, part)
+    latest = {src: h.latest_version for src, h in inp.histories.items()}
+    latest.update(inp.dimension_versions)
+    from_versions = {src: (mark.source_versions.get(src) if mark else None) for src in latest}
+
+    def make(mode, reason, detail, **kw) -> PartitionPlan:
+        to_versions = kw.pop("to_versions", latest)
+        return PartitionPlan(
+            flow=spec.name, partition=inp.partition, interval=part, needed=needed, mode=mode,
+            reason=reason, detail=detail, spec_hash=spec.spec_hash, from_versions=from_versions,
+            to_versions=dict(to_versions), **kw,
+        )
+
+    def refill_all(reason: Reason, detail: str) -> PartitionPlan:
+        commits = [c for h in inp.histories.values() for c in h.commits]
+        others, unknown = _other_partitions(spec, commits, inp.partition)
+        return make(Mode.REFILL, reason, detail, refill=(part,), refill_all=True,
+                    other_partitions=others, other_partitions_unknown=unknown)
+
+    if inp.force:
+        return refill_all(Reason.FORCED_BY_USER, "refill requested explicitly")
+    if spec.refresh is RefreshPolicy.FULL:
+        return refill_all(Reason.FORCED_BY_POLICY, "refresh policy is 'full'")
+    if mark is None or not mark.committed:
+        return refill_all(Reason.NO_WATERMARK, f"partition {inp.partition} has no watermark yet")
+    if mark.spec_hash != spec.spec_hash:
+        return refill_all(Reason.SPEC_CHANGED, f"state was built by spec {mark.spec_hash}, the spec is now {spec.spec_hash}")
+    if inp.escalation is not None:
+        return refill_all(inp.escalation, inp.escalation.describe)
+    if mark.failed_attempt:
+        return refill_all(Reason.PREVIOUS_ATTEMPT_FAILED, f"previous attempt failed: {mark.failed_attempt}")
+    missing = [src for src in latest if src not in mark.source_versions]
+    if missing:
+        return refill_all(Reason.SPEC_CHANGED, f"no watermark for input(s) {', '.join(missing)}")
+    for dim, version in inp.dimension_versions.items():
+        if mark.source_versions[dim] != version:
+            return refill_all(Reason.DIMENSION_CHANGED,
+                              f"dimension '{dim}' moved from version {mark.source_versions[dim]} to {version}")
+        was, now = mark.source_ids.get(dim), inp.dimension_ids.get(dim)
+        if was and now and was != now:
+            return refill_all(Reason.DIMENSION_CHANGED, f"dimension '{dim}' was recreated (its Delta table id changed)")
+    for src, hist in inp.histories.items():
+        if hist.expired:
+            return refill_all(Reason.CHECKPOINT_EXPIRED, hist.expired)
+    changed_cols = sorted(c for c, t in inp.input_schema.items() if mark.input_schema.get(c, t) != t)
+    if changed_cols:
+        detail = ", ".join(f"{c}: {mark.input_schema[c]} -> {inp.input_schema[c]}" for c in changed_cols)
+        return refill_all(Reason.SCHEMA_CHANGED, f"source column types changed ({detail})")
+
+    # Work through each source's new commits under the run bounds.
+    to_versions = dict(latest)
+    pending: dict[str, int] = {}
+    incremental: dict[str, tuple[int, ...]] = {}
+    refill: list[Interval] = []
+    refill_reason: Reason | None = None
+    refill_detail = ""
+    kinds: set[CommitKind] = set()
+    processed: list[CommitSummary] = []
+    retractable, opaque = spec.retractable, spec.not_incrementalizable
+    for src, hist in inp.histories.items():
+        take = _bound(spec, hist.commits)
+        taken = hist.commits[:take]
+        if taken:
+            to_versions[src] = taken[-1].version
+            pending[src] = hist.latest_version - taken[-1].version
+        processed.extend(taken)
+        versions: list[int] = []
+        for commit in taken:
+            if not _relevant(commit, needed):
+                continue
+            if opaque and commit.kind is not CommitKind.REWRITE:
+                # Nothing merges: recompute exactly the windows the commit touches.
+                kinds.add(commit.kind)
+                refill.extend(_scope(spec, part, commit))
+                if refill_reason is None:
+                    refill_reason = Reason.QUERY_NOT_INCREMENTALIZABLE
+                    refill_detail = (f"QUERY_NOT_INCREMENTALIZABLE: {', '.join(opaque)} (commit {commit.version} of "
+                                     f"'{src}', {commit.operation}): the windows it touches are recomputed")
+            elif commit.kind is CommitKind.APPEND:
+                versions.append(commit.version)
+                kinds.add(commit.kind)
+            elif commit.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS):
+                kinds.add(commit.kind)
+                if retractable:
+                    versions.append(commit.version)
+                else:
+                    refill.extend(_scope(spec, part, commit))
+                    if refill_reason is None:
+                        refill_reason = Reason.NON_APPEND_ON_NON_RETRACTABLE
+                        refill_detail = (f"commit {commit.version} of '{src}' ({commit.operation}) deletes or updates rows"
+                                         f"{_through_vectors(commit)} and {_why_not_retractable(spec)}")
+            elif commit.kind is CommitKind.REWRITE:
+                kinds.add(commit.kind)
+                refill.extend(_scope(spec, part, commit))
+                refill_reason = Reason.REWRITE_WITHOUT_CHANGE_DATA
+                refill_detail = (f"commit {commit.version} of '{src}' ({commit.operation}) rewrote data without a "
+                                 "change data feed (enable delta.enableChangeDataFeed to avoid refills)")
+        incremental[src] = tuple(versions)
+
+    others, unknown = _other_partitions(spec, processed, inp.partition)
+    common = dict(to_versions=to_versions, pending_versions=pending, incremental_versions=incremental,
+                  other_partitions=others, other_partitions_unknown=unknown)
+    if _frozen(spec, part, inp.histories):
+        if kinds:
+            return make(Mode.NOOP, Reason.PARTITION_FROZEN,
+                        f"partition is older than freeze_after={spec.late.freeze_after}; "
+                        f"changes in versions {sorted(v for vs in incremental.values() for v in vs)} are ignored",
+                        **{**common, "incremental_versions": {}})
+    if refill:
+        for src, hist in inp.histories.items():  # a bounded refill reads the snapshot at its target version
+            unreadable = hist.snapshot_readable(to_versions[src]) if to_versions[src] < hist.latest_version else None
+            if unreadable:
+                return refill_all(Reason.CHECKPOINT_EXPIRED, f"{unreadable}: refilling at the latest version")
+        scope = coalesce(refill)
+        whole = len(scope) == 1 and scope[0] == part
+        return make(Mode.REFILL, refill_reason, refill_detail, refill=scope, refill_all=whole, **common)
+    if any(incremental.values()):
+        reason = Reason.APPEND_ONLY if kinds == {CommitKind.APPEND} else Reason.RETRACTABLE_CHANGES
+        detail = reason.describe
+        dv = [c for c in processed if c.kind is CommitKind.DELETION_VECTORS and c.version in
+              {v for vs in incremental.values() for v in vs}]
+        if dv:
+            reason = Reason.DELETION_VECTOR_CHANGES
+            detail = (f"{reason.describe}: commit(s) {', '.join(str(c.version) for c in dv)} "
+                      f"({sum(c.dv_rows for c in dv)} row(s) deleted or restored in place)")
+        return make(Mode.INCREMENTAL, reason, detail, **common)
+    if processed:
+        return make(Mode.NOOP, Reason.NO_CHANGES_IN_PARTITION,
+                    f"{len(processed)} new version(s) touch no window of this partition", **common)
+    return make(Mode.NOOP, Reason.NO_NEW_VERSIONS, Reason.NO_NEW_VERSIONS.describe, **common)
+
+
+def _scope(spec, part: Interval, commit: CommitSummary) -> list[Interval]:
+    touched = commit.touched
+    if touched is None:
+        return [part]
+    out = []
+    for t in touched:
+        s = refill_scope(spec, part, t)
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def _through_vectors(commit: CommitSummary) -> str:
+    if commit.kind is not CommitKind.DELETION_VECTORS:
+        return ""
+    return f" through deletion vectors ({commit.dv_rows} row(s) in place)"
+
+
+def _why_not_retractable(spec) -> str:
+    return spec.why_not_retractable
+
+
+def _frozen(spec, part: Interval, histories: Mapping[str, SourceHistory]) -> bool:
+    after = spec.late.freeze_after
+    if after is None:
+        return False
+    newest: datetime | None = None
+    for h in histories.values():
+        for c in h.commits:
+            newest = c.timestamp if newest is None else max(newest, c.timestamp)
+    return newest is not None and part.end + after <= newest

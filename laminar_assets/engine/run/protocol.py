@@ -1,0 +1,173 @@
+"""The watermark protocol: leases, intent, settling an interrupted run, finishing, failures.
+
+Per (flow, partition), in this order (docs/ARCHITECTURE.md):
+  1. take the partition lease; settle an interrupted run from its intent record;
+  2. write the intent (`pending`: run seq + target versions) into the watermark file;
+  3. commit the state rows   (Delta app transaction `laminar/<flow>/<partition>` = seq);
+  4. commit the sink rows    (same app transaction);
+  5. replace the watermark with the target versions and seq.
+A run of several partitions shares the commits of 3 and 4 (one app transaction per
+partition in each); leases, intents and watermarks stay per partition, so recovery is
+per partition. A crash after 3 is finished on restart; a crash before 3 leaves
+nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from laminar_assets.checkpoints import PendingRun, Watermark
+from laminar_assets.errors import ConcurrentRunError, LaminarError
+
+from .context import RunContext
+from .plan import PartitionPlan
+
+
+@contextmanager
+def leases(ctx: RunContext, spec, keys: list[str], run_id: str) -> Iterator[None]:
+    """Hold the lease of every partition in `keys` for the duration of a run."""
+    with ExitStack() as stack:
+        for key in keys:
+            stack.enter_context(ctx.store.lease(spec.name, key, run_id))
+        yield
+
+
+def txn_version(uri: str, app: str) -> int | None:
+    """The app-transaction version `app` committed to the table at `uri`; None if the table does
+    not exist or holds none. Any other failure to read the table is an error, not a None: a None
+    here would skip the guard against concurrent writers."""
+    return txn_versions(uri, [app])[app]
+
+
+def txn_versions(uri: str, apps: list[str], *, opened: dict[str, DeltaTable] | None = None) -> dict[str, int | None]:
+    """`txn_version` of several apps from one open of the table. `opened`: the run's open tables
+    (`RunInputs.opened`); the table opened here is kept there for the run's later reads."""
+    try:
+        table = DeltaTable(uri)
+    except TableNotFoundError:
+        return {a: None for a in apps}
+    if opened is not None:
+        opened[uri] = table
+    return {a: table.transaction_version(a) for a in apps}
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A watermark after settling its intent; `rederive_sink`: the state landed but the sink did not."""
+
+    mark: Watermark
+    rederive_sink: bool = False
+    seq: int = 0
+    input_schema: dict | None = None
+
+
+def settle(ctx: RunContext, spec, partition: str, mark: Watermark) -> Settled:
+    """Finish or discard the interrupted run recorded in `mark.pending` (nothing is written here)."""
+    p = mark.pending
+    app = ctx.layout.app_id(spec, partition)
+    if txn_version(ctx.layout.guard_uri(spec, dict(p.input_schema)), app) == p.seq:
+        behind = spec.kind == "flow" and txn_version(ctx.layout.sink_uri(spec), app) != p.seq
+        settled = mark.with_(
+            seq=p.seq, source_versions=dict(p.target_versions), input_schema=dict(p.input_schema),
+            source_ids=dict(p.source_ids),
+            last_mode=p.mode, last_reason=p.reason, pending=None, failed_attempt=None,
+            spec_hash=spec.spec_hash if spec.kind == "flow" else mark.spec_hash,
+        )
+        return Settled(settled, behind, p.seq, dict(p.input_schema))
+    # a run that failed recorded why (`record_failure`); a killed one could not
+    why = mark.failed_attempt or f"run {p.run_id} stopped before it committed"
+    return Settled(mark.with_(pending=None, failed_attempt=why))
+
+
+_UNREAD = object()
+
+
+def begin_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], marks: dict[str, Watermark | None],
+              input_schema: dict[str, str], run_id: str, *, opened: dict | None = None,
+              source_ids: dict[str, str] | None = None) -> dict[str, int]:
+    """`begin` for every partition of a pass, reading the guard table's transactions once (and
+    keeping the table in `opened`, see `txn_versions`)."""
+    guard = ctx.layout.guard_uri(spec, input_schema)
+    committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans], opened=opened)
+    return {k: begin(ctx, spec, p, marks[k], input_schema, run_id, committed=committed[ctx.layout.app_id(spec, k)],
+                     source_ids=source_ids)
+            for k, p in plans.items()}
+
+
+def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict[str, str],
+          run_id: str, *, committed: int | None | object = _UNREAD, source_ids: dict[str, str] | None = None) -> int:
+    """Check the run sequence against the table's transaction and write the intent; returns the seq.
+    `committed`: the partition's transaction version, when the caller has read it already."""
+    guard = ctx.layout.guard_uri(spec, input_schema)
+    if committed is _UNREAD:
+        committed = txn_version(guard, ctx.layout.app_id(spec, plan.partition))
+    seq = (mark.seq if mark else 0) + 1
+    if (mark is None or not mark.committed) and committed is not None:
+        # The watermark is gone (deleted by hand) but the table has run `committed`: this run
+        # refills anyway, so it continues the table's sequence instead of clashing with it.
+        seq = committed + 1
+    if committed is not None and committed >= seq:
+        raise ConcurrentRunError(
+            f"the table already holds run {committed} of this partition but the watermark says {seq - 1}: "
+            "another process wrote it concurrently", flow=spec.name, partition=plan.partition, table=guard,
+        )
+    pending = PendingRun(seq=seq, run_id=run_id, target_versions=dict(plan.to_versions),
+                         mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(input_schema),
+                         source_ids=_ids(plan, source_ids))
+    base = mark or Watermark(spec.name, plan.partition, spec.spec_hash, {}, 0)
+    ctx.store.save(base.with_(pending=pending))
+    return seq
+
+
+def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, str], seq: int, *,
+           source_ids: dict[str, str] | None = None) -> None:
+    """Move the watermark to the plan's target versions (both commits have landed)."""
+    ctx.store.save(Watermark(
+        flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
+        source_versions=dict(plan.to_versions), seq=seq, input_schema=dict(input_schema),
+        last_mode=plan.mode.value, last_reason=plan.reason.value, source_ids=_ids(plan, source_ids),
+    ))
+
+
+def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None, *,
+                source_ids: dict[str, str] | None = None) -> None:
+    """Nothing to compute: record the newer versions the partition is already up to date with."""
+    ids = (_ids(plan, source_ids) or mark.source_ids) if mark is not None else {}
+    if mark is not None and mark.committed and (plan.to_versions != mark.source_versions or ids != mark.source_ids):
+        ctx.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
+                                  last_reason=plan.reason.value, source_ids=ids))
+
+
+def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, str]:
+    """The table ids of the tables the plan's versions name."""
+    return {t: source_ids[t] for t in plan.to_versions if source_ids and t in source_ids}
+
+
+def record_failure(ctx: RunContext, spec, partition: str, mark: Watermark | None, message: str) -> None:
+    """Mark the partition's last attempt as failed, so its next run refills. The intent record stays:
+    if the state commit landed, the next run completes it instead."""
+    current = ctx.store.load(spec.name, partition) or mark
+    base = current or Watermark(spec.name, partition, spec.spec_hash, {}, 0)
+    try:
+        ctx.store.save(base.with_(failed_attempt=message))
+    except OSError:
+        pass  # the run's own error is what the caller reports
+
+
+def finished_since(ctx: RunContext, spec, partition: str, mark: Watermark | None) -> bool:
+    """True when the partition's watermark moved past `mark` (its run finished before a failure)."""
+    current = ctx.store.load(spec.name, partition)
+    return current is not None and current.pending is None and current.seq > (mark.seq if mark else 0)
+
+
+def short(exc: BaseException) -> str:
+    """The first line of an error, for a failure record or a one-line message."""
+    if isinstance(exc, LaminarError):
+        return exc.message
+    text = str(exc).strip().split("\n")[0]
+    return text[:400] or type(exc).__name__

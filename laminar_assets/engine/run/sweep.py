@@ -1,0 +1,138 @@
+"""The quarantine sweep: rows no partition owns (no usable or an out-of-bounds event time).
+
+A row with a usable event time is quarantined by the run of its partition. A row
+without one belongs to no partition, so each flow's *sweep* records it: once per
+new source version, under its own lease, at the start of any run of the flow.
+Files whose statistics prove every event time present and in bounds are not read,
+so on clean data the sweep costs no Spark job.
+
+The sweep reads the commits since the version it swept last. When it has swept
+nothing yet, or that history can no longer be read (log entries cleaned up, files
+vacuumed), it sweeps what exists: the source's latest snapshot. Rows recorded
+already are skipped (`quarantine.record`), so no row is recorded twice; rows added
+and removed again within the lost history are gone and cannot be recorded.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from laminar_assets.errors import ConcurrentRunError
+
+from ..quarantine import records as qr
+from ..aggregates.algebra import EVENT_TS, SIGN
+from ..delta.log import CommitSummary, DataFile, file_exists
+from ..delta.tables import TableInfo, source_history, snapshot_files, table_info, temporal
+from .context import RunContext
+from .plan import PartitionPlan, Reason
+from .result import SweepResult
+from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
+from .fact_joins import without_joins
+from .reading import DVER, SNAP, SRC
+from .row_prep import prepare
+from ..spark.read import CHANGE_TYPE, read_source
+
+
+def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
+          opened: dict[str, TableInfo] | None = None) -> SweepResult:
+    """Quarantine the partition-less rows of the source versions up to `plan.to_versions` the flow
+    has not swept yet (a snapshot sweep: up to the latest version, `opened`); returns what it did.
+    Idempotent; one sweeper per flow at a time. `opened`: sources the run opened (`RunInputs.infos`)."""
+    done = ctx.store.load_sweep(spec.name, spec.spec_hash)
+    todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
+    if not todo:
+        return SweepResult()
+    try:
+        lease = ctx.store.lease(spec.name, "_sweep", run_id)
+        lease.__enter__()
+    except ConcurrentRunError:  # another run of this flow is sweeping these versions
+        return SweepResult()
+    counts: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    reason: Reason | None = None
+    try:
+        done = ctx.store.load_sweep(spec.name, spec.spec_hash)
+        for src, target in todo.items():
+            if done.get(src, -1) >= target:
+                continue
+            latest = (opened or {}).get(src) or table_info(src, ctx.layout.table_uri(src))
+            frame, size, swept, how, why = _unswept(ctx, spec, latest, done.get(src), target)
+            sources[src] = how
+            reason = reason or why
+            if frame is not None:
+                rows = prepare(spec, without_joins(spec, frame)).where(~qr.assigned(spec))
+                rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec)))
+                rows = rows.withColumn(PARTITION_KEY, F.lit(None).cast("string"))
+                new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
+                                uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
+                                through_driver=size < ctx.options.driver_write_below_bytes)
+                for rule, n in new.get(None, {}).items():
+                    counts[rule] = counts.get(rule, 0) + n
+            done[src] = swept
+            ctx.store.save_sweep(spec.name, spec.spec_hash, done)
+    finally:
+        lease.__exit__(None, None, None)
+    return SweepResult(counts, sources, reason)
+
+
+def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None,
+             target: int) -> tuple[DataFrame | None, int, int, str, Reason | None]:
+    """Rows of a source added after version `done` up to `target` that may lack a usable event time,
+    the bytes of the files they come from, the version swept up to, how, and why a snapshot was read.
+    `latest`: the source at its latest version, swept whole when the commits cannot be read."""
+    src, uri = latest.name, latest.uri
+    provable = temporal(latest.schema, spec.event_time)
+    bounds = spec.bounds
+
+    def may_hold(f: DataFile) -> bool:
+        if not provable or f.time_nulls is None or f.time_nulls > 0 or f.time_range is None:
+            return True
+        return bounds is not None and not (bounds.start <= f.time_range.start and f.time_range.end <= bounds.end)
+
+    def tagged(df: DataFrame, version) -> DataFrame:
+        return (df.withColumn(SRC, F.lit(src)).withColumn(DVER, F.lit(None).cast("long"))
+                .withColumn(SNAP, F.lit(False)).withColumn(VERSION, F.lit(version).cast("long")))
+
+    def snapshot(why: Reason, detail: str):
+        files = [f for f in snapshot_files(latest, spec.event_time, keep_null_files=True) if may_hold(f)]
+        how = f"snapshot at version {latest.version} ({detail})"
+        if not files:
+            return None, 0, latest.version, how, why
+        frame = tagged(read_source(ctx.spark, files, latest).withColumn(SIGN, F.lit(1)), latest.version)
+        return frame, sum(f.size for f in files), latest.version, how, why
+
+    if done is None:
+        return snapshot(Reason.NO_WATERMARK, "first sweep of this flow")
+    info = latest if latest.version == target else table_info(src, uri, target)
+    history = source_history(src, uri, done, target, spec.event_time, info=info)
+    if history.expired:
+        return snapshot(Reason.CHECKPOINT_EXPIRED, history.expired)
+    reads = [(commit, [f for f in _inserted_files(commit) if may_hold(f)]) for commit in history.commits]
+    gone = next(((c, f) for c, files in reads for f in files if not file_exists(f.uri)), None)
+    if gone is not None:
+        return snapshot(Reason.CHECKPOINT_EXPIRED,
+                        f"commit {gone[0].version} of '{src}' refers to files that were vacuumed ({gone[1].uri})")
+    frames, size = [], 0
+    for commit, files in reads:
+        if not files:
+            continue
+        size += sum(f.size for f in files)
+        df = read_source(ctx.spark, files, info, change_data=bool(commit.cdc))
+        if commit.cdc:  # inserted rows only: a deleted row was recorded when it was added
+            df = df.where(F.col(CHANGE_TYPE).isin("insert", "update_postimage")).drop(CHANGE_TYPE)
+        frames.append(tagged(df.withColumn(SIGN, F.lit(1)), commit.version))
+    how = f"commits {done + 1}..{target}"
+    if not frames:
+        return None, 0, target, how, None
+    out = frames[0]
+    for df in frames[1:]:
+        out = out.unionByName(df)
+    return out, size, target, how, None
+
+
+def _inserted_files(commit: CommitSummary) -> list[DataFile]:
+    """The files of a commit that may hold rows it inserted: its change data, else its added files
+    (rewrites without change data may add rows too, e.g. an update that nulls the event time); a file
+    whose deletion vector changed adds no row (its rows were swept when it was added)."""
+    return list(commit.cdc or [a for a in commit.adds if a.dv_change is None])

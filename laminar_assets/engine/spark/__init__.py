@@ -1,0 +1,11 @@
+"""Spark: building sessions (and the JVM class archive they map), the Java they need, reading file
+lists, DataFrame helpers, literals that keep generated code stable, and queries as one SQL statement."""
+
+from .class_archive import archive_path, dump_options, stale_archives
+from .java import MIN_JAVA, check_java, java_major_version
+from .session import SparkOptions, build_session, jvm_conf, session_conf, start_session
+
+__all__ = [
+    "MIN_JAVA", "SparkOptions", "archive_path", "build_session", "check_java", "dump_options", "java_major_version",
+    "jvm_conf", "session_conf", "stale_archives", "start_session",
+]

@@ -1,0 +1,140 @@
+"""Spark/Arrow schema helpers, observations, interpreted execution and run ids (the session-side
+helpers every run module shares; writing files is `staging`'s job)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import uuid
+from datetime import datetime, timezone
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+from ..delta.log import local_path
+
+
+def spark_path(uri: str) -> str:
+    local = local_path(uri)
+    return f"file://{os.path.abspath(local)}" if local is not None else uri
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+
+
+def arrow_schema_of(df: DataFrame) -> pa.Schema:
+    return to_arrow_schema(df.schema, timezone="UTC")
+
+
+def empty_frame(spark: SparkSession, schema: pa.Schema) -> DataFrame:
+    return spark.createDataFrame([], spark_schema(schema))
+
+
+def named(names) -> list[Column]:
+    """Columns by name, quoted: a user's column name may hold a dot or a backtick, which a bare
+    name in `select`/`F.col` would read as a struct field or fail to parse."""
+    return [F.col("`" + n.replace("`", "``") + "`") for n in names]
+
+
+def observe(df: DataFrame, observation, *metrics) -> DataFrame:
+    """`df.observe(observation, *metrics)` for a batch frame. The Spark Connect client first asks the
+    server whether `df` is streaming, one more analysis of the whole plan per call; run frames never
+    are, so that answer is given up front."""
+    if isinstance(getattr(type(df), "isStreaming", None), functools.cached_property):  # Connect's DataFrame
+        df.__dict__["isStreaming"] = False
+    return df.observe(observation, *metrics)
+
+
+
+# Spark settings that make a query evaluate expressions without generating and compiling Java code.
+# `factoryMode` is marked internal in Spark; if a later version ignores it, queries compile as usual.
+_INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+_interpreted_lock = threading.Lock()
+# id(session) -> [small passes inside, large passes inside, settings before (None: not interpreted now)]
+_interpreted_users: dict[int, list] = {}
+
+
+@contextlib.contextmanager
+def interpreted(spark: SparkSession, enabled: bool):
+    """Run the block's Spark jobs with interpreted expressions when `enabled` (small inputs: each
+    query's generated code is new, so compiling it costs more than it saves), then restore the
+    session's settings.
+
+    The settings belong to the session, which a run's steps (threads) share: the first small pass in
+    sets them and the last one out restores what was there before. A large pass (`enabled` False)
+    must not run interpreted, so while one is inside the session compiles for everyone: small passes
+    then only lose the shortcut, never an answer."""
+    key = id(spark)
+    with _interpreted_lock:
+        state = _interpreted_users.setdefault(key, [0, 0, None])
+        if enabled:
+            state[0] += 1
+            if state[1] == 0 and state[2] is None:
+                state[2] = {k: spark.conf.get(k, None) for k in _INTERPRETED}
+                for k, v in _INTERPRETED.items():
+                    spark.conf.set(k, v)
+        else:
+            state[1] += 1
+            _restore(spark, state)
+    try:
+        yield
+    finally:
+        with _interpreted_lock:
+            state = _interpreted_users[key]
+            state[0 if enabled else 1] -= 1
+            if state[0] == 0:
+                _restore(spark, state)
+            if state[0] == state[1] == 0:
+                del _interpreted_users[key]
+
+
+def _restore(spark: SparkSession, state: list) -> None:
+    """Put back the settings interpretation replaced, if it is on (called under `_interpreted_lock`)."""
+    before, state[2] = state[2], None
+    for k, v in (before or {}).items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+
+
+def schema_change(current: pa.Schema, wanted: pa.Schema) -> str:
+    """How a table of schema `current` must change to hold rows of `wanted`: "same"; "adds" (only new
+    columns: the table's schema evolves in place, its rows read NULL there, as the new source columns
+    of rows written before they existed do); or "differs" (a column's type changed or a column went)."""
+    now = {f.name: str(f.type) for f in nullable(current)}
+    then = {f.name: str(f.type) for f in nullable(wanted)}
+    if now == then:
+        return "same"
+    if all(then.get(name) == t for name, t in now.items()):
+        return "adds"
+    return "differs"
+
+
+def nullable(schema: pa.Schema) -> pa.Schema:
+    """The schema with every field nullable, nested ones too: Spark marks array elements and struct
+    fields non-null or not depending on the expression that built them, which is not a change of shape."""
+    return pa.schema([pa.field(f.name, _nullable_type(f.type), True) for f in schema])
+
+
+def _nullable_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = pa.field(t.value_field.name, _nullable_type(t.value_type), True)
+        return pa.list_(item) if pa.types.is_list(t) else pa.large_list(item)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _nullable_type(f.type), True) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, pa.field(t.item_field.name, _nullable_type(t.item_type), True))
+    return t
+
+
+def new_run_id() -> str:
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,183 @@
+"""Building the SparkSession Laminar runs on, after checking the machine can run one."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from laminar_assets.errors import EnvironmentProblem
+
+from . import class_archive
+from .java import MIN_JAVA, check_java, java_major_version  # noqa: F401  (re-exported: the engine's API)
+
+# How a JVM Laminar starts compiles hot code (SparkOptions.jit).
+JIT_OPTIONS = {
+    # C1 at once, C2 only for the hottest code: about 10x the JVM's invocation thresholds for the
+    # optimizing compiler (loops over rows still reach it through back-edge counts). Spark's
+    # planner is a large body of lukewarm code that C2 kept compiling for minutes: on 2 cores,
+    # 0.3-0.6 s of compiler CPU per benchmark round even after 40 rounds. Planner code that many
+    # small runs call stays in C1 longer, though: opt-in (README, "JIT").
+    "hot": "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=60000 -XX:Tier4MinInvocationThreshold=20000",
+    "tiered": "",  # the JVM's default: C1 at once, C2 later for any warm code
+    # C1 only. Without tiers the JVM reserves a 48 MB code cache, not tiered's 240 MB: Spark's code
+    # filled it in ~40 s of small passes, and a full cache disables the compiler for the JVM's life
+    # ("CodeCache is full. Compiler has been disabled": rounds 1.25 s against 0.90 s with room).
+    "quick": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
+}
+
+
+@dataclass(frozen=True)
+class SparkOptions:
+    """Where Spark runs. `master` for a cluster, `remote` for a Spark Connect endpoint."""
+
+    master: str = "local[*]"
+    remote: str | None = None
+    app_name: str = "laminar"
+    shuffle_partitions: int = 4
+    driver_memory: str = "2g"
+    log_level: str = "FATAL"  # Spark's own console logging; Laminar reports failures itself
+    conf: dict[str, str] = field(default_factory=dict, hash=False)
+    # Map the install's class archive (class_archive.py) into a JVM Laminar starts; False: start without it.
+    class_sharing: bool = True
+    java_options: str = ""  # more options for a JVM Laminar starts (the local driver, a Connect server)
+    # "tiered" (the JVM's default), "hot" (C2 only for the hottest code) or "quick" (C1 only). A
+    # short-lived JVM on few cores spends most of its CPU in the C2 compiler (the demo on 2 cores: 43 s
+    # of compilation in a 35 s run), so "quick" is for the demo, tests and one-off runs. "hot" suits a
+    # long-lived JVM serving batched runs (a Connect server): faster batched passes and full scans,
+    # slower one-partition-at-a-time runs (see JIT_OPTIONS and the README).
+    jit: str = "tiered"
+
+    def __post_init__(self) -> None:
+        if self.jit not in JIT_OPTIONS:
+            raise EnvironmentProblem(f"Spark option jit must be one of {', '.join(sorted(JIT_OPTIONS))}, got {self.jit!r}",
+                                     field="jit")
+
+    @classmethod
+    def from_env(cls, *, master: str | None = None, remote: str | None = None, jit: str | None = None,
+                 **kw) -> "SparkOptions":
+        """Options where an unset master/remote/jit comes from LAMINAR_SPARK_MASTER / LAMINAR_SPARK_REMOTE /
+        LAMINAR_SPARK_JIT."""
+        return cls(master=master or os.environ.get("LAMINAR_SPARK_MASTER") or "local[*]",
+                   remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None,
+                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "tiered", **kw)
+
+
+def _quiet_python_loggers() -> None:
+    # PySpark logs every analysis error as JSON before raising it; Laminar reports its own message.
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger", "py4j", "py4j.clientserver"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def session_conf(options: SparkOptions) -> dict[str, str]:
+    """The Spark settings Laminar runs with, local or remote (a Connect server takes the same ones)."""
+    return {
+        "spark.app.name": options.app_name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(options.shuffle_partitions),
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        "spark.hadoop.parquet.enable.summary-metadata": "false",
+        # A run's shuffles are small and hash-partitioned on purpose (one file per partition); adaptive
+        # execution would only split each write into one Spark job per query stage.
+        "spark.sql.adaptive.enabled": "false",
+        # A run names its files explicitly: list them in the driver, not in a Spark job per read.
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+        # PySpark's DataFrame debugging records each API call's Python call site in the JVM: five
+        # Py4J round trips per call, a third of all of them in a run (Laminar names its own errors).
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
+        **options.conf,
+    }
+
+
+def jvm_conf(options: SparkOptions) -> dict[str, str]:
+    """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches)."""
+    log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+    java_options = f"-Dlog4j2.configurationFile=file:{log4j}"
+    if options.class_sharing and (archive := class_archive.use_options()):
+        java_options += f" {archive}"
+    if JIT_OPTIONS[options.jit]:
+        java_options += f" {JIT_OPTIONS[options.jit]}"
+    if options.java_options:
+        java_options += f" {options.java_options}"
+    conf = {
+        "spark.driver.memory": options.driver_memory,
+        "spark.driver.extraJavaOptions": java_options,
+        # Local files are written by Spark and committed by deltalake: no checksum side files.
+        "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    }
+    if options.master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        # Python workers on this machine run this interpreter (the project's venv), not whatever
+        # `python3` is first on PATH; a cluster's executors take PYSPARK_PYTHON instead.
+        conf["spark.pyspark.python"] = sys.executable
+    return conf
+
+
+def check_endpoint(remote: str, timeout: float = 5.0) -> None:
+    """Fail fast when nothing listens at a Spark Connect URL (the client would retry for minutes)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(remote.replace("sc://", "http://", 1))
+    host, port = url.hostname or "localhost", url.port or 15002
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot connect to the Spark Connect server at {remote} ({exc.strerror or exc}): start one with "
+            "`laminar serve` (or `make ui`), or point LAMINAR_SPARK_REMOTE / SparkResource.remote at a running "
+            "endpoint", remote=remote) from None
+
+
+def build_session(options: SparkOptions | None = None):
+    """Create (or reuse) the SparkSession for `options`: local/cluster, or a Spark Connect client."""
+    from pyspark.sql import SparkSession
+
+    options = options or SparkOptions()
+    _quiet_python_loggers()
+    if options.remote:
+        check_endpoint(options.remote)
+        # A process is either local or Connect (pyspark.sql.functions follows the mode), so a
+        # remote session cannot start beside a local one: pyspark says so (SESSION_ALREADY_EXIST).
+        builder = SparkSession.builder.remote(options.remote)
+        # Only SQL settings are per session; the server was started with the rest (see jvm_conf).
+        conf = {k: v for k, v in session_conf(options).items() if k.startswith("spark.sql.")}
+    else:
+        check_java()
+        builder = SparkSession.builder.master(options.master)
+        conf = {**jvm_conf(options), **session_conf(options)}
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if not options.remote:
+        spark.sparkContext.setLogLevel(options.log_level)
+    return spark
+
+
+def start_session(options: SparkOptions) -> threading.Thread:
+    """Start the session for `options` in a background thread (a JVM takes seconds to start), so it
+    overlaps with what the caller does next; the caller's own `build_session(options)` then finds it
+    (pyspark's builder serializes the two). A failure here is not reported: that later call starts
+    the session itself and raises the same error with its own message."""
+
+    def start() -> None:
+        try:
+            build_session(options)
+        except Exception:  # noqa: BLE001 - the caller's own start raises it with context (see docstring)
+            return
+
+    thread = threading.Thread(target=start, name="laminar-spark-start", daemon=True)
+    thread.start()
+    return thread
+

@@ -1,0 +1,162 @@
+"""What can be wrong with the parts of a spec, as (field, message): checked when a spec is built.
+
+Pure functions over plain values; `spec.py` turns a problem into a SpecError naming the spec.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .kinds import KINDS
+from .parts import Agg, FactJoin, Hopping, RefreshPolicy, Tumbling
+from ..windows import divides
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_TAG_KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}$")  # Dagster's rules for asset tags
+_TAG_VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
+
+
+def agg_problem(agg: Agg) -> str | None:
+    """What is wrong with one aggregate on its own (None: nothing)."""
+    if agg.kind not in KINDS:
+        return f"unknown aggregate {agg.kind!r}; expected one of {', '.join(KINDS)}"
+    if agg.kind == "sql":
+        if not (isinstance(agg.expr, str) and agg.expr.strip()):
+            return f"aggregate 'sql' needs a Spark SQL aggregate expression (expr=...), found {agg.expr!r}"
+    elif agg.column is None and KINDS[agg.kind].needs_column:
+        return f"aggregate {agg.kind!r} needs a column"
+    if agg.kind == "approx_percentile" and not (agg.quantile is not None and 0.0 <= agg.quantile <= 1.0):
+        return f"approx_percentile needs a quantile in [0, 1], found {agg.quantile!r}"
+    if agg.kind in ("min_by", "max_by") and not (isinstance(agg.by, str) and agg.by):
+        return f"{agg.kind} needs the column whose extreme picks the row (by=...), found {agg.by!r}"
+    if agg.kind in ("top_k", "approx_top_k") and not (isinstance(agg.k, int) and 1 <= agg.k <= 10_000):
+        return f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}"
+    return None
+
+
+def catalog_problem(owners: tuple, tags: tuple) -> tuple[str, str] | None:
+    """(field, what is wrong) with a spec's owners or tags (None: nothing)."""
+    for owner in owners:
+        if not isinstance(owner, str) or not (_EMAIL_RE.match(owner) or owner.startswith("team:") and len(owner) > 5):
+            return "owners", f"expected an email address or 'team:<name>', found {owner!r}"
+    for key, value in tags:
+        if not (isinstance(key, str) and _TAG_KEY_RE.match(key) and isinstance(value, str) and _TAG_VALUE_RE.match(value)):
+            return (f"tags.{key}", "expected a key of letters, digits, '_', '-', '.', '/' and a value of up to "
+                    f"63 letters, digits, '_', '-', '.', found {key!r}: {value!r}")
+    return None
+
+
+def joins_problem(joins: tuple, sources: tuple[str, ...], rules: tuple) -> tuple[str, str] | None:
+    """(field, what is wrong) with a flow's fact joins (None: nothing)."""
+    aliases: set[str] = set()
+    for i, join in enumerate(joins):
+        if not isinstance(join, FactJoin):
+            return f"joins[{i}]", f"expected a FactJoin, found {join!r}"
+        if join.table in sources:
+            return f"joins[{i}].table", f"{join.table!r} is already a source of the flow (no self-joins)"
+        if join.how not in ("inner", "left"):
+            return f"joins[{i}].how", f"expected 'inner' or 'left' (windows follow the source's rows), found {join.how!r}"
+        if not _NAME_RE.match(join.alias or "") or join.alias in aliases:
+            return f"joins[{i}].alias", f"expected a unique identifier, found {join.alias!r}"
+        if not (isinstance(join.on, str) and join.on.strip()):
+            return f"joins[{i}].on", "expected a join condition (Spark SQL)"
+        aliases.add(join.alias)
+    if joins and rules:
+        return ("rules", "row rules (quarantine) apply to a single source; a flow that joins fact tables takes none: "
+                "put the rules on a stage it reads")
+    return None
+
+
+def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
+    """(field, what is wrong) with a flow's window, keys, aggregates and outputs (None: nothing)."""
+    if not isinstance(spec.window, (Tumbling, Hopping)):
+        return ("window", f"expected Tumbling(size) or Hopping(size, slide), found {spec.window!r}")
+    shape = spec.window.shape
+    step = spec.granularity.step
+    if isinstance(spec.window, Hopping):
+        if not divides(shape.slide, shape.size):
+            return ("window.slide", f"hopping slide {shape.slide} does not divide window size {shape.size}")
+        if not divides(shape.slide, step):
+            return ("window.slide", f"hopping slide {shape.slide} does not divide the {spec.granularity.value} partition")
+    elif not divides(shape.size, step):
+        return ("window.size", f"window size {shape.size} does not divide the {spec.granularity.value} partition ({step})")
+    for i, key in enumerate(spec.keys):
+        if not isinstance(key, str) or not _NAME_RE.match(key):
+            return (f"keys[{i}]", f"expected a column name, found {key!r}")
+    if len({k.lower() for k in spec.keys}) != len(spec.keys):
+        return ("keys", f"duplicate group-by key in {list(spec.keys)} (names are compared regardless of case)")
+    for i, key in enumerate(spec.keys):
+        if key.lower() in reserved:  # every flow groups by its own window already
+            return (f"keys[{i}]", f"{key!r} is the window column every flow adds and groups by; derive the source's "
+                    "column under another name to group by it")
+    for col, _expr in spec.derived:
+        if col.lower() in reserved:  # the pass adds the window columns beside the row's own
+            return (f"derived.{col}", f"{col!r} is the window column every flow adds; derive another name")
+    if not spec.aggregates:
+        return ("aggregates", "expected at least one aggregate, found none")
+    # Spark and Delta compare column names regardless of case: so does this
+    seen: dict[str, str] = {n.lower(): n for n in [*spec.keys, *reserved]}
+    for i, agg in enumerate(spec.aggregates):
+        where = f"aggregates[{i}]"
+        if not isinstance(agg, Agg):
+            return (where, f"expected an Agg, found {agg!r}")
+        problem = agg_problem(agg)
+        if problem:
+            return (where, problem)
+        if not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
+            return (where, f"output name {agg.name!r} is not an identifier")
+        if agg.name.lower() in seen:
+            return (where, f"duplicate output column {agg.name!r}{_case_note(agg.name, seen)}")
+        seen[agg.name.lower()] = agg.name
+    for col, _expr in spec.post:
+        if col.lower() in seen:
+            return (f"post.{col}", f"duplicate output column {col!r}{_case_note(col, seen)}")
+        seen[col.lower()] = col
+    names = {a.name for a in spec.aggregates}
+    for col in spec.hidden:
+        if col not in names:
+            return ("hidden", f"expected names of aggregates, found {col!r}")
+    if spec.not_incrementalizable and spec.refresh is RefreshPolicy.INCREMENTAL_STRICT:
+        return ("refresh", "refresh 'incremental_strict' cannot maintain "
+                f"{', '.join(spec.not_incrementalizable)} incrementally (Laminar can only recompute the "
+                "windows it touches); use refresh 'auto' or an aggregate Laminar can merge")
+    return None
+
+
+# How the pass marks an input frame in its SQL text (sql_query.py): a name between NUL characters.
+FRAME_PLACEHOLDER = re.compile("\x00([A-Za-z0-9_]+)\x00")
+
+
+def _case_note(name: str, seen: dict[str, str]) -> str:
+    other = seen[name.lower()]
+    return "" if other == name else f" (the same as {other!r} but for case: column names are case-insensitive)"
+
+
+def expression_problem(spec) -> tuple[str, str] | None:
+    """(field, what is wrong) for a user expression the pass cannot embed in its own SQL: one holding
+    what reads as a placeholder for an input frame (`FRAME_PLACEHOLDER`), or
+    a derived, post, filter or rule expression that names itself with a top-level `AS` (the field's
+    key is its name; an alias cannot stand where the pass puts it). Text sqlglot cannot parse is left
+    to Spark's own check."""
+    import sqlglot
+    from sqlglot import exp
+
+    fields = [*[(f"derived.{c}", e) for c, e in spec.derived], *[(f"post.{c}", e) for c, e in getattr(spec, "post", ())],
+              *[(f"rules.{r.name}", r.check) for r in spec.rules], *([("filter", spec.filter)] if spec.filter else [])]
+    sql_aggs = [(f"aggregates.{a.name}", a.expr) for a in getattr(spec, "aggregates", ()) if getattr(a, "expr", None)]
+    for field, expr in [*fields, *sql_aggs]:
+        if isinstance(expr, str) and FRAME_PLACEHOLDER.search(expr):
+            return (field, f"expected an expression without a name between two NUL characters (how the pass "
+                           f"marks its inputs), found {expr!r}; write NUL as char(0)")
+    for field, expr in [*fields, *sql_aggs]:
+        if not isinstance(expr, str) or not re.search(r"\bas\b", expr, re.IGNORECASE):
+            continue  # no `AS` anywhere: nothing to parse
+        try:
+            tree = sqlglot.parse_one(expr, read="spark")
+        except sqlglot.errors.SqlglotError:
+            continue
+        if isinstance(tree, exp.Alias):
+            return (field, f"expected an expression without a top-level alias, found {expr!r}: drop "
+                           f"'AS {tree.alias}' (the field's key names the column)")
+    return None

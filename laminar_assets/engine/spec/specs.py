@@ -1,0 +1,436 @@
+"""Flow and stage specs: what a data engineer declares, validated when it is built.
+
+Specs are frozen plain data (no Spark objects), so they hash, compare and
+serialise; the Spark behaviour of each aggregate lives in the `aggregates` package.
+Everything that differs between a flow and a stage is a member of `BaseSpec`, so the
+rest of the engine asks the spec instead of testing its class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Mapping
+
+from laminar_assets.errors import SpecError
+from .kinds import KINDS
+from .parts import (  # noqa: F401  (re-exported: specs are built from these)
+    Agg, DimensionJoin, FactJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, as_pairs, as_tuple,
+)
+from .problems import expression_problem, catalog_problem, flow_problem, joins_problem
+from ..windows import Granularity, Interval, WindowShape, parse_duration, to_utc
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Rules the engine always applies; a row breaking one is quarantined under this name.
+BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "key_missing", "unmatched")
+RESERVED_COLUMNS = ("window_start", "window_end")
+
+# Bumped when the layout or meaning of a flow's state changes: part of every flow's hash, so an
+# upgrade refills (SPEC_CHANGED) instead of merging into state of another shape.
+STATE_FORMAT = 2
+
+
+@dataclass(frozen=True)
+class BaseSpec:
+    """What flows and stages share: sources, event time, partitioning, rules, work bounds, catalog facts."""
+
+    kind: ClassVar[str]  # "flow" or "stage": which job runs the spec
+
+    name: str
+    source: str | tuple[str, ...]
+    event_time: str
+    partitioning: Granularity | str = Granularity.HOURLY
+    filter: str | None = None
+    derived: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    sink: str | None = None
+    refresh: RefreshPolicy | str = RefreshPolicy.AUTO
+    late: LatePolicy = field(default_factory=LatePolicy)
+    max_versions_per_run: int | None = None
+    max_rows_per_run: int | None = None
+    description: str = ""
+    rules: tuple[RowRule, ...] = ()
+    event_time_bounds: tuple[datetime | str, datetime | str] | None = None  # [lo, hi): plausible event times
+    # Catalog facts, not part of the hash: who owns the asset, its tags, and how far its sink may
+    # lag its sources before the orchestrator calls it stale ("5m", "1h").
+    owners: tuple[str, ...] = ()
+    tags: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    target_lag: str | timedelta | None = None
+    # Where the spec was defined ("flows/minute_stats.sql:4") and, for SQL views, the statement itself.
+    origin: str = ""
+    definition: str = ""
+
+    @property
+    def bounds(self) -> Interval | None:
+        """Plausible event times; rows outside them are quarantined (event_time_out_of_bounds)."""
+        return Interval(*self.event_time_bounds) if self.event_time_bounds else None
+
+    def rules_for(self, source: str) -> tuple[RowRule, ...]:
+        return tuple(r for r in self.rules if r.source in (None, source))
+
+    def _rules_payload(self) -> dict[str, Any]:
+        """Quarantine rules change what is aggregated, so they count in the hash (only when declared,
+        so specs without rules keep their hash)."""
+        out: dict[str, Any] = {}
+        if self.rules:
+            out["rules"] = [[r.name, r.check, r.source] for r in self.rules]
+        if self.event_time_bounds:
+            out["event_time_bounds"] = [b.isoformat() for b in self.event_time_bounds]
+        return out
+
+    def _normalise_common(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "source", as_tuple(self.source))
+        set_(self, "derived", as_pairs(self.derived))
+        if self.sink is None:
+            set_(self, "sink", self.name)
+        set_(self, "rules", as_tuple(self.rules))
+        set_(self, "owners", as_tuple(self.owners))
+        set_(self, "tags", as_pairs(self.tags))
+        problem = catalog_problem(self.owners, self.tags)
+        if problem:
+            self._fail(*problem)
+        if self.target_lag is not None:
+            try:
+                lag = parse_duration(self.target_lag)
+            except (TypeError, ValueError) as exc:
+                self._fail("target_lag", f"expected a duration like '5m' or '1h', found {self.target_lag!r}: {exc}")
+            if lag <= timedelta(0):
+                self._fail("target_lag", f"expected a positive duration, found {self.target_lag!r}")
+            set_(self, "target_lag", lag)
+        if self.event_time_bounds is not None:
+            try:
+                lo, hi = (to_utc(datetime.fromisoformat(b) if isinstance(b, str) else b) for b in self.event_time_bounds)
+            except (TypeError, ValueError) as exc:
+                self._fail("event_time_bounds", f"expected two UTC datetimes (ISO strings), found "
+                           f"{self.event_time_bounds!r}: {exc}")
+            if not lo < hi:
+                self._fail("event_time_bounds", f"expected lower < upper, found {lo.isoformat()} >= {hi.isoformat()}")
+            set_(self, "event_time_bounds", (lo, hi))
+        try:
+            set_(self, "partitioning", Granularity(self.partitioning))
+        except ValueError:
+            self._fail("partitioning", f"expected 'hourly' or 'daily', found {self.partitioning!r}")
+        try:
+            set_(self, "refresh", RefreshPolicy(self.refresh))
+        except ValueError:
+            allowed = ", ".join(p.value for p in RefreshPolicy)
+            self._fail("refresh", f"expected one of {allowed}, found {self.refresh!r}")
+
+    def _fail(self, field_name: str, message: str) -> None:
+        raise SpecError(f"{type(self).__name__} '{self.name}': {message}", flow=self.name, field=field_name)
+
+    def _validate_common(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            self._fail("name", f"expected an identifier (letters, digits, _), found {self.name!r}")
+        if not self.source:
+            self._fail("source", "expected at least one source table, found none")
+        for i, src in enumerate(self.source):
+            if not isinstance(src, str) or not src.strip():
+                self._fail(f"source[{i}]", f"expected a table name or URI, found {src!r}")
+        if not isinstance(self.event_time, str) or not self.event_time:
+            self._fail("event_time", f"expected a column name, found {self.event_time!r}")
+        for i, (col, expr) in enumerate(self.derived):
+            if not _NAME_RE.match(col) or col.startswith("__"):
+                self._fail(f"derived[{i}]", f"expected an identifier not starting with '__', found {col!r}")
+            if not expr.strip():
+                self._fail(f"derived.{col}", "expected a Spark SQL expression, found an empty string")
+            # An event time derived from source columns is fine (no statistics prune it); one that
+            # rewrites a source column of the same name would make the statistics lie.
+            if col == self.event_time and re.search(rf"(?<![\w`]){re.escape(col)}(?![\w`])|`{re.escape(col)}`", expr):
+                self._fail(f"derived.{col}", f"a derived column may not replace the event time column {col!r} "
+                           "(file statistics of the source locate rows by it); derive a new name and use it as event_time")
+        names: set[str] = set()
+        for i, rule in enumerate(self.rules):
+            if not isinstance(rule, RowRule):
+                self._fail(f"rules[{i}]", f"expected a RowRule, found {rule!r}")
+            if not _NAME_RE.match(rule.name) or rule.name in BUILTIN_RULES:
+                self._fail(f"rules[{i}].name", f"expected an identifier other than {', '.join(BUILTIN_RULES)}, "
+                           f"found {rule.name!r}")
+            if (rule.name, rule.source) in names:
+                self._fail(f"rules[{i}].name", f"duplicate rule {rule.name!r}")
+            names.add((rule.name, rule.source))
+            if not isinstance(rule.check, str) or not rule.check.strip():
+                self._fail(f"rules.{rule.name}", "expected a Spark SQL condition, found an empty string")
+            if rule.source is not None and rule.source not in self.source:
+                self._fail(f"rules.{rule.name}.source", f"expected one of the sources {list(self.source)}, "
+                           f"found {rule.source!r}")
+        problem = expression_problem(self)
+        if problem:
+            self._fail(*problem)
+        for attr in ("max_versions_per_run", "max_rows_per_run"):
+            value = getattr(self, attr)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                self._fail(attr, f"expected a positive integer or None, found {value!r}")
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.source  # normalised to a tuple
+
+    @property
+    def granularity(self) -> Granularity:
+        return self.partitioning  # normalised to a Granularity
+
+    def _hash_payload(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # --- what differs between flows and stages --------------------------------------------
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """Columns a row must have (a NULL one is quarantined as key_missing): a flow's group keys,
+        a stage's dedup key."""
+        raise NotImplementedError
+
+    @property
+    def output_time_column(self) -> str:
+        """The column of the sink (a stage's output) that places a row in a partition."""
+        raise NotImplementedError
+
+    @property
+    def retractable(self) -> bool:
+        """Whether deleted or updated rows can be taken out of the stored result, instead of
+        recomputing what they touched."""
+        return False
+
+    @property
+    def why_not_retractable(self) -> str:
+        """Why deletes and updates recompute what they touch (for a run's reason detail)."""
+        raise NotImplementedError
+
+    @property
+    def not_incrementalizable(self) -> tuple[str, ...]:
+        """The constructs that make the spec refill-only (empty when its results merge)."""
+        return ()
+
+    @property
+    def fact_joins(self) -> tuple[FactJoin, ...]:
+        """Other fact tables joined to the source rows before anything else (flows only)."""
+        return ()
+
+    @property
+    def dimension_tables(self) -> tuple[str, ...]:
+        """Tables read whole at a pinned version; a change to one refills every partition."""
+        return ()
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """Source columns the spec names (the event time first), besides those its expressions use."""
+        raise NotImplementedError
+
+    @property
+    def reads_all_columns(self) -> bool:
+        """Whether the spec passes every source column through (a stage without `columns`)."""
+        return False
+
+    def joined_columns(self, table: str) -> set[str]:
+        """The columns the spec reads from the joined table `table`."""
+        raise NotImplementedError
+
+    def events_needed(self, part: Interval) -> Interval:
+        """Event times whose rows can land in partition `part`."""
+        return part
+
+    def output_times_of(self, events: Interval) -> Interval:
+        """The values of `output_time_column` that rows with event times in `events` can land on."""
+        return events
+
+    def refill_scope(self, part: Interval, touched: Interval) -> Interval | None:
+        """What of partition `part` rows with event times in `touched` affect (window starts of a flow,
+        event times of a stage); None when nothing."""
+        return touched.intersect(part)
+
+    def refilled_ranges(self, part: Interval, refill: tuple[Interval, ...]) -> list[Interval]:
+        """The ranges of `output_time_column` a refill of `refill` (a plan's refill scope) recomputes:
+        a stage dedups within a partition, so it recomputes all of it."""
+        return [part] if refill else []
+
+    def refill_events(self, part: Interval, refill: tuple[Interval, ...]) -> list[Interval]:
+        """The event times a refill of `refill` reads."""
+        return [part] if refill else []
+
+    @property
+    def spec_hash(self) -> str:
+        """Stable hash of everything that changes results; a new hash invalidates state."""
+        payload = json.dumps(self._hash_payload(), sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class FlowSpec(BaseSpec):
+    """A time-window aggregation kept up to date incrementally.
+
+    `SELECT window, keys, aggregates FROM source [WHERE filter] GROUP BY window, keys`,
+    with optional `derived` input columns and `post` expressions over the results.
+    """
+
+    window: Tumbling | Hopping | None = None
+    keys: tuple[str, ...] = ()
+    aggregates: tuple[Agg, ...] = ()
+    post: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    hidden: tuple[str, ...] = ()  # aggregates computed for `post` expressions but not written to the sink
+    joins: tuple[FactJoin, ...] = ()  # other fact tables joined to the source rows (refill-only)
+
+    def __post_init__(self) -> None:
+        self._normalise_common()
+        object.__setattr__(self, "keys", as_tuple(self.keys))
+        object.__setattr__(self, "aggregates", as_tuple(self.aggregates))
+        object.__setattr__(self, "post", as_pairs(self.post))
+        object.__setattr__(self, "hidden", as_tuple(self.hidden))
+        object.__setattr__(self, "joins", as_tuple(self.joins))
+        self._validate_common()
+        self._validate_flow()
+        self._validate_joins()
+
+    kind: ClassVar[str] = "flow"
+
+    def _validate_flow(self) -> None:
+        problem = flow_problem(self, RESERVED_COLUMNS)
+        if problem:
+            self._fail(*problem)
+
+    def _validate_joins(self) -> None:
+        problem = joins_problem(self.joins, self.sources, self.rules)
+        if problem:
+            self._fail(*problem)
+
+    @property
+    def dimension_tables(self) -> tuple[str, ...]:
+        return tuple(j.table for j in self.joins)
+
+    @property
+    def fact_joins(self) -> tuple[FactJoin, ...]:
+        return self.joins
+
+    @property
+    def not_incrementalizable(self) -> tuple[str, ...]:
+        joins = tuple(f"JOIN {j.table}" for j in self.joins)
+        return joins + tuple(a.expr or a.kind for a in self.aggregates if not KINDS[a.kind].mergeable)
+
+    @property
+    def shape(self) -> WindowShape:
+        return self.window.shape
+
+    @property
+    def retractable(self) -> bool:
+        return all(KINDS[a.kind].retractable for a in self.aggregates)
+
+    @property
+    def why_not_retractable(self) -> str:
+        kinds = sorted({a.kind for a in self.aggregates if not KINDS[a.kind].retractable})
+        return f"aggregate(s) {', '.join(kinds)} cannot retract"
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return self.keys
+
+    @property
+    def output_time_column(self) -> str:
+        return "window_start"
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([self.event_time, *self.keys,
+                                    *[c for a in self.aggregates for c in (a.column, a.by) if c]]))
+
+    def joined_columns(self, table: str) -> set[str]:
+        return {c for j in self.joins if j.table == table for c in j.columns}
+
+    def events_needed(self, part: Interval) -> Interval:
+        return self.shape.events_of_starts(part)
+
+    def output_times_of(self, events: Interval) -> Interval:
+        return Interval(events.start - self.shape.size + self.shape.slide, events.end)  # window starts
+
+    def refill_scope(self, part: Interval, touched: Interval) -> Interval | None:
+        starts = self.shape.starts_overlapping(touched)
+        return starts.intersect(part) if starts else None
+
+    def refilled_ranges(self, part: Interval, refill: tuple[Interval, ...]) -> list[Interval]:
+        return list(refill)  # window starts
+
+    def refill_events(self, part: Interval, refill: tuple[Interval, ...]) -> list[Interval]:
+        return [self.shape.events_of_starts(r) for r in refill]
+
+    def _hash_payload(self) -> dict[str, Any]:
+        return {
+            "kind": "flow", "sources": self.sources, "event_time": self.event_time,
+            "window": [str(self.shape.size), str(self.shape.slide)], "keys": self.keys,
+            "aggregates": [a.to_json() for a in self.aggregates], "filter": self.filter,
+            "derived": self.derived, "post": self.post, "partitioning": self.granularity.value,
+            "state_format": STATE_FORMAT, **self._rules_payload(), **({"hidden": self.hidden} if self.hidden else {}),
+            **({"joins": [[j.table, j.alias, j.on, j.columns, j.how] for j in self.joins]} if self.joins else {}),
+        }
+
+
+@dataclass(frozen=True)
+class StageSpec(BaseSpec):
+    """A row-level shared stage: filter, derived columns, dedup, dimension joins.
+
+    Its output is a Delta table keyed by the same event time that downstream
+    flows read as their source, version by version.
+    """
+
+    columns: tuple[str, ...] = ()  # output columns; empty = all
+    dedup_key: tuple[str, ...] = ()
+    joins: tuple[DimensionJoin, ...] = ()
+
+    kind: ClassVar[str] = "stage"
+
+    def __post_init__(self) -> None:
+        self._normalise_common()
+        object.__setattr__(self, "columns", as_tuple(self.columns))
+        object.__setattr__(self, "dedup_key", as_tuple(self.dedup_key))
+        object.__setattr__(self, "joins", as_tuple(self.joins))
+        self._validate_common()
+        for i, join in enumerate(self.joins):
+            if not isinstance(join, DimensionJoin):
+                self._fail(f"joins[{i}]", f"expected a DimensionJoin, found {join!r}")
+            if not join.on:
+                self._fail(f"joins[{i}].on", "expected at least one join column")
+            if join.how not in ("inner", "left"):
+                self._fail(f"joins[{i}].how", f"expected 'inner' or 'left', found {join.how!r}")
+        if self.columns and self.event_time not in self.columns:
+            self._fail("columns", f"output columns must include the event time column {self.event_time!r}")
+
+    @property
+    def dimension_tables(self) -> tuple[str, ...]:
+        return tuple(j.table for j in self.joins)
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return self.dedup_key
+
+    @property
+    def output_time_column(self) -> str:
+        return self.event_time
+
+    @property
+    def why_not_retractable(self) -> str:
+        return "row-level stages recompute the affected range on deletes and updates"
+
+    @property
+    def reads_all_columns(self) -> bool:
+        return not self.columns
+
+    def joined_columns(self, table: str) -> set[str]:
+        return {c for j in self.joins if j.table == table for c in (*j.on, *j.columns)}
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        joined = {c for j in self.joins for c in j.columns}
+        return tuple(dict.fromkeys([self.event_time, *self.dedup_key, *[c for j in self.joins for c in j.on],
+                                    *[c for c in self.columns if c not in joined]]))
+
+    def _hash_payload(self) -> dict[str, Any]:
+        return {
+            "kind": "stage", "sources": self.sources, "event_time": self.event_time,
+            "filter": self.filter, "derived": self.derived, "columns": self.columns,
+            "dedup_key": self.dedup_key,
+            "joins": [[j.table, j.on, j.columns, j.how] for j in self.joins],
+            "partitioning": self.granularity.value, **self._rules_payload(),
+        }
+
+
+Spec = FlowSpec | StageSpec  # the one name for "a flow or a stage" in annotations

@@ -1,0 +1,148 @@
+"""`.sql` files of CREATE MATERIALIZED VIEW statements, compiled to flow and stage specs.
+
+    CREATE MATERIALIZED VIEW name
+      [PARTITIONED BY HOUR | DAY]                      -- default HOUR
+      [COMMENT 'what it holds']                        -- the asset's description
+      [WITH (refresh = 'auto' | 'incremental_strict' | 'full', target_lag = '5m', ...)]
+    AS SELECT ...;
+
+A SELECT grouped by TUMBLE or HOP is a flow, one without GROUP BY is a stage (`sql_select.py` maps
+the select list). Parsing is sqlglot's (Spark dialect). Every error is a `SqlDefinitionError` (a
+`SpecError`) that names the file, the line and the construct.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from laminar_assets.errors import SpecError, SqlDefinitionError
+
+from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..spec.parts import LatePolicy
+from .select import DIALECT, flow_fields
+from .stage_select import stage_fields
+
+# WITH (...) options: name -> the spec field it sets (values are strings or numbers)
+OPTIONS = ("refresh", "target_lag", "owners", "tags", "freeze_after", "max_versions_per_run", "max_rows_per_run",
+           "event_time", "sink")
+_PARTITIONING = {"HOUR": "hourly", "HOURLY": "hourly", "DAY": "daily", "DAILY": "daily"}
+
+
+def compile_sql_file(path: str | os.PathLike) -> list[Spec]:
+    """Every view of one `.sql` file, as specs (in file order)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    rel = os.path.relpath(path)
+    return compile_sql(text, origin=str(path) if rel.startswith("..") else rel)
+
+
+def compile_sql(text: str, *, origin: str = "<sql>") -> list[Spec]:
+    """The specs that the CREATE MATERIALIZED VIEW statements of `text` define; `origin` names the file."""
+    try:
+        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+    except ParseError as exc:
+        e = exc.errors[0] if exc.errors else {}
+        line = e.get("line")
+        raise SqlDefinitionError(f"{origin}:{line}: the SQL does not parse: {e.get('description', exc)} "
+                                 f"(near {e.get('highlight', '?')!r})", file=origin, line=line,
+                                 construct=e.get("highlight")) from None
+    except TokenError as exc:
+        raise SqlDefinitionError(f"{origin}: the SQL does not tokenize: {exc}", file=origin, line=None) from None
+    texts = _statement_texts(text)
+    if len(texts) != len(statements):
+        texts = [(None, s.sql(dialect=DIALECT, pretty=True)) for s in statements]
+    return [_compile(stmt, origin, line, body) for stmt, (line, body) in zip(statements, texts)]
+
+
+def _compile(stmt: exp.Expression, origin: str, start: int | None, body: str) -> Spec:
+    name = stmt.this.name if isinstance(stmt, exp.Create) and isinstance(stmt.this, exp.Table) else None
+
+    def fail(node: exp.Expression | None, message: str) -> NoReturn:
+        line = _line(node) or start
+        construct = node.sql(dialect=DIALECT)[:120] if node is not None else None
+        where = f" in view {name!r}" if name else ""
+        raise SqlDefinitionError(f"{origin}:{line}{where}: {message} (at: {construct})", file=origin, line=line,
+                                 construct=construct, flow=name or "?")
+
+    props = stmt.args.get("properties")
+    is_mv = isinstance(stmt, exp.Create) and (stmt.args.get("kind") or "").upper() == "VIEW" and props is not None \
+        and any(isinstance(p, exp.MaterializedProperty) for p in props.expressions)
+    if not is_mv or not name:
+        fail(stmt, "expected CREATE MATERIALIZED VIEW <name> AS SELECT ...")
+    select = stmt.expression
+    if not isinstance(select, exp.Select):
+        fail(select, "the view's query must be one SELECT (no UNION; define each part as its own view)")
+    common: dict = {"partitioning": "hourly"}
+    options: dict[str, str] = {}
+    for p in props.expressions:
+        if isinstance(p, exp.MaterializedProperty):
+            continue
+        if isinstance(p, exp.PartitionedByProperty):
+            unit = p.this.name.upper() if isinstance(p.this, (exp.Identifier, exp.Column, exp.Var)) else ""
+            if unit not in _PARTITIONING:
+                fail(p, "expected PARTITIONED BY HOUR or PARTITIONED BY DAY")
+            common["partitioning"] = _PARTITIONING[unit]
+        elif isinstance(p, exp.SchemaCommentProperty):
+            common["description"] = p.this.name
+        elif isinstance(p, exp.Property) and p.name.lower() in OPTIONS:
+            options[p.name.lower()] = p.args["value"].name
+        elif isinstance(p, exp.Property):
+            fail(p, f"unknown option {p.name!r}; expected one of {', '.join(OPTIONS)}")
+        else:
+            fail(p, "unsupported clause; expected PARTITIONED BY, COMMENT or WITH (...)")
+    common.update(_option_fields(options))
+    grouped = select.args.get("group") is not None
+    if grouped and "event_time" in options:
+        fail(stmt, "a flow's event time is its window's time column; drop WITH (event_time = ...)")
+    fields = flow_fields(select, fail) if grouped else \
+        stage_fields(select, fail, event_time=options.get("event_time", "event_time"))
+    try:
+        cls = FlowSpec if grouped else StageSpec
+        return cls(name=name, origin=f"{origin}:{start}" if start else origin, definition=body, **common, **fields)
+    except SpecError as exc:
+        raise SqlDefinitionError(f"{origin}:{start}: view {name!r}: {exc.message}", file=origin, line=start,
+                                 construct=exc.field, flow=name, field=exc.field) from None
+
+
+def _option_fields(options: dict[str, str]) -> dict:
+    out: dict = {}
+    for key in ("refresh", "target_lag", "sink"):
+        if key in options:
+            out[key] = options[key]
+    if "owners" in options:
+        out["owners"] = tuple(o.strip() for o in options["owners"].split(",") if o.strip())
+    if "tags" in options:  # 'domain:trades, tier:gold'
+        out["tags"] = tuple(tuple(part.strip() for part in t.split(":", 1)) for t in options["tags"].split(",") if t.strip())
+    if "freeze_after" in options:
+        out["late"] = LatePolicy(freeze_after=options["freeze_after"])
+    for key in ("max_versions_per_run", "max_rows_per_run"):
+        if key in options:
+            out[key] = int(options[key]) if options[key].isdigit() else options[key]
+    return out
+
+
+def _line(node: exp.Expression | None) -> int | None:
+    """The first source line of a parsed node (sqlglot keeps positions on identifiers and functions)."""
+    if node is None:
+        return None
+    lines = [n.meta["line"] for n in node.walk() if isinstance(n, exp.Expression) and "line" in n.meta]
+    return min(lines) if lines else None
+
+
+def _statement_texts(text: str) -> list[tuple[int, str]]:
+    """(first line, original text) of each statement, split where the tokenizer sees a semicolon."""
+    tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    out, current = [], []
+    for tok in [*tokens, None]:
+        if tok is None or tok.token_type.name == "SEMICOLON":
+            if current:
+                out.append((current[0].line, text[current[0].start:current[-1].end + 1].strip()))
+            current = []
+        else:
+            current.append(tok)
+    return out

@@ -1,0 +1,167 @@
+"""A stage run's commit: the new rows of its partitions, and exact change data for refilled ones.
+
+A refilled partition is recomputed whole and compared with the rows its output holds now (one
+aggregation: EXCEPT ALL both ways), so the commit carries exact change data and downstream
+retractable flows stay incremental. Nothing deleted: a plain append of the inserted rows (readers
+see adds as inserts). Rows deleted: the refilled partitions' files are replaced, with the change
+data beside them.
+
+A small refill (what it reads, its dimensions and the kept rows under the driver-write bound)
+is one Spark job: the net changes and the new rows come to the driver together, which counts them
+and writes both outputs. Otherwise Spark stages the change data (counted in the same job), then
+the new rows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from ..aggregates.algebra import EVENT_TS
+from ..output.commit import replace_ranges
+from ..run.context import RunContext
+from ..run.plan import Mode, PartitionPlan, Reason
+from ..run.reading import PART
+from ..spark.frames import arrow_schema_of, named, observe, schema_change
+from ..spark.read import CHANGE_TYPE
+from ..spec.specs import StageSpec
+from .dedup import OutputReset, kept_rows, with_columns_of
+from ..output.staged_files import StagedFiles, collect_rows, write_staged, write_staged_rows
+from ..windows import partition_id
+
+CHANGE_DATA = "_change_data/laminar"  # where a commit's change-data files are staged
+
+
+def transactions(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs: dict[str, int]) -> list:
+    """The app transactions a commit of `plans` carries (one per partition)."""
+    return [(ctx.layout.app_id(spec, p.partition), seqs[p.partition]) for p in plans]
+
+
+def commit_meta(spec: StageSpec, plans: list[PartitionPlan], run_id: str) -> dict:
+    """The commit metadata naming the run, its partitions, modes and reasons."""
+    return {"laminar.run_id": run_id, "laminar.flow": spec.name,
+            "laminar.partition": ",".join(p.partition for p in plans),
+            "laminar.mode": ",".join(sorted({p.mode.value for p in plans})),
+            "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
+
+
+def with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
+    """The commit's metadata with the run's metrics (what `laminar_system.runs` shows)."""
+    return {**meta, "laminar.metrics": json.dumps({**read, "sink_rows": staged.rows})}
+
+
+def schema_matches(uri: str, out: DataFrame) -> bool:
+    """Whether the output table at `uri` (if any) can hold `out`'s rows as it is or by adding columns."""
+    if not DeltaTable.is_deltatable(uri):
+        return True
+    return schema_change(pa.schema(DeltaTable(uri).schema().to_arrow()), arrow_schema_of(out)) != "differs"
+
+
+def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new_ref: DataFrame,
+                  new_inc: DataFrame, seqs: dict[str, int], run_id: str, metrics: dict[str, dict], *,
+                  small: bool, in_bytes: int, single: bool) -> None:
+    """Commit a run with refilled partitions: `new_ref` holds their recomputed rows, `new_inc` the
+    new rows of its incremental ones (both with `__p` and the event time). `metrics`: per
+    partition, updated with sink_rows, rows_inserted and rows_deleted. `small`: the rows may go
+    through the driver; `in_bytes`: what the pass read (the kept rows are added to it for the
+    one-job path); `single`: one task, no shuffle."""
+    uri = ctx.layout.sink_uri(spec)
+    refill = [p for p in plans if p.mode is Mode.REFILL]
+    txns, meta = transactions(ctx, spec, plans, seqs), commit_meta(spec, plans, run_id)
+    read = {m: sum(metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
+    ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
+    data_cols = [c for c in new_ref.columns if c != EVENT_TS]
+    new_ref, new_inc = new_ref.select(*named(data_cols)), new_inc.select(*named(data_cols))
+    reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not schema_matches(uri, new_ref.drop(PART))
+    if reset and len(refill) < len(plans):  # the reset drops every row: incremental partitions recompute too
+        raise OutputReset([p.partition for p in plans if p.mode is not Mode.REFILL])
+    old, old_bytes = (None, 0) if reset else kept_rows(ctx, spec, refill)
+    ranges = [p.interval for p in refill]
+    common = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id)
+    if old is None:  # nothing kept in the refilled partitions (or a new schema): every row is new
+        staged = write_staged(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
+        if reset:
+            staged = staged.plus(write_staged(new_inc, uri, run_id + "-inc", by=PART, through_driver=small))
+        replace_ranges(ctx.spark, staged, ranges=ranges if reset else [], metadata=with_metrics(meta, read, staged),
+                       append_only=not reset, reset_on_schema_change=reset, **common)
+        inserted, deleted = staged.rows_by_partition(), {}
+    else:
+        old = with_columns_of(old, new_ref)  # columns the output gains read NULL in its kept rows
+        changes = _net_changes(old.select(*named(data_cols)), new_ref, data_cols, single=single).unionByName(
+            new_inc.withColumn(CHANGE_TYPE, F.lit("insert")))
+        if small and in_bytes + old_bytes < ctx.options.driver_write_below_bytes:
+            staged, cdc, inserted, deleted = _stage_collected(changes, new_ref.unionByName(new_inc), uri, run_id,
+                                                              data_cols)
+        else:
+            staged, cdc, inserted, deleted = _stage_in_spark(changes, new_ref.unionByName(new_inc), uri, run_id,
+                                                             ids, small=small)
+        if any(deleted.values()):
+            replace_ranges(ctx.spark, staged, ranges=ranges, metadata=with_metrics(meta, read, staged),
+                           change_data=cdc, **common)
+        else:  # nothing deleted: a plain commit of the inserted rows
+            replace_ranges(ctx.spark, staged, ranges=[], metadata=with_metrics(meta, read, staged),
+                           append_only=True, **common)
+            inserted = staged.rows_by_partition()
+    written = staged.rows_by_partition()
+    for pid, key in ids.items():
+        metrics[key].update(sink_rows=written.get(pid, 0), rows_inserted=inserted.get(pid, 0),
+                            rows_deleted=deleted.get(pid, 0))
+
+
+def _stage_collected(changes: DataFrame, rows: DataFrame, uri: str, run_id: str, cols: list[str]) -> tuple:
+    """One Spark job: the change data and every new row, tagged, collected; the driver counts the
+    changes per partition and stages the rows to commit (the inserted ones when nothing was
+    deleted) and, when something was, the change data. Returns (rows, change data or None,
+    inserted, deleted)."""
+    table = collect_rows(changes.unionByName(rows.withColumn(CHANGE_TYPE, F.lit(None).cast("string"))))
+    is_row = pc.is_null(table[CHANGE_TYPE])
+    change = table.filter(pc.invert(is_row))
+    counts = {(r[PART], r[CHANGE_TYPE]): r["count_all"] for r in
+              change.group_by([PART, CHANGE_TYPE]).aggregate([([], "count_all")]).to_pylist()}
+    inserted = {pid: n for (pid, kind), n in counts.items() if kind == "insert"}
+    deleted = {pid: n for (pid, kind), n in counts.items() if kind == "delete"}
+    if not any(deleted.values()):
+        inserts = change.filter(pc.equal(change[CHANGE_TYPE], "insert"))
+        return write_staged_rows(inserts, [(uri, run_id, cols)], by=PART)[0], None, inserted, deleted
+    cdc = write_staged_rows(change, [(uri, run_id, [*cols, CHANGE_TYPE])], by=PART, folder=CHANGE_DATA)[0]
+    return write_staged_rows(table.filter(is_row), [(uri, run_id, cols)], by=PART)[0], cdc, inserted, deleted
+
+
+def _stage_in_spark(changes: DataFrame, rows: DataFrame, uri: str, run_id: str, ids: dict[int, str], *,
+                    small: bool) -> tuple:
+    """Spark stages the change data (counted per partition in that job), then the rows to commit:
+    every new row when something was deleted, else only the inserted ones (the change data is dropped)."""
+    obs = Observation()
+    cdc = write_staged(observe(changes, obs, *_change_counts(ids)), uri, run_id, by=PART, folder=CHANGE_DATA)
+    counts = obs.get
+    deleted = {pid: int(counts.get(f"delete@{pid}") or 0) for pid in ids}
+    inserted = {pid: int(counts.get(f"insert@{pid}") or 0) for pid in ids}
+    if any(deleted.values()):
+        return write_staged(rows, uri, run_id, by=PART, through_driver=small), cdc, inserted, deleted
+    cdc.discard()
+    # inserts only, all of them rows this pass read (the change data also holds old rows)
+    inserts = changes.where(F.col(CHANGE_TYPE) == "insert").drop(CHANGE_TYPE)
+    return write_staged(inserts, uri, run_id, by=PART, through_driver=small), None, inserted, deleted
+
+
+def _net_changes(old: DataFrame, new: DataFrame, cols: list[str], *, single: bool) -> DataFrame:
+    """Rows to delete and to insert to turn the multiset `old` into `new` (EXCEPT ALL both ways, as
+    one aggregation: Spark rewrites each EXCEPT ALL into the same union, sum and replicate).
+    `single`: in one task (every row in one partition satisfies the grouping: no shuffle)."""
+    both = old.select(*named(cols), F.lit(-1).alias("__d")).unionByName(new.select(*named(cols), F.lit(1).alias("__d")))
+    if single:
+        both = both.coalesce(1)
+    net = both.groupBy(*named(cols)).agg(F.sum("__d").alias("__n")).where(F.col("__n") != 0)
+    kind = F.expr("explode(array_repeat(CASE WHEN __n < 0 THEN 'delete' ELSE 'insert' END, CAST(abs(__n) AS INT)))")
+    return net.select(*named(cols), kind.alias(CHANGE_TYPE))
+
+
+def _change_counts(ids: dict[int, str]) -> list:
+    """Observed deletes and inserts per partition number (SQL text: one Py4J call per metric)."""
+    return [F.expr(f"sum(CASE WHEN {PART} = {pid} AND {CHANGE_TYPE} = '{kind}' THEN 1 ELSE 0 END) AS `{kind}@{pid}`")
+            for pid in ids for kind in ("delete", "insert")]

@@ -1,0 +1,122 @@
+"""The rows a stage keeps: one per dedup key and partition, and appended rows checked against the
+rows the output table keeps already (the earliest row of a key wins; a new row that sorts before a
+kept one means its partition must refill)."""
+
+from __future__ import annotations
+
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, Observation, Window
+from pyspark.sql import functions as F
+
+from ..aggregates.algebra import EVENT_TS
+from ..delta.tables import snapshot_files, table_info
+from ..run.context import RunContext
+from ..run.plan import PartitionPlan
+from ..run.reading import PART, with_partition
+from ..spark.frames import named, observe
+from ..spark.read import read_source
+from ..spec.specs import StageSpec
+from ..spark import stable_sql
+from ..windows import partition_id
+
+
+class DedupReplaced(Exception):
+    """Appended rows would replace rows already kept: these partitions must refill."""
+
+    reason = "DEDUP_REPLACED_ROW"
+
+    def __init__(self, partitions: list[str]) -> None:
+        super().__init__(f"dedup replaced kept rows in {partitions}")
+        self.partitions = partitions
+
+
+class OutputReset(DedupReplaced):
+    """The output table must be reset to a new schema (a column's type changed or went): the rows it
+    keeps of these incrementally planned partitions would be lost, so they must refill too."""
+
+    reason = "SCHEMA_CHANGED"
+
+
+def order_key(spec: StageSpec, cols: list[str]) -> list[str]:
+    """The columns that order a key's rows: the earliest event first, then the other values."""
+    return [EVENT_TS] + [c for c in cols if c not in spec.dedup_key]
+
+
+def deduped(spec: StageSpec, good: DataFrame) -> DataFrame:
+    """Output rows (plus `__p` and the event time) with one row per dedup key and partition."""
+    cols = output_columns(spec, good.columns)
+    out = good.select(PART, *named(cols), EVENT_TS)
+    if spec.dedup_key:
+        w = Window.partitionBy(PART, *named(spec.dedup_key)).orderBy(*named(order_key(spec, cols)))
+        out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
+    return out
+
+
+def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> tuple[DataFrame | None, int]:
+    """The rows the output table holds now in the plans' partitions (with `__p` and the event
+    time), and the bytes of the files holding them; (None, 0) when it holds none."""
+    uri = ctx.layout.sink_uri(spec)
+    if not plans or not DeltaTable.is_deltatable(uri):
+        return None, 0
+    parts = [p.interval for p in plans]
+    info = table_info(spec.sink, uri)
+    files = snapshot_files(info, spec.event_time, parts)
+    if not files:
+        return None, 0
+    from ..run.validate import event_time_column
+
+    df = read_source(ctx.spark, files, info)
+    inside = F.expr(stable_sql.in_ranges_sql(EVENT_TS, parts, spec.granularity))  # same code every run
+    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(inside)
+    return with_partition(df, spec, EVENT_TS), sum(f.size for f in files)
+
+
+def with_columns_of(kept: DataFrame, new: DataFrame) -> DataFrame:
+    """`kept` (rows of the output table) with the columns `new` rows have and it lacks, as NULL: a
+    column the source gained reads NULL in rows written before it existed."""
+    for f in new.schema.fields:
+        if f.name not in kept.columns:
+            kept = kept.withColumn(f.name, F.lit(None).cast(f.dataType))
+    return kept
+
+
+def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame, *,
+                        lost: Observation | None = None) -> DataFrame:
+    """`new` without the rows whose key the output keeps already. A new row that sorts before the
+    kept one would replace it: raises `DedupReplaced` (one Spark job), or, given `lost`, counts such
+    rows per partition in the job that consumes the result (see `replaced`)."""
+    existing, _ = kept_rows(ctx, spec, plans)
+    if existing is None:  # nothing kept in these partitions: nothing to replace (still observed, as 0)
+        return new if lost is None else observe(new, lost, *_lost_counts(spec, plans, "false"))
+    existing = with_columns_of(existing, new)
+    cols = [c for c in new.columns if c not in (PART, EVENT_TS)]
+    order = order_key(spec, cols)
+    key = [PART, *spec.dedup_key]
+    old = existing.select(*named(key), F.struct(*named(order)).alias("__old"))
+    joined = new.withColumn("__new", F.struct(*named(order))).join(old, key, "left")
+    if lost is not None:
+        joined = observe(joined, lost, *_lost_counts(spec, plans, "__old IS NOT NULL AND __new < __old"))
+    else:
+        found = joined.where(F.col("__old").isNotNull() & (F.col("__new") < F.col("__old"))).select(PART).distinct().collect()
+        if found:
+            ids = {r[PART] for r in found}
+            raise DedupReplaced([p.partition for p in plans if partition_id(p.partition, spec.granularity) in ids])
+    return joined.where(F.col("__old").isNull()).drop("__new", "__old")
+
+
+def _lost_counts(spec: StageSpec, plans: list[PartitionPlan], cond: str) -> list:
+    return [F.expr(f"count(CASE WHEN {PART} = {partition_id(p.partition, spec.granularity)} AND {cond} THEN 1 END)"
+                   f" AS `lost@{p.partition}`") for p in plans]
+
+
+def replaced(spec: StageSpec, plans: list[PartitionPlan], counts: dict) -> list[str]:
+    """The partitions where `dedup_against_kept` observed a new row replacing a kept one."""
+    return [p.partition for p in plans if counts.get(f"lost@{p.partition}")]
+
+
+def output_columns(spec: StageSpec, columns: list[str]) -> list[str]:
+    """The stage's output columns, given the columns of its joined rows."""
+    if spec.columns:
+        return list(spec.columns)
+    base = [c for c in columns if not c.startswith("__") and c not in {c2 for j in spec.joins for c2 in j.columns}]
+    return base + [c for j in spec.joins for c in j.columns if c not in base]

@@ -1,0 +1,92 @@
+"""A run-failure sensor: every failed run is reported to the alert target in `[tool.laminar] alert`.
+
+Targets: "log" (the sensor's log, shown on its tick in the UI), a webhook URL (an
+HTTP POST of the alert as JSON, e.g. a Slack or Teams incoming webhook), or
+"package.module:function", called with the `Alert`. A target that cannot be reached
+fails the sensor's tick, so a broken alert path is visible rather than silent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+
+import dagster as dg
+
+from laminar_assets.orchestration.assets import COMPONENT_TAG, PARTITION_TAG
+from laminar_assets.errors import LaminarError
+from laminar_assets.pipeline.settings import LaminarSettings
+
+SENSOR_NAME = "laminar_run_failures"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """What a failed run tells the people on call."""
+
+    run_id: str
+    job: str
+    message: str
+    assets: tuple[str, ...]
+    partition_range: str | None
+    component: str | None
+
+    @property
+    def text(self) -> str:
+        where = f" partitions {self.partition_range}" if self.partition_range else ""
+        return f"Laminar run {self.run_id} ({', '.join(self.assets) or self.job}{where}) failed: {self.message}"
+
+
+def send(target: str, alert: Alert) -> None:
+    """Deliver `alert` to `target` ('log' is handled by the sensor itself)."""
+    if target.startswith(("http://", "https://")):
+        body = json.dumps({"text": alert.text, **asdict(alert)}).encode()
+        request = urllib.request.Request(target, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+        except (urllib.error.URLError, TimeoutError) as exc:
+            raise LaminarError(f"could not deliver the alert for run {alert.run_id} to {target}: {exc}; "
+                               "check [tool.laminar] alert") from exc
+        return
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise LaminarError(f"alert target {target!r} is not 'log', a URL or 'package.module:function'; "
+                           "fix [tool.laminar] alert")
+    try:
+        handler = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise LaminarError(f"alert target {target!r} cannot be imported: {exc}; fix [tool.laminar] alert") from exc
+    handler(alert)
+
+
+def build_failure_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
+    target = settings.alert
+
+    @dg.run_failure_sensor(name=SENSOR_NAME, default_status=dg.DefaultSensorStatus.RUNNING,
+                           description=f"Reports every failed run to the alert target ({target}).")
+    def _report(context: dg.RunFailureSensorContext) -> None:
+        run = context.dagster_run
+        steps = context.get_step_failure_events()
+        # the failed steps' own errors (Laminar's one-line messages), else Dagster's run-level summary
+        errors = [e.step_failure_data.error.message.strip() for e in steps if e.step_failure_data.error]
+        failed = sorted({e.step_key for e in steps if e.step_key})
+        selection = sorted(k.to_user_string() for k in (run.asset_selection or ())) or failed
+        start, end = run.tags.get("dagster/asset_partition_range_start"), run.tags.get("dagster/asset_partition_range_end")
+        alert = Alert(
+            run_id=run.run_id, job=run.job_name,
+            message="; ".join(errors) or context.failure_event.message or "run failed",
+            assets=tuple(selection),
+            partition_range=f"{start}..{end}" if start else (run.tags.get("dagster/partition") or
+                                                            run.tags.get(PARTITION_TAG)),
+            component=run.tags.get(COMPONENT_TAG),
+        )
+        if target == "log":
+            context.log.error(alert.text)
+        else:
+            send(target, alert)
+
+    return _report

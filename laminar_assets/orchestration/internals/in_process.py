@@ -1,0 +1,81 @@
+"""Running Dagster run requests in this process: what the sensor daemon would launch,
+executed with `materialize` on a real instance (used by the demo and tests)."""
+
+import dagster as dg
+
+from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
+from laminar_assets.orchestration.internals.thread_executor import thread_executor
+
+
+# Dagster logs step and run failures (with their stack traces) at ERROR and never logs at CRITICAL, so
+# this silences its console echo entirely; events still go to the instance (and the UI), and callers
+# report a failure in one line with `failure_message`.
+QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+RUN_JOB = "__laminar_request_run"
+
+
+def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    """Materialize what one run request asks for: one partition, or a partition range in one run.
+    The assets come from `defs` with their resources bound."""
+    graph = defs.resolve_asset_graph()
+    # Every definition goes in (resources bound), the request's assets and checks are selected: the
+    # checks run in the same run, as they do when the daemon launches the request.
+    assets = list(graph.assets_defs)
+    checks = request.asset_check_keys
+    if checks is None:
+        checks = [c for c in graph.asset_check_keys if c.asset_key in set(request.asset_selection)]
+    selection = dg.AssetSelection.assets(*request.asset_selection).without_checks() | \
+        dg.AssetSelection.checks(*checks)
+    tags = dict(request.tags)
+    if request.partition_key is None and (RANGE_START not in tags or RANGE_END not in tags):
+        raise ValueError(f"run request {request.run_key} names neither a partition nor a range")
+    job = dg.Definitions(jobs=[dg.define_asset_job(RUN_JOB, selection=selection, executor_def=defs.executor or thread_executor)],
+                         assets=assets).resolve_job_def(RUN_JOB)
+    return execute_job_here(job, instance=instance, partition_key=request.partition_key, tags=tags,
+                            run_config=QUIET_CONSOLE)
+
+
+def execute_job_here(job: dg.JobDefinition, *, instance: dg.DagsterInstance, partition_key: str | None,
+                     tags: dict, run_config: dict) -> dg.ExecuteInProcessResult:
+    """`job.execute_in_process`, but with the job's own executor (Laminar's thread executor runs the
+    run's independent steps side by side): `execute_in_process` always swaps in the one-step-at-a-time
+    executor. The run is recorded on `instance` like any other; step failures are in its events."""
+    from dagster._core.definitions.job_base import InMemoryJob
+    from dagster._core.execution.execute_in_process import core_execute_in_process, merge_run_tags
+
+    return core_execute_in_process(
+        run_config=run_config, job=InMemoryJob(job), instance=instance, output_capturing_enabled=False,
+        raise_on_error=False,
+        run_tags=merge_run_tags(job_def=job, partition_key=partition_key, tags=tags, asset_selection=None,
+                                instance=instance, run_config=run_config))
+
+
+def failure_message(outcome: dg.ExecuteInProcessResult) -> str:
+    """Why a run failed, in one line, from its events: the first failed step's `dagster.Failure` description
+    (the assets put a LaminarError's message there), else the innermost exception's first line."""
+    failure = next((e for e in outcome.all_events if e.is_step_failure), None)
+    if failure is None:
+        run_failure = next((e for e in outcome.all_events if e.is_run_failure), None)
+        return _first_line(run_failure.message if run_failure and run_failure.message else "the run failed")
+    data = failure.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return _first_line(data.user_failure_data.description)
+    error = data.error
+    while error is not None and error.cause is not None:  # Dagster wraps user exceptions in its own
+        error = error.cause
+    return _first_line(error.message) if error is not None else f"step {failure.step_key} failed"
+
+
+def _first_line(text: str) -> str:
+    """The first non-blank line of a message, stripped."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text.strip()
+
+
+def evaluate_sensor(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None,
+                    resources: dict | None = None):
+    """One tick of a sensor, exactly as the daemon evaluates it."""
+    sensor = defs.resolve_sensor_def(name)
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources or dict(defs.resources),
+                                 definitions=defs) as ctx:
+        return sensor(ctx)

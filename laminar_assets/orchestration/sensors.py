@@ -1,0 +1,207 @@
+"""Sensors: Delta versions stand in for sequence numbers.
+
+One sensor per connected part of the graph (a source table, the stage reading it, and every flow
+downstream). Each tick reads every table's version once, works out the dirty partitions of every
+spec (`tick.plan_tick`) and requests ONE run that materializes them all, in graph order, in one
+process and one Spark session: a commit of 200 rows with late rows and corrections is one run,
+not one per (flow, partition). While a run of the part is queued or running the sensor waits;
+the next tick then covers every commit that landed meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
+from laminar_assets.engine import FlowSpec, LaminarError
+from laminar_assets.engine.report import inspect_partition, is_stale
+from laminar_assets.pipeline.graph import Component, Spec, components
+from laminar_assets.resources import LaminarResource
+from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.pipeline.tick import Cursor, plan_tick
+
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+          dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def parse_cursor(text: str | None) -> Cursor:
+    if not text:
+        return Cursor()
+    data = json.loads(text)
+    return Cursor(versions={k: int(v) for k, v in (data.get("versions") or {}).items()},
+                  held={k: tuple(v) for k, v in (data.get("held") or {}).items()},
+                  ids={k: str(v) for k, v in (data.get("ids") or {}).items()})  # absent in older cursors
+
+
+def format_cursor(cursor: Cursor) -> str:
+    held = {k: sorted(v) for k, v in cursor.held.items() if v}
+    return json.dumps({"versions": cursor.versions, "ids": cursor.ids, **({"held": held} if held else {})},
+                      sort_keys=True)
+
+
+def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: set[str]) -> set[str]:
+    """Partitions of `producer` not cleared by their blocking `contract` check: the latest evaluation
+    failed, is still running (planned), or checked an older materialization than the latest.
+    A partition the check never ran on is not held (there is nothing to gate on)."""
+    if not keys:
+        return set()
+    check = dg.AssetCheckKey(dg.AssetKey(producer.name), "contract")
+    infos = instance.event_log_storage.get_asset_check_partition_info([check], partition_keys=sorted(keys))
+    return {i.partition_key for i in infos
+            if i.latest_execution_status is not AssetCheckExecutionRecordStatus.SUCCEEDED or not i.is_current}
+
+
+def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, run_key: str,
+                   tags: dict[str, str] | None = None, checks: list[dg.AssetCheckKey] | None = None) -> list[dg.RunRequest]:
+    """One run per partitioning (hourly, daily) over the union of the dirty partitions, first to last.
+    Partitions inside the range with nothing to do plan as NOOP and start no Spark job."""
+    groups: dict[str, dict[Spec, list[str]]] = {}
+    for spec, keys in dirty.items():
+        if keys:
+            groups.setdefault(spec.granularity.value, {})[spec] = keys
+    requests = []
+    for granularity, members in sorted(groups.items()):
+        pdef = partitions_def(next(iter(members)), settings)
+        # keys are fixed-width UTC times ('2024-01-02-09:00', '2024-01-02'): text order is time order,
+        # so nothing lists the asset's (often tens of thousands of) partitions
+        keys = sorted({k for ks in members.values() for k in ks if pdef.has_partition_key(k)})
+        if not keys:
+            continue
+        assets = [dg.AssetKey(s.name) for s in members]
+        own = {**(tags or {}), "laminar/dirty_partitions": str(sum(len(v) for v in members.values()))}
+        wanted = None if checks is None else [c for c in checks if c.asset_key in assets]
+        common = dict(asset_selection=assets, asset_check_keys=wanted, run_key=f"{run_key}:{granularity}")
+        if len(keys) == 1:
+            requests.append(dg.RunRequest(partition_key=keys[0], tags=own, **common))
+        else:
+            requests.append(dg.RunRequest(tags={**own, RANGE_START: keys[0], RANGE_END: keys[-1]}, **common))
+    return requests
+
+
+def outside_partitions(dirty: dict[Spec, list[str]], settings: LaminarSettings) -> dict[str, list[str]]:
+    """Dirty partitions the assets' partitions do not contain (before `partitions_start`, or after the
+    current hour): no run can materialize them, so the sensor says so instead of dropping them quietly."""
+    out: dict[str, list[str]] = {}
+    for spec, keys in dirty.items():
+        if keys:
+            pdef = partitions_def(spec, settings)
+            missing = [k for k in keys if not pdef.has_partition_key(k)]
+            if missing:
+                out[spec.name] = sorted(missing)
+    return out
+
+
+def run_checks(specs: tuple[Spec, ...], contracts: set[str]) -> list[dg.AssetCheckKey]:
+    """The checks a sensor-launched run carries: contracts (blocking ones gate consumers) and equivalence.
+    `watermark_lag` scans every materialized partition; it runs on demand, not on every commit."""
+    keys = [dg.AssetCheckKey(dg.AssetKey(s.name), "contract") for s in specs if s.name in contracts]
+    return keys + [dg.AssetCheckKey(dg.AssetKey(s.name), "equivalence") for s in specs if isinstance(s, FlowSpec)]
+
+
+def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, blocking: set[str],
+                          contracts: set[str]) -> dg.SensorDefinition:
+    """The sensor of one connected part. `blocking`/`contracts`: specs whose output has a
+    blocking/any contract check."""
+    checks = run_checks(component.specs, contracts)
+
+    @dg.sensor(
+        name=f"{component.name}_pipeline",
+        minimum_interval_seconds=settings.sensor_interval_seconds,
+        target=[dg.AssetKey(s.name) for s in component.specs],
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Watches the Delta versions of {', '.join(f'`{t}`' for t in component.tables)} and requests one "
+                    f"run that brings every dirty partition of {', '.join(s.name for s in component.specs)} up to "
+                    "date in graph order; waits while a run of this part is in progress.",
+    )
+    def _sensor(context: dg.SensorEvaluationContext, laminar: LaminarResource):
+        active = context.instance.get_run_ids(dg.RunsFilter(tags={COMPONENT_TAG: component.name}, statuses=ACTIVE),
+                                              limit=1)
+        if active:
+            return dg.SkipReason(f"run {active[0]} of {component.name} is in progress; the next tick covers "
+                                 "what lands meanwhile")
+        cursor = parse_cursor(context.cursor)
+        plan = plan_tick(component, laminar.resolved_root(), laminar.checkpoints(), cursor,
+                         lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking)
+        for note in plan.notes:
+            context.log.info(note)
+        by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}
+        for name, keys in outside_partitions(by_spec, settings).items():
+            context.log.warning(
+                f"{name}: {len(keys)} changed partition(s) are outside the asset's partitions "
+                f"({keys[0]}..{keys[-1]}; they start at {settings.partitions_start:%Y-%m-%d %H:%M}): no run can "
+                "materialize them; set [tool.laminar] partitions_start earlier to include them")
+        # the run key names each table's id too: a lake rebuilt at the same path reaches the same
+        # versions again, and Dagster skips a run whose key one of the sensor's runs already had
+        span = ",".join(f"{t}:{plan.cursor.ids.get(t, '')[:8]}={_or_dash(cursor.since(t, v, plan.cursor.ids.get(t)))}..{v}"
+                        for t, v in sorted(plan.cursor.versions.items()))
+        requests = range_requests(by_spec, settings, run_key=f"{component.name}@{span}",
+                                  tags={COMPONENT_TAG: component.name}, checks=checks)
+        new_cursor = format_cursor(plan.cursor)
+        if not requests and new_cursor == (context.cursor or ""):
+            return dg.SkipReason(f"no new versions of {', '.join(component.tables)}")
+        return dg.SensorResult(run_requests=requests, cursor=new_cursor,
+                               asset_events=source_observations(component, cursor, plan.cursor))
+
+    return _sensor
+
+
+def _or_dash(version: int | None) -> str:
+    return "-" if version is None else str(version)
+
+
+def source_observations(component: Component, before: Cursor, now: Cursor) -> list[dg.AssetObservation]:
+    """An observation of each source table whose Delta version moved since the last tick (or that was
+    recreated), so the UI shows the sources' versions (their data version) without an observation run."""
+    return [dg.AssetObservation(asset_key=table, metadata={"delta_version": now.versions[table]},
+                                tags={DATA_VERSION_TAG: str(now.versions[table])})
+            for table in component.external
+            if table in now.versions and before.since(table, now.versions[table], now.ids.get(table)) != now.versions[table]]
+
+
+def build_pipeline_sensors(specs: list[Spec], settings: LaminarSettings, *, blocking: set[str],
+                           contracts: set[str]) -> list[dg.SensorDefinition]:
+    return [build_pipeline_sensor(c, settings, blocking=blocking, contracts=contracts) for c in components(specs)]
+
+
+def build_stale_sensor(specs: list[Spec], settings: LaminarSettings) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="stale_partitions",
+        minimum_interval_seconds=max(60, settings.sensor_interval_seconds),
+        target=[dg.AssetKey(s.name) for s in specs],
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Finds materialized partitions whose watermark is behind a source version that touched "
+                    "them (or whose last attempt failed) and launches runs for them: catch-up after an outage.",
+    )
+    def _sensor(context: dg.SensorEvaluationContext, laminar: LaminarResource):
+        return dg.SensorResult(run_requests=stale_requests(specs, settings, laminar))
+
+    return _sensor
+
+
+def stale_requests(specs: list[Spec], settings: LaminarSettings, laminar: LaminarResource) -> list[dg.RunRequest]:
+    """One range run per stale spec (a spec's partitions are independent of another's staleness)."""
+    root = laminar.resolved_root()
+    store = laminar.checkpoints()
+    part_of = {s.name: c.name for c in components(specs) for s in c.specs}
+    requests = []
+    for spec in specs:
+        stale = []
+        for key in store.partitions(spec.name):
+            try:
+                mark, plan = inspect_partition(root, spec, key, store)
+            except LaminarError:
+                continue
+            if is_stale(mark, plan):
+                stale.append((key, mark))
+        if stale:
+            fingerprint = "-".join(f"{m.seq}" for _, m in stale)
+            requests += range_requests({spec: [k for k, _ in stale]}, settings,
+                                       run_key=f"stale@{spec.name}@{fingerprint}",
+                                       tags={COMPONENT_TAG: part_of[spec.name]})  # the part's sensor waits
+    return requests

@@ -1,0 +1,52 @@
+"""Dagster's standard table metadata for a sink, from its Delta log alone (no Spark job).
+
+The UI shows `dagster/column_schema` as the asset's columns, `dagster/row_count` and
+`dagster/partition_row_count` as numbers it plots, and `dagster/table_name` /
+`dagster/uri` tell catalogs where the table lives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import dagster as dg
+from dagster._core.definitions.metadata import TableMetadataSet
+
+from laminar_assets.engine import FlowSpec, LaminarError, Spec, StageSpec
+from laminar_assets.engine.delta import snapshot_files, table_info
+from laminar_assets.engine import partition_interval
+
+URI_KEY = "dagster/uri"
+
+
+def table_metadata(spec: Spec, sink_uri: str, partitions: Sequence[str] = ()) -> tuple[dict, dict]:
+    """Schema, row count, name and URI of the spec's sink, and `dagster/partition_row_count` for each of
+    `partitions`: (table metadata, {partition: its metadata}). Both empty when the sink does not exist
+    yet (nothing was ever written)."""
+    try:
+        info = table_info(spec.sink, sink_uri)
+    except LaminarError:
+        return {}, {}
+    columns = [dg.TableColumn(name=f.name, type=str(f.type), description=_describe(spec, f.name))
+               for f in info.schema]
+    rows = sum(f.rows or 0 for f in snapshot_files(info, None))
+    md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows, table_name=spec.sink))
+    md[URI_KEY] = dg.MetadataValue.path(sink_uri)
+    # flow sinks are laid out by window start, stage outputs by event time: one file per partition
+    column = spec.output_time_column
+    per_partition = {}
+    for key in partitions:
+        inside = snapshot_files(info, column, [partition_interval(key, spec.granularity)])
+        per_partition[key] = dict(TableMetadataSet(partition_row_count=sum(f.rows or 0 for f in inside)))
+    return {k: v for k, v in md.items() if v is not None}, per_partition
+
+
+def _describe(spec: Spec, column: str) -> str | None:
+    if not isinstance(spec, FlowSpec):
+        return None
+    if column in ("window_start", "window_end"):
+        return f"{'start' if column == 'window_start' else 'end'} of the window (UTC; windows are [start, end))"
+    for agg in spec.aggregates:
+        if agg.name == column:
+            return agg.expr or f"{agg.kind}({agg.column or '*'})"
+    return None

@@ -1,0 +1,1 @@
+"""The pipeline as plain data, without Dagster: the spec graph, a sensor tick's dirty partitions, the project's settings."""

@@ -1,0 +1,185 @@
+"""What one sensor tick asks for: the dirty partitions of every spec in a connected part of the graph.
+
+Pure of Dagster: it reads Delta logs and watermarks only, and asks a callback which upstream
+partitions failed their blocking check. `sensors.py` turns the answer into one run request.
+
+Where dirty partitions come from, for each spec in graph order:
+- new commits of the tables it reads, after the version in the cursor, located by their file
+  statistics (every materialized partition when a commit cannot be located);
+- a dimension table (or a flow's joined fact table) that changed: every materialized partition;
+- predicted: the partitions that read a partition its producer will rewrite in this same run;
+- partitions held back last tick because an upstream partition failed its blocking check.
+Partitions whose watermark already reflects the tables' current versions (or lags them only by
+commits that touch other partitions) are dropped, so a tick with no cursor (a new Dagster instance
+on an existing lake) does not redo what is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from deltalake import DeltaTable
+
+from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.engine import FlowSpec, LaminarError
+from laminar_assets.engine.delta import resolve_uri
+from laminar_assets.engine.report import dirty_partitions, new_commits, reach
+from laminar_assets.engine import partition_interval
+from laminar_assets.pipeline.graph import Component, Spec, inputs_of
+
+# (producer spec, its partitions a consumer reads) -> those whose blocking check failed
+FailedCheck = Callable[[Spec, set[str]], set[str]]
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The last table versions a tick looked at, the tables' Delta ids at those versions, and the
+    partitions held back per spec. A version is only comparable within one table id: a table deleted
+    and created again at the same path (a re-run demo, a rebuilt source) starts at version 0 again."""
+
+    versions: dict[str, int] = field(default_factory=dict)
+    held: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)
+
+    def since(self, table: str, version: int, table_id: str | None) -> int | None:
+        """The version after which `table` (now at `version`, id `table_id`; None: not known) has
+        commits this cursor has not seen; None when it cannot tell (never seen, recreated, or gone
+        back in versions)."""
+        after = self.versions.get(table)
+        recreated = table_id is not None and self.ids.get(table, table_id) != table_id
+        if after is None or recreated or after > version:
+            return None
+        return after
+
+
+@dataclass(frozen=True)
+class TickPlan:
+    """Dirty partitions per spec (graph order), what is held, and the cursor to store."""
+
+    dirty: dict[str, tuple[str, ...]]
+    held: dict[str, tuple[str, ...]]
+    cursor: Cursor
+    notes: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.dirty.values())
+
+
+def table_versions(root: str, tables: tuple[str, ...]) -> tuple[dict[str, int], dict[str, str]]:
+    """The current version and Delta table id of each table that exists (read once per tick, so every
+    spec sees the same)."""
+    versions, ids = {}, {}
+    for table in tables:
+        uri = resolve_uri(root, table)
+        if DeltaTable.is_deltatable(uri):
+            dt = DeltaTable(uri)
+            versions[table], ids[table] = dt.version(), dt.metadata().id
+    return versions, ids
+
+
+def reads_of(consumer: Spec, producer: Spec, key: str) -> set[str]:
+    """Partitions of `consumer` that read rows of `producer`'s partition `key`."""
+    return set(reach(consumer, partition_interval(key, producer.granularity)))
+
+
+def upstream_of(consumer: Spec, producer: Spec, key: str) -> set[str]:
+    """Partitions of `producer` that `consumer`'s partition `key` reads (hopping windows reach back)."""
+    from laminar_assets.engine import partitions_overlapping
+
+    part = partition_interval(key, consumer.granularity)
+    events = consumer.shape.events_of_starts(part) if isinstance(consumer, FlowSpec) else part
+    return set(partitions_overlapping(events, producer.granularity))
+
+
+def is_current(store: CheckpointStore, spec: Spec, key: str, versions: dict[str, int], touched,
+               ids: dict[str, str] | None = None) -> bool:
+    """True when the partition's watermark reflects every table it reads: at the current version, or
+    behind it only by commits that touch other partitions. `touched(table, event_time, since)` gives
+    a table's new commits after `since` (None: none). `ids`: each table's Delta id; a watermark of a
+    table since recreated at the same path is never current."""
+    mark = store.load(spec.name, key)
+    if mark is None or not mark.committed or mark.failed_attempt or mark.pending is not None:
+        return False
+    if mark.spec_hash != spec.spec_hash:
+        return False
+    for table in inputs_of(spec):
+        was, now = mark.source_ids.get(table), (ids or {}).get(table)
+        if was and now and was != now:
+            return False
+        at = mark.source_versions.get(table)
+        if table not in versions or (at is not None and at >= versions[table]):
+            continue
+        if at is None or table not in spec.sources:  # a dimension changed: the stage refills
+            return False
+        changes = touched(table, spec.event_time, at)
+        if changes is not None and (changes.unknown_range or key in dirty_partitions(spec, changes)):
+            return False
+    return True
+
+
+def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: Cursor,
+              failed: FailedCheck, blocking: set[str]) -> TickPlan:
+    """The dirty partitions of every spec of `component`. `blocking`: names of specs whose
+    `contract` check is blocking (their consumers wait for it per partition)."""
+    versions, ids = table_versions(root, component.tables)
+    cache: dict[tuple[str, str, int | None], object] = {}
+
+    def touched(table: str, event_time: str, since: int | None):
+        """New commits of `table` after `since`, read once per tick for each distinct `since`."""
+        if (table, event_time, since) not in cache:
+            cache[(table, event_time, since)] = new_commits(root, table, event_time, since, versions[table])
+        return cache[(table, event_time, since)]
+
+    dirty: dict[str, tuple[str, ...]] = {}
+    held: dict[str, tuple[str, ...]] = {}
+    notes: list[str] = []
+    for spec in component.specs:
+        found: set[str] = set(cursor.held.get(spec.name, ()))
+        predicted: set[str] = set()
+        for table in spec.sources:
+            producer = component.producer(table)
+            if producer is not None:  # even before the producer's first commit creates its table
+                for key in dirty.get(producer.name, ()):
+                    predicted |= reads_of(spec, producer, key)
+            if table not in versions:
+                continue
+            try:
+                # a table the cursor cannot place (recreated): all its commits; is_current drops what is done
+                changes = touched(table, spec.event_time, cursor.since(table, versions[table], ids[table]))
+            except LaminarError as exc:
+                notes.append(f"cannot read {table}: {exc.message}")
+                continue
+            if changes is not None:
+                found |= set(dirty_partitions(spec, changes))
+                if changes.unknown_range:
+                    found |= set(store.partitions(spec.name))
+        for dim in spec.dimension_tables:
+            seen = cursor.versions.get(dim) is not None
+            if dim in versions and seen and cursor.since(dim, versions[dim], ids[dim]) != versions[dim]:
+                found |= set(store.partitions(spec.name))  # a dimension (or joined table) change refills all
+        try:
+            found = {k for k in found - predicted if not is_current(store, spec, k, versions, touched, ids)}
+        except LaminarError as exc:
+            notes.append(f"cannot read the history of {spec.name}'s inputs: {exc.message}")
+        blocked = _blocked(component, spec, found, failed, blocking)
+        if blocked:
+            notes.append(f"{spec.name}: holding {len(blocked)} partition(s) whose upstream blocking contract "
+                         f"check failed: {', '.join(sorted(blocked)[:5])}")
+        dirty[spec.name] = tuple(sorted(predicted | (found - blocked)))
+        if blocked:
+            held[spec.name] = tuple(sorted(blocked))
+    return TickPlan(dirty=dirty, held=held, cursor=Cursor(versions=versions, held=held, ids=ids), notes=tuple(notes))
+
+
+def _blocked(component: Component, spec: Spec, keys: set[str], failed: FailedCheck, blocking: set[str]) -> set[str]:
+    out: set[str] = set()
+    for table in spec.sources:
+        producer = component.producer(table)
+        if producer is None or producer.name not in blocking or not keys:
+            continue
+        upstream = {k: upstream_of(spec, producer, k) for k in keys}
+        bad = failed(producer, set().union(*upstream.values()))
+        out |= {k for k in keys if upstream[k] & bad}
+    return out
