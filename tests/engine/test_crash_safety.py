@@ -13,6 +13,7 @@ import pytest
 from laminar_assets.engine import Agg, Engine, FlowSpec, Hopping, Mode, Reason, Tumbling
 from laminar_assets.errors import InjectedCrash
 from laminar_assets.engine.executor import STEPS
+from tests.lake_invariants import assert_lake_intact
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = pytest.mark.spark
@@ -34,6 +35,7 @@ def crash_at(step):
 
 
 def _check(spark, lake, flow):
+    assert_lake_intact(lake.root)
     expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
     expected = expected[expected["window_start"] >= "2024-01-01"] if len(expected) else expected
     actual = lake.read(flow.sink)

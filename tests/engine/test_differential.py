@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, Reason, Tumbling
 from laminar_assets.engine.sql.views import compile_sql
 from tests.conftest import Lake
+from tests.lake_invariants import assert_lake_intact, assert_no_orphans
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = pytest.mark.spark
@@ -128,8 +129,10 @@ def _run_history(spark, cdf: bool, first_rows, ops, options: EngineOptions | Non
                         run(flow, chosen, kind == "run_many")
             else:
                 _apply(lake, kind, arg)
+            assert_lake_intact(lake.root)  # every file a table names exists, after every step
         for flow in FLOWS:
             run(flow, list(PARTITIONS), True)
+        assert_no_orphans(lake.root, [f.sink for f in FLOWS])
         snapshot = DeltaTable(lake.path("trades")).to_pyarrow_table()
         for flow in FLOWS:
             expected = full_recompute(spark, flow, snapshot)  # a SQL flow: its own SELECT run by Spark
