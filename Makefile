@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive chromium demo test test-fast quality ui clean bench bench-smoke soak
+.PHONY: install class-archive chromium demo test test-fast quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 install: $(VENV)/.installed
@@ -62,6 +62,10 @@ quality: class-archive $(DAGSTER_HOME)/dagster.yaml
 SOAK_ARGS ?= --seconds 600
 soak: class-archive
 	$(BIN)/python -m tests.soak $(SOAK_ARGS)
+
+# ruff over the package, the benchmark and the tests (pyproject.toml's [tool.ruff]); CI runs it.
+lint: install
+	$(BIN)/ruff check laminar_assets bench tests
 
 test-fast: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not spark"

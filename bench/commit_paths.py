@@ -3,9 +3,9 @@
 Times three ways to replace the rows of some hourly partitions of a state-like table whose
 rows Spark computed, and checks that all three leave the same table:
 
-* `laminar`: Spark writes Parquet files laid out per partition (`staging.stage`) and one
+* `laminar`: Spark writes Parquet files laid out per partition (`output.staged_files.write_staged`) and one
   `deltalake` transaction removes the partitions' old files and adds the new ones
-  (`delta_write.replace_ranges`). The rows never reach the driver.
+  (`output.commit.replace_ranges`). The rows never reach the driver.
 * `predicate`: the rows are collected to the driver as Arrow (`DataFrame.toArrow()`) and
   `write_deltalake(mode="overwrite", predicate=...)` replaces the ranges.
 * `merge`: the same Arrow rows, `DeltaTable.merge` on the keys with update, insert and
@@ -29,10 +29,9 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from laminar_assets.engine.output import replace_ranges
-from laminar_assets.engine.spark import build_session
-from laminar_assets.engine.output import write_staged
 from laminar_assets.engine import Interval
+from laminar_assets.engine.output import replace_ranges, write_staged
+from laminar_assets.engine.spark import build_session
 
 START = datetime(2024, 1, 2)
 KEYS = ("symbol", "window_start")

@@ -35,7 +35,7 @@ class Profile:
     def to_json(self) -> dict:
         return asdict(self)
 
-    def with_(self, **changes) -> "Profile":
+    def with_(self, **changes) -> Profile:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 

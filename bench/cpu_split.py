@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 
-from .measure import _cmd, _pgid, descendants
+from .measure import command_of, descendants, process_group
 
 KINDS = {
     "jit_compiler": "the JVM's just-in-time compiler threads (C1/C2)",
@@ -50,7 +50,7 @@ def _ticks(stat_path: str) -> tuple[str, int] | None:
 def spark_jvm() -> int | None:
     """The local-mode Spark JVM: this process's `java` descendant in its process group."""
     group = os.getpgid(0)
-    jvms = [pid for pid in descendants(os.getpid()) if _cmd(pid) == "java" and _pgid(pid) == group]
+    jvms = [pid for pid in descendants(os.getpid()) if command_of(pid) == "java" and process_group(pid) == group]
     return jvms[0] if jvms else None
 
 
@@ -77,7 +77,7 @@ class CpuSplit:
                     threads[f"{tid} {got[0]}"] = got[1]
         return threads, total, (_ticks(f"/proc/{os.getpid()}/stat") or ("", 0))[1]
 
-    def __enter__(self) -> "CpuSplit":
+    def __enter__(self) -> CpuSplit:
         self.t0 = time.perf_counter()
         self.start = self._snapshot()
         return self

@@ -163,7 +163,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
             at = time.monotonic()
             append_trades(root, max(rows // 20, 20), tip - timedelta(minutes=5), tip, seed=seed + i)
             # fresh: a run picked the commit up and every sink it touches is updated (checks may still run)
-            if not _wait(lambda: set(instance.get_run_ids()) - before and
+            if not _wait(lambda: set(instance.get_run_ids()) - before and  # noqa: B023  (waited for at once)
                          _caught_up(component, root, instance, runs_done=False), 600):
                 errors.append(f"commit {i} not fresh within 10 min")
                 continue
@@ -196,7 +196,8 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
             "p50_s": pct(50), "p95_s": pct(95),
             "until_checks_done_p50_s": round(float(np.percentile(with_checks, 50)), 2) if with_checks else None,
             "runs_per_commit": [len(r) for r in runs_per_commit],
-            "mean_queue_wait_s": mean("queue_wait_s"), "mean_launch_overhead_s": mean("launch_overhead_s"), "mean_spark_session_s": mean("spark_session_s"),
+            "mean_queue_wait_s": mean("queue_wait_s"), "mean_launch_overhead_s": mean("launch_overhead_s"),
+            "mean_spark_session_s": mean("spark_session_s"),
             "mean_engine_s": mean("engine_s"), "mean_run_s": mean("run_s"),
             "mean_steps_s": _mean_steps(breakdown[1:] or breakdown),
             "failed_runs": sum(b["status"] != "SUCCESS" for b in breakdown), "runs": breakdown, "errors": errors,

@@ -22,8 +22,8 @@ def read_delta(spark: SparkSession, uri: str, version: int | None = None) -> Dat
     dt = DeltaTable(uri, version=version)
     files = [u if "://" in u else f"file://{u}" for u in dt.file_uris()]
     if not files:
-        from pyspark.sql.pandas.types import from_arrow_schema
         import pyarrow as pa
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         return spark.createDataFrame([], from_arrow_schema(pa.schema(dt.schema().to_arrow())))
     return spark.read.parquet(*files)

@@ -32,8 +32,8 @@ from datetime import timedelta
 import numpy as np
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine.report import reach
 from laminar_assets.engine import Interval
+from laminar_assets.engine.report import reach
 
 # Imported when the harness starts (not when freshness is measured, half an hour later), so one
 # run uses one consistent version of the code; and without Dagster's beta/preview notices.
@@ -44,8 +44,8 @@ with warnings.catch_warnings():
     from laminar_assets.definitions import build_definitions
     from laminar_assets.demo.run import Driver, pipeline_sensor_names
     from laminar_assets.orchestration.internals.in_process import evaluate_sensor, execute_request
-    from laminar_assets.resources import LaminarResource, SparkResource
     from laminar_assets.pipeline.settings import load_settings
+    from laminar_assets.resources import LaminarResource, SparkResource
 
 from .specs import bench_specs
 from .workload import TABLE, Lake, commit_table, trades, uniform_times, write_base
@@ -122,7 +122,7 @@ def measure_freshness(spark, work: str, *, commits: int, base_rows: int, base_ho
                     arrivals.put((c.version, time.perf_counter(), tip, tip + step))
                     first_id += commit_rows
                     tip += step
-            except Exception as exc:  # surfaced in the results
+            except Exception as exc:  # noqa: BLE001  (surfaced in the results)
                 errors.append(f"writer: {exc!r}")
             finally:
                 arrivals.put(None)

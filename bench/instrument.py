@@ -5,10 +5,11 @@ Nothing in `laminar_assets` is edited: while `Instrument` is active, these funct
 
 * `Engine.gather`: open the source snapshot with deltalake, read the new commits' log entries
   and Parquet footers, check the spec against the schema (Spark analyzer, no job);
-* `staged_files.write_staged` / `collect_rows` + `write_staged_rows`: the Spark job that computes a run's output and writes it as Parquet
+* `staged_files.write_staged` / `collect_rows` + `write_staged_rows`: the Spark job that computes a run's
+  output and writes it as Parquet
   into a table folder (by Spark, or by the driver from Arrow batches), plus footer statistics;
 * `DeltaTable.create_write_transaction`: a Delta commit through deltalake;
-* `delta_source.snapshot_files`: listing a pinned snapshot's files with statistics (deltalake).
+* `delta.tables.snapshot_files`: listing a pinned snapshot's files with statistics (deltalake).
 
 A name that no longer exists (the engine is being refactored) is skipped and reported in
 `missing`, so the harness keeps working and says what it could not measure.
@@ -61,7 +62,7 @@ class Instrument:
                         self.calls[name] += 1
         return wrapper
 
-    def __enter__(self) -> "Instrument":
+    def __enter__(self) -> Instrument:
         for name, module_name, cls_name, attr in _TARGETS:
             try:
                 module = importlib.import_module(module_name)

@@ -49,7 +49,7 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _pgid(pid: int) -> int | None:
+def process_group(pid: int) -> int | None:
     """The process group: commands the bench starts in their own group (`spark-pipelines run`) are not
     its Spark JVM (bench/sdp_peer.py measures them)."""
     try:
@@ -58,7 +58,7 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def _cmd(pid: int) -> str:
+def command_of(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read().split(b"\0")[0].decode(errors="replace").rsplit("/", 1)[-1]
@@ -89,7 +89,7 @@ class CpuOthers:
     """Share of the machine's CPU capacity that other processes used between `start()` and `stop()`:
     busy ticks of the whole machine (/proc/stat) minus those of this process tree."""
 
-    def start(self) -> "CpuOthers":
+    def start(self) -> CpuOthers:
         self.t = time.perf_counter()
         self.busy, self.own = _machine_busy_ticks(), _own_ticks(os.getpid())
         return self
@@ -164,7 +164,7 @@ class MemorySampler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def start(self) -> "MemorySampler":
+    def start(self) -> MemorySampler:
         self._thread = threading.Thread(target=self._loop, name="bench-rss", daemon=True)
         self._thread.start()
         return self
@@ -178,7 +178,7 @@ class MemorySampler:
         me = os.getpid()
         mine = _status(me)
         group = os.getpgid(0)
-        jvms = [(_status(pid), pid) for pid in descendants(me) if _cmd(pid) == "java" and _pgid(pid) == group]
+        jvms = [(_status(pid), pid) for pid in descendants(me) if command_of(pid) == "java" and process_group(pid) == group]
         jvm = max(jvms, key=lambda x: x[0].get("VmRSS", 0), default=({}, None))[0]
         total = mine.get("VmRSS", 0) + jvm.get("VmRSS", 0)
         self.hwm_kb["python_driver"] = max(self.hwm_kb.get("python_driver", 0), mine.get("VmHWM", 0))

@@ -1,14 +1,18 @@
-"""The report as people read it: `latest.md` (tables) and `latest.png` (seconds against base rows per
-variant, log-log), from the summarized results (`report.summarize`). Pure Python except the plot
+"""The report as people read it: `latest.md` (tables), `latest.png` (seconds against base rows per
+variant, log-log) and `latest.json`, from the summarized results (`report.summarize`), and the
+console summary. Pure Python except the plot
 (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
+import json
+import os
+
 from . import cpu_split
-from .report import PATH_KEYS, STAGE_LABELS, VARIANTS, _ratio
+from .report import PATH_KEYS, STAGE_LABELS, VARIANTS, ratio
 
 
-def _fmt(v, digits=2) -> str:
+def fmt(v, digits=2) -> str:
     if v is None:
         return "—"
     if isinstance(v, bool):
@@ -27,14 +31,15 @@ def _modes(modes: dict | None) -> str:
 def markdown(r: dict) -> str:
     m, s, sp = r.get("machine") or {}, r.get("settings") or {}, r.get("spark") or {}
     lines = [f"# Laminar benchmark — profile `{r.get('profile')}`", ""]
-    lines.append(f"Started {r.get('started_at')}, {_fmt(r.get('t_total_s'), 0)} s in all. Machine: {m.get('cpus')} "
+    lines.append(f"Started {r.get('started_at')}, {fmt(r.get('t_total_s'), 0)} s in all. Machine: {m.get('cpus')} "
                  f"CPUs, {m.get('memory_gb')} GB; Spark {sp.get('version')} {sp.get('master')}, driver "
-                 f"{sp.get('driver_memory')}, JIT {sp.get('jit', 'tiered')}. Load average at start {r.get('load_avg_start')}, at end "
+                 f"{sp.get('driver_memory')}, JIT {sp.get('jit', 'tiered')}. "
+                 f"Load average at start {r.get('load_avg_start')}, at end "
                  f"{r.get('load_avg_end')}. Code: {(r.get('code') or {}).get('git_head')} "
                  f"(uncommitted engine files: {len((r.get('code') or {}).get('uncommitted_laminar_assets_files') or [])}).")
     lines += ["", f"Sizes: {r.get('sizes_note')}. Every timing is the median over {s.get('rounds', 1)} Δ round(s) "
               "of the same shape (samples: `by_size[].t_*_samples_s`)."]
-    lines.append(f"Workload: base over {s.get('base_hours')} hourly partitions; Δ = {_fmt(r.get('delta_rows'))} rows: "
+    lines.append(f"Workload: base over {s.get('base_hours')} hourly partitions; Δ = {fmt(r.get('delta_rows'))} rows: "
                  f"{1 - (s.get('late_share') or 0):.0%} appended into the newest windows, "
                  f"{s.get('late_share', 0):.0%} late into {s.get('late_partitions')} older partitions. Two flows "
                  "(vwap-like 1 min, OHLC-like 5 min), hourly partitions.")
@@ -42,22 +47,22 @@ def markdown(r: dict) -> str:
     if c.get("worst") is not None:
         lines += ["", f"Other processes used up to {c['worst']:.0%} of the machine's CPU during a timed phase"
                   + (" — **timings are inflated by concurrent work**." if c.get("contended") else ".")]
-    lines += ["", f"**Results equal to the full recompute: {_fmt(r.get('results_equal'))}**", ""]
-    lines += ["## Head to head at B = " + _fmt(r.get("base_rows")), "",
+    lines += ["", f"**Results equal to the full recompute: {fmt(r.get('results_equal'))}**", ""]
+    lines += ["## Head to head at B = " + fmt(r.get("base_rows")), "",
               "| variant | seconds | vs full recompute | vs streaming | vs Laminar batched |",
               "|---|---:|---:|---:|---:|"]
     for key, label in VARIANTS:
         if r.get(key) is None and ("batched" in key or "sdp" in key):
             continue
-        lines.append(f"| {label} | {_fmt(r.get(key))} | {_fmt(_ratio(r.get(key), r.get('t_full_recompute_s')), 3)} "
-                     f"| {_fmt(_ratio(r.get(key), r.get('t_structured_streaming_s')), 3)} "
-                     f"| {_fmt(_ratio(r.get(key), r.get('t_incremental_batched_s')), 3)} |")
+        lines.append(f"| {label} | {fmt(r.get(key))} | {fmt(ratio(r.get(key), r.get('t_full_recompute_s')), 3)} "
+                     f"| {fmt(ratio(r.get(key), r.get('t_structured_streaming_s')), 3)} "
+                     f"| {fmt(ratio(r.get(key), r.get('t_incremental_batched_s')), 3)} |")
     lines += ["", "## Targets", "", "| target | Laminar path | value | threshold | met | run matched conditions |",
               "|---|---|---:|---:|---|---|"]
     for t in r.get("targets", []):
         met = {True: "met", False: "**MISSED**", None: "not measured"}[t["met"]]
-        lines.append(f"| {t['target']} | {t.get('laminar_path') or ''} | {_fmt(t['value'], 3)} | "
-                     f"{_fmt(t['threshold'])} | {met} | {'yes' if t['conditions_met'] else 'no'} ({t['conditions']}) |")
+        lines.append(f"| {t['target']} | {t.get('laminar_path') or ''} | {fmt(t['value'], 3)} | "
+                     f"{fmt(t['threshold'])} | {met} | {'yes' if t['conditions_met'] else 'no'} ({t['conditions']}) |")
     missed = [t for t in r.get("targets", []) if t["met"] is False]
     if missed:
         lines += ["", "Responsible stages for missed targets:", ""]
@@ -66,29 +71,29 @@ def markdown(r: dict) -> str:
     lines += ["", "## Scaling (fixed Δ), seconds", "", "| base rows | " + " | ".join(lbl for _, lbl in shown) + " |",
               "|---:|" + "---:|" * len(shown)]
     for row in r.get("scaling", []):
-        lines.append(f"| {_fmt(row['base_rows'])} | " + " | ".join(_fmt(row.get(k)) for k, _ in shown) + " |")
+        lines.append(f"| {fmt(row['base_rows'])} | " + " | ".join(fmt(row.get(k)) for k, _ in shown) + " |")
     basis = r.get("growth_basis") or {}
-    lines += ["", f"growth_inc_1m_to_10m = {_fmt(r.get('growth_inc_1m_to_10m'), 3)} (per partition), "
-              f"{_fmt(r.get('growth_inc_batched_1m_to_10m'), 3)} (batched): incremental time at "
-              f"{_fmt(basis.get('to_base_rows'))} / at {_fmt(basis.get('from_base_rows'))} rows."]
+    lines += ["", f"growth_inc_1m_to_10m = {fmt(r.get('growth_inc_1m_to_10m'), 3)} (per partition), "
+              f"{fmt(r.get('growth_inc_batched_1m_to_10m'), 3)} (batched): incremental time at "
+              f"{fmt(basis.get('to_base_rows'))} / at {fmt(basis.get('from_base_rows'))} rows."]
     for section, _ in PATH_KEYS.values():
         b = r.get(f"breakdown_{section}") or {}
         if not b:
             continue
         path = "per partition" if section == "incremental" else "batched (run_many, flows side by side)"
-        lines += ["", f"## Where incremental time goes: {path}, B = {_fmt(r.get('base_rows'))}", ""]
+        lines += ["", f"## Where incremental time goes: {path}, B = {fmt(r.get('base_rows'))}", ""]
         if section != "incremental":
             lines += ["Stage times are summed over the flows, which run at the same time, so they may add up to "
                       "more than the wall time; 'other' is what the wall time leaves (at least 0).", ""]
-        lines += [f"{b['runs']} partitions, {_fmt(b.get('per_partition_s'))} s each; {_fmt(b.get('spark_jobs'))} "
-                  f"Spark jobs; a trivial job costs {_fmt(b.get('spark_job_floor_s'), 3)} s here, so at least "
-                  f"{_fmt(b.get('spark_job_overhead_est_s'))} s is bare per-job latency; "
-                  f"{_fmt(b.get('delta_commit_calls'))} Delta commits. Rows read: {_fmt(b.get('rows_read'))}.",
+        lines += [f"{b['runs']} partitions, {fmt(b.get('per_partition_s'))} s each; {fmt(b.get('spark_jobs'))} "
+                  f"Spark jobs; a trivial job costs {fmt(b.get('spark_job_floor_s'), 3)} s here, so at least "
+                  f"{fmt(b.get('spark_job_overhead_est_s'))} s is bare per-job latency; "
+                  f"{fmt(b.get('delta_commit_calls'))} Delta commits. Rows read: {fmt(b.get('rows_read'))}.",
                   "", "| stage | seconds | share |", "|---|---:|---:|"]
         for k, v in b["stages_s"].items():
-            lines.append(f"| {STAGE_LABELS[k]} | {_fmt(v)} | {_fmt((b['stages_share'] or {}).get(k), 2)} |")
+            lines.append(f"| {STAGE_LABELS[k]} | {fmt(v)} | {fmt((b['stages_share'] or {}).get(k), 2)} |")
         cc = b.get("cross_cutting_s") or {}
-        lines += ["", "Across stages: " + ", ".join(f"{k.replace('_', ' ')} {_fmt(v)} s" for k, v in cc.items()) + ".",
+        lines += ["", "Across stages: " + ", ".join(f"{k.replace('_', ' ')} {fmt(v)} s" for k, v in cc.items()) + ".",
                   "", "Modes: " + _modes(b.get("modes")) + "."]
         cpu = cpu_split.describe(b.get("cpu"))
         full_cpu = cpu_split.describe(r.get("full_recompute_cpu"))
@@ -99,21 +104,21 @@ def markdown(r: dict) -> str:
     ud = r.get("updates_deletes") or {}
     if ud.get("t_full_recompute_s") is not None:
         lines += ["", "## Updates and deletes (change data feed)", "",
-                  f"Full recompute {_fmt(ud['t_full_recompute_s'])} s; results equal: {_fmt(ud['results_equal'])}.", ""]
+                  f"Full recompute {fmt(ud['t_full_recompute_s'])} s; results equal: {fmt(ud['results_equal'])}.", ""]
         for path in PATH_KEYS:
             if path in ud:
-                lines.append(f"- Laminar {path}: {_fmt(ud[path]['t_incremental_s'])} s "
-                             f"(ratio {_fmt(ud[path]['ratio_inc_vs_full'], 3)}); paths taken: "
+                lines.append(f"- Laminar {path}: {fmt(ud[path]['t_incremental_s'])} s "
+                             f"(ratio {fmt(ud[path]['ratio_inc_vs_full'], 3)}); paths taken: "
                              f"{_modes(ud[path].get('modes'))}.")
         lines += ["", ud["paths"] + ". Structured Streaming: " + ud["structured_streaming"] + "."]
     f = r.get("freshness") or {}
     lines += ["", "## End-to-end freshness through Dagster", ""]
     if f:
-        lines.append(f"p50 {_fmt(r.get('e2e_freshness_p50_s'))} s, p95 {_fmt(r.get('e2e_freshness_p95_s'))} s, "
-                     f"max {_fmt(f.get('max_s'))} s over {f.get('measured_commits')} commits "
+        lines.append(f"p50 {fmt(r.get('e2e_freshness_p50_s'))} s, p95 {fmt(r.get('e2e_freshness_p95_s'))} s, "
+                     f"max {fmt(f.get('max_s'))} s over {f.get('measured_commits')} commits "
                      f"(sensor interval {f.get('sensor_interval_seconds')} s; mean wait for a tick "
-                     f"{_fmt(f.get('mean_wait_for_tick_s'))} s, mean sensor evaluation "
-                     f"{_fmt(f.get('mean_sensor_evaluation_s'))} s, mean run {_fmt(f.get('mean_run_s'))} s, "
+                     f"{fmt(f.get('mean_wait_for_tick_s'))} s, mean sensor evaluation "
+                     f"{fmt(f.get('mean_sensor_evaluation_s'))} s, mean run {fmt(f.get('mean_run_s'))} s, "
                      f"{f.get('failed_runs')} failed runs).")
         passed = f.get("commits_passed_over_by_sensor") or []
         if f.get("unfinished_commits"):
@@ -128,9 +133,9 @@ def markdown(r: dict) -> str:
     else:
         lines.append("not measured")
     mem = r.get("memory") or {}
-    lines += ["", "## Memory", "", f"peak_rss_mb = {_fmt(r.get('peak_rss_mb'), 0)} "
+    lines += ["", "## Memory", "", f"peak_rss_mb = {fmt(r.get('peak_rss_mb'), 0)} "
               f"(by process: {mem.get('peak_rss_by_process_mb')}); largest simultaneous sample "
-              f"{_fmt(mem.get('peak_rss_sampled_total_mb'), 0)} MB. {mem.get('peak_rss_measured', '')}"]
+              f"{fmt(mem.get('peak_rss_sampled_total_mb'), 0)} MB. {mem.get('peak_rss_measured', '')}"]
     lines += _sdp(r)
     lines += ["", "## Structured Streaming set-up and limits", ""]
     lines += [f"- {x}" for x in r.get("streaming_limitations", [])]
@@ -193,7 +198,7 @@ def plot(r: dict, path: str) -> None:
     ax.set_xlabel("base rows B (log)")
     ax.set_ylabel("seconds to absorb Δ (log)")
     equal = "results equal" if r.get("results_equal") else "RESULTS NOT EQUAL"
-    ax.set_title(f"Δ = {_fmt(r.get('delta_rows'))} rows, both flows, local[2], profile {r.get('profile')} ({equal})",
+    ax.set_title(f"Δ = {fmt(r.get('delta_rows'))} rows, both flows, local[2], profile {r.get('profile')} ({equal})",
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_lines():
@@ -201,3 +206,34 @@ def plot(r: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def write_all(r: dict, out_dir: str) -> list[str]:
+    """latest.json, latest.md and latest.png in `out_dir`; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, n) for n in ("latest.json", "latest.md", "latest.png")]
+    try:
+        plot(r, paths[2])
+    except Exception as exc:  # noqa: BLE001  (the numbers matter more than the picture)
+        r.setdefault("errors", []).append(f"plot: {exc!r}")
+        paths.pop()
+    with open(paths[0], "w") as fh:
+        json.dump(r, fh, indent=2, default=str)
+        fh.write("\n")
+    with open(paths[1], "w") as fh:
+        fh.write(markdown(r))
+    return paths
+
+
+def console_summary(r: dict) -> str:
+    keys = ("base_rows", "delta_rows", "t_incremental_s", "t_incremental_batched_s", "t_refill_touched_s",
+            "t_refill_touched_batched_s", "t_full_recompute_s", "t_structured_streaming_s", "t_sdp_refresh_s",
+            "t_sdp_s", "ratio_sdp_vs_inc_batched", "ratio_inc_vs_full",
+            "ratio_inc_batched_vs_full", "ratio_inc_vs_streaming", "ratio_inc_batched_vs_streaming",
+            "growth_inc_1m_to_10m", "growth_inc_batched_1m_to_10m", "e2e_freshness_p50_s", "e2e_freshness_p95_s",
+            "peak_rss_mb", "results_equal")
+    lines = ["bench results:"] + [f"  {k:32s} {fmt(r.get(k), 3)}" for k in keys]
+    for t in r.get("targets", []):
+        if t["met"] is False:
+            lines.append(f"  MISSED {t['target']}: {t['responsible']}")
+    return "\n".join(lines)

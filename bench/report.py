@@ -7,16 +7,13 @@ and `batched` (the sensor's run: `Engine.run_many` per flow, the flows side by s
 `_batched`). Targets are evaluated for both.
 
 The Spark Declarative Pipelines peer (`sdp_peer`) adds its keys (`t_sdp_s`, `t_sdp_refresh_s`,
-`ratio_sdp_vs_inc_batched`, `sdp`) when it ran. The markdown and the plot are drawn by `render`.
+`ratio_sdp_vs_inc_batched`, `sdp`) when it ran. The markdown, the plot and the files are `render`'s.
 
 Pure Python except the plot (matplotlib, Agg backend); it needs no Spark, so it is unit-tested
 with a fake result (tests/bench/test_bench_report.py).
 """
 
 from __future__ import annotations
-
-import json
-import os
 
 from . import cpu_split, sdp_peer
 
@@ -36,7 +33,8 @@ PATH_KEYS = {"per_partition": ("incremental", ""), "batched": ("incremental_batc
 STAGE_LABELS = {
     "discover": "find touched partitions (Delta log statistics)",
     "plan": "plan: open snapshot, read new commits' log entries + footers, schema check",
-    "read": "read: the Spark job scanning changed files into partial aggregates, merging them with the old state and staging the output (a small pass: state and sink), plus run metrics",
+    "read": ("read: the Spark job scanning changed files into partial aggregates, merging them with the old state "
+             "and staging the output (a small pass: state and sink), plus run metrics"),
     "state_merge": "state commit: one Delta commit of the staged state files",
     "sink_write": "sink: a Spark job finalizing the state files just written (unless staged with the state), Delta commit",
     "watermark": "watermark files",
@@ -49,7 +47,7 @@ REQUIRED_KEYS = (
 )
 
 
-def _ratio(a, b):
+def ratio(a, b):
     return round(a / b, 4) if a is not None and b else None
 
 
@@ -195,11 +193,11 @@ def summarize(r: dict) -> dict:
     first, last = (by[0], by[-1]) if len(by) >= 2 else (None, None)
     for section, suffix in PATH_KEYS.values():
         t = r[f"t_{section}_s"]
-        r[f"ratio_inc{suffix}_vs_full"] = _ratio(t, r["t_full_recompute_s"])
-        r[f"ratio_inc{suffix}_vs_streaming"] = _ratio(t, r["t_structured_streaming_s"])
-        r[f"growth_inc{suffix}_1m_to_10m"] = (_ratio(last.get(f"t_{section}_s"), first.get(f"t_{section}_s"))
+        r[f"ratio_inc{suffix}_vs_full"] = ratio(t, r["t_full_recompute_s"])
+        r[f"ratio_inc{suffix}_vs_streaming"] = ratio(t, r["t_structured_streaming_s"])
+        r[f"growth_inc{suffix}_1m_to_10m"] = (ratio(last.get(f"t_{section}_s"), first.get(f"t_{section}_s"))
                                               if first else None)
-    r["ratio_refill_vs_full"] = _ratio(r["t_refill_touched_s"], r["t_full_recompute_s"])
+    r["ratio_refill_vs_full"] = ratio(r["t_refill_touched_s"], r["t_full_recompute_s"])
     sdp_peer.summarize_into(r)
     r["scaling"] = [{"base_rows": s["base_rows"], "delta_rows": s.get("delta_rows"),
                      **{k: s.get(k) for k, _ in VARIANTS}} for s in by]
@@ -230,7 +228,7 @@ def summarize(r: dict) -> dict:
         if path in ud:
             r["updates_deletes"][path] = {
                 "t_incremental_s": ud[path].get("t_incremental_s"), "modes": ud[path].get("modes"),
-                "ratio_inc_vs_full": _ratio(ud[path].get("t_incremental_s"), ud.get("t_full_recompute_s"))}
+                "ratio_inc_vs_full": ratio(ud[path].get("t_incremental_s"), ud.get("t_full_recompute_s"))}
     r["streaming_limitations"] = [
         "file source: updates and deletes in the Delta table are invisible (rewritten files would be re-read as "
         "new rows and double-count), so the stream is timed and checked on the append-only Δ only",
@@ -270,38 +268,3 @@ def contention(r: dict) -> dict:
             "note": f"share of the machine's CPU capacity used by processes outside the benchmark during each timed "
                     f"phase (/proc/stat minus the benchmark's own process tree); above {CONTENDED} the timings are "
                     "inflated by other work on the machine"}
-
-
-def write_all(r: dict, out_dir: str) -> list[str]:
-    """latest.json, latest.md and latest.png in `out_dir`; returns their paths."""
-    from .render import markdown, plot
-
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, n) for n in ("latest.json", "latest.md", "latest.png")]
-    try:
-        plot(r, paths[2])
-    except Exception as exc:  # the numbers matter more than the picture
-        r.setdefault("errors", []).append(f"plot: {exc!r}")
-        paths.pop()
-    with open(paths[0], "w") as fh:
-        json.dump(r, fh, indent=2, default=str)
-        fh.write("\n")
-    with open(paths[1], "w") as fh:
-        fh.write(markdown(r))
-    return paths
-
-
-def console_summary(r: dict) -> str:
-    keys = ("base_rows", "delta_rows", "t_incremental_s", "t_incremental_batched_s", "t_refill_touched_s",
-            "t_refill_touched_batched_s", "t_full_recompute_s", "t_structured_streaming_s", "t_sdp_refresh_s",
-            "t_sdp_s", "ratio_sdp_vs_inc_batched", "ratio_inc_vs_full",
-            "ratio_inc_batched_vs_full", "ratio_inc_vs_streaming", "ratio_inc_batched_vs_streaming",
-            "growth_inc_1m_to_10m", "growth_inc_batched_1m_to_10m", "e2e_freshness_p50_s", "e2e_freshness_p95_s",
-            "peak_rss_mb", "results_equal")
-    from .render import _fmt
-
-    lines = ["bench results:"] + [f"  {k:32s} {_fmt(r.get(k), 3)}" for k in keys]
-    for t in r.get("targets", []):
-        if t["met"] is False:
-            lines.append(f"  MISSED {t['target']}: {t['responsible']}")
-    return "\n".join(lines)

@@ -7,9 +7,9 @@ import os
 import shutil
 
 from . import sdp_peer
+from .cpu_split import CpuSplit
 from .equality import all_equal as _all_equal
 from .equality import equal_sinks as _equal
-from .cpu_split import CpuSplit
 from .instrument import Instrument
 from .measure import JobCounter, MemorySampler
 from .variants import full_recompute, laminar_pass

@@ -31,13 +31,13 @@ import sys
 import time
 import traceback
 
-from . import environment, report, sdp_peer
+from . import environment, render, report, sdp_peer
 from .config import PROFILES, Profile
 from .equality import all_equal as _all_equal
 from .equality import equal_sinks as _equal
 from .freshness import measure_freshness
-from .rounds import delta_round, timed_pass
 from .measure import JobCounter, MemorySampler, load_average, timed
+from .rounds import delta_round, timed_pass
 from .specs import bench_specs
 from .streaming import StreamingJob
 from .variants import PATHS, full_recompute, has_run_many, laminar_pass
@@ -92,7 +92,7 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
             peer = sdp_peer.SdpPeer(specs, os.path.join(work, "sdp"), driver_memory=profile.driver_memory,
                                     shuffle_partitions=profile.shuffle_partitions)
             res["sdp_base"] = sdp_peer.base_pass(peer, lake.files(v_base), sampler, label)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (recorded in the results; the benchmark goes on)
             res["sdp_errors"], peer = [f"base: {exc!r}"[:1000]], None
 
     # Δ rounds: the same shape each time (new rows at a tip one append window further, late rows into
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 sdp = profile.sdp == "all" or (profile.sdp == "largest" and b == sizes[-1])
                 by_size.append(bench_size(spark, profile, b, os.path.join(work, f"b{b}"), counter, sampler,
                                           every_variant=every, sdp=sdp))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (recorded in the results; the benchmark goes on)
                 result["errors"].append(f"B={b}: {exc!r}")
                 traceback.print_exc()
         result["by_size"] = by_size
@@ -245,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                         base_rows=profile.freshness_base_rows, base_hours=profile.freshness_base_hours,
                         commit_rows=profile.freshness_commit_rows, shuffle_partitions=profile.shuffle_partitions,
                         seed=profile.seed)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (recorded in the results; the benchmark goes on)
                 result["errors"].append(f"freshness: {exc!r}")
                 traceback.print_exc()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (recorded in the results; the benchmark goes on)
         result["errors"].append(repr(exc))
         traceback.print_exc()
     finally:
@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         result["load_avg_end"] = load_average()
         result["t_total_s"] = round(time.perf_counter() - t_all, 1)
         final = report.summarize(result)
-        paths = report.write_all(final, out_dir)
-        print(report.console_summary(final), flush=True)
+        paths = render.write_all(final, out_dir)
+        print(render.console_summary(final), flush=True)
         print("bench: wrote " + ", ".join(paths), flush=True)
         if spark is not None:
             spark.stop()

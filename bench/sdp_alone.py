@@ -17,7 +17,7 @@ import os
 import shutil
 import statistics
 
-from . import environment, report, sdp_peer
+from . import environment, render, report, sdp_peer
 from .config import Profile
 from .equality import all_equal
 from .measure import MemorySampler, load_average
@@ -110,7 +110,7 @@ def run_alone(profile: Profile, result: dict, work: str, out_dir: str) -> int:
             full = json.load(fh)
         merged = [m["base_rows"] for m in measured if _merge(full, m, when, sampler.report())]
         if merged:
-            report.write_all(report.summarize(full), out_dir)
+            render.write_all(report.summarize(full), out_dir)
             print(f"bench (sdp only): merged B = {merged} into {path} and regenerated the report", flush=True)
     rest = [m for m in measured if m["base_rows"] not in merged]
     if rest:

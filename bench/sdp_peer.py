@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 class SdpPeer:
     """One SDP project under `work` (see the module docstring): a materialized view per flow."""
 
-    def __init__(self, specs: list["FlowSpec"], work: str, *, driver_memory: str, shuffle_partitions: int) -> None:
+    def __init__(self, specs: list[FlowSpec], work: str, *, driver_memory: str, shuffle_partitions: int) -> None:
         self.specs = specs
         self.root = os.path.abspath(work)
         self.source = os.path.join(self.root, "source")

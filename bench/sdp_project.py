@@ -23,7 +23,7 @@ def _agg_sql(agg, event_time: str) -> str:
     raise NotImplementedError(f"the SDP peer has no SQL for {agg.kind}")
 
 
-def flow_sql(spec: "FlowSpec", source_uri: str) -> str:
+def flow_sql(spec: FlowSpec, source_uri: str) -> str:
     """`CREATE MATERIALIZED VIEW <flow> AS ...`: the flow's whole sink from the Parquet files at `source_uri`."""
     if spec.hidden or len(spec.sources) != 1:
         raise NotImplementedError("the SDP peer handles one source and no hidden aggregates")
@@ -44,7 +44,7 @@ def flow_sql(spec: "FlowSpec", source_uri: str) -> str:
             f"SELECT *{post} FROM agg;\n")
 
 
-def write_project(root: str, specs: list["FlowSpec"], source: str, *, driver_memory: str,
+def write_project(root: str, specs: list[FlowSpec], source: str, *, driver_memory: str,
                   shuffle_partitions: int) -> None:
     """The SDP project under `root`: spec, SQL definitions, Spark defaults (see the module docstring)."""
     for sub in ("transformations", "conf", "storage", "events"):

@@ -106,7 +106,7 @@ PATHS = {
                      "materializing one partition at a time does)",
     "batched": "the sensor's run: Engine.run_many over all touched partitions of a flow (one shared read/merge "
                "job, one state and one sink commit), the flows side by side in threads, as the one run a "
-               "version sensor requests per tick executes them (laminar_assets/thread_executor.py)",
+               "version sensor requests per tick executes them (orchestration/internals/thread_executor.py)",
 }
 
 

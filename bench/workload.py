@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -25,9 +25,9 @@ from deltalake import DeltaTable, write_deltalake
 from laminar_assets.demo.generator import SYMBOLS, VENUES
 
 TABLE = "trades"
-START = datetime(2024, 1, 2, tzinfo=timezone.utc)
+START = datetime(2024, 1, 2, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SYM = pa.array([s[0] for s in SYMBOLS])
 _BASE_PX = np.array([s[4] for s in SYMBOLS])
 _LOTS = np.array([s[3] for s in SYMBOLS])

@@ -6,25 +6,23 @@ Loaded by `workspace.yaml`, `dagster dev` and `dagster asset materialize` (via
 
 from __future__ import annotations
 
-import dagster as dg
-
 import pathlib
 import warnings
 
+import dagster as dg
+
+from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
+from laminar_assets.engine import FlowSpec, Spec
+from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.alerts import build_failure_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
-
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
-from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-from laminar_assets.engine import FlowSpec, Spec, StageSpec
-from laminar_assets.flows import load_specs
-from laminar_assets.pipeline.graph import components
-from laminar_assets.resources import LaminarResource, SparkResource
+from laminar_assets.orchestration.internals.thread_executor import thread_executor
 from laminar_assets.orchestration.schedules import build_schedule
 from laminar_assets.orchestration.sensors import build_pipeline_sensors, build_stale_sensor
+from laminar_assets.pipeline.graph import components
 from laminar_assets.pipeline.settings import LaminarSettings, load_settings
-from laminar_assets.orchestration.internals.thread_executor import thread_executor
-
+from laminar_assets.resources import LaminarResource, SparkResource
 
 
 def output_columns(spec: Spec) -> list[str] | None:

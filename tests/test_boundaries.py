@@ -30,6 +30,73 @@ def test_engine_and_checkpoints_do_not_import_dagster():
 
 
 def test_importing_the_engine_loads_no_dagster():
-    code = "import sys, laminar_assets.engine, laminar_assets.checkpoints; print(any(m.startswith('dagster') for m in sys.modules))"
+    code = ("import sys, laminar_assets.engine, laminar_assets.checkpoints; "
+            "print(any(m.startswith('dagster') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+ENGINE = ROOT / "engine"
+# The engine's packages (and top-level modules) from the bottom up: a module may import from its own
+# package and from packages on a lower level, never from one on its level or above.
+LEVELS = {"windows": 0, "spec": 1, "aggregates": 2, "sql": 2, "delta": 3, "spark": 4, "output": 5, "quarantine": 6,
+          "run": 7, "flow": 8, "stage": 8, "report": 9, "executor": 10, "registry": 10}
+
+
+def _engine_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["laminar_assets", "engine"] and len(parts) > 2 else None
+
+
+def _absolute_imports(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports from, relative imports resolved."""
+    package = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts[:-1])
+    if path.name == "__init__.py":
+        package = ".".join(path.relative_to(ROOT.parent).parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            out.add(module)
+            out.update(f"{module}.{a.name}" for a in node.names)  # `from pkg import module`
+    return out
+
+
+def test_the_engines_packages_import_only_downward():
+    upward = []
+    for path in ENGINE.rglob("*.py"):
+        if path.parent == ENGINE and path.name == "__init__.py":
+            continue  # the facade exports from every package
+        mine = path.relative_to(ENGINE).parts[0].removesuffix(".py")
+        for module in _absolute_imports(path):
+            theirs = _engine_part(module)
+            if theirs in LEVELS and theirs != mine and LEVELS[theirs] >= LEVELS[mine]:
+                upward.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not upward, upward
+    assert {p.name.removesuffix(".py") for p in ENGINE.iterdir() if p.name != "__init__.py" and p.suffix in ("", ".py")
+            and not p.name.startswith("__")} == set(LEVELS)  # a new package gets a level
+
+
+def test_other_layers_use_the_engines_public_api():
+    """Outside the engine, only `laminar_assets.engine` and its packages' `__init__` are imported."""
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        if ENGINE in path.parents:
+            continue
+        for module in _absolute_imports(path):
+            parts = module.split(".")
+            if parts[:2] == ["laminar_assets", "engine"] and len(parts) > 3:
+                if (ENGINE / parts[2] / "__init__.py").exists() and not (ENGINE / parts[2] / f"{parts[3]}.py").exists():
+                    continue  # a name from a package's __init__
+                offenders.append(f"{path.relative_to(ROOT)} imports {module}")
+            elif parts[:2] == ["laminar_assets", "engine"] and len(parts) == 3 and (ENGINE / f"{parts[2]}.py").exists():
+                offenders.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not offenders, offenders
+
+
+def test_the_pipeline_package_does_not_import_dagster():
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.py") if "dagster" in _imports(p)]
+    assert not offenders, offenders

@@ -16,7 +16,8 @@ def test_definitions_load_and_validate():
     specs = load_specs()
     assert {s.name for s in specs} <= keys
     assert {"raw_trades", "symbols"} <= keys
-    assert {s.name for s in defs.sensors} == {"raw_trades_pipeline", "stale_partitions", "laminar_run_failures"}  # one per connected part
+    # one pipeline sensor per connected part
+    assert {s.name for s in defs.sensors} == {"raw_trades_pipeline", "stale_partitions", "laminar_run_failures"}
     graph = defs.resolve_asset_graph()
     vwap = graph.get(dg.AssetKey("vwap_1m"))
     assert vwap.parent_keys == {dg.AssetKey("normalized_trades")}

@@ -152,7 +152,7 @@ def test_every_spec_shown_in_python_builds():
 
 
 def test_every_sql_view_shown_compiles():
-    from laminar_assets.engine.sql_views import compile_sql
+    from laminar_assets.engine import compile_sql
 
     blocks = sql_blocks()
     assert len(blocks) >= 4, "the README's view and docs/sql-flows.md's three"
@@ -166,7 +166,7 @@ def test_every_sql_view_shown_compiles():
 
 
 def test_sql_error_shown_is_the_one_raised():
-    from laminar_assets.engine.sql_views import compile_sql
+    from laminar_assets.engine import compile_sql
     from laminar_assets.errors import SqlDefinitionError
 
     bad = ("CREATE MATERIALIZED VIEW bad AS\n"
@@ -179,7 +179,7 @@ def test_sql_error_shown_is_the_one_raised():
 
 
 def test_whole_pipeline_in_sql_compiles():
-    from laminar_assets.engine.sql_views import compile_sql_file
+    from laminar_assets.engine.sql import compile_sql_file
 
     assert "sql/trades_pipeline.sql" in (REPO / "docs" / "sql-flows.md").read_text()
     assert compile_sql_file(REPO / "docs" / "sql" / "trades_pipeline.sql")
@@ -296,7 +296,7 @@ def test_every_python_module_shown_exists():
         problems += [f"{where}: `{text}`: {module} takes no {option}"
                      for option in options(words[2:]) if f'"{option}"' not in source]
     assert not problems, "\n".join(problems)
-    assert {"bench.daemon_freshness", "bench.commit_paths", "laminar_assets.deploy.class_archive"} <= seen, seen
+    assert {"bench.daemon_freshness", "bench.commit_paths", "laminar_assets.deploy.class_archive_writer"} <= seen, seen
 
 
 # --- links ------------------------------------------------------------------------------------------
@@ -344,7 +344,7 @@ def test_docs_index_lists_every_page():
 @pytest.mark.spark
 def test_dagster_asset_materialize_from_repo_root(tmp_path):
     from tests.conftest import Lake
-    from tests.dagster.pipeline import BASE, create_sources
+    from tests.orchestration.pipeline import BASE, create_sources
 
     lake = Lake(str(tmp_path / "lake"))
     create_sources(lake, BASE)

@@ -12,9 +12,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Iterator
+from datetime import UTC, datetime
 
 from laminar_assets.errors import CheckpointError, ConcurrentRunError
 
@@ -56,7 +56,7 @@ class CheckpointStore:
         """Atomically replace the watermark file (write, fsync, rename)."""
         path = self._path(mark.flow, mark.partition)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        stamped = mark.with_(updated_at=datetime.now(timezone.utc).isoformat())
+        stamped = mark.with_(updated_at=datetime.now(UTC).isoformat())
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(stamped.to_json(), fh, indent=1, sort_keys=True)
@@ -136,7 +136,7 @@ class CheckpointStore:
                     f"partition is being processed by another run ({holder}); wait for it to finish, "
                     f"or delete {path} if that run is dead",
                     flow=flow, partition=partition,
-                )
+                ) from None
             with os.fdopen(fd, "w") as fh:
                 fh.write(body)
             return

@@ -51,11 +51,11 @@ class Watermark:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Watermark":
+    def from_json(cls, data: dict[str, Any]) -> Watermark:
         pending = data.get("pending")
         return cls(**{**data, "pending": PendingRun(**pending) if pending else None})
 
-    def with_(self, **changes: Any) -> "Watermark":
+    def with_(self, **changes: Any) -> Watermark:
         return replace(self, **changes)
 
     @property

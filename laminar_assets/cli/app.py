@@ -81,8 +81,8 @@ class CliContext:
 
     def definitions(self, *, stop_spark_per_run: bool = False, jit: str | None = None):
         from laminar_assets.definitions import build_definitions
-        from laminar_assets.resources import LaminarResource, SparkResource
         from laminar_assets.pipeline.settings import load_settings
+        from laminar_assets.resources import LaminarResource, SparkResource
 
         resources = {"laminar": LaminarResource(root=self.root, spark=SparkResource(stop_at_end=stop_spark_per_run, jit=jit))}
         return build_definitions(self.specs(), load_settings(), resources=resources)

@@ -31,8 +31,8 @@ def dag(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="
 
 def default_partition(c: CliContext, spec) -> str:
     from laminar_assets.checkpoints import CheckpointStore
-    from laminar_assets.engine.report import new_commits
     from laminar_assets.engine import partition_key
+    from laminar_assets.engine.report import new_commits
 
     done = CheckpointStore(c.root).partitions(spec.name)
     if done:
@@ -51,8 +51,8 @@ def explain(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """SQL (for a view), logical (the spec), physical (Spark's plan) and strategy (mode, reason, versions). Writes nothing."""
-    from laminar_assets.engine.report import explain as explain_report
     from laminar_assets.engine import partition_interval
+    from laminar_assets.engine.report import explain as explain_report
 
     c: CliContext = ctx.obj
     c.require_lake()

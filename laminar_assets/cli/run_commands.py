@@ -100,14 +100,15 @@ def generate(
 def refill(
     ctx: typer.Context,
     flow: str = typer.Argument(...),
-    partition_range: str = typer.Option(None, "--partition-range", help="A...B (inclusive); default: every materialized partition."),
+    partition_range: str = typer.Option(None, "--partition-range",
+                                        help="A...B (inclusive); default: every materialized partition."),
 ) -> None:
     """Recompute partitions through Dagster, recorded with reason FORCED_BY_USER."""
     import dagster as dg
 
-    from laminar_assets.orchestration.assets import FORCE_TAG
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.engine import partition_interval
+    from laminar_assets.orchestration.assets import FORCE_TAG
     from laminar_assets.orchestration.internals.in_process import execute_request, failure_message
     from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
 
@@ -160,7 +161,8 @@ def serve(
     """Start the deployment: a Spark Connect server and `dagster dev` (UI + daemon) on 127.0.0.1.
     Sensors launch runs that connect to the warm Spark; Ctrl-C stops everything."""
     from laminar_assets.deploy.connect_server import ConnectServerOptions
-    from laminar_assets.deploy.serve import ServeOptions, serve as run_serve
+    from laminar_assets.deploy.serve import ServeOptions
+    from laminar_assets.deploy.serve import serve as run_serve
     from laminar_assets.engine import SparkOptions
 
     c: CliContext = ctx.obj

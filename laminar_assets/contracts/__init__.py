@@ -3,8 +3,8 @@ table must look like. Great Expectations suites, schema guards and checks are de
 
 import pathlib
 
-from .model import Contract, ContractColumn, ExpectationRule, QuarantineRules
 from .loader import load_contracts
+from .model import Contract, ContractColumn, ExpectationRule, QuarantineRules
 from .rules import with_contract_rules
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[2] / "data_contracts"  # the project's contracts

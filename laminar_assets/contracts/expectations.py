@@ -117,8 +117,8 @@ def expectation_suite(contract: Contract):
 
 LOCAL_ROWS = 100_000
 """Partitions up to this many rows are validated with Great Expectations' pandas engine: GE's
-Spark engine runs several Spark jobs per expectation (1.2-2.5 s for a demo partition against
-0.16-0.24 s with pandas, measured), and a run's blocking contract sits on the path to every
+Spark engine runs several Spark jobs per expectation (docs/PERFORMANCE.md), and a run's blocking
+contract sits on the path to every
 downstream flow. Larger outputs are validated in Spark, so the driver never holds more than this."""
 
 

@@ -32,7 +32,7 @@ class ExpectationRule(BaseModel):
     regex: str | None = None
 
     @model_validator(mode="after")
-    def _arguments(self) -> "ExpectationRule":
+    def _arguments(self) -> ExpectationRule:
         needs_column = self.expect in ("not_null", "between", "in_set", "match_regex")
         if needs_column and not self.column:
             raise ValueError(f"'{self.expect}' needs 'column'")
@@ -65,7 +65,7 @@ class EventTimeRule(BaseModel):
     before: AwareDatetime
 
     @model_validator(mode="after")
-    def _ordered(self) -> "EventTimeRule":
+    def _ordered(self) -> EventTimeRule:
         if not self.not_before < self.before:
             raise ValueError(f"expected not_before < before, found {self.not_before} >= {self.before}")
         return self

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from laminar_assets.engine import FlowSpec, RowRule, Spec, StageSpec
+from laminar_assets.engine import RowRule, Spec
 
 from .model import Contract
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
@@ -20,14 +20,14 @@ SYMBOLS = (
     ("HSBA", "financials", "GBP", 50, 6.5),
 )
 VENUES = ("XNYS", "XNAS", "BATS", "XLON", "XETR")
-START = datetime(2024, 1, 2, 9, tzinfo=timezone.utc)  # the fixed start tests and benchmarks use
+START = datetime(2024, 1, 2, 9, tzinfo=UTC)  # the fixed start tests and benchmarks use
 
 
 def recent_start(now: datetime | None = None, *, hours_back: int = 6) -> datetime:
     """The hour `hours_back` hours before `now` (UTC): where `laminar demo` starts its data, so the
     demo's partitions are among the latest ones, which Dagster's partition plots show (the UI plots
     the latest 120 partition keys of an asset)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     return now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours_back)
 
 
@@ -148,7 +148,8 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
             write_deltalake(trades_uri, again, mode="append")
             versions.append(DeltaTable(trades_uri).version())
         dt = DeltaTable(trades_uri)
-        ids = rng.choice(np.arange(1, max_id + 1), size=min(max_id, int(options.rows * (options.update_share + options.delete_share))), replace=False)
+        changed = int(options.rows * (options.update_share + options.delete_share))
+        ids = rng.choice(np.arange(1, max_id + 1), size=min(max_id, changed), replace=False)
         n_upd = int(len(ids) * options.update_share / max(options.update_share + options.delete_share, 1e-9))
         upd, dele = ids[:n_upd], ids[n_upd:]
         if len(upd):

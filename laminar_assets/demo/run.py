@@ -8,8 +8,8 @@ import os
 import shutil
 import threading
 import time
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import dagster as dg
 
@@ -106,13 +106,14 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
             reason = ", ".join(sorted({v.split(" (")[-1].rstrip(")") for v in (md.get("changed_partitions") or {}).values()}))
             seconds = float(md.get("range_seconds_total", 0.0))
 
-        def total(key: str) -> int:
-            return sum(int(getattr(m.metadata.get(key), "value", 0) or 0) for m in mats)
-
-        rows.append(RunRow(name, partition, mode, reason, versions, total("rows_read"),
-                           total("sink_rows"), seconds,
-                           total("rows_quarantined")))
+        rows.append(RunRow(name, partition, mode, reason, versions, _total(mats, "rows_read"),
+                           _total(mats, "sink_rows"), seconds, _total(mats, "rows_quarantined")))
     return rows
+
+
+def _total(mats, key: str) -> int:
+    """A numeric metadata value summed over a run's materializations."""
+    return sum(int(getattr(m.metadata.get(key), "value", 0) or 0) for m in mats)
 
 
 def pipeline_sensor_names(defs: dg.Definitions) -> list[str]:

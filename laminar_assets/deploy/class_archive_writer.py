@@ -1,4 +1,4 @@
-"""Write this install's class-data-sharing archive for Spark's JVM (see engine/class_archive.py).
+"""Write this install's class-data-sharing archive for Spark's JVM (see engine/spark/class_archive.py).
 
 A local Spark JVM runs Laminar's own work (the serve warm-up's passes of the demo graph and its
 checks, on a scratch lake) and, when it exits, writes the classes it loaded to the archive. A second

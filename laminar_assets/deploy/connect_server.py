@@ -19,7 +19,6 @@ from laminar_assets.engine.spark import check_java, jvm_conf, session_conf
 from laminar_assets.errors import EnvironmentProblem
 
 
-
 @dataclass(frozen=True)
 class ConnectServerOptions:
     """Where the server listens and how big its driver is. `spark` gives the session settings."""
@@ -86,7 +85,7 @@ class ConnectServer:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> "ConnectServer":
+    def __enter__(self) -> ConnectServer:
         return self
 
     def __exit__(self, *exc) -> None:

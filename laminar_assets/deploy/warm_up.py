@@ -1,9 +1,9 @@
 """Warm a new Spark Connect server up with Laminar's own work, on a scratch lake.
 
 A fresh server's JVM loads and compiles Spark's planner, Parquet and shuffle code during its first
-queries: two passes of the demo graph (a bootstrap of 1,500 rows, then corrections) took 47.6 s and
-17.5 s on a cold server, 8.0 s and 8.5 s after this warm-up (2 cores). `laminar serve` starts this module in a process of its own once the
-server listens; it sends the demo graph's passes (a bootstrap, then late rows, corrections and
+queries, which made the first real runs several times slower (docs/PERFORMANCE.md). `laminar serve`
+starts this module in a process of its own once the server listens; it sends the demo graph's
+passes (a bootstrap, then late rows, corrections and
 appends), a contract fetch and an equivalence check through the server, on a throw-away folder,
 and exits. Usage: python -m laminar_assets.deploy.warm_up SC_URL
 """
@@ -96,9 +96,8 @@ def exercise(spark, root: str) -> dict[str, float]:
     from laminar_assets.contracts.expectations import validate
     from laminar_assets.definitions import specs_with_contracts
     from laminar_assets.demo.generator import BatchOptions, write_batch
-    from laminar_assets.engine import Engine, FlowSpec
+    from laminar_assets.engine import Engine, FlowSpec, Granularity, partition_key
     from laminar_assets.engine.report import check_equivalence
-    from laminar_assets.engine import Granularity, partition_key
     from laminar_assets.flows import load_specs
 
     seconds: dict[str, float] = {}

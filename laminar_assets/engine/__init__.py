@@ -35,8 +35,19 @@ from .registry import collect_specs, order_specs
 from .run import EngineOptions, Mode, PartitionPlan, Reason, RunResult, SweepResult
 from .spark import SparkOptions, build_session, check_java, start_session
 from .spec import (
-    BUILTIN_RULES, Agg, BaseSpec, DimensionJoin, FactJoin, FlowSpec, Hopping, LatePolicy, RefreshPolicy, RowRule, Spec,
-    StageSpec, Tumbling,
+    BUILTIN_RULES,
+    Agg,
+    BaseSpec,
+    DimensionJoin,
+    FactJoin,
+    FlowSpec,
+    Hopping,
+    LatePolicy,
+    RefreshPolicy,
+    RowRule,
+    Spec,
+    StageSpec,
+    Tumbling,
 )
 from .sql import compile_sql
 from .windows import Granularity, Interval, partition_interval, partition_key, partition_key_column, partitions_overlapping

@@ -14,8 +14,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from deltalake.exceptions import DeltaError
 from py4j.protocol import Py4JError
@@ -25,23 +25,23 @@ from pyspark.sql import DataFrame, SparkSession
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
 
+from .delta import integrity
+from .delta.layout import Layout
 from .flow import job as flow_job
 from .flow import state as flow_state
-from .delta import integrity
-from .run import protocol
-from .report import sink_read
-from .stage import job as stage_job
 from .output import staged_files as staging
-from .run.inputs import RunInputs, gather, partition_bytes, planner_input
-from .delta.layout import Layout
+from .report import sink_read
+from .run import protocol
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
+from .run.inputs import RunInputs, gather, partition_bytes, planner_input
 from .run.plan import Mode, PartitionPlan, Reason
 from .run.planner import plan_partition
 from .run.result import RunResult
-from .spark.frames import interpreted, new_run_id
-from .spec.specs import FlowSpec, RefreshPolicy, Spec, StageSpec
 from .run.sweep import SweepResult, sweep
 from .run.validate import CheckedSource, checked_source
+from .spark.frames import interpreted, new_run_id
+from .spec.specs import FlowSpec, RefreshPolicy, Spec
+from .stage import job as stage_job
 from .windows import partition_interval
 
 # What a later run can cure: Spark, Delta and file-system failures (a lost executor, a full disk, a

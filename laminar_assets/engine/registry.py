@@ -1,5 +1,5 @@
 """Finding flow and stage specs: every module of a package that defines them at top level, and every
-`.sql` file in the package's folder (CREATE MATERIALIZED VIEW statements, see `sql_views.py`)."""
+`.sql` file in the package's folder (CREATE MATERIALIZED VIEW statements, see `sql/views.py`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
 
 from laminar_assets.errors import SpecError
+
 from .spec.specs import FlowSpec, Spec, StageSpec
 from .sql.views import compile_sql_file
-
 
 
 def collect_specs(package: ModuleType | str) -> list[Spec]:

@@ -8,12 +8,12 @@ pure function of its arguments.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Iterable
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|seconds?|minutes?|hours?|days?)\s*$", re.I)
 _UNITS = {
     "ms": timedelta(milliseconds=1),
@@ -38,8 +38,8 @@ def parse_duration(value: str | timedelta) -> timedelta:
 def to_utc(value: datetime) -> datetime:
     """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
     if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 def to_micros(value: datetime) -> int:
@@ -68,13 +68,13 @@ class Interval:
         if self.end < self.start:
             raise ValueError(f"interval end {self.end} is before start {self.start}")
 
-    def overlaps(self, other: "Interval") -> bool:
+    def overlaps(self, other: Interval) -> bool:
         return self.start < other.end and other.start < self.end
 
     def contains(self, ts: datetime) -> bool:
         return self.start <= to_utc(ts) < self.end
 
-    def intersect(self, other: "Interval") -> "Interval | None":
+    def intersect(self, other: Interval) -> Interval | None:
         start, end = max(self.start, other.start), min(self.end, other.end)
         return Interval(start, end) if start < end else None
 
@@ -203,7 +203,7 @@ def partition_key(ts: datetime, granularity: Granularity) -> str:
 def partition_interval(key: str, granularity: Granularity) -> Interval:
     """The [start, end) interval of a partition key; raises ValueError on a malformed key."""
     try:
-        start = datetime.strptime(key, granularity.key_format).replace(tzinfo=timezone.utc)
+        start = datetime.strptime(key, granularity.key_format).replace(tzinfo=UTC)
     except ValueError as exc:
         example = datetime(2024, 1, 31, 13).strftime(granularity.key_format)
         raise ValueError(f"expected a {granularity.value} partition key like '{example}', found {key!r}") from exc
@@ -270,7 +270,7 @@ def partition_key_column(col: str, granularity: Granularity):
     return F.date_format(F.col(col), pattern)
 
 
-def in_ranges(col: str, ranges) -> "object":
+def in_ranges(col: str, ranges) -> object:
     """Spark condition: timestamp column `col` lies in one of the [start, end) `ranges`."""
     from pyspark.sql import functions as F
 

@@ -5,15 +5,14 @@ import time
 
 import dagster as dg
 
-from laminar_assets.orchestration.check_partitions import CHANGED_KEY
 from laminar_assets.contracts.expectations import warm_up
-from laminar_assets.engine import FlowSpec, LaminarError, RunResult, Spec, StageSpec
+from laminar_assets.engine import FlowSpec, Granularity, LaminarError, RunResult, Spec, StageSpec
 from laminar_assets.engine.aggregates import implementation
 from laminar_assets.engine.delta import resolve_uri, table_info
-from laminar_assets.engine import Granularity
-from laminar_assets.resources import LaminarResource
-from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.orchestration.check_partitions import CHANGED_KEY
 from laminar_assets.orchestration.table_metadata import table_metadata
+from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.resources import LaminarResource
 
 PARTITION_TAG = "laminar/partition"
 COMPONENT_TAG = "laminar/component"  # runs of one connected part of the graph queue behind each other
@@ -173,7 +172,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
             raise _failure(exc, {"partitions": f"{keys[0]}..{keys[-1]}"},
                            last=context.retry_number >= settings.retries) from None
         # One log entry per step, a line per partition: each entry is an event the instance stores
-        # (a SQLite write of ~9 ms here), and the lines read the same in the run's log.
+        # (a database write), and the lines read the same in the run's log.
         lines = [f"{spec.name} {key}: {result.mode.value} ({result.reason.value}) — {result.detail}"
                  for key, result in zip(keys, results) if result.mode.value != "NOOP" or len(keys) == 1]
         if len(lines) < len(keys):

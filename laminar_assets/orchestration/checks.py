@@ -4,14 +4,13 @@
 import dagster as dg
 import pyarrow as pa
 
+from laminar_assets.contracts import Contract
+from laminar_assets.engine import FlowSpec, LaminarError, Spec, partition_key_column
+from laminar_assets.engine.report import inspect_partition, is_stale, lag
 from laminar_assets.orchestration.assets import partitions_def
 from laminar_assets.orchestration.check_partitions import evaluate_range
-from laminar_assets.contracts import Contract
-from laminar_assets.engine import FlowSpec, LaminarError, Spec, StageSpec
-from laminar_assets.engine.report import inspect_partition, is_stale, lag
-from laminar_assets.engine import partition_key_column
-from laminar_assets.resources import LaminarResource
 from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.resources import LaminarResource
 
 
 def build_lag_check(spec: Spec) -> dg.AssetChecksDefinition:
@@ -99,7 +98,9 @@ def broken_tables(engine, spec: Spec, keys: list[str]) -> dict | None:
 
 
 def contract_outcomes(engine, spec: Spec, contract: Contract, keys: list[str]) -> dict:
-    """Outcomes per partition (all failed when a table the spec writes names a missing file). For row-level rules and uniqueness, passing on the union of the
+    """Outcomes per partition (all failed when a table the spec writes names a missing file).
+
+    For row-level rules and uniqueness, passing on the union of the
     partitions means passing on each, so they are validated together first (one suite run on the
     critical path when the check is blocking); a failure, or a row-count rule, validates each
     partition's rows, so a failure is pinned to its partitions.

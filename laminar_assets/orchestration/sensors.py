@@ -16,13 +16,13 @@ import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
 from laminar_assets.engine import FlowSpec, LaminarError
 from laminar_assets.engine.report import inspect_partition, is_stale
+from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
 from laminar_assets.pipeline.graph import Component, Spec, components
-from laminar_assets.resources import LaminarResource
 from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.pipeline.tick import Cursor, plan_tick
+from laminar_assets.resources import LaminarResource
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"

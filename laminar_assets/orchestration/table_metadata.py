@@ -12,9 +12,8 @@ from collections.abc import Sequence
 import dagster as dg
 from dagster._core.definitions.metadata import TableMetadataSet
 
-from laminar_assets.engine import FlowSpec, LaminarError, Spec, StageSpec
+from laminar_assets.engine import FlowSpec, LaminarError, Spec, partition_interval
 from laminar_assets.engine.delta import snapshot_files, table_info
-from laminar_assets.engine import partition_interval
 
 URI_KEY = "dagster/uri"
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from laminar_assets.engine import FlowSpec, Spec, StageSpec
-
+from laminar_assets.engine import Spec
 
 
 def inputs_of(spec: Spec) -> tuple[str, ...]:

@@ -17,7 +17,9 @@ class LaminarSettings(BaseModel):
     """Definition-time settings; defaults suit the demo."""
 
     partitions_start: datetime = Field(default=datetime(2024, 1, 1), description="First partition of every flow.")
-    sensor_interval_seconds: int = Field(default=1, ge=1, description="The least time between two ticks of a Delta-version sensor (Dagster's daemon evaluates sensors at most once every 5 s).")
+    sensor_interval_seconds: int = Field(default=1, ge=1, description=(
+        "The least time between two ticks of a Delta-version sensor (Dagster's daemon evaluates sensors at most "
+        "once every 5 s)."))
     schedules: dict[str, str] = Field(default_factory=dict, description="Flow name -> cron schedule of its latest partition.")
     retries: int = Field(default=2, ge=0, description="Retries of an asset step that failed for a transient reason "
                          "(a Delta commit conflict, a partition lease held, a lost Spark connection).")

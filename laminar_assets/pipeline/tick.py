@@ -1,7 +1,7 @@
 """What one sensor tick asks for: the dirty partitions of every spec in a connected part of the graph.
 
 Pure of Dagster: it reads Delta logs and watermarks only, and asks a callback which upstream
-partitions failed their blocking check. `sensors.py` turns the answer into one run request.
+partitions failed their blocking check. `orchestration/sensors.py` turns the answer into one run request.
 
 Where dirty partitions come from, for each spec in graph order:
 - new commits of the tables it reads, after the version in the cursor, located by their file
@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from deltalake import DeltaTable
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import FlowSpec, LaminarError
+from laminar_assets.engine import FlowSpec, LaminarError, partition_interval
 from laminar_assets.engine.delta import resolve_uri
 from laminar_assets.engine.report import dirty_partitions, new_commits, reach
-from laminar_assets.engine import partition_interval
 from laminar_assets.pipeline.graph import Component, Spec, inputs_of
 
 # (producer spec, its partitions a consumer reads) -> those whose blocking check failed

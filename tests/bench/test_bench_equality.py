@@ -3,7 +3,7 @@ relative, a missing and an extra window; and accepts float noise within the tole
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -15,7 +15,7 @@ KEYS = ["window_start", "window_end", "symbol"]
 
 
 def _frame(spark, rows):
-    t = lambda m: datetime(2024, 1, 2, 9, m, tzinfo=timezone.utc)  # noqa: E731
+    t = lambda m: datetime(2024, 1, 2, 9, m, tzinfo=UTC)  # noqa: E731
     data = [(t(m), t(m + 1), sym, n, v) for m, sym, n, v in rows]
     return spark.createDataFrame(data, "window_start timestamp, window_end timestamp, symbol string, "
                                        "trades long, notional double")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import report
+from bench import render, report
 
 pytest.importorskip("matplotlib")
 
@@ -111,7 +111,7 @@ def test_wrong_answers_are_reported_as_such():
 
 
 def test_write_all_produces_json_markdown_and_png(tmp_path):
-    paths = report.write_all(report.summarize(_fake()), str(tmp_path))
+    paths = render.write_all(report.summarize(_fake()), str(tmp_path))
     assert [p.rsplit("/", 1)[-1] for p in paths] == ["latest.json", "latest.md", "latest.png"]
     data = json.loads((tmp_path / "latest.json").read_text())
     assert all(k in data for k in report.REQUIRED_KEYS)
@@ -123,5 +123,5 @@ def test_write_all_produces_json_markdown_and_png(tmp_path):
 def test_a_run_without_results_still_writes_a_report(tmp_path):
     r = report.summarize(_fake(by_size=[], freshness=None, memory={}, errors=["boom"]))
     assert r["results_equal"] is False and r["t_incremental_s"] is None
-    paths = report.write_all(r, str(tmp_path))
+    paths = render.write_all(r, str(tmp_path))
     assert "boom" in (tmp_path / "latest.md").read_text() and len(paths) >= 2

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import report, sdp_alone, sdp_command, sdp_project
+from bench import render, report, sdp_alone, sdp_command, sdp_project
 from bench.specs import bench_specs
 
 
@@ -113,7 +113,7 @@ def test_the_report_shows_the_peer_beside_streaming_as_a_ratio_to_laminar_batche
     assert r["t_sdp_s"] == 48.0 and r["t_sdp_refresh_s"] == 12.0
     assert r["ratio_sdp_vs_inc_batched"] == pytest.approx(12.0 / 3.0)  # batched pass: 12 / 4 s in the fake
     assert r["sdp"]["recomputed_whole_table"] and r["sdp"]["results_equal"]
-    report.write_all(r, str(tmp_path))
+    render.write_all(r, str(tmp_path))
     md = (tmp_path / "latest.md").read_text()
     assert "| Spark Declarative Pipelines: whole `spark-pipelines run` command | 48.00 |" in md
     assert "**Whole table recomputed: yes**" in md and "## Spark Declarative Pipelines" in md

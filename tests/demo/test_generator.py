@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from deltalake import DeltaTable
 
@@ -15,13 +15,13 @@ def _times(root) -> list[datetime]:
 
 
 def test_recent_start_is_a_whole_hour_hours_before_now():
-    now = datetime(2026, 11, 24, 14, 40, 12, tzinfo=timezone.utc)
-    assert recent_start(now) == datetime(2026, 11, 24, 8, tzinfo=timezone.utc)
-    assert recent_start(now, hours_back=1) == datetime(2026, 11, 24, 13, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 24, 14, 40, 12, tzinfo=UTC)
+    assert recent_start(now) == datetime(2026, 11, 24, 8, tzinfo=UTC)
+    assert recent_start(now, hours_back=1) == datetime(2026, 11, 24, 13, tzinfo=UTC)
 
 
 def test_batches_start_where_asked_and_later_ones_continue_the_table(tmp_path):
-    start = datetime(2026, 3, 1, 5, tzinfo=timezone.utc)
+    start = datetime(2026, 3, 1, 5, tzinfo=UTC)
     first = write_batch(str(tmp_path), BatchOptions(rows=200, start=start), batch=0)
     assert start <= first.first_time and first.last_time < start + timedelta(hours=3)
     second = write_batch(str(tmp_path), BatchOptions(rows=100, late_share=0.2), batch=1)

@@ -8,7 +8,6 @@ import signal
 import socket
 import time
 
-
 # Ports for the servers tests start. A port bind(0) found free is free only until the server binds
 # it, seconds later for a JVM; meanwhile the other pytest-xdist worker (or any process's bind(0) or
 # outgoing connection) can take it. So: below the kernel's ephemeral range (32768-60999 here), a

@@ -23,12 +23,18 @@ from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.demo.generator import BatchOptions, recent_start, write_batch
 from laminar_assets.engine import FlowSpec
 from laminar_assets.flows import load_specs
-from laminar_assets.pipeline.graph import components
 from laminar_assets.orchestration.sensors import ACTIVE
+from laminar_assets.pipeline.graph import components
 from laminar_assets.pipeline.tick import Cursor, plan_tick
 from tests.deploy.processes import free_port, kill_tagged, listening, wait_for
-from tests.deploy.ui_browser import (Browser, PartitionFacts, check_asset_checks, check_asset_graph,
-                                     check_partition_page, check_partition_plots)
+from tests.deploy.ui_browser import (
+    Browser,
+    PartitionFacts,
+    check_asset_checks,
+    check_asset_graph,
+    check_partition_page,
+    check_partition_plots,
+)
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = [pytest.mark.spark, pytest.mark.deployment, pytest.mark.timeout(1500)]

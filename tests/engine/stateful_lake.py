@@ -35,7 +35,7 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, RowRule, StageSpec, Tumbling
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, RowRule, StageSpec, Tumbling
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import InjectedCrash, SourceNotFoundError

@@ -9,8 +9,16 @@ import pytest
 from deltalake import write_deltalake
 
 from laminar_assets.engine import (
-    Agg, FlowSpec, LaminarError, RowRule, RunFailedError, SchemaMismatchError, SourceNotFoundError, SpecError,
-    Tumbling, UnsupportedTableFeatureError,
+    Agg,
+    FlowSpec,
+    LaminarError,
+    RowRule,
+    RunFailedError,
+    SchemaMismatchError,
+    SourceNotFoundError,
+    SpecError,
+    Tumbling,
+    UnsupportedTableFeatureError,
 )
 from tests.conftest import trades_frame
 

@@ -32,7 +32,7 @@ def test_same_partition_twice_fails_clearly(spark, lake):
     def first():
         try:
             Engine(spark, lake.root, hook=hook).run(FLOW, "2024-01-01-00:00")
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # noqa: BLE001  (pragma: no cover - reported below)
             errors.append(exc)
 
     t = threading.Thread(target=first)
@@ -65,7 +65,7 @@ def test_different_partitions_run_concurrently(spark, lake):
     def run(part):
         try:
             Engine(spark, lake.root).run(FLOW, part)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (the thread's error is asserted on below)
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(p,)) for p in ("2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00")]

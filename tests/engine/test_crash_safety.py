@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from laminar_assets.engine import Agg, Engine, FlowSpec, Hopping, Mode, Reason, Tumbling
-from laminar_assets.errors import InjectedCrash
 from laminar_assets.engine.executor import STEPS
+from laminar_assets.errors import InjectedCrash
 from tests.lake_invariants import assert_lake_intact
 from tests.reference import assert_frames_match, full_recompute
 

@@ -124,7 +124,7 @@ def test_run_is_run_many_of_one_partition(spark, lake, engine, tmp_path):
 
 
 def test_refill_when_the_change_is_most_of_the_partition(spark, lake):
-    hour1 = [(f"2024-01-01 01:{i % 60:02d}:{i % 59:02d}", "s%d" % (i % 7), 1.0 + i, i) for i in range(3000)]
+    hour1 = [(f"2024-01-01 01:{i % 60:02d}:{i % 59:02d}", f"s{i % 7}", 1.0 + i, i) for i in range(3000)]
     lake.create("trades", spread([0]))
     lake.append("trades", hour1)
     engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=0.5, refill_min_bytes=0))
@@ -268,7 +268,7 @@ def test_a_small_pass_runs_in_one_task_and_a_large_one_shuffles_and_both_agree(s
         where.append("trades", spread([0], minute=7))  # a second file: the scan has two
         engine.run_many(FLOW, KEYS)
         where.append("trades", spread([1, 4], minute=30, px=3.5, qty=2))
-        _, by_engine[engine is small] = jobs.tasks(lambda: engine.run_many(FLOW, KEYS))
+        _, by_engine[engine is small] = jobs.tasks(lambda: engine.run_many(FLOW, KEYS))  # noqa: B023  (called at once)
         check(spark, where)
     assert by_engine[True] == [[1]]  # one job, one stage, one task (state and sink staged together)
     assert len(by_engine[False][0]) >= 2, by_engine[False]  # a shuffle: more than one stage

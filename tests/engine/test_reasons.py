@@ -8,7 +8,13 @@ import pytest
 from deltalake import write_deltalake
 
 from laminar_assets.engine import (
-    Agg, FlowSpec, LatePolicy, Mode, Reason, StrictRefreshError, Tumbling,
+    Agg,
+    FlowSpec,
+    LatePolicy,
+    Mode,
+    Reason,
+    StrictRefreshError,
+    Tumbling,
 )
 from tests.conftest import trades_frame
 from tests.reference import assert_frames_match, full_recompute

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from laminar_assets.engine import Agg, DimensionJoin, EngineOptions, FlowSpec, Mode, Reason, StageSpec, Tumbling
-from laminar_assets.errors import InjectedCrash, SpecError
 from laminar_assets.engine.executor import Engine
+from laminar_assets.errors import InjectedCrash, SpecError
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = pytest.mark.spark
@@ -177,9 +177,8 @@ def test_stage_correction_keeps_retractable_downstream_incremental(spark, lake, 
     assert (r.metrics["rows_deleted"], r.metrics["rows_inserted"]) == (1, 1)
     assert_stage(lake)
     # delta-rs's own change data reader sees exactly our delete and insert
-    from deltalake import DeltaTable
-
     import pyarrow as pa
+    from deltalake import DeltaTable
 
     cdf = pa.table(DeltaTable(lake.path("norm")).load_cdf(starting_version=2).read_all()).to_pandas()
     assert sorted(zip(cdf["_change_type"], cdf["px"])) == [("delete", 10.0), ("insert", 99.0)]
@@ -222,9 +221,8 @@ def test_change_data_commits_write_checkpoints_at_the_tables_interval(spark, lak
 def test_a_refill_diffs_duplicate_rows_as_a_multiset(spark, lake, engine):
     """Without a dedup key a stage keeps identical rows; a refill's change data deletes and inserts
     each copy (EXCEPT ALL both ways), and rows whose count did not change are not in it."""
-    from deltalake import DeltaTable
-
     import pyarrow as pa
+    from deltalake import DeltaTable
 
     plain = StageSpec(name="plain", source="raw", event_time="ts")
     lake.create("raw", frame=raw([(1, "2024-01-01 00:01:00", "AAA", 10.0, 2)] * 2 +
@@ -280,9 +278,9 @@ def test_a_refill_with_deletes_commits_from_one_job_after_the_read(spark, lake, 
     """A refill that deletes rows: the rows are read once (cached); a small pass then brings its
     change data and its new rows to the driver in one Spark job, where a large one stages them in
     two. Both commit the same rows and change data."""
+    import pyarrow as pa
     from deltalake import DeltaTable
 
-    import pyarrow as pa
     from tests.engine.test_one_pass import Jobs
 
     setup(lake)

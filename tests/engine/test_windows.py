@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from laminar_assets.engine.windows import (
-    Granularity, Interval, WindowShape, coalesce, in_ranges_sql, parse_duration, partition_id, partition_interval,
-    partition_key, partitions_overlapping, pieces_by_partition, sql_timestamp, to_micros,
+    Granularity,
+    Interval,
+    WindowShape,
+    coalesce,
+    in_ranges_sql,
+    parse_duration,
+    partition_id,
+    partition_interval,
+    partition_key,
+    partitions_overlapping,
+    pieces_by_partition,
+    sql_timestamp,
+    to_micros,
 )
 
-T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 times = st.integers(-10**6, 10**7).map(lambda s: T0 + timedelta(seconds=s, microseconds=s % 997))
 shapes = st.sampled_from([
     WindowShape(timedelta(minutes=1), timedelta(minutes=1)),
@@ -80,7 +91,7 @@ def test_partitions_overlapping_and_coalesce():
 
 
 def test_naive_times_are_utc():
-    assert Interval(datetime(2024, 1, 1), datetime(2024, 1, 2)).start.tzinfo == timezone.utc
+    assert Interval(datetime(2024, 1, 1), datetime(2024, 1, 2)).start.tzinfo == UTC
 
 
 @given(times, times)
@@ -89,14 +100,15 @@ def test_sql_range_text_names_exact_microseconds(a, b):
     text = in_ranges_sql("ts", [Interval(lo, hi + timedelta(microseconds=1))])
     assert sql_timestamp(lo) in text and text.startswith("((`ts` >= TIMESTAMP'")
     literal = sql_timestamp(lo)[len("TIMESTAMP'"):-len("+00:00'")]
-    assert datetime.fromisoformat(literal).replace(tzinfo=timezone.utc) == lo
+    assert datetime.fromisoformat(literal).replace(tzinfo=UTC) == lo
 
 
 def test_sql_range_text_edge_cases():
     assert in_ranges_sql("ts", []) == "false"
     assert sql_timestamp(datetime(1, 1, 1)) == "TIMESTAMP'0001-01-01 00:00:00.000000+00:00'"
     # touching ranges merge into one condition; a backquote in a name is escaped
-    text = in_ranges_sql("a`b", [Interval(T0, T0 + timedelta(hours=1)), Interval(T0 + timedelta(hours=1), T0 + timedelta(hours=2))])
+    hour = timedelta(hours=1)
+    text = in_ranges_sql("a`b", [Interval(T0, T0 + hour), Interval(T0 + hour, T0 + 2 * hour)])
     assert text.count(">=") == 1 and "`a``b`" in text
 
 

@@ -14,20 +14,20 @@ were (gross magnitude, counts, extremes; all merge by plain sums and min/max).
 1e-9 relative; the run then recomputes that window (reason PRECISION_LOSS).
 
 Expressions are Spark SQL text: one analyzer call each, and readable in `explain`.
-The numeric and ordered kinds live here, the sketch/set/pick kinds in `agg_sets.py`, their base
-`AggImpl` in `agg_base.py`; `implementation()` maps every kind of `kinds.KINDS` to one.
+The numeric and ordered kinds live here, the sketch/set/pick kinds in `sets.py`, their base
+`AggImpl` in `base.py`; `implementation()` maps every kind of `kinds.KINDS` to one.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from pyspark.sql.types import DataType, DecimalType, IntegralType, NumericType
 
-from .base import EVENT_TS, PRECISION_RATIO, ROWS, SIGN, AggImpl, q  # noqa: F401  (re-exported)
-from .sets import DistinctSet, DistinctSketch, ExtremeBy, FrequentSketch, QuantileSketch, Query, TopK
 from ..spec.kinds import KINDS
 from ..spec.specs import Agg
+from .base import EVENT_TS, PRECISION_RATIO, ROWS, SIGN, AggImpl, q  # noqa: F401  (re-exported)
+from .sets import DistinctSet, DistinctSketch, ExtremeBy, FrequentSketch, QuantileSketch, Query, TopK
 
 
 def _retracted(sign: str, expr: str) -> str:

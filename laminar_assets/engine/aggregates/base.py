@@ -1,10 +1,11 @@
 """The base of every aggregate implementation: the internal column names and `AggImpl`, the Spark
-behaviour of one `Agg` as SQL expressions over named columns (see aggregates.py for the algebra)."""
+behaviour of one `Agg` as SQL expressions over named columns (see algebra.py for the algebra)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 from pyspark.sql.types import DataType
 

@@ -14,9 +14,9 @@ from pyspark.sql import functions as F
 
 from laminar_assets.errors import SpecError
 
-from .base import AggImpl, q, user_sql
-from .algebra import implementations
 from ..spec.specs import FlowSpec
+from .algebra import implementations
+from .base import AggImpl, q, user_sql
 
 WINDOW_BOUNDS = ("CAST(NULL AS TIMESTAMP) AS window_start", "CAST(NULL AS TIMESTAMP) AS window_end")
 # Spark's reasons for refusing an aggregate's input type, in the user's terms

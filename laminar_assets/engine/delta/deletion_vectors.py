@@ -66,7 +66,7 @@ class DeletionVector:
     cardinality: int
 
     @classmethod
-    def from_action(cls, table_uri: str, dv: dict | None) -> "DeletionVector | None":
+    def from_action(cls, table_uri: str, dv: dict | None) -> DeletionVector | None:
         if not dv:
             return None
         return cls(table_uri, dv["storageType"], dv["pathOrInlineDv"], dv.get("offset"),
@@ -143,7 +143,7 @@ class DeletedRows:
         return self.positions_from_selection
 
     @classmethod
-    def from_selection(cls, selection: pa.Array) -> "DeletedRows | None":
+    def from_selection(cls, selection: pa.Array) -> DeletedRows | None:
         """`deltalake`'s selection vector (True = row kept; rows past its end are kept)."""
         dropped = pc.indices_nonzero(pc.invert(selection)).cast(pa.int64())
         return cls(positions_from_selection=dropped) if len(dropped) else None

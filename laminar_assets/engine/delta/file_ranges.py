@@ -7,7 +7,7 @@ whose event times are all null touches no window (an empty range at the epoch).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.fs  # noqa: F401  (pa.fs)
@@ -34,7 +34,7 @@ def _parse_stat_time(value) -> datetime | None:
         return to_utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
     except ValueError:
         try:  # a date column
-            return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc)
+            return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
         except ValueError:
             return None
 
@@ -59,7 +59,7 @@ def range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | No
     rng = stats_interval((stats.get("minValues") or {}).get(column), (stats.get("maxValues") or {}).get(column))
     if rng is None and rows is not None and (stats.get("nullCount") or {}).get(column) == rows:
         # every event time is null: the file touches no window
-        return Interval(datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(1970, 1, 1, tzinfo=timezone.utc)), rows
+        return Interval(datetime(1970, 1, 1, tzinfo=UTC), datetime(1970, 1, 1, tzinfo=UTC)), rows
     return rng, rows
 
 
@@ -96,7 +96,7 @@ def footer_facts(uri: str, column: str) -> tuple[Interval | None, int | None, in
         lo = a if lo is None else min(lo, a)
         hi = b if hi is None else max(hi, b)
     if lo is None:
-        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
         return Interval(epoch, epoch), meta.num_rows, nulls
     return closed_range(lo, hi), meta.num_rows, nulls
 
@@ -117,8 +117,8 @@ _SLACK = {"timestamp": timedelta(seconds=1), "date": timedelta(days=1)}
 def may_overlap(actions: pa.Table, column: str, ranges: list[Interval]) -> pa.Table:
     """The rows of a table's add actions (`get_add_actions(flatten=True)`) whose `column`
     statistics may overlap one of `ranges`, filtered in Arrow: a table with one file per hourly
-    partition holds ~9,000 files after a year, and turning each into a Python dict cost ~0.1 s
-    per listing. Conservative: files without usable timestamp or date statistics are kept, and
+    partition holds thousands of files after a year, and turning each into a Python dict is what a
+    listing would spend its time on. Conservative: files without usable timestamp or date statistics are kept, and
     every kept file is still checked exactly by its caller."""
     lo_name, hi_name = f"min.{column}", f"max.{column}"
     if not ranges or lo_name not in actions.column_names or hi_name not in actions.column_names:

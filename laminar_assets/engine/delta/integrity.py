@@ -19,8 +19,8 @@ import pyarrow.fs  # noqa: F401  (pa.fs)
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from .log import file_exists, local_path
 from .layout import Layout
+from .log import file_exists, local_path
 
 
 @dataclass(frozen=True)

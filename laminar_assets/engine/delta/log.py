@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
 from functools import lru_cache
 from urllib.parse import unquote
@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.fs  # noqa: F401  (pa.fs)
 
 from laminar_assets.errors import SourceError
+
+from ..windows import Interval
 from .deletion_vectors import DeletedRows, DeletionVector, DvChange
 from .file_ranges import footer_facts, local_path, null_count, range_from_stats, stats_interval  # noqa: F401
-from ..windows import Interval
 
 
 class CommitKind(str, Enum):
@@ -203,7 +204,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
         kind = CommitKind.EMPTY
     ts_ms = info.get("timestamp") or 0
     return CommitSummary(
-        version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc),
+        version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=UTC),
         operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
         removes=tuple(removes), cdc=tuple(cdc), removed=tuple(removed),
     )

@@ -2,11 +2,10 @@
 
 A run's steps (threads of one process) read the same tables: every flow of the demo graph reads
 `normalized_trades` at the same version, and a run's checks open the sinks its steps just wrote.
-Opening a snapshot replays the log since the last checkpoint (a source with ~50 commits and no
-checkpoint: 10-30 ms each time, more on a busy machine). Here a snapshot is opened once and handed to every reader
-of that table version.
+Opening a snapshot replays the log since the last checkpoint, every time. Here a snapshot is
+opened once and handed to every reader of that table version.
 
-Only read-only handles come from here (`delta_source.open_table`); writers open their own tables,
+Only read-only handles come from here (`tables.open_table`); writers open their own tables,
 because a commit through a `DeltaTable` moves that object to the new version.
 
 Why a cached snapshot is not stale: an entry is keyed by the table's path, its version, a hash of
@@ -34,8 +33,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from deltalake import DeltaTable
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -20,14 +20,23 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureError
-from .log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
-    CommitKind, CommitSummary, DataFile, commit_summary, file_exists, local_path, missing_files, read_commit,
-    read_log_entry, stats_interval,
-)
+
+from ..windows import Interval
 from . import snapshot_cache
 from .deletion_vectors import snapshot_deleted_rows
 from .file_ranges import may_overlap
-from ..windows import Interval
+from .log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
+    CommitKind,
+    CommitSummary,
+    DataFile,
+    commit_summary,
+    file_exists,
+    local_path,
+    missing_files,
+    read_commit,
+    read_log_entry,
+    stats_interval,
+)
 
 # Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
 SUPPORTED_READER_FEATURES = frozenset({
@@ -65,14 +74,14 @@ class SourceHistory:
         return (f"the snapshot at version {version} of '{self.table}' names files that were vacuumed after "
                 f"commit {v} removed them ({f}{' and more' if len(lost) > 1 else ''})")
 
-    def replaced(self, version: int) -> "SourceHistory":
+    def replaced(self, version: int) -> SourceHistory:
         """This history seen from a watermark at `version` of another table that stood at the same path
         (its Delta id differs): nothing after that version can be read as a change to it."""
         return SourceHistory(self.table, self.uri, version, self.latest_version, (), (
             f"'{self.table}' was recreated since the checkpoint at version {version} (its Delta table id "
             "changed), so its history since the checkpoint is unknown"), self.cdf_enabled)
 
-    def after(self, version: int | None) -> "SourceHistory":
+    def after(self, version: int | None) -> SourceHistory:
         """The same history seen from a later watermark: commits after `version` only. A run reads the
         log once from its oldest watermark and gives every partition its own slice."""
         if version is None or version == self.from_version:
@@ -126,7 +135,7 @@ class TableInfo:
     @property
     def name_pairs(self) -> tuple[tuple[str, str], ...]:
         """(physical, logical) pairs where they differ, hashable for caches."""
-        return tuple(sorted((p, l) for l, p in self.physical_names.items() if p != l))
+        return tuple(sorted((p, name) for name, p in self.physical_names.items() if p != name))
 
     @property
     def cdf_enabled(self) -> bool:
@@ -192,7 +201,7 @@ def column_fate(info: TableInfo, column: str, *, max_versions: int = 1000) -> st
     keeps the physical name) or 'dropped at version V'; None if the log does not show it."""
     if info.column_mapping == "none":
         return None
-    now = {p: l for l, p in info.physical_names.items()}
+    now = {p: name for name, p in info.physical_names.items()}
     newer: int | None = None  # the version of the newest schema change seen so far (walking back)
     for version in range(info.version, max(-1, info.version - max_versions), -1):
         text = read_log_entry(info.name, info.uri, version)

@@ -1,6 +1,6 @@
 """One Spark pass over every partition a flow run touches: partial states, merge, state and sink.
 
-    query     one SQL statement (flow_query.py): every needed file read once, rows tagged with their
+    query     one SQL statement (query.py): every needed file read once, rows tagged with their
               role, signed partial states per (partition, window, keys), merged with the old state of
               the touched partitions only, minus refilled windows
     state     one Spark job writes the merged state, one file per partition; one Delta commit
@@ -9,7 +9,7 @@
               otherwise one Spark job finalizes the state files just written (a scan, no shuffle);
               one Delta commit
 
-Run metrics come from the same jobs (pass_metrics.py: observed, or summed from collected rows),
+Run metrics come from the same jobs (metrics.py: observed, or summed from collected rows),
 not from extra ones. The
 state is re-read only when a crashed run is recovered (`flow_state.rederive_sinks`).
 """
@@ -23,21 +23,21 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from ..quarantine import records as qr
 from ..aggregates.base import EVENT_TS, SIGN, q
 from ..output.commit import replace_ranges
-from .query import PassQuery, old_state, pass_query
-from .state import WS, finalize
-from ..run.inputs import RunInputs
-from ..run.context import RunContext
-from .metrics import GOOD, LOST, collected_metrics, good_mask, lost_window_starts, observed_metrics
-from ..run.plan import PartitionPlan
+from ..output.staged_files import collect_rows, read_staged, write_staged, write_staged_rows
+from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
+from ..run.context import RunContext
+from ..run.inputs import RunInputs
+from ..run.plan import PartitionPlan
 from ..run.reading import PART, ReadSet, read_set, with_partition
 from ..spark.frames import interpreted, observe
-from ..output.staged_files import collect_rows, read_staged, write_staged, write_staged_rows
 from ..spec.specs import FlowSpec
 from ..windows import Interval, partition_key, partition_key_column
+from .metrics import GOOD, LOST, collected_metrics, good_mask, lost_window_starts, observed_metrics
+from .query import PassQuery, old_state, pass_query
+from .state import WS, finalize
 
 
 class PrecisionLost(Exception):

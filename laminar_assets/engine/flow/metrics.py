@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..aggregates.base import ROWS
-from .state import WS
 from ..run.plan import PartitionPlan
 from ..run.reading import PART
 from ..windows import Granularity, partition_id
+from .state import WS
 
 BAD, LOST, SLOT = "__bad", "__lost", "__slot"
 IN_ROWS, REJECTED, RETRACTED, GROUPS = "__in_rows", "__rejected", "__retracted", "__groups"

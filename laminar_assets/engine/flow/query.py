@@ -1,12 +1,12 @@
-"""A flow pass as one Spark SQL statement: one analysis, however many steps (sql_query.py).
+"""A flow pass as one Spark SQL statement: one analysis, however many steps (spark/query.py).
 
-    rows      every needed file once (reading.rows_query), joined with the flow's fact tables
-    copies    prepared rows (row_prep.py), once per window holding each, kept where they count
+    rows      every needed file once (run.reading.rows_query), joined with the flow's fact tables
+    copies    prepared rows (run/row_prep.py), once per window holding each, kept where they count
     partial   signed partial states per (partition, window, keys, sign, broken rule)
     merged    the touched partitions' old state (minus refilled windows) merged with the partials
 
 Rows that broke a rule stay in their own merged groups (`__bad`): the pass's metrics are
-aggregates over the merged rows, in the job that stages them (pass_metrics.py), so each merged row
+aggregates over the merged rows, in the job that stages them (metrics.py), so each merged row
 carries what its partials read (`__in_rows`, `__rejected`, `__retracted`, `__groups`). `GOOD` picks the
 state rows to keep. A small pass (`single`) runs in one task: the `COALESCE(1)` hint puts every
 row in one partition, which satisfies every grouping, so Spark plans no exchange.
@@ -18,24 +18,23 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from ..quarantine import records as qr
-from ..spark import stable_sql
-from ..aggregates.base import EVENT_TS, ROWS, SIGN, q, user_sql
 from ..aggregates.algebra import implementations
-from ..run.fact_joins import join_facts
-from .state import WE, WS, sink_columns, state_query
-from ..run.inputs import RunInputs
-from ..run.context import RunContext
-from .metrics import BAD, GOOD, GROUPS, IN_ROWS, LOST, REJECTED, RETRACTED, SLOT
-from ..run.plan import PartitionPlan
+from ..aggregates.base import EVENT_TS, ROWS, SIGN, q, user_sql
+from ..quarantine import records as qr
 from ..quarantine.records import RULE
+from ..run.context import RunContext
+from ..run.fact_joins import join_facts
+from ..run.inputs import RunInputs
+from ..run.plan import PartitionPlan
 from ..run.reading import PART, ReadSet, rows_query
 from ..run.row_prep import frame_query, keep_sql, prepare_query
+from ..spark import stable_sql
 from ..spark.query import Query, union_all
-from ..spec.specs import FlowSpec
 from ..spark.stable_sql import bigint
+from ..spec.specs import FlowSpec
 from ..windows import partition_id, partition_id_of_sql, partition_id_sql, window_columns
-
+from .metrics import BAD, GOOD, GROUPS, IN_ROWS, LOST, REJECTED, RETRACTED, SLOT
+from .state import WE, WS, sink_columns, state_query
 
 
 @dataclass(frozen=True)

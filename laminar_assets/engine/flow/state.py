@@ -10,13 +10,14 @@ from pyspark.sql import functions as F
 from ..aggregates.algebra import implementation, q
 from ..delta.tables import info_of, snapshot_files, table_info
 from ..output.commit import replace_ranges
+from ..output.staged_files import write_staged
 from ..run.context import RunContext
 from ..run.reading import PART, with_partition
+from ..spark import stable_sql
+from ..spark.query import Query
+from ..spark.query import frame as sql_frame
 from ..spark.read import read_source
 from ..spec.specs import FlowSpec
-from ..spark.query import Query, frame as sql_frame
-from ..output.staged_files import write_staged
-from ..spark import stable_sql
 from ..windows import partition_interval
 
 WS, WE = "window_start", "window_end"

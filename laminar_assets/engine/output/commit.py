@@ -10,10 +10,9 @@ atomic no-replace link, so it is either absent or complete.
 Why not `write_deltalake(..., predicate=...)` or `DeltaTable.merge`: both take the rows
 as Arrow data in this Python process. The rows of a run are Spark's (written by the
 executors, possibly remote), and the driver never collects them. `bench/commit_paths.py`
-measured both (12 of 96 hourly partitions, 36,000 rows, local mode): they commit faster
-(0.23 s and 0.15 s against 0.51 s here, which includes the Spark write job), but they pull
-every row through the driver and write one file for all replaced partitions, so replacing
-one of those partitions later rewrites all 36,000 rows instead of its own 3,000.
+measures both (docs/PERFORMANCE.md): they commit faster, but they pull every row through the
+driver and write one file for all replaced partitions, so replacing one of those partitions
+later rewrites every row of all of them instead of its own.
 `DeltaTable.transaction_version` is used for the app-transaction guard (`protocol`).
 """
 
@@ -23,7 +22,7 @@ import json
 import os
 import time
 import uuid
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -37,15 +36,14 @@ from laminar_assets.errors import CommitConflictError
 from ..delta.log import DataFile, local_path
 from ..delta.tables import TableInfo, info_of, snapshot_files, table_info
 from ..spark.frames import nullable, schema_change
-from .staged_files import StagedFiles, committed, write_staged
 from ..spark.read import read_source
 from ..windows import Interval
+from .staged_files import StagedFiles, committed, write_staged
 
 ATTEMPTS = 8
 # Tables Laminar creates write a checkpoint every this many commits (Delta Lake's own default; delta-rs
 # writes one every 100). Every run opens its state and sink tables, and deltalake replays each commit
-# since the last checkpoint: the benchmark's state tables opened in ~14 ms 30 commits after one, ~5 ms
-# right after.
+# since the last checkpoint, so a short replay keeps every open fast.
 CHECKPOINT_EVERY = 10
 
 

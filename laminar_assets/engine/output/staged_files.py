@@ -58,14 +58,14 @@ def file_stats(path: str) -> tuple[int, str]:
     meta = pq.read_metadata(path)
     mins, maxs, nulls = {}, {}, {}
     schema = meta.schema.to_arrow_schema()
-    for field in schema:
-        if pa.types.is_nested(field.type) or pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+    for column in schema:
+        if pa.types.is_nested(column.type) or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
             continue
         lo = hi = None
         nc = 0
         complete = True
         for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(meta.schema.names.index(field.name)).statistics
+            st = meta.row_group(rg).column(meta.schema.names.index(column.name)).statistics
             if st is None:
                 complete = False
                 break
@@ -75,14 +75,14 @@ def file_stats(path: str) -> tuple[int, str]:
                 hi = st.max if hi is None else max(hi, st.max)
         if not complete:
             continue
-        nulls[field.name] = nc
+        nulls[column.name] = nc
         if lo is not None:
             if isinstance(lo, datetime):
                 # Delta statistics may be read at millisecond precision: floor min, ceil max.
                 lo = lo - timedelta(microseconds=lo.microsecond % 1000)
                 if hi.microsecond % 1000:
                     hi = hi + timedelta(microseconds=1000 - hi.microsecond % 1000)
-            mins[field.name], maxs[field.name] = _stat_value(lo), _stat_value(hi)
+            mins[column.name], maxs[column.name] = _stat_value(lo), _stat_value(hi)
     stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
     return meta.num_rows, json.dumps(stats, default=str)
 
@@ -106,7 +106,7 @@ class StagedFiles:
                 out[pid] = out.get(pid, 0) + json.loads(a.stats)["numRecords"]
         return out
 
-    def plus(self, other: "StagedFiles") -> "StagedFiles":
+    def plus(self, other: StagedFiles) -> StagedFiles:
         """Both stagings' files, committed together."""
         return StagedFiles(self.adds + other.adds, self.rows + other.rows, self.schema, self.folders + other.folders)
 
@@ -214,15 +214,16 @@ def _named_since(table_uri: str, rel_dir: str, since_ms: int) -> bool:
 def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, max_files: int = 1,
           folder: str = "laminar", partition_values: dict[str, str] | None = None,
           through_driver: bool = False) -> StagedFiles:
-    """Write `df` as Parquet under `<table>/<folder>/<run_id>/` (one Spark job); empty files are dropped.
+    """Write `df` as Parquet into a new folder `<table>/<folder>/<run_id>-<token>/` (one Spark job);
+    empty files are dropped.
 
     `by`: a column of partition ids; the files are split by it (one per id when `df` is already
     partitioned by it) and the column itself is not written. Otherwise at most `max_files` files.
     `partition_values`: the Delta partition the files belong to (their columns are not in `df`).
     `through_driver`: Spark sends the rows to the driver as Arrow batches and pyarrow writes the
     files (one per id of `by`), instead of a Spark write job. Only for outputs the caller knows
-    to be small: it saves the write job's commit protocol and one writer per file (~0.15-0.2 s
-    a write here), at the price of holding the rows in the driver."""
+    to be small: it saves the write job's commit protocol and one writer per file, at the price of
+    holding the rows in the driver."""
     rel_dir, target = _target(table_uri, folder, run_id)
     if through_driver:
         table = df.toArrow()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -31,11 +31,11 @@ from pyspark.sql import functions as F
 
 from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
 from ..delta.log import local_path
-from ..output.commit import CHECKPOINT_EVERY
 from ..delta.tables import snapshot_files, table_info
+from ..output.commit import CHECKPOINT_EVERY
 from ..output.staged_files import committed, write_staged
 from ..spark.read import read_source
-from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..spec.specs import Spec
 from ..windows import Interval, sql_timestamp
 
 RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"
@@ -149,7 +149,7 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
     """Append the rows of `rejects` (PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS; a NULL partition for
     the sweep's rows) not yet recorded for (flow, partition); returns the number of new rows by
     partition and rule. One Spark job, one commit. `through_driver`: the caller read few enough
-    bytes that the rejects (a subset of those rows) are written by the driver (`staging.stage`).
+    bytes that the rejects (a subset of those rows) are written by the driver (`output.staged_files.write_staged`).
     `within`: event-time intervals holding every reject's event time (a run's partitions); only
     recorded rows there are read to skip what is recorded already (`recorded_files`)."""
     rows = (rejects.groupBy(F.col(PARTITION_KEY).alias("partition"), F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
@@ -159,7 +159,7 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
         same = rows["partition"].eqNullSafe(old["partition"]) & (rows["rule"] == old["rule"]) & \
             (rows["row"] == old["row"])
         rows = rows.join(old, same, "left_anti")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     out = rows.select(
         F.col("partition").cast("string").alias("partition"), "rule", F.col("source_version").cast("long"),
         "event_time", "row", F.lit(run_id).alias("run_id"), F.lit(now).alias("quarantined_at"),

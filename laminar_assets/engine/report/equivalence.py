@@ -17,19 +17,18 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from pyspark.sql import Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import FloatType, DoubleType
+from pyspark.sql.types import DoubleType, FloatType
 
 from ..aggregates.algebra import implementation
 from ..delta.tables import snapshot_files, table_info
 from ..flow.job import state_query
 from ..flow.state import finalize
 from ..run.plan import Mode, PartitionPlan, Reason
-from ..spec.specs import FlowSpec
 from ..run.reading import PART, read_set
 from ..spark.frames import interpreted
+from ..spec.specs import FlowSpec
 from ..windows import Interval, in_ranges, partition_interval, partition_key, partition_key_column, to_utc
 
 

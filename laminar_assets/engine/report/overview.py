@@ -14,11 +14,10 @@ from laminar_assets.errors import LaminarError
 
 from ..aggregates.algebra import implementation
 from ..delta.tables import CommitKind, resolve_uri, snapshot_files, source_history, table_info
-from .staleness import inspect_partition, is_stale
-from ..spark.read import read_source
-from ..spec.specs import FlowSpec, Spec, StageSpec
 from ..run.validate import apply_row_logic
-
+from ..spark.read import read_source
+from ..spec.specs import FlowSpec, Spec
+from .staleness import inspect_partition, is_stale
 
 
 def topology(specs: list[Spec]) -> list[dict]:

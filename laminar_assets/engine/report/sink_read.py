@@ -1,8 +1,8 @@
 """A sink's rows for some partitions: a Spark DataFrame, or, when they are few, read by the driver.
 
 Checks validate the partitions a run changed, usually a few thousand rows. Fetching them through
-Spark costs a job (0.3-0.8 s on 2 cores, more over Spark Connect); reading the same Parquet files
-with pyarrow costs milliseconds. The driver reads only what it can read exactly as Spark would:
+Spark costs a job (more over Spark Connect); reading the same Parquet files with pyarrow costs
+next to nothing. The driver reads only what it can read exactly as Spark would:
 local files without deletion vectors, no column mapping, no partition columns, at most a given
 number of bytes. Anything else is left to Spark.
 """
@@ -19,12 +19,12 @@ from pyspark.sql import DataFrame
 
 from laminar_assets.errors import LaminarError
 
-from ..delta.tables import TableInfo, snapshot_files, table_info
 from ..delta.file_ranges import local_path
+from ..delta.tables import TableInfo, snapshot_files, table_info
 from ..run.context import RunContext
 from ..spark.frames import spark_schema
 from ..spark.read import read_source
-from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..spec.specs import Spec
 from ..windows import Interval, in_ranges, partition_interval
 
 UTC_NAMES = ("UTC", "Etc/UTC", "GMT", "Z", "+00:00")  # session time zones in which `to_pandas` matches Spark

@@ -11,7 +11,7 @@ from laminar_assets.checkpoints import CheckpointStore, Watermark
 from ..delta.tables import CommitSummary, read_commit, resolve_uri, snapshot_files, source_history, table_info, temporal
 from ..run.plan import Mode, PartitionPlan
 from ..run.planner import PlannerInput, plan_partition
-from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..spec.specs import Spec
 from ..windows import Interval, coalesce, partitions_overlapping
 
 

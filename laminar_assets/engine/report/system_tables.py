@@ -18,22 +18,21 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Callable
 
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import (ArrayType, BooleanType, LongType, MapType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import ArrayType, BooleanType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.errors import LaminarError
 
 from ..delta.tables import resolve_uri, snapshot_files, table_info
-from .overview import topology
 from ..spark.read import read_source
+from .overview import topology
 
 SYSTEM = "laminar_system"
 HISTORY = 1000  # commits read per sink table for `laminar_system.runs` (the most recent ones)
@@ -95,10 +94,9 @@ def runs(spark: SparkSession, root: str, specs, *, history: int = HISTORY) -> Da
             if "laminar.run_id" not in c:
                 continue  # table creation, a schema reset: not a run's commit
             metrics = json.loads(c.get("laminar.metrics") or "{}")
-            split = lambda key: c[key].split(",") if c.get(key) else None  # noqa: E731
-            rows.append((c["laminar.run_id"], c.get("laminar.flow", spec.name), split("laminar.partition"),
+            rows.append((c["laminar.run_id"], c.get("laminar.flow", spec.name), _listed(c, "laminar.partition"),
                          c.get("laminar.mode"), c.get("laminar.reason"),
-                         datetime.fromtimestamp(c["timestamp"] / 1000, timezone.utc), c.get("version"),
+                         datetime.fromtimestamp(c["timestamp"] / 1000, UTC), c.get("version"),
                          *[metrics.get(m) for m in METRICS], c.get("laminar.recovered") == "true"))
     return spark.createDataFrame(rows, RUNS_SCHEMA)
 
@@ -246,7 +244,7 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
 
 def _utc(value, kind):
     """Spark hands TIMESTAMP values to Python as naive local times: make them UTC instants."""
-    return value.astimezone(timezone.utc) if isinstance(kind, TimestampType) and isinstance(value, datetime) else value
+    return value.astimezone(UTC) if isinstance(kind, TimestampType) and isinstance(value, datetime) else value
 
 
 def _one_line(exc: Exception, known: list[str]) -> str:
@@ -258,3 +256,8 @@ def _one_line(exc: Exception, known: list[str]) -> str:
     if "TABLE_OR_VIEW_NOT_FOUND" in line:
         line += f" Known tables: {', '.join(known)}."
     return f"query failed: {line}"
+
+
+def _listed(commit: dict, key: str) -> list[str] | None:
+    """A comma-separated value of a commit's metadata as a list (None when absent)."""
+    return commit[key].split(",") if commit.get(key) else None

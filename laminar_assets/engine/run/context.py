@@ -3,8 +3,9 @@ context every module of a run's data path shares (`RunContext`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -24,7 +25,7 @@ class EngineOptions:
     """How runs choose and guard their work (keyword options of `Engine`)."""
 
     # Refill a partition instead of merging when its changed bytes are at least this share of its bytes
-    # (reason REFILL_CHEAPER); None never chooses refill for cost. Measured in bench/ (see README).
+    # (reason REFILL_CHEAPER); None never chooses refill for cost. Measured in bench/ (docs/benchmark.md).
     refill_ratio: float | None = 0.5
     # ... but only for partitions of at least this many bytes: below it a run's cost is Spark job
     # latency either way, and a stable reason is worth more than a few kilobytes read.
@@ -37,25 +38,22 @@ class EngineOptions:
     metrics_partitions: int = 64
     lease_seconds: float = 6 * 3600
     # A pass reading fewer bytes than this runs Spark's expressions interpreted instead of compiling
-    # them: on small inputs compiling costs more CPU than it saves (a commit of 50 rows through the
-    # demo graph took 8.3 s with code generation and 4.4 s without; rounds of the benchmark's two
-    # flows alternating both ways: even at a 20k-row Δ (~0.4 MB), compiled ~0.5 s faster at 100k
-    # rows (~2 MB), where interpreted hash aggregation spent ~6 us a row). 0 always compiles.
-    # See spark_io.interpreted.
+    # them: on small inputs compiling costs more CPU than it saves, on larger ones interpreted hash
+    # aggregation costs more than compiling. 0 always compiles. See spark.frames.interpreted; the
+    # measurements behind each default are in docs/PERFORMANCE.md ("Measured defaults").
     interpreted_below_bytes: int = 1024 * 1024
     # A flow pass whose input (bytes read times the window copies of each row, plus the old state it
-    # merges; flows with fact joins: never) is smaller than this runs in one Spark task with no shuffle: partial states and merge in one stage. On small inputs a stage
-    # and its tasks cost more than the work: the benchmark's two flows, one after the other, 1M-row
-    # base, alternated runs: 100k-row Δ (3.5 MB a flow) 1.50 -> 1.21 s; 300k (9 MB) 1.65 -> 1.41 s;
-    # 1M (27 MB) 2.50 -> 2.35 s; 3M (117 MB) 6.2 -> 7.2 s (one core idles). 0: never.
+    # merges; flows with fact joins: never) is smaller than this runs in one Spark task with no
+    # shuffle: partial states and merge in one stage. On small inputs a stage and its tasks cost more
+    # than the work; on large ones one core idles. 0: never.
     single_task_below_bytes: int = 32 * 1024 * 1024
     # A write whose rows are bounded by fewer bytes than this goes through the driver: Spark sends the
     # rows as Arrow batches and pyarrow writes the files, and a flow's sink rows come from the same
     # job as its state. The bound is in Parquet bytes: a flow's state by the bytes the pass reads times
     # the window copies per row, plus the old state it merges (flows with fact joins: never); its sink
     # by the same; a stage's rows by the bytes read plus its dimensions. Rows in Arrow take several
-    # times their Parquet bytes. A Spark write job of a few thousand rows cost ~0.2-0.3 s here, the
-    # collect ~0.1 s. 0: Spark always writes.
+    # times their Parquet bytes. For a few thousand rows a Spark write job costs more than the collect.
+    # 0: Spark always writes.
     driver_write_below_bytes: int = 8 * 1024 * 1024
 
 
@@ -63,8 +61,8 @@ class EngineOptions:
 class RunContext:
     """What every module of a run's data path needs: Spark, the layout, the watermark store, options."""
 
-    spark: "SparkSession"
-    layout: "Layout"
-    store: "CheckpointStore"
+    spark: SparkSession
+    layout: Layout
+    store: CheckpointStore
     options: EngineOptions = field(default_factory=EngineOptions)
     hook: Hook = field(default=lambda step: None)

@@ -6,9 +6,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..delta.tables import snapshot_files
-from .inputs import RunInputs
 from ..spark.read import read_source
-from ..spec.specs import FlowSpec
+from .inputs import RunInputs
 
 
 def join_facts(spark: SparkSession, spec, rows: DataFrame, inputs: RunInputs) -> DataFrame:

@@ -7,8 +7,8 @@ from the oldest and every partition plans from its own slice (`SourceHistory.aft
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from deltalake import DeltaTable
 from pyspark.sql.types import StructType
@@ -16,12 +16,11 @@ from pyspark.sql.types import StructType
 from laminar_assets.checkpoints import Watermark
 from laminar_assets.errors import LaminarError
 
-from ..delta.tables import DataFile, SourceHistory, TableInfo, snapshot_files, source_history, table_info
 from ..delta.layout import Layout
-from .planner import PlannerInput, needed_events
-from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..delta.tables import DataFile, SourceHistory, TableInfo, snapshot_files, source_history, table_info
+from ..spec.specs import Spec
 from ..windows import Interval, coalesce, partition_interval, share_inside
-
+from .planner import PlannerInput, needed_events
 
 
 @dataclass
@@ -36,10 +35,10 @@ class RunInputs:
     row_schema: StructType | None = None  # a source row with joined and derived columns (check_source)
     _snapshots: dict[tuple, list[DataFile]] = field(default_factory=dict, repr=False)
     # Event times the run's partitions can use (`limit_to`); None: all. A source's snapshot is listed
-    # for these only: a table of tens of thousands of files costs ~10 us a file to list in Python.
+    # for these only: listing tens of thousands of files in Python costs more than the run's planning.
     scope: tuple[Interval, ...] | None = None
     # Laminar's own tables (state) as this run opened them: the intent's transaction check, the old
-    # state's read and the state commit share one open (~25 ms each at 10M rows); a commit to a table
+    # state's read and the state commit share one open (an open replays the log); a commit to a table
     # takes it out, so nothing reads a snapshot older than the run's own last commit.
     opened: dict[str, DeltaTable] = field(default_factory=dict, repr=False)
 

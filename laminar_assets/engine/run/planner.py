@@ -1,22 +1,21 @@
 """The planner: a pure function from (spec, watermark, source history) to a plan.
 
 It reads nothing and writes nothing; `inputs.py` gathers its inputs, `executor.py`
-carries its plan out, `report.py` explains it.
+carries its plan out, `report/overview.py` explains it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Mapping
 
 from laminar_assets.checkpoints.watermark import Watermark
 
 from ..delta.tables import CommitKind, CommitSummary, SourceHistory
-from ..spec.kinds import KINDS
-from .plan import Mode, PartitionPlan, Reason
-from ..spec.specs import FlowSpec, RefreshPolicy, Spec, StageSpec
+from ..spec.specs import RefreshPolicy, Spec
 from ..windows import Interval, coalesce, partition_interval, partitions_overlapping, share_inside
+from .plan import Mode, PartitionPlan, Reason
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,7 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
         was, now = mark.source_ids.get(dim), inp.dimension_ids.get(dim)
         if was and now and was != now:
             return refill_all(Reason.DIMENSION_CHANGED, f"dimension '{dim}' was recreated (its Delta table id changed)")
-    for src, hist in inp.histories.items():
+    for hist in inp.histories.values():
         if hist.expired:
             return refill_all(Reason.CHECKPOINT_EXPIRED, hist.expired)
     changed_cols = sorted(c for c, t in inp.input_schema.items() if mark.input_schema.get(c, t) != t)

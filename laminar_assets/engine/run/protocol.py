@@ -14,9 +14,9 @@ nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError

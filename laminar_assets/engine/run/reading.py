@@ -27,16 +27,16 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ..aggregates.base import SIGN, q, sql_string
 from ..delta.log import CommitKind, DataFile
-from .inputs import RunInputs
-from .plan import PartitionPlan
 from ..quarantine.records import VERSION
-from ..spark.frames import spark_schema
-from ..spark.read import CHANGE_TYPE, read_source
-from ..spec.specs import StageSpec
-from ..spark.query import Query, frame as sql_frame, union_all
 from ..spark import stable_sql
+from ..spark.frames import spark_schema
+from ..spark.query import Query, union_all
+from ..spark.query import frame as sql_frame
+from ..spark.read import CHANGE_TYPE, read_source
 from ..spark.stable_sql import bigint
 from ..windows import Interval, coalesce, in_ranges_sql, partition_id_column
+from .inputs import RunInputs
+from .plan import PartitionPlan
 
 SRC, DVER, SNAP, PART = "__src", "__dver", "__snap", "__p"
 _SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}

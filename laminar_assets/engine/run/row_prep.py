@@ -1,25 +1,25 @@
 """A run's source rows made ready for windows: the original row and the first rule each breaks,
 derived columns, the event time and the spec's filter (`prepare_query`), and which rows count for
 which partition (`keep_sql`). Spark SQL text over the rows `reading.rows_query` reads: one
-analysis for the whole pass (sql_query.py)."""
+analysis for the whole pass (spark/query.py)."""
 
 from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ..quarantine import records as qr
-from ..spark import stable_sql
 from ..aggregates.base import EVENT_TS, SIGN, sql_string, user_sql
+from ..quarantine import records as qr
+from ..quarantine.records import ROW, RULE, VERSION
+from ..spark import stable_sql
+from ..spark.query import Query
+from ..spark.query import frame as sql_frame
+from ..windows import partition_id, partition_id_sql
 from .fact_joins import joined_columns
 from .inputs import RunInputs
 from .plan import PartitionPlan
-from ..quarantine.records import ROW, RULE, VERSION
 from .reading import DVER, SNAP, SRC
-from ..spec.specs import FlowSpec
-from ..spark.query import Query, frame as sql_frame
 from .validate import event_time_sql
-from ..windows import partition_id, partition_id_sql
 
 
 def prepare(spec, frame: DataFrame, inputs: RunInputs | None = None) -> DataFrame:

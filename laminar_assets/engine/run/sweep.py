@@ -20,18 +20,18 @@ from pyspark.sql import functions as F
 
 from laminar_assets.errors import ConcurrentRunError
 
-from ..quarantine import records as qr
 from ..aggregates.algebra import EVENT_TS, SIGN
 from ..delta.log import CommitSummary, DataFile, file_exists
-from ..delta.tables import TableInfo, source_history, snapshot_files, table_info, temporal
-from .context import RunContext
-from .plan import PartitionPlan, Reason
-from .result import SweepResult
+from ..delta.tables import TableInfo, snapshot_files, source_history, table_info, temporal
+from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
-from .fact_joins import without_joins
-from .reading import DVER, SNAP, SRC
-from .row_prep import prepare
 from ..spark.read import CHANGE_TYPE, read_source
+from .context import RunContext
+from .fact_joins import without_joins
+from .plan import PartitionPlan, Reason
+from .reading import DVER, SNAP, SRC
+from .result import SweepResult
+from .row_prep import prepare
 
 
 def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,

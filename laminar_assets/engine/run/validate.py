@@ -10,14 +10,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType
 
-from ..aggregates.base import EVENT_TS
-from ..aggregates.algebra import is_numeric
-from ..aggregates.column_types import check_aggregation, spark_message
-from ..quarantine.records import rule_kept_sql
-from ..spec.kinds import KINDS
-from ..delta.tables import TableInfo, column_fate
 from laminar_assets.errors import SchemaMismatchError, SpecError
+
+from ..aggregates.algebra import is_numeric
+from ..aggregates.base import EVENT_TS
+from ..aggregates.column_types import check_aggregation, spark_message
+from ..delta.tables import TableInfo, column_fate
+from ..quarantine.records import rule_kept_sql
 from ..spark.frames import spark_schema
+from ..spec.kinds import KINDS
 from ..spec.specs import FlowSpec, Spec, StageSpec
 
 TIME_TYPES = (TimestampType, TimestampNTZType, DateType, StringType)
@@ -65,8 +66,9 @@ _CHECKED_LOCK = threading.Lock()
 def checked_source(spark: SparkSession, spec: Spec, info: TableInfo,
                    joined: dict[str, TableInfo] | None = None) -> CheckedSource:
     """`check_source`, remembered for this process: what it finds depends only on the spec and the
-    schemas it checks against (not on the table versions), and asking Spark's analyzer costs ~0.1 s a
-    flow run (a new Engine per Dagster step, many runs per `laminar demo` or `laminar serve` process).
+    schemas it checks against (not on the table versions), and Spark's analyzer would otherwise be
+    asked again on every run (a new Engine per Dagster step, many runs per `laminar demo` or
+    `laminar serve` process).
     A failed check is not remembered: it raises again, with the versions of that run."""
     key = (id(spark), spec.name, spec.spec_hash, info.name, info.schema,
            *sorted((name, t.schema) for name, t in (joined or {}).items()))

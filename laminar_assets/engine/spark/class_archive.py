@@ -1,8 +1,8 @@
 """Class-data sharing for Spark's JVM: an archive of the classes Laminar's own work loads.
 
-A new Spark JVM spends most of its first ten seconds loading and verifying classes: on the 2-core
-machine a local session took 6.1-6.2 s to start and its first query 3.3-3.5 s; with an archive of
-the classes a Laminar run loads, 3.2-3.7 s and 1.4-1.8 s (JDK 17's dynamic CDS archive, measured).
+A new Spark JVM spends most of its first seconds loading and verifying classes; with an archive of
+the classes a Laminar run loads (JDK 17's dynamic CDS archive) a session starts and answers its
+first query about twice as fast (docs/PERFORMANCE.md).
 `make install` writes the archive once per virtualenv (`python -m laminar_assets.deploy.class_archive_writer`);
 every Spark JVM Laminar starts (a local session, the Spark Connect server of `laminar serve`) maps
 it when it is there. The JVM itself checks that the archive matches its own build and class path

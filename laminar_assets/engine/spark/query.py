@@ -1,8 +1,8 @@
 """Spark SQL text over named DataFrames: one statement, so one analysis.
 
 In classic PySpark every DataFrame call is an analysis of the whole plan so far and a few Py4J
-round trips per Column; a flow pass built call by call took ~40 analyses and ~700 round trips
-(~0.3 s per flow on the benchmark's 100k-row Δ). A `Query` is built as text instead and handed to
+round trips per Column; a flow pass built call by call took dozens of analyses and hundreds of
+round trips. A `Query` is built as text instead and handed to
 Spark once (`spark.sql(text, **frames)`, which over Spark Connect also embeds the frames' plans).
 Steps that only add columns or filter share one SELECT where they can: Spark's analyzer iterates
 about once per nested SELECT, so depth costs more than width.
@@ -65,18 +65,19 @@ class Query:
         return self.exprs[0] == "*" and not self.group and self.hint is None
 
     def select(self, exprs: list[str], *, where: str | None = None, columns: tuple[str, ...] = (),
-               hint: str | None = None, group: list[str] | None = None) -> "Query":
+               hint: str | None = None, group: list[str] | None = None) -> Query:
         """`SELECT exprs FROM (this) [WHERE where] [GROUP BY group]` (`columns`: its output, if known)."""
         bare = self.exprs == ("*",) and not self.conditions and not self.group and self.hint is None
-        return Query(self.source if bare else f"({self.text}) AS _q", self.frames, columns, tuple(exprs), (where,) if where else (),
+        source = self.source if bare else f"({self.text}) AS _q"
+        return Query(source, self.frames, columns, tuple(exprs), (where,) if where else (),
                      (), hint, tuple(group or ()))
 
-    def where(self, condition: str) -> "Query":
+    def where(self, condition: str) -> Query:
         if self._open and not _mentions([condition], self.added):
             return replace(self, conditions=(*self.conditions, condition))
         return self.select(["*"], where=condition, columns=self.columns)
 
-    def add_columns(self, named: list[tuple[str, str]]) -> "Query":
+    def add_columns(self, named: list[tuple[str, str]]) -> Query:
         """Add new columns, none referring to another in `named`."""
         exprs = tuple(f"{expr} AS {q(name)}" for name, expr in named)
         names = tuple(n for n, _ in named)
@@ -85,7 +86,7 @@ class Query:
             return replace(self, exprs=(*self.exprs, *exprs), added=(*self.added, *names), columns=columns)
         return replace(self.select(["*"], columns=self.columns), exprs=("*", *exprs), added=names, columns=columns)
 
-    def with_columns(self, named: list[tuple[str, str]]) -> "Query":
+    def with_columns(self, named: list[tuple[str, str]]) -> Query:
         """Add (or replace, in place) columns named by SQL expressions, each seeing the ones before."""
         out = self
         for name, expr in named:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import re
-import shutil
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -21,14 +17,13 @@ from .java import MIN_JAVA, check_java, java_major_version  # noqa: F401  (re-ex
 JIT_OPTIONS = {
     # C1 at once, C2 only for the hottest code: about 10x the JVM's invocation thresholds for the
     # optimizing compiler (loops over rows still reach it through back-edge counts). Spark's
-    # planner is a large body of lukewarm code that C2 kept compiling for minutes: on 2 cores,
-    # 0.3-0.6 s of compiler CPU per benchmark round even after 40 rounds. Planner code that many
-    # small runs call stays in C1 longer, though: opt-in (README, "JIT").
+    # planner is a large body of lukewarm code that C2 kept compiling for minutes. Planner code that
+    # many small runs call stays in C1 longer, though: opt-in (docs/deploying.md, "Spark").
     "hot": "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=60000 -XX:Tier4MinInvocationThreshold=20000",
     "tiered": "",  # the JVM's default: C1 at once, C2 later for any warm code
     # C1 only. Without tiers the JVM reserves a 48 MB code cache, not tiered's 240 MB: Spark's code
-    # filled it in ~40 s of small passes, and a full cache disables the compiler for the JVM's life
-    # ("CodeCache is full. Compiler has been disabled": rounds 1.25 s against 0.90 s with room).
+    # fills it within a short run, and a full cache disables the compiler for the JVM's life
+    # ("CodeCache is full. Compiler has been disabled").
     "quick": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
 }
 
@@ -48,8 +43,8 @@ class SparkOptions:
     class_sharing: bool = True
     java_options: str = ""  # more options for a JVM Laminar starts (the local driver, a Connect server)
     # "tiered" (the JVM's default), "hot" (C2 only for the hottest code) or "quick" (C1 only). A
-    # short-lived JVM on few cores spends most of its CPU in the C2 compiler (the demo on 2 cores: 43 s
-    # of compilation in a 35 s run), so "quick" is for the demo, tests and one-off runs. "hot" suits a
+    # short-lived JVM on few cores spends most of its CPU in the C2 compiler (docs/PERFORMANCE.md), so
+    # "quick" is for the demo, tests and one-off runs. "hot" suits a
     # long-lived JVM serving batched runs (a Connect server): faster batched passes and full scans,
     # slower one-partition-at-a-time runs (see JIT_OPTIONS and the README).
     jit: str = "tiered"
@@ -61,7 +56,7 @@ class SparkOptions:
 
     @classmethod
     def from_env(cls, *, master: str | None = None, remote: str | None = None, jit: str | None = None,
-                 **kw) -> "SparkOptions":
+                 **kw) -> SparkOptions:
         """Options where an unset master/remote/jit comes from LAMINAR_SPARK_MASTER / LAMINAR_SPARK_REMOTE /
         LAMINAR_SPARK_JIT."""
         return cls(master=master or os.environ.get("LAMINAR_SPARK_MASTER") or "local[*]",

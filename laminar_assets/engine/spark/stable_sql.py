@@ -3,16 +3,16 @@
 Spark compiles each query stage to Java. Number and timestamp literals are written into that code;
 map, array, struct and string literals are handed to it as references. A predicate spelled with a
 run's timestamps, partition numbers or commit versions is therefore new code on every run: compiled
-again and run cold until the JVM's JIT catches up. On the benchmark's 100k-row Δ a flow pass took
-0.83-1.09 s against 0.53-0.79 s for the same plan whose code had been compiled and run before.
-Written as lookups in map literals, a run's code matches the previous run's, so Spark's code cache
+again and run cold until the JVM's JIT catches up (docs/PERFORMANCE.md has the cost). Written as
+lookups in map literals, a run's code matches the previous run's, so Spark's code cache
 and the JIT's work carry over. Each function falls back to the plain form when a lookup would
 not fit (more than `MAX_KEYS` keys, or a partition with two pieces), where that plain form wins.
 """
 
 from __future__ import annotations
 
-from ..windows import Granularity, in_ranges_sql as plain_ranges_sql, partition_id_sql, pieces_by_partition
+from ..windows import Granularity, partition_id_sql, pieces_by_partition
+from ..windows import in_ranges_sql as plain_ranges_sql
 
 # Map lookups scan their keys (Spark has no hashed map literal); a plain `IN` list of many values is
 # hashed. Beyond this many keys the plain form is used (such a run is large, its compile time small).

@@ -1,7 +1,7 @@
 """The one table of aggregate kinds: what each kind needs and whether it can retract.
 
 Specs validate against it, the planner asks it which aggregates cannot retract, and
-`aggregates.py` maps each kind to its Spark implementation. It imports nothing from
+`aggregates.algebra` maps each kind to its Spark implementation. It imports nothing from
 the engine, so every module can use it.
 """
 

@@ -1,14 +1,15 @@
 """The parts a spec is built from: windows, aggregates, late-data policy, joins, row rules.
 
-Frozen plain data, validated when built (`spec.py` validates how they fit together).
+Frozen plain data, validated when built (`specs.py` validates how they fit together).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 from ..windows import WindowShape, parse_duration
 
@@ -73,82 +74,82 @@ class Agg:
             object.__setattr__(self, "name", default)
 
     @classmethod
-    def count(cls, column: str | None = None, *, name: str | None = None) -> "Agg":
+    def count(cls, column: str | None = None, *, name: str | None = None) -> Agg:
         """`count(*)` when no column is given, else the count of non-null values."""
         return cls("count", column, name)
 
     @classmethod
-    def sum(cls, column: str, *, name: str | None = None) -> "Agg":
+    def sum(cls, column: str, *, name: str | None = None) -> Agg:
         return cls("sum", column, name)
 
     @classmethod
-    def avg(cls, column: str, *, name: str | None = None) -> "Agg":
+    def avg(cls, column: str, *, name: str | None = None) -> Agg:
         return cls("avg", column, name)
 
     @classmethod
-    def min(cls, column: str, *, name: str | None = None) -> "Agg":
+    def min(cls, column: str, *, name: str | None = None) -> Agg:
         return cls("min", column, name)
 
     @classmethod
-    def max(cls, column: str, *, name: str | None = None) -> "Agg":
+    def max(cls, column: str, *, name: str | None = None) -> Agg:
         return cls("max", column, name)
 
     @classmethod
-    def var_samp(cls, column: str, *, name: str | None = None) -> "Agg":
+    def var_samp(cls, column: str, *, name: str | None = None) -> Agg:
         return cls("var_samp", column, name)
 
     @classmethod
-    def stddev_samp(cls, column: str, *, name: str | None = None) -> "Agg":
+    def stddev_samp(cls, column: str, *, name: str | None = None) -> Agg:
         return cls("stddev_samp", column, name)
 
     @classmethod
-    def first(cls, column: str, *, name: str | None = None) -> "Agg":
+    def first(cls, column: str, *, name: str | None = None) -> Agg:
         """Value at the earliest event time (ties: the smallest value); nulls ignored."""
         return cls("first", column, name)
 
     @classmethod
-    def last(cls, column: str, *, name: str | None = None) -> "Agg":
+    def last(cls, column: str, *, name: str | None = None) -> Agg:
         """Value at the latest event time (ties: the largest value); nulls ignored."""
         return cls("last", column, name)
 
     @classmethod
-    def approx_count_distinct(cls, column: str, *, name: str | None = None, lg_config_k: int = 12) -> "Agg":
+    def approx_count_distinct(cls, column: str, *, name: str | None = None, lg_config_k: int = 12) -> Agg:
         """Distinct count from an HLL sketch (Spark's hll_sketch_agg / hll_union_agg)."""
         return cls("approx_count_distinct", column, name, precision=lg_config_k)
 
     @classmethod
-    def approx_percentile(cls, column: str, quantile: float, *, name: str | None = None, k: int = 200) -> "Agg":
+    def approx_percentile(cls, column: str, quantile: float, *, name: str | None = None, k: int = 200) -> Agg:
         """Quantile from a KLL sketch (Spark's kll_sketch_agg_double / kll_merge_agg_double)."""
         return cls("approx_percentile", column, name, quantile=quantile, precision=k)
 
     @classmethod
-    def count_distinct(cls, column: str, *, name: str | None = None) -> "Agg":
+    def count_distinct(cls, column: str, *, name: str | None = None) -> Agg:
         """Exact number of distinct non-null values (the set of values is the state; cannot retract)."""
         return cls("count_distinct", column, name)
 
     @classmethod
-    def min_by(cls, column: str, by: str, *, name: str | None = None) -> "Agg":
+    def min_by(cls, column: str, by: str, *, name: str | None = None) -> Agg:
         """`column` of the row with the smallest `by` (ties: the smallest value); null `by` ignored."""
         return cls("min_by", column, name, by=by)
 
     @classmethod
-    def max_by(cls, column: str, by: str, *, name: str | None = None) -> "Agg":
+    def max_by(cls, column: str, by: str, *, name: str | None = None) -> Agg:
         """`column` of the row with the largest `by` (ties: the largest value); null `by` ignored."""
         return cls("max_by", column, name, by=by)
 
     @classmethod
-    def top_k(cls, column: str, k: int, *, name: str | None = None) -> "Agg":
+    def top_k(cls, column: str, k: int, *, name: str | None = None) -> Agg:
         """The `k` largest non-null values, largest first (exact; a merge keeps k, a delete refills)."""
         return cls("top_k", column, name, k=k)
 
     @classmethod
-    def approx_top_k(cls, column: str, k: int, *, name: str | None = None, max_items: int = 1000) -> "Agg":
+    def approx_top_k(cls, column: str, k: int, *, name: str | None = None, max_items: int = 1000) -> Agg:
         """The `k` most frequent values with their counts, from Spark's mergeable frequent-items
         sketch (approx_top_k_accumulate / approx_top_k_combine / approx_top_k_estimate)."""
         return cls("approx_top_k", column, name, precision=max_items, k=k)
 
     @classmethod
-    def sql(cls, expr: str, *, name: str) -> "Agg":
+    def sql(cls, expr: str, *, name: str) -> Agg:
         """Any Spark SQL aggregate expression over the source (and derived) columns, e.g.
         `percentile(price, 0.5)`. Its state does not merge, so the flow is refill-only: every run
         recomputes exactly the windows its changes touch (reason QUERY_NOT_INCREMENTALIZABLE)."""

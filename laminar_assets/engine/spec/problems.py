@@ -1,15 +1,15 @@
 """What can be wrong with the parts of a spec, as (field, message): checked when a spec is built.
 
-Pure functions over plain values; `spec.py` turns a problem into a SpecError naming the spec.
+Pure functions over plain values; `specs.py` turns a problem into a SpecError naming the spec.
 """
 
 from __future__ import annotations
 
 import re
 
+from ..windows import divides
 from .kinds import KINDS
 from .parts import Agg, FactJoin, Hopping, RefreshPolicy, Tumbling
-from ..windows import divides
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -124,7 +124,7 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
     return None
 
 
-# How the pass marks an input frame in its SQL text (sql_query.py): a name between NUL characters.
+# How the pass marks an input frame in its SQL text (spark/query.py): a name between NUL characters.
 FRAME_PLACEHOLDER = re.compile("\x00([A-Za-z0-9_]+)\x00")
 
 

@@ -11,17 +11,28 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from laminar_assets.errors import SpecError
+
+from ..windows import Granularity, Interval, WindowShape, parse_duration, to_utc
 from .kinds import KINDS
 from .parts import (  # noqa: F401  (re-exported: specs are built from these)
-    Agg, DimensionJoin, FactJoin, Hopping, LatePolicy, RefreshPolicy, RowRule, Tumbling, as_pairs, as_tuple,
+    Agg,
+    DimensionJoin,
+    FactJoin,
+    Hopping,
+    LatePolicy,
+    RefreshPolicy,
+    RowRule,
+    Tumbling,
+    as_pairs,
+    as_tuple,
 )
-from .problems import expression_problem, catalog_problem, flow_problem, joins_problem
-from ..windows import Granularity, Interval, WindowShape, parse_duration, to_utc
+from .problems import catalog_problem, expression_problem, flow_problem, joins_problem
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Rules the engine always applies; a row breaking one is quarantined under this name.

@@ -10,7 +10,7 @@ Flow (a SELECT grouped by a window):
     WHERE cond                                                -> filter
     FROM t JOIN q ON ... | LEFT JOIN q USING (k)              -> FactJoin (q read whole, its columns q__col);
                                                                  refill-only, windows follow t
-A view without GROUP BY is a stage: see sql_stage.py.
+A view without GROUP BY is a stage: see stage_select.py.
 
 `fail(node, message)` raises the caller's error (it knows the file and the line).
 """

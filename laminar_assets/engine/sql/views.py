@@ -6,7 +6,7 @@
       [WITH (refresh = 'auto' | 'incremental_strict' | 'full', target_lag = '5m', ...)]
     AS SELECT ...;
 
-A SELECT grouped by TUMBLE or HOP is a flow, one without GROUP BY is a stage (`sql_select.py` maps
+A SELECT grouped by TUMBLE or HOP is a flow, one without GROUP BY is a stage (`select.py` maps
 the select list). Parsing is sqlglot's (Spark dialect). Every error is a `SqlDefinitionError` (a
 `SpecError`) that names the file, the line and the construct.
 """
@@ -22,8 +22,8 @@ from sqlglot.errors import ParseError, TokenError
 
 from laminar_assets.errors import SpecError, SqlDefinitionError
 
-from ..spec.specs import FlowSpec, Spec, StageSpec
 from ..spec.parts import LatePolicy
+from ..spec.specs import FlowSpec, Spec, StageSpec
 from .select import DIALECT, flow_fields
 from .stage_select import stage_fields
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 from sqlglot import exp
 

@@ -24,15 +24,15 @@ from pyspark.sql import functions as F
 
 from ..aggregates.algebra import EVENT_TS
 from ..output.commit import replace_ranges
+from ..output.staged_files import StagedFiles, collect_rows, write_staged, write_staged_rows
 from ..run.context import RunContext
 from ..run.plan import Mode, PartitionPlan, Reason
 from ..run.reading import PART
 from ..spark.frames import arrow_schema_of, named, observe, schema_change
 from ..spark.read import CHANGE_TYPE
 from ..spec.specs import StageSpec
-from .dedup import OutputReset, kept_rows, with_columns_of
-from ..output.staged_files import StagedFiles, collect_rows, write_staged, write_staged_rows
 from ..windows import partition_id
+from .dedup import OutputReset, kept_rows, with_columns_of
 
 CHANGE_DATA = "_change_data/laminar"  # where a commit's change-data files are staged
 

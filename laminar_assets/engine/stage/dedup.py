@@ -13,10 +13,10 @@ from ..delta.tables import snapshot_files, table_info
 from ..run.context import RunContext
 from ..run.plan import PartitionPlan
 from ..run.reading import PART, with_partition
+from ..spark import stable_sql
 from ..spark.frames import named, observe
 from ..spark.read import read_source
 from ..spec.specs import StageSpec
-from ..spark import stable_sql
 from ..windows import partition_id
 
 

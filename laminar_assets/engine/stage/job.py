@@ -2,7 +2,7 @@
 
 A stage keeps no state: its output table holds its rows. Refilled partitions are
 recomputed whole (dedup is within a partition); their commit, with exact change data, is
-stage_commit.py's. Small inputs run in one task (no shuffle). Appended rows of incremental partitions are
+commit.py's. Small inputs run in one task (no shuffle). Appended rows of incremental partitions are
 checked against the rows already kept (dedup); a new row that would replace a kept
 duplicate refills its partition instead (DEDUP_REPLACED_ROW). A run of appends only is one Spark
 job: read, join, dedup against the kept rows and write, its metrics and dedup verdict observed.
@@ -16,24 +16,24 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from ..quarantine import records as qr
 from ..aggregates.algebra import EVENT_TS, SIGN
 from ..delta.tables import snapshot_files
 from ..output.commit import replace_ranges
-from ..run.inputs import RunInputs
-from ..run.context import RunContext
-from ..run.plan import Mode, PartitionPlan
+from ..output.staged_files import write_staged
+from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
+from ..run.context import RunContext
+from ..run.inputs import RunInputs
+from ..run.plan import Mode, PartitionPlan
 from ..run.reading import PART, read_set, rows_query
 from ..run.row_prep import keep_sql, prepare_query
 from ..spark.frames import interpreted, named, observe
-from ..spark.stable_sql import bigint
-from ..output.staged_files import write_staged
 from ..spark.read import read_source
+from ..spark.stable_sql import bigint
 from ..spec.specs import StageSpec
+from ..windows import partition_id, partition_id_sql, partition_key_column
 from .commit import commit_meta, commit_refill, schema_matches, transactions, with_metrics
 from .dedup import DedupReplaced, dedup_against_kept, deduped, replaced
-from ..windows import partition_id, partition_id_sql, partition_key_column
 
 
 @dataclass
@@ -50,7 +50,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see flow_job
         rows = prepare_query(spec, rows_query(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned_sql(spec))
         rows = rows.add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
-        rows = rows.where(keep_sql(spec, plans, EVENT_TS)).run(ctx.spark)  # one analysis (sql_query.py)
+        rows = rows.where(keep_sql(spec, plans, EVENT_TS)).run(ctx.spark)  # one analysis (spark/query.py)
         joined = _join_dimensions(ctx, spec, rows, inputs)
         obs = Observation()
         rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)

@@ -3,9 +3,8 @@ executed with `materialize` on a real instance (used by the demo and tests)."""
 
 import dagster as dg
 
-from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
 from laminar_assets.orchestration.internals.thread_executor import thread_executor
-
+from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
 
 # Dagster logs step and run failures (with their stack traces) at ERROR and never logs at CRITICAL, so
 # this silences its console echo entirely; events still go to the instance (and the UI), and callers

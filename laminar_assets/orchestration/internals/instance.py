@@ -2,12 +2,11 @@
 connections kept between writes.
 
 Dagster's SQLite event log opens a new SQLAlchemy engine and connection for every event it stores
-(and for every read), under a lock its threads share. A Laminar run stores ~240 events (steps,
-materializations, checks, logs): measured here, 4-7 ms per plain event and 8-14 ms per asset
-event (written twice: the run's database and the index), against 0.7-1.4 and 2.2-4.0 ms with the
-engine kept, and the demo's two batches took 3.5-5 s less (alternated runs). A run page follows
-new events by polling (`watch`), since Dagster's SQLite file watch relies on connections closing. Everything else is
-Dagster's: the same files in the same places (`<DAGSTER_HOME>/history/runs/*.db`), so a home made
+(and for every read), under a lock its threads share, and a Laminar run stores a few hundred
+events (steps, materializations, checks, logs): keeping the engines open makes each write several
+times cheaper (docs/PERFORMANCE.md). A run page follows new events by polling (`watch`), since
+Dagster's SQLite file watch relies on connections closing. Everything else is Dagster's: the same
+files in the same places (`<DAGSTER_HOME>/history/runs/*.db`), so a home made
 before keeps its history, and an explicit `storage:` section (dagster.postgres.yaml) replaces it.
 
 dagster.yaml names `LaminarInstance` as its `instance_class`: a custom instance class is what
@@ -27,8 +26,8 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 import yaml
 from dagster import DagsterInstance
-from dagster._core.instance.ref import InstanceRef
 from dagster._core.event_api import EventHandlerFn
+from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.event_log.polling_event_watcher import SqlPollingEventWatcher
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.runs import SqliteRunStorage

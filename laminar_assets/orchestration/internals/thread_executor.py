@@ -111,7 +111,7 @@ def _run_step(step_context, events: queue.Queue) -> None:
     try:
         for event in dagster_event_sequence_for_step(step_context):
             events.put((key, event))
-    except BaseException as error:  # re-raised by the loop: nothing is swallowed here
+    except BaseException as error:  # noqa: BLE001  (re-raised by the loop: nothing is swallowed here)
         events.put((key, _Raised(error)))
     events.put((key, _DONE))
 

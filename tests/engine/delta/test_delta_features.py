@@ -16,16 +16,15 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, SchemaMismatchError, Tumbling
-from laminar_assets.engine import UnsupportedTableFeatureError
+from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, SchemaMismatchError, Tumbling, UnsupportedTableFeatureError
+from laminar_assets.engine.delta.deletion_vectors import DeletedRows, DeletionVector
 from laminar_assets.engine.delta.log import CommitKind, read_commit
 from laminar_assets.engine.delta.tables import snapshot_files, table_info
-from laminar_assets.engine.delta.deletion_vectors import DeletedRows, DeletionVector
 from tests.conftest import trades_frame
 from tests.delta_features import delete_where, enable_deletion_vectors, live_adds, rename_column, snapshot
 from tests.reference import assert_frames_match, full_recompute
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "data", "delta")
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "delta")
 HOUR0, HOUR1 = "1970-01-01-00:00", "1970-01-01-01:00"
 
 
@@ -78,9 +77,11 @@ def test_small_table_deletes_two_rows_by_vector():
 
 
 def test_inline_vector_and_bad_vector_are_read_or_refused():
-    from tests.delta_features import z85_encode
-    from pyroaring import BitMap64
     import struct
+
+    from pyroaring import BitMap64
+
+    from tests.delta_features import z85_encode
 
     data = struct.pack("<i", 1681511377) + BitMap64([3, 5, 2**33]).serialize()
     padded = data + b"\0" * (-len(data) % 4)
@@ -204,7 +205,7 @@ def test_mapped_table_with_vectors_prunes_by_statistics_and_merges_deletes(spark
     enable_deletion_vectors(lake.path("trades"))
     info = table_info("trades", lake.path("trades"))
     assert info.physical("px").startswith("col-")
-    names = {p: l for l, p in info.physical_names.items()}
+    names = {p: name for name, p in info.physical_names.items()}
     engine = Engine(spark, lake.root)
     for flow in (FLOW, MAXF):
         engine.run_many(flow, [PART0, PART1])

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from laminar_assets.orchestration.assets import build_asset, run_metadata
-from laminar_assets.orchestration.checks import build_lag_check
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.flows import load_specs
+from laminar_assets.orchestration.assets import build_asset
+from laminar_assets.orchestration.checks import build_lag_check
 from laminar_assets.pipeline.settings import LaminarSettings
-from tests.dagster.pipeline import BASE, create_sources, trades
+from tests.orchestration.pipeline import BASE, create_sources, trades
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = pytest.mark.spark
@@ -19,7 +19,8 @@ SPECS = {s.name: s for s in load_specs()}
 SETTINGS = LaminarSettings(retry_delay_seconds=0)  # a held lease is retried: no waiting in tests
 STAGE, VWAP = build_asset(SPECS["normalized_trades"], SETTINGS), build_asset(SPECS["vwap_1m"], SETTINGS)
 P9, P10 = "2024-01-02-09:00", "2024-01-02-10:00"
-NUMERIC = ["pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined", "windows_touched",
+NUMERIC = ["pending_versions", "versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined",
+           "windows_touched",
            "state_rows", "sink_rows", "seconds_read", "seconds_state", "seconds_merge", "seconds_write",
            "seconds_total", "source_version_normalized_trades"]
 

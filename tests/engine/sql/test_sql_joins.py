@@ -9,10 +9,10 @@ import pytest
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Engine, Mode, Reason
-from laminar_assets.pipeline.graph import components
-from laminar_assets.pipeline.tick import Cursor, plan_tick
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import SchemaMismatchError, SpecError
+from laminar_assets.pipeline.graph import components
+from laminar_assets.pipeline.tick import Cursor, plan_tick
 from tests.reference import assert_frames_match
 
 pytestmark = pytest.mark.spark

@@ -1,4 +1,4 @@
-"""`staging.stage`: a write through the driver (Arrow + pyarrow) stages what Spark's write job stages."""
+"""`staged_files.write_staged`: a write through the driver (Arrow + pyarrow) stages what Spark's write job stages."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
-from laminar_assets.engine.spark.frames import observe
 from laminar_assets.engine.output.staged_files import read_staged, write_staged
+from laminar_assets.engine.spark.frames import observe
 
 pytestmark = pytest.mark.spark
 

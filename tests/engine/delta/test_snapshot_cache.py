@@ -11,6 +11,7 @@ import time
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError
 
 from laminar_assets.engine.delta import snapshot_cache
 from laminar_assets.engine.delta.tables import open_table, table_info
@@ -185,7 +186,7 @@ def test_snapshots_that_cannot_be_checked_are_opened_every_time(tmp_path):
         snapshot_cache.open_snapshot(path, 1, opener)  # checked: cached
     calls = []
     for _ in range(2):
-        with pytest.raises(Exception):  # version 0 cannot be loaded any more; each reader gets the error
+        with pytest.raises(DeltaError):  # version 0 cannot be loaded any more; each reader gets the error
             snapshot_cache.open_snapshot(path, 0, lambda u, v: calls.append(v) or DeltaTable(u, version=v))
     assert opener.calls == [(path, 1)] and calls == [0, 0]
     remote = []

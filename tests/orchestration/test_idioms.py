@@ -11,14 +11,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import dagster as dg
 import pytest
 
-from laminar_assets.orchestration.alerts import Alert, build_failure_sensor, send
-from laminar_assets.orchestration.assets import build_asset
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Tumbling
 from laminar_assets.errors import CommitConflictError, ConcurrentRunError, LaminarError, RunFailedError, SchemaMismatchError
 from laminar_assets.flows import load_specs
-from laminar_assets.resources import LaminarResource
+from laminar_assets.orchestration.alerts import Alert, build_failure_sensor, send
+from laminar_assets.orchestration.assets import build_asset
 from laminar_assets.pipeline.settings import LaminarSettings
-from tests.dagster.pipeline import BASE, create_sources
+from laminar_assets.resources import LaminarResource
+from tests.orchestration.pipeline import BASE, create_sources
 from tests.reference import assert_frames_match, full_recompute
 
 SPECS = {s.name: s for s in load_specs()}
@@ -148,10 +148,10 @@ def test_an_unreachable_or_malformed_alert_target_fails_clearly():
     with pytest.raises(LaminarError, match="is not 'log', a URL or 'package.module:function'"):
         send("slack", alert)
     got = []
-    import tests.dagster.test_idioms as me
+    import tests.orchestration.test_idioms as me
 
     me.CALLED = got
-    send("tests.dagster.test_idioms:remember", alert)
+    send("tests.orchestration.test_idioms:remember", alert)
     assert got == [alert]
 
 

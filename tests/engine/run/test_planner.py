@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -13,7 +13,7 @@ from laminar_assets.engine.run.planner import PlannerInput, plan_partition
 from laminar_assets.engine.spec.specs import DimensionJoin
 from laminar_assets.engine.windows import Interval
 
-T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 PART = "2024-01-01-00:00"
 RETRACT = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
                    aggregates=(Agg.sum("x"), Agg.count()))
@@ -175,10 +175,10 @@ def test_bounded_work_leaves_versions_pending(limits, expected_to, expected_pend
 def test_frozen_partition_ignores_late_changes():
     spec = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
                     aggregates=(Agg.sum("x"),), late=LatePolicy(freeze_after="1d"))
-    late = commit(4, CommitKind.APPEND, file(1, 2), ts=datetime(2024, 1, 5, tzinfo=timezone.utc))
+    late = commit(4, CommitKind.APPEND, file(1, 2), ts=datetime(2024, 1, 5, tzinfo=UTC))
     p = plan(spec, mark(spec), history(late))
     assert (p.mode, p.reason) == (Mode.NOOP, Reason.PARTITION_FROZEN)
-    fresh = commit(4, CommitKind.APPEND, file(1, 2), ts=datetime(2024, 1, 1, 12, tzinfo=timezone.utc))
+    fresh = commit(4, CommitKind.APPEND, file(1, 2), ts=datetime(2024, 1, 1, 12, tzinfo=UTC))
     assert plan(spec, mark(spec), history(fresh)).reason is Reason.APPEND_ONLY
 
 

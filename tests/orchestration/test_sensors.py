@@ -5,17 +5,18 @@ re-runs from a sensor without a cursor on a lake that is up to date."""
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 import dagster as dg
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.flows import load_specs
-from laminar_assets.pipeline.graph import components, graph_order
 from laminar_assets.orchestration.schedules import build_schedule
 from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START, build_pipeline_sensor, parse_cursor, range_requests
+from laminar_assets.pipeline.graph import components, graph_order
 from laminar_assets.pipeline.settings import LaminarSettings
-from tests.dagster.pipeline import BASE, create_sources, trades
+from tests.orchestration.pipeline import BASE, create_sources, trades
 
 SPECS, _ = specs_with_contracts(load_specs())
 BY_NAME = {s.name: s for s in SPECS}
@@ -234,14 +235,14 @@ def test_range_requests_make_one_run_per_partitioning():
 
 def test_schedule_requests_the_current_partition():
     _job, schedule = build_schedule(BY_NAME["vwap_1m"], "*/15 * * * *", SETTINGS, "raw_trades")
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 2, 10, 45, tzinfo=timezone.utc))
+    ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 2, 10, 45, tzinfo=UTC))
     request = schedule(ctx)
     assert request.partition_key == "2024-01-02-10:00" and request.tags["laminar/component"] == "raw_trades"
     # the job is partitioned like its asset (inferred from the selection), so the request's key is valid
-    from laminar_assets.orchestration.assets import partitions_def
     from laminar_assets.definitions import build_definitions
+    from laminar_assets.orchestration.assets import partitions_def
 
     defs = build_definitions(SPECS, LaminarSettings(schedules={"vwap_1m": "*/15 * * * *"}))
     job = defs.resolve_job_def("vwap_1m_latest")

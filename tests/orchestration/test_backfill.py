@@ -8,7 +8,7 @@ from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.internals.in_process import execute_request
 from laminar_assets.orchestration.sensors import stale_requests
 from laminar_assets.pipeline.settings import LaminarSettings
-from tests.dagster.pipeline import BASE, create_sources, trades
+from tests.orchestration.pipeline import BASE, create_sources, trades
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = pytest.mark.spark

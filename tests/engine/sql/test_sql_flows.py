@@ -13,7 +13,7 @@ from laminar_assets.engine.sql.views import compile_sql, compile_sql_file
 from laminar_assets.errors import SpecError
 from laminar_assets.flows import load_specs
 from tests.conftest import Lake
-from tests.engine.test_sql_views import PIPELINE_SQL
+from tests.engine.sql.test_sql_views import PIPELINE_SQL
 from tests.reference import assert_frames_match, sql_recompute
 
 pytestmark = pytest.mark.spark

@@ -14,7 +14,7 @@ from laminar_assets.engine.sql.views import compile_sql, compile_sql_file
 from laminar_assets.errors import SpecError, SqlDefinitionError
 from laminar_assets.flows import load_specs
 
-PIPELINE_SQL = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "sql", "trades_pipeline.sql")
+PIPELINE_SQL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "sql", "trades_pipeline.sql")
 
 
 def one(text: str):
@@ -131,7 +131,7 @@ def test_statement_level_errors(text, message):
 def test_sql_files_in_the_flows_package_are_loaded_and_names_defined_twice_fail(tmp_path, monkeypatch):
     specs = {s.name: s for s in load_specs()}
     assert specs["sector_median_1h"].not_incrementalizable == ("PERCENTILE(price, 0.5)",)
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "laminar_assets", "flows", "trade_activity.sql")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "laminar_assets", "flows", "trade_activity.sql")
     with open(path, encoding="utf-8") as fh:
         line = next(i for i, text in enumerate(fh, 1) if "CREATE MATERIALIZED VIEW symbol_activity_15m" in text)
     assert specs["symbol_activity_15m"].origin.endswith(f"trade_activity.sql:{line}")

@@ -7,14 +7,14 @@ import dagster as dg
 import pytest
 from deltalake import write_deltalake
 
-from laminar_assets.orchestration.assets import build_asset
-from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, contract_result, equivalence_result
 from laminar_assets.contracts import load_contracts
 from laminar_assets.definitions import CONTRACTS
 from laminar_assets.engine import Engine
 from laminar_assets.flows import load_specs
+from laminar_assets.orchestration.assets import build_asset
+from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, contract_result, equivalence_result
 from laminar_assets.pipeline.settings import LaminarSettings
-from tests.dagster.pipeline import BASE, create_sources, trades
+from tests.orchestration.pipeline import BASE, create_sources, trades
 
 pytestmark = pytest.mark.spark
 
@@ -133,9 +133,9 @@ def test_a_row_count_rule_is_checked_per_partition_from_one_fetch(spark, lake, l
     """A row-count rule cannot be validated on the union of partitions: each partition's rows of one
     fetch are validated. The driver reads small local sink files itself (no Spark job); otherwise one
     Spark job fetches the range, not one per partition. Both give the same outcomes."""
-    from laminar_assets.orchestration.checks import contract_outcomes
     from laminar_assets.contracts.model import ExpectationRule
     from laminar_assets.engine import EngineOptions
+    from laminar_assets.orchestration.checks import contract_outcomes
     from tests.engine.test_one_pass import Jobs
 
     create_sources(lake, BASE)

@@ -13,7 +13,8 @@ from pyspark.sql import functions as F
 
 from laminar_assets.engine import Agg
 from laminar_assets.engine.aggregates.algebra import EVENT_TS, SIGN, implementation
-from tests.reference import aggregate_column as ref_agg, plain
+from tests.reference import aggregate_column as ref_agg
+from tests.reference import plain
 
 pytestmark = pytest.mark.spark
 

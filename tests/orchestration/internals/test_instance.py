@@ -1,4 +1,4 @@
-"""The project's Dagster instance (dagster.yaml -> laminar_assets/instance.py) on real SQLite files:
+"""The project's Dagster instance (dagster.yaml -> laminar_assets/orchestration/internals/instance.py) on real SQLite files:
 events land where Dagster's default storage puts them, round-trip, reuse their engines, and survive
 a deleted database, a fork, a wipe, and a home written by Dagster's own storage."""
 
@@ -15,12 +15,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
 import laminar_assets.orchestration.internals.instance as li
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PARTS = dg.StaticPartitionsDefinition(["a", "b", "c"])
 
 
@@ -40,7 +39,8 @@ def _home(tmp_path: Path, *, stock: bool = False) -> str:
     text = (REPO / "dagster.yaml").read_text()
     if stock:  # Dagster's own instance: the same file without the instance class
         assert "instance_class:" in text
-        text = text.replace("instance_class:\n  module: laminar_assets.orchestration.internals.instance\n  class: LaminarInstance\n", "")
+        text = text.replace("instance_class:\n  module: laminar_assets.orchestration.internals.instance\n"
+                            "  class: LaminarInstance\n", "")
     (home / "dagster.yaml").write_text(text)
     return str(home)
 

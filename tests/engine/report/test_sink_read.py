@@ -20,7 +20,7 @@ pytestmark = pytest.mark.spark
 SPEC = FlowSpec(name="wide", source="src", event_time="ts", window=Tumbling("1h"), keys=("k",),
                 aggregates=(Agg.count(),))
 P0, P1 = "2024-01-01-00:00", "2024-01-01-01:00"
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def wide(rows: list[tuple]) -> pa.Table:

@@ -4,7 +4,7 @@ whatever the values (so a run after the first compiles nothing for them)."""
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pyspark.sql import functions as F
@@ -13,7 +13,7 @@ from laminar_assets.engine.spark import stable_sql
 from laminar_assets.engine.windows import Granularity, Interval, in_ranges_sql
 
 pytestmark = pytest.mark.spark
-T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def _rows(spark, n=2000, seed=7):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 import pytest
@@ -62,7 +62,7 @@ def test_sink_and_source_tables_by_name(built):
     assert got.columns == ["window_start", "sector", "trades", "notional"]
     want = lake.read("sectors").sort_values(["window_start", "sector"])
     assert [(r[1], r[2], r[3]) for r in got.rows] == list(zip(want["sector"], want["trades"], want["notional"]))
-    assert got.rows[0][0] == datetime(2024, 1, 1, 0, 0, tzinfo=timezone.utc)  # UTC instants, not local times
+    assert got.rows[0][0] == datetime(2024, 1, 1, 0, 0, tzinfo=UTC)  # UTC instants, not local times
     assert query(built, "SELECT count(*) FROM raw").rows == [(3,)]  # the latest snapshot: the delete applied
     assert query(built, "select SECTOR from SYMBOLS where sym = 'AAA'").rows == [("tech",)]
     assert sorted(r[0] for r in query(built, "SELECT trade_id FROM norm").rows) == [1, 3, 4]

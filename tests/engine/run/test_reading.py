@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from laminar_assets.engine import Agg, Tumbling
 from laminar_assets.engine.delta.log import DataFile
 from laminar_assets.engine.delta.tables import snapshot_files, table_info
+from laminar_assets.engine.quarantine.records import VERSION
 from laminar_assets.engine.run.inputs import RunInputs
 from laminar_assets.engine.run.reading import DVER, MAX_NAMED_FILES, SNAP, SRC, FileGroup, ReadSet, read_rows, scans
 from laminar_assets.engine.spec.specs import FlowSpec
-from laminar_assets.engine import Agg, Tumbling
-from laminar_assets.engine.quarantine.records import VERSION
 
 FLOW = FlowSpec(name="vw", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
                 aggregates=(Agg.count(),))

@@ -3,7 +3,7 @@ in the Delta log), and which files a snapshot listing keeps for a set of event-t
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,17 +14,17 @@ from laminar_assets.engine.delta.file_ranges import footer_facts
 
 def test_footer_facts_read_the_top_level_column_not_a_nested_field_of_the_same_name(tmp_path):
     ts = pa.timestamp("us", tz="UTC")
-    at = datetime(2024, 1, 1, 0, 5, tzinfo=timezone.utc)
+    at = datetime(2024, 1, 1, 0, 5, tzinfo=UTC)
     table = pa.table({
         "meta": pa.array([{"ts": at}, {"ts": at}], type=pa.struct([("ts", ts)])),  # a leaf named `ts` too
-        "ts": pa.array([None, datetime(2024, 1, 1, 0, 7, tzinfo=timezone.utc)], type=ts),
+        "ts": pa.array([None, datetime(2024, 1, 1, 0, 7, tzinfo=UTC)], type=ts),
         "id": pa.array([1, 2], type=pa.int32()),
     })
     path = str(tmp_path / "part.parquet")
     pq.write_table(table, path)
     rng, rows, nulls = footer_facts(path, "ts")
     assert (rows, nulls) == (2, 1)
-    assert rng is not None and rng.start == datetime(2024, 1, 1, 0, 7, tzinfo=timezone.utc)
+    assert rng is not None and rng.start == datetime(2024, 1, 1, 0, 7, tzinfo=UTC)
     assert footer_facts(path, "missing") == (None, 2, None)
 
 
@@ -41,7 +41,7 @@ def _table_of_files(path: str, typ: pa.DataType, n: int) -> None:
 
     schema = pa.schema([("t", typ), ("v", pa.int64())])
     DeltaTable.create(path, schema=schema)
-    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
 
     def stat(t: datetime) -> str:
         return t.date().isoformat() if pa.types.is_date(typ) else t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -72,7 +72,7 @@ def test_files_pruned_in_arrow_are_the_files_the_exact_check_keeps(tmp_path, typ
     path = str(tmp_path / "t")
     _table_of_files(path, typ, 300)
     info = table_info("t", path)
-    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
     everything = snapshot_files(info, "t")
     cases = [[Interval(t0 + timedelta(hours=5), t0 + timedelta(hours=6))],  # exactly one file's hour
              [Interval(t0 + timedelta(hours=9, minutes=59, seconds=59, milliseconds=999), t0 + timedelta(hours=10))],
