@@ -9,10 +9,13 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive chromium demo test test-fast quality lint ui clean bench bench-smoke soak
+.PHONY: install class-archive test-jars chromium demo test test-fast quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
+# The s3a jars (hadoop-aws and the AWS SDK modules it uses) from Maven Central, once, into the venv:
+# the check returns at once when they are there.
 install: $(VENV)/.installed
+	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +45,12 @@ ui: class-archive $(DAGSTER_HOME)/dagster.yaml
 # process, so its fixtures are built once. The deployment tests mostly wait on servers they start,
 # so two processes on 2 cores take about half the time of one. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: class-archive chromium
+test: class-archive chromium test-jars
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+
+# s3proxy, a local S3 server with honest conditional writes, for the tests that race two writers.
+test-jars: install
+	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3proxy
 
 # The deployment test checks the Dagster UI in headless Chromium (Debian's package): install it if missing.
 chromium:

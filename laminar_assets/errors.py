@@ -117,5 +117,10 @@ class InjectedCrash(LaminarError):
     """Raised by the crash-injection hook in tests (simulates a kill)."""
 
 
+class StorageError(EnvironmentProblem):
+    """The lake's storage cannot be used as asked: an unreachable object store, refused
+    credentials, a missing bucket, a scheme Laminar does not support."""
+
+
 class ContractError(LaminarError):
     """A data contract file is malformed or disagrees with its table."""

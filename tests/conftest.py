@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from laminar_assets import storage
 from laminar_assets.engine import Engine, SparkOptions, build_session
+from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.resources import LaminarResource, SparkResource
 
 TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
@@ -46,18 +48,20 @@ class Lake:
         self.root = root
 
     def path(self, name: str) -> str:
-        return os.path.join(self.root, name)
+        return storage.join(self.root, name)
 
     def create(self, name: str, rows=(), *, cdf: bool = True, frame: pd.DataFrame | None = None, **config) -> None:
         configuration = {"delta.enableChangeDataFeed": "true" if cdf else "false", **config}
         data = frame if frame is not None else trades_frame(rows)
-        write_deltalake(self.path(name), data, configuration=configuration)
+        write_deltalake(self.path(name), data, configuration=configuration,
+                        storage_options=storage.delta_options(self.path(name)))
 
     def append(self, name: str, rows=(), *, frame: pd.DataFrame | None = None) -> None:
-        write_deltalake(self.path(name), frame if frame is not None else trades_frame(rows), mode="append")
+        write_deltalake(self.path(name), frame if frame is not None else trades_frame(rows), mode="append",
+                        storage_options=storage.delta_options(self.path(name)))
 
     def table(self, name: str) -> DeltaTable:
-        return DeltaTable(self.path(name))
+        return open_delta(self.path(name))
 
     def delete(self, name: str, predicate: str) -> None:
         self.table(name).delete(predicate)
@@ -69,7 +73,7 @@ class Lake:
         self.table(name).optimize.compact()
 
     def table_exists(self, name: str) -> bool:
-        return DeltaTable.is_deltatable(self.path(name))
+        return is_delta_table(self.path(name))
 
     def read(self, name: str) -> pd.DataFrame:
         return self.table(name).to_pandas()
@@ -98,3 +102,23 @@ def laminar(lake) -> LaminarResource:
     # stop_at_end=False: reuse the test session's SparkSession instead of one per run.
     return LaminarResource(root=lake.root, spark=SparkResource(master="local[2]", shuffle_partitions=2,
                                                                stop_at_end=False))
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One local S3 server (moto) for the test process: started when a test first needs it."""
+    from tests.object_store import start_moto
+
+    server = start_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_lake(s3_server, tmp_path) -> Lake:
+    """A lake in a new bucket of the local S3 server (this process reaches it while the test runs)."""
+    from tests.object_store import using
+
+    with using(s3_server):
+        yield Lake(s3_server.bucket())
+

@@ -1,35 +1,47 @@
 """Invariants of a lake after any step, for the tests: every file a table names exists, and no run
 leaves staged files that no commit took. Independent of the engine's own integrity check, which a
-test may not use to judge itself."""
+test may not use to judge itself. A lake is a local folder or a prefix in a bucket."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from urllib.parse import unquote
 
-from deltalake import DeltaTable
+from laminar_assets import storage
+from laminar_assets.engine.delta import open_delta
+
+
+def _files(root: str) -> list[str]:
+    return [storage.normalized(u) if "://" in u else u for u, _ in storage.list_files(root)]
 
 
 def delta_tables(root: str) -> list[str]:
     """Every Delta table under `root` (folders holding a `_delta_log`)."""
-    return sorted(os.path.dirname(log) for log in glob.glob(os.path.join(root, "**", "_delta_log"), recursive=True))
+    marker = "/_delta_log/" if "://" in root else os.sep + "_delta_log" + os.sep
+    return sorted({f.split(marker, 1)[0] for f in _files(root) if marker in f})
 
 
 def laminar_tables(root: str, sinks) -> list[str]:
     """The folders of the tables Laminar writes: the given sinks (or stage outputs), state and
     quarantine tables; also those whose first commit has not landed yet (staged files only)."""
-    found = [os.path.join(root, s) for s in sinks]
-    found += glob.glob(os.path.join(root, "_laminar", "state", "*", "*"))
-    found += glob.glob(os.path.join(root, "_laminar", "quarantine", "*"))
-    return [t for t in found if os.path.isdir(t)]
+    found = [storage.join(root, s) for s in sinks]
+    state = storage.join(root, "_laminar", "state")
+    found += [storage.join(state, flow, name) for flow in storage.list_dirs(state)
+              for name in storage.list_dirs(storage.join(state, flow))]
+    quarantine = storage.join(root, "_laminar", "quarantine")
+    found += [storage.join(quarantine, name) for name in storage.list_dirs(quarantine)]
+    return [t for t in found if (os.path.isdir(storage.local_path(t)) if storage.local_path(t) is not None
+                                 else storage.list_files(t))]
 
 
 def missing_files(table: str) -> list[str]:
     """Files the latest snapshot of `table` names that do not exist."""
-    dt = DeltaTable(table)
-    return [u for u in dt.file_uris() if not os.path.exists(u.removeprefix("file://"))]
+    named = [u.removeprefix("file://") for u in open_delta(table).file_uris()]
+    if storage.local_path(table) is not None:
+        return [u for u in named if not os.path.exists(u)]
+    present = set(_files(table))
+    return [u for u in named if storage.normalized(unquote(u)) not in present and storage.normalized(u) not in present]
 
 
 def assert_lake_intact(root: str) -> None:
@@ -42,23 +54,27 @@ def orphan_files(table: str) -> list[str]:
     """Parquet files in the table's folder that no entry of its log has ever named (Laminar's tables
     keep every JSON entry, so the log is complete)."""
     named: set[str] = set()
-    for entry in glob.glob(os.path.join(table, "_delta_log", "*.json")):
-        with open(entry, encoding="utf-8") as fh:
-            for line in fh:
+    files = _files(table)
+    for entry in files:
+        if "_delta_log" in entry and entry.endswith(".json"):
+            for line in (storage.read(entry) or b"").decode().splitlines():
                 if not line.strip():
                     continue
                 action = json.loads(line)
                 for kind in ("add", "remove", "cdc"):
                     if kind in action:
-                        named.add(os.path.normpath(os.path.join(table, unquote(action[kind]["path"]))))
-    on_disk = [p for p in glob.glob(os.path.join(table, "**", "*.parquet"), recursive=True)
-               if "_delta_log" not in p]
-    return sorted(p for p in on_disk if os.path.normpath(p) not in named)
+                        named.add(storage.join(table, *unquote(action[kind]["path"]).split("/")))
+    on_disk = [f for f in files if f.endswith(".parquet") and "_delta_log" not in f]
+    return sorted(f for f in on_disk if f not in named and os.path.normpath(f) not in named)
 
 
 def empty_folders(table: str) -> list[str]:
-    """Folders in the table's folder that hold no file at all (a staging nothing came of)."""
-    return sorted(d for d, subdirs, names in os.walk(table) if not names and not subdirs and "_delta_log" not in d)
+    """Folders in the table's folder that hold no file at all (a staging nothing came of): local
+    folders only, an object store has none."""
+    local = storage.local_path(table)
+    if local is None:
+        return []
+    return sorted(d for d, subdirs, names in os.walk(local) if not names and not subdirs and "_delta_log" not in d)
 
 
 def assert_no_orphans(root: str, sinks) -> None:

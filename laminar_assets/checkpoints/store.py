@@ -1,9 +1,20 @@
-"""Durable storage of watermarks and partition leases, on disk beside the tables.
+"""Durable storage of watermarks and partition leases, beside the tables (a folder or a bucket).
 
 Layout under the storage root:
-    _laminar/checkpoints/<flow>/<partition>.json   watermark (atomic replace)
+    _laminar/checkpoints/<flow>/<partition>.json   watermark (replaced atomically)
     _laminar/locks/<flow>/<partition>.lock         lease of the run processing it
     _laminar/sweeps/<flow>.json                    source versions the quarantine sweep has read
+
+No step relies on an atomic rename, which an object store does not have (laminar_assets.storage):
+- a watermark is one object, replaced by a single write (a rename on a local disk, one PUT on S3);
+  only the run holding the partition's lease writes it;
+- a lease is taken with a put-if-absent (O_EXCL on a local disk, `If-None-Match: *` on S3); a
+  stale one (its holder dead or past `lease_seconds`) is taken over with a compare-and-swap on the
+  version read (`If-Match`), so of two runs that find it stale one wins; it is released with a
+  delete conditional on the holder's own version.
+A lease that expires under a slow run cannot make two runs commit one partition: every commit
+carries the partition's run sequence as a Delta app transaction and is refused when the table
+already holds that sequence (the engine's protocol).
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
+from laminar_assets import storage
 from laminar_assets.errors import CheckpointError, ConcurrentRunError
 
 from .watermark import Watermark
@@ -30,22 +42,25 @@ class CheckpointStore:
 
     def __init__(self, root: str, *, lease_seconds: float = 6 * 3600) -> None:
         self.root = root
-        self.base = os.path.join(root, "_laminar")
+        self.base = storage.join(root, "_laminar")
         self.lease_seconds = lease_seconds
 
     def _path(self, flow: str, partition: str) -> str:
-        return os.path.join(self.base, "checkpoints", flow, f"{_safe(partition)}.json")
+        return storage.join(self.base, "checkpoints", flow, f"{_safe(partition)}.json")
 
     def _lock_path(self, flow: str, partition: str) -> str:
-        return os.path.join(self.base, "locks", flow, f"{_safe(partition)}.lock")
+        return storage.join(self.base, "locks", flow, f"{_safe(partition)}.lock")
+
+    def _sweep_path(self, flow: str) -> str:
+        return storage.join(self.base, "sweeps", f"{flow}.json")
 
     def load(self, flow: str, partition: str) -> Watermark | None:
         path = self._path(flow, partition)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                return Watermark.from_json(json.load(fh))
-        except FileNotFoundError:
+        data = storage.read(path)
+        if data is None:
             return None
+        try:
+            return Watermark.from_json(json.loads(data))
         except (ValueError, TypeError) as exc:
             raise CheckpointError(
                 f"watermark file is unreadable: {exc}; delete it to force a refill of this partition",
@@ -53,115 +68,92 @@ class CheckpointStore:
             ) from exc
 
     def save(self, mark: Watermark) -> None:
-        """Atomically replace the watermark file (write, fsync, rename)."""
-        path = self._path(mark.flow, mark.partition)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        """Replace the watermark atomically (readers see the old one or the new one, never a mix)."""
         stamped = mark.with_(updated_at=datetime.now(UTC).isoformat())
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(stamped.to_json(), fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        storage.write(self._path(mark.flow, mark.partition),
+                      json.dumps(stamped.to_json(), indent=1, sort_keys=True).encode())
 
     def load_sweep(self, flow: str, spec_hash: str) -> dict[str, int]:
         """Source versions whose partition-less rows `flow` has quarantined under this spec hash
         ({} if none yet, or if the rules, bounds or event time changed since)."""
-        path = os.path.join(self.base, "sweeps", f"{flow}.json")
+        path = self._sweep_path(flow)
+        raw = storage.read(path)
+        if raw is None:
+            return {}
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
+            data = json.loads(raw)
             if data.get("spec_hash") != spec_hash:
                 return {}
             return {str(k): int(v) for k, v in data["versions"].items()}
-        except FileNotFoundError:
-            return {}
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise CheckpointError(f"sweep progress file is unreadable: {exc}; delete it and the next run sweeps "
                                   "the sources again (nothing is recorded twice)", flow=flow, path=path) from exc
 
     def save_sweep(self, flow: str, spec_hash: str, versions: dict[str, int]) -> None:
-        path = os.path.join(self.base, "sweeps", f"{flow}.json")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"spec_hash": spec_hash, "versions": versions}, fh, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        storage.write(self._sweep_path(flow), json.dumps({"spec_hash": spec_hash, "versions": versions},
+                                                         sort_keys=True).encode())
 
     def partitions(self, flow: str) -> list[str]:
-        """Partition keys with a watermark file for `flow`."""
-        folder = os.path.join(self.base, "checkpoints", flow)
-        if not os.path.isdir(folder):
-            return []
+        """Partition keys with a watermark for `flow`."""
         out = []
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".json"):
-                with open(os.path.join(folder, name), encoding="utf-8") as fh:
-                    out.append(json.load(fh)["partition"])
-        return out
+        for uri, _size in storage.list_files(storage.join(self.base, "checkpoints", flow)):
+            if uri.endswith(".json"):
+                data = storage.read(uri)
+                if data is not None:
+                    out.append(json.loads(data)["partition"])
+        return sorted(out)
 
     @contextmanager
     def lease(self, flow: str, partition: str, run_id: str) -> Iterator[None]:
         """Hold the exclusive lease of one (flow, partition) for the duration of a run."""
         path = self._lock_path(flow, partition)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._acquire(path, flow, partition, run_id)
+        tag = self._acquire(path, flow, partition, run_id)
         try:
             yield
         finally:
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    holder = json.load(fh).get("run_id")
-                if holder == run_id:
-                    os.remove(path)
-            except (FileNotFoundError, ValueError):
-                pass
+            current = storage.read_tagged(path)
+            if current is not None and current[1] == tag:
+                storage.delete(path, tag=tag)  # only our own lease: a taken-over one stays
 
-    def _acquire(self, path: str, flow: str, partition: str, run_id: str) -> None:
-        body = json.dumps({"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if self._stale(path):
-                    try:
-                        os.remove(path)
-                    except FileNotFoundError:
-                        pass
-                    continue
-                holder = self._holder(path)
-                raise ConcurrentRunError(
-                    f"partition is being processed by another run ({holder}); wait for it to finish, "
-                    f"or delete {path} if that run is dead",
-                    flow=flow, partition=partition,
-                ) from None
-            with os.fdopen(fd, "w") as fh:
-                fh.write(body)
-            return
-        raise ConcurrentRunError("could not take the partition lease", flow=flow, partition=partition)
+    def _acquire(self, path: str, flow: str, partition: str, run_id: str) -> str:
+        """Take the lease; returns the tag of the lease object this run wrote."""
+        body = json.dumps({"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
+                           "started": time.time()}).encode()
+        if storage.create(path, body):
+            return storage.read_tagged(path)[1]
+        current = storage.read_tagged(path)
+        if current is not None and self._stale(current[0]):
+            if storage.replace_if(path, body, current[1]):  # of several runs finding it stale, one wins
+                return storage.read_tagged(path)[1]
+        elif current is None and storage.create(path, body):  # released meanwhile
+            return storage.read_tagged(path)[1]
+        holder = self._holder(storage.read(path))
+        raise ConcurrentRunError(
+            f"partition is being processed by another run ({holder}); wait for it to finish, "
+            f"or delete {path} if that run is dead",
+            flow=flow, partition=partition,
+        )
 
-    def _holder(self, path: str) -> str:
+    @staticmethod
+    def _holder(data: bytes | None) -> str:
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-            return f"run {data.get('run_id')} pid {data.get('pid')} on {data.get('host')}"
-        except (OSError, ValueError):
+            info = json.loads(data or b"")
+            return f"run {info.get('run_id')} pid {info.get('pid')} on {info.get('host')}"
+        except ValueError:
             return "unknown holder"
 
-    def _stale(self, path: str) -> bool:
+    def _stale(self, data: bytes) -> bool:
+        """A lease whose holder is a dead process on this host, or older than `lease_seconds`."""
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
-            return time.time() - os.path.getmtime(path) > 60
-        if data.get("host") == socket.gethostname():
+            info = json.loads(data)
+        except ValueError:
+            return True  # a half-written lease of a local writer that died: nobody holds it
+        if info.get("host") == socket.gethostname():
             try:
-                os.kill(int(data.get("pid")), 0)
+                os.kill(int(info.get("pid")), 0)
             except ProcessLookupError:
                 return True
             except (PermissionError, TypeError, ValueError):
                 return False
             return False
-        return time.time() - float(data.get("started", 0)) > self.lease_seconds
+        return time.time() - float(info.get("started", 0)) > self.lease_seconds

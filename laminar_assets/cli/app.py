@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from laminar_assets import storage
 from laminar_assets.errors import LakeNotFoundError, LaminarError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -41,9 +42,15 @@ class CliContext:
     def require_lake(self) -> None:
         """Commands that read a lake fail on a root that is not there (a mistyped --root, or no lake created
         yet) instead of reporting an empty lake; commands that create one (demo, generate) do not call this."""
-        if os.path.isdir(self.root):
+        if storage.is_object_store(self.root):
+            storage.check_reachable(self.root)  # the store answers and the bucket exists: one line if not
+            if storage.list_dirs(self.root):
+                return
+            found = "holds nothing"
+        elif os.path.isdir(self.root):
             return
-        found = "is not a directory" if os.path.exists(self.root) else "does not exist"
+        else:
+            found = "is not a directory" if os.path.exists(self.root) else "does not exist"
         raise LakeNotFoundError(f"storage root {self.root} {found}: expected a lake (Delta tables) there; pass the "
                                 "right --root (or set LAMINAR_ROOT), or create a lake with `laminar demo`")
 
@@ -94,7 +101,7 @@ def _options(
     root: str = typer.Option(None, "--root", help="Storage root of the Delta tables (default $LAMINAR_ROOT or ./.laminar/lake)."),
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
 ) -> None:
-    root = os.path.abspath(root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
+    root = storage.resolve_root(root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
     home = os.path.abspath(os.environ.get("DAGSTER_HOME") or ".dagster_home")
     ctx.obj = CliContext(root=root, dagster_home=home, debug=debug)
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 
 import typer
 from rich.table import Table
 
+from laminar_assets import storage
 from laminar_assets.errors import LaminarError
 
 from .app import CliContext, add_row, app, console, emit_json, lit
@@ -136,10 +136,11 @@ def quarantine(
 
     c: CliContext = ctx.obj
     c.require_lake()
-    folder = os.path.join(c.root, "_laminar", "quarantine")
-    names = [source] if source else sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    out = [row for name in names for row in summarize(os.path.join(folder, name), examples=examples)]
-    if source and not out and not os.path.isdir(os.path.join(folder, source)):
+    folder = storage.join(c.root, "_laminar", "quarantine")
+    found = storage.list_dirs(folder)
+    names = [source] if source else found
+    out = [row for name in names for row in summarize(storage.join(folder, name), examples=examples)]
+    if source and not out and source not in found:
         raise LaminarError(f"no quarantine table for source {source!r} under {folder}", table=source)
     if as_json:
         emit_json(out)

@@ -4,14 +4,16 @@ duplicates, corrections (updates) and cancellations (deletes)."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
+
+from laminar_assets import storage
+from laminar_assets.engine.delta import is_delta_table, open_delta
 
 SYMBOLS = (
     ("AAPL", "tech", "USD", 100, 190.0), ("MSFT", "tech", "USD", 100, 410.0), ("NVDA", "tech", "USD", 100, 880.0),
@@ -102,8 +104,12 @@ def _break_rows(df: pd.DataFrame, rng: np.random.Generator, n: int, *, first_kin
     return len(rows)
 
 
+def _write(uri: str, data, **options) -> None:
+    write_deltalake(uri, data, storage_options=storage.delta_options(uri), **options)
+
+
 def _stats(uri: str) -> tuple[int, datetime | None, datetime | None]:
-    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+    actions = pa.table(open_delta(uri).get_add_actions(flatten=True)).to_pylist()
     max_id = max((a.get("max.trade_id") or 0 for a in actions), default=0)
     max_t = max((a["max.event_time"] for a in actions if a.get("max.event_time") is not None), default=None)
     min_t = min((a["min.event_time"] for a in actions if a.get("min.event_time") is not None), default=None)
@@ -118,10 +124,10 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
     late rows into the earlier hours, duplicates of existing trades, corrections and cancellations.
     """
     rng = np.random.default_rng(options.seed + 1000 * batch)
-    trades_uri, symbols_uri = os.path.join(root, "raw_trades"), os.path.join(root, "symbols")
-    if not DeltaTable.is_deltatable(symbols_uri):
-        write_deltalake(symbols_uri, symbols_frame(), configuration={"delta.enableChangeDataFeed": "true"})
-    exists = DeltaTable.is_deltatable(trades_uri)
+    trades_uri, symbols_uri = storage.join(root, "raw_trades"), storage.join(root, "symbols")
+    if not is_delta_table(symbols_uri):
+        _write(symbols_uri, symbols_frame(), configuration={"delta.enableChangeDataFeed": "true"})
+    exists = is_delta_table(trades_uri)
     max_id, first_time, last_time = _stats(trades_uri) if exists else (0, None, None)
     # late rows go anywhere between the table's first hour and the new hour
     start = options.start if first_time is None else first_time.replace(minute=0, second=0, microsecond=0)
@@ -138,16 +144,16 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
     bad = _break_rows(new, rng, math.ceil(options.rows * options.bad_share), first_kind=batch)
     versions = []
     config = {"delta.enableChangeDataFeed": "true"}
-    write_deltalake(trades_uri, new, mode="append", configuration=None if exists else config)
-    versions.append(DeltaTable(trades_uri).version())
+    _write(trades_uri, new, mode="append", configuration=None if exists else config)
+    versions.append(open_delta(trades_uri).version())
     dups = updated = deleted = 0
     if exists:
         dups = int(options.rows * options.duplicate_share)
         if dups:
             again = new.sample(n=min(dups, len(new)), random_state=options.seed + batch).reset_index(drop=True)
-            write_deltalake(trades_uri, again, mode="append")
-            versions.append(DeltaTable(trades_uri).version())
-        dt = DeltaTable(trades_uri)
+            _write(trades_uri, again, mode="append")
+            versions.append(open_delta(trades_uri).version())
+        dt = open_delta(trades_uri)
         changed = int(options.rows * (options.update_share + options.delete_share))
         ids = rng.choice(np.arange(1, max_id + 1), size=min(max_id, changed), replace=False)
         n_upd = int(len(ids) * options.update_share / max(options.update_share + options.delete_share, 1e-9))
@@ -158,7 +164,7 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
             versions.append(dt.version())
             updated = len(upd)
         if len(dele):
-            dt = DeltaTable(trades_uri)
+            dt = open_delta(trades_uri)
             dt.delete(f"trade_id IN ({', '.join(str(int(i)) for i in dele)})")
             versions.append(dt.version())
             deleted = len(dele)
@@ -170,10 +176,10 @@ def write_batch(root: str, options: BatchOptions = BatchOptions(), *, batch: int
 
 def append_trades(root: str, rows: int, start: datetime, end: datetime, *, seed: int = 7) -> int:
     """One append commit of `rows` clean trades with event times in [start, end); returns its version."""
-    uri = os.path.join(root, "raw_trades")
+    uri = storage.join(root, "raw_trades")
     rng = np.random.default_rng(seed)
     max_id, _, _ = _stats(uri)
     offsets = np.sort(rng.random(rows)) * (end - start).total_seconds()
-    write_deltalake(uri, _trades(rng, max_id + 1, [start + timedelta(seconds=float(o)) for o in offsets]),
+    _write(uri, _trades(rng, max_id + 1, [start + timedelta(seconds=float(o)) for o in offsets]),
                     mode="append")
-    return DeltaTable(uri).version()
+    return open_delta(uri).version()

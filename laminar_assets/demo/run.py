@@ -4,8 +4,6 @@ and cancellations and let the sensors bring everything up to date again."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -13,6 +11,7 @@ from datetime import datetime
 
 import dagster as dg
 
+from laminar_assets import storage
 from laminar_assets.orchestration.internals.in_process import evaluate_sensor, execute_request, failure_message
 
 from .generator import BatchOptions, BatchSummary, recent_start, write_batch
@@ -137,8 +136,7 @@ def run_demo(defs: dg.Definitions, instance: dg.DagsterInstance, specs, root: st
              on_run=None, start: datetime | None = None) -> list[DemoStep]:
     """Two batches of commits, each brought up to date by the sensors' runs. The data starts a few
     hours before now (`recent_start`) unless `start` is given, so the UI's partition plots show it."""
-    if os.path.isdir(root):
-        shutil.rmtree(root)
+    storage.delete_tree(root)  # a new lake (a folder, or everything under the prefix in a bucket)
     driver = Driver(defs, instance, pipeline_sensor_names(defs))
     steps = []
     t = time.perf_counter()

@@ -14,6 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from laminar_assets import storage
 from laminar_assets.engine import SparkOptions
 from laminar_assets.engine.spark import check_java, jvm_conf, session_conf
 from laminar_assets.errors import EnvironmentProblem
@@ -95,7 +96,7 @@ class ConnectServer:
 def server_command(options: ConnectServerOptions) -> list[str]:
     """The `start-connect-server.sh --wait` command line (foreground, so its lifetime is ours)."""
     conf = {
-        **jvm_conf(options.spark), **session_conf(options.spark),
+        **jvm_conf(options.spark, secrets=False), **session_conf(options.spark),
         "spark.connect.grpc.binding.address": options.host,
         "spark.connect.grpc.binding.port": str(options.port),
         "spark.driver.host": "127.0.0.1",
@@ -119,7 +120,8 @@ def start_connect_server(options: ConnectServerOptions | None = None) -> Connect
             f"start there: stop what listens on it (`ss -ltnp | grep {options.port}`) or choose another "
             "port with `--spark-port`", port=options.port)
     os.makedirs(os.path.dirname(os.path.abspath(options.log_path)), exist_ok=True)
-    env = {**os.environ, "SPARK_HOME": spark_home(), "SPARK_NO_DAEMONIZE": "1"}
+    # the object store's credentials reach the server's s3a through its environment (never argv)
+    env = {**os.environ, **storage.options().as_env(), "SPARK_HOME": spark_home(), "SPARK_NO_DAEMONIZE": "1"}
     with open(options.log_path, "ab") as log:
         process = subprocess.Popen(server_command(options), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)

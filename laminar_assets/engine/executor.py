@@ -22,8 +22,10 @@ from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
+from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
+from laminar_assets.storage import ObjectStoreOptions
 
 from .delta import integrity
 from .delta.layout import Layout
@@ -40,6 +42,7 @@ from .run.result import RunResult
 from .run.sweep import SweepResult, sweep
 from .run.validate import CheckedSource, checked_source
 from .spark.frames import interpreted, new_run_id
+from .spark.session import use_object_store
 from .spec.specs import FlowSpec, RefreshPolicy, Spec
 from .stage import job as stage_job
 from .windows import partition_interval
@@ -59,9 +62,17 @@ class Engine:
     paths); Laminar keeps its state tables and watermarks under `<root>/_laminar/`."""
 
     def __init__(self, spark: SparkSession, root: str, *, hook: Callable[[str], None] | None = None,
-                 options: EngineOptions | None = None) -> None:
+                 options: EngineOptions | None = None, store: ObjectStoreOptions | None = None) -> None:
+        """`root`: a local folder or an object-store URI (s3://bucket/prefix). `store`: how this process
+        reaches the object store (default: the AWS environment); an unreachable store, refused
+        credentials or a missing bucket fail here, in one line, before anything is read or written."""
         options = options or EngineOptions()
-        root = root.rstrip("/")
+        if store is not None:
+            storage.configure(store)
+        root = storage.resolve_root(root)
+        if storage.is_object_store(root):
+            storage.check_reachable(root)
+            use_object_store(spark)
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
 

@@ -19,11 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deltalake import DeltaTable
-
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import FlowSpec, LaminarError, partition_interval
-from laminar_assets.engine.delta import resolve_uri
+from laminar_assets.engine.delta import is_delta_table, open_delta, resolve_uri
 from laminar_assets.engine.report import dirty_partitions, new_commits, reach
 from laminar_assets.pipeline.graph import Component, Spec, inputs_of
 
@@ -72,8 +70,8 @@ def table_versions(root: str, tables: tuple[str, ...]) -> tuple[dict[str, int], 
     versions, ids = {}, {}
     for table in tables:
         uri = resolve_uri(root, table)
-        if DeltaTable.is_deltatable(uri):
-            dt = DeltaTable(uri)
+        if is_delta_table(uri):
+            dt = open_delta(uri)
             versions[table], ids[table] = dt.version(), dt.metadata().id
     return versions, ids
 

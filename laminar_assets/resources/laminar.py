@@ -5,8 +5,10 @@ import os
 
 import dagster as dg
 
+from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Engine, EngineOptions
+from laminar_assets.storage import ObjectStoreOptions
 
 from .spark import SparkResource
 
@@ -14,21 +16,35 @@ from .spark import SparkResource
 class LaminarResource(dg.ConfigurableResource):
     """Storage root of the Delta tables (sources, stages, sinks, and Laminar's state and watermarks).
 
-    `root` is a local path (relative paths are taken from the working directory). When it
-    is not configured, `LAMINAR_ROOT` (read when a run or sensor starts) or `.laminar/lake`.
+    `root` is a local path (relative paths are taken from the working directory) or an object-store
+    URI (`s3://bucket/prefix`, reached with the `s3_*` fields, else the AWS environment). When it is
+    not configured, `LAMINAR_ROOT` (read when a run or sensor starts) or `.laminar/lake`.
     """
 
     root: str | None = None
     spark: SparkResource
     lease_seconds: float = 6 * 3600
+    # An S3 or S3-compatible store (a root s3://bucket/prefix). Unset fields come from the AWS
+    # environment variables or profile when a client is made.
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+    s3_path_style: bool | None = None
 
     def resolved_root(self) -> str:
-        return os.path.abspath(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
+        return storage.resolve_root(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
+
+    def store(self) -> ObjectStoreOptions:
+        return ObjectStoreOptions(endpoint=self.s3_endpoint, region=self.s3_region, access_key_id=self.s3_access_key_id,
+                                  secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style)
 
     def engine(self) -> Engine:
-        """An engine on this run's Spark session."""
+        """An engine on this run's Spark session (the store is set before the session starts)."""
+        storage.configure(self.store())
         return Engine(self.spark.get_session(), self.resolved_root(), options=EngineOptions(lease_seconds=self.lease_seconds))
 
     def checkpoints(self) -> CheckpointStore:
         """Watermarks, readable without Spark (sensors and checks use this)."""
+        storage.configure(self.store())
         return CheckpointStore(self.resolved_root(), lease_seconds=self.lease_seconds)

@@ -31,11 +31,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import pandas as pd
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from laminar_assets import storage
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, RowRule, StageSpec, Tumbling
+from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import InjectedCrash, SourceNotFoundError
@@ -78,6 +80,10 @@ spec_sets = st.sampled_from([("sym_10m", "account_hop"), ("clean", "venue_15m"),
                              ("clean", "venue_15m", "account_hop"), ("account_hop",), ("clean", "sym_10m")])
 
 
+def _write(uri: str, data, **options) -> None:
+    write_deltalake(uri, data, storage_options=storage.delta_options(uri), **options)
+
+
 def _frame(rows, with_note: bool) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["id", "ts", "sym", "venue", "account", "px", "qty", "note"][:7 + with_note])
     df["id"] = df["id"].astype("int64")
@@ -93,12 +99,14 @@ class LakeMachine(RuleBasedStateMachine):
     """One lake: a `trades` source, some specs over it, an engine; see the module docstring."""
 
     spark = None  # set by the test module (the session's SparkSession)
+    s3 = None  # a tests.object_store.S3Server the lake lives on (None: a local folder)
 
     def __init__(self) -> None:
         super().__init__()
         self.folder = tempfile.mkdtemp(prefix="laminar-stateful-")
-        self.root = os.path.join(self.folder, "lake")
-        self.source = os.path.join(self.root, "trades")
+        # a lake on the local S3 server when the test sets one (`s3`), else in a local folder
+        self.root = self.s3.bucket() if self.s3 is not None else os.path.join(self.folder, "lake")
+        self.source = storage.join(self.root, "trades")
         self.next_id = 1
         self.snapshots: dict[int, pd.DataFrame] = {}  # the source's rows at each version
         self.allowed_orphans: set[str] = set()  # staged files a kill left behind
@@ -111,7 +119,7 @@ class LakeMachine(RuleBasedStateMachine):
         self.specs = [replace(SPECS[n], **bound) for n in SPECS if n in names]
         self.engine = Engine(self.spark, self.root, options=opts)
         config = {"delta.enableChangeDataFeed": str(cdf).lower(), "delta.logRetentionDuration": "interval 0 seconds"}
-        write_deltalake(self.source, self._rows(first), partition_by=["venue"] if partitioned else None,
+        _write(self.source, self._rows(first), partition_by=["venue"] if partitioned else None,
                         configuration=config)
         self._record()
 
@@ -125,7 +133,7 @@ class LakeMachine(RuleBasedStateMachine):
     # --- what users and operators do to the source --------------------------------
     @rule(rows=st.lists(new_row, min_size=1, max_size=6))
     def append(self, rows):
-        write_deltalake(self.source, self._rows(rows), mode="append", schema_mode="merge" if self.with_note else None)
+        _write(self.source, self._rows(rows), mode="append", schema_mode="merge" if self.with_note else None)
         self._record()
 
     @rule(picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=3))
@@ -135,29 +143,29 @@ class LakeMachine(RuleBasedStateMachine):
         if len(current) == 0:
             return
         copies = current.iloc[[p % len(current) for p in picks]]
-        write_deltalake(self.source, copies.reset_index(drop=True), mode="append")
+        _write(self.source, copies.reset_index(drop=True), mode="append")
         self._record()
 
     @rule(where=ids_where, change=st.sampled_from(["correct_price", "move_time", "null_key"]))
     def update(self, where, change):
         updates = {"correct_price": {"px": "px + 0.5"}, "move_time": {"ts": "ts - INTERVAL 20 MINUTES"},
                    "null_key": {"account": "NULL"}}[change]
-        DeltaTable(self.source).update(updates=updates, predicate=f"id % {where[0]} = {where[1]}")
+        open_delta(self.source).update(updates=updates, predicate=f"id % {where[0]} = {where[1]}")
         self._record()
 
     @rule(where=ids_where)
     def delete(self, where):
-        DeltaTable(self.source).delete(f"id % {where[0]} = {where[1]}")
+        open_delta(self.source).delete(f"id % {where[0]} = {where[1]}")
         self._record()
 
     @rule()
     def compact(self):
-        DeltaTable(self.source).optimize.compact()
+        open_delta(self.source).optimize.compact()
         self._record()
 
     @rule(clean_log=st.booleans())
     def vacuum(self, clean_log):
-        dt = DeltaTable(self.source)
+        dt = open_delta(self.source)
         if clean_log:  # a checkpoint, then the log before it goes (retention 0)
             dt.create_checkpoint()
             dt.cleanup_metadata()
@@ -168,7 +176,7 @@ class LakeMachine(RuleBasedStateMachine):
     @rule(rows=st.lists(new_row, min_size=1, max_size=3))
     def add_column(self, rows):
         self.with_note = True
-        write_deltalake(self.source, self._rows(rows), mode="append", schema_mode="merge")
+        _write(self.source, self._rows(rows), mode="append", schema_mode="merge")
         self._record()
 
     # --- what the scheduler does ----------------------------------------------------
@@ -230,9 +238,9 @@ class LakeMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_quarantine_row_is_recorded_twice(self):
-        path = os.path.join(self.root, "_laminar", "quarantine", "trades")
-        if os.path.isdir(path):
-            rows = DeltaTable(path).to_pandas(columns=["flow", "partition", "rule", "row"])
+        path = storage.join(self.root, "_laminar", "quarantine", "trades")
+        if is_delta_table(path):
+            rows = open_delta(path).to_pandas(columns=["flow", "partition", "rule", "row"])
             twice = rows[rows.duplicated(keep=False)]
             assert twice.empty, f"quarantine rows recorded twice:\n{twice}"
 
@@ -244,7 +252,7 @@ class LakeMachine(RuleBasedStateMachine):
     @contextmanager
     def _unless_missing(self, spec):
         """A flow on the stage before the stage's first run fails with an error naming the table."""
-        missing = [s for s in spec.sources if not os.path.isdir(os.path.join(self.root, s, "_delta_log"))]
+        missing = [s for s in spec.sources if not is_delta_table(storage.join(self.root, s))]
         if not missing:
             yield
             return
@@ -266,7 +274,7 @@ class LakeMachine(RuleBasedStateMachine):
     def _record(self) -> None:
         """Keep the source's rows at every version up to the latest (an operation may commit more
         than one version, e.g. VACUUM START and END; their rows are the latest's)."""
-        dt = DeltaTable(self.source)
+        dt = open_delta(self.source)
         rows = dt.to_pandas()
         for v in range(max(self.snapshots, default=-1) + 1, dt.version() + 1):
             self.snapshots[v] = rows
@@ -279,7 +287,7 @@ class LakeMachine(RuleBasedStateMachine):
         """The sink's rows of one partition, and a pandas recompute of them from the inputs at `versions`."""
         start = pd.Timestamp(key[:10] + " " + key[11:], tz="UTC")
         end = start + pd.Timedelta(hours=1)
-        sink = DeltaTable(os.path.join(self.root, spec.sink)).to_pandas()
+        sink = open_delta(storage.join(self.root, spec.sink)).to_pandas()
         if isinstance(spec, StageSpec):
             ts = pd.to_datetime(sink["ts"], utc=True)
             actual = sink[(ts >= start) & (ts < end)]
@@ -291,7 +299,7 @@ class LakeMachine(RuleBasedStateMachine):
         ws = pd.to_datetime(sink["window_start"], utc=True) if len(sink) else pd.Series([], dtype="datetime64[us, UTC]")
         actual = sink[(ws >= start) & (ws < end)].reset_index(drop=True)
         if spec.name == "venue_15m":
-            rows = DeltaTable(os.path.join(self.root, "clean"), version=versions["clean"]).to_pandas()
+            rows = open_delta(storage.join(self.root, "clean"), version=versions["clean"]).to_pandas()
         else:
             rows = self.snapshots[versions["trades"]]
         expected = REFERENCES[spec.name](rows)
@@ -304,7 +312,7 @@ class LakeMachine(RuleBasedStateMachine):
         bounded number of runs, then equals a recompute."""
         runs = 3 + len(self.snapshots)  # a work bound still takes at least one version per run
         for spec in self.specs:  # in graph order: the stage first
-            latest = {s: DeltaTable(os.path.join(self.root, s)).version() for s in spec.sources}
+            latest = {s: open_delta(storage.join(self.root, s)).version() for s in spec.sources}
             for _ in range(runs):
                 self.engine.run_many(spec, list(PARTITIONS))
                 marks = [self.engine.store.load(spec.name, k) for k in PARTITIONS]

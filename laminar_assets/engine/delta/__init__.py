@@ -5,9 +5,18 @@ where tables live under a root (`layout`), and whether every file a table names 
 from .integrity import TableIntegrity, check_table
 from .layout import Layout
 from .log import CommitKind, CommitSummary, DataFile
-from .tables import SourceHistory, TableInfo, resolve_uri, snapshot_files, source_history, table_info
+from .tables import (
+    SourceHistory,
+    TableInfo,
+    is_delta_table,
+    open_delta,
+    resolve_uri,
+    snapshot_files,
+    source_history,
+    table_info,
+)
 
 __all__ = [
     "CommitKind", "CommitSummary", "DataFile", "Layout", "SourceHistory", "TableInfo", "TableIntegrity",
-    "check_table", "resolve_uri", "snapshot_files", "source_history", "table_info",
+    "check_table", "is_delta_table", "open_delta", "resolve_uri", "snapshot_files", "source_history", "table_info",
 ]

@@ -13,16 +13,9 @@ import pyarrow as pa
 import pyarrow.fs  # noqa: F401  (pa.fs)
 import pyarrow.parquet as pq
 
+from laminar_assets import storage
+
 from ..windows import Interval, closed_range, to_utc
-
-
-def local_path(uri: str) -> str | None:
-    """The filesystem path of a local table URI (plain path or file://), else None."""
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    if "://" not in uri:
-        return uri
-    return None
 
 
 def _parse_stat_time(value) -> datetime | None:
@@ -66,14 +59,10 @@ def range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | No
 def footer_facts(uri: str, column: str) -> tuple[Interval | None, int | None, int | None]:
     """(event-time range, rows, null event times) from a Parquet footer's row-group statistics;
     reads no data pages. For files whose log entry has no statistics (change data files)."""
-    local = local_path(uri)
     try:
-        if local is not None:
-            meta = pq.read_metadata(local)
-        else:
-            fs, path = pa.fs.FileSystem.from_uri(uri)
-            with fs.open_input_file(path) as fh:
-                meta = pq.read_metadata(fh)
+        fs, path = storage.filesystem(uri)
+        with fs.open_input_file(path) as fh:
+            meta = pq.read_metadata(fh)
     except (OSError, pa.ArrowInvalid):
         return None, None, None
     # by path: `schema.names` lists leaf names, so a nested field `meta.ts` would also match `ts`

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.fs  # noqa: F401  (pa.fs)
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from laminar_assets import storage
+
 from .layout import Layout
-from .log import file_exists, local_path
+from .tables import open_delta
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,15 @@ class TableIntegrity:
 def check_table(name: str, uri: str) -> TableIntegrity:
     """Whether every file the latest snapshot of the table at `uri` names exists."""
     try:
-        dt = DeltaTable(uri)  # a fresh open: a shared snapshot could predate the newest commit
+        dt = open_delta(uri)  # a fresh open: a shared snapshot could predate the newest commit
     except TableNotFoundError:
         return TableIntegrity(name, uri, None)
     paths = [_absolute(uri, p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()]
-    missing = tuple(p for p in paths if not file_exists(p))
+    if storage.is_object_store(uri):  # one listing instead of a request per file
+        present = {storage.normalized(u) for u, _ in storage.list_files(uri)}
+        missing = tuple(p for p in paths if storage.normalized(p) not in present)
+    else:
+        missing = tuple(p for p in paths if not os.path.exists(storage.local_path(p)))
     return TableIntegrity(name, uri, dt.version(), len(paths), missing)
 
 
@@ -68,8 +72,8 @@ def written_tables(layout: Layout, spec) -> list[tuple[str, str]]:
     of every spec version and input schema it has had (flows), and its sources' quarantine tables."""
     tables = [(spec.sink, layout.sink_uri(spec))]
     if spec.kind == "flow":
-        folder = f"{layout.root}/_laminar/state/{spec.name}"
-        tables += [(f"{spec.name} state {name}", f"{folder}/{name}") for name in _subfolders(folder)]
+        folder = storage.join(layout.root, "_laminar", "state", spec.name)
+        tables += [(f"{spec.name} state {name}", storage.join(folder, name)) for name in storage.list_dirs(folder)]
     tables += [(f"quarantine of {os.path.basename(src.rstrip('/'))}", layout.quarantine_uri(src))
                for src in spec.sources]
     return tables
@@ -84,11 +88,3 @@ def _absolute(table_uri: str, path: str) -> str:
     path = unquote(path)
     return path if "://" in path or path.startswith("/") else f"{table_uri}/{path}"
 
-
-def _subfolders(uri: str) -> list[str]:
-    local = local_path(uri)
-    if local is not None:
-        return sorted(n for n in os.listdir(local) if os.path.isdir(os.path.join(local, n))) if os.path.isdir(local) else []
-    fs, path = pa.fs.FileSystem.from_uri(uri)
-    infos = fs.get_file_info(pa.fs.FileSelector(path, allow_not_found=True))
-    return sorted(i.base_name for i in infos if i.type == pa.fs.FileType.Directory)

@@ -17,14 +17,14 @@ from enum import Enum
 from functools import lru_cache
 from urllib.parse import unquote
 
-import pyarrow as pa
 import pyarrow.fs  # noqa: F401  (pa.fs)
 
+from laminar_assets import storage
 from laminar_assets.errors import SourceError
 
 from ..windows import Interval
 from .deletion_vectors import DeletedRows, DeletionVector, DvChange
-from .file_ranges import footer_facts, local_path, null_count, range_from_stats, stats_interval  # noqa: F401
+from .file_ranges import footer_facts, null_count, range_from_stats, stats_interval  # noqa: F401
 
 
 class CommitKind(str, Enum):
@@ -211,39 +211,27 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
 
 
 def file_exists(uri: str) -> bool:
-    local = local_path(uri)
-    if local is not None:
-        return os.path.exists(local)
-    fs, path = pa.fs.FileSystem.from_uri(uri)
-    return fs.get_file_info(path).type != pa.fs.FileType.NotFound
+    return storage.exists(uri)
 
 
 def read_log_entry(table: str, uri: str, version: int) -> str | None:
     """The JSON text of commit `version`, or None when the entry is gone. Any other I/O error is a
     `SourceError`: an unreadable log is not an expired one."""
     path = f"{uri}/_delta_log/{version:020d}.json"
-    local = local_path(path)
     try:
-        if local is not None:
-            with open(local, encoding="utf-8") as fh:
-                return fh.read()
-        fs, fs_path = pa.fs.FileSystem.from_uri(path)
-        with fs.open_input_stream(fs_path) as fh:
-            return fh.read().decode("utf-8")
-    except FileNotFoundError:
-        return None
+        data = storage.read(path)
     except OSError as exc:
         raise SourceError(f"cannot read commit {version} of '{table}' ({path}): {exc}", table=table,
                           version=version) from exc
+    return data.decode("utf-8") if data is not None else None
 
 
-def _entry_stamp(uri: str, version: int) -> tuple[float, int]:
-    local = local_path(f"{uri}/_delta_log/{version:020d}.json")
+def _entry_stamp(local: str) -> tuple[float, int]:
     try:
-        st = os.stat(local) if local else None
+        st = os.stat(local)
     except FileNotFoundError:
         return (0.0, -1)
-    return (st.st_mtime, st.st_size) if st else (0.0, 0)
+    return (st.st_mtime, st.st_size)
 
 
 @lru_cache(maxsize=8192)
@@ -254,8 +242,13 @@ def _cached_commit(table: str, uri: str, version: int, event_time: str | None, n
 
 def commit_summary(table: str, uri: str, version: int, event_time: str | None,
                    names: tuple[tuple[str, str], ...] = ()) -> CommitSummary | None:
-    """`read_commit`, cached while the log entry is unchanged (entries are immutable once written)."""
-    return _cached_commit(table, uri, version, event_time, names, _entry_stamp(uri, version))
+    """`read_commit`, cached while a local log entry is unchanged (entries are immutable once written;
+    a table recreated at the same path writes new ones). On an object store knowing whether an entry
+    changed costs a request as reading it does, so it is read."""
+    local = storage.local_path(f"{uri}/_delta_log/{version:020d}.json")
+    if local is None:
+        return read_commit(table, uri, version, event_time, names)
+    return _cached_commit(table, uri, version, event_time, names, _entry_stamp(local))
 
 
 def missing_files(commit: CommitSummary) -> list[str]:

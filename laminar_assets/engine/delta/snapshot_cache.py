@@ -38,7 +38,7 @@ from concurrent.futures import Future
 
 from deltalake import DeltaTable
 
-from .file_ranges import local_path
+from laminar_assets import storage
 
 # Snapshots kept (least recently used dropped first). A snapshot of a large table holds its file
 # list in memory; a run touches a few tables at one or two versions each.
@@ -106,7 +106,7 @@ def _key(uri: str, version: int | None) -> tuple | None:
     """(path, version, hash of the version's commit file, identity of the first commit file), or
     None when the snapshot cannot be checked cheaply: not a local table, no log, or the version's
     commit file is gone (expired history; opened as asked, uncached)."""
-    path = local_path(uri)
+    path = storage.local_path(uri)
     if path is None:
         return None
     log = os.path.join(path, "_delta_log")

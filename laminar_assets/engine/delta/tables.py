@@ -19,6 +19,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from laminar_assets import storage
 from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureError
 
 from ..windows import Interval
@@ -31,7 +32,6 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     DataFile,
     commit_summary,
     file_exists,
-    local_path,
     missing_files,
     read_commit,
     read_log_entry,
@@ -169,7 +169,18 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
 
 
 def _open(uri: str, version: int | None) -> DeltaTable:
-    return DeltaTable(uri, version=version)
+    return open_delta(uri, version)
+
+
+def open_delta(uri: str, version: int | None = None) -> DeltaTable:
+    """A `deltalake` table at `uri` (a path or an object-store URI, reached with this process's
+    store options): a handle of its own, which a writer may commit through."""
+    return DeltaTable(uri, version=version, storage_options=storage.delta_options(uri))
+
+
+def is_delta_table(uri: str) -> bool:
+    """Whether a Delta table exists at `uri`."""
+    return DeltaTable.is_deltatable(uri, storage_options=storage.delta_options(uri))
 
 
 def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
@@ -319,5 +330,5 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
 
 def _normal(uri: str) -> str:
     """A file URI compared across `deltalake` (file:///x) and the log (/x, relative paths joined)."""
-    local = local_path(uri)
-    return os.path.abspath(local) if local is not None else uri
+    local = storage.local_path(uri)
+    return os.path.abspath(local) if local is not None else storage.normalized(uri)

@@ -3,12 +3,11 @@ sink rows, and re-deriving sinks from committed state when a crashed run is reco
 
 from __future__ import annotations
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..aggregates.algebra import implementation, q
-from ..delta.tables import info_of, snapshot_files, table_info
+from ..delta.tables import info_of, is_delta_table, snapshot_files, table_info
 from ..output.commit import replace_ranges
 from ..output.staged_files import write_staged
 from ..run.context import RunContext
@@ -81,7 +80,7 @@ def state_query(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: 
     """`state_rows` as a query (its columns: the state table's)."""
     uri = ctx.layout.state_uri(spec, input_schema)
     table = (opened or {}).get(uri)
-    if not keys or (table is None and not DeltaTable.is_deltatable(uri)):
+    if not keys or (table is None and not is_delta_table(uri)):
         return None, 0
     parts = [partition_interval(k, spec.granularity) for k in keys]
     info = info_of(f"{spec.name} state", uri, table) if table is not None else table_info(f"{spec.name} state", uri)

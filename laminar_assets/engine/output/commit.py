@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
@@ -31,10 +30,11 @@ from deltalake.transaction import RemoveAction
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from laminar_assets.errors import CommitConflictError
+from laminar_assets import storage
+from laminar_assets.errors import CommitConflictError, ConcurrentRunError
 
-from ..delta.log import DataFile, local_path
-from ..delta.tables import TableInfo, info_of, snapshot_files, table_info
+from ..delta.log import DataFile
+from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, snapshot_files, table_info
 from ..spark.frames import nullable, schema_change
 from ..spark.read import read_source
 from ..windows import Interval
@@ -56,14 +56,15 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
     table as the caller opened it earlier (not opened again)."""
     schema = nullable(schema)
     try:
-        dt = opened if opened is not None else DeltaTable(uri)
+        dt = opened if opened is not None else open_delta(uri)
     except TableNotFoundError:
         config = {"delta.checkpointInterval": str(CHECKPOINT_EVERY),
                   **({"delta.enableChangeDataFeed": "true"} if change_data else {})}
         try:
-            DeltaTable.create(uri, schema=schema, mode="ignore", configuration=config)
+            DeltaTable.create(uri, schema=schema, mode="ignore", configuration=config,
+                              storage_options=storage.delta_options(uri))
         except DeltaError:  # a concurrent run created it first
-            if not DeltaTable.is_deltatable(uri):
+            if not is_delta_table(uri):
                 raise
         return False, None
     current = nullable(pa.schema(dt.schema().to_arrow()))
@@ -71,11 +72,13 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
     if change == "same":
         return False, dt
     if change == "adds":  # new columns only: the schema evolves, every row stays (NULL in them)
-        write_deltalake(uri, schema.empty_table(), mode="append", schema_mode="merge")
+        write_deltalake(uri, schema.empty_table(), mode="append", schema_mode="merge",
+                        storage_options=storage.delta_options(uri))
         return False, None
     if not reset_on_schema_change:
         raise CommitConflictError(f"table at {uri} has schema {current} but this run writes {schema}", table=uri)
-    write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite")
+    write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
+                    storage_options=storage.delta_options(uri))
     return True, None
 
 
@@ -109,8 +112,9 @@ def replace_ranges(
     for attempt in range(1, ATTEMPTS + 1):
         # The commit is based on the snapshot the file list comes from: a concurrent commit in
         # between makes it fail and we list again, instead of removing a file another run rewrote.
-        dt = opened if attempt == 1 and opened is not None else DeltaTable(table_uri)
+        dt = opened if attempt == 1 and opened is not None else open_delta(table_uri)
         read_version = dt.version()
+        _refuse_if_taken(dt, table_uri, transactions)
         removes, extra = [], []
         if not append_only and not reset and ranges:
             inside, partial = split_by_range(info_of(os.path.basename(table_uri), table_uri, dt), column, ranges)
@@ -139,8 +143,21 @@ def replace_ranges(
                               f"{ATTEMPTS} attempts", table=table_uri)
 
 
+def _refuse_if_taken(dt: DeltaTable, table_uri: str, transactions: Sequence[tuple[str, int]]) -> None:
+    """Refuse to commit a partition's run `seq` when the table already holds it or a later one: another
+    run committed that partition meanwhile (its lease expired, or two processes raced). Checked on the
+    snapshot each attempt commits on, so of two runs with one seq only the first commit lands."""
+    for app, seq in transactions:
+        done = dt.transaction_version(app)
+        if done is not None and done >= seq:
+            raise ConcurrentRunError(
+                f"another run committed run {done} of {app} to {table_uri} while this run was about to commit "
+                f"run {seq}; nothing of this run was committed: run it again and it continues from there",
+                table=table_uri, version=dt.version())
+
+
 def _remove_action(table_uri: str, f: DataFile) -> RemoveAction:
-    rel = os.path.relpath(local_path(f.uri) or f.uri, local_path(table_uri) or table_uri)
+    rel = _relative(table_uri, f.uri)
     return RemoveAction(path=rel, data_change=True, deletion_timestamp=int(time.time() * 1000),
                         size=f.size, partition_values=dict(f.partition_values))
 
@@ -162,14 +179,21 @@ def _checkpoint_if_due(dt: DeltaTable, version: int) -> None:
     own commits: otherwise every open of the table replays all of its JSON commits."""
     interval = int(dt.metadata().configuration.get("delta.checkpointInterval") or 100)
     if (version + 1) % interval == 0:  # delta-rs's rule: versions 99, 199, ... for the default 100
-        DeltaTable(dt.table_uri, version=version).create_checkpoint()
+        open_delta(dt.table_uri, version=version).create_checkpoint()
+
+
+def _relative(table_uri: str, file_uri: str) -> str:
+    """A data file's path as its table's log names it (relative to the table)."""
+    local, table_local = storage.local_path(file_uri), storage.local_path(table_uri)
+    if local is not None and table_local is not None:
+        return os.path.relpath(local, table_local)
+    return storage.normalized(file_uri)[len(storage.normalized(table_uri)) + 1:]
 
 
 def _commit_with_change_data(uri: str, version: int, adds, removes, cdc, *, transactions, metadata: dict) -> bool:
-    """Write commit `version` with `cdc` actions; False if another writer took the version first."""
-    local = local_path(uri)
-    if local is None:
-        raise NotImplementedError("change-data commits need a local table path in this version")
+    """Write commit `version` with `cdc` actions; False if another writer took the version first.
+    The entry is written with a put-if-absent (a hard link of a complete file locally, `If-None-Match`
+    on an object store), so it is either absent or complete, and of two writers one wins."""
     now = int(time.time() * 1000)
     info = {"timestamp": now, "operation": "WRITE", "readVersion": version - 1, "isBlindAppend": False,
             "operationParameters": {"mode": "Overwrite", "predicate": "laminar partition replace"},
@@ -185,17 +209,5 @@ def _commit_with_change_data(uri: str, version: int, adds, removes, cdc, *, tran
                                  "size": r.size}})
     for c in cdc:
         lines.append({"cdc": {"path": c.path, "partitionValues": {}, "size": c.size, "dataChange": False}})
-    log = os.path.join(local, "_delta_log")
-    target = os.path.join(log, f"{version:020d}.json")
-    tmp = os.path.join(log, f".tmp-{uuid.uuid4().hex}.json")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(json.dumps(line) for line in lines) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        os.link(tmp, target)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.remove(tmp)
+    entry = ("\n".join(json.dumps(line) for line in lines) + "\n").encode()
+    return storage.create(storage.join(uri, "_delta_log", f"{version:020d}.json"), entry)

@@ -16,6 +16,11 @@ pass or attempt made them. The only files removed are staged ones no commit name
 that holds a `scope()` removes, when it ends, each folder it staged whose files it did not
 commit (after checking the table's recent commits), so neither a failed pass nor an empty
 staging leaves files behind. A killed process leaves its staged files for Delta's VACUUM.
+
+On an object store the files are written straight into the bucket (by the executors through
+s3a, or by the driver through pyarrow): no local folder that other machines cannot see, and no
+rename, which an object store does not have. Files Spark writes per partition keep the folder
+Spark gave them (`__p=<id>/part-...`); on a local disk they are moved up into the staging folder.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,10 +43,11 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 
+from laminar_assets import storage
 from laminar_assets.errors import InjectedCrash
 
-from ..delta.log import local_path, read_log_entry
-from ..spark.frames import arrow_schema_of, empty_frame, spark_path, spark_schema
+from ..delta.log import read_log_entry
+from ..spark.frames import arrow_schema_of, empty_frame, spark_schema
 
 
 def _stat_value(value):
@@ -53,9 +58,11 @@ def _stat_value(value):
     return value
 
 
-def file_stats(path: str) -> tuple[int, str]:
+def file_stats(uri: str) -> tuple[int, str]:
     """numRecords, min/max/nullCount of top-level primitive columns, from the Parquet footer."""
-    meta = pq.read_metadata(path)
+    fs, path = storage.filesystem(uri)
+    with fs.open_input_file(path) as fh:
+        meta = pq.read_metadata(fh)
     mins, maxs, nulls = {}, {}, {}
     schema = meta.schema.to_arrow_schema()
     for column in schema:
@@ -94,13 +101,14 @@ class StagedFiles:
     adds: tuple[AddAction, ...]
     rows: int
     schema: pa.Schema | None
-    folders: tuple[str, ...] = ()  # the local staging folders the files are in (each one call's own)
+    folders: tuple[str, ...] = ()  # the staging folders (URIs) the files are in (each one call's own)
 
     def rows_by_partition(self) -> dict[int, int]:
-        """Rows staged per partition number, for files staged with `by="__p"` (from their names)."""
+        """Rows staged per partition number, for files staged with `by="__p"` (from their names:
+        `p-<id>-part-...`, or `__p=<id>/part-...` where Spark's folders were kept)."""
         out: dict[int, int] = {}
         for a in self.adds:
-            match = re.match(r"p-(-?\d+)-", os.path.basename(a.path))
+            match = re.search(r"(?:^|/)(?:p-|__p=)(-?\d+)[-/]", a.path)
             if match:
                 pid = int(match.group(1))
                 out[pid] = out.get(pid, 0) + json.loads(a.stats)["numRecords"]
@@ -113,7 +121,7 @@ class StagedFiles:
     def discard(self) -> None:
         """Delete files that were never handed to a commit (a pass that escalates stages anew)."""
         for folder in self.folders:
-            shutil.rmtree(folder, ignore_errors=True)
+            storage.delete_tree(folder)
 
 
 @dataclass
@@ -171,30 +179,22 @@ def _register(table_uri: str, rel_dir: str, folder: str) -> None:
 
 
 def _discard_unless_named(table_uri: str, rel_dir: str, folder: str, since_ms: int) -> None:
-    if not os.path.isdir(folder):
+    local = storage.local_path(folder)
+    if local is not None and not os.path.isdir(local):
         return
-    has_files = any(names for _, _, names in os.walk(folder))
+    has_files = bool(storage.list_files(folder))
     if has_files and _named_since(table_uri, rel_dir, since_ms - _CLOCK_SLACK_MS):
         return
-    shutil.rmtree(folder, ignore_errors=True)
-    parent = os.path.dirname(folder)  # the staging folders above it, up to the table's, when left empty
-    for _ in range(rel_dir.count("/")):
-        try:
-            os.rmdir(parent)
-        except OSError:  # not empty (another staging's files), or gone
-            return
-        parent = os.path.dirname(parent)
+    storage.delete_tree(folder)
+    # the staging folders above it, up to the table's, when left empty (local: an object store has none)
+    storage.remove_empty_dirs(os.path.dirname(folder), table_uri)
 
 
 def _named_since(table_uri: str, rel_dir: str, since_ms: int) -> bool:
     """Whether a commit of the table made at or after `since_ms` names a file under `rel_dir`
     (the table's newest commits, read back until one is older)."""
-    log = os.path.join(local_path(table_uri) or table_uri, "_delta_log")
-    try:
-        versions = sorted((int(n[:20]) for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()),
-                          reverse=True)
-    except FileNotFoundError:
-        return False
+    names = [u.rsplit("/", 1)[-1] for u, _ in storage.list_files(storage.join(table_uri, "_delta_log"))]
+    versions = sorted((int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit()), reverse=True)
     prefix = rel_dir + "/"
     for version in versions:
         text = read_log_entry(os.path.basename(table_uri), table_uri, version) or ""
@@ -232,7 +232,7 @@ def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None =
     writer = (df.write.partitionBy(by) if by else (df.coalesce(max_files) if max_files else df).write)
     # "overwrite" replaces nothing: the folder is new for every call (`_target`). Spark Connect does
     # not accept "errorifexists".
-    writer.mode("overwrite").parquet(spark_path(target))
+    writer.mode("overwrite").parquet(storage.spark_uri(target))
     return _staged(target, rel_dir, partition_values, lambda: arrow_schema_of(df.drop(by) if by else df))
 
 
@@ -255,12 +255,10 @@ def write_staged_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]]
 
 
 def _target(table_uri: str, folder: str, run_id: str) -> tuple[str, str]:
-    """A staging folder of the table no other staging has used or will use: `<folder>/<run id>-<token>`."""
-    local = local_path(table_uri)
-    if local is None:
-        raise NotImplementedError("writing to object stores needs a local staging path in this version")
+    """A staging folder of the table no other staging has used or will use: `<folder>/<run id>-<token>`
+    (its URI: a local path, or an object-store URI)."""
     rel_dir = f"{folder}/{run_id}-{uuid.uuid4().hex[:12]}"
-    target = os.path.join(local, rel_dir)
+    target = storage.join(table_uri, *rel_dir.split("/"))
     _register(table_uri, rel_dir, target)
     return rel_dir, target
 
@@ -270,15 +268,17 @@ def _without(table: pa.Table, column: str | None) -> pa.Table:
 
 
 def _write_table(table: pa.Table, target: str, by: str | None) -> None:
-    """Rows collected in the driver written under `target` as Spark's writer lays them out: one file
-    per value of `by` in a `<by>=<value>/` folder (which `_staged` folds into the file name)."""
-    os.makedirs(target)  # new: `_target` never hands out a folder twice
+    """Rows collected in the driver written under `target` (a new folder's URI) as `_staged` names
+    Spark's files: one file per value of `by`, named `p-<value>-part-....parquet`."""
+    fs, base = storage.filesystem(target)
+    if storage.local_path(target) is not None:
+        os.makedirs(base)  # new: `_target` never hands out a folder twice
     table = table.cast(_plain_types(table.schema))
     if table.num_rows == 0:
         return
     name = f"part-00000-{uuid.uuid4().hex}.parquet"
     if not by:
-        pq.write_table(table, os.path.join(target, name))
+        pq.write_table(table, f"{base}/{name}", filesystem=fs)
         return
     # sorted by the partition id, each id's rows are one slice: one file per id, however many ids
     table = table.sort_by(by)
@@ -287,13 +287,18 @@ def _write_table(table: pa.Table, target: str, by: str | None) -> None:
     start = 0
     for run in pc.value_counts(ids).to_pylist():  # in order of first appearance: sorted order here
         value, count = run["values"], run["counts"]
-        folder = os.path.join(target, f"{by}={_HIVE_NULL if value is None else value}")
-        os.makedirs(folder, exist_ok=True)
-        pq.write_table(rest.slice(start, count), os.path.join(folder, name))
+        prefix = _prefix(f"{by}={_HIVE_NULL if value is None else value}")
+        pq.write_table(rest.slice(start, count), f"{base}/{prefix}{name}", filesystem=fs)
         start += count
 
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # what Spark names the folder of NULL partition values
+
+
+def _prefix(folder: str) -> str:
+    """The file-name prefix of a file moved up out of Spark's `col=value` folder(s): `p-<value>-` for
+    `__p=<value>` (no leading "_" or ".": Spark and Hadoop skip such files as hidden)."""
+    return folder.replace(os.sep, "-").replace("=", "-").lstrip("_.") + "-"
 
 
 def _plain_types(schema: pa.Schema) -> pa.Schema:
@@ -319,17 +324,21 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
 def _staged(target: str, rel_dir: str, partition_values: dict[str, str] | None, schema_if_empty) -> StagedFiles:
     """The files written under `target` as add actions (statistics from their footers)."""
     adds, rows, schema = [], 0, None
-    for path in _flatten(target):
-        name = os.path.basename(path)
-        n, stats = file_stats(path)
+    local = storage.local_path(target)
+    files = [(p, os.path.getsize(p)) for p in _flatten(local)] if local is not None else [
+        (u, size) for u, size in storage.list_files(target) if u.endswith(".parquet")]
+    for uri, size in files:
+        relative = uri[len(target):].lstrip("/").replace(os.sep, "/")
+        n, stats = file_stats(uri)
         if schema is None:
-            schema = pq.read_schema(path).remove_metadata()
+            fs, path = storage.filesystem(uri)
+            schema = pq.read_schema(path, filesystem=fs).remove_metadata()
         if n == 0:
-            os.remove(path)
+            storage.delete(uri)
             continue
         rows += n
         adds.append(AddAction(
-            path=f"{rel_dir}/{name}", size=os.path.getsize(path), partition_values=dict(partition_values or {}),
+            path=f"{rel_dir}/{relative}", size=size, partition_values=dict(partition_values or {}),
             modification_time=int(time.time() * 1000), data_change=True, stats=stats,
         ))
     return StagedFiles(tuple(adds), rows, schema if schema is not None else schema_if_empty(), (target,))
@@ -340,9 +349,9 @@ def read_staged(spark: SparkSession, staged: StagedFiles, table_uri: str) -> Dat
     schema (no inference job). Small files are read a few per task, not one task each."""
     if not staged.adds:
         return empty_frame(spark, staged.schema)
-    local = local_path(table_uri)
-    paths = [spark_path(os.path.join(local, a.path)) for a in staged.adds]
-    df = spark.read.schema(spark_schema(staged.schema)).parquet(*paths)
+    paths = [storage.spark_uri(storage.join(table_uri, *a.path.split("/"))) for a in staged.adds]
+    # recursiveFileLookup: no partition column is inferred from a kept `__p=<id>/` folder
+    df = spark.read.schema(spark_schema(staged.schema)).option("recursiveFileLookup", "true").parquet(*paths)
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 4)
     return df.coalesce(tasks) if len(paths) > tasks else df
 
@@ -353,8 +362,7 @@ def _flatten(folder: str) -> list[str]:
     out = []
     for dirpath, _dirs, names in os.walk(folder, topdown=False):
         rel = os.path.relpath(dirpath, folder)
-        # no leading "_" or ".": Spark and Hadoop skip such files as hidden
-        prefix = "" if rel == "." else rel.replace(os.sep, "-").replace("=", "-").lstrip("_.") + "-"
+        prefix = "" if rel == "." else _prefix(rel)
         for name in names:
             path = os.path.join(dirpath, name)
             if not name.endswith(".parquet"):

@@ -29,9 +29,10 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from laminar_assets import storage
+
 from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
-from ..delta.log import local_path
-from ..delta.tables import snapshot_files, table_info
+from ..delta.tables import is_delta_table, open_delta, snapshot_files, table_info
 from ..output.commit import CHECKPOINT_EVERY
 from ..output.staged_files import committed, write_staged
 from ..spark.read import read_source
@@ -116,7 +117,7 @@ def recorded_files(uri: str, flow: str, within: Sequence[Interval] | None = None
     event time. None: the sweep's rows, which have no partition (and often no event time): only
     files whose statistics say they hold a NULL `partition`. Without this a run's check read the
     flow's whole quarantine history."""
-    if not DeltaTable.is_deltatable(uri):
+    if not is_delta_table(uri):
         return None, []
     info = table_info(table_name(uri), uri)
     files = snapshot_files(info, "event_time" if within is not None else None, within)
@@ -168,19 +169,20 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
                    partition_values={"flow": flow}, through_driver=through_driver)
     if not staged.rows:
         return {}
-    if not DeltaTable.is_deltatable(uri):
+    if not is_delta_table(uri):
         try:
             DeltaTable.create(uri, schema=SCHEMA, mode="ignore", partition_by=["flow"],
-                              configuration={"delta.checkpointInterval": str(CHECKPOINT_EVERY)})
+                              configuration={"delta.checkpointInterval": str(CHECKPOINT_EVERY)},
+                              storage_options=storage.delta_options(uri))
         except DeltaError:  # a concurrent run created it first
-            if not DeltaTable.is_deltatable(uri):
+            if not is_delta_table(uri):
                 raise
-    DeltaTable(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"])
+    open_delta(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"])
     committed(staged)
-    local = local_path(uri)
     counts: dict[str | None, dict[str, int]] = {}
     for add in staged.adds:  # only the partition and rule columns of what this run just wrote
-        written = pq.read_table(os.path.join(local, add.path), columns=["partition", "rule"]).to_pylist()
+        fs, path = storage.filesystem(storage.join(uri, *add.path.split("/")))
+        written = pq.read_table(path, columns=["partition", "rule"], filesystem=fs).to_pylist()
         for r in written:
             by_rule = counts.setdefault(r["partition"], {})
             by_rule[r["rule"]] = by_rule.get(r["rule"], 0) + 1
@@ -190,9 +192,9 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
 def summarize(uri: str, *, examples: int = 3) -> list[dict]:
     """Counts by (flow, rule) of one quarantine table, with version range and example rows.
     Spark-free: the quarantine holds rejected rows only, read with deltalake/pyarrow."""
-    if not DeltaTable.is_deltatable(uri):
+    if not is_delta_table(uri):
         return []
-    table = DeltaTable(uri).to_pyarrow_table(columns=["flow", "rule", "source_version", "row"])
+    table = open_delta(uri).to_pyarrow_table(columns=["flow", "rule", "source_version", "row"])
     grouped = table.group_by(["flow", "rule"]).aggregate(
         [("source_version", "min"), ("source_version", "max"), ("row", "count")])
     out = []

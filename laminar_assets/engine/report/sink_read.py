@@ -14,13 +14,12 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 
+from laminar_assets import storage
 from laminar_assets.errors import LaminarError
 
-from ..delta.file_ranges import local_path
-from ..delta.tables import TableInfo, snapshot_files, table_info
+from ..delta.tables import TableInfo, is_delta_table, snapshot_files, table_info
 from ..run.context import RunContext
 from ..spark.frames import spark_schema
 from ..spark.read import read_source
@@ -37,7 +36,7 @@ def time_column(spec: Spec) -> str:
 
 def _files(ctx: RunContext, spec: Spec, partitions: list[str]):
     uri = ctx.layout.sink_uri(spec)
-    if not DeltaTable.is_deltatable(uri):
+    if not is_delta_table(uri):
         raise LaminarError(f"sink table of '{spec.name}' does not exist yet", flow=spec.name)
     parts = [partition_interval(p, spec.granularity) for p in partitions]
     info = table_info(spec.sink, uri)
@@ -52,11 +51,11 @@ def sink_frame(ctx: RunContext, spec: Spec, partitions: list[str]) -> tuple[Data
 
 def sink_table(ctx: RunContext, spec: Spec, partitions: list[str], *, max_bytes: int) -> dict[str, pa.Table] | None:
     """The sink rows of each partition read by the driver (pyarrow, no Spark job), in the table's
-    schema; None when Spark must read them (more than `max_bytes` of files, files not on a local
-    disk, deletion vectors, column mapping or partition columns)."""
+    schema; None when Spark must read them (more than `max_bytes` of files, deletion vectors, column
+    mapping or partition columns). Local files and object-store files alike (pyarrow's filesystem)."""
     info, files, parts = _files(ctx, spec, partitions)
-    paths = [local_path(f.uri) for f in files]
-    if (sum(f.size for f in files) > max_bytes or None in paths or any(f.needs_row_positions for f in files)
+    paths = [f.uri for f in files]
+    if (sum(f.size for f in files) > max_bytes or any(f.needs_row_positions for f in files)
             or info.column_mapping != "none" or info.partition_columns):
         return None
     if not pa.types.is_timestamp(info.schema.field(time_column(spec)).type):
@@ -71,8 +70,10 @@ def sink_table(ctx: RunContext, spec: Spec, partitions: list[str], *, max_bytes:
 def _read(paths: list[str], info: TableInfo) -> pa.Table | None:
     if not paths:
         return info.schema.empty_table()
+    fs, _ = storage.filesystem(paths[0])
+    located = [storage.filesystem(p)[1] for p in paths]
     try:  # missing columns (added to the table later) come back as nulls, as Spark reads them
-        return ds.dataset(paths, schema=info.schema, format="parquet").to_table()
+        return ds.dataset(located, schema=info.schema, format="parquet", filesystem=fs).to_table()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None  # a file Arrow cannot read in the table's schema (e.g. INT96 times): Spark reads it
 

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, BooleanType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.errors import LaminarError
 
-from ..delta.tables import resolve_uri, snapshot_files, table_info
+from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_files, table_info
 from ..spark.read import read_source
 from .overview import topology
 
@@ -88,9 +87,9 @@ def runs(spark: SparkSession, root: str, specs, *, history: int = HISTORY) -> Da
     rows = []
     for spec in specs:
         uri = resolve_uri(root, spec.sink)
-        if not DeltaTable.is_deltatable(uri):
+        if not is_delta_table(uri):
             continue
-        for c in DeltaTable(uri).history(history):
+        for c in open_delta(uri).history(history):
             if "laminar.run_id" not in c:
                 continue  # table creation, a schema reset: not a run's commit
             metrics = json.loads(c.get("laminar.metrics") or "{}")
@@ -116,7 +115,7 @@ def lake_tables(root: str, specs) -> dict[str, str]:
 def table_frame(spark: SparkSession, name: str, uri: str) -> DataFrame:
     """The rows of a Delta table's latest snapshot as a lazy DataFrame (its Parquet files, deletion
     vectors applied); a table not written yet is a LaminarError naming it."""
-    if not DeltaTable.is_deltatable(uri):
+    if not is_delta_table(uri):
         raise LaminarError(f"table {name!r} has no data yet: no Delta table at {uri} (materialize it first, "
                            "e.g. `laminar demo`, or let the sensors run)", table=name)
     info = table_info(name, uri)

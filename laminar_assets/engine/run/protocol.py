@@ -24,6 +24,7 @@ from deltalake.exceptions import TableNotFoundError
 from laminar_assets.checkpoints import PendingRun, Watermark
 from laminar_assets.errors import ConcurrentRunError, LaminarError
 
+from ..delta.tables import open_delta
 from .context import RunContext
 from .plan import PartitionPlan
 
@@ -48,7 +49,7 @@ def txn_versions(uri: str, apps: list[str], *, opened: dict[str, DeltaTable] | N
     """`txn_version` of several apps from one open of the table. `opened`: the run's open tables
     (`RunInputs.opened`); the table opened here is kept there for the run's later reads."""
     try:
-        table = DeltaTable(uri)
+        table = open_delta(uri)
     except TableNotFoundError:
         return {a: None for a in apps}
     if opened is not None:

@@ -2,10 +2,14 @@
 lists, DataFrame helpers, literals that keep generated code stable, and queries as one SQL statement."""
 
 from .class_archive import archive_path, dump_options, stale_archives
+from .jars import GROUPS as JAR_GROUPS
+from .jars import Jar, jar_dir
+from .jars import installed as installed_jars
 from .java import MIN_JAVA, check_java, java_major_version
 from .session import SparkOptions, build_session, jvm_conf, session_conf, start_session
 
 __all__ = [
-    "MIN_JAVA", "SparkOptions", "archive_path", "build_session", "check_java", "dump_options", "java_major_version",
-    "jvm_conf", "session_conf", "stale_archives", "start_session",
+    "archive_path", "build_session", "check_java", "dump_options", "installed_jars", "Jar", "jar_dir",
+    "JAR_GROUPS", "java_major_version", "jvm_conf", "MIN_JAVA", "session_conf", "SparkOptions",
+    "stale_archives", "start_session",
 ]

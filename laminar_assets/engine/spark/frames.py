@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import uuid
 from datetime import UTC, datetime
@@ -16,12 +15,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from ..delta.log import local_path
+from laminar_assets import storage
 
 
 def spark_path(uri: str) -> str:
-    local = local_path(uri)
-    return f"file://{os.path.abspath(local)}" if local is not None else uri
+    """The URI Spark reads a file at (file:// locally, s3a:// for S3)."""
+    return storage.spark_uri(uri)
 
 
 def spark_schema(schema: pa.Schema) -> StructType:

@@ -8,9 +8,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from laminar_assets import storage
 from laminar_assets.errors import EnvironmentProblem
 
-from . import class_archive
+from . import class_archive, jars
 from .java import MIN_JAVA, check_java, java_major_version  # noqa: F401  (re-exported: the engine's API)
 
 # How a JVM Laminar starts compiles hot code (SparkOptions.jit).
@@ -95,8 +96,11 @@ def session_conf(options: SparkOptions) -> dict[str, str]:
     }
 
 
-def jvm_conf(options: SparkOptions) -> dict[str, str]:
-    """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches)."""
+def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
+    """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches).
+    With the s3a jars installed (`jars`), the object store of this process (`laminar_assets.storage`)
+    is reachable as s3a://; `secrets=False` leaves its credentials out (a server started as a process
+    of its own gets them in its environment, not on its command line)."""
     log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
     java_options = f"-Dlog4j2.configurationFile=file:{log4j}"
     if options.class_sharing and (archive := class_archive.use_options()):
@@ -111,11 +115,34 @@ def jvm_conf(options: SparkOptions) -> dict[str, str]:
         # Local files are written by Spark and committed by deltalake: no checksum side files.
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     }
+    s3a = jars.installed("s3")
+    if s3a:  # the driver ships them to a cluster's executors too
+        conf["spark.jars"] = ",".join(s3a)
+        store = storage.options().spark_conf()
+        conf.update({k: v for k, v in store.items() if secrets or not _secret(k)})
+        # Spark's commit of a staging folder renames each task's files once (v2), not twice: on an
+        # object store a rename is a copy. The folder is the call's own; the Delta commit publishes it.
+        conf["spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version"] = "2"
     if options.master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
         # Python workers on this machine run this interpreter (the project's venv), not whatever
         # `python3` is first on PATH; a cluster's executors take PYSPARK_PYTHON instead.
         conf["spark.pyspark.python"] = sys.executable
     return conf
+
+
+def use_object_store(spark) -> None:
+    """Point the session's s3a at this process's object store (`laminar_assets.storage`) for the
+    files Spark reads and writes from now on: set when a run's root is in a bucket, so a session
+    started before the store was known (a long-lived one) still reaches it. Credentials are left to
+    the JVM's environment or its start-up settings when the session is a Spark Connect client."""
+    remote = not hasattr(spark, "sparkContext") or type(spark).__module__.startswith("pyspark.sql.connect")
+    for key, value in storage.options().spark_conf().items():
+        if not (remote and _secret(key)):
+            spark.conf.set(key.removeprefix("spark.hadoop."), value)
+
+
+def _secret(key: str) -> bool:
+    return key.endswith((".access.key", ".secret.key", ".session.token"))
 
 
 def check_endpoint(remote: str, timeout: float = 5.0) -> None:

@@ -18,11 +18,11 @@ import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from ..aggregates.algebra import EVENT_TS
+from ..delta.tables import is_delta_table, open_delta
 from ..output.commit import replace_ranges
 from ..output.staged_files import StagedFiles, collect_rows, write_staged, write_staged_rows
 from ..run.context import RunContext
@@ -57,9 +57,9 @@ def with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
 
 def schema_matches(uri: str, out: DataFrame) -> bool:
     """Whether the output table at `uri` (if any) can hold `out`'s rows as it is or by adding columns."""
-    if not DeltaTable.is_deltatable(uri):
+    if not is_delta_table(uri):
         return True
-    return schema_change(pa.schema(DeltaTable(uri).schema().to_arrow()), arrow_schema_of(out)) != "differs"
+    return schema_change(pa.schema(open_delta(uri).schema().to_arrow()), arrow_schema_of(out)) != "differs"
 
 
 def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new_ref: DataFrame,

@@ -4,12 +4,11 @@ kept one means its partition must refill)."""
 
 from __future__ import annotations
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
 from ..aggregates.algebra import EVENT_TS
-from ..delta.tables import snapshot_files, table_info
+from ..delta.tables import is_delta_table, snapshot_files, table_info
 from ..run.context import RunContext
 from ..run.plan import PartitionPlan
 from ..run.reading import PART, with_partition
@@ -56,7 +55,7 @@ def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> t
     """The rows the output table holds now in the plans' partitions (with `__p` and the event
     time), and the bytes of the files holding them; (None, 0) when it holds none."""
     uri = ctx.layout.sink_uri(spec)
-    if not plans or not DeltaTable.is_deltatable(uri):
+    if not plans or not is_delta_table(uri):
         return None, 0
     parts = [p.interval for p in plans]
     info = table_info(spec.sink, uri)
