@@ -153,6 +153,8 @@ def scope() -> Iterator[None]:
             for folder, (table_uri, rel_dir) in current.staged.items():
                 if folder not in current.committed:
                     _discard_unless_named(table_uri, rel_dir, folder, current.started_ms)
+                elif os.path.isdir(folder) and not any(names for _, _, names in os.walk(folder)):
+                    _remove_empty(table_uri, rel_dir, folder)  # a commit of no rows took nothing from it
 
 
 def committed(*staged: StagedFiles | None) -> None:
@@ -176,8 +178,13 @@ def _discard_unless_named(table_uri: str, rel_dir: str, folder: str, since_ms: i
     has_files = any(names for _, _, names in os.walk(folder))
     if has_files and _named_since(table_uri, rel_dir, since_ms - _CLOCK_SLACK_MS):
         return
+    _remove_empty(table_uri, rel_dir, folder)
+
+
+def _remove_empty(table_uri: str, rel_dir: str, folder: str) -> None:
+    """Remove a staging folder and the staging folders above it, up to the table's, when left empty."""
     shutil.rmtree(folder, ignore_errors=True)
-    parent = os.path.dirname(folder)  # the staging folders above it, up to the table's, when left empty
+    parent = os.path.dirname(folder)
     for _ in range(rel_dir.count("/")):
         try:
             os.rmdir(parent)
