@@ -161,6 +161,9 @@ def scope() -> Iterator[None]:
             for folder, (table_uri, rel_dir) in current.staged.items():
                 if folder not in current.committed:
                     _discard_unless_named(table_uri, rel_dir, folder, current.started_ms)
+                elif storage.local_path(folder) is not None and os.path.isdir(folder) and \
+                        not any(names for _, _, names in os.walk(folder)):
+                    _remove(table_uri, folder)  # a commit of no rows took nothing from it
 
 
 def committed(*staged: StagedFiles | None) -> None:
@@ -185,8 +188,13 @@ def _discard_unless_named(table_uri: str, rel_dir: str, folder: str, since_ms: i
     has_files = bool(storage.list_files(folder))
     if has_files and _named_since(table_uri, rel_dir, since_ms - _CLOCK_SLACK_MS):
         return
+    _remove(table_uri, folder)
+
+
+def _remove(table_uri: str, folder: str) -> None:
+    """Delete a staging folder's files, and on a local disk the staging folders above it, up to the
+    table's, when left empty (an object store has no folders)."""
     storage.delete_tree(folder)
-    # the staging folders above it, up to the table's, when left empty (local: an object store has none)
     storage.remove_empty_dirs(os.path.dirname(folder), table_uri)
 
 
