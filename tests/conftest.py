@@ -114,6 +114,16 @@ def s3_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def s3proxy_server():
+    """A local S3 server with honest conditional writes (s3proxy), for tests that race writers."""
+    from tests.object_store import start_s3proxy
+
+    server = start_s3proxy()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def s3_lake(s3_server, tmp_path) -> Lake:
     """A lake in a new bucket of the local S3 server (this process reaches it while the test runs)."""

@@ -25,6 +25,7 @@ from .files import (
     read_tagged,
     remove_empty_dirs,
     replace_if,
+    resolve_root,
     spark_uri,
     write,
 )

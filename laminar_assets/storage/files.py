@@ -250,8 +250,8 @@ def replace_if(uri: str, data: bytes, tag: str) -> bool:
 
 
 def delete(uri: str, *, tag: str | None = None) -> bool:
-    """Delete the object (only the version `tag` names, when given); False when it was not there
-    or had changed."""
+    """Delete the object (only the version `tag` names, when given). False when `tag` is given and the
+    object changed or is gone (without a tag, S3 answers alike whether it was there or not)."""
     local = local_path(uri)
     if local is not None:
         if tag is not None:
@@ -310,7 +310,7 @@ def check_reachable(uri: str) -> None:
     if not is_object_store(uri):
         return
     bucket, _ = _split(uri)
-    _call(uri, lambda c: c.head_bucket(Bucket=bucket))
+    _call(uri, lambda c: c.head_bucket(Bucket=bucket), bucket_request=True)
 
 
 # --- S3 plumbing ---------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def _arrow_fs() -> pafs.FileSystem:
     return options().arrow_filesystem()
 
 
-def _call(uri: str, request, *, precondition: bool = False, missing_ok: bool = False):
+def _call(uri: str, request, *, precondition: bool = False, missing_ok: bool = False, bucket_request: bool = False):
     """One S3 request, with its failures turned into what a caller can act on: a missing object
     (`_Missing`), a failed precondition (`_PreconditionFailed`) or a `StorageError` naming the URI
     and the fix (unreachable endpoint, refused credentials, missing bucket)."""
@@ -351,7 +351,7 @@ def _call(uri: str, request, *, precondition: bool = False, missing_ok: bool = F
         code, status = str(error.get("Code", "")), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if precondition and (status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict")):
             raise _PreconditionFailed() from None
-        if code == "NoSuchBucket" or (code in ("404", "NotFound") and "head_bucket" in repr(request)):
+        if code == "NoSuchBucket" or (bucket_request and (status == 404 or code in ("404", "NotFound"))):
             raise StorageError(f"{uri}: bucket {_split(uri)[0]!r} does not exist on {where}: create it, or fix the "
                                "lake's URI", uri=uri) from None
         if missing_ok and (status == 404 or code in ("NoSuchKey", "404", "NotFound")):

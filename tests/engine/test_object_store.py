@@ -1,0 +1,176 @@
+"""The engine with the whole lake in a bucket (a local S3 server): sources, stages, sinks, state,
+quarantine, watermarks, leases and staged files. Nothing is written to a local disk, incremental
+runs equal a recompute, and two runs of one partition never both commit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from laminar_assets import storage
+from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, StageSpec, Tumbling
+from laminar_assets.errors import ConcurrentRunError, StorageError
+from laminar_assets.storage import ObjectStoreOptions
+from tests.conftest import Lake
+from tests.lake_invariants import assert_lake_intact, assert_no_orphans
+from tests.object_store import using
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = pytest.mark.spark
+
+H0, H1 = "2024-01-01-00:00", "2024-01-01-01:00"
+FLOW = FlowSpec(name="per_sym", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                aggregates=(Agg.count(), Agg.sum("px"), Agg.max("qty")))
+RETRACTING = FlowSpec(name="sums", source="trades", event_time="ts", window=Tumbling("15m"), keys=("sym",),
+                      aggregates=(Agg.count(), Agg.sum("px")))
+STAGE = StageSpec(name="clean", source="trades", event_time="ts", filter="qty > 0")
+BASE = [("2024-01-01 00:01:00", "a", 1.0, 1), ("2024-01-01 00:12:00", "b", 2.0, 2),
+        ("2024-01-01 01:05:00", "a", 3.0, 3), (None, "c", 1.0, 1)]
+
+
+def _matches_recompute(spark, lake: Lake, flow: FlowSpec, *, until: str = "2024-01-01 02:00") -> None:
+    """The sink equals a recompute of the windows starting before `until` (the partitions run)."""
+    expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
+    if len(expected):
+        expected = expected[expected["window_start"] < until]
+    assert_frames_match(lake.read(flow.sink), expected, flow.keys)
+
+
+def test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute(spark, s3_lake, tmp_path):
+    lake = s3_lake
+    lake.create("trades", BASE)
+    engine = Engine(spark, lake.root)
+    first = engine.run_many(FLOW, [H0, H1])
+    assert [r.reason for r in first] == [Reason.NO_WATERMARK] * 2
+    lake.append("trades", [("2024-01-01 00:02:00", "a", 4.0, 4), ("2024-01-01 01:06:00", "b", 5.0, 1)])
+    assert [r.reason for r in engine.run_many(FLOW, [H0, H1])] == [Reason.APPEND_ONLY] * 2
+    lake.delete("trades", "qty = 2")  # change data: the retracting flow merges, MAX refills
+    assert engine.run(RETRACTING, H0).reason is Reason.NO_WATERMARK
+    assert [r.reason for r in engine.run_many(FLOW, [H0, H1])][0] is Reason.NON_APPEND_ON_NON_RETRACTABLE
+    lake.update("trades", {"px": "px + 1.0"}, "sym = 'a'")
+    assert engine.run(RETRACTING, H0).reason is Reason.RETRACTABLE_CHANGES
+    engine.run_many(FLOW, [H0, H1])
+    engine.run_many(STAGE, [H0, H1])  # a stage's change-data commit is written with a put-if-absent
+    lake.delete("trades", "qty = 4")
+    assert engine.run_many(STAGE, [H0, H1])[0].mode is Mode.REFILL
+    engine.run_many(FLOW, [H0, H1])
+    engine.run(RETRACTING, H0)
+
+    _matches_recompute(spark, lake, FLOW)
+    _matches_recompute(spark, lake, RETRACTING, until="2024-01-01 01:00")
+    stage = lake.read("clean")
+    source = lake.table("trades").to_pandas()
+    assert sorted(stage["px"]) == sorted(source[(source["qty"] > 0) & source["ts"].notna()]["px"])
+    quarantine = open_table(lake, "_laminar/quarantine/trades").to_pandas()
+    assert set(quarantine["rule"]) == {"event_time_missing"}
+    assert_lake_intact(lake.root)
+    assert_no_orphans(lake.root, ["per_sym", "sums", "clean"])
+    assert CheckpointStore(lake.root).partitions("per_sym") == [H0, H1]
+    assert all(t.ok for t in engine.integrity(FLOW))
+    # nothing of the lake was written to a local disk: state, staging, watermarks are all in the bucket
+    assert not [p for p in os.listdir(tmp_path) if p != "lake"] and not os.path.exists(tmp_path / "lake")
+    keys = [u for u, _ in storage.list_files(lake.root)]
+    assert any("/_laminar/checkpoints/per_sym/" in k for k in keys) and any("/_laminar/state/per_sym/" in k for k in keys)
+
+
+def open_table(lake: Lake, name: str):
+    from laminar_assets.engine.delta import open_delta
+
+    return open_delta(lake.path(name))
+
+
+def test_a_run_whose_lease_was_taken_over_does_not_commit_twice(spark, s3_lake, monkeypatch):
+    """The lease is the first guard; the run sequence in every Delta commit is the second. A run whose
+    lease another run took over (it looked stale) finds its sequence committed and gives up: nothing
+    of it lands, the other run's result stands, and a rerun continues."""
+    lake = s3_lake
+    lake.create("trades", BASE)
+    Engine(spark, lake.root).run(FLOW, H0)
+    lake.append("trades", [("2024-01-01 00:03:00", "a", 7.0, 5)])
+
+    def takeover(step):
+        if step == "after_read":  # meanwhile, another run finds the lease stale and does the same work
+            monkeypatch.setattr(CheckpointStore, "_stale", lambda self, data: True)
+            Engine(spark, lake.root).run(FLOW, H0)
+            monkeypatch.undo()
+
+    with pytest.raises(ConcurrentRunError, match="another run committed run 2 of laminar/per_sym/2024-01-01-00:00"):
+        Engine(spark, lake.root, hook=takeover).run(FLOW, H0)
+    assert CheckpointStore(lake.root).load("per_sym", H0).seq == 2
+    assert Engine(spark, lake.root).run(FLOW, H0).mode is Mode.NOOP
+    _matches_recompute(spark, lake, FLOW, until="2024-01-01 01:00")
+    assert_no_orphans(lake.root, ["per_sym"])
+
+
+_RACER = textwrap.dedent("""
+    import json, sys, time
+    from laminar_assets.engine import Agg, Engine, FlowSpec, SparkOptions, Tumbling, build_session
+    from laminar_assets.errors import LaminarError
+    from laminar_assets.storage import ObjectStoreOptions
+    root, endpoint, key, secret, start_at = sys.argv[1:6]
+    spark = build_session(SparkOptions(master="local[1]", shuffle_partitions=1))
+    flow = FlowSpec(name="per_sym", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.count(), Agg.sum("px"), Agg.max("qty")))
+    store = ObjectStoreOptions(endpoint=endpoint, access_key_id=key, secret_access_key=secret, path_style=True)
+    engine = Engine(spark, root, store=store)
+    time.sleep(max(0.0, float(start_at) - time.time()))
+    try:
+        result = engine.run(flow, "2024-01-01-00:00")
+        print(json.dumps({"committed": result.mode.value}))
+    except LaminarError as exc:
+        print(json.dumps({"error": type(exc).__name__, "retryable": exc.retryable, "message": exc.message}))
+""")
+
+
+def test_two_processes_racing_on_one_partition_commit_once(spark, s3proxy_server):
+    """Against a server whose put-if-absent is honest (s3proxy): two processes start the same
+    partition's run at the same moment; exactly one commits, the other fails with a retryable error."""
+    from tests.object_store import KEY, SECRET
+
+    with using(s3proxy_server):
+        lake = Lake(s3proxy_server.bucket())
+        lake.create("trades", BASE)
+        start_at = time.time() + 25  # both JVMs are up by then
+        procs = [subprocess.Popen([sys.executable, "-c", _RACER, lake.root, s3proxy_server.endpoint, KEY, SECRET,
+                                   str(start_at)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outputs = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-2000:]
+            outputs.append(__import__("json").loads(out.strip().splitlines()[-1]))
+        committed = [o for o in outputs if "committed" in o]
+        failed = [o for o in outputs if "error" in o]
+        assert len(committed) == 1 and len(failed) == 1, outputs
+        assert failed[0]["retryable"] and failed[0]["error"] == "ConcurrentRunError", failed
+        assert CheckpointStore(lake.root).load("per_sym", H0).seq == 1
+        _matches_recompute(spark, lake, FLOW, until="2024-01-01 01:00")
+        assert_lake_intact(lake.root)
+
+
+def test_a_store_that_cannot_be_used_fails_before_anything_is_written(spark, s3_server, s3proxy_server):
+    before = storage.options()
+    try:
+        storage.configure(ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s"))
+        started = time.monotonic()
+        with pytest.raises(StorageError, match=r"s3://lake/root: cannot connect to http://127\.0\.0\.1:1"):
+            Engine(spark, "s3://lake/root")
+        assert time.monotonic() - started < 20
+        with using(s3_server):
+            with pytest.raises(StorageError, match="bucket 'missing' does not exist"):
+                Engine(spark, "s3://missing/lake")
+        bucket = s3proxy_server.bucket()
+        storage.configure(ObjectStoreOptions(endpoint=s3proxy_server.endpoint, access_key_id="nobody",
+                                             secret_access_key="nope"))
+        with pytest.raises(StorageError, match="refused the credentials"):
+            Engine(spark, bucket)
+        with using(s3proxy_server):
+            assert storage.list_files(bucket) == []  # nothing was written
+    finally:
+        storage.configure(before)

@@ -1,0 +1,104 @@
+"""Laminar's file I/O by URI, on a local folder and on S3: the conditional writes leases and
+watermarks rely on, and clear errors for a store that cannot be used."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from laminar_assets import storage
+from laminar_assets.errors import StorageError
+from laminar_assets.storage import ObjectStoreOptions
+from tests.object_store import using
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    if request.param == "local":
+        yield str(tmp_path / "lake")
+        return
+    server = request.getfixturevalue("s3_server")
+    with using(server):
+        yield server.bucket()
+
+
+def test_write_read_and_replace_atomically(root):
+    uri = storage.join(root, "_laminar", "checkpoints", "f", "p.json")
+    assert storage.read(uri) is None and not storage.exists(uri)
+    storage.write(uri, b"one")
+    storage.write(uri, b"two")
+    assert storage.read(uri) == b"two" and storage.exists(uri)
+    assert [u.rsplit("/", 1)[-1] for u, _ in storage.list_files(storage.join(root, "_laminar"))] == ["p.json"]
+    assert storage.list_dirs(storage.join(root, "_laminar", "checkpoints")) == ["f"]
+
+
+def test_put_if_absent_and_compare_and_swap(root):
+    uri = storage.join(root, "_laminar", "locks", "f", "p.lock")
+    assert storage.create(uri, b"first")
+    assert not storage.create(uri, b"second")  # there already
+    data, tag = storage.read_tagged(uri)
+    assert data == b"first"
+    assert storage.replace_if(uri, b"taken over", tag)
+    assert not storage.replace_if(uri, b"too late", tag)  # the version it read is gone
+    _, now = storage.read_tagged(uri)
+    assert not storage.delete(uri, tag=tag)  # only the version read may be deleted
+    assert storage.delete(uri, tag=now) and storage.read(uri) is None
+    storage.delete(uri)  # deleting what is gone is no error
+
+
+def test_delete_tree_removes_only_the_folder(root):
+    keep = storage.join(root, "t", "keep.parquet")
+    storage.write(keep, b"x")
+    for name in ("a.parquet", "sub/b.parquet"):
+        storage.write(storage.join(root, "t", "laminar", "run-1", *name.split("/")), b"y")
+    storage.delete_tree(storage.join(root, "t", "laminar", "run-1"))
+    assert [u for u, _ in storage.list_files(storage.join(root, "t"))] == [keep]
+
+
+def _failing_within(seconds: float, fn, match: str):
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=match) as info:
+        fn()
+    assert time.monotonic() - started < seconds
+    message = str(info.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_an_unreachable_endpoint_is_one_line_within_seconds():
+    before = storage.options()
+    storage.configure(ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s"))
+    try:
+        message = _failing_within(15, lambda: storage.check_reachable("s3://bucket/lake"), "cannot connect")
+        assert "s3://bucket/lake" in message and "http://127.0.0.1:1" in message and "AWS_ENDPOINT_URL" in message
+    finally:
+        storage.configure(before)
+
+
+def test_a_missing_bucket_says_what_to_fix(s3_server):
+    with using(s3_server):
+        message = _failing_within(15, lambda: storage.check_reachable("s3://no-such-bucket/lake"), "does not exist")
+        assert "'no-such-bucket'" in message and "create it" in message
+
+
+def test_wrong_credentials_say_what_to_fix(s3proxy_server):
+    """s3proxy checks signatures (moto accepts any key)."""
+    bucket = s3proxy_server.bucket()
+    wrong = ObjectStoreOptions(endpoint=s3proxy_server.endpoint, access_key_id="nobody", secret_access_key="wrong-secret")
+    before = storage.options()
+    storage.configure(wrong)
+    try:
+        message = _failing_within(15, lambda: storage.check_reachable(bucket), "refused the credentials")
+        assert "AWS_ACCESS_KEY_ID" in message and "wrong-secret" not in message  # the secret is never shown
+    finally:
+        storage.configure(before)
+
+
+def test_object_stores_laminar_does_not_support_yet_are_refused_by_name():
+    with pytest.raises(StorageError, match="gs:// is not supported yet"):
+        storage.is_object_store("gs://bucket/lake")
+    assert storage.resolve_root("s3a://bucket/lake/") == "s3://bucket/lake"
+    assert storage.resolve_root("lake") == os.path.abspath("lake")
+    assert storage.spark_uri("s3://bucket/t/f.parquet") == "s3a://bucket/t/f.parquet"
