@@ -130,7 +130,11 @@ class ObjectStoreOptions:
         out = {f"{p}path.style.access": str(bool(o.path_style)).lower(), f"{p}endpoint.region": o.region,
                f"{p}connection.timeout": str(int(o.request_timeout_s * 1000)),
                f"{p}connection.establish.timeout": str(int(o.connect_timeout_s * 1000)),
-               f"{p}attempts.maximum": str(o.max_attempts), f"{p}retry.limit": str(o.max_attempts)}
+               f"{p}attempts.maximum": str(o.max_attempts), f"{p}retry.limit": str(o.max_attempts),
+               # blocks of an upload buffered in the JVM's heap, not on local disk: no local folder is
+               # needed (and Spark's local file system here is the raw one, which s3a's disk buffer
+               # cannot use)
+               f"{p}fast.upload.buffer": "array"}
         if o.endpoint:
             out[f"{p}endpoint"] = o.endpoint
             out[f"{p}connection.ssl.enabled"] = str(not o.allow_http).lower()
