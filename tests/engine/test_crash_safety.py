@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from laminar_assets import storage
 from laminar_assets.engine import Agg, Engine, FlowSpec, Hopping, Mode, Reason, Tumbling
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.errors import InjectedCrash
@@ -42,9 +43,16 @@ def _check(spark, lake, flow):
     assert_frames_match(actual, expected.reset_index(drop=True), flow.keys)
 
 
+@pytest.fixture(params=["local", "s3"])
+def any_lake(request, lake):
+    """A lake in a local folder, or in a bucket of the local S3 server."""
+    return lake if request.param == "local" else request.getfixturevalue("s3_lake")
+
+
 @pytest.mark.parametrize("flow", [RETRACTING, EXTREMES], ids=["retracting", "extremes"])
 @pytest.mark.parametrize("step", STEPS)
-def test_crash_during_incremental_run(spark, lake, flow, step):
+def test_crash_during_incremental_run(spark, any_lake, flow, step):
+    lake = any_lake
     lake.create("trades", BASE)
     Engine(spark, lake.root).run(flow, PART)
     lake.append("trades", [("2024-01-01 00:02:00", "a", 11.0, 4), ("2024-01-01 00:45:00", "c", 1.0, 1)])
@@ -105,9 +113,11 @@ MORE = [("2024-01-01 00:05:00", "b", 3.0, 2), ("2024-01-01 01:25:00", "a", 4.0, 
 
 
 def _kill_at(lake, step: str, how: str) -> None:
+    # the killed process reaches the lake's store through the AWS environment (as a deployed run does)
+    store = storage.options().as_env() if storage.is_object_store(lake.root) else {}
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, lake.root, step, how],
                           cwd=os.getcwd(), capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+                          env={**os.environ, **store, "PYTHONPATH": os.getcwd()})
     assert proc.returncode == -9, proc.stderr[-2000:]
 
 
@@ -125,17 +135,18 @@ def _check_hours(spark, lake, flow, hours: int) -> None:
 @pytest.mark.parametrize("how,step", [("one", "after_state_commit"), ("one", "after_sink_commit"),
                                       ("many", "after_state_commit"), ("many", "after_sink_commit"),
                                       ("many", "after_first_watermark")])
-def test_sigkill_at_a_commit_step_then_a_rerun_equals_a_clean_run(spark, lake, how, step):
+def test_sigkill_at_a_commit_step_then_a_rerun_equals_a_clean_run(spark, any_lake, how, step):
+    lake = any_lake
     lake.create("trades", BASE + MORE[1:])
     keys = KEYS if how == "many" else [PART]
     Engine(spark, lake.root).run_many(RETRACTING, keys)
     lake.append("trades", MORE[:1] + [("2024-01-01 02:50:00", "a", 6.0, 2)])
     lake.delete("trades", "qty = 3")
     _kill_at(lake, step, how)
-    lock = os.path.join(lake.root, "_laminar", "locks", "vol", "2024-01-01-00-00.lock")
-    assert os.path.exists(lock)  # the dead run still "holds" the partition
-    marks = [json.load(open(os.path.join(lake.root, "_laminar", "checkpoints", "vol", k.replace(":", "-") + ".json")))
-             for k in keys]
+    lock = storage.join(lake.root, "_laminar", "locks", "vol", "2024-01-01-00-00.lock")
+    assert storage.exists(lock)  # the dead run still "holds" the partition
+    marks = [json.loads(storage.read(storage.join(lake.root, "_laminar", "checkpoints", "vol",
+                                                  k.replace(":", "-") + ".json"))) for k in keys]
     pending = [m["pending"] is not None for m in marks]
     assert pending == ([False] + [True] * (len(keys) - 1) if step == "after_first_watermark" else [True] * len(keys))
     results = Engine(spark, lake.root).run_many(RETRACTING, keys)

@@ -7,7 +7,6 @@ import shutil
 import tempfile
 
 import pytest
-from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -109,10 +108,12 @@ def _apply(lake: Lake, kind: str, arg) -> None:
         lake.table("trades").vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
 
 
-def _run_history(spark, cdf: bool, first_rows, ops, options: EngineOptions | None = None) -> dict[str, list]:
+def _run_history(spark, cdf: bool, first_rows, ops, options: EngineOptions | None = None,
+                 root: str | None = None) -> dict[str, list]:
+    """`root`: where the lake lives (default: a new local folder; a bucket of a local S3 server)."""
     folder = tempfile.mkdtemp(prefix="laminar-diff-")
     try:
-        lake = Lake(os.path.join(folder, "lake"))
+        lake = Lake(root or os.path.join(folder, "lake"))
         lake.create("trades", first_rows, cdf=cdf, **{"delta.logRetentionDuration": "interval 0 seconds"})
         engine = Engine(spark, lake.root, options=options or EngineOptions(refill_ratio=None))
         seen: dict[str, list] = {f.name: [] for f in FLOWS}
@@ -133,10 +134,10 @@ def _run_history(spark, cdf: bool, first_rows, ops, options: EngineOptions | Non
         for flow in FLOWS:
             run(flow, list(PARTITIONS), True)
         assert_no_orphans(lake.root, [f.sink for f in FLOWS])
-        snapshot = DeltaTable(lake.path("trades")).to_pyarrow_table()
+        snapshot = lake.table("trades").to_pyarrow_table()
         for flow in FLOWS:
             expected = full_recompute(spark, flow, snapshot)  # a SQL flow: its own SELECT run by Spark
-            actual = lake.read(flow.sink) if os.path.exists(lake.path(flow.sink)) else expected.iloc[0:0]
+            actual = lake.read(flow.sink) if lake.table_exists(flow.sink) else expected.iloc[0:0]
             assert_frames_match(actual, expected, flow.keys)
         return seen
     finally:
@@ -157,10 +158,12 @@ def test_incremental_equals_full_recompute(spark, cdf, first_rows, ops, options)
             assert mode is not Mode.REFILL or reason in allowed, reason
 
 
-@pytest.mark.parametrize("large", [False, True], ids=["tiny-pass-path", "large-pass-path"])
-def test_fixed_history_exercises_every_path(spark, large):
+@pytest.mark.parametrize("large,where", [(False, "local"), (True, "local"), (False, "s3"), (True, "s3")],
+                         ids=["tiny-pass-path", "large-pass-path", "tiny-pass-path-s3", "large-pass-path-s3"])
+def test_fixed_history_exercises_every_path(spark, large, where, request):
     """A hand-picked history that hits append, retract, refill, compaction and expiry paths, along
-    the path of tiny passes (rows shuffled once, interpreted) and of large ones (combined, compiled)."""
+    the path of tiny passes (rows shuffled once, interpreted) and of large ones (combined, compiled),
+    with the lake in a local folder and in a bucket."""
     run_all = ("run", [True] * (len(FLOWS) * len(PARTITIONS)))
     one = [False] * (len(FLOWS) * len(PARTITIONS))
     one[1] = True  # tumble_all, 2024-01-01-00:00
@@ -180,8 +183,15 @@ def test_fixed_history_exercises_every_path(spark, large):
     ]
     first = [("2024-01-01 00:00:00", "a", 1.0, 1), ("2024-01-01 00:10:00", "b", 2.0, 2),
              ("2024-01-01 01:10:00", "c", 3.0, 3), ("2024-01-01 00:20:00", "a", None, 2)]
-    seen = _run_history(spark, True, first, ops,
-                        EngineOptions(refill_ratio=None, **(LARGE_PASS_PATH if large else {})))
+    options = EngineOptions(refill_ratio=None, **(LARGE_PASS_PATH if large else {}))
+    if where == "s3":
+        from tests.object_store import using
+
+        server = request.getfixturevalue("s3_server")
+        with using(server):
+            seen = _run_history(spark, True, first, ops, options, root=server.bucket())
+    else:
+        seen = _run_history(spark, True, first, ops, options)
     reasons = {r for runs in seen.values() for _, r in runs}
     for expected in (Reason.NO_WATERMARK, Reason.APPEND_ONLY, Reason.RETRACTABLE_CHANGES,
                      Reason.NON_APPEND_ON_NON_RETRACTABLE, Reason.CHECKPOINT_EXPIRED, Reason.NO_NEW_VERSIONS,
