@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive test-jars chromium demo test test-fast quality lint ui clean bench bench-smoke soak
+.PHONY: install class-archive test-jars chromium demo demo-s3 ui-s3 test test-fast quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The s3a jars (hadoop-aws and the AWS SDK modules it uses) from Maven Central, once, into the venv:
@@ -36,6 +36,14 @@ $(DAGSTER_HOME)/dagster.yaml: $(DAGSTER_YAML)
 
 demo: class-archive $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar demo
+
+# The demo and the deployment with the lake in a bucket of a local S3 server (moto, on 127.0.0.1, in
+# memory): the same commands, pointed at s3://laminar-demo/lake through LAMINAR_ROOT and the AWS variables.
+demo-s3: class-archive $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m laminar_assets.deploy.local_s3 -- $(BIN)/laminar demo
+
+ui-s3: class-archive $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m laminar_assets.deploy.local_s3 -- $(BIN)/laminar serve
 
 # The local deployment: a Spark Connect server + `dagster dev` (UI and daemon) on 127.0.0.1; Ctrl-C stops both.
 ui: class-archive $(DAGSTER_HOME)/dagster.yaml

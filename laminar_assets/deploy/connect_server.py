@@ -35,6 +35,9 @@ class ConnectServerOptions:
         return f"sc://{self.host}:{self.port}"
 
 
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
 def port_in_use(host: str, port: int) -> bool:
     """True when something already listens on (host, port)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -43,13 +46,17 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def spark_home() -> str:
-    """The Spark distribution inside the installed pyspark wheel (it ships sbin/ and the Connect jar)."""
+    """The Spark distribution inside the installed pyspark wheel (it ships bin/spark-submit and the
+    Spark Connect server's jar)."""
+    import glob
+
     import pyspark
 
     home = os.path.dirname(pyspark.__file__)
-    if not os.path.exists(os.path.join(home, "sbin", "start-connect-server.sh")):
-        raise EnvironmentProblem(f"the pyspark install at {home} has no sbin/start-connect-server.sh; "
-                                 "reinstall with `make install` (pyspark 4.1+ wheels ship it)")
+    if not os.path.exists(os.path.join(home, "bin", "spark-submit")) or \
+            not glob.glob(os.path.join(home, "jars", "spark-connect_*.jar")):
+        raise EnvironmentProblem(f"the pyspark install at {home} has no bin/spark-submit or no Spark Connect jar; "
+                                 "reinstall with `make install`")
     return home
 
 
@@ -94,7 +101,8 @@ class ConnectServer:
 
 
 def server_command(options: ConnectServerOptions) -> list[str]:
-    """The `start-connect-server.sh --wait` command line (foreground, so its lifetime is ours)."""
+    """The server's command line: `spark-submit` of the Spark Connect server class, in the foreground
+    (what sbin/start-connect-server.sh does, which not every pyspark wheel ships), so its lifetime is ours."""
     conf = {
         **jvm_conf(options.spark, secrets=False), **session_conf(options.spark),
         "spark.connect.grpc.binding.address": options.host,
@@ -103,11 +111,11 @@ def server_command(options: ConnectServerOptions) -> list[str]:
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.app.name": "laminar-connect",
     }
-    args = [os.path.join(spark_home(), "sbin", "start-connect-server.sh"), "--wait",
+    args = [os.path.join(spark_home(), "bin", "spark-submit"), "--class", SERVER_CLASS, "--name", "Spark Connect server",
             "--master", options.spark.master, "--driver-memory", options.spark.driver_memory]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
-    return args
+    return [*args, "spark-internal"]
 
 
 def start_connect_server(options: ConnectServerOptions | None = None) -> ConnectServer:

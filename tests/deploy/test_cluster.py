@@ -1,7 +1,8 @@
 """Laminar on a Spark standalone cluster (a master and two workers from the pyspark wheel, on
 127.0.0.1): the demo and the differential test run with `master=spark://...` and give the results
-of local mode. Driver and executors share this machine's file system, which is the shared-storage
-requirement the README's "Deploying" section states."""
+of local mode. With a local lake, driver and executors share this machine's file system; with the
+lake in a bucket (a local S3 server) they share nothing but the bucket: the executors write their
+files through s3a and the driver commits through deltalake."""
 
 from __future__ import annotations
 
@@ -70,3 +71,30 @@ def test_the_differential_test_passes_on_a_standalone_cluster(cluster):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
     assert len(_apps(cluster)) == before + 1, "the differential test did not run on the cluster"
+
+
+def test_the_demo_on_a_standalone_cluster_with_the_lake_only_in_a_bucket(cluster, spark, s3_server, tmp_path):
+    from laminar_assets.engine.delta import open_delta
+    from tests.object_store import using
+
+    root, home = s3_server.bucket(), tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    before = len(_apps(cluster))
+    proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "--root", root, "demo", "--rows", "50"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env=_driver_env(cluster, LAMINAR_SPARK_MASTER=cluster.url, DAGSTER_HOME=str(home),
+                                          PYTHONPATH=str(REPO), **s3_server.options.as_env()))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    apps = _apps(cluster)[before:]
+    assert [a["name"] for a in apps] == ["laminar"] and apps[0]["cores"] == 2, apps
+    # no Parquet file anywhere on disk: not in the driver's folder, not in the workers' work folders
+    local = [p for folder in (tmp_path, cluster.folder) for p in Path(folder).rglob("*.parquet")]
+    assert not local, local[:5]
+    with using(s3_server):
+        stage = open_delta(f"{root}/normalized_trades").to_pyarrow_table()
+        assert stage.num_rows > 0
+        for flow in (s for s in SPECS if isinstance(s, FlowSpec)):
+            expected = full_recompute(spark, flow, stage)
+            assert_frames_match(open_delta(f"{root}/{flow.sink}").to_pandas(), expected, flow.keys)
+

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from deltalake import DeltaTable
 
+from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.demo.generator import BatchOptions, recent_start, write_batch
 from laminar_assets.engine import FlowSpec
+from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.sensors import ACTIVE
 from laminar_assets.pipeline.graph import components
@@ -56,12 +57,22 @@ def postgres(tmp_path):
         server.cleanup()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "s3"])
 def deployment(request, tmp_path, monkeypatch):
-    root, home, logs = tmp_path / "lake", tmp_path / "dagster_home", tmp_path / "logs"
+    """`laminar serve` with Dagster's storage on SQLite or Postgres and a local lake, or on SQLite with
+    the lake in a bucket of a local S3 server (the serve process and everything it starts reach it
+    through the AWS environment, as they would a real bucket)."""
+    root, home, logs = str(tmp_path / "lake"), tmp_path / "dagster_home", tmp_path / "logs"
     home.mkdir()
     logs.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("LAMINAR_SPARK_REMOTE", "LAMINAR_DAGSTER_YAML")}
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        root = server.bucket()
+        env.update(server.options.as_env())
+        before = storage.options()
+        storage.configure(server.options)  # this process reads the lake too
+        request.addfinalizer(lambda: storage.configure(before))
     if request.param == "postgres":
         url = request.getfixturevalue("postgres")
         monkeypatch.setenv("DAGSTER_PG_URL", url)  # this process reads the instance too
@@ -70,10 +81,10 @@ def deployment(request, tmp_path, monkeypatch):
         env["LAMINAR_DAGSTER_YAML"] = str(REPO / "dagster.postgres.yaml")
     else:
         shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    env.update(DAGSTER_HOME=str(home), LAMINAR_ROOT=str(root))
+    env.update(DAGSTER_HOME=str(home), LAMINAR_ROOT=root)
     ui, spark = free_port(), free_port()
     log = open(logs / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", str(root), "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", root, "serve",
                              "--ui-port", str(ui), "--spark-port", str(spark), "--driver-memory", "2g"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -96,25 +107,25 @@ def deployment(request, tmp_path, monkeypatch):
         assert not listening(ui) and not listening(spark)
 
 
-def caught_up(root: Path, instance: dg.DagsterInstance) -> bool:
+def caught_up(root: str, instance: dg.DagsterInstance) -> bool:
     """No run in progress, and no partition whose watermark is behind its sources' versions."""
     if instance.get_run_ids(dg.RunsFilter(statuses=ACTIVE), limit=1):
         return False
-    plan = plan_tick(COMPONENT, str(root), CheckpointStore(str(root)), Cursor(), lambda *_: set(), set())
+    plan = plan_tick(COMPONENT, root, CheckpointStore(root), Cursor(), lambda *_: set(), set())
     return plan.empty
 
 
 def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, spark):
     root, home, kind, ui = deployment
     instance = dg.DagsterInstance.from_config(str(home))
-    storage = type(instance.run_storage).__name__
-    assert storage == {"postgres": "PostgresRunStorage", "sqlite": "SqliteRunStorage"}[kind], storage
+    run_storage = type(instance.run_storage).__name__
+    assert run_storage == {"postgres": "PostgresRunStorage", "sqlite": "SqliteRunStorage", "s3": "SqliteRunStorage"}[kind]
     # recent data, as `laminar demo` writes: the UI plots only the latest partitions
-    write_batch(str(root), BatchOptions(rows=200, seed=3, start=recent_start()), batch=0)
-    wait_for(lambda: caught_up(root, instance) and DeltaTable.is_deltatable(str(root / "vwap_1m")), 600,
+    write_batch(root, BatchOptions(rows=200, seed=3, start=recent_start()), batch=0)
+    wait_for(lambda: caught_up(root, instance) and is_delta_table(storage.join(root, "vwap_1m")), 600,
              "batch 1 to reach every sink", every=3)
     first_runs = len(instance.get_run_ids())
-    write_batch(str(root), BatchOptions(rows=60, seed=3, late_share=0.2, update_share=0.05, delete_share=0.05),
+    write_batch(root, BatchOptions(rows=60, seed=3, late_share=0.2, update_share=0.05, delete_share=0.05),
                 batch=1)
     wait_for(lambda: len(instance.get_run_ids()) > first_runs and caught_up(root, instance), 600,
              "batch 2 to reach every sink", every=3)
@@ -135,11 +146,11 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
     assert checks and all(c.latest_execution_status.value == "SUCCEEDED" for c in checks), \
         [(c.check_key.to_user_string(), c.partition_key, c.latest_execution_status) for c in checks
          if c.latest_execution_status.value != "SUCCEEDED"]
-    stage = DeltaTable(str(root / "normalized_trades")).to_pyarrow_table()
+    stage = open_delta(storage.join(root, "normalized_trades")).to_pyarrow_table()
     for spec in SPECS:
         if isinstance(spec, FlowSpec):
             expected = full_recompute(spark, spec, stage)
-            assert_frames_match(DeltaTable(str(root / spec.sink)).to_pandas(), expected, spec.keys)
+            assert_frames_match(open_delta(storage.join(root, spec.sink)).to_pandas(), expected, spec.keys)
 
     # the same deployment in a real browser (headless Chromium): graph, partition page, checks, plots
     browser = Browser(ui, REPO / ".laminar" / "ui-test" / kind)
