@@ -27,6 +27,7 @@ class Profile:
     every_variant_at_every_size: bool = True  # False: sizes below the largest time only Laminar + full recompute
     warmup_rows: int = 50_000         # an untimed round of every variant first, so the JVM is warm (0: none)
     sdp: str = "largest"              # sizes with the Spark Declarative Pipelines peer: off | largest | all
+    s3_rows: int = 0                  # the S3 variant's base size (a local S3 server); 0: not run
     driver_memory: str = "8g"
     shuffle_partitions: int = 4       # the engine's default (SparkOptions)
     seed: int = 20240102
@@ -42,6 +43,7 @@ class Profile:
 FULL = Profile(
     name="full",
     sizes=(1_000_000, 3_000_000, 10_000_000),
+    s3_rows=1_000_000,
     base_hours=96,                    # 4 days of hourly partitions
     delta_rows=100_000,               # 1% of the largest B
 )
@@ -49,6 +51,7 @@ FULL = Profile(
 SMOKE = Profile(
     name="smoke",
     sizes=(20_000, 40_000),
+    s3_rows=20_000,
     base_hours=2,
     delta_rows=2_000,
     append_minutes=20,                # stays inside the last base hour: fewer runs, a faster smoke

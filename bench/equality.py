@@ -7,10 +7,12 @@ table is ever collected to the driver. At most a few mismatching rows come back,
 
 from __future__ import annotations
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import FractionalType
+
+from laminar_assets import storage
+from laminar_assets.engine.delta import open_delta
 
 REL = 1e-9
 ABS = 1e-12
@@ -19,8 +21,8 @@ ABS = 1e-12
 def read_delta(spark: SparkSession, uri: str, version: int | None = None) -> DataFrame:
     """A Delta table's current (or pinned) snapshot as a Spark DataFrame, from the files deltalake lists.
     (No Delta JVM connector here; Laminar's and the harness's tables have no deletion vectors.)"""
-    dt = DeltaTable(uri, version=version)
-    files = [u if "://" in u else f"file://{u}" for u in dt.file_uris()]
+    dt = open_delta(uri, version=version)
+    files = [storage.spark_uri(u.removeprefix("file://")) for u in dt.file_uris()]
     if not files:
         import pyarrow as pa
         from pyspark.sql.pandas.types import from_arrow_schema

@@ -28,6 +28,38 @@ def _modes(modes: dict | None) -> str:
     return "; ".join(f"{f}: " + ", ".join(f"{m} ×{n}" for m, n in ms.items()) for f, ms in (modes or {}).items())
 
 
+def _s3_section(s3: dict | None) -> list[str]:
+    """The S3 variant: the same workload in a bucket of a local S3 server (bench/object_store.py)."""
+    if not s3:
+        return []
+    lines = ["", f"## The same workload on S3 (local server: {s3.get('server')}), B = {fmt(s3.get('base_rows'))}", "",
+             "| variant | seconds | ratio to full recompute | requests (LIST/GET/HEAD/PUT/POST/DELETE) |",
+             "|---|---:|---:|---|"]
+
+    def kinds(counts: dict | None) -> str:
+        counts = counts or {}
+        return " / ".join(str(counts.get(k, 0)) for k in s3.get("request_kinds", []))
+
+    total: dict[str, int] = {}
+    for f in (s3.get("laminar_batched_per_flow") or {}).values():
+        for k, n in f["requests"].items():
+            total[k] = total.get(k, 0) + n
+    full = s3.get("t_full_recompute_s")
+    lines.append(f"| Laminar incremental, batched | {fmt(s3.get('t_incremental_batched_s'))} | "
+                 f"{fmt(s3.get('ratio_inc_batched_vs_full'), 3)} | {kinds(total)} |")
+    lines.append(f"| full recompute | {fmt(full)} | 1.000 | {kinds(s3.get('full_recompute_requests'))} |")
+    lines.append(f"| Structured Streaming | {fmt(s3.get('t_structured_streaming_s'))} | "
+                 f"{fmt(ratio(s3.get('t_structured_streaming_s'), full), 3)} | {kinds(s3.get('streaming_requests'))} |")
+    lines += ["", "Per flow run (Laminar, one `run_many` per flow):", ""]
+    for name, f in (s3.get("laminar_batched_per_flow") or {}).items():
+        lines.append(f"- {name}: {f['partitions']} partitions, {fmt(f['seconds'])} s, {f['requests_total']} requests "
+                     f"({kinds(f['requests'])}), {f['requests_per_partition']} per partition; {', '.join(f['modes'])}")
+    lines += ["", f"Most of Laminar's requests: {s3.get('dominant_request')}. Results equal to the full recompute: "
+                  f"{fmt(s3.get('results_equal'))}. A local in-memory server answers in about a millisecond, a real "
+                  "store in 10-100 ms: the request counts, not these seconds, say what a run costs on S3."]
+    return lines
+
+
 def markdown(r: dict) -> str:
     m, s, sp = r.get("machine") or {}, r.get("settings") or {}, r.get("spark") or {}
     lines = [f"# Laminar benchmark — profile `{r.get('profile')}`", ""]
@@ -132,6 +164,7 @@ def markdown(r: dict) -> str:
         lines += ["", f.get("what_is_measured", "")]
     else:
         lines.append("not measured")
+    lines += _s3_section(r.get("s3"))
     mem = r.get("memory") or {}
     lines += ["", "## Memory", "", f"peak_rss_mb = {fmt(r.get('peak_rss_mb'), 0)} "
               f"(by process: {mem.get('peak_rss_by_process_mb')}); largest simultaneous sample "

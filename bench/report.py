@@ -209,7 +209,7 @@ def summarize(r: dict) -> dict:
     r["e2e_freshness_unfinished_commits"] = fresh.get("unfinished_commits")
     r["peak_rss_mb"] = (r.get("memory") or {}).get("peak_rss_mb")
     r["results_equal"] = bool(by) and all(s.get("results_equal") for s in by) and not any(
-        e.startswith("B=") for e in r.get("errors", []))
+        e.startswith(("B=", "s3:")) for e in r.get("errors", [])) and (r.get("s3") or {}).get("results_equal", True)
     floor = r.get("spark_job_floor_s")
     for section, _ in PATH_KEYS.values():
         r[f"breakdown_{section}"] = breakdown(head, floor, section) if head.get(section) else {}

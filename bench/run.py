@@ -37,6 +37,7 @@ from .equality import all_equal as _all_equal
 from .equality import equal_sinks as _equal
 from .freshness import measure_freshness
 from .measure import JobCounter, MemorySampler, load_average, timed
+from .object_store import s3_variant
 from .rounds import delta_round, timed_pass
 from .specs import bench_specs
 from .streaming import StreamingJob
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="Δ rounds per size (timings are medians over them)")
     parser.add_argument("--freshness-commits", type=int)
     parser.add_argument("--skip-freshness", action="store_true")
+    parser.add_argument("--skip-s3", action="store_true", help="skip the S3 variant (a local S3 server)")
     parser.add_argument("--driver-memory")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to this long for the 1-minute load average to drop below --quiet-load")
@@ -236,6 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             "median wall time of a trivial one-task, JVM-only Spark job (spark.range(1) into the noop sink), "
             "measured after the warm-up and after the sizes (averaged); jobs x floor is a lower bound of the fixed "
             "per-job latency inside a phase")
+        if profile.s3_rows and not args.skip_s3:
+            print(f"bench: the S3 variant at {profile.s3_rows:,} rows (a local S3 server)", flush=True)
+            try:
+                with sampler.during("s3"):
+                    result["s3"] = s3_variant(spark, profile, os.path.join(work, "s3"))
+            except Exception as exc:  # noqa: BLE001  (recorded in the results; the benchmark goes on)
+                result["errors"].append(f"s3: {exc!r}")
+                traceback.print_exc()
         if not args.skip_freshness:
             print("bench: end-to-end freshness through Dagster", flush=True)
             try:

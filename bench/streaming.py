@@ -30,23 +30,19 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType, TimestampType
 
+from laminar_assets import storage
 from laminar_assets.engine import FlowSpec
 
 from .variants import reference_query, sink_keys
 
 
 def link_files(folder: str, files: list[str], tag: str, linked: int) -> int:
-    """Hard-link Parquet data files into `folder` (copy where linking is not possible), numbered after
-    the `linked` already there so the peers see them in commit order; returns the new count."""
-    import shutil
-
+    """Hard-link Parquet data files into `folder` (copy where linking is not possible; a server-side
+    copy in a bucket), numbered after the `linked` already there so the peers see them in commit
+    order; returns the new count."""
     for path in files:
         linked += 1
-        target = os.path.join(folder, f"{linked:06d}-{tag}-{os.path.basename(path)}")
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copyfile(path, target)
+        storage.copy(path, storage.join(folder, f"{linked:06d}-{tag}-{path.rsplit('/', 1)[-1]}"))
     return linked
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -78,12 +74,15 @@ class StreamRun:
 class StreamingJob:
     """Two streaming aggregations (one per flow) over one file-source folder under `work`."""
 
-    def __init__(self, spark: SparkSession, specs: list[FlowSpec], work: str) -> None:
+    def __init__(self, spark: SparkSession, specs: list[FlowSpec], work: str, *, source: str | None = None) -> None:
+        """`work`: a local folder for the queries' checkpoints and output; `source`: where the input
+        files go (default `<work>/source`; a bucket prefix for the S3 variant)."""
         self.spark = spark
         self.specs = specs
         self.work = work
-        self.source = os.path.join(work, "source")
-        os.makedirs(self.source, exist_ok=True)
+        self.source = source or os.path.join(work, "source")
+        if storage.local_path(self.source) is not None:
+            os.makedirs(self.source, exist_ok=True)
         self._linked = 0
 
     def add_files(self, files: list[str], tag: str) -> int:
@@ -92,7 +91,7 @@ class StreamingJob:
         return len(files)
 
     def _query(self, spec: FlowSpec):
-        rows = self.spark.readStream.schema(SCHEMA).parquet(f"file://{self.source}")
+        rows = self.spark.readStream.schema(SCHEMA).parquet(storage.spark_uri(self.source))
         agg = reference_query(rows, spec)
         out = os.path.join(self.work, "out", spec.name)
 

@@ -25,7 +25,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
+from laminar_assets import storage
 from laminar_assets.engine import Engine, FlowSpec, RunResult
+from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.engine.report import dirty_partitions, new_commits
 
 from .workload import Lake
@@ -189,24 +191,26 @@ def reference_query(source: DataFrame, spec: FlowSpec) -> DataFrame:
 def overwrite_delta(df: DataFrame, uri: str) -> int:
     """Spark writes Parquet into the table folder; deltalake commits it as an overwrite. Returns rows."""
     run = uuid.uuid4().hex[:10]
-    folder = os.path.join(uri, f"full-{run}")
-    df.write.mode("errorifexists").parquet(f"file://{folder}")
+    folder = storage.join(uri, f"full-{run}")
+    df.write.mode("errorifexists").parquet(storage.spark_uri(folder))
     adds, rows, schema = [], 0, None
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
+    for path, size in storage.list_files(folder):
+        name = path.rsplit("/", 1)[-1]
         if not name.endswith(".parquet"):
-            os.remove(path)
+            storage.delete(path)
             continue
-        meta = pq.read_metadata(path)
+        fs, located = storage.filesystem(path)
+        with fs.open_input_file(located) as fh:
+            meta = pq.read_metadata(fh)
         schema = schema or meta.schema.to_arrow_schema().remove_metadata()
         rows += meta.num_rows
-        adds.append(AddAction(path=f"full-{run}/{name}", size=os.path.getsize(path), partition_values={},
+        adds.append(AddAction(path=f"full-{run}/{name}", size=size, partition_values={},
                               modification_time=int(time.time() * 1000), data_change=True,
                               stats=f'{{"numRecords": {meta.num_rows}}}'))
     schema = pa.schema([pa.field(f.name, f.type, True) for f in schema])
-    if not DeltaTable.is_deltatable(uri):
-        DeltaTable.create(uri, schema=schema)
-    DeltaTable(uri).create_write_transaction(adds, mode="overwrite", schema=schema,
+    if not is_delta_table(uri):
+        DeltaTable.create(uri, schema=schema, storage_options=storage.delta_options(uri))
+    open_delta(uri).create_write_transaction(adds, mode="overwrite", schema=schema,
                                              commit_properties=CommitProperties(custom_metadata={"bench": "full"}))
     return rows
 
@@ -217,18 +221,18 @@ def full_recompute(spark: SparkSession, lake: Lake, specs: list[FlowSpec], out_r
     The flows run side by side, like Laminar's batched path."""
     out = {"sinks": {}, "seconds": {}, "rows": {}}
     t0 = time.perf_counter()
-    files = [f"file://{p}" for p in lake.files(version)]
+    files = [storage.spark_uri(p) for p in lake.files(version)]
     out["source_files"] = len(files)
 
     def one(spec: FlowSpec) -> tuple[int, float]:
         t = time.perf_counter()
         source = spark.read.parquet(*files)
-        rows = overwrite_delta(reference_query(source, spec), os.path.join(out_root, spec.name))
+        rows = overwrite_delta(reference_query(source, spec), storage.join(out_root, spec.name))
         return rows, round(time.perf_counter() - t, 4)
 
     for name, (rows, seconds) in side_by_side({s.name: s for s in specs}, one).items():
         out["rows"][name], out["seconds"][name] = rows, seconds
-        out["sinks"][name] = os.path.join(out_root, name)
+        out["sinks"][name] = storage.join(out_root, name)
     out["wall_s"] = round(time.perf_counter() - t0, 4)
     return out
 

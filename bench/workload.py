@@ -13,16 +13,17 @@ that Laminar reads as signed changes.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
+from laminar_assets import storage
 from laminar_assets.demo.generator import SYMBOLS, VENUES
+from laminar_assets.engine.delta import open_delta
 
 TABLE = "trades"
 START = datetime(2024, 1, 2, tzinfo=UTC)
@@ -49,14 +50,15 @@ class Lake:
 
     @property
     def uri(self) -> str:
-        return os.path.join(self.root, TABLE)
+        return storage.join(self.root, TABLE)
 
     def version(self) -> int:
-        return DeltaTable(self.uri).version()
+        return open_delta(self.uri).version()
 
     def files(self, version: int | None = None) -> list[str]:
-        """Absolute paths of the data files of a snapshot (no deletion vectors: delta-rs never writes them)."""
-        return [u.removeprefix("file://") for u in DeltaTable(self.uri, version=version).file_uris()]
+        """The data files of a snapshot: absolute paths, or object-store URIs (no deletion vectors:
+        delta-rs never writes them)."""
+        return [u.removeprefix("file://") for u in open_delta(self.uri, version=version).file_uris()]
 
 
 @dataclass
@@ -109,7 +111,7 @@ def commit_table(lake: Lake, table: pa.Table, kind: str, first: datetime, last: 
     import time
 
     t = time.perf_counter()
-    write_deltalake(lake.uri, table, mode="append",
+    write_deltalake(lake.uri, table, mode="append", storage_options=storage.delta_options(lake.uri),
                     configuration={"delta.enableChangeDataFeed": "true"} if create else None)
     return Commit(lake.version(), kind, table.num_rows, first, last, time.perf_counter() - t)
 
@@ -187,13 +189,13 @@ def write_corrections(lake: Lake, base: BaseInfo, *, every: int, correction_hour
     lo, hi = base.correction_ids
     first = base.end - correction_hours * HOUR
     commits = []
-    dt = DeltaTable(lake.uri)
+    dt = open_delta(lake.uri)
     t = time.perf_counter()
     out = dt.update(updates={"price": "price * 1.01", "quantity": "quantity + 1"},
                     predicate=f"trade_id >= {lo} AND trade_id < {hi} AND trade_id % {every} = 0")
     commits.append(Commit(lake.version(), "update", int(out.get("num_updated_rows", 0)), first, base.end,
                           time.perf_counter() - t))
-    dt = DeltaTable(lake.uri)
+    dt = open_delta(lake.uri)
     t = time.perf_counter()
     out = dt.delete(f"trade_id >= {lo} AND trade_id < {hi} AND trade_id % {every} = {every // 2}")
     commits.append(Commit(lake.version(), "delete", int(out.get("num_deleted_rows", 0)), first, base.end,

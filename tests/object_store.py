@@ -7,31 +7,25 @@
   writers. It serialises a conditional write with the write itself, so of two racing
   put-if-absent requests exactly one succeeds.
 
-Both also count the requests they serve by kind (moto through its request recorder), which the
-benchmark's S3 variant reports.
+moto runs through `laminar_assets.deploy.local_s3.LocalS3`, the server `make demo-s3` uses.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from laminar_assets import storage
+from laminar_assets.deploy.local_s3 import KEY, SECRET, LocalS3
 from laminar_assets.engine.spark import installed_jars
 from laminar_assets.storage import ObjectStoreOptions
 from tests.deploy.processes import free_port, listening, wait_for
-
-KEY, SECRET = "laminar-test", "laminar-test-secret"
 
 
 @dataclass
@@ -64,51 +58,11 @@ class S3Server:
                 self.process.wait(15)
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    # --- request counts ------------------------------------------------------------------------
-    def start_counting(self) -> None:
-        if self.kind == "moto":
-            self._moto("/moto-api/recorder/reset-recording")
-            self._moto("/moto-api/recorder/start-recording")
-
-    def counts(self) -> dict[str, int]:
-        """Requests served since `start_counting`, by kind: LIST, GET, HEAD, PUT, DELETE, POST."""
-        if self.kind != "moto":
-            raise NotImplementedError("request counts come from moto's recorder")
-        self._moto("/moto-api/recorder/stop-recording")
-        raw = urllib.request.urlopen(f"{self.endpoint}/moto-api/recorder/download-recording", timeout=30).read()
-        out: dict[str, int] = {}
-        for line in raw.decode().splitlines():
-            if not line.strip():
-                continue
-            entry = json.loads(line)
-            method, query = entry.get("method", "?"), entry.get("qs") or {}
-            if entry.get("uri", "").startswith("/moto-api"):
-                continue
-            kind = "LIST" if method == "GET" and ("list-type" in query or entry.get("uri", "").rstrip("/").count("/") <= 1) \
-                else method
-            out[kind] = out.get(kind, 0) + 1
-        return out
-
-    def _moto(self, path: str) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}{path}", method="POST"), timeout=30).read()
-
 
 def start_moto(timeout: float = 60.0) -> S3Server:
-    port = free_port()
     folder = tempfile.mkdtemp(prefix="laminar-moto-")
-    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    env = {**os.environ, "MOTO_ENABLE_RECORDING": "true"}
-    log = open(os.path.join(folder, "moto.log"), "w")  # noqa: SIM115  (closed with the process)
-    process = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=folder)
-    server = S3Server("moto", f"http://127.0.0.1:{port}", process, folder)
-    try:
-        wait_for(lambda: listening(port), timeout, f"moto_server on 127.0.0.1:{port}", every=0.2,
-                 alive=lambda: process.poll() is None)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    server = LocalS3(free_port(), log=os.path.join(folder, "moto.log")).start(timeout)
+    return S3Server("moto", server.endpoint, server.process, folder)
 
 
 def start_s3proxy(timeout: float = 60.0) -> S3Server:
@@ -147,9 +101,3 @@ def using(server: S3Server):
         yield server
     finally:
         storage.configure(before)
-
-
-def wait_until_gone(process: subprocess.Popen, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)

@@ -13,13 +13,17 @@ and goes with it. `make demo-s3` and `make ui-s3` use this.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from urllib.parse import urlsplit
 
+from laminar_assets.errors import EnvironmentProblem
 from laminar_assets.storage import ObjectStoreOptions
 
 KEY, SECRET = "laminar-local", "laminar-local-secret"
@@ -37,6 +41,87 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+class LocalS3:
+    """moto's S3 server on 127.0.0.1 (started by `start`, stopped by `stop`, also as a context manager),
+    with a count of the requests it serves by kind (its request recorder)."""
+
+    def __init__(self, port: int | None = None, *, log: str | None = None) -> None:
+        self.port = port or _free_port()
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def options(self) -> ObjectStoreOptions:
+        return ObjectStoreOptions(endpoint=self.endpoint, region="us-east-1", access_key_id=KEY,
+                                  secret_access_key=SECRET, path_style=True)
+
+    def start(self, timeout: float = 30.0) -> LocalS3:
+        moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
+        if not os.path.exists(moto):
+            raise EnvironmentProblem("moto_server is not installed: `make install` installs it (the project's dev "
+                                     "extras), or `pip install 'moto[server]'`")
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115  (lives with the server)
+        self.process = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(self.port)], stdout=out,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                        env={**os.environ, "MOTO_ENABLE_RECORDING": "true"})
+        deadline = time.monotonic() + timeout
+        while not _listening(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise EnvironmentProblem(f"moto_server did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s")
+            time.sleep(0.2)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(15)
+
+    def __enter__(self) -> LocalS3:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def create_bucket(self, name: str) -> str:
+        self.options.client().create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    # --- request counts -------------------------------------------------------------------------
+    def start_counting(self) -> None:
+        self._post("/moto-api/recorder/reset-recording")
+        self._post("/moto-api/recorder/start-recording")
+
+    def counts(self) -> dict[str, int]:
+        """Requests served since `start_counting`, by kind: LIST, GET, HEAD, PUT, POST, DELETE."""
+        self._post("/moto-api/recorder/stop-recording")
+        raw = urllib.request.urlopen(f"{self.endpoint}/moto-api/recorder/download-recording", timeout=60).read()
+        out: dict[str, int] = {}
+        for line in raw.decode().splitlines():
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            path = urlsplit(entry.get("url") or entry.get("uri") or "").path
+            if path.startswith("/moto-api"):
+                continue
+            method = entry.get("method", "?")
+            listing = method == "GET" and (path.rstrip("/").count("/") <= 1 or "list-type" in (entry.get("qs") or {}))
+            kind = "LIST" if listing else method
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    def _post(self, path: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}{path}", method="POST"), timeout=30).read()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bucket", default="laminar-demo")
@@ -46,14 +131,7 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
-    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    if not os.path.exists(moto):
-        print("error: moto_server is not installed: `make install` installs it (the project's dev extras)",
-              file=sys.stderr)
-        return 1
-    port = _free_port()
-    server = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+    server = LocalS3()
     child: subprocess.Popen | None = None
 
     def stop(*_):
@@ -61,18 +139,14 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        deadline = time.monotonic() + 30
-        while not _listening(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                print(f"error: moto_server did not listen on 127.0.0.1:{port} within 30 s", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        store = ObjectStoreOptions(endpoint=f"http://127.0.0.1:{port}", region="us-east-1", access_key_id=KEY,
-                                   secret_access_key=SECRET, path_style=True)
-        store.client().create_bucket(Bucket=args.bucket)
-        root = f"s3://{args.bucket}/lake"
-        env = {**os.environ, **store.as_env(), "LAMINAR_ROOT": root}
-        print(f"local S3 server at {store.endpoint}; lake at {root}", flush=True)
+        try:
+            server.start()
+        except EnvironmentProblem as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        root = f"{server.create_bucket(args.bucket)}/lake"
+        env = {**os.environ, **server.options.as_env(), "LAMINAR_ROOT": root}
+        print(f"local S3 server at {server.endpoint}; lake at {root}", flush=True)
         child = subprocess.Popen(command, env=env)
         try:
             return child.wait(timeout=args.seconds or None)
@@ -86,9 +160,7 @@ def main(argv: list[str]) -> int:
             child.wait(120)
         return 130
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(15)
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ atomic rename; `options` says how to reach a store.
 from .files import (
     check_reachable,
     configure,
+    copy,
     create,
     delete,
     delete_tree,
@@ -32,7 +33,7 @@ from .files import (
 from .options import ObjectStoreOptions
 
 __all__ = [
-    "ObjectStoreOptions", "check_reachable", "configure", "create", "delete", "delete_tree", "delta_options", "exists",
+    "ObjectStoreOptions", "check_reachable", "configure", "copy", "create", "delete", "delete_tree", "delta_options", "exists",
     "filesystem", "is_object_store", "join", "list_dirs", "list_files", "local_path", "normalized", "options", "read",
     "read_tagged", "remove_empty_dirs", "replace_if", "resolve_root", "spark_uri", "write",
 ]

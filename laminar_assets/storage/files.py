@@ -272,6 +272,22 @@ def delete(uri: str, *, tag: str | None = None) -> bool:
     return True
 
 
+def copy(source: str, target: str) -> None:
+    """Copy an object within the store (server-side on S3; a hard link, else a copy, on a local disk)."""
+    local, into = local_path(source), local_path(target)
+    if local is not None and into is not None:
+        import shutil
+
+        os.makedirs(os.path.dirname(into) or ".", exist_ok=True)
+        try:
+            os.link(local, into)
+        except OSError:
+            shutil.copyfile(local, into)
+        return
+    (bucket, key), (to_bucket, to_key) = _split(source), _split(target)
+    _call(target, lambda c: c.copy_object(CopySource={"Bucket": bucket, "Key": key}, Bucket=to_bucket, Key=to_key))
+
+
 def delete_tree(uri: str) -> None:
     """Delete every file under the folder `uri` (a staging nothing committed)."""
     local = local_path(uri)
