@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from laminar_assets import storage
 from laminar_assets.errors import LaminarError
 
 from .app import CliContext, add_row, app, console, lit
@@ -154,6 +155,9 @@ def serve(
                             "in a long-lived server) or quick (C1 only)."),
     local_spark: bool = typer.Option(False, "--local-spark", help="Start no Connect server: every run starts its "
                                      "own Spark JVM (slow; for comparison)."),
+    log_dir: str = typer.Option(None, "--log-dir", help="Where the logs of Dagster, the Spark Connect server and the "
+                                "warm-up go. Default: logs beside the lake (.laminar/logs), or ./.laminar/logs when "
+                                "the lake is in a bucket."),
     warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Once the UI is up, warm the new Spark "
                                  "Connect server with a scratch run of the demo graph (about a minute in the "
                                  "background), so the first real run is not slowed by a cold JVM."),
@@ -167,7 +171,9 @@ def serve(
 
     c: CliContext = ctx.obj
     c.instance()  # DAGSTER_HOME with the project's dagster.yaml
-    logs = os.path.join(os.path.dirname(c.root), "logs")  # .laminar/logs beside .laminar/lake
+    # .laminar/logs beside .laminar/lake; a lake in a bucket keeps its logs on this machine, in ./.laminar/logs
+    lake_dir = os.path.join(".laminar", "lake") if storage.is_object_store(c.root) else c.root
+    logs = os.path.abspath(log_dir) if log_dir else os.path.join(os.path.dirname(os.path.abspath(lake_dir)), "logs")
     options = ServeOptions(root=c.root, dagster_home=c.dagster_home, ui_port=ui_port, spark_remote=spark_remote,
                            local_spark=local_spark, log_dir=logs, warm_up=warm_up, spark=ConnectServerOptions(
                                port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from urllib.parse import urlsplit
@@ -49,6 +51,7 @@ class LocalS3:
         self.port = port or _free_port()
         self.log = log
         self.process: subprocess.Popen | None = None
+        self._recording_dir: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -64,10 +67,13 @@ class LocalS3:
         if not os.path.exists(moto):
             raise EnvironmentProblem("moto_server is not installed: `make install` installs it (the project's dev "
                                      "extras), or `pip install 'moto[server]'`")
+        # the recorder stays off until `start_counting`; its file lives in a temporary folder, not the cwd
+        self._recording_dir = tempfile.mkdtemp(prefix="laminar-s3-recording-")
+        self._recording = os.path.join(self._recording_dir, "requests.jsonl")
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115  (lives with the server)
         self.process = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(self.port)], stdout=out,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        env={**os.environ, "MOTO_ENABLE_RECORDING": "true"})
+                                        env={**os.environ, "MOTO_RECORDER_FILEPATH": self._recording})
         deadline = time.monotonic() + timeout
         while not _listening(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -84,6 +90,8 @@ class LocalS3:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(15)
+        if self._recording_dir:
+            shutil.rmtree(self._recording_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalS3:
         return self.start()

@@ -85,10 +85,12 @@ def deployment(request, tmp_path, monkeypatch):
     ui, spark = free_port(), free_port()
     log = open(logs / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", root, "serve",
-                             "--ui-port", str(ui), "--spark-port", str(spark), "--driver-memory", "2g"],
+                             "--ui-port", str(ui), "--spark-port", str(spark), "--driver-memory", "2g",
+                             "--log-dir", str(logs)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: listening(ui), 300, "the Dagster UI", alive=lambda: proc.poll() is None)
+        assert (logs / "dagster.log").exists() and (logs / "spark-connect.log").exists()  # on this machine, also for s3
         yield root, home, request.param, f"http://127.0.0.1:{ui}"
     finally:
         ignored_sigint = False
