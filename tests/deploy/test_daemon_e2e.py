@@ -57,23 +57,23 @@ def postgres(tmp_path):
         server.cleanup()
 
 
-@pytest.fixture(params=["sqlite", "postgres", "s3"])
+@pytest.fixture(params=["sqlite", "postgres-s3"])
 def deployment(request, tmp_path, monkeypatch):
-    """`laminar serve` with Dagster's storage on SQLite or Postgres and a local lake, or on SQLite with
-    the lake in a bucket of a local S3 server (the serve process and everything it starts reach it
-    through the AWS environment, as they would a real bucket)."""
+    """`laminar serve` as `make ui` starts it (Dagster's storage on SQLite, the lake in a local folder), and
+    as a production deployment would (Dagster's storage on Postgres, the lake in a bucket of a local S3
+    server that the serve process and everything it starts reach through the AWS environment)."""
     root, home, logs = str(tmp_path / "lake"), tmp_path / "dagster_home", tmp_path / "logs"
     home.mkdir()
     logs.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("LAMINAR_SPARK_REMOTE", "LAMINAR_DAGSTER_YAML")}
-    if request.param == "s3":
+    if request.param == "postgres-s3":
         server = request.getfixturevalue("s3_server")
         root = server.bucket()
         env.update(server.options.as_env())
         before = storage.options()
         storage.configure(server.options)  # this process reads the lake too
         request.addfinalizer(lambda: storage.configure(before))
-    if request.param == "postgres":
+    if request.param == "postgres-s3":
         url = request.getfixturevalue("postgres")
         monkeypatch.setenv("DAGSTER_PG_URL", url)  # this process reads the instance too
         env["DAGSTER_PG_URL"] = url
@@ -121,7 +121,7 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
     root, home, kind, ui = deployment
     instance = dg.DagsterInstance.from_config(str(home))
     run_storage = type(instance.run_storage).__name__
-    assert run_storage == {"postgres": "PostgresRunStorage", "sqlite": "SqliteRunStorage", "s3": "SqliteRunStorage"}[kind]
+    assert run_storage == {"postgres-s3": "PostgresRunStorage", "sqlite": "SqliteRunStorage"}[kind]
     # recent data, as `laminar demo` writes: the UI plots only the latest partitions
     write_batch(root, BatchOptions(rows=200, seed=3, start=recent_start()), batch=0)
     wait_for(lambda: caught_up(root, instance) and is_delta_table(storage.join(root, "vwap_1m")), 600,

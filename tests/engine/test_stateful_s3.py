@@ -14,7 +14,7 @@ from tests.object_store import using
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_S3_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_S3_EXAMPLES", "20"))
 STEPS = int(os.environ.get("LAMINAR_STATEFUL_STEPS", "10"))
 
 
