@@ -12,10 +12,10 @@ export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 .PHONY: install class-archive test-jars chromium demo demo-s3 ui-s3 test test-fast quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# The s3a jars (hadoop-aws and the AWS SDK modules it uses) from Maven Central, once, into the venv:
-# the check returns at once when they are there.
+# The s3a jars (hadoop-aws and the AWS SDK modules it uses) and delta-spark's jars from Maven Central,
+# once, into the venv: the check returns at once when they are there.
 install: $(VENV)/.installed
-	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3
+	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3 delta
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

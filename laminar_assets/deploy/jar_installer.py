@@ -1,6 +1,6 @@
 """Install the pinned JVM libraries (engine/spark/jars.py) from Maven Central, once.
 
-Usage: python -m laminar_assets.deploy.jar_installer [GROUP ...]   (default: s3)
+Usage: python -m laminar_assets.deploy.jar_installer [GROUP ...]   (default: s3 delta)
 
 A file already there with the pinned size and SHA-1 is kept; a download goes to a temporary
 file, is checked, then moved into place, so an interrupted install leaves no half file behind.
@@ -63,7 +63,7 @@ def _sha1(path: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    groups = argv or ["s3"]
+    groups = argv or ["s3", "delta"]
     try:
         for group in groups:
             paths = install(group)

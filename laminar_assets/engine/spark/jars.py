@@ -1,15 +1,22 @@
 """The JVM libraries Spark needs beyond the pyspark wheel, pinned: s3a (hadoop-aws with the AWS SDK
-v2 modules it uses, instead of the SDK's ~650 MB bundle) for lakes on S3, and s3proxy, a local S3
-server with honest conditional writes, for the tests.
+v2 modules it uses, instead of the SDK's ~650 MB bundle) for lakes on S3; delta-spark (Delta Lake's
+Spark connector and its storage layer), so that Spark SQL, `spark.read.format("delta")` and a Spark
+Connect client can read and write the lake's tables as Delta tables; and s3proxy, a local S3 server
+with honest conditional writes, for the tests.
 
 `python -m laminar_assets.deploy.jar_installer` (run by `make install`) downloads them once from
 Maven Central into `<venv>/share/laminar/jars/<group>/`, checks each file's SHA-1 and size, and
 never downloads a file it has. A Spark session Laminar builds (local, the Spark Connect server of
-`laminar serve`, a cluster's driver, which ships them to its executors) puts the `s3` group on its
-class path when it is installed (`installed`).
+`laminar serve`, a cluster's driver, which ships them to its executors) puts the `s3` and `delta`
+groups on its class path when they are installed (`installed`); without them everything Laminar
+does works the same, only Spark then knows no `delta` format.
 
 hadoop-aws matches the Hadoop the pinned pyspark ships (3.5.0 in pyspark 4.2.0); the SDK modules
 are the ones hadoop-aws 3.5.0's s3a loads for reading, writing, listing and multipart copies.
+delta-spark 4.4.0 is the release built for Spark 4.2; its other dependencies (the Delta kernel, a
+Unity Catalog client, older Hadoop, Parquet and Jackson) are left out: the SQL commands, reads,
+writes and the change data feed run without them, and the older copies would shadow nothing but
+could only conflict.
 """
 
 from __future__ import annotations
@@ -79,6 +86,10 @@ GROUPS: dict[str, tuple[Jar, ...]] = {
         Jar("software.amazon.awssdk:third-party-jackson-core:2.35.4", "980758655bc742236478439d753c634858846d1c", 535001),
         Jar("software.amazon.awssdk:utils:2.35.4", "8bf086b3b751b058fa62e7f0398d94db7295ebbe", 241618),
         Jar("software.amazon.awssdk:utils-lite:2.35.4", "148d6b8801d9696c4cffff306dfdd3b96781af24", 8798),
+    ),
+    "delta": (
+        Jar("io.delta:delta-spark_2.13:4.4.0", "c2ab26421b8de44a2161b5e0b7da7954049f1ca1", 9515916),
+        Jar("io.delta:delta-storage:4.4.0", "a068e489ce20d7f79bc4ca2d3392f12adbb69ddd", 113863),
     ),
     "s3proxy": (
         Jar("org.gaul:s3proxy:4.1.0", "0a0b89e982bc1b1b5757d45b61109e05a840dd87", 54955934, "jar-with-dependencies"),

@@ -49,6 +49,9 @@ class SparkOptions:
     # long-lived JVM serving batched runs (a Connect server): faster batched passes and full scans,
     # slower one-partition-at-a-time runs (see JIT_OPTIONS and the README).
     jit: str = "tiered"
+    # Load delta-spark (the `delta` jar group) when it is installed: Spark SQL and DataFrame reads then
+    # know Delta tables (`delta.`path``, `format("delta")`). Laminar's own runs do not need it.
+    delta_connector: bool = True
 
     def __post_init__(self) -> None:
         if self.jit not in JIT_OPTIONS:
@@ -99,7 +102,8 @@ def session_conf(options: SparkOptions) -> dict[str, str]:
 def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
     """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches).
     With the s3a jars installed (`jars`), the object store of this process (`laminar_assets.storage`)
-    is reachable as s3a://; `secrets=False` leaves its credentials out (a server started as a process
+    is reachable as s3a://; with delta-spark's jars installed (and `delta_connector`), Spark knows Delta
+    tables; `secrets=False` leaves its credentials out (a server started as a process
     of its own gets them in its environment, not on its command line)."""
     log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
     java_options = f"-Dlog4j2.configurationFile=file:{log4j}"
@@ -116,8 +120,12 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     }
     s3a = jars.installed("s3")
-    if s3a:  # the driver ships them to a cluster's executors too
-        conf["spark.jars"] = ",".join(s3a)
+    delta = jars.installed("delta") if options.delta_connector else []
+    if s3a or delta:  # the driver ships them to a cluster's executors too
+        conf["spark.jars"] = ",".join([*s3a, *delta])
+    if delta:
+        conf.update(DELTA_CONF)
+    if s3a:
         store = storage.options().spark_conf()
         conf.update({k: v for k, v in store.items() if secrets or not _secret(k)})
         # Spark's commit of a staging folder renames each task's files once (v2), not twice: on an
@@ -128,6 +136,19 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
         # `python3` is first on PATH; a cluster's executors take PYSPARK_PYTHON instead.
         conf["spark.pyspark.python"] = sys.executable
     return conf
+
+
+# What a session needs to treat Delta tables as Delta (delta-spark's documented set-up): its SQL
+# commands and its catalog for `delta.`path`` names and DESCRIBE HISTORY.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_available(spark) -> bool:
+    """Whether `spark` was started with delta-spark (see DELTA_CONF), local or over Spark Connect."""
+    return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
 
 
 def use_object_store(spark) -> None:
