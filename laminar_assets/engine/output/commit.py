@@ -45,6 +45,7 @@ ATTEMPTS = 8
 # writes one every 100). Every run opens its state and sink tables, and deltalake replays each commit
 # since the last checkpoint, so a short replay keeps every open fast.
 CHECKPOINT_EVERY = 10
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 
 
 def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
@@ -53,13 +54,17 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
     existing table was reset to a new schema (a column's type changed or a column went: with
     `reset_on_schema_change`, else an error), and the table as opened when it existed already with
     this schema (None otherwise). `opened`: the
-    table as the caller opened it earlier (not opened again)."""
+    table as the caller opened it earlier (not opened again).
+
+    Every table Laminar creates has its change data feed on (`delta.enableChangeDataFeed`), so a
+    delta-spark user can `readChangeFeed` it: a commit that writes change data (`change_data`) says
+    what each row did, any other commit's added and removed files are its inserts and deletes. A
+    table created before that gets the property at its first commit with change data."""
     schema = nullable(schema)
     try:
         dt = opened if opened is not None else open_delta(uri)
     except TableNotFoundError:
-        config = {"delta.checkpointInterval": str(CHECKPOINT_EVERY),
-                  **({"delta.enableChangeDataFeed": "true"} if change_data else {})}
+        config = {"delta.checkpointInterval": str(CHECKPOINT_EVERY), CHANGE_DATA_FEED: "true"}
         try:
             DeltaTable.create(uri, schema=schema, mode="ignore", configuration=config,
                               storage_options=storage.delta_options(uri))
@@ -67,6 +72,10 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
             if not is_delta_table(uri):
                 raise
         return False, None
+    if change_data and dt.metadata().configuration.get(CHANGE_DATA_FEED) != "true":
+        dt.alter.set_table_properties({CHANGE_DATA_FEED: "true"})
+        dt = open_delta(uri)  # the commit then reads the new version
+        opened = None
     current = nullable(pa.schema(dt.schema().to_arrow()))
     change = schema_change(current, schema)
     if change == "same":
@@ -109,6 +118,7 @@ def replace_ranges(
     that snapshot, so a commit by anyone since then conflicts and is listed again."""
     reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change,
                                  change_data=change_data is not None, opened=opened)
+    metadata = with_user_metadata(metadata)
     for attempt in range(1, ATTEMPTS + 1):
         # The commit is based on the snapshot the file list comes from: a concurrent commit in
         # between makes it fail and we list again, instead of removing a file another run rewrote.
@@ -141,6 +151,14 @@ def replace_ranges(
         time.sleep(0.05 * attempt)
     raise CommitConflictError(f"commit to {table_uri} kept conflicting with concurrent writers after "
                               f"{ATTEMPTS} attempts", table=table_uri)
+
+
+def with_user_metadata(metadata: dict) -> dict:
+    """The commit info fields of a commit: `metadata` (the `laminar.*` facts, top-level fields that
+    Laminar's own readers use) and the same facts as the commit's `userMetadata`, the one free-form
+    field that delta-spark's DESCRIBE HISTORY and Databricks show."""
+    facts = {k: v for k, v in metadata.items() if k.startswith("laminar.")}
+    return {**metadata, "userMetadata": json.dumps(facts, sort_keys=True)} if facts else dict(metadata)
 
 
 def _refuse_if_taken(dt: DeltaTable, table_uri: str, transactions: Sequence[tuple[str, int]]) -> None:
