@@ -30,7 +30,9 @@ from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.errors import LaminarError
 
 from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_files, table_info
+from ..spark.frames import spark_path
 from ..spark.read import read_source
+from ..spark.session import delta_available
 from .overview import topology
 
 SYSTEM = "laminar_system"
@@ -212,11 +214,19 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
               f"{SYSTEM}.partitions": lambda: partitions(spark, root, specs),
               f"{SYSTEM}.runs": lambda: runs(spark, root, specs)}
     known = sorted(data) + sorted(system)
+    if (history := _HISTORY.fullmatch(query)) and history.group(1).lower() in data:
+        query = f"DESCRIBE HISTORY delta.`{spark_path(data[history.group(1).lower()])}`"
     tables, candidates, sql = references(query)
-    for name in sorted(tables or ()):
+    by_path = {name for name in tables or () if name.startswith("delta.")}  # delta.`<path>`: Spark's Delta reads it
+    for name in sorted((tables or set()) - by_path):
         if name not in data and name not in system:
             raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
     spark = session if hasattr(session, "sql") else session()  # a session (local or Connect), or its factory
+    if (by_path or query.lstrip().upper().startswith("DESCRIBE HISTORY")) and not delta_available(spark):
+        raise LaminarError("the query reads a Delta table by path (delta.`...`) or its history, which needs "
+                           "delta-spark in the Spark session: install its jars (`make install`, or python -m "
+                           "laminar_assets.deploy.jar_installer delta) and start Spark again; tables by name "
+                           f"work without it ({', '.join(known)})")
     views = []
     try:
         for name in sorted(tables if tables is not None else candidates):
@@ -239,6 +249,10 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
                 spark.catalog.dropTempView(v)
             except Exception:  # noqa: BLE001  (a lost session: nothing left to clean up)
                 pass
+
+
+# `DESCRIBE HISTORY <a lake table's name>`: its Delta log as delta-spark shows it
+_HISTORY = re.compile(r"\s*DESCRIBE\s+HISTORY\s+`?(\w+)`?\s*;?\s*", re.IGNORECASE)
 
 
 def _utc(value, kind):
