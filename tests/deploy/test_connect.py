@@ -10,15 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.deploy import ConnectServerOptions, start_connect_server
 from laminar_assets.engine import FlowSpec, SparkOptions, build_session
 from laminar_assets.errors import EnvironmentProblem
 from laminar_assets.flows import load_specs
-from tests.delta_features import snapshot
+from tests.delta_features import delete_where, enable_deletion_vectors, snapshot
 from tests.deploy.connect_scenario import VECTOR_FLOWS, vector_flow
 from tests.deploy.processes import free_port, listening
 from tests.reference import assert_frames_match, full_recompute
@@ -68,6 +70,33 @@ def test_the_demo_pipeline_over_spark_connect_equals_a_local_recompute(server, s
     for name in VECTOR_FLOWS:
         flow = vector_flow(name)
         assert_frames_match(DeltaTable(f"{root}/{flow.sink}").to_pandas(), full_recompute(spark, flow, rows), flow.keys)
+
+
+def test_laminar_sql_over_the_connect_server_reads_delta_tables_by_path(server, tmp_path):
+    """The server `laminar serve` starts loads delta-spark (when its jars are installed): `laminar sql`
+    through it reads a Delta table by path, with deletion vectors applied, and its history."""
+    from laminar_assets.engine.spark import installed_jars
+
+    if not installed_jars("delta"):
+        pytest.skip("needs delta-spark's jars (make install puts them in the venv)")
+    root = tmp_path / "lake"
+    table = str(root / "dv_trades")
+    write_deltalake(table, pa.table({"sym": ["a", "b", "c", "a"], "qty": [1, 2, 3, 1]}))
+    enable_deletion_vectors(table)
+    delete_where(table, lambda t: pc.equal(t["qty"], 1))
+    rows = snapshot(table)
+    assert rows.num_rows == 2
+    env = {**os.environ, "LAMINAR_SPARK_REMOTE": server.url, "LAMINAR_ROOT": str(root)}
+
+    def laminar_sql(query):
+        proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "sql", query, "--json"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout)
+
+    assert laminar_sql(f"SELECT count(*) AS n FROM delta.`{table}`") == [{"n": rows.num_rows}]
+    history = laminar_sql(f"DESCRIBE HISTORY delta.`{table}`")
+    assert [h["version"] for h in history] == list(range(len(history) - 1, -1, -1)) and len(history) > 1, history
 
 
 def test_an_unreachable_endpoint_fails_fast_and_clearly():

@@ -1,0 +1,150 @@
+"""An upstream Spark job writing Delta tables with delta-spark, in a process of its own.
+
+Tests drive it as a producer: `DeltaSparkProducer.sql(...)` sends one statement (INSERT, MERGE,
+UPDATE, DELETE, OPTIMIZE, REORG, VACUUM, ALTER TABLE ...) to a plain Spark session with Delta's
+extension, as a user's job would run it, and returns the rows it produced and the table's version
+after it. The process is not Laminar's and shares no JVM with the tests' session.
+
+Run as `python -m tests.delta_spark_producer`: one JSON request per line on stdin, one JSON answer
+per line on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+DELTA_SQL_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "1",
+    # tests vacuum with RETAIN 0 HOURS, as the differential run of the integrity issue did
+    "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+}
+
+
+class ProducerError(RuntimeError):
+    """A statement the producer's Spark refused (the message is Spark's)."""
+
+
+class DeltaSparkProducer:
+    """The client side: starts the producer process and sends it statements."""
+
+    def __init__(self, timeout: float = 300.0) -> None:
+        self.timeout = timeout
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.delta_spark_producer"], cwd=root, env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True, bufsize=1)
+        try:
+            self._answer()  # the session is up
+        except BaseException:
+            self.close()
+            raise
+
+    def sql(self, statement: str) -> list[list]:
+        """Run one statement; its result rows (as lists)."""
+        return self._request({"sql": statement})["rows"]
+
+    def version(self, path: str) -> int:
+        return int(self._request({"version": path})["version"])
+
+    def read(self, path: str, version: int | None = None, *, change_feed_from: int | None = None) -> list[dict]:
+        """Rows of the table at `version` (latest if None) as delta-spark reads them (deletion vectors
+        applied), or its change data feed from `change_feed_from` on."""
+        return self._request({"read": path, "version": version, "cdf": change_feed_from})["rows"]
+
+    def _request(self, request: dict) -> dict:
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        answer = self._answer()
+        if "error" in answer:
+            raise ProducerError(answer["error"])
+        return answer
+
+    def _answer(self) -> dict:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._proc.poll() is not None:
+                raise ProducerError("the delta-spark producer process died or timed out")
+            ready, _, _ = select.select([self._proc.stdout], [], [], min(left, 1.0))
+            if ready:
+                line = self._proc.stdout.readline()
+                if line.startswith("{"):
+                    return json.loads(line)
+                if not line:
+                    raise ProducerError("the delta-spark producer process closed its output")
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+def _jsonable(value):
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "asDict"):
+        return {k: _jsonable(v) for k, v in value.asDict().items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _serve() -> None:
+    from pyspark.sql import SparkSession
+
+    from laminar_assets.engine.spark import installed_jars
+    from laminar_assets.engine.spark.session import DELTA_CONF
+
+    os.environ["TZ"] = "UTC"  # timestamps come back as this process's local time: make that UTC
+    time.tzset()
+    jars = installed_jars("delta")
+    if not jars:
+        raise SystemExit("delta-spark's jars are not installed: python -m laminar_assets.deploy.jar_installer delta")
+    out = sys.stdout
+    sys.stdout = sys.stderr  # Spark's chatter never mixes with the answers
+    builder = SparkSession.builder.master("local[1]").appName("upstream-delta-job").config("spark.jars", ",".join(jars))
+    for key, value in {**DELTA_CONF, **DELTA_SQL_CONF}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if "sql" in request:
+                answer = {"rows": [_jsonable(list(r)) for r in spark.sql(request["sql"]).collect()]}
+            elif "read" not in request:
+                history = spark.sql(f"DESCRIBE HISTORY delta.`{request['version']}` LIMIT 1").collect()
+                answer = {"version": history[0]["version"]}
+            else:
+                reader = spark.read.format("delta")
+                if request.get("cdf") is not None:
+                    reader = reader.option("readChangeFeed", "true").option("startingVersion", request["cdf"])
+                elif request.get("version") is not None:
+                    reader = reader.option("versionAsOf", request["version"])
+                answer = {"rows": [_jsonable(r.asDict()) for r in reader.load(request["read"]).collect()]}
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
+            answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    _serve()
