@@ -10,6 +10,10 @@ rows Spark computed, and checks that all three leave the same table:
   `write_deltalake(mode="overwrite", predicate=...)` replaces the ranges.
 * `merge`: the same Arrow rows, `DeltaTable.merge` on the keys with update, insert and
   delete-by-source restricted to the ranges.
+* `delta-spark-replace` (with delta-spark installed): Spark writes and commits through delta-spark,
+  `mode("overwrite")` with `replaceWhere` on the ranges and the run's `txnAppId`/`txnVersion`.
+* `delta-spark-merge`: delta-spark's `MERGE` of the rows (a Spark DataFrame, never collected) on the
+  keys, with `WHEN NOT MATCHED BY SOURCE AND <in the ranges> THEN DELETE`.
 
     python -m bench.commit_paths [--partitions 96] [--touched 12] [--rows-per-partition 3000]
 
@@ -32,6 +36,7 @@ from pyspark.sql import functions as F
 from laminar_assets.engine import Interval
 from laminar_assets.engine.output import replace_ranges, write_staged
 from laminar_assets.engine.spark import build_session
+from laminar_assets.engine.spark.session import delta_available
 
 START = datetime(2024, 1, 2)
 KEYS = ("symbol", "window_start")
@@ -91,7 +96,21 @@ def run_merge(spark, uri, new, ranges, i):
      .when_not_matched_by_source_delete(in_range).execute())
 
 
-PATHS = {"laminar": run_laminar, "predicate": run_predicate, "merge": run_merge}
+def run_delta_spark_replace(spark, uri, new, ranges, i):
+    (new.drop("__part").write.format("delta").mode("overwrite").option("replaceWhere", _predicate(ranges))
+     .option("txnAppId", "bench").option("txnVersion", i).save(uri))
+
+
+def run_delta_spark_merge(spark, uri, new, ranges, i):
+    new.drop("__part").createOrReplaceTempView("bench_new_rows")
+    on = " AND ".join(f"t.{k} = s.{k}" for k in KEYS)
+    in_range = _predicate(ranges).replace("window_start", "t.window_start")
+    spark.sql(f"MERGE INTO delta.`{uri}` t USING bench_new_rows s ON {on} WHEN MATCHED THEN UPDATE SET * "
+              f"WHEN NOT MATCHED THEN INSERT * WHEN NOT MATCHED BY SOURCE AND {in_range} THEN DELETE")
+
+
+PATHS = {"laminar": run_laminar, "predicate": run_predicate, "merge": run_merge,
+         "delta-spark-replace": run_delta_spark_replace, "delta-spark-merge": run_delta_spark_merge}
 
 
 def _content(uri: str):
@@ -119,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session()
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     out, contents = {}, {}
+    paths = {n: fn for n, fn in PATHS.items() if delta_available(spark) or not n.startswith("delta-spark")}
     with tempfile.TemporaryDirectory(prefix="laminar-commit-paths-") as work:
-        for name, fn in PATHS.items():
+        for name, fn in paths.items():
             uri = f"{work}/{name}"
             _base(spark, uri, a.partitions, a.rows_per_partition)
             first = a.partitions - a.touched
