@@ -94,11 +94,13 @@ def test_delta_spark_reads_every_table_laminar_writes(spark, lake_with_history):
         assert detail["format"] == "delta" and detail["minReaderVersion"] >= 1, uri
 
 
-def test_a_stage_change_data_feed_takes_each_snapshot_to_the_next(spark, lake_with_history):
-    """What `readChangeFeed` returns for each version of the stage is the difference of its snapshots:
-    the changes a downstream flow merges."""
+@pytest.mark.parametrize("table", ["clean", "by_sym"], ids=["stage", "sink"])
+def test_the_change_data_feed_takes_each_snapshot_to_the_next(spark, lake_with_history, table):
+    """What `readChangeFeed` returns for each version of a stage or a sink is the difference of its
+    snapshots: the changes a downstream flow merges. A stage's rewrites carry `cdc` files; a sink's
+    commits replace whole files, which the feed reads as deletes and inserts."""
     lake, _ = lake_with_history
-    uri = lake.path("clean")
+    uri = lake.path(table)
     assert open_delta(uri).metadata().configuration.get("delta.enableChangeDataFeed") == "true"
     latest = open_delta(uri).version()
     feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1).load(uri).toPandas()
