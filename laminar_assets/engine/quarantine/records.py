@@ -24,7 +24,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -33,7 +33,7 @@ from laminar_assets import storage
 
 from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
 from ..delta.tables import is_delta_table, open_delta, snapshot_files, table_info
-from ..output.commit import CHECKPOINT_EVERY
+from ..output.commit import CHECKPOINT_EVERY, with_user_metadata
 from ..output.staged_files import committed, write_staged
 from ..spark.read import read_source
 from ..spec.specs import Spec
@@ -177,7 +177,9 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
         except DeltaError:  # a concurrent run created it first
             if not is_delta_table(uri):
                 raise
-    open_delta(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"])
+    facts = with_user_metadata({"laminar.run_id": run_id, "laminar.flow": flow, "laminar.quarantined": str(staged.rows)})
+    open_delta(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"],
+                                             commit_properties=CommitProperties(custom_metadata=facts))
     committed(staged)
     counts: dict[str | None, dict[str, int]] = {}
     for add in staged.adds:  # only the partition and rule columns of what this run just wrote

@@ -122,6 +122,10 @@ def test_describe_history_shows_laminar_commits(spark, lake_with_history):
     assert {r["laminar.flow"] for r in runs} == {"by_sym"}
     assert all(r["laminar.run_id"] and r["laminar.mode"] and r["laminar.reason"] for r in runs), runs
     assert {h["operation"] for h in history} <= {"CREATE TABLE", "WRITE"}, {h["operation"] for h in history}
+    quarantine = [t for t in laminar_tables(lake.root, []) if "/_laminar/quarantine/" in t]
+    facts = [json.loads(h["userMetadata"]) for q in quarantine
+             for h in spark.sql(f"DESCRIBE HISTORY delta.`{q}`").collect() if h["userMetadata"]]
+    assert facts and all(f["laminar.flow"] == "by_sym" and f["laminar.run_id"] for f in facts), facts
 
 
 def test_laminar_sql_reads_delta_tables_by_path_and_their_history(spark, lake_with_history):
