@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -346,13 +347,16 @@ def test_dagster_asset_materialize_from_repo_root(tmp_path):
     from tests.conftest import Lake
     from tests.orchestration.pipeline import BASE, create_sources
 
+    # the repository's flows start 'today - 2 days' (pyproject.toml): the rows land in the last hour
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
     lake = Lake(str(tmp_path / "lake"))
-    create_sources(lake, BASE)
+    create_sources(lake, [(i, row_time.replace("2024-01-02 09", f"{hour:%Y-%m-%d %H}"), *rest)
+                          for i, row_time, *rest in BASE])
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "LAMINAR_ROOT": lake.root}
     assert any("dagster asset materialize -m laminar_assets.definitions" in p.read_text() for p in DOCS)
     proc = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-m", "laminar_assets.definitions",
                            "--select", "normalized_trades",
-                           "--partition", "2024-01-02-09:00"], cwd=REPO, env=env, capture_output=True, text=True,
+                           "--partition", f"{hour:%Y-%m-%d-%H}:00"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(lake.read("normalized_trades")["trade_id"]) == [1, 2, 3]

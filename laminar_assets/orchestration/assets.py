@@ -25,8 +25,9 @@ def pool_name(spec: Spec) -> str:
 
 
 def partitions_def(spec: Spec, settings: LaminarSettings) -> dg.TimeWindowPartitionsDefinition:
-    """Hourly or daily partitions from the spec; the current (incomplete) partition is included."""
-    start = settings.partitions_start
+    """Hourly or daily partitions from the spec's `start` (else the project's `partitions_start`); the
+    current (incomplete) partition is included."""
+    start = spec.start or settings.partitions_start
     if spec.granularity is Granularity.HOURLY:
         return dg.HourlyPartitionsDefinition(start_date=start, end_offset=1)
     return dg.DailyPartitionsDefinition(start_date=start, end_offset=1)

@@ -11,6 +11,7 @@ the next tick then covers every commit that landed meanwhile.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
@@ -59,14 +60,19 @@ def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: 
 
 def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, run_key: str,
                    tags: dict[str, str] | None = None, checks: list[dg.AssetCheckKey] | None = None) -> list[dg.RunRequest]:
-    """One run per partitioning (hourly, daily) over the union of the dirty partitions, first to last.
-    Partitions inside the range with nothing to do plan as NOOP and start no Spark job."""
-    groups: dict[str, dict[Spec, list[str]]] = {}
+    """One run per partitioning (hourly or daily, and its first partition) over the union of the dirty
+    partitions, first to last: Dagster runs only assets of one partitions definition together, so flows
+    that set their own `start` run apart from the rest of their part. Partitions inside the range with
+    nothing to do plan as NOOP and start no Spark job."""
+    groups: dict[tuple[str, str], dict[Spec, list[str]]] = {}
     for spec, keys in dirty.items():
         if keys:
-            groups.setdefault(spec.granularity.value, {})[spec] = keys
+            start = partitions_def(spec, settings).start
+            own_start = "" if start == settings.partitions_start else f"@{start:%Y%m%d%H}"
+            groups.setdefault((spec.granularity.value, own_start), {})[spec] = keys
     requests = []
-    for granularity, members in sorted(groups.items()):
+    for (granularity, own_start), members in sorted(groups.items()):
+        granularity += own_start
         pdef = partitions_def(next(iter(members)), settings)
         # keys are fixed-width UTC times ('2024-01-02-09:00', '2024-01-02'): text order is time order,
         # so nothing lists the asset's (often tens of thousands of) partitions
@@ -85,15 +91,16 @@ def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, r
 
 
 def outside_partitions(dirty: dict[Spec, list[str]], settings: LaminarSettings) -> dict[str, list[str]]:
-    """Dirty partitions the assets' partitions do not contain (before `partitions_start`, or after the
-    current hour): no run can materialize them, so the sensor says so instead of dropping them quietly."""
-    out: dict[str, list[str]] = {}
+    """Dirty partitions the assets' partitions do not contain (before the flow's `start`, or after the
+    current hour), with the start: no run can materialize them, so the sensor says so instead of dropping
+    them quietly."""
+    out: dict[str, tuple[list[str], datetime]] = {}
     for spec, keys in dirty.items():
         if keys:
             pdef = partitions_def(spec, settings)
             missing = [k for k in keys if not pdef.has_partition_key(k)]
             if missing:
-                out[spec.name] = sorted(missing)
+                out[spec.name] = (sorted(missing), pdef.start)
     return out
 
 
@@ -131,11 +138,11 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         for note in plan.notes:
             context.log.info(note)
         by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}
-        for name, keys in outside_partitions(by_spec, settings).items():
+        for name, (keys, start) in outside_partitions(by_spec, settings).items():
             context.log.warning(
                 f"{name}: {len(keys)} changed partition(s) are outside the asset's partitions "
-                f"({keys[0]}..{keys[-1]}; they start at {settings.partitions_start:%Y-%m-%d %H:%M}): no run can "
-                "materialize them; set [tool.laminar] partitions_start earlier to include them")
+                f"({keys[0]}..{keys[-1]}; they start at {start:%Y-%m-%d %H:%M}): no run can materialize them; "
+                f"set the flow's start (or the project's partitions_start) earlier to include them")
         # the run key names each table's id too: a lake rebuilt at the same path reaches the same
         # versions again, and Dagster skips a run whose key one of the sensor's runs already had
         span = ",".join(f"{t}:{plan.cursor.ids.get(t, '')[:8]}={_or_dash(cursor.since(t, v, plan.cursor.ids.get(t)))}..{v}"

@@ -7,16 +7,37 @@ nothing here reads environment variables.
 from __future__ import annotations
 
 import pathlib
+import re
 import tomllib
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+_RELATIVE = re.compile(r"^today(?:\s*-\s*(\d+)\s*days?)?$")
+
+
+def resolve_start(value: datetime | str, now: datetime | None = None) -> datetime:
+    """A partition start as a UTC datetime: an ISO date/datetime, or 'today' / 'today - N days' (UTC
+    midnight, N days before `now`) for demos and sandboxes whose data is always recent."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    text = value.strip().lower()
+    relative = _RELATIVE.match(text)
+    if relative:
+        today = (now or datetime.now(UTC)).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        return today - timedelta(days=int(relative.group(1) or 0))
+    try:
+        return resolve_start(datetime.fromisoformat(value))
+    except ValueError:
+        raise ValueError(f"expected an ISO date like '2026-11-01' or 'today - 2 days', found {value!r}") from None
 
 
 class LaminarSettings(BaseModel):
     """Definition-time settings; defaults suit the demo."""
 
-    partitions_start: datetime = Field(default=datetime(2024, 1, 1), description="First partition of every flow.")
+    partitions_start: datetime = Field(default=datetime(2024, 1, 1, tzinfo=UTC), description=(
+        "First partition of every flow that sets no `start` of its own: an ISO date, or 'today - N days' "
+        "(resolved when the definitions load; older partitions then leave the catalog, their data stays)."))
     sensor_interval_seconds: int = Field(default=1, ge=1, description=(
         "The least time between two ticks of a Delta-version sensor (Dagster's daemon evaluates sensors at most "
         "once every 5 s)."))
@@ -26,6 +47,11 @@ class LaminarSettings(BaseModel):
     retry_delay_seconds: float = Field(default=10.0, ge=0, description="Wait before the first retry; doubles after.")
     alert: str = Field(default="log", description="Where failed runs are reported: 'log', a webhook URL "
                        "(http:// or https://, a JSON POST), or 'package.module:function' called with the alert.")
+
+    @field_validator("partitions_start", mode="before")
+    @classmethod
+    def _start(cls, value):
+        return resolve_start(value)
 
 
 def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:

@@ -3,6 +3,7 @@ transient failures (a retried run equals a clean one), and the run-failure alert
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from datetime import timedelta
@@ -37,6 +38,10 @@ def test_owners_tags_and_freshness_come_from_the_spec():
     assert spec.tags.get("tier") == "gold"
     assert spec.freshness_policy is not None and spec.freshness_policy.fail_window.to_timedelta() == timedelta(minutes=15)
     assert asset.op.retry_policy.max_retries == 2
+    # the project's partition start, unless the spec sets its own
+    assert spec.partitions_def.start == SETTINGS.partitions_start
+    own = build_asset(dataclasses.replace(FLOW, start="2026-11-01"), SETTINGS)
+    assert own.specs_by_key[key].partitions_def.start.isoformat() == "2026-11-01T00:00:00+00:00"
     assert FLOW.spec_hash == FlowSpec(name="vwap", source="normalized_trades", event_time="event_time",
                                       window=Tumbling("1m"), keys=("symbol",),
                                       aggregates=FLOW.aggregates).spec_hash  # catalog facts do not refill

@@ -4,14 +4,16 @@ re-runs from a sensor without a cursor on a lake that is up to date."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from datetime import UTC
+from datetime import UTC, datetime
 
 import dagster as dg
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.flows import load_specs
+from laminar_assets.orchestration.assets import partitions_def
 from laminar_assets.orchestration.schedules import build_schedule
 from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START, build_pipeline_sensor, parse_cursor, range_requests
 from laminar_assets.pipeline.graph import components, graph_order
@@ -184,7 +186,6 @@ def test_dimension_change_refills_materialized_stage_partitions(lake, laminar, i
 
 
 def test_flow_partitions_reading_a_failed_blocking_check_are_held_until_it_passes(lake, laminar, instance):
-    from laminar_assets.orchestration.assets import partitions_def
 
     pdef = partitions_def(BY_NAME["normalized_trades"], SETTINGS)
 
@@ -242,7 +243,6 @@ def test_schedule_requests_the_current_partition():
     assert request.partition_key == "2024-01-02-10:00" and request.tags["laminar/component"] == "raw_trades"
     # the job is partitioned like its asset (inferred from the selection), so the request's key is valid
     from laminar_assets.definitions import build_definitions
-    from laminar_assets.orchestration.assets import partitions_def
 
     defs = build_definitions(SPECS, LaminarSettings(schedules={"vwap_1m": "*/15 * * * *"}))
     job = defs.resolve_job_def("vwap_1m_latest")
@@ -265,11 +265,33 @@ def test_single_partition_requests_name_the_partition():
 
 
 def test_changes_before_partitions_start_are_reported_not_dropped_quietly():
-    from datetime import datetime
-
     from laminar_assets.orchestration.sensors import outside_partitions
 
     late_start = LaminarSettings(partitions_start=datetime(2024, 1, 2, 10))
     dirty = {BY_NAME["vwap_1m"]: ["2024-01-02-09:00", "2024-01-02-10:00"]}
-    assert outside_partitions(dirty, late_start) == {"vwap_1m": ["2024-01-02-09:00"]}
+    assert outside_partitions(dirty, late_start) == {"vwap_1m": (["2024-01-02-09:00"], datetime(2024, 1, 2, 10, tzinfo=UTC))}
     assert outside_partitions(dirty, SETTINGS) == {}
+    # a flow's own start wins over the project's
+    own = {dataclasses.replace(BY_NAME["vwap_1m"], start="2024-01-02T10:00"): dirty[BY_NAME["vwap_1m"]]}
+    assert outside_partitions(own, SETTINGS) == {"vwap_1m": (["2024-01-02-09:00"], datetime(2024, 1, 2, 10, tzinfo=UTC))}
+
+
+def test_flows_with_their_own_start_run_apart_from_the_rest_of_their_part():
+    """Dagster runs only assets of one partitions definition together: a flow with its own start gets
+    its own run, and every run's partition keys exist in its assets' partitions."""
+    from laminar_assets.definitions import build_definitions
+
+    late = dataclasses.replace(BY_NAME["ohlc_5m"], start="2024-01-02")
+    dirty = {BY_NAME["vwap_1m"]: ["2024-01-02-05:00"], BY_NAME["positions_1h"]: ["2024-01-02-06:00"],
+             late: ["2024-01-02-05:00", "2024-01-02-07:00"]}
+    reqs = range_requests(dirty, SETTINGS, run_key="k")
+    assert sorted(tuple(a.path[0] for a in r.asset_selection) for r in reqs) == [("ohlc_5m",), ("vwap_1m", "positions_1h")]
+    assert len({r.run_key for r in reqs}) == 2
+    defs = build_definitions([late if s.name == "ohlc_5m" else s for s in SPECS], SETTINGS)
+    pdefs = {spec.key: spec.partitions_def for spec in defs.resolve_all_asset_specs()}
+    for req in reqs:  # Dagster builds each request's job: its assets share one partitions definition
+        [pdef] = {pdefs[key] for key in req.asset_selection}
+        keys = [req.partition_key] if req.partition_key else [req.tags[RANGE_START], req.tags[RANGE_END]]
+        assert all(pdef.has_partition_key(k) for k in keys)
+    assert {pdefs[dg.AssetKey("ohlc_5m")].start.isoformat(), pdefs[dg.AssetKey("vwap_1m")].start.isoformat()} == {
+        "2024-01-02T00:00:00+00:00", "2024-01-01T00:00:00+00:00"}

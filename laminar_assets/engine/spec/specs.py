@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from laminar_assets.errors import SpecError
 
-from ..windows import Granularity, Interval, WindowShape, parse_duration, to_utc
+from ..windows import Granularity, Interval, WindowShape, parse_duration, partition_interval, partition_key, to_utc
 from .kinds import KINDS
 from .parts import (  # noqa: F401  (re-exported: specs are built from these)
     Agg,
@@ -69,6 +69,8 @@ class BaseSpec:
     owners: tuple[str, ...] = ()
     tags: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
     target_lag: str | timedelta | None = None
+    # The first partition the orchestrator offers (a UTC partition boundary); None: the project's default.
+    start: datetime | str | None = None
     # Where the spec was defined ("flows/minute_stats.sql:4") and, for SQL views, the statement itself.
     origin: str = ""
     definition: str = ""
@@ -124,11 +126,24 @@ class BaseSpec:
             set_(self, "partitioning", Granularity(self.partitioning))
         except ValueError:
             self._fail("partitioning", f"expected 'hourly' or 'daily', found {self.partitioning!r}")
+        if self.start is not None:
+            set_(self, "start", self._first_partition(self.start))
         try:
             set_(self, "refresh", RefreshPolicy(self.refresh))
         except ValueError:
             allowed = ", ".join(p.value for p in RefreshPolicy)
             self._fail("refresh", f"expected one of {allowed}, found {self.refresh!r}")
+
+    def _first_partition(self, value: datetime | str) -> datetime:
+        try:
+            start = to_utc(datetime.fromisoformat(value) if isinstance(value, str) else value)
+        except (TypeError, ValueError) as exc:
+            self._fail("start", f"expected a UTC datetime (ISO string like '2026-11-01'), found {value!r}: {exc}")
+        boundary = partition_interval(partition_key(start, self.partitioning), self.partitioning).start
+        if boundary != start:
+            self._fail("start", f"expected the start of {'an hourly' if self.partitioning is Granularity.HOURLY else 'a daily'} "
+                       f"partition, found {start.isoformat()}; use {boundary.isoformat()}")
+        return start
 
     def _fail(self, field_name: str, message: str) -> None:
         raise SpecError(f"{type(self).__name__} '{self.name}': {message}", flow=self.name, field=field_name)

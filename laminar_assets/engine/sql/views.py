@@ -3,7 +3,7 @@
     CREATE MATERIALIZED VIEW name
       [PARTITIONED BY HOUR | DAY]                      -- default HOUR
       [COMMENT 'what it holds']                        -- the asset's description
-      [WITH (refresh = 'auto' | 'incremental_strict' | 'full', target_lag = '5m', ...)]
+      [WITH (refresh = 'auto' | 'incremental_strict' | 'full', target_lag = '5m', start = '2026-11-01', ...)]
     AS SELECT ...;
 
 A SELECT grouped by TUMBLE or HOP is a flow, one without GROUP BY is a stage (`select.py` maps
@@ -29,7 +29,7 @@ from .stage_select import stage_fields
 
 # WITH (...) options: name -> the spec field it sets (values are strings or numbers)
 OPTIONS = ("refresh", "target_lag", "owners", "tags", "freeze_after", "max_versions_per_run", "max_rows_per_run",
-           "event_time", "sink")
+           "event_time", "sink", "start")
 _PARTITIONING = {"HOUR": "hourly", "HOURLY": "hourly", "DAY": "daily", "DAILY": "daily"}
 
 
@@ -89,6 +89,8 @@ def _compile(stmt: exp.Expression, origin: str, start: int | None, body: str) ->
             common["partitioning"] = _PARTITIONING[unit]
         elif isinstance(p, exp.SchemaCommentProperty):
             common["description"] = p.this.name
+        elif isinstance(p, exp.SequenceProperties) and set(p.args) == {"start"}:
+            options["start"] = p.args["start"].name  # sqlglot reads `start = ...` as a sequence's START WITH
         elif isinstance(p, exp.Property) and p.name.lower() in OPTIONS:
             options[p.name.lower()] = p.args["value"].name
         elif isinstance(p, exp.Property):
@@ -111,7 +113,7 @@ def _compile(stmt: exp.Expression, origin: str, start: int | None, body: str) ->
 
 def _option_fields(options: dict[str, str]) -> dict:
     out: dict = {}
-    for key in ("refresh", "target_lag", "sink"):
+    for key in ("refresh", "target_lag", "sink", "start"):
         if key in options:
             out[key] = options[key]
     if "owners" in options:

@@ -45,6 +45,9 @@ def flow(**kw):
     (dict(aggregates=(Agg.count(name="SYM"),)), "aggregates[0]", "the same as 'sym' but for case"),
     (dict(aggregates=(Agg.count(name="Window_Start"),)), "aggregates[0]", "the same as 'window_start'"),
     (dict(keys=("sym", "SYM")), "keys", "duplicate group-by key"),
+    (dict(start="2026-11-01T10:30"), "start", "use 2026-11-01T10:00:00+00:00"),
+    (dict(start="2026-11-01T10:00", partitioning="daily"), "start", "the start of a daily partition"),
+    (dict(start="last week"), "start", "expected a UTC datetime"),
 ])
 def test_invalid_specs_name_flow_and_field(kw, field, text):
     with pytest.raises(SpecError) as info:
@@ -67,6 +70,7 @@ def test_hash_is_stable_and_tracks_results_not_docs():
     assert a.spec_hash == flow().spec_hash
     assert flow(description="docs only").spec_hash == a.spec_hash
     assert flow(max_versions_per_run=5).spec_hash == a.spec_hash
+    assert flow(start="2026-11-01").spec_hash == a.spec_hash  # where the catalog starts, not what a run computes
     assert flow(filter="qty > 0").spec_hash != a.spec_hash
     assert flow(aggregates=(Agg.sum("qty"), Agg.count())).spec_hash != a.spec_hash
     assert flow(window=Tumbling("5m")).spec_hash != a.spec_hash

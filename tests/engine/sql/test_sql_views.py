@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -37,7 +37,8 @@ def test_demo_pipeline_in_sql_compiles_to_the_python_specs():
 
 def test_flow_parts_map_from_the_select_list():
     spec = one("""
-        CREATE MATERIALIZED VIEW f PARTITIONED BY DAY COMMENT 'd' WITH (refresh = 'full', target_lag = '5m') AS
+        CREATE MATERIALIZED VIEW f PARTITIONED BY DAY COMMENT 'd' WITH (refresh = 'full', target_lag = '5m',
+                                                                  start = '2026-11-01') AS
         SELECT sym, TUMBLE(ts, INTERVAL '30' MINUTE), SUM(px * qty) AS notional, SUM(qty) AS volume,
                SUM(px * qty) / SUM(qty) AS vwap, MIN_BY(px, ts) AS first_px, COUNT(DISTINCT acct) AS accts,
                TOP_K(px, 3) AS top3, APPROX_TOP_K(acct, 2, 50) AS busiest, COUNT(*) AS n
@@ -45,7 +46,7 @@ def test_flow_parts_map_from_the_select_list():
     assert isinstance(spec, FlowSpec)
     assert (spec.sources, spec.event_time, spec.keys, spec.window) == (("trades",), "ts", ("sym",), Tumbling("30m"))
     assert spec.granularity.value == "daily" and spec.refresh.value == "full" and spec.target_lag == timedelta(minutes=5)
-    assert spec.description == "d" and spec.filter == "px > 0"
+    assert spec.description == "d" and spec.filter == "px > 0" and spec.start == datetime(2026, 11, 1, tzinfo=UTC)
     assert spec.derived == (("_in_notional", "px * qty"),)
     assert spec.aggregates == (
         Agg.sum("_in_notional", name="notional"), Agg.sum("qty", name="volume"), Agg.min_by("px", "ts", name="first_px"),

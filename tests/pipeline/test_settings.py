@@ -1,0 +1,39 @@
+"""Project settings from `[tool.laminar]`: the partition start, absolute or relative."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from laminar_assets.pipeline.settings import LaminarSettings, load_settings, resolve_start
+
+NOW = datetime(2026, 11, 28, 15, 40, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("2024-01-01", datetime(2024, 1, 1, tzinfo=UTC)),
+    ("2024-01-01T06:00:00", datetime(2024, 1, 1, 6, tzinfo=UTC)),
+    ("2024-01-01T06:00:00+01:00", datetime(2024, 1, 1, 5, tzinfo=UTC)),
+    ("today", datetime(2026, 11, 28, tzinfo=UTC)),
+    ("today - 2 days", datetime(2026, 11, 26, tzinfo=UTC)),
+    ("Today-1day", datetime(2026, 11, 27, tzinfo=UTC)),
+])
+def test_a_start_is_a_date_or_days_before_today(text, expected):
+    assert resolve_start(text, NOW) == expected
+
+
+def test_a_bad_start_says_what_it_expected():
+    with pytest.raises(ValidationError, match="expected an ISO date like '2026-11-01' or 'today - 2 days', found 'yesterday'"):
+        LaminarSettings(partitions_start="yesterday")
+
+
+def test_the_demo_project_starts_near_its_data(tmp_path):
+    """The repository's flows start two days back: the demo's data (the last 6 hours) is inside, and the
+    catalog lists tens of partitions per hourly asset, not ~25,000 since 2024."""
+    start = load_settings().partitions_start
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert (today - start).days == 2
+    (tmp_path / "pyproject.toml").write_text('[tool.laminar]\npartitions_start = "2025-03-01"\n')
+    assert load_settings(tmp_path / "pyproject.toml").partitions_start == datetime(2025, 3, 1, tzinfo=UTC)
