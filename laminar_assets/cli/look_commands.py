@@ -107,14 +107,20 @@ def explain(
 
 
 @app.command()
-def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions."""
+def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
+           since: str = typer.Option("24h", "--since", help="Period of the hit and fallback rates: a duration "
+                                     "back from now ('24h', '7d', '30m') or 'all'.")) -> None:
+    """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions; then
+    how its partition runs went over `--since`: merged, refilled (by reason, windows per refill) or NOOP."""
+    from laminar_assets.engine.report import stats_by_flow
     from laminar_assets.engine.report import status as status_report
 
     ctx.obj.require_lake()
+    start = _since(since)
     rows = status_report(ctx.obj.root, ctx.obj.specs())
+    rates = {s.flow: s for s in stats_by_flow(ctx.obj.root, ctx.obj.specs(), since=start)}
     if as_json:
-        emit_json(rows)
+        emit_json([{**r, "rates": rates[r["flow"]].to_json()} for r in rows])
         return
     table = Table("flow", "kind", "source versions", "materialized", "stale", "pending versions")
     for r in rows:
@@ -122,6 +128,37 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) ->
         add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"], stale,
                  r["pending_versions"])
     console.print(table)
+    period = "all recorded runs" if start is None else f"since {start:%Y-%m-%d %H:%M} UTC"
+    runs = Table("flow", "partition runs", "incremental", "refilled", "noop", "hit rate", "refills by reason",
+                 "windows / refill", "rows read / changed", title=f"partition runs, {period}")
+    for s in rates.values():
+        reasons = ", ".join(f"{k} {v}" for k, v in s.refills_by_reason.items()) or "-"
+        add_row(runs, s.flow, s.partition_runs, _pct(s.share(s.incremental)), _pct(s.share(s.refill)),
+                _pct(s.share(s.noop)), _pct(s.hit_rate), reasons, _num(s.windows_per_refill),
+                _num(s.rows_read_per_change))
+    console.print(runs)
+
+
+def _since(text: str):
+    from datetime import UTC, datetime
+
+    from laminar_assets.engine import parse_duration
+
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return datetime.now(UTC) - parse_duration(text)
+    except (TypeError, ValueError) as exc:
+        raise typer.BadParameter(f"expected a duration like '24h', '7d' or 'all', found {text!r} ({exc})",
+                                 param_hint="--since") from None
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 @app.command()

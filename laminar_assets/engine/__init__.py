@@ -50,7 +50,15 @@ from .spec import (
     Tumbling,
 )
 from .sql import compile_sql
-from .windows import Granularity, Interval, partition_interval, partition_key, partition_key_column, partitions_overlapping
+from .windows import (
+    Granularity,
+    Interval,
+    parse_duration,
+    partition_interval,
+    partition_key,
+    partition_key_column,
+    partitions_overlapping,
+)
 
 __all__ = [
     # running
@@ -61,7 +69,8 @@ __all__ = [
     # Spark
     "SparkOptions", "build_session", "check_java", "start_session",
     # time
-    "Granularity", "Interval", "partition_interval", "partition_key", "partition_key_column", "partitions_overlapping",
+    "Granularity", "Interval", "parse_duration", "partition_interval", "partition_key", "partition_key_column",
+    "partitions_overlapping",
     # errors
     "CheckpointError", "CommitConflictError", "ConcurrentRunError", "EnvironmentProblem", "LaminarError",
     "RunFailedError", "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SpecError", "SqlDefinitionError",

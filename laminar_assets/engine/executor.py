@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, Watermark
-from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StrictRefreshError
+from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StorageError, StrictRefreshError
 from laminar_assets.storage import ObjectStoreOptions
 
 from .delta import integrity
@@ -33,7 +34,7 @@ from .flow import job as flow_job
 from .flow import state as flow_state
 from .output import staged_files as staging
 from .report import sink_read
-from .run import protocol
+from .run import outcomes, protocol
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
 from .run.inputs import RunInputs, gather, partition_bytes, planner_input
 from .run.plan import Mode, PartitionPlan, Reason
@@ -46,6 +47,8 @@ from .spark.session import use_object_store
 from .spec.specs import FlowSpec, RefreshPolicy, Spec
 from .stage import job as stage_job
 from .windows import partition_interval
+
+log = logging.getLogger(__name__)
 
 # What a later run can cure: Spark, Delta and file-system failures (a lost executor, a full disk, a
 # conflicting writer). A pass failing with one of them records a failed attempt, so the partition
@@ -149,7 +152,22 @@ class Engine:
             results[first].quarantined[rule] = results[first].quarantined.get(rule, 0) + n
         for r in results.values():
             r.metrics["rows_quarantined"] = sum(r.quarantined.values())
+        self._record_outcomes(spec, run_id, [results[k] for k in keys], marks, inputs)
         return [results[k] for k in keys]
+
+    def _record_outcomes(self, spec: Spec, run_id: str, results: list[RunResult], marks: dict, inputs: RunInputs) -> None:
+        """Keep what the run did for the hit and fallback rates; a record that cannot be written costs a
+        sample of the statistics, not the run (its results are committed)."""
+        done = [outcomes.outcome_of(spec, r, inputs.histories_after(marks.get(r.plan.partition))) for r in results]
+        for r, o in zip(results, done):  # the run's own numbers, for its asset metadata
+            r.metrics.update(refilled_share=o.refilled_share, **({"refilled_windows": o.refilled_windows}
+                             if o.refilled_windows is not None else {}),
+                             **({"change_rows": o.change_rows} if o.change_rows is not None else {}))
+        try:
+            outcomes.record(self.ctx.store.root, spec, run_id, done)
+        except (StorageError, OSError) as exc:
+            log.warning("%s: run %s's outcome record was not written (%s); `laminar status` rates miss this run",
+                        spec.name, run_id, exc)
 
     def _execute(self, spec: Spec, plans: dict[str, PartitionPlan], marks: dict, inputs: RunInputs, run_id: str,
                  force: bool) -> dict[str, RunResult]:

@@ -94,9 +94,14 @@ def run_metadata(result: RunResult) -> dict:
     for src, version in p.to_versions.items():
         md[f"source_version_{src}"] = int(version)
     for key in ("versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined",
-                "rows_retracted", "windows_touched", "state_rows", "sink_rows", "rows_inserted", "rows_deleted"):
+                "rows_retracted", "windows_touched", "state_rows", "sink_rows", "rows_inserted", "rows_deleted",
+                "refilled_windows", "change_rows"):
         if key in m:
             md[key] = int(m[key])
+    if "refilled_share" in m:
+        md["refilled_share"] = float(m["refilled_share"])
+    if m.get("change_rows"):
+        md["rows_read_per_change"] = float(round(m.get("rows_read", 0) / m["change_rows"], 4))
     md["quarantined_by_rule"] = dg.MetadataValue.json(dict(result.quarantined))
     if result.sweep is not None:  # the flow's sweep of rows no partition owns: what it read, and why
         md["sweep"] = result.sweep.detail
@@ -181,6 +186,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
                          "(NOOP, no Spark job)")
         context.log.info("\n".join(lines))
         table, by_partition = table_metadata(spec, engine.layout.sink_uri(spec), keys)
+        table.update(recent_rates(context.instance, spec, results))
         if len(results) == 1:
             md = {**run_metadata(results[0]), **table, **by_partition.get(keys[0], {})}
             md["source_columns_added"] = dg.MetadataValue.json(added)
@@ -197,6 +203,30 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         return dg.MaterializeResult(metadata=md)
 
     return _asset
+
+
+RECENT = 100  # partition materializations the rolling rates cover
+
+
+def recent_rates(instance: dg.DagsterInstance, spec: Spec, results: list[RunResult]) -> dict:
+    """Hit and fallback rates over the asset's last `RECENT` partition runs, this run's included, as
+    numbers the UI plots over time: one query of Dagster's event log (no lake reads, so a run's latency
+    stays what it was). `laminar status` and `laminar_system.flow_stats` give them over any period."""
+    modes = [r.mode.value for r in results][-RECENT:]
+    if len(modes) < RECENT:
+        records = instance.fetch_materializations(dg.AssetKey(spec.name), limit=RECENT - len(modes)).records
+        for record in records:
+            md = record.asset_materialization.metadata if record.asset_materialization else {}
+            if "mode" in md:
+                modes.append(md["mode"].value)
+    worked = [m for m in modes if m != "NOOP"]
+    out = {"recent_partition_runs": len(modes),
+           "recent_incremental_share": float(round(modes.count("INCREMENTAL") / len(modes), 4)),
+           "recent_refill_share": float(round(modes.count("REFILL") / len(modes), 4)),
+           "recent_noop_share": float(round(modes.count("NOOP") / len(modes), 4))}
+    if worked:
+        out["recent_hit_rate"] = float(round(worked.count("INCREMENTAL") / len(worked), 4))
+    return out
 
 
 def _failure(exc: LaminarError, metadata: dict, *, last: bool) -> dg.Failure:

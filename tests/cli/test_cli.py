@@ -225,7 +225,11 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     status = json.loads(invoke("--root", str(root), "status", "--json", home=home).output)
     vwap = next(r for r in status if r["flow"] == "vwap_1m")
     assert set(vwap) == {"flow", "kind", "source_versions", "partitions_materialized", "stale_partitions",
-                         "pending_versions", "partitions"}
+                         "pending_versions", "partitions", "rates"}
+    # batch 1 filled every partition (NO_WATERMARK), batch 2 merged its corrections into vwap_1m
+    rates = vwap["rates"]
+    assert rates["refills_by_reason"].get("NO_WATERMARK", 0) >= 5 and rates["incremental"] >= 1
+    assert rates["partition_runs"] == rates["incremental"] + rates["refill"] + rates["noop"]
     # 08:00 too: the run spans 08:00-12:00 for every asset (hopping windows reach back); it holds no rows
     assert vwap["partitions_materialized"] == 5 and vwap["stale_partitions"] == []
     # versions behind, not stale: later stage commits that touched none of this partition's windows

@@ -6,6 +6,8 @@ files of the table's latest snapshot (`spark_read`), never the Delta log. The sy
     laminar_system.dag_topology   one row per node of the graph (`report.topology`)
     laminar_system.partitions     one row per (flow, partition) watermark (`CheckpointStore`)
     laminar_system.runs           one row per commit a run made to a sink, from its Delta history
+    laminar_system.flow_outcomes  one row per partition run (NOOPs too), from the runs' outcome records
+    laminar_system.flow_stats     one row per flow and UTC day: hit and fallback rates (`flow_stats`)
 
 Spark temp views cannot have a dotted name, so `laminar_system.x` is rewritten in the query text to
 the view `laminar_system_x` (same length, so Spark's error positions still point into the query as
@@ -24,7 +26,18 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import ArrayType, BooleanType, LongType, MapType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DateType,
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.errors import LaminarError
@@ -33,6 +46,7 @@ from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_fil
 from ..spark.frames import spark_path
 from ..spark.read import read_source
 from ..spark.session import delta_available
+from .flow_stats import outcome_rows, summarize
 from .overview import topology
 
 SYSTEM = "laminar_system"
@@ -52,6 +66,15 @@ PARTITIONS_SCHEMA = _fields(("flow", S), ("partition", S), ("source_versions", M
                             ("spec_hash", S), ("last_mode", S), ("last_reason", S), ("failed_attempt", S),
                             ("updated_at", T))
 METRICS = ("rows_read", "rows_rejected", "state_rows", "sink_rows")
+D = DoubleType()
+OUTCOMES_SCHEMA = _fields(("flow", S), ("run_id", S), ("at", T), ("partition", S), ("mode", S), ("reason", S),
+                          ("refilled_share", D), ("refilled_windows", L), ("rows_read", L), ("change_rows", L),
+                          ("seconds", D))
+FLOW_STATS_SCHEMA = _fields(("flow", S), ("day", DateType()), ("runs", L), ("partition_runs", L), ("incremental", L),
+                            ("refill", L), ("noop", L), ("incremental_share", D), ("refill_share", D),
+                            ("noop_share", D), ("hit_rate", D), ("refills_by_reason", MapType(S, L)),
+                            ("windows_per_refill", D), ("refilled_share", D), ("rows_read", L), ("change_rows", L),
+                            ("rows_read_per_change", D))
 RUNS_SCHEMA = _fields(("run_id", S), ("flow", S), ("partitions", STRS), ("mode", S), ("reason", S),
                       ("committed_at", T), ("table_version", L), *[(m, L) for m in METRICS], ("recovered", B))
 
@@ -100,6 +123,29 @@ def runs(spark: SparkSession, root: str, specs, *, history: int = HISTORY) -> Da
                          datetime.fromtimestamp(c["timestamp"] / 1000, UTC), c.get("version"),
                          *[metrics.get(m) for m in METRICS], c.get("laminar.recovered") == "true"))
     return spark.createDataFrame(rows, RUNS_SCHEMA)
+
+
+def flow_outcomes(spark: SparkSession, root: str, specs) -> DataFrame:
+    """`laminar_system.flow_outcomes`: one row per partition run of every flow and stage, NOOPs included:
+    flow, run_id, at, partition, mode, reason, refilled_share, refilled_windows (flows), rows_read,
+    change_rows (rows of the new commits' files overlapping the partition), seconds."""
+    rows = [tuple(r.get(f.name) for f in OUTCOMES_SCHEMA.fields) for r in outcome_rows(root, specs)]
+    return spark.createDataFrame(rows, OUTCOMES_SCHEMA)
+
+
+def flow_stats_table(spark: SparkSession, root: str, specs) -> DataFrame:
+    """`laminar_system.flow_stats`: per flow and UTC day, the shares of partition runs that merged,
+    refilled and had nothing to do, the hit rate, refills by reason, windows per refill and rows read
+    per changed row (`report.flow_stats`). Sum `flow_outcomes` for another period."""
+    by_day: dict[tuple[str, date], list[dict]] = {}
+    for r in outcome_rows(root, specs):
+        by_day.setdefault((r["flow"], r["at"].date()), []).append(r)
+    rows = []
+    for (flow, day), parts in sorted(by_day.items()):
+        stats = summarize(flow, [{"partitions": [p]} for p in parts]).to_json()
+        stats["runs"] = len({p["run_id"] for p in parts})
+        rows.append(tuple({**stats, "day": day}.get(f.name) for f in FLOW_STATS_SCHEMA.fields))
+    return spark.createDataFrame(rows, FLOW_STATS_SCHEMA)
 
 
 def lake_tables(root: str, specs) -> dict[str, str]:
@@ -212,7 +258,9 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
     data = lake_tables(root, specs)
     system = {f"{SYSTEM}.dag_topology": lambda: dag_topology(spark, specs),
               f"{SYSTEM}.partitions": lambda: partitions(spark, root, specs),
-              f"{SYSTEM}.runs": lambda: runs(spark, root, specs)}
+              f"{SYSTEM}.runs": lambda: runs(spark, root, specs),
+              f"{SYSTEM}.flow_outcomes": lambda: flow_outcomes(spark, root, specs),
+              f"{SYSTEM}.flow_stats": lambda: flow_stats_table(spark, root, specs)}
     known = sorted(data) + sorted(system)
     if (history := _HISTORY.fullmatch(query)) and history.group(1).lower() in data:
         query = f"DESCRIBE HISTORY delta.`{spark_path(data[history.group(1).lower()])}`"
