@@ -87,7 +87,7 @@ class CliContext:
         return dg.DagsterInstance.from_config(self.dagster_home)
 
     def definitions(self, *, stop_spark_per_run: bool = False, jit: str | None = None):
-        from laminar_assets.definitions import build_definitions
+        from laminar_assets.orchestration.builder import build_definitions
         from laminar_assets.pipeline.settings import load_settings
         from laminar_assets.resources import LaminarResource, SparkResource
 

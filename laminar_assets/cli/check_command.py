@@ -26,8 +26,7 @@ def check(
     """Quality gate: every file each table Laminar writes names exists, and every contract (Great
     Expectations) and equivalence check passes on every materialized partition; exits non-zero if any fails."""
     from laminar_assets.checkpoints import CheckpointStore
-    from laminar_assets.contracts import load_contracts
-    from laminar_assets.definitions import CONTRACTS
+    from laminar_assets.contracts import CONTRACTS, load_contracts
     from laminar_assets.engine import FlowSpec
     from laminar_assets.orchestration.checks import contract_outcomes, equivalence_outcomes
 

@@ -94,11 +94,11 @@ def exercise(spark, root: str) -> dict[str, float]:
     then late rows, corrections and appends), a contract fetch and an equivalence check. Returns
     seconds per phase. Also the workload whose classes make the JVM class archive (class_archive.py)."""
     from laminar_assets.contracts.expectations import validate
-    from laminar_assets.definitions import specs_with_contracts
     from laminar_assets.demo.generator import BatchOptions, write_batch
     from laminar_assets.engine import Engine, FlowSpec, Granularity, partition_key
     from laminar_assets.engine.report import check_equivalence
     from laminar_assets.flows import load_specs
+    from laminar_assets.orchestration.builder import specs_with_contracts
 
     seconds: dict[str, float] = {}
     specs, contracts = specs_with_contracts(load_specs())

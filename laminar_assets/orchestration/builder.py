@@ -1,0 +1,91 @@
+"""The builder of Laminar's Dagster definitions: every asset, check, sensor, schedule and job of a list
+of specs. This repository's `definitions.py` and `LaminarComponent` both build through it."""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+
+import dagster as dg
+
+from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
+from laminar_assets.engine import FlowSpec, Spec
+from laminar_assets.orchestration.alerts import build_failure_sensor
+from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
+from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
+from laminar_assets.orchestration.internals.thread_executor import thread_executor
+from laminar_assets.orchestration.schedules import build_schedule
+from laminar_assets.orchestration.sensors import build_pipeline_sensors, build_stale_sensor
+from laminar_assets.pipeline.graph import components
+from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.resources import LaminarResource, SparkResource
+
+
+def output_columns(spec: Spec) -> list[str] | None:
+    """The sink columns a spec writes, when they are known without reading a table."""
+    if isinstance(spec, FlowSpec):
+        return ["window_start", "window_end", *spec.keys, *[a.name for a in spec.aggregates if a.name not in spec.hidden],
+                *[p for p, _ in spec.post]]
+    return list(spec.columns) or None
+
+
+def specs_with_contracts(specs: list[Spec], contracts_dir: str | pathlib.Path | None = CONTRACTS):
+    """(the specs as deployed, with their sources' contract rules folded in; the contracts by table)."""
+    known = {s.sink: cols for s in specs if (cols := output_columns(s))}
+    contracts = load_contracts(contracts_dir, known) if contracts_dir else {}
+    return [with_contract_rules(s, contracts) for s in specs], contracts
+
+
+# Dagster marks three features Laminar relies on as beta/preview and warns each time they are used:
+# in every process that loads the definitions (code server, each launched run), a dozen lines of
+# dagster.log per run that bury what a user looks there for. Only these three are silenced.
+_KNOWN_PREVIEWS = ((dg.BetaWarning, r"Parameter `backfill_policy` of function `asset`"),
+                   (dg.BetaWarning, r"Function `observable_source_asset`"),
+                   (dg.PreviewWarning, r"Specifying a partitions_def on an AssetCheckSpec"))
+
+
+def build_definitions(specs: list[Spec], settings: LaminarSettings, resources: dict | None = None,
+                      contracts_dir: str | pathlib.Path | None = CONTRACTS, *,
+                      thread_executor: bool = True) -> dg.Definitions:
+    """Every asset, check, sensor, schedule and job of `specs`, with the contracts in `contracts_dir`:
+    the one builder of this repository's definitions and of `LaminarComponent`'s. `thread_executor`:
+    runs use Laminar's thread executor (else the code location's default)."""
+    with warnings.catch_warnings():
+        for category, message in _KNOWN_PREVIEWS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        return _build_definitions(specs, settings, resources, contracts_dir, thread_executor)
+
+
+def _build_definitions(specs, settings, resources, contracts_dir, use_threads) -> dg.Definitions:
+    specs, contracts = specs_with_contracts(specs, contracts_dir)
+    readers: dict[str, list[str]] = {}
+    for s in specs:
+        for src in (*s.sources, *s.dimension_tables):
+            readers.setdefault(src, []).append(s.name)
+    assets = [build_source_asset(t) for t in source_tables(specs)]
+    assets += [build_asset(s, settings, contracts, readers=tuple(readers.get(s.sink, ()))) for s in specs]
+    checks = [build_lag_check(s) for s in specs]
+    checks += [build_contract_check(s, contracts[s.sink], settings) for s in specs if s.sink in contracts]
+    checks += [build_equivalence_check(s, settings) for s in specs if isinstance(s, FlowSpec)]
+    blocking = {s.name for s in specs if s.sink in contracts and contracts[s.sink].blocking}
+    sensors = build_pipeline_sensors(specs, settings, blocking=blocking,
+                                     contracts={s.name for s in specs if s.sink in contracts})
+    sensors.append(build_stale_sensor(specs, settings))
+    sensors.append(build_failure_sensor(settings))
+    jobs, schedules = [], []
+    by_name = {s.name: s for s in specs}
+    part_of = {s.name: c.name for c in components(specs) for s in c.specs}
+    for name, cron in settings.schedules.items():
+        if name in by_name:
+            job, schedule = build_schedule(by_name[name], cron, settings, part_of[name])
+            jobs.append(job)
+            schedules.append(schedule)
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=checks,
+        sensors=sensors,
+        schedules=schedules,
+        jobs=jobs,
+        resources=resources or {"laminar": LaminarResource(spark=SparkResource())},
+        executor=thread_executor if use_threads else None,
+    )
