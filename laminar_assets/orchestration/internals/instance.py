@@ -166,9 +166,23 @@ class LaminarSqliteStorage(DagsterSqliteStorage):
         return cls.from_local(inst_data=inst_data, **config_value)
 
 
+# Dagster's sensor daemon evaluates its sensors in a loop that sleeps up to 5 s between passes
+# (`dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME`, not configurable), so a commit waited 2.5 s on
+# average, 5 s at worst, before a sensor with a 1 s minimum interval even looked. A Laminar instance
+# loops every second; each sensor still keeps its own minimum interval.
+SENSOR_LOOP_SECONDS = 1
+
+
 class LaminarInstance(DagsterInstance):
-    """A `DagsterInstance` whose default storage is `LaminarSqliteStorage` in the instance's folder.
-    Everything else, and any storage dagster.yaml configures, is Dagster's."""
+    """A `DagsterInstance` whose default storage is `LaminarSqliteStorage` in the instance's folder,
+    and whose daemon evaluates sensors every `SENSOR_LOOP_SECONDS`. Everything else, and any storage
+    dagster.yaml configures, is Dagster's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import dagster._daemon.sensor as sensor_daemon
+
+        sensor_daemon.MIN_INTERVAL_LOOP_TIME = min(sensor_daemon.MIN_INTERVAL_LOOP_TIME, SENSOR_LOOP_SECONDS)
 
     @classmethod
     def config_schema(cls) -> Mapping:
