@@ -282,6 +282,26 @@ def test_every_dagster_command_shown_exists():
     assert {"dev", "asset materialize"} <= seen, seen
 
 
+def test_every_dg_command_shown_is_one_the_component_test_runs():
+    """`dg` commands shown in the docs are run, with the options shown, by the team-project test
+    (tests/orchestration/test_component.py): `dg --help` cannot check them (dg's help prints usage only)."""
+    test = "\n".join((REPO / "tests" / "orchestration" / f).read_text() for f in ("test_component.py", "team_project.py"))
+    ran = set(re.findall(r'"(scaffold|list|launch|dev)", "?([\w.-]*)', test))
+    shown, problems = set(), []
+    for where, text, words in commands("dg"):
+        if not words:
+            continue
+        command = (words[0], words[1] if len(words) > 1 and words[0] in ("scaffold", "list") else "")
+        shown.add(command)
+        if words[0] in ("scaffold", "list") and (words[0], words[1]) not in ran or \
+                words[0] in ("launch", "dev") and not any(c == words[0] for c, _ in ran):
+            problems.append(f"{where}: `{text}`: not run by test_component.py")
+        problems += [f"{where}: `{text}`: option {o} not used by test_component.py"
+                     for o in options(words[1:]) if f'"{o}"' not in test]
+    assert not problems, "\n".join(problems)
+    assert {("scaffold", "defs"), ("list", "defs"), ("dev", "")} <= shown, shown
+
+
 def test_every_python_module_shown_exists():
     seen, problems = set(), []
     for where, text, words in commands("python"):

@@ -165,6 +165,8 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
             md = record.asset_materialization.metadata
             check_partition_page(browser, PartitionFacts(name, record.partition_key, md["mode"].value,
                                                          md["reason"].value, md["versions_to"].value))
-        check_partition_plots(browser, "vwap_1m", "rows_read")
+        # the run's numbers and the asset's rolling hit and fallback rates, plotted
+        check_partition_plots(browser, "vwap_1m", "rows_read", "refilled_share", "recent_hit_rate",
+                              "recent_refill_share")
     finally:
         browser.close()

@@ -132,13 +132,14 @@ def check_asset_checks(browser: Browser, asset: str, checks: list[str]) -> None:
             raise browser.fail(name, f"{asset}: check `{check}` shows '{status}', expected 'Succeeded'")
 
 
-def check_partition_plots(browser: Browser, asset: str, metric: str) -> None:
-    """The asset's Overview plots its numeric metadata by partition (the default view) with `metric`
-    among the plots, instead of Dagster's empty state."""
+def check_partition_plots(browser: Browser, asset: str, *metrics: str) -> None:
+    """The asset's Overview plots its numeric metadata by partition (the default view) with each of
+    `metrics` among the plots, instead of Dagster's empty state."""
     name = f"plots_{asset}"
     browser.open(f"/assets/{asset}", name, wait_for="Metadata")
     browser.page.get_by_text("Plots", exact=True).first.click()
     browser.page.wait_for_timeout(3000)
     text = browser.save(name)
-    if "Asset plots are automatically generated" in text or not re.search(rf"^{metric}$", text, re.M):
-        raise browser.fail(name, f"{asset}: the partition plots do not show `{metric}`")
+    for metric in metrics:
+        if "Asset plots are automatically generated" in text or not re.search(rf"^{metric}$", text, re.M):
+            raise browser.fail(name, f"{asset}: the partition plots do not show `{metric}`")

@@ -70,6 +70,8 @@ def test_a_team_project_scaffolds_lists_runs_and_automates_downstream(tmp_path):
     assert "type: laminar_assets.LaminarComponent" in text and lake in text
 
     stage("scaffolded")
+    proc = run_dg(project, env, "list", "components")
+    assert proc.returncode == 0 and "laminar_assets.LaminarComponent" in proc.stdout, proc.stderr[-3000:]
     found = listed(project, env)
     assets = {a["asset_key"] for a in found["assets"]}
     assert {"trades_1m", "raw_trades", "busiest_symbol"} <= assets
