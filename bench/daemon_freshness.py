@@ -115,14 +115,16 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
     import dagster as dg
 
     from laminar_assets.definitions import specs_with_contracts
-    from laminar_assets.demo.generator import BatchOptions, append_trades, write_batch
+    from laminar_assets.demo.generator import BatchOptions, append_trades, recent_start, write_batch
     from laminar_assets.flows import load_specs
     from laminar_assets.pipeline.graph import components
     from laminar_assets.pipeline.settings import load_settings
 
     [component] = components(specs_with_contracts(load_specs())[0])
     interval = float(load_settings().sensor_interval_seconds)
-    loop = max(5.0, interval)  # Dagster's sensor daemon loops at most once every 5 s
+    from laminar_assets.orchestration.internals.instance import SENSOR_LOOP_SECONDS
+
+    loop = max(float(SENSOR_LOOP_SECONDS), interval)  # the Laminar instance's sensor daemon loop
     work = tempfile.mkdtemp(prefix="laminar-daemon-bench-")
     root, home = os.path.join(work, "lake"), os.path.join(work, "dagster_home")
     os.makedirs(home)
@@ -151,7 +153,8 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
                 raise RuntimeError(f"the Connect server's warm-up did not finish; see {warm_log}")
             warm_up_s = time.monotonic() - t
         instance = dg.DagsterInstance.from_config(home)
-        summary = write_batch(root, BatchOptions(rows=rows, seed=seed), batch=0)
+        # recent data, as `laminar demo` writes: the project's partitions start two days back
+        summary = write_batch(root, BatchOptions(rows=rows, seed=seed, start=recent_start()), batch=0)
         t = time.monotonic()
         if not _wait(lambda: _caught_up(component, root, instance) and instance.get_run_ids(), 900):
             raise RuntimeError("the first batch did not reach the sinks within 15 min")
