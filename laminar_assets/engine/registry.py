@@ -15,7 +15,7 @@ import sys
 from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
 
-from laminar_assets.errors import SpecError
+from laminar_assets.errors import LaminarError, SpecError
 
 from .spec.specs import FlowSpec, Spec, StageSpec
 from .sql.views import compile_sql_file
@@ -67,8 +67,8 @@ def _folder(package) -> str | None:
     """The folder `package` names, when it is a path rather than a module (name)."""
     if isinstance(package, os.PathLike) or (isinstance(package, str) and (os.sep in package or os.path.isdir(package))):
         if not os.path.isdir(package):
-            raise SpecError(f"flows folder {os.fspath(package)!r} does not exist: expected a folder of .py and .sql "
-                            "specs (or a module name such as 'laminar_assets.flows')", field="flows")
+            raise LaminarError(f"flows folder {os.fspath(package)!r} does not exist: expected a folder of .py and "
+                               ".sql specs (or a module name such as 'laminar_assets.flows')", field="flows")
         return os.path.abspath(package)
     return None
 

@@ -11,7 +11,7 @@ from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_ru
 from laminar_assets.engine import Agg, FlowSpec, Hopping, StageSpec, Tumbling
 from laminar_assets.engine.registry import collect_specs
 from laminar_assets.engine.sql.views import compile_sql, compile_sql_file
-from laminar_assets.errors import SpecError, SqlDefinitionError
+from laminar_assets.errors import LaminarError, SpecError, SqlDefinitionError
 from laminar_assets.flows import load_specs
 
 PIPELINE_SQL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "sql", "trades_pipeline.sql")
@@ -148,3 +148,23 @@ def test_sql_files_in_the_flows_package_are_loaded_and_names_defined_twice_fail(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(SpecError, match=r"duplicate flow name 'f' in .*two.sql:1 and dupflows.one"):
         collect_specs("dupflows")
+
+
+def test_specs_from_a_plain_folder_of_python_and_sql_files(tmp_path):
+    """A dg project's flows folder need not be a package: its .py and .sql files load, each folder's
+    modules under their own names (two folders' `flows.py` do not collide)."""
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "flows.py").write_text(
+            "from laminar_assets.engine import Agg, FlowSpec, Tumbling\n"
+            f"f_{name} = FlowSpec(name='f_{name}', source='t', event_time='ts', window=Tumbling('1m'),\n"
+            "                   aggregates=(Agg.count(),))\n")
+        (folder / "_helpers.py").write_text("raise RuntimeError('modules starting with _ are not imported')\n")
+    (tmp_path / "a" / "more.sql").write_text(
+        "CREATE MATERIALIZED VIEW g AS SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) AS n "
+        "FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE);\n")
+    assert sorted(s.name for s in collect_specs(str(tmp_path / "a"))) == ["f_a", "g"]
+    assert [s.name for s in collect_specs(tmp_path / "b")] == ["f_b"]
+    with pytest.raises(LaminarError, match="flows folder .*nowhere.* does not exist"):
+        collect_specs(str(tmp_path / "nowhere"))
