@@ -38,6 +38,7 @@ class CliContext:
     root: str
     dagster_home: str
     debug: bool
+    flows: str | None = None  # a folder of .py/.sql specs or a module; None: this project's laminar_assets.flows
 
     def require_lake(self) -> None:
         """Commands that read a lake fail on a root that is not there (a mistyped --root, or no lake created
@@ -55,6 +56,10 @@ class CliContext:
                                 "right --root (or set LAMINAR_ROOT), or create a lake with `laminar demo`")
 
     def specs(self):
+        if self.flows:  # e.g. a dg project's component folder (defs/trades/flows)
+            from laminar_assets.engine import collect_specs
+
+            return collect_specs(self.flows)
         from laminar_assets.flows import load_specs
 
         return load_specs()
@@ -100,10 +105,13 @@ def _options(
     ctx: typer.Context,
     root: str = typer.Option(None, "--root", help="Storage root of the Delta tables (default $LAMINAR_ROOT or ./.laminar/lake)."),
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    flows: str = typer.Option(None, "--flows", help="The flows to use: a folder of .py and .sql specs (a dg "
+                              "project's component folder, e.g. defs/trades/flows) or a module (default: this "
+                              "project's laminar_assets.flows)."),
 ) -> None:
     root = storage.resolve_root(root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
     home = os.path.abspath(os.environ.get("DAGSTER_HOME") or ".dagster_home")
-    ctx.obj = CliContext(root=root, dagster_home=home, debug=debug)
+    ctx.obj = CliContext(root=root, dagster_home=home, debug=debug, flows=flows)
 
 
 def emit_json(data) -> None:

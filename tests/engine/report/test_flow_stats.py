@@ -93,16 +93,22 @@ def test_system_tables_show_outcomes_and_daily_stats(ran):
                                          "refills_by_reason", "windows_per_refill")}
 
 
-def test_laminar_status_shows_the_rates(ran, tmp_path, monkeypatch):
+def test_laminar_status_shows_the_rates(ran, tmp_path):
     from tests.cli.test_cli import invoke
 
     lake = ran[0]
-    monkeypatch.setattr("laminar_assets.flows.load_specs", lambda: [HIGH])  # the CLI's project: this one flow
-    out = invoke("--root", lake.root, "status", "--json", "--since", "1h", home=tmp_path / "dh")
+    flows = tmp_path / "flows"  # a dg project's flows folder, as `--flows` names it
+    flows.mkdir()
+    (flows / "highs.py").write_text(
+        "from laminar_assets.engine import Agg, FlowSpec, Tumbling\n"
+        "highs = FlowSpec(name='highs', source='raw', event_time='ts', window=Tumbling('10m'), keys=('sym',),\n"
+        "                 aggregates=(Agg.max('px', name='high'), Agg.count(name='trades')))\n")
+    common = ("--root", lake.root, "--flows", str(flows), "status")
+    out = invoke(*common, "--json", "--since", "1h", home=tmp_path / "dh")
     assert out.exit_code == 0, out.output
     [row] = json.loads(out.output)
     assert row["rates"]["partition_runs"] == 4 and row["rates"]["hit_rate"] == pytest.approx(1 / 3, abs=1e-4)
-    text = invoke("--root", lake.root, "status", home=tmp_path / "dh").output
+    text = invoke(*common, home=tmp_path / "dh").output
     assert "hit rate" in text and "33%" in text and "partition runs, since" in text
-    bad = invoke("--root", lake.root, "status", "--since", "soon", home=tmp_path / "dh")
+    bad = invoke(*common, "--since", "soon", home=tmp_path / "dh")
     assert bad.exit_code != 0 and "expected a duration like '24h'" in bad.output
