@@ -29,7 +29,7 @@ def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
     `SpecError` naming the modules or files involved.
     """
     folder = _folder(package)
-    pkg = None if folder else importlib.import_module(package) if isinstance(package, str) else package
+    pkg = None if folder else _import(package) if isinstance(package, str) else package
     found: dict[str, tuple[Spec, str]] = {}
     sinks: dict[str, str] = {}
 
@@ -61,6 +61,16 @@ def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
             for value in compile_sql_file(path):
                 add(value, value.origin)
     return order_specs([spec for spec, _ in found.values()])
+
+
+def _import(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not name.startswith(exc.name):
+            raise  # the module exists; something it imports does not
+        raise LaminarError(f"flows module {name!r} cannot be imported ({exc}): expected an importable package of "
+                           "specs, or a folder path", field="flows") from None
 
 
 def _folder(package) -> str | None:

@@ -9,7 +9,7 @@ import warnings
 import dagster as dg
 
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-from laminar_assets.engine import FlowSpec, Spec
+from laminar_assets.engine import FlowSpec, LaminarError, Spec
 from laminar_assets.orchestration.alerts import build_failure_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
@@ -36,12 +36,13 @@ def specs_with_contracts(specs: list[Spec], contracts_dir: str | pathlib.Path | 
     return [with_contract_rules(s, contracts) for s in specs], contracts
 
 
-# Dagster marks three features Laminar relies on as beta/preview and warns each time they are used:
+# Dagster marks four features Laminar relies on as beta/preview and warns each time they are used:
 # in every process that loads the definitions (code server, each launched run), a dozen lines of
-# dagster.log per run that bury what a user looks there for. Only these three are silenced.
+# dagster.log per run that bury what a user looks there for. Only these four are silenced.
 _KNOWN_PREVIEWS = ((dg.BetaWarning, r"Parameter `backfill_policy` of function `asset`"),
                    (dg.BetaWarning, r"Function `observable_source_asset`"),
-                   (dg.PreviewWarning, r"Specifying a partitions_def on an AssetCheckSpec"))
+                   (dg.PreviewWarning, r"Specifying a partitions_def on an AssetCheckSpec"),
+                   (dg.BetaWarning, r"Parameter `execution_type` of function `AssetsDefinition"))
 
 
 def build_definitions(specs: list[Spec], settings: LaminarSettings, resources: dict | None = None,
@@ -76,10 +77,12 @@ def _build_definitions(specs, settings, resources, contracts_dir, use_threads) -
     by_name = {s.name: s for s in specs}
     part_of = {s.name: c.name for c in components(specs) for s in c.specs}
     for name, cron in settings.schedules.items():
-        if name in by_name:
-            job, schedule = build_schedule(by_name[name], cron, settings, part_of[name])
-            jobs.append(job)
-            schedules.append(schedule)
+        if name not in by_name:
+            raise LaminarError(f"schedule for unknown flow {name!r}: expected one of {', '.join(sorted(by_name))}; "
+                               "fix the name under `schedules`", flow=name, field="schedules")
+        job, schedule = build_schedule(by_name[name], cron, settings, part_of[name])
+        jobs.append(job)
+        schedules.append(schedule)
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,

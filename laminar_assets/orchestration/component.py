@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import dagster as dg
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 EXAMPLE_FLOW = """-- An example flow: per-minute volume and VWAP of a Delta table `raw_trades`
 -- (columns event_time TIMESTAMP, symbol STRING, price DOUBLE, quantity BIGINT) under the lake root.
@@ -66,6 +66,27 @@ class LaminarScaffolder(dg.Scaffolder[LaminarScaffoldParams]):
             example.write_text(EXAMPLE_FLOW)
 
 
+class SparkAttributes(dg.Model):
+    """The run's Spark (`SparkResource`): unset fields fall back to LAMINAR_SPARK_* when a run starts."""
+
+    master: str | None = Field(default=None, description="A cluster's master URL (spark://host:7077).")
+    remote: str | None = Field(default=None, description="A Spark Connect endpoint (sc://host:15002).")
+    shuffle_partitions: int = 4
+    driver_memory: str = "2g"
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
+    jit: str | None = Field(default=None, description="'tiered', 'hot' or 'quick' for a JVM Laminar starts.")
+
+
+class S3Attributes(dg.Model):
+    """An S3 or S3-compatible store for an s3:// lake root; unset fields come from the AWS environment."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    path_style: bool | None = None
+
+
 @dg.scaffold_with(LaminarScaffolder)
 class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
     """Laminar: incremental time-window rollups over Delta tables, computed by Spark. One partitioned
@@ -83,12 +104,12 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
     lake_root: str | None = Field(default=None, description=(
         'Storage root of the Delta tables: a path (relative to the project root) or s3://bucket/prefix. None:'
         ' LAMINAR_ROOT when a run starts, else .laminar/lake.'))
-    spark: dict[str, Any] = Field(default_factory=dict, description=(
-        "The run's Spark (`SparkResource` fields): `remote: sc://host:15002` for a Connect server, `master: "
-        "spark://host:7077` for a cluster, `conf: {...}`; default: a local JVM per run."))
-    s3: dict[str, Any] = Field(default_factory=dict, description=(
-        'Object-store fields of the resource (endpoint, region, access_key_id, secret_access_key, path_style)'
-        ' for an s3:// root; unset ones come from the AWS environment.'))
+    spark: SparkAttributes = Field(default_factory=SparkAttributes, description=(
+        "The run's Spark: `remote: sc://host:15002` for a Connect server, `master: spark://host:7077` for a "
+        "cluster, `conf: {...}`; default: a local JVM per run."))
+    s3: S3Attributes = Field(default_factory=S3Attributes, description=(
+        "Object-store fields (endpoint, region, access_key_id, secret_access_key, path_style) for an s3:// "
+        "root; unset ones come from the AWS environment."))
     partitions_start: str | None = Field(default=None, description=(
         "First partition of every flow without its own `start`: an ISO date or 'today - N days'."))
     schedules: dict[str, str] = Field(default_factory=dict, description=(
@@ -104,8 +125,17 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         "becomes the code location's default executor, so set false when the project's own jobs need "
         "Dagster's multiprocess executor."))
 
+    @field_validator("partitions_start")
+    @classmethod
+    def _start(cls, value: str | None) -> str | None:
+        if value is not None:
+            from laminar_assets.pipeline.settings import resolve_start
+
+            resolve_start(value)  # a ValueError here names the field, the file and the line
+        return value
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from laminar_assets.engine import collect_specs
+        from laminar_assets.engine import LaminarError, collect_specs
         from laminar_assets.orchestration.builder import build_definitions
         from laminar_assets.pipeline.settings import LaminarSettings
         from laminar_assets.resources import LaminarResource, SparkResource
@@ -117,8 +147,11 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         root = self.lake_root
         if root and "://" not in root and not os.path.isabs(root):
             root = str(context.project_root / root)  # runs and the daemon may start elsewhere
-        laminar = LaminarResource(root=root, spark=SparkResource(**self.spark),
-                                  **{f"s3_{k}": v for k, v in self.s3.items()})
+        if self.contracts is not None and not os.path.isdir(self.contracts):
+            raise LaminarError(f"contracts folder {self.contracts!r} does not exist: expected a folder of contract "
+                               "YAML files; create it, or drop `contracts` for no contract checks", field="contracts")
+        laminar = LaminarResource(root=root, spark=SparkResource(**self.spark.model_dump()),
+                                  **{f"s3_{k}": v for k, v in self.s3.model_dump().items()})
         return build_definitions(collect_specs(self.flows), settings, resources={"laminar": laminar},
                                  contracts_dir=self.contracts, thread_executor=self.thread_executor)
 

@@ -1,0 +1,62 @@
+"""LaminarComponent's attributes are checked when the defs.yaml loads: a misspelled key, a bad start,
+an unknown flow under `schedules`, a missing folder are errors naming the field (the team-project
+test, test_component.py, runs the component through `dg` itself)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from laminar_assets.engine.registry import collect_specs
+from laminar_assets.errors import LaminarError
+from laminar_assets.flows import load_specs
+from laminar_assets.orchestration.builder import build_definitions
+from laminar_assets.orchestration.component import LaminarComponent
+from laminar_assets.pipeline.settings import LaminarSettings
+
+
+@pytest.mark.parametrize("attributes,where", [
+    ({"spark": {"mastr": "local[2]"}}, "mastr"),
+    ({"s3": {"endpont": "http://127.0.0.1:9000"}}, "endpont"),
+    ({"partitions_start": "2026-13-01"}, "expected an ISO date"),
+    ({"partition_start": "2026-11-01"}, "partition_start"),
+])
+def test_a_misspelled_or_bad_attribute_is_an_error_naming_it(attributes, where):
+    with pytest.raises(ValidationError, match=where):
+        LaminarComponent(**attributes)
+
+
+def test_typed_spark_and_s3_attributes_reach_the_resource():
+    component = LaminarComponent(spark={"remote": "sc://127.0.0.1:15002", "conf": {"spark.x": "1"}},
+                                 s3={"endpoint": "http://127.0.0.1:9000", "path_style": True})
+    assert component.spark.remote == "sc://127.0.0.1:15002" and component.s3.path_style is True
+
+
+def test_a_schedule_of_an_unknown_flow_names_the_known_ones():
+    with pytest.raises(LaminarError, match=r"schedule for unknown flow 'vwap_1mm': expected one of .*vwap_1m"):
+        build_definitions(load_specs(), LaminarSettings(schedules={"vwap_1mm": "*/15 * * * *"}))
+
+
+def test_a_flows_module_that_does_not_exist_names_the_field():
+    with pytest.raises(LaminarError, match=r"flows module 'teamproj.flowz' cannot be imported.*\[field=flows\]"):
+        collect_specs("teamproj.flowz")
+
+
+def test_the_docs_snippet_that_creates_raw_trades_writes_what_the_example_flow_reads(tmp_path, monkeypatch):
+    """docs/dg-component.md's first-try snippet, run as shown, gives the columns the scaffolded flow uses."""
+    import pathlib
+    import re
+
+    from deltalake import DeltaTable
+
+    from laminar_assets.engine.sql.views import compile_sql
+    from laminar_assets.orchestration.component import EXAMPLE_FLOW
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "dg-component.md").read_text()
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "write_deltalake" in b]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "dg-component.md", "exec"), {})
+    table = DeltaTable(str(tmp_path / ".laminar" / "lake" / "raw_trades"))
+    [flow] = compile_sql(EXAMPLE_FLOW, origin="trades_1m.sql")
+    columns = {f.name for f in table.schema().fields}
+    assert {flow.event_time, *flow.keys, "price", "quantity"} <= columns and table.to_pandas().shape[0] == 2
