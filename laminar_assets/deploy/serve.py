@@ -62,9 +62,8 @@ class Deployment:
 def _stop_group(process: subprocess.Popen, timeout: float) -> None:
     """Stop a process group: SIGINT first (what Ctrl-C sends; `dagster dev` shuts its webserver, daemon and
     code servers down on it in seconds, while on SIGTERM it sat out the whole timeout), then SIGTERM,
-    then SIGKILL. A group that ignored SIGINT for `timeout` seconds gets at most 15 s more on SIGTERM:
-    a stop that hangs (a loaded machine; CI once saw `dagster dev` outlive 20 s of SIGINT and 60 s of
-    SIGTERM) ends within `timeout` + 25 s, not `timeout` + 70 s."""
+    then SIGKILL. A group that ignored SIGINT for `timeout` seconds gets at most 15 s more on SIGTERM,
+    so a stop that hangs ends within `timeout` + 25 s."""
     for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, min(15.0, timeout)), (signal.SIGKILL, 10.0)):
         if process.poll() is not None:
             return

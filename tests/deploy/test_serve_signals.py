@@ -33,8 +33,10 @@ def _start(tmp_path: Path, ignored: tuple[int, ...]) -> tuple[subprocess.Popen, 
     ui = free_port()
 
     def ignore() -> None:
-        for sig in ignored:
-            signal.signal(sig, signal.SIG_IGN)
+        # exactly `ignored` ignored, whatever the test runner inherited: a runner started under nohup
+        # passes SIGHUP on ignored, and serve (rightly) keeps an ignored SIGHUP ignored
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
 
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", str(tmp_path / "lake"), "serve",
