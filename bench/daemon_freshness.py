@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -111,7 +110,7 @@ def _run_breakdown(instance, run_ids: list[str], assets: list[str]) -> list[dict
     return out
 
 
-def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
+def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launch: bool = False) -> dict:
     import dagster as dg
 
     from laminar_assets.definitions import specs_with_contracts
@@ -128,7 +127,13 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int) -> dict:
     work = tempfile.mkdtemp(prefix="laminar-daemon-bench-")
     root, home = os.path.join(work, "lake"), os.path.join(work, "dagster_home")
     os.makedirs(home)
-    shutil.copy(os.path.join(REPO, "dagster.yaml"), home)
+    with open(os.path.join(REPO, "dagster.yaml")) as fh:
+        instance_yaml = fh.read()
+    if cold_launch:  # every run through the code server in a new process, as with Dagster's default launcher
+        assert "warm_workers: 2" in instance_yaml, "dagster.yaml no longer sets warm_workers: 2"
+        instance_yaml = instance_yaml.replace("warm_workers: 2", "warm_workers: 0")
+    with open(os.path.join(home, "dagster.yaml"), "w") as fh:
+        fh.write(instance_yaml)
     env = {k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}
     env.update(DAGSTER_HOME=home, LAMINAR_ROOT=root)
     ui = _free_port()
@@ -212,12 +217,15 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=10)
     parser.add_argument("--rows", type=int, default=1000, help="rows of the first batch; each commit is 1/20")
     parser.add_argument("--local-spark", action="store_true")
+    parser.add_argument("--cold-launch", action="store_true",
+                        help="no warm run workers (warm_workers: 0): every run starts a new process")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "daemon_freshness.json"))
     args = parser.parse_args()
-    result = measure(args.commits, local_spark=args.local_spark, rows=args.rows, seed=args.seed)
+    result = measure(args.commits, local_spark=args.local_spark, rows=args.rows, seed=args.seed,
+                     cold_launch=args.cold_launch)
     existing = json.load(open(args.out)) if os.path.exists(args.out) else {}
-    existing["local_spark" if args.local_spark else "connect"] = result
+    existing[("local_spark" if args.local_spark else "connect") + ("_cold_launch" if args.cold_launch else "")] = result
     with open(args.out, "w") as fh:
         json.dump(existing, fh, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))

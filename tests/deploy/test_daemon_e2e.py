@@ -24,6 +24,7 @@ from laminar_assets.demo.generator import BatchOptions, recent_start, write_batc
 from laminar_assets.engine import FlowSpec
 from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.flows import load_specs
+from laminar_assets.orchestration.internals.run_launcher import WORKER_TAG
 from laminar_assets.orchestration.sensors import ACTIVE
 from laminar_assets.pipeline.graph import components
 from laminar_assets.pipeline.tick import Cursor, plan_tick
@@ -142,6 +143,9 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
     # the run workers ran their steps with Laminar's thread executor, independent steps side by side
     assert all(any("Executing steps in up to" in (e.message or "") for e in instance.all_logs(r.run_id))
                for r in runs)
+    # the daemon's first run starts the warm workers (and goes through the code server); the newest
+    # run, a batch later, was handed to one of them (dagster.yaml's run_launcher)
+    assert WORKER_TAG not in runs[-1].tags and WORKER_TAG in runs[0].tags, [r.tags for r in runs]
     checks = [c for c in instance.event_log_storage.get_asset_check_partition_info(
         [dg.AssetCheckKey(dg.AssetKey(s.name), n) for s in SPECS for n in ("contract", "equivalence")],
         partition_keys=None)]

@@ -1,0 +1,139 @@
+"""The warm run launcher (laminar_assets/orchestration/internals/run_launcher.py) on a real instance
+built from the project's dagster.yaml: a run executes in a pre-started worker that had already
+imported the heavy libraries, and the run's lifecycle (success, terminate, a worker that dies, the
+default path when no worker is warm, a worker outliving nobody) is Dagster's."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.reconstruct import ReconstructableJob
+from dagster._core.launcher import LaunchRunContext
+
+from laminar_assets.orchestration.internals.run_launcher import WORKER_TAG, WarmRunLauncher
+
+REPO = Path(__file__).resolve().parents[3]
+
+PROBE = '''
+import json, os, sys, time
+import dagster as dg
+
+@dg.op(config_schema={"out": str, "sleep": float, "exit_code": int})
+def probe(context):
+    cfg = context.op_config
+    # what this process had imported when the run's first step began
+    warm = {m: m in sys.modules for m in ("great_expectations", "pandas", "pyspark.sql")}
+    with open(cfg["out"], "w") as f:
+        json.dump({"pid": os.getpid(), "warm": warm}, f)
+    if cfg["exit_code"]:
+        os._exit(cfg["exit_code"])
+    time.sleep(cfg["sleep"])
+
+@dg.job(executor_def=dg.in_process_executor)  # like Laminar's thread executor: steps run in the run process
+def probe_job():
+    probe()
+'''
+
+
+@pytest.fixture
+def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
+    home = tmp_path / "home"
+    home.mkdir()
+    # the project's own dagster.yaml: its run_launcher section is what this test is about
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    (tmp_path / "probe_job.py").write_text(PROBE)
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        yield inst
+        inst.run_launcher.dispose()
+
+
+def _run(instance: dg.DagsterInstance, tmp_path: Path, *, sleep: float = 0.0, exit_code: int = 0):
+    recon = ReconstructableJob.for_file(str(tmp_path / "probe_job.py"), "probe_job")
+    config = {"ops": {"probe": {"config": {"out": str(tmp_path / "probe.json"), "sleep": sleep,
+                                           "exit_code": exit_code}}}}
+    return instance.create_run_for_job(job_def=recon.get_definition(), run_config=config,
+                                       job_code_origin=recon.get_python_origin())
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _warm(instance: dg.DagsterInstance) -> WarmRunLauncher:
+    launcher = instance.run_launcher
+    assert isinstance(launcher, WarmRunLauncher), "dagster.yaml should configure the warm run launcher"
+    launcher.prepare()
+    _wait(lambda: launcher.idle_workers() >= 1, 120, "a warm worker")
+    return launcher
+
+
+def _finished(instance: dg.DagsterInstance, run_id: str, timeout: float = 120) -> dg.DagsterRun:
+    return _wait(lambda: (r := instance.get_run_by_id(run_id)) and r.is_finished and r, timeout,
+                 f"run {run_id} to finish")
+
+
+def test_run_executes_in_a_warm_worker(instance, tmp_path):
+    _warm(instance)
+    run = _run(instance, tmp_path)
+    instance.launch_run(run.run_id, workspace=None)  # the warm path needs no code server
+    done = _finished(instance, run.run_id)
+    assert done.status == dg.DagsterRunStatus.SUCCESS
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    worker = json.loads(done.tags[WORKER_TAG])
+    assert probe["pid"] == worker["pid"] != os.getpid()
+    assert probe["warm"] == {"great_expectations": True, "pandas": True, "pyspark.sql": True}, probe
+    started = [e.message for e in instance.all_logs(run.run_id) if "Started process for run" in (e.message or "")]
+    assert started == [f"Started process for run (pid: {worker['pid']})."]
+
+
+def test_terminate_cancels_the_run(instance, tmp_path):
+    _warm(instance)
+    run = _run(instance, tmp_path, sleep=120)
+    instance.launch_run(run.run_id, workspace=None)
+    _wait(lambda: (tmp_path / "probe.json").exists(), 60, "the step to start")
+    # the UI terminates from another process: a launcher built from the same dagster.yaml
+    with dg.DagsterInstance.from_ref(instance.get_ref()) as other:
+        assert other.run_launcher.terminate(run.run_id)
+    done = _finished(instance, run.run_id, timeout=60)
+    assert done.status == dg.DagsterRunStatus.CANCELED
+
+
+def test_a_worker_that_dies_fails_its_run(instance, tmp_path):
+    _warm(instance)
+    run = _run(instance, tmp_path, exit_code=3)
+    instance.launch_run(run.run_id, workspace=None)
+    done = _finished(instance, run.run_id, timeout=60)
+    assert done.status == dg.DagsterRunStatus.FAILURE
+    failure = [e.message for e in instance.all_logs(run.run_id) if e.is_dagster_event and
+               e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
+    assert any("exited with code 3" in m for m in failure), failure
+
+
+def test_without_a_warm_worker_the_run_goes_the_default_way(instance, tmp_path):
+    launcher = instance.run_launcher
+    run = _run(instance, tmp_path)
+    # the first launch starts the workers and goes through the code server, as Dagster's own
+    # launcher does: without a workspace that is DefaultRunLauncher's own error
+    with pytest.raises(dg.DagsterInvariantViolationError, match="requires a workspace"):
+        launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+    assert WORKER_TAG not in instance.get_run_by_id(run.run_id).tags
+
+
+def test_idle_workers_exit_with_the_launcher(instance):
+    launcher = _warm(instance)
+    workers = list(launcher._workers)
+    launcher.dispose()
+    _wait(lambda: all(w.process.poll() is not None for w in workers), 30,
+          f"workers {[w.process.pid for w in workers]} to exit")
