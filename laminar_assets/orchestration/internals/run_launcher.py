@@ -257,10 +257,7 @@ def _serve_one_run() -> int:
     instance_ref = deserialize_value(sys.stdin.readline(), InstanceRef)
     with DagsterInstance.from_ref(instance_ref) as instance:
         control.write(_READY + "\n")
-        try:
-            run_id = sys.stdin.readline().strip()
-        except KeyboardInterrupt:
-            return 0
+        run_id = sys.stdin.readline().strip()
         if not run_id:
             return 0  # released: the launcher is gone or closed
         control.write(_ACCEPTED + "\n")
@@ -284,5 +281,12 @@ def _execute(run_id: str, instance) -> int:
             raise
 
 
+def main() -> int:
+    try:
+        return _serve_one_run()
+    except KeyboardInterrupt:  # Ctrl-C to `dagster dev` reaches its whole process group; a run interrupted
+        return 0               # mid-way has already been marked CANCELED by Dagster's own handling
+
+
 if __name__ == "__main__":
-    sys.exit(_serve_one_run())
+    sys.exit(main())
