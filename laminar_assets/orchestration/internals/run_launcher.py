@@ -15,9 +15,10 @@ through the code server. Every run is an ordinary Dagster run in the UI either w
 Only third-party libraries are imported ahead of time: Laminar's engine and the flows load with
 the run, so an edited flow or engine module is what the next run executes.
 
-A worker is a child of the process that launches runs (the daemon); it exits when its pipe closes,
-so it never outlives the daemon. Terminating a run (from the UI, any process on the same host)
-sends its worker SIGTERM, which Dagster turns into an interrupt: the run ends CANCELED.
+A worker is a child of the process that launches runs (the daemon); an idle one exits when its pipe
+closes, so it never outlives the daemon (one executing a run finishes the run first). Terminating a
+run from the same host sends its worker SIGTERM, which Dagster turns into an interrupt: the run ends
+CANCELED; from another host, the run's cancellation thread sees CANCELING and does the same.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
 from dagster._serdes import ConfigurableClassData, deserialize_value, serialize_value
 
 WORKER_TAG = "laminar/run_worker"
-"""Run tag naming the warm worker that executes a run: {"pid": ..., "host": ...}."""
+"""Run tag naming the warm worker that executes a run: {"pid": ..., "host": ..., "run_id": ...}. The run
+id is checked: Dagster copies a run's tags to its re-executions, which may go another way."""
 
 ACCEPT_SECONDS = 30.0
 """How long `launch_run` waits for a warm worker to confirm it took the run id before failing the launch."""
@@ -171,6 +173,8 @@ class WarmRunLauncher(DefaultRunLauncher):
         a run process that dies), then warm the next worker; warming never competes with the run."""
         def wait_then_top_up() -> None:
             code = worker.process.wait()
+            if self._closed:
+                return  # the instance is going away (the daemon stops): nothing to report on or warm
             run = self._instance.get_run_by_id(run_id)
             if run is not None and not run.is_finished:
                 self._instance.report_run_failed(
@@ -196,7 +200,7 @@ class WarmRunLauncher(DefaultRunLauncher):
             super().launch_run(context)
             return
         self._instance.add_run_tags(run.run_id, {WORKER_TAG: json.dumps(
-            {"pid": worker.process.pid, "host": socket.gethostname()})})
+            {"pid": worker.process.pid, "host": socket.gethostname(), "run_id": run.run_id})})
         accepted = worker.hand(run.run_id, ACCEPT_SECONDS)
         self._replace_after(worker, run.run_id)
         if not accepted:
@@ -212,6 +216,8 @@ class WarmRunLauncher(DefaultRunLauncher):
         if not run or WORKER_TAG not in run.tags:
             return None
         info = json.loads(run.tags[WORKER_TAG])
+        if info.get("run_id") != run_id:
+            return None  # a re-execution's copy of its parent's tag: this run went another way
         return int(info["pid"]) if info.get("host") == socket.gethostname() else -1
 
     def terminate(self, run_id: str) -> bool:
@@ -224,8 +230,8 @@ class WarmRunLauncher(DefaultRunLauncher):
         self._instance.report_run_canceling(run)
         if pid < 0:
             self._instance.report_engine_event(
-                f"Run {run_id} executes in a warm worker on another host; it stops at its next step "
-                "(the run's cancellation thread sees CANCELING).", run, cls=self.__class__)
+                f"Run {run_id} executes in a warm worker on another host; its cancellation thread "
+                "interrupts it when it sees CANCELING.", run, cls=self.__class__)
             return True
         try:
             os.kill(pid, signal.SIGTERM)
@@ -270,6 +276,12 @@ def _execute(run_id: str, instance) -> int:
     from dagster._utils.error import serializable_error_info_from_exc_info
     from dagster._utils.interrupts import capture_interrupts
 
+    watcher = None
+    if not instance.should_start_background_run_thread:  # else Dagster's own function starts one
+        from dagster._core.execution.run_cancellation_thread import start_run_cancellation_thread
+
+        # interrupts the run when its status turns CANCELING, whoever set it and from whatever host
+        watcher = start_run_cancellation_thread(instance, run_id)
     with capture_interrupts():
         try:
             return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
@@ -279,6 +291,11 @@ def _execute(run_id: str, instance) -> int:
             if run is not None and not run.is_finished:
                 instance.report_run_failed(run, f"Laminar's warm run worker could not execute the run:\n{error.to_string()}")
             raise
+        finally:
+            if watcher is not None:
+                thread, stop = watcher
+                stop.set()
+                thread.join(timeout=15)
 
 
 def main() -> int:

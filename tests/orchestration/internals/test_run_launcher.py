@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,3 +138,32 @@ def test_idle_workers_exit_with_the_launcher(instance):
     launcher.dispose()
     _wait(lambda: all(w.process.poll() is not None for w in workers), 30,
           f"workers {[w.process.pid for w in workers]} to exit")
+
+
+def test_a_run_on_another_host_is_stopped_by_its_cancellation_thread(instance, tmp_path):
+    """No signal reaches a worker on another host: the run's own cancellation thread sees CANCELING
+    (polled every 10 s, Dagster's default) and interrupts it."""
+    _warm(instance)
+    run = _run(instance, tmp_path, sleep=120)
+    instance.launch_run(run.run_id, workspace=None)
+    _wait(lambda: (tmp_path / "probe.json").exists(), 60, "the step to start")
+    info = json.loads(instance.get_run_by_id(run.run_id).tags[WORKER_TAG])
+    instance.add_run_tags(run.run_id, {WORKER_TAG: json.dumps({**info, "host": "elsewhere"})})
+    assert instance.run_launcher.terminate(run.run_id)
+    assert _finished(instance, run.run_id, timeout=60).status == dg.DagsterRunStatus.CANCELED
+
+
+def test_a_re_executions_copied_tag_never_signals_its_parents_worker(instance, tmp_path):
+    """Dagster copies a run's tags to its re-executions; one that went the default way must not
+    signal the pid its parent's tag names (by then, possibly another process)."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        run = _run(instance, tmp_path)
+        instance.add_run_tags(run.run_id, {WORKER_TAG: json.dumps(
+            {"pid": bystander.pid, "host": __import__("socket").gethostname(), "run_id": "the-parent-run"})})
+        instance.run_launcher.terminate(run.run_id)  # the default way: no code server to ask here
+        time.sleep(0.5)
+        assert bystander.poll() is None, "terminate signalled the process the copied tag names"
+    finally:
+        bystander.kill()
+        bystander.wait()
