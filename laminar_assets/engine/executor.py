@@ -219,8 +219,8 @@ class Engine:
         for _attempt in range(3):
             try:
                 return job.run_pass(self.ctx, spec, list(plans.values()), seqs, inputs, run_id)
-            except flow_job.PrecisionLost as lost:
-                again = {k: dict(escalation=Reason.PRECISION_LOSS, escalation_scope=w) for k, w in lost.windows.items()}
+            except flow_job.WindowsToRecompute as lost:
+                again = {k: dict(escalation=lost.reasons[k], escalation_scope=w) for k, w in lost.windows.items()}
             except stage_job.DedupReplaced as dup:  # or OutputReset: SCHEMA_CHANGED
                 again = {k: dict(escalation=Reason(dup.reason)) for k in dup.partitions}
             for k, kw in again.items():

@@ -1,8 +1,9 @@
 -- Flows defined in SQL: each CREATE MATERIALIZED VIEW here is an asset like a Python module's spec
 -- (compiled by laminar_assets/engine/sql_views.py; `laminar explain <name>` shows the compiled spec).
 
--- Incremental: COUNT(DISTINCT) keeps the set of accounts, MIN_BY/MAX_BY an (event time, price) pair. None
--- can retract, so a delete or an update recomputes the windows it touches (NON_APPEND_ON_NON_RETRACTABLE).
+-- Incremental: COUNT(DISTINCT) keeps the set of accounts, MIN_BY/MAX_BY an (event time, price) pair and
+-- how many rows hold it. The set cannot retract, so a delete or an update recomputes the windows it
+-- touches (NON_APPEND_ON_NON_RETRACTABLE).
 -- Laminar's MIN_BY/MAX_BY break ties by the value (Spark's own pick any of the tied rows).
 CREATE MATERIALIZED VIEW symbol_activity_15m
   PARTITIONED BY HOUR

@@ -69,13 +69,13 @@ def main(root: str, url: str) -> dict:
             "vectors": vectors_and_mapping(engine, root)}
 
 
-VECTOR_FLOWS = {"dv_sum": ("count", "sum"), "dv_max": ("count", "max")}
+VECTOR_FLOWS = {"dv_sum": ("count", "sum"), "dv_distinct": ("count", "distinct")}
 
 
 def vector_flow(name: str):
     from laminar_assets.engine import Agg, FlowSpec, Tumbling
 
-    aggs = {"count": Agg.count(), "sum": Agg.sum("px"), "max": Agg.max("px")}
+    aggs = {"count": Agg.count(), "sum": Agg.sum("px"), "distinct": Agg.count_distinct("px")}  # the last cannot retract
     return FlowSpec(name=name, source="dv_trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
                     aggregates=tuple(aggs[k] for k in VECTOR_FLOWS[name]))
 

@@ -49,13 +49,15 @@ DAY = pd.Timestamp("2024-01-01", tz="UTC")
 VENUES = ("XNYS", "XNAS", "XLON")
 
 SYM_10M = FlowSpec(name="sym_10m", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
-                   aggregates=(Agg.count(), Agg.sum("px"), Agg.max("px")))  # MAX cannot retract
+                   aggregates=(Agg.count(), Agg.sum("px"), Agg.max("px"), Agg.last("px")))  # extremes: retract
+                   # while a row holding the extreme is left (prices repeat: ties), else the window refills
 ACCOUNT_HOP = FlowSpec(name="account_hop", source="trades", event_time="ts", window=Hopping("20m", "10m"),
                        keys=("account",), aggregates=(Agg.count(), Agg.sum("qty"), Agg.avg("px")))
 CLEAN = StageSpec(name="clean", source="trades", event_time="ts", dedup_key=("id",),
                   rules=(RowRule("positive_px", "px > 0"),))
 VENUE_15M = FlowSpec(name="venue_15m", source="clean", event_time="ts", window=Tumbling("15m"), keys=("venue",),
-                     aggregates=(Agg.count(), Agg.sum("px"), Agg.min("qty")))
+                     aggregates=(Agg.count(), Agg.sum("px"), Agg.min("qty"), Agg.count_distinct("qty")))
+                     # COUNT(DISTINCT) cannot retract: changes refill the windows they touch
 [VENUE_SQL] = compile_sql("""
     CREATE MATERIALIZED VIEW venue_sql AS
     SELECT venue, TUMBLE(ts, INTERVAL '30' MINUTE), COUNT(*) AS n, SUM(qty) AS q
@@ -350,8 +352,9 @@ def _grouped(rows: pd.DataFrame, keys: list[str], aggs: dict) -> pd.DataFrame:
 
 
 def _sym_10m(rows):
-    w = _windows(rows, "10min", "10min")
-    return _grouped(w, ["sym"], {"count": ("id", "size"), "sum_px": ("px", "sum"), "max_px": ("px", "max")})
+    w = _windows(rows, "10min", "10min").sort_values(["ts", "px"])  # last: the latest event time, ties by price
+    return _grouped(w, ["sym"], {"count": ("id", "size"), "sum_px": ("px", "sum"), "max_px": ("px", "max"),
+                                 "last_px": ("px", "last")})
 
 
 def _account_hop(rows):
@@ -374,7 +377,8 @@ def _clean(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _venue_15m(rows):
     w = _windows(rows, "15min", "15min")
-    return _grouped(w, ["venue"], {"count": ("id", "size"), "sum_px": ("px", "sum"), "min_qty": ("qty", "min")})
+    return _grouped(w, ["venue"], {"count": ("id", "size"), "sum_px": ("px", "sum"), "min_qty": ("qty", "min"),
+                                   "count_distinct_qty": ("qty", "nunique")})
 
 
 REFERENCES = {"sym_10m": _sym_10m, "account_hop": _account_hop, "venue_sql": _venue_sql, "venue_15m": _venue_15m}

@@ -41,7 +41,7 @@ def test_batched_runs_equal_a_full_recompute_and_one_by_one_runs(spark, lake, en
     changes(lake)
     second = engine.run_many(flow, KEYS)
     modes = [r.mode for r in second]
-    # min/last cannot retract: the hours with a delete or update refill, the append-only hour does not
+    # approx_count_distinct cannot retract: the hours with a delete or update refill, the append-only hour does not
     assert modes == ([Mode.INCREMENTAL] * 3 if flow is RETRACTING else [Mode.REFILL, Mode.REFILL, Mode.INCREMENTAL])
     check(spark, lake, flow)
     # the same history, one partition at a time, gives the same sink

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.spark
 
 H0, H1 = "2024-01-01-00:00", "2024-01-01-01:00"
 FLOW = FlowSpec(name="per_sym", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
-                aggregates=(Agg.count(), Agg.sum("px"), Agg.max("qty")))
+                aggregates=(Agg.count(), Agg.sum("px"), Agg.count_distinct("qty")))
 RETRACTING = FlowSpec(name="sums", source="trades", event_time="ts", window=Tumbling("15m"), keys=("sym",),
                       aggregates=(Agg.count(), Agg.sum("px")))
 STAGE = StageSpec(name="clean", source="trades", event_time="ts", filter="qty > 0")
@@ -50,7 +50,7 @@ def test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute(spark, s3_
     assert [r.reason for r in first] == [Reason.NO_WATERMARK] * 2
     lake.append("trades", [("2024-01-01 00:02:00", "a", 4.0, 4), ("2024-01-01 01:06:00", "b", 5.0, 1)])
     assert [r.reason for r in engine.run_many(FLOW, [H0, H1])] == [Reason.APPEND_ONLY] * 2
-    lake.delete("trades", "qty = 2")  # change data: the retracting flow merges, MAX refills
+    lake.delete("trades", "qty = 2")  # change data: the retracting flow merges, COUNT(DISTINCT) refills
     assert engine.run(RETRACTING, H0).reason is Reason.NO_WATERMARK
     assert [r.reason for r in engine.run_many(FLOW, [H0, H1])][0] is Reason.NON_APPEND_ON_NON_RETRACTABLE
     lake.update("trades", {"px": "px + 1.0"}, "sym = 'a'")
@@ -116,7 +116,7 @@ _RACER = textwrap.dedent("""
     root, endpoint, key, secret, start_at = sys.argv[1:6]
     spark = build_session(SparkOptions(master="local[1]", shuffle_partitions=1))
     flow = FlowSpec(name="per_sym", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
-                    aggregates=(Agg.count(), Agg.sum("px"), Agg.max("qty")))
+                    aggregates=(Agg.count(), Agg.sum("px"), Agg.count_distinct("qty")))
     store = ObjectStoreOptions(endpoint=endpoint, access_key_id=key, secret_access_key=secret, path_style=True)
     engine = Engine(spark, root, store=store)
     time.sleep(max(0.0, float(start_at) - time.time()))

@@ -36,6 +36,11 @@ def highs(**kw):
                               aggregates=(Agg.max("px"), Agg.count())), **kw})
 
 
+def distincts(**kw):
+    return FlowSpec(**{**dict(name="distincts", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                              aggregates=(Agg.count_distinct("px"), Agg.count())), **kw})
+
+
 def check(spark, lake, flow):
     expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
     assert_frames_match(lake.read(flow.sink), expected, flow.keys)
@@ -69,14 +74,43 @@ def test_delete_on_retractable_flow_is_incremental(spark, lake, engine):
 
 def test_delete_on_non_retractable_flow_refills_only_touched_windows(spark, lake, engine):
     lake.create("trades", BASE)
-    engine.run(highs(), PART)
+    engine.run(distincts(), PART)
     lake.update("trades", {"px": "100.0"}, "qty = 2")  # 00:12 -> window 00:10
-    r = engine.run(highs(), PART)
+    r = engine.run(distincts(), PART)
     assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
     assert not r.plan.refill_all and len(r.plan.refill) == 1
     assert r.plan.refill[0].start.minute == 10 and r.plan.refill[0].end.minute == 20
     assert r.metrics["windows_touched"] == 1
+    check(spark, lake, distincts())
+
+
+def test_an_update_that_raises_a_max_merges(spark, lake, engine):
+    lake.create("trades", BASE)
+    engine.run(highs(), PART)
+    lake.update("trades", {"px": "100.0"}, "qty = 2")  # the window's only row: its new price is the max
+    r = engine.run(highs(), PART)
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
     check(spark, lake, highs())
+
+
+def test_a_max_is_recomputed_only_when_no_row_holding_it_is_left(spark, lake, engine):
+    # window 00:10 of 'a': 12.0 (qty 2), 12.0 (qty 5), 11.0 (qty 4)
+    lake.create("trades", [*BASE, ("2024-01-01 00:14:00", "a", 11.0, 4), ("2024-01-01 00:15:00", "a", 12.0, 5)])
+    engine.run(highs(), PART)
+    lake.delete("trades", "qty = 2")  # one of two rows holding 12.0
+    r = engine.run(highs(), PART)
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
+    check(spark, lake, highs())
+    lake.delete("trades", "qty = 4")  # not the max
+    assert engine.run(highs(), PART).reason is Reason.RETRACTABLE_CHANGES
+    lake.append("trades", [("2024-01-01 00:16:00", "a", 9.0, 6)])
+    lake.delete("trades", "qty = 5")  # the last row holding 12.0: the max is now 9.0, which the state never kept
+    r = engine.run(highs(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
+    assert [(w.start.minute, w.end.minute) for w in r.plan.refill] == [(10, 20)] and not r.plan.refill_all
+    assert "00:10" in r.plan.detail
+    check(spark, lake, highs())
+    assert engine.run(highs(), PART).reason is Reason.NO_NEW_VERSIONS
 
 
 def test_rewrite_without_change_data_feed_refills(spark, lake, engine):
@@ -145,7 +179,7 @@ def test_policies_and_forced_refill(spark, lake, engine):
 
 def test_incremental_strict_fails_with_the_reason(spark, lake, engine):
     lake.create("trades", BASE)
-    strict = highs(refresh="incremental_strict")
+    strict = distincts(refresh="incremental_strict")
     with pytest.raises(StrictRefreshError) as info:
         engine.run(strict, PART)
     assert info.value.reason == "NO_WATERMARK"

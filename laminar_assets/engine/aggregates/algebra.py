@@ -21,13 +21,14 @@ The numeric and ordered kinds live here, the sketch/set/pick kinds in `sets.py`,
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 from pyspark.sql.types import DataType, DecimalType, IntegralType, NumericType
 
 from ..spec.kinds import KINDS
 from ..spec.specs import Agg
 from .base import EVENT_TS, PRECISION_RATIO, ROWS, SIGN, AggImpl, q  # noqa: F401  (re-exported)
-from .sets import DistinctSet, DistinctSketch, ExtremeBy, FrequentSketch, QuantileSketch, Query, TopK
+from .sets import DistinctSet, DistinctSketch, FrequentSketch, QuantileSketch, Query, TopK
 
 
 def _retracted(sign: str, expr: str) -> str:
@@ -130,46 +131,106 @@ class _Variance(AggImpl):
                 f"{self.s('cg')} * {spread} * {spread} > {PRECISION_RATIO!r}D * {self.s('m2')})")
 
 
-class _Extreme(AggImpl):
-    PARTS = ("m",)
+def _over(group) -> str:
+    """A window over the rows of each group (over all rows when there are no group columns)."""
+    return f"OVER (PARTITION BY {', '.join(q(g) for g in group)})" if group else "OVER ()"
+
+
+class _HeldExtreme(AggImpl):
+    """The smallest or largest candidate of a group (`_fn`), and how many rows hold it (`c`, signed).
+
+    A partial keeps its rows' extreme and, signed, how many of them hold it; a merge keeps the
+    extreme of its states and sums the counts of the states that hold it: the (extreme, count at
+    the extreme) monoid, associative and commutative, identity = no rows. A retracted row that
+    does not hold the group's extreme changes nothing; one that does lowers the count. When the
+    count reaches 0 with rows left, the true extreme is some value the state never kept: `gone_expr`
+    says so and the run recomputes the window (reason EXTREME_RETRACTED). Every retracted row was
+    merged before, so it is never beyond the extreme; a count below 0 is recomputed too."""
+
+    VALUE: ClassVar[str] = "m"
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return (self.VALUE, "c")
+
+    @property
+    def _fn(self) -> str:
+        return "min" if self.agg.kind == "min" else "max"
+
+    def candidate(self) -> str:
+        """SQL over one input row: what is compared; NULL for a row that can never hold the extreme."""
+        return self.x
+
+    @property
+    def _at(self) -> str:  # the extreme of a partial's rows, on each of them
+        return q(f"__x_{self.agg.name}")
+
+    @property
+    def _merged_at(self) -> str:  # the extreme of a merge's states, on each of them
+        return q(f"__g_{self.agg.name}_x")
+
+    def pre_partial_exprs(self, group):
+        return [f"{self._fn}({self.candidate()}) {_over(group)} AS {self._at}"]
 
     def partial_exprs(self, sign):
-        return [f"{self.agg.kind}({self.x})"]
+        return [f"{self._fn}({self.candidate()})", f"{sign} * count_if({self.candidate()} <=> {self._at})"]
+
+    def pre_merge_exprs(self, group):
+        return [f"{self._fn}({self.s(self.VALUE)}) {_over(group)} AS {self._merged_at}"]
 
     def merge_exprs(self):
-        return [f"{self.agg.kind}({self.s('m')})"]
+        v = self.s(self.VALUE)
+        return [f"{self._fn}({v})", f"sum(CASE WHEN {v} <=> {self._merged_at} THEN {self.s('c')} ELSE 0L END)"]
 
     def finalize_expr(self):
-        return self.s("m")
+        return self.s(self.VALUE)
+
+    def gone_expr(self):
+        return f"({self.s(self.VALUE)} IS NOT NULL AND {self.s('c')} <= 0)"
 
 
-class _FirstLast(AggImpl):
+class _Extreme(_HeldExtreme):
+    """MIN / MAX."""
+
+
+class _FirstLast(_HeldExtreme):
     """Value at the earliest (first) or latest (last) event time; ties broken by value."""
 
-    PARTS = ("p",)
+    VALUE = "p"
 
     @property
     def _fn(self) -> str:
         return "min" if self.agg.kind == "first" else "max"
 
-    def partial_exprs(self, sign):
-        pair = f"CASE WHEN {self.x} IS NOT NULL THEN named_struct('t', {q(EVENT_TS)}, 'v', {self.x}) END"
-        return [f"{self._fn}({pair})"]
-
-    def merge_exprs(self):
-        return [f"{self._fn}({self.s('p')})"]
+    def candidate(self):
+        return f"CASE WHEN {self.x} IS NOT NULL THEN named_struct('t', {q(EVENT_TS)}, 'v', {self.x}) END"
 
     def finalize_expr(self):
         return f"{self.s('p')}.v"
 
 
+class _ExtremeBy(_HeldExtreme):
+    """MIN_BY / MAX_BY: the (by, value) pair with the smallest / largest `by`; ties by value."""
+
+    VALUE = "p"
+
+    @property
+    def _fn(self) -> str:
+        return "min" if self.agg.kind == "min_by" else "max"
+
+    def candidate(self):
+        by = q(self.agg.by)
+        return f"CASE WHEN {by} IS NOT NULL THEN named_struct('o', {by}, 'v', {self.x}) END"
+
+    def finalize_expr(self):
+        return f"{self.s('p')}.v"
 
 
 _IMPLEMENTATIONS: dict[str, Callable[..., AggImpl]] = {
     "count": _Count, "sum": _Sum, "avg": _Avg, "var_samp": _Variance, "stddev_samp": _Variance,
     "min": _Extreme, "max": _Extreme, "first": _FirstLast, "last": _FirstLast,
     "approx_count_distinct": DistinctSketch, "approx_percentile": QuantileSketch,
-    "count_distinct": DistinctSet, "min_by": ExtremeBy, "max_by": ExtremeBy, "top_k": TopK,
+    "count_distinct": DistinctSet, "min_by": _ExtremeBy, "max_by": _ExtremeBy, "top_k": TopK,
     "approx_top_k": FrequentSketch, "sql": Query,
 }
 assert set(_IMPLEMENTATIONS) == set(KINDS), "every kind in kinds.KINDS needs an implementation"

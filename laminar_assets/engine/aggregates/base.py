@@ -72,8 +72,12 @@ class AggImpl:
         """Aggregate expressions over input rows (grouped by window, keys and sign)."""
         raise NotImplementedError
 
+    def pre_partial_exprs(self, group: Sequence[str]) -> list[str]:
+        """Window expressions over input rows, added before the partials (grouped by `group`)."""
+        return []
+
     def pre_merge_exprs(self, group: Sequence[str]) -> list[str]:
-        """Window expressions added before merging (only the variance needs one)."""
+        """Window expressions over state rows, added before merging (grouped by `group`)."""
         return []
 
     def merge_exprs(self) -> list[str]:
@@ -86,6 +90,12 @@ class AggImpl:
     def lost_expr(self) -> str | None:
         """SQL condition over a merged state row: True when retractions may have cost this window
         its precision (it must be recomputed). None for aggregates whose state is exact."""
+        return None
+
+    def gone_expr(self) -> str | None:
+        """SQL condition over a merged state row: True when retractions removed what the state
+        needs to answer exactly (every row holding a min or max), so the window must be recomputed.
+        Always evaluated (not an option, unlike `lost_expr`). None for aggregates that never lose it."""
         return None
 
     # helpers for callers
@@ -103,6 +113,6 @@ class AggImpl:
             "name": self.agg.name, "kind": self.agg.kind, "column": self.agg.column, "expr": self.agg.expr,
             "state_columns": self.state_columns, "retractable": self.retractable,
             "partial": self.partial_exprs(q(SIGN)), "merge": self.merge_exprs(), "finalize": self.finalize_expr(),
-            "precision_guard": self.lost_expr(),
+            "precision_guard": self.lost_expr(), "gone": self.gone_expr(),
         }
 

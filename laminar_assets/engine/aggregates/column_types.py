@@ -39,7 +39,9 @@ def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
     keys = [q(k) for k in spec.keys]
 
     def state(chosen: list[AggImpl]) -> DataFrame:
-        return rows.groupBy(*[F.expr(k) for k in keys]).agg(*[F.expr(e) for i in chosen for e in i.partial("1")])
+        before = [e for i in chosen for e in i.pre_partial_exprs(spec.keys)]
+        source = rows.selectExpr("*", *before) if before else rows
+        return source.groupBy(*[F.expr(k) for k in keys]).agg(*[F.expr(e) for i in chosen for e in i.partial("1")])
 
     try:
         sink = state(impls).selectExpr(*keys, *WINDOW_BOUNDS, *[i.finalize() for i in impls])

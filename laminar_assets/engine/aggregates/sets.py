@@ -1,12 +1,12 @@
 """Aggregates whose states merge but never retract: sketches (HLL, KLL, frequent items), exact
-sets and picks (COUNT(DISTINCT), MIN_BY/MAX_BY, top-k), and any other Spark SQL aggregate, kept
-as its final value and recomputed per window (refill-only). A retraction refills the window."""
+sets (COUNT(DISTINCT), top-k), and any other Spark SQL aggregate, kept as its final value and
+recomputed per window (refill-only). A retraction refills the window."""
 
 from __future__ import annotations
 
 from pyspark.sql.types import IntegralType
 
-from .base import AggImpl, q, user_sql
+from .base import AggImpl, user_sql
 
 
 class DistinctSketch(AggImpl):
@@ -56,26 +56,6 @@ class DistinctSet(AggImpl):
 
     def finalize_expr(self):
         return f"CAST(size({self.s('set')}) AS BIGINT)"
-
-
-class ExtremeBy(AggImpl):
-    """MIN_BY / MAX_BY: the (by, value) pair with the smallest / largest `by`; ties by value."""
-
-    PARTS = ("p",)
-
-    @property
-    def _fn(self) -> str:
-        return "min" if self.agg.kind == "min_by" else "max"
-
-    def partial_exprs(self, sign):
-        by = q(self.agg.by)
-        return [f"{self._fn}(CASE WHEN {by} IS NOT NULL THEN named_struct('o', {by}, 'v', {self.x}) END)"]
-
-    def merge_exprs(self):
-        return [f"{self._fn}({self.s('p')})"]
-
-    def finalize_expr(self):
-        return f"{self.s('p')}.v"
 
 
 class TopK(AggImpl):

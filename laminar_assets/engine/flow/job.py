@@ -30,22 +30,26 @@ from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
-from ..run.plan import PartitionPlan
+from ..run.plan import PartitionPlan, Reason
 from ..run.reading import PART, ReadSet, read_set, with_partition
 from ..spark.frames import interpreted, observe
 from ..spec.specs import FlowSpec
 from ..windows import Interval, partition_key, partition_key_column
-from .metrics import GOOD, LOST, collected_metrics, good_mask, lost_window_starts, observed_metrics
+from .metrics import GONE, GOOD, LOST, collected_metrics, flagged_window_starts, good_mask, observed_metrics
 from .query import PassQuery, old_state, pass_query
 from .state import WS, finalize
 
 
-class PrecisionLost(Exception):
-    """Windows whose float state a retraction left untrustworthy: {partition: window-start ranges}."""
+class WindowsToRecompute(Exception):
+    """Windows a retraction left the state unable to answer exactly, {partition: windows}, and why
+    per partition: float state that lost precision (PRECISION_LOSS) or an extreme whose every
+    holding row was removed (EXTREME_RETRACTED; a partition with both gets PRECISION_LOSS)."""
 
-    def __init__(self, windows: dict[str, tuple[Interval, ...]]) -> None:
-        super().__init__(f"precision lost in {sum(len(w) for w in windows.values())} window(s)")
-        self.windows = windows
+    def __init__(self, spec: FlowSpec, lost: list, gone: list) -> None:
+        self.windows = _windows(spec, [*lost, *gone])
+        lost_parts = set(_windows(spec, lost))
+        self.reasons = {k: Reason.PRECISION_LOSS if k in lost_parts else Reason.EXTREME_RETRACTED for k in self.windows}
+        super().__init__(f"{len(set(lost))} window(s) lost precision, {len(set(gone))} lost an extreme")
 
 
 @dataclass
@@ -88,7 +92,7 @@ def _build(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: 
 def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
              inputs: RunInputs, run_id: str) -> PassResult:
     """Carry out `plans` (sharing target versions and input schema) in one pass; raises
-    `PrecisionLost` before committing anything when a window must be recomputed instead."""
+    `WindowsToRecompute` before committing anything when a window must be recomputed instead."""
     out = PassResult()
     keys = [p.partition for p in plans]
     per_part = len(plans) <= ctx.options.metrics_partitions
@@ -143,14 +147,14 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
     """Stage the merged state in one Spark job; returns (state files, sink files or None, metrics).
     A small pass collects every merged row, stages state and sink from them and sums its metrics
     in Arrow; otherwise Spark writes the state, the metrics are observed in that job and the sink
-    (None) is still to be staged from the state files. Raises `PrecisionLost` before anything is
+    (None) is still to be staged from the state files. Raises `WindowsToRecompute` before anything is
     staged (collected) or after discarding the state files (observed)."""
     merged = built.merged.run(ctx.spark)
     if built.sink is not None:
         rows = collect_rows(merged)
         metrics = collected_metrics(rows, plans, spec.granularity)
-        if metrics["lost"]:
-            raise PrecisionLost(_lost_windows(spec, lost_window_starts(rows)))
+        if metrics["lost"] or metrics["gone"]:
+            raise WindowsToRecompute(spec, flagged_window_starts(rows, LOST), flagged_window_starts(rows, GONE))
         staged, sink = write_staged_rows(rows.filter(good_mask(rows)), [
             (state_uri, run_id, list(built.state)), (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))],
             by=PART)
@@ -159,10 +163,10 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
     merged = observe(merged, obs, *[F.expr(m) for m in observed_metrics(slotted)])
     staged = write_staged(merged.where(GOOD).selectExpr(*[q(c) for c in built.state]), state_uri, run_id, by=PART,
                    through_driver=small)
-    if obs.get.get("lost"):
+    if obs.get.get("lost") or obs.get.get("gone"):
         staged.discard()
-        starts = [r[WS] for r in merged.where(f"{LOST} AND {GOOD}").select(WS).distinct().collect()]
-        raise PrecisionLost(_lost_windows(spec, starts))  # a job only when precision was lost
+        flagged = merged.where(f"({LOST} OR {GONE}) AND {GOOD}").select(WS, LOST, GONE).distinct().collect()
+        raise WindowsToRecompute(spec, [r[WS] for r in flagged if r[LOST]], [r[WS] for r in flagged if r[GONE]])
     return staged, None, obs.get
 
 
@@ -188,9 +192,9 @@ def _element(values: list | None, at: int | None) -> int:
     return int(values[at] or 0) if values is not None and at is not None and at < len(values) else 0
 
 
-def _lost_windows(spec: FlowSpec, starts: list) -> dict[str, tuple[Interval, ...]]:
+def _windows(spec: FlowSpec, starts: list) -> dict[str, tuple[Interval, ...]]:
     out: dict[str, list[Interval]] = {}
-    for start in starts:
+    for start in sorted(set(starts)):
         iv = Interval(start, start + spec.shape.slide)
         out.setdefault(partition_key(iv.start, spec.granularity), []).append(iv)
     return {k: tuple(v) for k, v in out.items()}

@@ -1,7 +1,8 @@
 """A flow pass's run metrics, from the job that computes its merged rows.
 
 Every merged row carries what its partials read (`__in_rows`, `__rejected`, `__retracted`,
-`__groups`) and whether a retraction left its float state untrustworthy (`__lost`). The metrics
+`__groups`), whether a retraction left its float state untrustworthy (`__lost`) and whether it
+removed every row holding an extreme (`__gone`). The metrics
 are aggregates over those rows, computed one of two ways, both in the job that stages the output:
 
     observed    a large pass, written by Spark: `observed_metrics` are `DataFrame.observe`
@@ -12,7 +13,8 @@ are aggregates over those rows, computed one of two ways, both in the job that s
                 aggregate expressions to analyse and optimize, and the task none to update per
                 row (rounds of the benchmark's two flows: ~15% of a round)
 
-Both give the same layout: metric name -> [pass total, partition 1, partition 2, ...], `lost` a count.
+Both give the same layout: metric name -> [pass total, partition 1, partition 2, ...]; `lost` and
+`gone` are counts of kept groups.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..run.reading import PART
 from ..windows import Granularity, partition_id
 from .state import WS
 
-BAD, LOST, SLOT = "__bad", "__lost", "__slot"
+BAD, LOST, GONE, SLOT = "__bad", "__lost", "__gone", "__slot"
 IN_ROWS, REJECTED, RETRACTED, GROUPS = "__in_rows", "__rejected", "__retracted", "__groups"
 GOOD = f"NOT {BAD} AND {ROWS} != 0"  # state rows: no broken rule, rows left after retractions
 _SUMMED = {"rows": IN_ROWS, "rejected": REJECTED, "retracted": RETRACTED, "groups": GROUPS}
@@ -47,7 +49,7 @@ def observed_metrics(plans: list[PartitionPlan]) -> list[str]:
     metrics = {name: f"sum(CASE WHEN {{c}} THEN {col} END)" for name, col in _SUMMED.items()}
     metrics["windows"] = f"hll_sketch_estimate(hll_sketch_agg(CASE WHEN {{c}} AND {GROUPS} > 0 THEN unix_micros({WS}) END, 12))"
     out = [f"array({', '.join(m.format(c=c) for c in conds)}) AS `{name}`" for name, m in metrics.items()]
-    return [*out, f"sum(CASE WHEN {LOST} AND {GOOD} THEN 1 ELSE 0 END) AS lost"]
+    return [*out, *[f"sum(CASE WHEN {c} AND {GOOD} THEN 1 ELSE 0 END) AS {n}" for n, c in (("lost", LOST), ("gone", GONE))]]
 
 
 def good_mask(rows: pa.Table) -> pa.ChunkedArray:
@@ -70,10 +72,12 @@ def collected_metrics(rows: pa.Table, plans: list[PartitionPlan], granularity: G
                 out[name][0] += value or 0
                 if part in slot:
                     out[name][slot[part]] += value or 0
-    out["lost"] = pc.sum(pc.and_(rows[LOST], good_mask(rows))).as_py() or 0
+    for name, column in (("lost", LOST), ("gone", GONE)):
+        out[name] = pc.sum(pc.and_(rows[column], good_mask(rows))).as_py() or 0
     return out
 
 
-def lost_window_starts(rows: pa.Table) -> list:
-    """Starts of the kept windows whose state lost precision, from collected merged rows."""
-    return pc.unique(rows.filter(pc.and_(rows[LOST], good_mask(rows)))[WS]).to_pylist()
+def flagged_window_starts(rows: pa.Table, column: str) -> list:
+    """Starts of the kept windows with a group flagged in `column` (`LOST` or `GONE`), from
+    collected merged rows."""
+    return pc.unique(rows.filter(pc.and_(rows[column], good_mask(rows)))[WS]).to_pylist()

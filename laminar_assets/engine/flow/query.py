@@ -33,7 +33,7 @@ from ..spark.query import Query, union_all
 from ..spark.stable_sql import bigint
 from ..spec.specs import FlowSpec
 from ..windows import partition_id, partition_id_of_sql, partition_id_sql, window_columns
-from .metrics import BAD, GOOD, GROUPS, IN_ROWS, LOST, REJECTED, RETRACTED, SLOT
+from .metrics import BAD, GONE, GOOD, GROUPS, IN_ROWS, LOST, REJECTED, RETRACTED, SLOT
 from .state import WE, WS, sink_columns, state_query
 
 
@@ -85,7 +85,11 @@ def pass_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], read
     state_cols = [c for impl in impls for c in impl.state_columns]
     carried = [BAD, IN_ROWS, REJECTED, RETRACTED, GROUPS]
     first = "CASE WHEN __first THEN 1 ELSE 0 END"
-    partial = (copies.select(["*"], hint="COALESCE(1)") if single else copies).select([
+    rows = copies.select(["*"], hint="COALESCE(1)") if single else copies
+    before = [e for impl in impls for e in impl.pre_partial_exprs([*group, SIGN, RULE])]
+    if before:  # the extremes count the rows holding them: the partial's extreme on every row first
+        rows = rows.select(["*", *before])
+    partial = rows.select([
         *[q(c) for c in group], f"{SIGN} * count(1) AS {ROWS}", *[e for impl in impls for e in impl.partial()],
         f"{RULE} IS NOT NULL AS {BAD}", f"sum({first}) AS {IN_ROWS}",
         f"sum(CASE WHEN {RULE} IS NOT NULL AND {SIGN} > 0 AND __primary THEN 1 ELSE 0 END) AS {REJECTED}",
@@ -111,7 +115,8 @@ def pass_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], read
     ], group=[q(c) for c in [*group, BAD]], columns=merged_cols)
     lost = [f"coalesce({c}, false)" for impl in impls
             for c in [impl.lost_expr() if ctx.options.precision_guard else None] if c is not None]
-    named = [(LOST, " OR ".join(lost) or "false")]
+    gone = [f"coalesce({c}, false)" for impl in impls for c in [impl.gone_expr()] if c is not None]
+    named = [(LOST, " OR ".join(lost) or "false"), (GONE, " OR ".join(gone) or "false")]
     if slots:  # each row's partition's place in `plans` (1-based; 0 for none), looked up in an array
         # literal, which generated code references: runs over other partitions share the code
         ids = ", ".join(bigint(partition_id(p.partition, spec.granularity)) for p in plans)

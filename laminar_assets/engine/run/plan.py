@@ -33,6 +33,7 @@ class Reason(str, Enum):
     DEDUP_REPLACED_ROW = "DEDUP_REPLACED_ROW"
     REFILL_CHEAPER = "REFILL_CHEAPER"
     PRECISION_LOSS = "PRECISION_LOSS"
+    EXTREME_RETRACTED = "EXTREME_RETRACTED"
     QUERY_NOT_INCREMENTALIZABLE = "QUERY_NOT_INCREMENTALIZABLE"
     # incremental / no-op
     APPEND_ONLY = "APPEND_ONLY"
@@ -61,6 +62,8 @@ _DESCRIPTIONS = {
     Reason.DEDUP_REPLACED_ROW: "a new row replaces an already-kept duplicate: the partition is recomputed",
     Reason.REFILL_CHEAPER: "the changed rows are a large share of the partition: recomputing reads less",
     Reason.PRECISION_LOSS: "a retraction left float state that cannot be trusted to 1e-9: the window is recomputed",
+    Reason.EXTREME_RETRACTED: ("deletes/updates removed every row holding a group's min, max, first, last, "
+                               "min_by or max_by: the window is recomputed"),
     Reason.QUERY_NOT_INCREMENTALIZABLE: ("the query has a construct whose state does not merge: the windows "
                                          "the changes touch are recomputed from the snapshot"),
     Reason.APPEND_ONLY: "only appends since the watermark",

@@ -15,7 +15,8 @@ class Kind:
     """Facts about one aggregate kind."""
 
     name: str
-    retractable: bool  # a deleted row can be subtracted from the state
+    retractable: bool  # a deleted row can be subtracted from the state (for the extremes: until no
+    #                    row holding the extreme is left, then the window is recomputed)
     needs_column: bool = True
     numeric: bool = False  # the input column must be numeric
     exact: bool = True  # False for sketches (estimates within the sketch's error bound)
@@ -28,15 +29,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("avg", retractable=True, numeric=True),
     Kind("var_samp", retractable=True, numeric=True),
     Kind("stddev_samp", retractable=True, numeric=True),
-    Kind("min", retractable=False),
-    Kind("max", retractable=False),
-    Kind("first", retractable=False),
-    Kind("last", retractable=False),
+    Kind("min", retractable=True),
+    Kind("max", retractable=True),
+    Kind("first", retractable=True),
+    Kind("last", retractable=True),
     Kind("approx_count_distinct", retractable=False, exact=False),
     Kind("approx_percentile", retractable=False, numeric=True, exact=False),
     Kind("count_distinct", retractable=False),
-    Kind("min_by", retractable=False),
-    Kind("max_by", retractable=False),
+    Kind("min_by", retractable=True),
+    Kind("max_by", retractable=True),
     Kind("top_k", retractable=False),
     Kind("approx_top_k", retractable=False, exact=False),
     # Any other Spark SQL aggregate expression (percentile, median, collect_list, ...): Laminar keeps its

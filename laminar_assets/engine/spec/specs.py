@@ -41,7 +41,7 @@ RESERVED_COLUMNS = ("window_start", "window_end")
 
 # Bumped when the layout or meaning of a flow's state changes: part of every flow's hash, so an
 # upgrade refills (SPEC_CHANGED) instead of merging into state of another shape.
-STATE_FORMAT = 2
+STATE_FORMAT = 3  # 3: min, max, first, last, min_by and max_by count the rows holding their extreme
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def raw(rows) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def ran(spark, tmp_path_factory):
     """Four runs of one partition: the first (REFILL, NO_WATERMARK), an append (INCREMENTAL), nothing
-    new (NOOP), and a delete of a window's high (MAX cannot retract: REFILL of that window)."""
+    new (NOOP), and a delete of the only row holding a window's high (EXTREME_RETRACTED: REFILL of that window)."""
     lake = Lake(str(tmp_path_factory.mktemp("stats") / "lake"))
     lake.create("raw", frame=raw([(1, "2024-01-01 00:01:00", "AAA", 10.0), (2, "2024-01-01 00:02:00", "AAA", 12.0),
                                   (3, "2024-01-01 00:31:00", "BBB", 20.0)]))
@@ -52,6 +52,7 @@ def test_every_partition_run_is_recorded_with_its_mode_and_reason(ran):
     got = [(p["mode"], p["reason"]) for r in records for p in r["partitions"]]
     assert got == [(x.mode.value, x.reason.value) for x in results]
     assert [m for m, _ in got] == ["REFILL", "INCREMENTAL", "NOOP", "REFILL"]
+    assert got[-1][1] == "EXTREME_RETRACTED"
     first, append, noop, delete = (r["partitions"][0] for r in records)
     assert first["refilled_windows"] == 6 and first["refilled_share"] == 1.0  # the whole hour of 10-minute windows
     assert delete["refilled_windows"] == 1 and delete["refilled_share"] == pytest.approx(1 / 6, abs=1e-6)

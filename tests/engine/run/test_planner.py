@@ -17,8 +17,8 @@ T0 = datetime(2024, 1, 1, tzinfo=UTC)
 PART = "2024-01-01-00:00"
 RETRACT = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
                    aggregates=(Agg.sum("x"), Agg.count()))
-EXTREME = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
-                   aggregates=(Agg.max("x"),))
+NON_RETRACTABLE = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                            aggregates=(Agg.count_distinct("x"),))
 
 
 def at(minute: int, second: int = 0) -> datetime:
@@ -69,17 +69,27 @@ def test_retractable_changes_stay_incremental():
 
 
 def test_delete_under_non_retractable_refills_only_touched_windows():
-    p = plan(EXTREME, mark(EXTREME), history(commit(4, CommitKind.APPEND, file(1, 2)),
+    p = plan(NON_RETRACTABLE, mark(NON_RETRACTABLE), history(commit(4, CommitKind.APPEND, file(1, 2)),
                                               commit(5, CommitKind.CHANGE_DATA, file(21, 22))))
     assert (p.mode, p.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
     assert p.refill == (Interval(at(20), at(30)),) and not p.refill_all
     assert p.incremental_versions == {"src": (4,)}  # the append still merges into the other windows
-    assert "max" in p.detail and "commit 5" in p.detail
+    assert "count_distinct" in p.detail and "commit 5" in p.detail
+
+
+def test_changes_under_extremes_merge():
+    """min, max, first, last, min_by and max_by retract (until no row holds the extreme: the run
+    then recomputes that window, tests/engine/test_reasons.py)."""
+    spec = FlowSpec(name="e", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                    aggregates=(Agg.min("x"), Agg.max("x"), Agg.first("x"), Agg.last("x"), Agg.min_by("x", "y"),
+                                Agg.max_by("x", "y")))
+    p = plan(spec, mark(spec), history(commit(4, CommitKind.CHANGE_DATA, file(21, 22))))
+    assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
 
 
 def test_hopping_refill_scope_covers_every_window_holding_the_change():
     spec = FlowSpec(name="h", source="src", event_time="ts", window=Hopping("30m", "10m"),
-                    aggregates=(Agg.min("x"),))
+                    aggregates=(Agg.count_distinct("x"),))
     p = plan(spec, mark(spec), history(commit(4, CommitKind.CHANGE_DATA, file(25, 26))))
     assert p.refill == (Interval(at(0), at(30)),)  # windows starting 00:00, 00:10, 00:20
 
@@ -92,7 +102,7 @@ def test_rewrite_without_change_data_refills():
 
 def test_unknown_time_range_refills_whole_partition():
     unknown = DataFile(uri="mem://x", rows=1, size=1, time_range=None)
-    p = plan(EXTREME, mark(EXTREME), history(commit(4, CommitKind.CHANGE_DATA, unknown)))
+    p = plan(NON_RETRACTABLE, mark(NON_RETRACTABLE), history(commit(4, CommitKind.CHANGE_DATA, unknown)))
     assert p.refill_all and p.reason is Reason.NON_APPEND_ON_NON_RETRACTABLE
 
 
@@ -155,7 +165,7 @@ def test_no_new_versions_and_no_changes_in_partition():
 
 def test_layout_only_commits_change_nothing():
     compaction = CommitSummary(4, T0, "OPTIMIZE", CommitKind.LAYOUT)
-    assert plan(EXTREME, mark(EXTREME), history(compaction)).reason is Reason.NO_CHANGES_IN_PARTITION
+    assert plan(NON_RETRACTABLE, mark(NON_RETRACTABLE), history(compaction)).reason is Reason.NO_CHANGES_IN_PARTITION
 
 
 @pytest.mark.parametrize("limits,expected_to,expected_pending", [
