@@ -220,15 +220,17 @@ def summarize(r: dict) -> dict:
         "commits": ud.get("commits"), "t_full_recompute_s": ud.get("t_full_recompute_s"),
         "results_equal": all(c.get("equal") for p in (ud.get("equality") or {}).values() for c in p.values())
         if ud else None,
-        "paths": "retractable flows (sum/count/avg) stay INCREMENTAL (RETRACTABLE_CHANGES, reading the change "
-                 "data feed); flows with first/last/min/max REFILL the touched windows (NON_APPEND_ON_NON_RETRACTABLE)",
+        "paths": "sum/count/avg flows stay INCREMENTAL (RETRACTABLE_CHANGES, reading the change data feed); "
+                 "first/last/min/max flows merge too unless a group loses every row holding its extreme, and "
+                 "recompute the touched windows up front when most of them are expected to (EXTREME_RETRACTED)",
         "structured_streaming": "not applicable: a file source only sees new files (see streaming_limitations)",
     }
     for path in PATH_KEYS:
         if path in ud:
             r["updates_deletes"][path] = {
                 "t_incremental_s": ud[path].get("t_incremental_s"), "modes": ud[path].get("modes"),
-                "ratio_inc_vs_full": ratio(ud[path].get("t_incremental_s"), ud.get("t_full_recompute_s"))}
+                "ratio_inc_vs_full": ratio(ud[path].get("t_incremental_s"), ud.get("t_full_recompute_s")),
+                "flows": _by_flow(ud[path].get("per_run") or [])}
     r["streaming_limitations"] = [
         "file source: updates and deletes in the Delta table are invisible (rewritten files would be re-read as "
         "new rows and double-count), so the stream is timed and checked on the append-only Δ only",
@@ -268,3 +270,16 @@ def contention(r: dict) -> dict:
             "note": f"share of the machine's CPU capacity used by processes outside the benchmark during each timed "
                     f"phase (/proc/stat minus the benchmark's own process tree); above {CONTENDED} the timings are "
                     "inflated by other work on the machine"}
+
+
+def _by_flow(per_run: list[dict]) -> dict:
+    """Each flow's seconds (its runs' stages summed), modes and reason details in one pass."""
+    out: dict = {}
+    for run in per_run:
+        f = out.setdefault(run["flow"], {"seconds": 0.0, "modes": {}, "details": []})
+        f["seconds"] = round(f["seconds"] + run.get("seconds", 0.0), 4)
+        mode = f"{run['mode']}/{run['reason']}"
+        f["modes"][mode] = f["modes"].get(mode, 0) + 1
+        if run.get("detail") and run["detail"] not in f["details"]:
+            f["details"].append(run["detail"])
+    return out

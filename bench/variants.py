@@ -74,6 +74,7 @@ class LaminarPass:
 
     def per_run(self) -> list[dict]:
         return [{"flow": flow, "partition": r.plan.partition, "mode": r.mode.value, "reason": r.reason.value,
+                 "detail": r.plan.detail,
                  "rows_read": int(r.metrics.get("rows_read", 0)), "files_read": int(r.metrics.get("files_read", 0)),
                  "seconds": round(sum(r.seconds.values()), 4),
                  **{f"s_{k}": round(v, 4) for k, v in r.seconds.items()}}

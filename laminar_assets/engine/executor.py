@@ -30,13 +30,14 @@ from laminar_assets.storage import ObjectStoreOptions
 
 from .delta import integrity
 from .delta.layout import Layout
+from .delta.log import CommitKind
 from .flow import job as flow_job
 from .flow import state as flow_state
 from .output import staged_files as staging
 from .report import sink_read
 from .run import outcomes, protocol
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
-from .run.inputs import RunInputs, gather, partition_bytes, planner_input
+from .run.inputs import RunInputs, gather, partition_bytes, partition_rows, planner_input
 from .run.plan import Mode, PartitionPlan, Reason
 from .run.planner import plan_partition
 from .run.result import RunResult
@@ -206,7 +207,7 @@ class Engine:
         for i, (k, p) in enumerate(plans.items()):
             metrics = dict(outcome.metrics.get(k, {}))
             metrics.update(versions_read=_versions_read(p), pending_versions=sum(p.pending_versions.values()),
-                           batch_partitions=n)
+                           batch_partitions=n, **({"refilled_groups": len(p.refill_groups)} if p.refill_groups else {}))
             if isinstance(outcome, flow_job.PassResult):  # shared commits: their row counts once
                 metrics.update(state_rows=outcome.state_rows if i == 0 else 0, sink_rows=outcome.sink_rows if i == 0 else 0)
             out[k] = RunResult(plans[k], run_id, metrics, dict(seconds), dict(outcome.quarantined.get(k, {})))
@@ -216,14 +217,17 @@ class Engine:
         """One pass; a pass that finds windows it must recompute after all (precision lost, a
         duplicate replaced) plans those partitions again (in `plans`) and runs once more."""
         job = JOBS[spec.kind]
+        escalated: dict[str, dict] = {}  # what earlier attempts found, kept when a later one finds more
         for _attempt in range(3):
             try:
                 return job.run_pass(self.ctx, spec, list(plans.values()), seqs, inputs, run_id)
             except flow_job.WindowsToRecompute as lost:
-                again = {k: dict(escalation=lost.reasons[k], escalation_scope=w) for k, w in lost.windows.items()}
+                again = {k: _escalation(escalated.get(k), lost.reasons[k], w, lost.groups.get(k))
+                         for k, w in lost.windows.items()}
             except stage_job.DedupReplaced as dup:  # or OutputReset: SCHEMA_CHANGED
                 again = {k: dict(escalation=Reason(dup.reason)) for k in dup.partitions}
             for k, kw in again.items():
+                escalated[k] = kw
                 plans[k] = plan_partition(planner_input(spec, k, marks[k], inputs, force=force, **kw))
         raise RunFailedError(f"run of '{spec.name}' kept finding windows to recompute", flow=spec.name, run_id=run_id)
 
@@ -252,14 +256,34 @@ class Engine:
 
     def _plan_all(self, spec, marks: dict, inputs: RunInputs, force: bool) -> dict[str, PartitionPlan]:
         plans = {k: plan_partition(planner_input(spec, k, m, inputs, force=force)) for k, m in marks.items()}
-        ratio = self.ctx.options.refill_ratio
-        if ratio is not None and spec.kind == "flow":  # cost estimates only where state merges
-            for k, p in plans.items():
-                if p.mode is Mode.INCREMENTAL:
-                    sizes = partition_bytes(spec, inputs, k, p.to_versions)
-                    plans[k] = plan_partition(planner_input(
-                        spec, k, marks[k], inputs, force=force, partition_bytes=sizes, refill_ratio=ratio,
-                        refill_min_bytes=self.ctx.options.refill_min_bytes))
+        opts = self.ctx.options
+        ratio, share = opts.refill_ratio, opts.extreme_refill_share
+        if spec.kind != "flow":  # cost estimates only where state merges
+            return plans
+        for k, p in plans.items():
+            if p.mode is not Mode.INCREMENTAL:
+                continue
+            extremes = {}
+            if share is not None and spec.held_extremes and _retracts(p, inputs):
+                extremes = dict(extreme_refill_share=share, state_groups=flow_state.state_groups(
+                    self.ctx, spec, k, inputs.input_schema), partition_rows=partition_rows(spec, inputs, k, p.to_versions))
+            if ratio is not None or extremes:
+                plans[k] = plan_partition(planner_input(
+                    spec, k, marks[k], inputs, force=force, partition_bytes=partition_bytes(spec, inputs, k, p.to_versions),
+                    refill_ratio=ratio, refill_min_bytes=opts.refill_min_bytes, **extremes))
+        scoped = {k: p for k, p in plans.items() if p.reason is Reason.NON_APPEND_ON_NON_RETRACTABLE
+                  and opts.group_refill_share is not None and spec.refresh is not RefreshPolicy.INCREMENTAL_STRICT}
+        if scoped:  # which groups the deletes and updates touch: one Spark job over their change rows
+            try:
+                found = flow_job.changed_groups(self.ctx, spec, list(scoped.values()), inputs)
+            except CURABLE as exc:
+                raise RunFailedError(f"finding the groups the deletes and updates of '{spec.name}' touch failed: "
+                                     f"{protocol.short(exc)}; nothing was written", flow=spec.name) from exc
+            for k in scoped:
+                plans[k] = plan_partition(planner_input(
+                    spec, k, marks[k], inputs, force=force, changed_groups=found[k],
+                    group_refill_share=opts.group_refill_share,
+                    state_groups=flow_state.state_groups(self.ctx, spec, k, inputs.input_schema)))
         return plans
 
     def _refuse_strict(self, spec: Spec, plans: dict[str, PartitionPlan]) -> None:
@@ -334,3 +358,26 @@ def _by_target(plans: dict[str, PartitionPlan], keys: list[str]) -> list[list[st
 def _versions_read(plan: PartitionPlan) -> int:
     return sum((to - plan.from_versions[s]) if plan.from_versions.get(s) is not None else 0
                for s, to in plan.to_versions.items())
+
+
+def _retracts(plan: PartitionPlan, inputs: RunInputs) -> bool:
+    """Whether the plan merges a commit that deletes or updates rows."""
+    for src, versions in plan.incremental_versions.items():
+        wanted = set(versions)
+        if any(c.version in wanted and c.kind is not CommitKind.APPEND for c in inputs.histories[src].commits):
+            return True
+    return False
+
+
+def _escalation(before: dict | None, reason: Reason, windows: tuple, groups: tuple[int, ...] | None) -> dict:
+    """The planner's escalation for windows (and, for EXTREME_RETRACTED, only their `groups`) a pass
+    found, added to what an earlier attempt of the run found."""
+    if before is not None and before.get("escalation_scope"):
+        if Reason.PRECISION_LOSS in (reason, before["escalation"]):
+            reason, groups = Reason.PRECISION_LOSS, None
+        elif groups is not None and before.get("escalation_groups") is not None:
+            groups = (*before["escalation_groups"], *groups)
+        else:
+            groups = None
+        windows = (*before["escalation_scope"], *windows)
+    return dict(escalation=reason, escalation_scope=tuple(windows), escalation_groups=groups)

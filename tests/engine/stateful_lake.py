@@ -57,7 +57,7 @@ CLEAN = StageSpec(name="clean", source="trades", event_time="ts", dedup_key=("id
                   rules=(RowRule("positive_px", "px > 0"),))
 VENUE_15M = FlowSpec(name="venue_15m", source="clean", event_time="ts", window=Tumbling("15m"), keys=("venue",),
                      aggregates=(Agg.count(), Agg.sum("px"), Agg.min("qty"), Agg.count_distinct("qty")))
-                     # COUNT(DISTINCT) cannot retract: changes refill the windows they touch
+                     # COUNT(DISTINCT) cannot retract: changes refill the groups (or windows) they touch
 [VENUE_SQL] = compile_sql("""
     CREATE MATERIALIZED VIEW venue_sql AS
     SELECT venue, TUMBLE(ts, INTERVAL '30' MINUTE), COUNT(*) AS n, SUM(qty) AS q
@@ -74,10 +74,13 @@ partition_sets = st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=3, u
 ids_where = st.tuples(st.integers(2, 4), st.integers(0, 3))  # rows with id % m == r
 bounds = st.sampled_from([{}, {}, {"max_versions_per_run": 1}, {"max_versions_per_run": 2}, {"max_rows_per_run": 4}])
 # tiny passes (one task, interpreted, through the driver) mostly; now and then the large-pass path
+# (and with it, groups refilled alone wherever they can be: merge first, then recompute the groups
+# that lost an extreme; the changed groups alone however many there are)
+GROUPS_ALONE = dict(extreme_refill_share=None, group_refill_share=1e9)
 LARGE_PASS_PATH = EngineOptions(refill_ratio=None, single_task_below_bytes=0, interpreted_below_bytes=0,
-                                driver_write_below_bytes=0)
-options = st.sampled_from([EngineOptions(refill_ratio=None)] * 5 + [EngineOptions(refill_ratio=1e-6, refill_min_bytes=0),
-                                                                   LARGE_PASS_PATH])
+                                driver_write_below_bytes=0, **GROUPS_ALONE)
+options = st.sampled_from([EngineOptions(refill_ratio=None)] * 3 + [EngineOptions(refill_ratio=None, **GROUPS_ALONE)] * 2
+                          + [EngineOptions(refill_ratio=1e-6, refill_min_bytes=0), LARGE_PASS_PATH])
 spec_sets = st.sampled_from([("sym_10m", "account_hop"), ("clean", "venue_15m"), ("sym_10m", "venue_sql"),
                              ("clean", "venue_15m", "account_hop"), ("account_hop",), ("clean", "sym_10m")])
 

@@ -9,6 +9,8 @@ from deltalake import write_deltalake
 
 from laminar_assets.engine import (
     Agg,
+    Engine,
+    EngineOptions,
     FlowSpec,
     LatePolicy,
     Mode,
@@ -84,7 +86,15 @@ def test_delete_on_non_retractable_flow_refills_only_touched_windows(spark, lake
     check(spark, lake, distincts())
 
 
-def test_an_update_that_raises_a_max_merges(spark, lake, engine):
+def merge_first(spark, lake) -> Engine:
+    """An engine that always merges deletes and updates of extremes first (no up-front estimate):
+    these tables have a row or two per group, where the estimate rightly expects every group to lose
+    its extreme and would recompute instead."""
+    return Engine(spark, lake.root, options=EngineOptions(extreme_refill_share=None))
+
+
+def test_an_update_that_raises_a_max_merges(spark, lake):
+    engine = merge_first(spark, lake)
     lake.create("trades", BASE)
     engine.run(highs(), PART)
     lake.update("trades", {"px": "100.0"}, "qty = 2")  # the window's only row: its new price is the max
@@ -93,9 +103,11 @@ def test_an_update_that_raises_a_max_merges(spark, lake, engine):
     check(spark, lake, highs())
 
 
-def test_a_max_is_recomputed_only_when_no_row_holding_it_is_left(spark, lake, engine):
-    # window 00:10 of 'a': 12.0 (qty 2), 12.0 (qty 5), 11.0 (qty 4)
-    lake.create("trades", [*BASE, ("2024-01-01 00:14:00", "a", 11.0, 4), ("2024-01-01 00:15:00", "a", 12.0, 5)])
+def test_a_max_is_recomputed_only_when_no_row_holding_it_is_left(spark, lake):
+    engine = merge_first(spark, lake)
+    # window 00:10 of 'a': 12.0 (qty 2), 12.0 (qty 5), 11.0 (qty 4); of 'b': 20.0 (qty 7)
+    lake.create("trades", [*BASE, ("2024-01-01 00:14:00", "a", 11.0, 4), ("2024-01-01 00:15:00", "a", 12.0, 5),
+                           ("2024-01-01 00:13:00", "b", 20.0, 7)])
     engine.run(highs(), PART)
     lake.delete("trades", "qty = 2")  # one of two rows holding 12.0
     r = engine.run(highs(), PART)
@@ -103,14 +115,79 @@ def test_a_max_is_recomputed_only_when_no_row_holding_it_is_left(spark, lake, en
     check(spark, lake, highs())
     lake.delete("trades", "qty = 4")  # not the max
     assert engine.run(highs(), PART).reason is Reason.RETRACTABLE_CHANGES
-    lake.append("trades", [("2024-01-01 00:16:00", "a", 9.0, 6)])
+    lake.append("trades", [("2024-01-01 00:16:00", "a", 9.0, 6), ("2024-01-01 00:17:00", "b", 30.0, 8)])
     lake.delete("trades", "qty = 5")  # the last row holding 12.0: the max is now 9.0, which the state never kept
     r = engine.run(highs(), PART)
+    # only group (00:10, 'a') is recomputed from the snapshot; (00:10, 'b') merges its appended 30.0
     assert (r.mode, r.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
-    assert [(w.start.minute, w.end.minute) for w in r.plan.refill] == [(10, 20)] and not r.plan.refill_all
-    assert "00:10" in r.plan.detail
+    assert r.plan.refill == () and not r.plan.refill_all
+    assert [(w.start.minute, w.end.minute) for w in r.plan.group_windows] == [(10, 20)]
+    assert len(r.plan.refill_groups) == 1 and r.metrics["refilled_groups"] == 1
+    assert "1 group(s) recomputed" in r.plan.detail and "00:10" in r.plan.detail
     check(spark, lake, highs())
     assert engine.run(highs(), PART).reason is Reason.NO_NEW_VERSIONS
+
+
+def many_trades(n: int) -> list:
+    """`n` trades a minute apart from 00:00 over symbols a..d, prices cycling 1..9 (ties at each extreme)."""
+    return [(f"2024-01-01 {i // 60:02d}:{i % 60:02d}:00", "abcd"[i % 4], float(1 + i % 9), i) for i in range(n)]
+
+
+def test_a_sparse_delete_of_extremes_merges_without_estimating_a_refill(spark, lake, engine):
+    lake.create("trades", many_trades(60))  # 6 windows x 4 symbols, 2-3 rows per group
+    engine.run(highs(), PART)
+    lake.delete("trades", "qty = 3")  # one row of 60 (not its group's max): ~0.4 of 24 groups expected to lose theirs
+    r = engine.run(highs(), PART)
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES), r.detail
+    check(spark, lake, highs())
+
+
+def test_dense_deletes_of_extremes_recompute_the_touched_windows_up_front(spark, lake, engine):
+    lake.create("trades", many_trades(60))
+    engine.run(highs(), PART)
+    lake.delete("trades", "qty % 3 = 0 AND qty < 30")  # a third of the rows of windows 00:00-00:30
+    r = engine.run(highs(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
+    assert "expected to lose their extreme" in r.detail and "up front" in r.detail
+    assert [(w.start.minute, w.end.minute) for w in r.plan.refill] == [(0, 30)] and not r.plan.refill_all
+    check(spark, lake, highs())
+    # the same deletes merged first find the windows after the pass, with the same result
+    lake.append("trades", [("2024-01-01 00:05:30", "a", 50.0, 100)])
+    lake.delete("trades", "qty % 3 = 1 AND qty < 30")
+    r = merge_first(spark, lake).run(highs(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
+    assert "expected" not in r.detail
+    check(spark, lake, highs())
+
+
+def test_deletes_and_updates_a_count_distinct_cannot_retract_recompute_only_their_groups(spark, lake, engine):
+    lake.create("trades", many_trades(60))  # 6 windows x 4 symbols
+    engine.run(distincts(), PART)
+    lake.update("trades", {"px": "100.0"}, "qty = 13")  # (00:10, 'b')
+    lake.delete("trades", "qty = 30")  # (00:30, 'c')
+    lake.update("trades", {"ts": "CAST('2024-01-01 00:41:00' AS TIMESTAMP)", "sym": "'e'"}, "qty = 50")  # (00:50, 'c') -> (00:40, 'e')
+    lake.append("trades", [("2024-01-01 00:12:30", "a", 77.0, 100)])  # an unchanged group of a touched window merges
+    r = engine.run(distincts(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE), r.detail
+    assert r.plan.refill == () and len(r.plan.refill_groups) == 4, r.detail
+    assert [(w.start.minute, w.end.minute) for w in r.plan.group_windows] == [(10, 20), (30, 0)]  # 00:30-01:00
+    assert "4 of ~16 group(s) in 4 window(s) recomputed" in r.detail
+    check(spark, lake, distincts())
+    lake.delete("trades", "sym = 'e'")  # the group's only row: the group is gone
+    r = engine.run(distincts(), PART)
+    assert len(r.plan.refill_groups) == 1
+    check(spark, lake, distincts())
+
+
+def test_dense_deletes_a_count_distinct_cannot_retract_recompute_whole_windows(spark, lake, engine):
+    lake.create("trades", many_trades(60))
+    engine.run(distincts(), PART)
+    lake.delete("trades", "qty < 20 AND qty % 2 = 0")  # every group of windows 00:00-00:20
+    r = engine.run(distincts(), PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert r.plan.refill_groups == () and [(w.start.minute, w.end.minute) for w in r.plan.refill] == [(0, 20)]
+    assert "group(s) changed, the windows are recomputed" in r.detail
+    check(spark, lake, distincts())
 
 
 def test_rewrite_without_change_data_feed_refills(spark, lake, engine):

@@ -18,38 +18,55 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from ..aggregates.base import EVENT_TS, SIGN, q
+from ..delta.log import CommitKind
 from ..output.commit import replace_ranges
 from ..output.staged_files import collect_rows, read_staged, write_staged, write_staged_rows
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
-from ..run.plan import PartitionPlan, Reason
+from ..run.plan import Mode, PartitionPlan, Reason
 from ..run.reading import PART, ReadSet, read_set, with_partition
 from ..spark.frames import interpreted, observe
 from ..spec.specs import FlowSpec
 from ..windows import Interval, partition_key, partition_key_column
-from .metrics import GONE, GOOD, LOST, collected_metrics, flagged_window_starts, good_mask, observed_metrics
-from .query import PassQuery, old_state, pass_query
+from .metrics import (
+    GONE,
+    GOOD,
+    GROUP,
+    LOST,
+    collected_metrics,
+    flagged_groups,
+    flagged_window_starts,
+    good_mask,
+    observed_metrics,
+)
+from .query import PassQuery, copies_query, group_hash_sql, old_state, pass_query
 from .state import WS, finalize
 
 
 class WindowsToRecompute(Exception):
     """Windows a retraction left the state unable to answer exactly, {partition: windows}, and why
-    per partition: float state that lost precision (PRECISION_LOSS) or an extreme whose every
-    holding row was removed (EXTREME_RETRACTED; a partition with both gets PRECISION_LOSS)."""
+    per partition: float state that lost precision (PRECISION_LOSS: those windows are recomputed)
+    or groups whose every row holding an extreme was removed (EXTREME_RETRACTED: those groups are
+    recomputed alone, `groups`). A partition with both gets PRECISION_LOSS."""
 
-    def __init__(self, spec: FlowSpec, lost: list, gone: list) -> None:
-        self.windows = _windows(spec, [*lost, *gone])
+    def __init__(self, spec: FlowSpec, lost: list, gone: list[tuple]) -> None:
+        self.windows = _windows(spec, [*lost, *(ws for ws, _ in gone)])
         lost_parts = set(_windows(spec, lost))
         self.reasons = {k: Reason.PRECISION_LOSS if k in lost_parts else Reason.EXTREME_RETRACTED for k in self.windows}
-        super().__init__(f"{len(set(lost))} window(s) lost precision, {len(set(gone))} lost an extreme")
+        self.groups: dict[str, tuple[int, ...]] = {}
+        for ws, group in gone:
+            k = partition_key(ws, spec.granularity)
+            if k not in lost_parts:
+                self.groups[k] = (*self.groups.get(k, ()), group)
+        super().__init__(f"{len(set(lost))} window(s) lost precision, {len(gone)} group(s) lost an extreme")
 
 
 @dataclass
@@ -87,6 +104,30 @@ def _build(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: 
     # per-partition metrics of a pass staged with its sink are summed from its rows: no slot column
     return pass_query(ctx, spec, plans, reads, inputs, single=single, old=old, slots=slots and not sink,
                       sink=sink), reads, small
+
+
+def changed_groups(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs) -> dict[str, tuple]:
+    """The groups (hashes of window start and keys) the deletes and updates each plan takes touch, per
+    partition: one Spark job over their change rows only (rows whose group is new count too). Both
+    sides of an update count, so a row moved across windows or keys marks both groups."""
+    markers = []
+    for p in plans:
+        versions = {}
+        for src in spec.sources:
+            start, end = p.from_versions.get(src), p.to_versions.get(src)
+            if start is None or end is None:
+                continue
+            versions[src] = tuple(c.version for c in inputs.histories[src].commits if start < c.version <= end
+                                  and c.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS))
+        markers.append(replace(p, mode=Mode.INCREMENTAL, refill=(), refill_all=False, incremental_versions=versions))
+    copies = copies_query(ctx.spark, spec, markers, read_set(spec, markers, inputs), inputs)
+    found = copies.select([WS, f"{group_hash_sql(spec)} AS {GROUP}"], group=[WS, group_hash_sql(spec)]).run(ctx.spark).collect()
+    out: dict[str, tuple] = {p.partition: () for p in plans}
+    for row in found:
+        k = partition_key(row[WS], spec.granularity)
+        if k in out:
+            out[k] = (*out[k], row[GROUP])
+    return out
 
 
 def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
@@ -154,7 +195,8 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
         rows = collect_rows(merged)
         metrics = collected_metrics(rows, plans, spec.granularity)
         if metrics["lost"] or metrics["gone"]:
-            raise WindowsToRecompute(spec, flagged_window_starts(rows, LOST), flagged_window_starts(rows, GONE))
+            raise WindowsToRecompute(spec, flagged_window_starts(rows, LOST),
+                                     flagged_groups(rows) if metrics["gone"] else [])
         staged, sink = write_staged_rows(rows.filter(good_mask(rows)), [
             (state_uri, run_id, list(built.state)), (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))],
             by=PART)
@@ -165,8 +207,10 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
                    through_driver=small)
     if obs.get.get("lost") or obs.get.get("gone"):
         staged.discard()
-        flagged = merged.where(f"({LOST} OR {GONE}) AND {GOOD}").select(WS, LOST, GONE).distinct().collect()
-        raise WindowsToRecompute(spec, [r[WS] for r in flagged if r[LOST]], [r[WS] for r in flagged if r[GONE]])
+        group = [GROUP] if GROUP in built.merged.columns else []
+        flagged = merged.where(f"({LOST} OR {GONE}) AND {GOOD}").select(WS, LOST, GONE, *group).distinct().collect()
+        raise WindowsToRecompute(spec, [r[WS] for r in flagged if r[LOST]],
+                                 [(r[WS], r[GROUP]) for r in flagged if r[GONE]])
     return staged, None, obs.get
 
 

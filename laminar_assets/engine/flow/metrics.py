@@ -28,7 +28,7 @@ from ..run.reading import PART
 from ..windows import Granularity, partition_id
 from .state import WS
 
-BAD, LOST, GONE, SLOT = "__bad", "__lost", "__gone", "__slot"
+BAD, LOST, GONE, SLOT, GROUP = "__bad", "__lost", "__gone", "__slot", "__group"
 IN_ROWS, REJECTED, RETRACTED, GROUPS = "__in_rows", "__rejected", "__retracted", "__groups"
 GOOD = f"NOT {BAD} AND {ROWS} != 0"  # state rows: no broken rule, rows left after retractions
 _SUMMED = {"rows": IN_ROWS, "rejected": REJECTED, "retracted": RETRACTED, "groups": GROUPS}
@@ -81,3 +81,10 @@ def flagged_window_starts(rows: pa.Table, column: str) -> list:
     """Starts of the kept windows with a group flagged in `column` (`LOST` or `GONE`), from
     collected merged rows."""
     return pc.unique(rows.filter(pc.and_(rows[column], good_mask(rows)))[WS]).to_pylist()
+
+
+def flagged_groups(rows: pa.Table) -> list[tuple]:
+    """(window start, group hash) of the kept groups that lost an extreme (`GONE`), from collected
+    merged rows."""
+    gone = rows.filter(pc.and_(rows[GONE], good_mask(rows))).select([WS, GROUP])
+    return list(zip(gone[WS].to_pylist(), gone[GROUP].to_pylist()))

@@ -27,13 +27,13 @@ from ..run.fact_joins import join_facts
 from ..run.inputs import RunInputs
 from ..run.plan import PartitionPlan
 from ..run.reading import PART, ReadSet, rows_query
-from ..run.row_prep import frame_query, keep_sql, prepare_query
+from ..run.row_prep import frame_query, keep_sql, prepare_query, refilled_groups_sql
 from ..spark import stable_sql
 from ..spark.query import Query, union_all
 from ..spark.stable_sql import bigint
 from ..spec.specs import FlowSpec
 from ..windows import partition_id, partition_id_of_sql, partition_id_sql, window_columns
-from .metrics import BAD, GONE, GOOD, GROUPS, IN_ROWS, LOST, REJECTED, RETRACTED, SLOT
+from .metrics import BAD, GONE, GOOD, GROUP, GROUPS, IN_ROWS, LOST, REJECTED, RETRACTED, SLOT
 from .state import WE, WS, sink_columns, state_query
 
 
@@ -72,7 +72,13 @@ def copies_query(spark: SparkSession, spec: FlowSpec, plans: list[PartitionPlan]
     part = partition_id_sql(WS, spec.granularity)
     later = partition_id_of_sql(f"timestamp_micros(unix_micros({WS}) + {slide_us})", spec.granularity)
     copies = copies.add_columns([(PART, part), ("__first", f"__primary OR {later} != {part}")])
-    return copies.where(keep_sql(spec, plans, WS))
+    return copies.where(keep_sql(spec, plans, WS, group_hash_sql(spec)))
+
+
+def group_hash_sql(spec: FlowSpec) -> str:
+    """A group's hash: its window start and keys, hashed by type (the same over row copies, merged rows
+    and state rows). Two groups may share one; recomputing a group that did not need it is exact too."""
+    return f"xxhash64({', '.join(q(c) for c in [WS, *spec.keys])})"
 
 
 def pass_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], reads: ReadSet, inputs: RunInputs,
@@ -117,6 +123,8 @@ def pass_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], read
             for c in [impl.lost_expr() if ctx.options.precision_guard else None] if c is not None]
     gone = [f"coalesce({c}, false)" for impl in impls for c in [impl.gone_expr()] if c is not None]
     named = [(LOST, " OR ".join(lost) or "false"), (GONE, " OR ".join(gone) or "false")]
+    if gone:  # the groups that lost an extreme are recomputed alone, found by their hash
+        named.append((GROUP, group_hash_sql(spec)))
     if slots:  # each row's partition's place in `plans` (1-based; 0 for none), looked up in an array
         # literal, which generated code references: runs over other partitions share the code
         ids = ", ".join(bigint(partition_id(p.partition, spec.granularity)) for p in plans)
@@ -140,4 +148,5 @@ def old_state(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], input
     if old is None:
         return None, 0
     refilled = stable_sql.in_ranges_sql(WS, [r for p in plans for r in p.refill], spec.granularity)
-    return old.where(f"NOT {refilled}").add_columns([(PART, partition_id_sql(WS, spec.granularity))]), old_bytes
+    groups = refilled_groups_sql(spec, plans, WS, group_hash_sql(spec))
+    return old.where(f"NOT ({refilled} OR {groups})").add_columns([(PART, partition_id_sql(WS, spec.granularity))]), old_bytes

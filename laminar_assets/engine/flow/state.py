@@ -62,6 +62,18 @@ def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, 
                        run_id=run_id + "-sink", reset_on_schema_change=True)
 
 
+def state_groups(ctx: RunContext, spec: FlowSpec, key: str, input_schema: dict) -> int | None:
+    """How many groups (state rows) partition `key` holds, from the state files' statistics (no data
+    is read); None when there is no state or a file has no row count."""
+    uri = ctx.layout.state_uri(spec, input_schema)
+    if not is_delta_table(uri):
+        return None
+    files = snapshot_files(table_info(f"{spec.name} state", uri), WS, [partition_interval(key, spec.granularity)])
+    if any(f.rows is None for f in files):
+        return None
+    return sum(f.rows for f in files)
+
+
 def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:
     """The committed state rows of `keys` (only their files are read)."""
     return state_rows(ctx, spec, keys, input_schema)[0]

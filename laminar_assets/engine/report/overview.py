@@ -100,9 +100,9 @@ def explain(engine, spec: Spec, partition: str) -> dict:
                         estimate["files"] += 1
                         estimate["bytes"] += f.size
                         estimate["rows"] += f.rows or 0
-        if plan.refill:
+        if plan.refill or plan.group_windows:
             info = table_info(src, uri, plan.to_versions[src])
-            events = spec.refill_events(plan.interval, plan.refill)
+            events = spec.refill_events(plan.interval, (*plan.refill, *plan.group_windows))
             for f in snapshot_files(info, spec.event_time, events):
                 estimate["files"] += 1
                 estimate["bytes"] += f.size

@@ -111,14 +111,19 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
 
 
 def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: RunInputs, *, force: bool = False,
-                  escalation=None, escalation_scope=None, partition_bytes: dict[str, int] | None = None,
-                  refill_ratio: float | None = None, refill_min_bytes: int = 0) -> PlannerInput:
+                  escalation=None, escalation_scope=None, escalation_groups=None, partition_bytes: dict[str, int] | None = None,
+                  refill_ratio: float | None = None, refill_min_bytes: int = 0, state_groups: int | None = None,
+                  partition_rows: int | None = None, extreme_refill_share: float | None = None,
+                  changed_groups: tuple[int, ...] | None = None, group_refill_share: float | None = None) -> PlannerInput:
     return PlannerInput(
         spec=spec, partition=partition, watermark=mark, histories=inputs.histories_after(mark),
         dimension_versions={d: i.version for d, i in inputs.dims.items()},
         dimension_ids={d: i.table_id for d, i in inputs.dims.items() if i.table_id},
         input_schema=inputs.input_schema, force=force, escalation=escalation, escalation_scope=escalation_scope,
+        escalation_groups=escalation_groups,
         partition_bytes=partition_bytes, refill_ratio=refill_ratio, refill_min_bytes=refill_min_bytes,
+        state_groups=state_groups, partition_rows=partition_rows, extreme_refill_share=extreme_refill_share,
+        changed_groups=changed_groups, group_refill_share=group_refill_share,
     )
 
 
@@ -131,3 +136,16 @@ def partition_bytes(spec: Spec, inputs: RunInputs, partition: str, to_versions: 
         out[src] = int(sum(share_inside(f.time_range, needed) * f.size
                            for f in inputs.snapshot(spec, src, to_versions[src])))
     return out
+
+
+def partition_rows(spec: Spec, inputs: RunInputs, partition: str, to_versions: dict[str, int]) -> int | None:
+    """Estimated snapshot rows a refill of the partition would read (all sources), like
+    `partition_bytes`; None when a file's statistics give no row count."""
+    needed = needed_events(spec, partition_interval(partition, spec.granularity))
+    total = 0.0
+    for src in spec.sources:
+        for f in inputs.snapshot(spec, src, to_versions[src]):
+            if f.rows is None:
+                return None
+            total += share_inside(f.time_range, needed) * f.rows
+    return int(total)

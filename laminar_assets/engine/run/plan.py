@@ -93,6 +93,10 @@ class PartitionPlan:
     to_versions: dict[str, int] = field(default_factory=dict, hash=False)
     refill: tuple[Interval, ...] = ()  # window-start ranges (flows) / event ranges (stages) to recompute
     refill_all: bool = False
+    # Groups recomputed alone (hashes of (window start, keys), `flow.query.GROUP_HASH`), in the window
+    # ranges `group_windows`: the rest of those windows keeps its state and merges (flows only)
+    refill_groups: tuple[int, ...] = field(default=(), hash=False)
+    group_windows: tuple[Interval, ...] = ()
     incremental_versions: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
     pending_versions: dict[str, int] = field(default_factory=dict, hash=False)
     other_partitions: tuple[str, ...] = ()
@@ -106,6 +110,8 @@ class PartitionPlan:
             "from_versions": self.from_versions, "to_versions": self.to_versions,
             "refill_all": self.refill_all,
             "refill": [[r.start.isoformat(), r.end.isoformat()] for r in self.refill],
+            "refill_groups": len(self.refill_groups),
+            "group_windows": [[r.start.isoformat(), r.end.isoformat()] for r in self.group_windows],
             "incremental_versions": {k: list(v) for k, v in self.incremental_versions.items()},
             "pending_versions": self.pending_versions,
             "other_partitions": list(self.other_partitions),

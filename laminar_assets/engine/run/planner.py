@@ -6,6 +6,7 @@ carries its plan out, `report/overview.py` explains it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -32,11 +33,24 @@ class PlannerInput:
     force: bool = False
     escalation: Reason | None = None  # set by the executor when a run finds it must refill
     escalation_scope: tuple[Interval, ...] | None = None  # window starts to refill for it (None: all)
+    escalation_groups: tuple[int, ...] | None = None  # ... only these groups of them (None: whole windows)
     # Bytes of the partition's snapshot rows per source (estimated from file statistics) and the share
     # of them that, once changed, makes a refill cheaper than a merge; None: never refill for cost.
     partition_bytes: Mapping[str, int] | None = field(default=None, hash=False)
     refill_ratio: float | None = None
     refill_min_bytes: int = 0  # smaller partitions are never refilled for cost (job latency dominates)
+    # Rows of the partition's committed state (its groups) and of its snapshot rows (estimated from
+    # file statistics), and the share of the touched windows that, expected to lose an extreme,
+    # makes recomputing them up front cheaper than merging first; None: always merge first.
+    state_groups: int | None = None
+    partition_rows: int | None = None
+    extreme_refill_share: float | None = None
+    # The groups the deletes and updates of a NON_APPEND_ON_NON_RETRACTABLE refill touch (hashes of
+    # (window start, keys), found by one Spark job over their change rows), and the share of the
+    # touched windows' groups from which their windows are recomputed whole; None: whole windows.
+    changed_groups: tuple[int, ...] | None = None
+    group_refill_share: float | None = None
+    retract_extremes: bool = True  # False: deletes and updates refill what they touch (min/max as not retractable)
 
 
 def needed_events(spec: Spec, part: Interval) -> Interval:
@@ -92,8 +106,11 @@ def _other_partitions(spec, commits, own: str) -> tuple[tuple[str, ...], bool]:
 def plan_partition(inp: PlannerInput) -> PartitionPlan:
     """Choose INCREMENTAL, REFILL or NOOP and a reason for one (flow, partition)."""
     if inp.escalation is not None and inp.escalation_scope is not None:
-        return _escalate_windows(_plan(replace(inp, escalation=None, escalation_scope=None)), inp)
+        return _escalate_windows(_plan(replace(inp, escalation=None, escalation_scope=None, escalation_groups=None)),
+                                 inp)
     plan = _plan(inp)
+    if plan.mode is Mode.INCREMENTAL and inp.spec.refresh is not RefreshPolicy.INCREMENTAL_STRICT:
+        plan = _extremes_up_front(plan, inp)
     if plan.mode is Mode.INCREMENTAL and inp.refill_ratio is not None and inp.partition_bytes is not None \
             and inp.spec.refresh is not RefreshPolicy.INCREMENTAL_STRICT:
         return _cheaper_refill(plan, inp)
@@ -102,11 +119,61 @@ def plan_partition(inp: PlannerInput) -> PartitionPlan:
 
 def _escalate_windows(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
     """The plan, with the escalation's windows added to what it refills (e.g. PRECISION_LOSS)."""
-    scope = coalesce([*plan.refill, *[s for s in inp.escalation_scope if s.overlaps(plan.interval)]])
-    whole = plan.refill_all or (len(scope) == 1 and scope[0] == plan.interval)
+    mine = [s for s in inp.escalation_scope if s.overlaps(plan.interval)]
     windows = ", ".join(f"{s.start:%H:%M}..{s.end:%H:%M}" for s in inp.escalation_scope)
+    if inp.escalation_groups is not None and not plan.refill_all:
+        n = len(inp.escalation_groups)
+        return replace(plan, mode=Mode.REFILL, reason=inp.escalation,
+                       detail=f"{inp.escalation.describe}: {n} group(s) recomputed, in windows starting {windows}; "
+                              "the other groups merged",
+                       refill_groups=tuple(sorted({*plan.refill_groups, *inp.escalation_groups})),
+                       group_windows=coalesce([*plan.group_windows, *mine]))
+    scope = coalesce([*plan.refill, *mine])
+    whole = plan.refill_all or (len(scope) == 1 and scope[0] == plan.interval)
     return replace(plan, mode=Mode.REFILL, reason=inp.escalation,
                    detail=f"{inp.escalation.describe} (windows starting {windows})", refill=scope, refill_all=whole)
+
+
+def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
+    """EXTREME_RETRACTED up front: refill the windows deletes and updates touch when at least
+    `extreme_refill_share` of them are expected to lose a min/max/first/last anyway.
+
+    A retracted row holds its group's extreme with probability ~1/(the group's rows), so with a
+    share s of the partition's rows retracted and k extreme aggregates, ~k x s x (groups) groups
+    lose one. Spread over W touched windows, a share 1 - exp(-losses / W) of them is expected to be
+    recomputed after the merge: then merging first only adds a pass."""
+    k, share = inp.spec.held_extremes, inp.extreme_refill_share
+    if not k or share is None or not inp.state_groups or not inp.partition_rows:
+        return plan
+    changed, windows = 0.0, []
+    for src, versions in plan.incremental_versions.items():
+        wanted = set(versions)
+        for c in inp.histories[src].commits:
+            if c.version not in wanted or c.kind not in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS):
+                continue
+            if c.kind is CommitKind.DELETION_VECTORS:
+                changed += c.dv_rows
+            elif any(f.rows is None for f in c.cdc):
+                return plan  # rows unknown: merge, and let the pass find what it removed
+            else:
+                changed += sum(share_inside(f.time_range, plan.needed) * f.rows for f in c.cdc)
+            windows.extend(_scope(inp.spec, plan.interval, c))
+    if changed <= 0:
+        return plan
+    slide = inp.spec.shape.slide
+    touched = max(1, sum(-(-(w.end - w.start) // slide) for w in coalesce(windows)))
+    losses = k * inp.state_groups * min(1.0, changed / inp.partition_rows)
+    expected = 1 - math.exp(-losses / touched)
+    if expected < share:
+        return plan
+    refill = _plan(replace(inp, retract_extremes=False))
+    if refill.reason is not Reason.NON_APPEND_ON_NON_RETRACTABLE:
+        return refill  # e.g. a bounded run's snapshot expired: that reason
+    detail = (f"~{int(changed):,} of ~{inp.partition_rows:,} rows deleted or updated, {k} extreme aggregate(s) over "
+              f"{inp.state_groups:,} group(s): ~{losses:.1f} group(s) expected to lose their extreme, in ~{expected:.0%} "
+              f"of the {touched} touched window(s) (>= extreme_refill_share {share:.0%}): recomputing them up "
+              "front instead of after a merge")
+    return replace(refill, reason=Reason.EXTREME_RETRACTED, detail=detail)
 
 
 def _cheaper_refill(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
@@ -189,6 +256,8 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     kinds: set[CommitKind] = set()
     processed: list[CommitSummary] = []
     retractable, opaque = spec.retractable, spec.not_incrementalizable
+    if not inp.retract_extremes and spec.held_extremes:
+        retractable = False
     for src, hist in inp.histories.items():
         take = _bound(spec, hist.commits)
         taken = hist.commits[:take]
@@ -245,6 +314,9 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
                 return refill_all(Reason.CHECKPOINT_EXPIRED, f"{unreadable}: refilling at the latest version")
         scope = coalesce(refill)
         whole = len(scope) == 1 and scope[0] == part
+        if refill_reason is Reason.NON_APPEND_ON_NON_RETRACTABLE and inp.changed_groups is not None:
+            scoped = _group_scope(inp, part, scope)
+            return make(Mode.REFILL, refill_reason, refill_detail + scoped.pop("detail"), **scoped, **common)
         return make(Mode.REFILL, refill_reason, refill_detail, refill=scope, refill_all=whole, **common)
     if any(incremental.values()):
         reason = Reason.APPEND_ONLY if kinds == {CommitKind.APPEND} else Reason.RETRACTABLE_CHANGES
@@ -260,6 +332,23 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
         return make(Mode.NOOP, Reason.NO_CHANGES_IN_PARTITION,
                     f"{len(processed)} new version(s) touch no window of this partition", **common)
     return make(Mode.NOOP, Reason.NO_NEW_VERSIONS, Reason.NO_NEW_VERSIONS.describe, **common)
+
+
+def _group_scope(inp: PlannerInput, part: Interval, scope: tuple[Interval, ...]) -> dict:
+    """The refill of `scope` as its changed groups alone, or as whole windows when those groups are at
+    least `group_refill_share` of the groups the windows hold (estimated from the partition's state:
+    its groups spread evenly over its windows)."""
+    groups, slide = inp.changed_groups, inp.spec.shape.slide
+    windows = sum(-(-(w.end - w.start) // slide) for w in scope)
+    held = (inp.state_groups or 0) * windows / max(1, (part.end - part.start) // slide)
+    share = len(groups) / held if held else float("inf")
+    if inp.group_refill_share is None or share >= inp.group_refill_share:
+        whole = len(scope) == 1 and scope[0] == part
+        return dict(refill=scope, refill_all=whole,
+                    detail=f": {len(groups)} of ~{int(held)} group(s) changed, the windows are recomputed")
+    return dict(refill_groups=tuple(sorted(set(groups))), group_windows=scope,
+                detail=f": {len(groups)} of ~{int(held)} group(s) in {windows} window(s) recomputed, "
+                                     "the others keep their state")
 
 
 def _scope(spec, part: Interval, commit: CommitSummary) -> list[Interval]:

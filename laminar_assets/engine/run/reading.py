@@ -74,9 +74,10 @@ class ReadSet:
 
 
 def refill_events(spec, plan: PartitionPlan) -> list[Interval]:
-    """Event times a refill of the plan reads: the events of its window starts (flows), or the
-    whole partition (stages dedup within the partition, so they recompute all of it)."""
-    return spec.refill_events(plan.interval, plan.refill)
+    """Event times a refill of the plan reads: the events of its window starts and of the windows
+    holding the groups it recomputes (flows), or the whole partition (stages dedup within the
+    partition, so they recompute all of it)."""
+    return spec.refill_events(plan.interval, (*plan.refill, *plan.group_windows))
 
 
 def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:

@@ -70,9 +70,10 @@ def keep(spec, plans: list[PartitionPlan], at: str) -> Column:
     return F.expr(keep_sql(spec, plans, at))
 
 
-def keep_sql(spec, plans: list[PartitionPlan], at: str) -> str:
+def keep_sql(spec, plans: list[PartitionPlan], at: str, group_hash: str | None = None) -> str:
     """Whether a row counts for the partition holding timestamp column `at` (the window start of a
     flow's row copy, a stage row's event time); rows of partitions outside `plans` never count.
+    `group_hash`: SQL of a flow row's group hash, for the groups plans recompute alone (`refill_groups`).
     Map lookups rather than the run's timestamps and versions: the same code every run (stable_sql.py)."""
     refilled = stable_sql.in_ranges_sql(at, [r for p in plans for r in spec.refilled_ranges(p.interval, p.refill)],
                                         spec.granularity)
@@ -84,4 +85,17 @@ def keep_sql(spec, plans: list[PartitionPlan], at: str) -> str:
     part = partition_id_sql(at, spec.granularity)
     merged = [f"({SRC} = {sql_string(src)} AND {stable_sql.contains_sql(by_part, part, DVER)})"
               for src, by_part in sorted(merges.items())]
-    return f"CASE WHEN {refilled} THEN {SNAP} ELSE {' OR '.join(merged) or 'false'} END"
+    groups = refilled_groups_sql(spec, plans, at, group_hash)
+    alone = f" WHEN {groups} THEN {SNAP}" if groups != "false" else ""
+    return f"CASE WHEN {refilled} THEN {SNAP}{alone} ELSE {' OR '.join(merged) or 'false'} END"
+
+
+def refilled_groups_sql(spec, plans: list[PartitionPlan], at: str, group_hash: str | None) -> str:
+    """Whether a row's group (hash SQL `group_hash`; window start `at`) is one `plans` recompute
+    alone; false when none is. Only inside the windows holding those groups, whose snapshot files the
+    run reads: a group elsewhere that shares a hash keeps its own state."""
+    hashes = sorted({h for p in plans for h in p.refill_groups})
+    if not hashes or group_hash is None:
+        return "false"
+    inside = stable_sql.in_ranges_sql(at, [w for p in plans for w in p.group_windows], spec.granularity)
+    return f"({inside} AND coalesce({group_hash} IN ({', '.join(f'{h}L' for h in hashes)}), false))"

@@ -21,6 +21,7 @@ class Kind:
     numeric: bool = False  # the input column must be numeric
     exact: bool = True  # False for sketches (estimates within the sketch's error bound)
     mergeable: bool = True  # False: no partial state merges; every touched window is recomputed
+    holds_extreme: bool = False  # its state is one row's value, kept with how many rows hold it
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -29,15 +30,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("avg", retractable=True, numeric=True),
     Kind("var_samp", retractable=True, numeric=True),
     Kind("stddev_samp", retractable=True, numeric=True),
-    Kind("min", retractable=True),
-    Kind("max", retractable=True),
-    Kind("first", retractable=True),
-    Kind("last", retractable=True),
+    Kind("min", retractable=True, holds_extreme=True),
+    Kind("max", retractable=True, holds_extreme=True),
+    Kind("first", retractable=True, holds_extreme=True),
+    Kind("last", retractable=True, holds_extreme=True),
     Kind("approx_count_distinct", retractable=False, exact=False),
     Kind("approx_percentile", retractable=False, numeric=True, exact=False),
     Kind("count_distinct", retractable=False),
-    Kind("min_by", retractable=True),
-    Kind("max_by", retractable=True),
+    Kind("min_by", retractable=True, holds_extreme=True),
+    Kind("max_by", retractable=True, holds_extreme=True),
     Kind("top_k", retractable=False),
     Kind("approx_top_k", retractable=False, exact=False),
     # Any other Spark SQL aggregate expression (percentile, median, collect_list, ...): Laminar keeps its

@@ -231,6 +231,12 @@ class BaseSpec:
         return ()
 
     @property
+    def held_extremes(self) -> int:
+        """How many aggregates keep one row's value (min, max, first, last, min_by, max_by): a delete
+        or update of a row holding it makes its window be recomputed."""
+        return 0
+
+    @property
     def fact_joins(self) -> tuple[FactJoin, ...]:
         """Other fact tables joined to the source rows before anything else (flows only)."""
         return ()
@@ -341,6 +347,10 @@ class FlowSpec(BaseSpec):
     @property
     def retractable(self) -> bool:
         return all(KINDS[a.kind].retractable for a in self.aggregates)
+
+    @property
+    def held_extremes(self) -> int:
+        return sum(KINDS[a.kind].holds_extreme for a in self.aggregates)
 
     @property
     def why_not_retractable(self) -> str:
