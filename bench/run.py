@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-hours", type=int)
     parser.add_argument("--late-share", type=float)
     parser.add_argument("--late-partitions", type=int)
+    parser.add_argument("--correction-every", type=int,
+                        help="the update/delete batch updates every n-th trade id of its hours and deletes every n-th")
     parser.add_argument("--rounds", type=int, help="Δ rounds per size (timings are medians over them)")
     parser.add_argument("--freshness-commits", type=int)
     parser.add_argument("--skip-freshness", action="store_true")
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes=tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None,
         delta_rows=args.delta_rows, base_hours=args.base_hours, late_share=args.late_share,
         late_partitions=args.late_partitions, freshness_commits=args.freshness_commits, rounds=args.rounds,
-        driver_memory=args.driver_memory, sdp=args.sdp)
+        driver_memory=args.driver_memory, sdp=args.sdp, correction_every=args.correction_every)
     work = os.path.abspath(args.work or os.path.join(REPO, ".bench", f"work-{profile.name}"))
     out_dir = os.path.abspath(args.out or (os.path.join(REPO, "bench", "results") if profile.name == "full"
                                            else os.path.join(REPO, ".bench", "results-smoke")))
