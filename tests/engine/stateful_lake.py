@@ -75,12 +75,14 @@ ids_where = st.tuples(st.integers(2, 4), st.integers(0, 3))  # rows with id % m 
 bounds = st.sampled_from([{}, {}, {"max_versions_per_run": 1}, {"max_versions_per_run": 2}, {"max_rows_per_run": 4}])
 # tiny passes (one task, interpreted, through the driver) mostly; now and then the large-pass path
 # (and with it, groups refilled alone wherever they can be: merge first, then recompute the groups
-# that lost an extreme; the changed groups alone however many there are)
+# that lost an extreme; the changed groups alone however many there are; extremes' holders counted
+# as a lower bound, as large passes do)
 GROUPS_ALONE = dict(extreme_refill_share=None, group_refill_share=1e9)
 LARGE_PASS_PATH = EngineOptions(refill_ratio=None, single_task_below_bytes=0, interpreted_below_bytes=0,
-                                driver_write_below_bytes=0, **GROUPS_ALONE)
-options = st.sampled_from([EngineOptions(refill_ratio=None)] * 3 + [EngineOptions(refill_ratio=None, **GROUPS_ALONE)] * 2
-                          + [EngineOptions(refill_ratio=1e-6, refill_min_bytes=0), LARGE_PASS_PATH])
+                                driver_write_below_bytes=0, count_tied_extremes_below_bytes=0, **GROUPS_ALONE)
+options = st.sampled_from([EngineOptions(refill_ratio=None)] * 3 + [EngineOptions(refill_ratio=None, **GROUPS_ALONE),
+                          EngineOptions(refill_ratio=None, count_tied_extremes_below_bytes=0, **GROUPS_ALONE),
+                          EngineOptions(refill_ratio=1e-6, refill_min_bytes=0), LARGE_PASS_PATH])
 spec_sets = st.sampled_from([("sym_10m", "account_hop"), ("clean", "venue_15m"), ("sym_10m", "venue_sql"),
                              ("clean", "venue_15m", "account_hop"), ("account_hop",), ("clean", "sym_10m")])
 

@@ -21,6 +21,7 @@ The numeric and ordered kinds live here, the sketch/set/pick kinds in `sets.py`,
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 from pyspark.sql.types import DataType, DecimalType, IntegralType, NumericType
@@ -136,6 +137,7 @@ def _over(group) -> str:
     return f"OVER (PARTITION BY {', '.join(q(g) for g in group)})" if group else "OVER ()"
 
 
+@dataclass(frozen=True)
 class _HeldExtreme(AggImpl):
     """The smallest or largest candidate of a group (`_fn`), and how many rows hold it (`c`, signed).
 
@@ -144,10 +146,16 @@ class _HeldExtreme(AggImpl):
     the extreme) monoid, associative and commutative, identity = no rows. A retracted row that
     does not hold the group's extreme changes nothing; one that does lowers the count. When the
     count reaches 0 with rows left, the true extreme is some value the state never kept: `gone_expr`
-    says so and the run recomputes the window (reason EXTREME_RETRACTED). Every retracted row was
-    merged before, so it is never beyond the extreme; a count below 0 is recomputed too."""
+    says so and the run recomputes the group (reason EXTREME_RETRACTED). Every retracted row was
+    merged before, so it is never beyond the extreme; a count below 0 is recomputed too.
+
+    `exact_holders`: a partial counts every row holding its extreme, through a window over its rows
+    (which costs a sort of them). Without it, a partial of added rows counts one holder and a
+    partial of retracted rows counts all of its rows: the state's count is then a lower bound of
+    the holders, so it can only reach 0 early (a tie recomputes its group, exactly), never late."""
 
     VALUE: ClassVar[str] = "m"
+    exact_holders: bool = True
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -170,10 +178,15 @@ class _HeldExtreme(AggImpl):
         return q(f"__g_{self.agg.name}_x")
 
     def pre_partial_exprs(self, group):
-        return [f"{self._fn}({self.candidate()}) {_over(group)} AS {self._at}"]
+        return [f"{self._fn}({self.candidate()}) {_over(group)} AS {self._at}"] if self.exact_holders else []
 
     def partial_exprs(self, sign):
-        return [f"{self._fn}({self.candidate()})", f"{sign} * count_if({self.candidate()} <=> {self._at})"]
+        cand = self.candidate()
+        if self.exact_holders:
+            holders = f"count_if({cand} <=> {self._at})"
+        else:
+            holders = f"CASE WHEN {sign} > 0 THEN least(count({cand}), 1L) ELSE count({cand}) END"
+        return [f"{self._fn}({cand})", f"{sign} * {holders}"]
 
     def pre_merge_exprs(self, group):
         return [f"{self._fn}({self.s(self.VALUE)}) {_over(group)} AS {self._merged_at}"]
@@ -236,14 +249,19 @@ _IMPLEMENTATIONS: dict[str, Callable[..., AggImpl]] = {
 assert set(_IMPLEMENTATIONS) == set(KINDS), "every kind in kinds.KINDS needs an implementation"
 
 
-def implementation(agg: Agg, input_type: DataType | None = None) -> AggImpl:
-    """The Spark implementation of `agg` for an input column of `input_type`."""
-    return _IMPLEMENTATIONS[agg.kind](agg, input_type)
+def implementation(agg: Agg, input_type: DataType | None = None, *, exact_holders: bool = True) -> AggImpl:
+    """The Spark implementation of `agg` for an input column of `input_type` (`exact_holders`: see
+    `_HeldExtreme`; the other kinds ignore it)."""
+    make = _IMPLEMENTATIONS[agg.kind]
+    if isinstance(make, type) and issubclass(make, _HeldExtreme):
+        return make(agg, input_type, exact_holders)
+    return make(agg, input_type)
 
 
-def implementations(spec, schema) -> list[AggImpl]:
+def implementations(spec, schema, *, exact_holders: bool = True) -> list[AggImpl]:
     """The implementations of a flow's aggregates over input rows with Spark `schema`."""
-    return [implementation(a, schema[a.column].dataType if a.column else None) for a in spec.aggregates]
+    return [implementation(a, schema[a.column].dataType if a.column else None, exact_holders=exact_holders)
+            for a in spec.aggregates]
 
 
 def is_numeric(t: DataType) -> bool:

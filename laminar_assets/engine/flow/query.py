@@ -86,7 +86,9 @@ def pass_query(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], read
     """The pass over `plans` (`old`: `old_state`'s answer; `single`: in one task; `slots`: a
     `__slot` column for per-partition metrics; `sink`: finalize the sink's columns beside the state)."""
     copies = copies_query(ctx.spark, spec, plans, reads, inputs)
-    impls = tuple(implementations(spec, inputs.row_schema or copies.run(ctx.spark).schema))
+    # a small pass counts every row holding an extreme; a large one a lower bound, without a sort
+    exact = reads.total_bytes < ctx.options.count_tied_extremes_below_bytes
+    impls = tuple(implementations(spec, inputs.row_schema or copies.run(ctx.spark).schema, exact_holders=exact))
     group = [PART, WS, WE, *spec.keys]
     state_cols = [c for impl in impls for c in impl.state_columns]
     carried = [BAD, IN_ROWS, REJECTED, RETRACTED, GROUPS]

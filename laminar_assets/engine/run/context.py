@@ -39,6 +39,10 @@ class EngineOptions:
     # only the groups it touches (one Spark job finds them first), unless they are at least this share
     # of the groups of the windows they touch: then the windows, whole. None: always whole windows.
     group_refill_share: float | None = 0.5
+    # A flow pass reading fewer bytes than this counts every row holding a min/max/first/last (a sort
+    # of the pass's rows), so deleting one of several tied rows merges. Larger passes (refills) count
+    # a lower bound instead: no sort, and a delete of a tied extreme recomputes its group. 0: never.
+    count_tied_extremes_below_bytes: int = 1024 * 1024
     # Recompute windows whose float state lost precision to a retraction (reason PRECISION_LOSS).
     # Turning it off exists only so tests can show that the equivalence check catches such a window.
     precision_guard: bool = True

@@ -36,13 +36,13 @@ values = st.tuples(
 )
 
 
-def _impls(df, aggs):
-    return [implementation(a, df.schema[a.column].dataType if a.column else None) for a in aggs]
+def _impls(df, aggs, exact=True):
+    return [implementation(a, df.schema[a.column].dataType if a.column else None, exact_holders=exact) for a in aggs]
 
 
-def partials(spark, rows, sign=1, aggs=AGGS):
+def partials(spark, rows, sign=1, aggs=AGGS, exact=True):
     df = spark.createDataFrame([(x, i, T0 + timedelta(seconds=s), p, sign) for x, i, s, p in rows], SCHEMA)
-    impls = _impls(df, aggs)
+    impls = _impls(df, aggs, exact)
     before = [e for im in impls for e in im.pre_partial_exprs(["part", SIGN])]
     if before:
         df = df.selectExpr("*", *before)
@@ -126,10 +126,11 @@ def test_retraction_undoes_rows_for_retractable_aggregates(spark, rows, data):
     _check_retraction(spark, rows, removed, AGGS)
 
 
-def _check_retraction(spark, rows, removed, aggs):
+def _check_retraction(spark, rows, removed, aggs, exact=True):
+    """`exact`: partials count every holder of an extreme; else a lower bound (larger passes)."""
     kept = [r for k, r in enumerate(rows) if k not in removed]
-    all_state, impls = partials(spark, rows, aggs=aggs)
-    minus, _ = partials(spark, [rows[k] for k in removed], sign=-1, aggs=aggs)
+    all_state, impls = partials(spark, rows, aggs=aggs, exact=exact)
+    minus, _ = partials(spark, [rows[k] for k in removed], sign=-1, aggs=aggs, exact=exact)
     merged = merge(merge(all_state, impls).unionByName(minus), impls)
     retracted = finalize(merged, impls)
     direct = finalize(merge(partials(spark, kept, aggs=aggs)[0], impls), impls)
@@ -141,13 +142,15 @@ def _check_retraction(spark, rows, removed, aggs):
             if gone.get(name):
                 continue  # the run recomputes the window: checked below
             assert close(retracted[name], direct[name]), (name, retracted[name], direct[name])
-    # an extreme is flagged exactly when every row holding it was retracted (and rows are left)
+    # an extreme is flagged exactly when every row holding it was retracted (and rows are left);
+    # with a lower bound of the holders, at least then (never later: a missed one would be wrong)
     for im in impls:
         if im.gone_expr() is None:
             continue
         holders = _holders(im, rows)
         expected = bool(holders) and set(holders) <= set(removed)
-        assert gone[im.agg.name] == expected, (im.agg.name, holders, removed)
+        assert gone[im.agg.name] == expected if exact else (gone[im.agg.name] or not expected), \
+            (im.agg.name, holders, removed)
 
 
 def _holders(im, rows) -> list[int]:
@@ -184,6 +187,15 @@ def test_extremes_with_ties_retract_until_no_holder_is_left(spark, rows, data):
     exactly while a holder is left, and says it cannot exactly when none is."""
     removed = data.draw(st.lists(st.sampled_from(range(len(rows))), unique=True, max_size=len(rows) - 1))
     _check_retraction(spark, rows, removed, EXTREMES)
+
+
+@_settings(12)
+@given(st.lists(few, min_size=2, max_size=12), st.data())
+def test_extremes_counting_a_lower_bound_of_holders_never_miss_a_retracted_extreme(spark, rows, data):
+    """A large pass counts one holder per partial of added rows and every row of a partial of
+    retracted ones: its state may flag a group early (it is recomputed, exactly), never late."""
+    removed = data.draw(st.lists(st.sampled_from(range(len(rows))), unique=True, max_size=len(rows) - 1))
+    _check_retraction(spark, rows, removed, EXTREMES, exact=False)
 
 
 def test_deleting_one_of_two_tied_minimum_rows_keeps_the_minimum(spark):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -85,6 +86,59 @@ def test_changes_under_extremes_merge():
                                 Agg.max_by("x", "y")))
     p = plan(spec, mark(spec), history(commit(4, CommitKind.CHANGE_DATA, file(21, 22))))
     assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
+
+
+HIGHS = FlowSpec(name="e", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
+                aggregates=(Agg.max("x"), Agg.last("x")))
+
+
+@pytest.mark.parametrize("changed_rows, groups, expected", [
+    (1, 60, Mode.INCREMENTAL),  # 2 x 1/600 x 60 = 0.2 groups expected to lose an extreme in 1 window: 18%
+    (6, 60, Mode.REFILL),  # 1.2 groups: 70% of the window
+    (60, 6, Mode.REFILL),  # a tenth of the rows, 6 groups: 1.2 again
+    (6, 6, Mode.INCREMENTAL),  # 0.12
+])
+def test_extremes_are_recomputed_up_front_when_most_touched_windows_would_lose_one(changed_rows, groups, expected):
+    hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22, rows=changed_rows)))
+    p = plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600, extreme_refill_share=0.5)
+    assert p.mode is expected
+    if expected is Mode.REFILL:
+        assert p.reason is Reason.EXTREME_RETRACTED and "expected to lose their extreme" in p.detail
+        assert p.refill == (Interval(at(20), at(30)),) and p.incremental_versions == {"src": ()}
+    else:
+        assert p.reason is Reason.RETRACTABLE_CHANGES
+    # without the estimate's inputs, or turned off, or strict: always merge first
+    assert plan(HIGHS, mark(HIGHS), hist).mode is Mode.INCREMENTAL
+    assert plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600).mode is Mode.INCREMENTAL
+    strict = replace(HIGHS, refresh="incremental_strict")
+    assert plan(strict, mark(strict), hist, state_groups=groups, partition_rows=600,
+                extreme_refill_share=0.5).mode is Mode.INCREMENTAL
+
+
+@pytest.mark.parametrize("found, expected_groups", [((11, 12), (11, 12)), ((11, 12, 13, 14, 15, 16), ())])
+def test_changes_under_non_retractable_recompute_their_groups_unless_most_of_the_windows(found, expected_groups):
+    # 60 groups over the partition's 6 windows: the 2 touched windows hold ~20
+    hist = history(commit(4, CommitKind.APPEND, file(1, 2)), commit(5, CommitKind.CHANGE_DATA, file(21, 32)))
+    p = plan(NON_RETRACTABLE, mark(NON_RETRACTABLE), hist, changed_groups=found, group_refill_share=0.25,
+             state_groups=60)
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert p.refill_groups == expected_groups and p.incremental_versions == {"src": (4,)}
+    if expected_groups:
+        assert p.refill == () and p.group_windows == (Interval(at(20), at(40)),)
+        assert "2 of ~20 group(s) in 2 window(s) recomputed" in p.detail
+    else:
+        assert p.refill == (Interval(at(20), at(40)),) and p.group_windows == ()
+        assert "6 of ~20 group(s) changed, the windows are recomputed" in p.detail
+
+
+def test_escalated_groups_add_to_what_the_plan_merges():
+    hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22)))
+    p = plan(HIGHS, mark(HIGHS), hist, escalation=Reason.EXTREME_RETRACTED, escalation_scope=(Interval(at(20), at(30)),),
+             escalation_groups=(7, 3))
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
+    assert p.refill_groups == (3, 7) and p.group_windows == (Interval(at(20), at(30)),) and p.refill == ()
+    assert p.incremental_versions == {"src": (4,)}  # every other group still merges the commit
+    assert "2 group(s) recomputed" in p.detail
 
 
 def test_hopping_refill_scope_covers_every_window_holding_the_change():
