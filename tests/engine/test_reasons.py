@@ -165,7 +165,8 @@ def test_deletes_and_updates_a_count_distinct_cannot_retract_recompute_only_thei
     engine.run(distincts(), PART)
     lake.update("trades", {"px": "100.0"}, "qty = 13")  # (00:10, 'b')
     lake.delete("trades", "qty = 30")  # (00:30, 'c')
-    lake.update("trades", {"ts": "CAST('2024-01-01 00:41:00' AS TIMESTAMP)", "sym": "'e'"}, "qty = 50")  # (00:50, 'c') -> (00:40, 'e')
+    moved = {"ts": "CAST('2024-01-01 00:41:00' AS TIMESTAMP)", "sym": "'e'"}
+    lake.update("trades", moved, "qty = 50")  # (00:50, 'c') -> (00:40, 'e')
     lake.append("trades", [("2024-01-01 00:12:30", "a", 77.0, 100)])  # an unchanged group of a touched window merges
     r = engine.run(distincts(), PART)
     assert (r.mode, r.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE), r.detail
