@@ -97,17 +97,30 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
         if len(mats) == 1:
             frm, to = md.get("versions_from", {}), md.get("versions_to", {})
             versions = ", ".join(f"{s} {frm.get(s)}→{v}" for s, v in to.items())
-            mode, reason = str(md["mode"]), str(md.get("reason", ""))
+            mode, reason = str(md["mode"]), str(md.get("reason", "")) + _recomputed(md)
             seconds = float(md.get("seconds_total", 0.0))
         else:  # a range run: one materialization per partition, each with its own metrics
             versions = ""
             mode = " ".join(f"{m}×{n}" for m, n in sorted((md.get("modes") or {}).items()))
             reason = ", ".join(sorted({v.split(" (")[-1].rstrip(")") for v in (md.get("changed_partitions") or {}).values()}))
+            groups, windows = _total(mats, "refilled_groups"), _total(mats, "refilled_windows")
+            reason += "".join(f"; {n} {what} recomputed" for n, what in ((groups, "group(s)"), (windows, "window(s)")) if n)
             seconds = float(md.get("range_seconds_total", 0.0))
 
         rows.append(RunRow(name, partition, mode, reason, versions, _total(mats, "rows_read"),
                            _total(mats, "sink_rows"), seconds, _total(mats, "rows_quarantined")))
     return rows
+
+
+def _recomputed(md: dict) -> str:
+    """What a flow's refill recomputed: groups alone, or whole windows ('' for other runs)."""
+    if md.get("mode") != "REFILL":
+        return ""
+    if md.get("refilled_groups"):
+        return f"; {md['refilled_groups']} group(s) recomputed"
+    if md.get("refilled_windows"):
+        return f"; {md['refilled_windows']} window(s) recomputed"
+    return ""
 
 
 def _total(mats, key: str) -> int:

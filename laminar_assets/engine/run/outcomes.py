@@ -77,9 +77,9 @@ def refilled(spec: Spec, plan: PartitionPlan) -> tuple[float, int | None]:
     if plan.mode is not Mode.REFILL:
         return 0.0, (0 if isinstance(spec, FlowSpec) else None)
     part = plan.interval
-    # windows where only some groups were recomputed count whole: an upper bound
-    scope = [*plan.refill, *plan.group_windows]
-    ranges = [part] if plan.refill_all or not scope else scope
+    if plan.refill_groups and not plan.refill and not plan.refill_all:
+        return 0.0, 0  # groups alone, no whole window: the run's `refilled_groups` says how many
+    ranges = [part] if plan.refill_all or not plan.refill else [r for r in plan.refill]
     if isinstance(spec, FlowSpec):
         slide = spec.shape.slide
         windows = sum(max(1, -(-(r.end - r.start) // slide)) for r in ranges)
