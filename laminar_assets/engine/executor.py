@@ -218,7 +218,7 @@ class Engine:
         duplicate replaced) plans those partitions again (in `plans`) and runs once more."""
         job = JOBS[spec.kind]
         escalated: dict[str, dict] = {}  # what earlier attempts found, kept when a later one finds more
-        for _attempt in range(3):
+        for _attempt in range(4):  # a small pass counts ties exactly, its re-plan may not: one more
             try:
                 return job.run_pass(self.ctx, spec, list(plans.values()), seqs, inputs, run_id)
             except flow_job.WindowsToRecompute as lost:

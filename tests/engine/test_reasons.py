@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from deltalake import write_deltalake
@@ -177,6 +178,34 @@ def test_deletes_and_updates_a_count_distinct_cannot_retract_recompute_only_thei
     lake.delete("trades", "sym = 'e'")  # the group's only row: the group is gone
     r = engine.run(distincts(), PART)
     assert len(r.plan.refill_groups) == 1
+    check(spark, lake, distincts())
+
+
+@pytest.fixture
+def driver_in_new_york(monkeypatch):
+    """The driver's local time zone 5 hours behind UTC (Spark's session stays UTC): a window start
+    collected as a local datetime would name the wrong partition."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_groups_are_found_in_their_own_partition_by_a_driver_outside_utc(spark, lake, driver_in_new_york):
+    # the large-pass path collects the groups that lost an extreme through Spark rows, as the job
+    # finding a count_distinct's changed groups always does
+    engine = Engine(spark, lake.root, options=EngineOptions(extreme_refill_share=None, single_task_below_bytes=0,
+                                                            driver_write_below_bytes=0))
+    lake.create("trades", many_trades(60))
+    engine.run(highs(), PART)
+    engine.run(distincts(), PART)
+    lake.delete("trades", "qty = 7")  # the only row holding (00:00, 'd')'s max 8.0
+    r = engine.run(highs(), PART)
+    assert (r.reason, len(r.plan.refill_groups)) == (Reason.EXTREME_RETRACTED, 1), r.detail
+    check(spark, lake, highs())
+    r = engine.run(distincts(), PART)
+    assert (r.reason, len(r.plan.refill_groups)) == (Reason.NON_APPEND_ON_NON_RETRACTABLE, 1), r.detail
     check(spark, lake, distincts())
 
 

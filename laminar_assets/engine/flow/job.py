@@ -35,7 +35,7 @@ from ..run.plan import Mode, PartitionPlan, Reason
 from ..run.reading import PART, ReadSet, read_set, with_partition
 from ..spark.frames import interpreted, observe
 from ..spec.specs import FlowSpec
-from ..windows import Interval, partition_key, partition_key_column
+from ..windows import Interval, from_micros, partition_key, partition_key_column
 from .metrics import (
     GONE,
     GOOD,
@@ -121,13 +121,19 @@ def changed_groups(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
                                   and c.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS))
         markers.append(replace(p, mode=Mode.INCREMENTAL, refill=(), refill_all=False, incremental_versions=versions))
     copies = copies_query(ctx.spark, spec, markers, read_set(spec, markers, inputs), inputs)
-    found = copies.select([WS, f"{group_hash_sql(spec)} AS {GROUP}"], group=[WS, group_hash_sql(spec)]).run(ctx.spark).collect()
+    found = copies.select([f"unix_micros({WS}) AS {_WS_US}", f"{group_hash_sql(spec)} AS {GROUP}"],
+                          group=[WS, group_hash_sql(spec)]).run(ctx.spark).collect()
     out: dict[str, tuple] = {p.partition: () for p in plans}
     for row in found:
-        k = partition_key(row[WS], spec.granularity)
+        k = partition_key(from_micros(row[_WS_US]), spec.granularity)
         if k in out:
             out[k] = (*out[k], row[GROUP])
     return out
+
+
+# Window starts come to the driver as UTC microseconds: a collected TIMESTAMP is a naive datetime in
+# the driver's local time zone, which the engine's window math would read as UTC.
+_WS_US = "__ws_us"
 
 
 def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: dict[str, int],
@@ -208,9 +214,10 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
     if obs.get.get("lost") or obs.get.get("gone"):
         staged.discard()
         group = [GROUP] if GROUP in built.merged.columns else []
-        flagged = merged.where(f"({LOST} OR {GONE}) AND {GOOD}").select(WS, LOST, GONE, *group).distinct().collect()
-        raise WindowsToRecompute(spec, [r[WS] for r in flagged if r[LOST]],
-                                 [(r[WS], r[GROUP]) for r in flagged if r[GONE]])
+        flagged = merged.where(f"({LOST} OR {GONE}) AND {GOOD}").selectExpr(
+            f"unix_micros({WS}) AS {_WS_US}", LOST, GONE, *group).distinct().collect()
+        raise WindowsToRecompute(spec, [from_micros(r[_WS_US]) for r in flagged if r[LOST]],
+                                 [(from_micros(r[_WS_US]), r[GROUP]) for r in flagged if r[GONE]])
     return staged, None, obs.get
 
 

@@ -119,9 +119,17 @@ def plan_partition(inp: PlannerInput) -> PartitionPlan:
 
 def _escalate_windows(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
     """The plan, with the escalation's windows added to what it refills (e.g. PRECISION_LOSS)."""
+    for src, hist in inp.histories.items():  # a bounded run recomputes from the snapshot at its target
+        to = plan.to_versions.get(src, hist.latest_version)
+        unreadable = hist.snapshot_readable(to) if to < hist.latest_version else None
+        if unreadable:
+            expired = _plan(replace(inp, escalation=Reason.CHECKPOINT_EXPIRED, escalation_scope=None,
+                                    escalation_groups=None))
+            return replace(expired, detail=f"{unreadable}: refilling at the latest version")
     mine = [s for s in inp.escalation_scope if s.overlaps(plan.interval)]
     windows = ", ".join(f"{s.start:%H:%M}..{s.end:%H:%M}" for s in inp.escalation_scope)
-    if inp.escalation_groups is not None and not plan.refill_all:
+    if inp.escalation_groups is not None and not plan.refill_all \
+            and len(inp.escalation_groups) + len(plan.refill_groups) <= MAX_REFILL_GROUPS:
         n = len(inp.escalation_groups)
         return replace(plan, mode=Mode.REFILL, reason=inp.escalation,
                        detail=f"{inp.escalation.describe}: {n} group(s) recomputed, in windows starting {windows}; "
@@ -152,11 +160,13 @@ def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
             if c.version not in wanted or c.kind not in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS):
                 continue
             if c.kind is CommitKind.DELETION_VECTORS:
-                changed += c.dv_rows
+                changed += sum(share_inside(f.time_range, plan.needed) * f.dv_change.rows
+                               for f in c.adds if f.dv_change is not None)
             elif any(f.rows is None for f in c.cdc):
                 return plan  # rows unknown: merge, and let the pass find what it removed
-            else:
-                changed += sum(share_inside(f.time_range, plan.needed) * f.rows for f in c.cdc)
+            else:  # an update's change data holds each row twice: as it was and as it is now
+                images = 2 if c.operation.upper().startswith("UPDATE") else 1
+                changed += sum(share_inside(f.time_range, plan.needed) * f.rows for f in c.cdc) / images
             windows.extend(_scope(inp.spec, plan.interval, c))
     if changed <= 0:
         return plan
@@ -334,6 +344,10 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     return make(Mode.NOOP, Reason.NO_NEW_VERSIONS, Reason.NO_NEW_VERSIONS.describe, **common)
 
 
+# Groups are named in the pass's SQL, so a refill of more than this many recomputes whole windows.
+MAX_REFILL_GROUPS = 10_000
+
+
 def _group_scope(inp: PlannerInput, part: Interval, scope: tuple[Interval, ...]) -> dict:
     """The refill of `scope` as its changed groups alone, or as whole windows when those groups are at
     least `group_refill_share` of the groups the windows hold (estimated from the partition's state:
@@ -341,8 +355,10 @@ def _group_scope(inp: PlannerInput, part: Interval, scope: tuple[Interval, ...])
     groups, slide = inp.changed_groups, inp.spec.shape.slide
     windows = sum(-(-(w.end - w.start) // slide) for w in scope)
     held = (inp.state_groups or 0) * windows / max(1, (part.end - part.start) // slide)
+    if not groups:  # every changed row is one the flow leaves out (its filter): nothing to recompute
+        return dict(detail=": none of the changed rows counts for the flow, nothing is recomputed")
     share = len(groups) / held if held else float("inf")
-    if inp.group_refill_share is None or share >= inp.group_refill_share:
+    if inp.group_refill_share is None or share >= inp.group_refill_share or len(groups) > MAX_REFILL_GROUPS:
         whole = len(scope) == 1 and scope[0] == part
         return dict(refill=scope, refill_all=whole,
                     detail=f": {len(groups)} of ~{int(held)} group(s) changed, the windows are recomputed")

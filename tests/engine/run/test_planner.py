@@ -141,6 +141,36 @@ def test_escalated_groups_add_to_what_the_plan_merges():
     assert "2 group(s) recomputed" in p.detail
 
 
+def test_an_escalation_of_a_bounded_run_whose_snapshot_was_vacuumed_refills_at_the_latest_version():
+    base = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22)), commit(5, CommitKind.APPEND, file(1, 2)))
+    hist = replace(base, snapshot_gone=((5, "part-0.parquet"),))
+    bounded = replace(HIGHS, max_versions_per_run=1)
+    p = plan(bounded, mark(bounded), hist, escalation=Reason.EXTREME_RETRACTED,
+             escalation_scope=(Interval(at(20), at(30)),), escalation_groups=(7,))
+    assert (p.mode, p.reason, p.refill_all) == (Mode.REFILL, Reason.CHECKPOINT_EXPIRED, True)
+    assert p.to_versions == {"src": 5} and "vacuumed" in p.detail
+
+
+def test_a_delete_whose_rows_the_flow_leaves_out_recomputes_nothing():
+    hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22)))
+    p = plan(NON_RETRACTABLE, mark(NON_RETRACTABLE), hist, changed_groups=(), group_refill_share=0.5, state_groups=60)
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert (p.refill, p.refill_groups, p.group_windows, p.refill_all) == ((), (), (), False)
+    assert "nothing is recomputed" in p.detail
+
+
+def test_an_update_counts_half_of_its_change_rows_as_retracted():
+    # 12 change rows of an UPDATE: 6 pre-images retracted; 2 x 60 x 6/600 = 1.2 expected losses (70%)
+    # would refill; as a DELETE of 12 rows, 2.4 (91%)
+    cdc = (file(21, 22, rows=12),)
+    update = history(CommitSummary(4, T0, "UPDATE", CommitKind.CHANGE_DATA, cdc=cdc))
+    p = plan(HIGHS, mark(HIGHS), update, state_groups=60, partition_rows=600, extreme_refill_share=0.8)
+    assert p.mode is Mode.INCREMENTAL
+    delete = history(CommitSummary(4, T0, "DELETE", CommitKind.CHANGE_DATA, cdc=cdc))
+    p = plan(HIGHS, mark(HIGHS), delete, state_groups=60, partition_rows=600, extreme_refill_share=0.8)
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
+
+
 def test_hopping_refill_scope_covers_every_window_holding_the_change():
     spec = FlowSpec(name="h", source="src", event_time="ts", window=Hopping("30m", "10m"),
                     aggregates=(Agg.count_distinct("x"),))
