@@ -104,7 +104,9 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
             mode = " ".join(f"{m}×{n}" for m, n in sorted((md.get("modes") or {}).items()))
             reason = ", ".join(sorted({v.split(" (")[-1].rstrip(")") for v in (md.get("changed_partitions") or {}).values()}))
             groups, windows = _total(mats, "refilled_groups"), _total(mats, "refilled_windows")
-            reason += "".join(f"; {n} {what} recomputed" for n, what in ((groups, "group(s)"), (windows, "window(s)")) if n)
+            keys = _total(mats, "refilled_keys")
+            reason += "".join(f"; {n} {what} recomputed" for n, what in ((groups, "group(s)"), (keys, "key(s)"),
+                                                                         (windows, "window(s)")) if n)
             seconds = float(md.get("range_seconds_total", 0.0))
 
         rows.append(RunRow(name, partition, mode, reason, versions, _total(mats, "rows_read"),
@@ -113,11 +115,14 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
 
 
 def _recomputed(md: dict) -> str:
-    """What a flow's refill recomputed: groups alone, or whole windows ('' for other runs)."""
+    """What a refill recomputed: a flow's groups alone or whole windows, a stage's keys alone ('' for
+    other runs)."""
     if md.get("mode") != "REFILL":
         return ""
     if md.get("refilled_groups"):
         return f"; {md['refilled_groups']} group(s) recomputed"
+    if md.get("refilled_keys"):
+        return f"; {md['refilled_keys']} key(s) recomputed"
     if md.get("refilled_windows"):
         return f"; {md['refilled_windows']} window(s) recomputed"
     return ""

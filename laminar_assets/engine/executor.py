@@ -47,6 +47,7 @@ from .spark.frames import interpreted, new_run_id
 from .spark.session import use_object_store
 from .spec.specs import FlowSpec, RefreshPolicy, Spec
 from .stage import job as stage_job
+from .stage import keys as stage_keys
 from .windows import partition_interval
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 # is settled by the next run like a crash.
 CURABLE = (OSError, DeltaError, PySparkException, Py4JError)
 JOBS = {"flow": flow_job, "stage": stage_job}  # the job that carries out a pass of each kind of spec
+_REFILLED = {"flow": "refilled_groups", "stage": "refilled_keys"}  # the metric of groups / keys recomputed alone
 
 
 class Engine:
@@ -207,7 +209,7 @@ class Engine:
         for i, (k, p) in enumerate(plans.items()):
             metrics = dict(outcome.metrics.get(k, {}))
             metrics.update(versions_read=_versions_read(p), pending_versions=sum(p.pending_versions.values()),
-                           batch_partitions=n, **({"refilled_groups": len(p.refill_groups)} if p.refill_groups else {}))
+                           batch_partitions=n, **({_REFILLED[spec.kind]: len(p.refill_groups)} if p.refill_groups else {}))
             if isinstance(outcome, flow_job.PassResult):  # shared commits: their row counts once
                 metrics.update(state_rows=outcome.state_rows if i == 0 else 0, sink_rows=outcome.sink_rows if i == 0 else 0)
             out[k] = RunResult(plans[k], run_id, metrics, dict(seconds), dict(outcome.quarantined.get(k, {})))
@@ -217,6 +219,7 @@ class Engine:
         """One pass; a pass that finds windows it must recompute after all (precision lost, a
         duplicate replaced) plans those partitions again (in `plans`) and runs once more."""
         job = JOBS[spec.kind]
+        target = dict(next(iter(plans.values())).to_versions)  # the versions the pass reads, shared by its plans
         escalated: dict[str, dict] = {}  # what earlier attempts found, kept when a later one finds more
         for _attempt in range(4):  # a small pass counts ties exactly, its re-plan may not: one more
             try:
@@ -228,7 +231,8 @@ class Engine:
                 again = {k: dict(escalation=Reason(dup.reason)) for k in dup.partitions}
             for k, kw in again.items():
                 escalated[k] = kw
-                plans[k] = plan_partition(planner_input(spec, k, marks[k], inputs, force=force, **kw))
+                plans[k] = _at_target(spec, plan_partition(planner_input(spec, k, marks[k], inputs, force=force, **kw)),
+                                      target, inputs, run_id)
         raise RunFailedError(f"run of '{spec.name}' kept finding windows to recompute", flow=spec.name, run_id=run_id)
 
     # --- steps ----------------------------------------------------------------
@@ -258,8 +262,8 @@ class Engine:
         plans = {k: plan_partition(planner_input(spec, k, m, inputs, force=force)) for k, m in marks.items()}
         opts = self.ctx.options
         ratio, share = opts.refill_ratio, opts.extreme_refill_share
-        if spec.kind != "flow":  # cost estimates only where state merges
-            return plans
+        if spec.kind != "flow":  # cost estimates only where state merges; a stage's deletes: by key
+            return self._scope_keys(spec, plans, marks, inputs, force)
         for k, p in plans.items():
             if p.mode is not Mode.INCREMENTAL:
                 continue
@@ -284,6 +288,41 @@ class Engine:
                     spec, k, marks[k], inputs, force=force, changed_groups=found[k],
                     group_refill_share=opts.group_refill_share,
                     state_groups=flow_state.state_groups(self.ctx, spec, k, inputs.input_schema)))
+        return plans
+
+    def _scope_keys(self, spec, plans: dict[str, PartitionPlan], marks: dict, inputs: RunInputs,
+                    force: bool) -> dict[str, PartitionPlan]:
+        """A stage's deletes and updates recompute the dedup keys they touch (one Spark job over their
+        change rows finds them), where the output partition is large enough to make that cheaper."""
+        opts = self.ctx.options
+        if opts.group_refill_share is None or spec.refresh is RefreshPolicy.INCREMENTAL_STRICT \
+                or stage_keys.key_hash_sql(spec) is None:
+            return plans
+        uri = self.ctx.layout.sink_uri(spec)
+        scoped, rows = {}, {}
+        for k, p in plans.items():
+            if p.reason is not Reason.NON_APPEND_ON_NON_RETRACTABLE or not p.refill:
+                continue
+            try:
+                held, size = stage_keys.output_size(spec, uri, k)
+            except (*CURABLE, LaminarError) as exc:  # an unreadable output: its partition refills whole
+                log.warning("%s: the output of %s could not be sized (%s); it is recomputed whole", spec.name, k, exc)
+                continue
+            if size < opts.key_refill_min_bytes or held is None:
+                plans[k] = replace(p, detail=f"{p.detail}; its output ({size:,} bytes) is under key_refill_min_bytes "
+                                             f"({opts.key_refill_min_bytes:,}): recomputed whole")
+                continue
+            scoped[k], rows[k] = p, held
+        if scoped:
+            try:
+                found = stage_keys.changed_keys(self.ctx, spec, list(scoped.values()), inputs)
+            except CURABLE as exc:
+                raise RunFailedError(f"finding the keys the deletes and updates of '{spec.name}' touch failed: "
+                                     f"{protocol.short(exc)}; nothing was written", flow=spec.name) from exc
+            for k in scoped:
+                plans[k] = plan_partition(planner_input(
+                    spec, k, marks[k], inputs, force=force, changed_groups=found[k],
+                    group_refill_share=opts.group_refill_share, state_groups=rows[k]))
         return plans
 
     def _refuse_strict(self, spec: Spec, plans: dict[str, PartitionPlan]) -> None:
@@ -353,6 +392,24 @@ def _by_target(plans: dict[str, PartitionPlan], keys: list[str]) -> list[list[st
     for k in keys:
         groups.setdefault(tuple(sorted(plans[k].to_versions.items())), []).append(k)
     return list(groups.values())
+
+
+def _at_target(spec: Spec, plan: PartitionPlan, target: dict[str, int], inputs: RunInputs, run_id: str) -> PartitionPlan:
+    """An escalated plan at the versions its pass reads: a whole refill is planned at the latest
+    versions, but a bounded pass reads an earlier snapshot, and its watermark must name what it read
+    (the versions after it are the next run's). Fails the run when that snapshot is gone (vacuumed):
+    the next run refills at the latest version."""
+    if plan.to_versions == target:
+        return plan
+    for src, version in target.items():
+        hist = inputs.histories.get(src)
+        gone = hist.snapshot_readable(version) if hist is not None and version < hist.latest_version else None
+        if gone:
+            raise RunFailedError(f"run of '{spec.name}' must recompute partition {plan.partition} at version {version} "
+                                 f"of '{src}', which is no longer readable ({gone})", flow=spec.name,
+                                 partition=plan.partition, run_id=run_id)
+    pending = {src: inputs.histories[src].latest_version - v for src, v in target.items() if src in inputs.histories}
+    return replace(plan, to_versions=dict(target), pending_versions=pending)
 
 
 def _versions_read(plan: PartitionPlan) -> int:

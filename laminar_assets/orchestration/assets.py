@@ -91,14 +91,14 @@ def run_metadata(result: RunResult) -> dict:
         "other_partitions_touched": dg.MetadataValue.json(list(p.other_partitions)),
         "refill_scope": dg.MetadataValue.json([[r.start.isoformat(), r.end.isoformat()] for r in p.refill]),
     }
-    if p.group_windows:  # windows where only some groups were recomputed (`refilled_groups` of them)
+    if p.group_windows:  # windows (stage: partitions) where only some groups or keys were recomputed
         md["group_refill_scope"] = dg.MetadataValue.json([[r.start.isoformat(), r.end.isoformat()]
                                                           for r in p.group_windows])
     for src, version in p.to_versions.items():
         md[f"source_version_{src}"] = int(version)
     for key in ("versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined",
                 "rows_retracted", "windows_touched", "state_rows", "sink_rows", "rows_inserted", "rows_deleted",
-                "refilled_windows", "refilled_groups", "change_rows"):
+                "refilled_windows", "refilled_groups", "refilled_keys", "change_rows"):
         if key in m:
             md[key] = int(m[key])
     if "refilled_share" in m:

@@ -397,3 +397,138 @@ def test_a_dimension_column_with_a_dot_or_backtick(spark, lake, engine, column):
     assert r.quarantined == {"unmatched_symbols": 1}  # ZZZ
     got = lake.read("norm").sort_values("trade_id").reset_index(drop=True)
     assert list(zip(got["sym"], got[column])) == [("AAA", "tech"), ("BBB", "energy")]
+
+
+# --- deletes and updates recompute the keys they touch (#49) -------------------------------------
+
+@pytest.fixture(params=["driver-writes", "spark-writes"])
+def key_engine(request, spark, lake) -> Engine:
+    """`engine`, with keys refilled alone however small the output (the default leaves outputs under
+    4 MiB to whole-partition refills)."""
+    large = dict(driver_write_below_bytes=0, single_task_below_bytes=0) if request.param == "spark-writes" else {}
+    return Engine(spark, lake.root, options=EngineOptions(key_refill_min_bytes=0, **large))
+
+
+def _trades(first: int, n: int, minute: int = 0, hour: int = 0):
+    return raw([(i, f"2024-01-01 {hour:02d}:{(minute + i) % 60:02d}:00", "AAA" if i % 2 else "BBB", 10.0 + i, 1)
+                for i in range(first, first + n)])
+
+
+def _files(lake, name: str) -> set[str]:
+    return set(lake.table(name).file_uris())
+
+
+def _cdf(lake, name: str, since: int) -> list[tuple]:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    cdf = pa.table(DeltaTable(lake.path(name)).load_cdf(starting_version=since).read_all()).to_pandas()
+    return sorted(zip(cdf["_change_type"], cdf["trade_id"], cdf["px"]))
+
+
+def test_a_correction_recomputes_only_its_keys_and_rewrites_only_their_files(spark, lake, key_engine):
+    lake.create("raw", frame=_trades(1, 20))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run(STAGE, PART)
+    lake.append("raw", frame=_trades(21, 20))
+    key_engine.run(STAGE, PART)
+    second = _files(lake, "norm")
+    version = lake.table("norm").version()
+    lake.update("raw", {"px": "99.0"}, "trade_id = 3")
+    r = key_engine.run(STAGE, PART)
+    assert (r.mode, r.reason, r.metrics["refilled_keys"]) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE, 1)
+    assert "1 key(s) of 40 output row(s) recomputed" in r.detail
+    assert (r.metrics["rows_deleted"], r.metrics["rows_inserted"]) == (1, 1)
+    assert r.metrics["refilled_share"] == 0.0
+    assert_stage(lake)
+    assert _cdf(lake, "norm", version + 1) == [("delete", 3, 13.0), ("insert", 3, 99.0)]
+    after = _files(lake, "norm")
+    holding = {f for f in second if 3 in set(pd.read_parquet(f)["trade_id"])}
+    assert len(holding) == 1 and second - after == holding, "only the file holding trade 3 is rewritten"
+
+
+def test_a_delete_hands_the_key_to_its_later_duplicate(spark, lake, key_engine):
+    """Dedup keeps a key's earliest row; deleting it keeps the next one, read from the snapshot."""
+    lake.create("raw", frame=_trades(1, 10))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    lake.append("raw", frame=raw([(7, "2024-01-01 00:30:00", "AAA", 70.0, 3), (8, "2024-01-01 00:40:00", "BBB", 80.0, 2)]))
+    key_engine.run(STAGE, PART)
+    lake.delete("raw", "trade_id = 7 AND px = 17.0")
+    r = key_engine.run(STAGE, PART)
+    assert r.metrics["refilled_keys"] == 1 and (r.metrics["rows_deleted"], r.metrics["rows_inserted"]) == (1, 1)
+    assert_stage(lake)
+    assert actual_stage(lake).set_index("trade_id").loc[7, "px"] == 70.0
+
+
+def test_an_update_moving_a_row_to_another_hour_and_a_null_key(spark, lake, key_engine):
+    nxt = "2024-01-01-01:00"
+    lake.create("raw", frame=pd.concat([_trades(1, 10), _trades(11, 10, hour=1)], ignore_index=True))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run_many(STAGE, [PART, nxt])
+    lake.update("raw", {"ts": "ts + INTERVAL 1 HOUR"}, "trade_id = 2")  # 00:02 -> 01:02, beside trade 12's hour
+    lake.update("raw", {"trade_id": "NULL"}, "trade_id = 4")  # a NULL key is quarantined, its old row goes
+    rs = key_engine.run_many(STAGE, [PART, nxt])
+    # the first hour: trades 2 and 4, and the NULL key of 4's update (a key its rows leave out)
+    assert [r.metrics.get("refilled_keys") for r in rs] == [3, 1]
+    out = actual_stage(lake)
+    expected = expected_stage(lake)
+    expected = expected[expected["trade_id"].notna()].reset_index(drop=True)
+    pd.testing.assert_frame_equal(out, expected, check_dtype=False)
+    assert 4 not in set(out["trade_id"]) and out.set_index("trade_id").loc[2, "ts"].hour == 1
+
+
+def test_many_changed_keys_recompute_the_partition(spark, lake, key_engine):
+    lake.create("raw", frame=_trades(1, 10))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run(STAGE, PART)
+    lake.update("raw", {"px": "px + 1"}, "trade_id > 3")
+    r = key_engine.run(STAGE, PART)
+    assert (r.mode, r.plan.refill_all, "refilled_keys" in r.metrics) == (Mode.REFILL, True, False)
+    assert "7 key(s) changed of 10 output row(s), the partition is recomputed" in r.detail
+    assert_stage(lake)
+
+
+def test_a_small_output_is_recomputed_whole_by_default(spark, lake):
+    setup(lake)
+    engine = Engine(spark, lake.root)
+    engine.run(STAGE, PART)
+    lake.delete("raw", "trade_id = 1")
+    r = engine.run(STAGE, PART)
+    assert r.plan.refill and not r.plan.refill_groups and "under key_refill_min_bytes" in r.detail
+    assert_stage(lake)
+
+
+def test_keys_in_a_file_reaching_another_partition_recompute_the_partition(spark, lake, key_engine):
+    """A user compacted the output across hours: its file cannot be rewritten for one hour's keys."""
+    nxt = "2024-01-01-01:00"
+    lake.create("raw", frame=pd.concat([_trades(1, 10), _trades(11, 10, hour=1)], ignore_index=True))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run_many(STAGE, [PART, nxt])
+    lake.append("raw", frame=_trades(21, 5))
+    key_engine.run(STAGE, PART)
+    lake.table("norm").optimize.compact()
+    lake.update("raw", {"px": "0.5"}, "trade_id = 3")
+    r = key_engine.run(STAGE, PART)
+    assert r.plan.refill_all and r.reason is Reason.NON_APPEND_ON_NON_RETRACTABLE
+    assert_stage(lake)
+    assert key_engine.run(STAGE, nxt).mode is Mode.NOOP
+
+
+def test_a_bounded_batch_escalates_at_the_versions_it_reads(spark, lake):
+    """A batch bounded to one version per run: a duplicate that replaces a kept row makes its
+    partition recompute, at the version the batch reads; a later version stays for the next run."""
+    nxt = "2024-01-01-01:00"
+    bounded = dataclasses.replace(STAGE, max_versions_per_run=1)
+    engine = Engine(spark, lake.root)
+    lake.create("raw", frame=pd.concat([_trades(1, 5), _trades(11, 5, hour=1)], ignore_index=True))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    engine.run_many(bounded, [nxt, PART])
+    # v1: trade 3 again, earlier than the kept row (replaces it), and a row of the next hour
+    lake.append("raw", frame=raw([(3, "2024-01-01 00:00:30", "AAA", 3.0, 1), (30, "2024-01-01 01:30:00", "AAA", 1.0, 1)]))
+    lake.append("raw", frame=raw([(31, "2024-01-01 00:50:00", "BBB", 2.0, 1)]))  # v2
+    rs = engine.run_many(bounded, [nxt, PART])
+    assert rs[1].reason is Reason.DEDUP_REPLACED_ROW and rs[1].plan.to_versions["raw"] == 1
+    assert rs[1].metrics["pending_versions"] == 1
+    for _ in range(3):
+        engine.run_many(bounded, [nxt, PART])
+    assert_stage(lake)

@@ -18,21 +18,20 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from ..aggregates.base import EVENT_TS, SIGN, q
-from ..delta.log import CommitKind
 from ..output.commit import replace_ranges
 from ..output.staged_files import collect_rows, read_staged, write_staged, write_staged_rows
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
-from ..run.plan import Mode, PartitionPlan, Reason
-from ..run.reading import PART, ReadSet, read_set, with_partition
+from ..run.plan import PartitionPlan, Reason
+from ..run.reading import PART, ReadSet, change_markers, read_set, with_partition
 from ..spark.frames import interpreted, observe
 from ..spec.specs import FlowSpec
 from ..windows import Interval, from_micros, partition_key, partition_key_column
@@ -110,16 +109,7 @@ def changed_groups(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
     """The groups (hashes of window start and keys) the deletes and updates each plan takes touch, per
     partition: one Spark job over their change rows only (rows whose group is new count too). Both
     sides of an update count, so a row moved across windows or keys marks both groups."""
-    markers = []
-    for p in plans:
-        versions = {}
-        for src in spec.sources:
-            start, end = p.from_versions.get(src), p.to_versions.get(src)
-            if start is None or end is None:
-                continue
-            versions[src] = tuple(c.version for c in inputs.histories[src].commits if start < c.version <= end
-                                  and c.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS))
-        markers.append(replace(p, mode=Mode.INCREMENTAL, refill=(), refill_all=False, incremental_versions=versions))
+    markers = change_markers(spec, plans, inputs)
     copies = copies_query(ctx.spark, spec, markers, read_set(spec, markers, inputs), inputs)
     found = copies.select([f"unix_micros({WS}) AS {_WS_US}", f"{group_hash_sql(spec)} AS {GROUP}"],
                           group=[WS, group_hash_sql(spec)]).run(ctx.spark).collect()

@@ -107,13 +107,16 @@ def replace_ranges(
     spark: SparkSession, staged: StagedFiles, *, table_uri: str, column: str, ranges: Sequence[Interval],
     transactions: Sequence[tuple[str, int]], metadata: dict, run_id: str, append_only: bool = False,
     reset_on_schema_change: bool = False, change_data: StagedFiles | None = None, opened: DeltaTable | None = None,
+    remove_files: Sequence[DataFile] = (),
 ) -> int:
     """Atomically replace the rows of `table_uri` whose `column` lies in `ranges` by the staged files.
 
     One Delta commit removes the files holding only rows of the ranges, rewrites files that also
     hold rows outside them (tables written before files were laid out per partition), adds the
     staged files (and `change_data` files) and records `transactions`. A concurrent commit makes it
-    list again and retry. With `append_only`, nothing is removed. Returns the rows added.
+    list again and retry. With `append_only`, nothing is removed. `remove_files`: files removed
+    besides (a stage's files holding keys it recomputes, whose other rows the staged files hold
+    again); when a concurrent commit removed one of them, the commit is refused. Returns the rows added.
     `opened`: the table as the run opened it before it read from it; the first attempt commits on
     that snapshot, so a commit by anyone since then conflicts and is listed again."""
     reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change,
@@ -132,6 +135,10 @@ def replace_ranges(
             if partial:
                 keep = write_staged(_outside(spark, table_uri, partial, column, ranges), table_uri, f"{run_id}-keep")
                 extra = [keep]
+        if remove_files:
+            _still_there(dt, table_uri, remove_files)
+            named = {r.path for r in removes}
+            removes += [a for a in (_remove_action(table_uri, f) for f in remove_files) if a.path not in named]
         adds = list(staged.adds) + [a for e in extra for a in e.adds]
         if change_data is None:
             props = CommitProperties(app_transactions=[Transaction(a, v) for a, v in transactions],
@@ -151,6 +158,18 @@ def replace_ranges(
         time.sleep(0.05 * attempt)
     raise CommitConflictError(f"commit to {table_uri} kept conflicting with concurrent writers after "
                               f"{ATTEMPTS} attempts", table=table_uri)
+
+
+def _still_there(dt: DeltaTable, table_uri: str, files: Sequence[DataFile]) -> None:
+    """Refuse a commit that would remove files another commit removed since the run read them: the
+    rows the run kept from them may be stale."""
+    present = {f.uri for f in snapshot_files(info_of(os.path.basename(table_uri), table_uri, dt), None,
+                                             keep_null_files=True)}
+    gone = [f.uri for f in files if f.uri not in present]
+    if gone:
+        raise CommitConflictError(f"{len(gone)} file(s) of {table_uri} this run rewrites were removed by another "
+                                  f"commit since it read them (first: {gone[0]}); the next run recomputes them",
+                                  table=table_uri)
 
 
 def with_user_metadata(metadata: dict) -> dict:

@@ -39,6 +39,10 @@ class EngineOptions:
     # only the groups it touches (one Spark job finds them first), unless they are at least this share
     # of the groups of the windows they touch: then the windows, whole. None: always whole windows.
     group_refill_share: float | None = 0.5
+    # ... and a stage's changed dedup keys (against its output rows in the partition), for stages
+    # whose output partition holds at least this many bytes: below it, finding the keys and the
+    # files holding them costs more Spark jobs than recomputing the partition (docs/PERFORMANCE.md).
+    key_refill_min_bytes: int = 4 * 1024 * 1024
     # A flow pass reading fewer bytes than this counts every row holding a min/max/first/last (a sort
     # of the pass's rows), so deleting one of several tied rows merges. Larger passes (refills) count
     # a lower bound instead: no sort, and a delete of a tied extreme recomputes its group. 0: never.

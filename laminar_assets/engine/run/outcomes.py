@@ -77,8 +77,8 @@ def refilled(spec: Spec, plan: PartitionPlan) -> tuple[float, int | None]:
     if plan.mode is not Mode.REFILL:
         return 0.0, (0 if isinstance(spec, FlowSpec) else None)
     part = plan.interval
-    if isinstance(spec, FlowSpec) and not plan.refill and not plan.refill_all:
-        return 0.0, 0  # groups alone (or none), no whole window: the run's `refilled_groups` says how many
+    if not plan.refill and not plan.refill_all:  # groups or keys alone (or none): no whole window or partition;
+        return 0.0, (0 if isinstance(spec, FlowSpec) else None)  # `refilled_groups` / `refilled_keys` say how many
     ranges = [part] if plan.refill_all or not plan.refill else [r for r in plan.refill]
     if isinstance(spec, FlowSpec):
         slide = spec.shape.slide

@@ -48,6 +48,8 @@ class PlannerInput:
     # The groups the deletes and updates of a NON_APPEND_ON_NON_RETRACTABLE refill touch (hashes of
     # (window start, keys), found by one Spark job over their change rows), and the share of the
     # touched windows' groups from which their windows are recomputed whole; None: whole windows.
+    # A stage's are its changed dedup keys, weighed against its output rows in the partition
+    # (`state_groups`); at the share or more, the partition is recomputed whole.
     changed_groups: tuple[int, ...] | None = None
     group_refill_share: float | None = None
     retract_extremes: bool = True  # False: deletes and updates refill what they touch (min/max as not retractable)
@@ -325,7 +327,7 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
         scope = coalesce(refill)
         whole = len(scope) == 1 and scope[0] == part
         if refill_reason is Reason.NON_APPEND_ON_NON_RETRACTABLE and inp.changed_groups is not None:
-            scoped = _group_scope(inp, part, scope)
+            scoped = _group_scope(inp, part, scope) if spec.kind == "flow" else _key_scope(inp, part)
             return make(Mode.REFILL, refill_reason, refill_detail + scoped.pop("detail"), **scoped, **common)
         return make(Mode.REFILL, refill_reason, refill_detail, refill=scope, refill_all=whole, **common)
     if any(incremental.values()):
@@ -365,6 +367,20 @@ def _group_scope(inp: PlannerInput, part: Interval, scope: tuple[Interval, ...])
     return dict(refill_groups=tuple(sorted(set(groups))), group_windows=scope,
                 detail=f": {len(groups)} of ~{int(held)} group(s) in {windows} window(s) recomputed, "
                                      "the others keep their state")
+
+
+def _key_scope(inp: PlannerInput, part: Interval) -> dict:
+    """A stage's refill as its changed keys alone (the rest of the partition keeps its rows), or as
+    the whole partition when those keys are at least `group_refill_share` of its output rows."""
+    keys, held = inp.changed_groups, inp.state_groups or 0
+    if not keys:  # every changed row is one the stage leaves out (its filter): nothing to recompute
+        return dict(detail=": none of the changed rows reaches the stage's output, nothing is recomputed")
+    share = len(keys) / held if held else float("inf")
+    if inp.group_refill_share is None or share >= inp.group_refill_share or len(keys) > MAX_REFILL_GROUPS:
+        return dict(refill=(part,), refill_all=True,
+                    detail=f": {len(keys)} key(s) changed of {held:,} output row(s), the partition is recomputed")
+    return dict(refill_groups=tuple(sorted(set(keys))), group_windows=(part,),
+                detail=f": {len(keys)} key(s) of {held:,} output row(s) recomputed, the other rows are kept")
 
 
 def _scope(spec, part: Interval, commit: CommitSummary) -> list[Interval]:

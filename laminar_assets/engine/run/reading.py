@@ -36,7 +36,7 @@ from ..spark.read import CHANGE_TYPE, read_source
 from ..spark.stable_sql import bigint
 from ..windows import Interval, coalesce, in_ranges_sql, partition_id_column
 from .inputs import RunInputs
-from .plan import PartitionPlan
+from .plan import Mode, PartitionPlan
 
 SRC, DVER, SNAP, PART = "__src", "__dver", "__snap", "__p"
 _SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
@@ -119,6 +119,23 @@ def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:
             out.files[plan.partition] = out.files.get(plan.partition, 0) + len(mine)
             out.bytes[plan.partition] = out.bytes.get(plan.partition, 0) + sum(f.size for f in mine)
     return out
+
+
+def change_markers(spec, plans: list[PartitionPlan], inputs: RunInputs) -> list[PartitionPlan]:
+    """The plans as reads of only the deletes and updates they take (change data or deletion-vector
+    commits): what a refill of changed groups (flows) or keys (stages) looks at first to name them."""
+    markers = []
+    for p in plans:
+        versions = {}
+        for src in spec.sources:
+            start, end = p.from_versions.get(src), p.to_versions.get(src)
+            if start is None or end is None:
+                continue
+            versions[src] = tuple(c.version for c in inputs.histories[src].commits if start < c.version <= end
+                                  and c.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS))
+        markers.append(replace(p, mode=Mode.INCREMENTAL, refill=(), refill_all=False, refill_groups=(),
+                               group_windows=(), incremental_versions=versions))
+    return markers
 
 
 def _same_rows(change: DataFile, snapshot: DataFile) -> bool:

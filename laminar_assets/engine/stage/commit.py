@@ -6,6 +6,10 @@ retractable flows stay incremental. Nothing deleted: a plain append of the inser
 see adds as inserts). Rows deleted: the refilled partitions' files are replaced, with the change
 data beside them.
 
+A partition refilled by key (keys.py) compares the keys' old and new rows the same way; its commit
+removes the output files holding the keys' old rows and writes their other rows again, unchanged
+(they are in no change data).
+
 A small refill (what it reads, its dimensions and the kept rows under the driver-write bound)
 is one Spark job: the net changes and the new rows come to the driver together, which counts them
 and writes both outputs. Otherwise Spark stages the change data (counted in the same job), then
@@ -26,13 +30,14 @@ from ..delta.tables import is_delta_table, open_delta
 from ..output.commit import replace_ranges
 from ..output.staged_files import StagedFiles, collect_rows, write_staged, write_staged_rows
 from ..run.context import RunContext
-from ..run.plan import Mode, PartitionPlan, Reason
+from ..run.plan import PartitionPlan, Reason
 from ..run.reading import PART
 from ..spark.frames import arrow_schema_of, named, observe, schema_change
 from ..spark.read import CHANGE_TYPE
 from ..spec.specs import StageSpec
 from ..windows import partition_id
 from .dedup import OutputReset, kept_rows, with_columns_of
+from .keys import touched_rows
 
 CHANGE_DATA = "_change_data/laminar"  # where a commit's change-data files are staged
 
@@ -71,7 +76,7 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
     through the driver; `in_bytes`: what the pass read (the kept rows are added to it for the
     one-job path); `single`: one task, no shuffle."""
     uri = ctx.layout.sink_uri(spec)
-    refill = [p for p in plans if p.mode is Mode.REFILL]
+    refill = [p for p in plans if p.refill]  # recomputed whole (keyed plans: their keys only)
     txns, meta = transactions(ctx, spec, plans, seqs), commit_meta(spec, plans, run_id)
     read = {m: sum(metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
@@ -79,9 +84,15 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
     new_ref, new_inc = new_ref.select(*named(data_cols)), new_inc.select(*named(data_cols))
     reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not schema_matches(uri, new_ref.drop(PART))
     if reset and len(refill) < len(plans):  # the reset drops every row: incremental partitions recompute too
-        raise OutputReset([p.partition for p in plans if p.mode is not Mode.REFILL])
+        raise OutputReset([p.partition for p in plans if not p.refill])
     old, old_bytes = (None, 0) if reset else kept_rows(ctx, spec, refill)
     ranges = [p.interval for p in refill]
+    touched = None if reset else touched_rows(ctx, spec, plans, ranges)
+    rows = new_ref.unionByName(new_inc)
+    if touched is not None:  # the keys' old rows are compared; the files' other rows are written again
+        old = touched.old if old is None else old.unionByName(touched.old, allowMissingColumns=True)
+        old_bytes += touched.bytes
+        rows = rows.unionByName(with_columns_of(touched.rest, new_ref).select(*named(data_cols)))
     common = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id)
     if old is None:  # nothing kept in the refilled partitions (or a new schema): every row is new
         staged = write_staged(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
@@ -95,14 +106,12 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
         changes = _net_changes(old.select(*named(data_cols)), new_ref, data_cols, single=single).unionByName(
             new_inc.withColumn(CHANGE_TYPE, F.lit("insert")))
         if small and in_bytes + old_bytes < ctx.options.driver_write_below_bytes:
-            staged, cdc, inserted, deleted = _stage_collected(changes, new_ref.unionByName(new_inc), uri, run_id,
-                                                              data_cols)
+            staged, cdc, inserted, deleted = _stage_collected(changes, rows, uri, run_id, data_cols)
         else:
-            staged, cdc, inserted, deleted = _stage_in_spark(changes, new_ref.unionByName(new_inc), uri, run_id,
-                                                             ids, small=small)
+            staged, cdc, inserted, deleted = _stage_in_spark(changes, rows, uri, run_id, ids, small=small)
         if any(deleted.values()):
             replace_ranges(ctx.spark, staged, ranges=ranges, metadata=with_metrics(meta, read, staged),
-                           change_data=cdc, **common)
+                           change_data=cdc, remove_files=touched.files if touched is not None else (), **common)
         else:  # nothing deleted: a plain commit of the inserted rows
             replace_ranges(ctx.spark, staged, ranges=[], metadata=with_metrics(meta, read, staged),
                            append_only=True, **common)

@@ -1,8 +1,9 @@
 """One Spark pass over every partition a stage run touches: rows, dedup, joins, one commit.
 
 A stage keeps no state: its output table holds its rows. Refilled partitions are
-recomputed whole (dedup is within a partition); their commit, with exact change data, is
-commit.py's. Small inputs run in one task (no shuffle). Appended rows of incremental partitions are
+recomputed whole (dedup is within a partition), or only their changed keys (keys.py): those keys'
+rows come from the pinned snapshot, the others' new rows merge as appends. The commit, with exact
+change data, is commit.py's. Small inputs run in one task (no shuffle). Appended rows of incremental partitions are
 checked against the rows already kept (dedup); a new row that would replace a kept
 duplicate refills its partition instead (DEDUP_REPLACED_ROW). A run of appends only is one Spark
 job: read, join, dedup against the kept rows and write, its metrics and dedup verdict observed.
@@ -34,6 +35,7 @@ from ..spec.specs import StageSpec
 from ..windows import partition_id, partition_id_sql, partition_key_column
 from .commit import commit_meta, commit_refill, schema_matches, transactions, with_metrics
 from .dedup import DedupReplaced, dedup_against_kept, deduped, replaced
+from .keys import in_keys_sql, key_hash_sql
 
 
 @dataclass
@@ -50,7 +52,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see flow_job
         rows = prepare_query(spec, rows_query(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned_sql(spec))
         rows = rows.add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
-        rows = rows.where(keep_sql(spec, plans, EVENT_TS)).run(ctx.spark)  # one analysis (spark/query.py)
+        rows = rows.where(keep_sql(spec, plans, EVENT_TS, key_hash_sql(spec))).run(ctx.spark)  # one analysis (spark/query.py)
         joined = _join_dimensions(ctx, spec, rows, inputs)
         obs = Observation()
         rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
@@ -72,12 +74,13 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
             joined.count()  # one job: read, join and cache the rows (and fill the observed metrics)
             counts = obs.get
             new = deduped(spec, joined.where(F.col(RULE).isNull()))
-            refill = [p for p in plans if p.mode is Mode.REFILL]
-            incremental = [p for p in plans if p.mode is not Mode.REFILL]
-            new_inc = new.where(_in_partitions(spec, incremental))
+            whole = [p for p in plans if p.refill]  # recomputed whole; keyed plans recompute their keys
+            incremental = [p for p in plans if not p.refill]
+            in_keys = F.expr(in_keys_sql(spec, plans, EVENT_TS))
+            new_inc = new.where(_in_partitions(spec, incremental) & ~in_keys)
             if incremental and spec.dedup_key:
                 new_inc = dedup_against_kept(ctx, spec, incremental, new_inc)
-            new_ref = new.where(_in_partitions(spec, refill))
+            new_ref = new.where(_in_partitions(spec, whole) | in_keys)
             _count_metrics(out, counts, plans)
             if any(m["rows_rejected"] for m in out.metrics.values()):
                 out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id, small=small, plans=plans)

@@ -1,0 +1,155 @@
+"""A stage's changed keys: which dedup keys the deletes and updates of a run touch, and the output
+rows of those keys, so a refill recomputes those keys of a partition instead of all of it.
+
+A stage keeps one row per dedup key and partition, so a delete or an update of a row concerns
+only its key's rows in that partition. A key is named by `key_hash_sql` (xxhash64 of the dedup
+key columns), on the source rows and on the output rows alike. The planner weighs the keys
+against the partition's output rows (`planner._key_scope`); the pass then takes those keys'
+rows from the pinned snapshot (`row_prep.keep_sql`), and the commit replaces the output files
+holding their old rows (`touched_rows`): the files' other rows are written again unchanged, and
+the change data is exact (the old and new rows of the keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+
+from ..aggregates.algebra import EVENT_TS
+from ..aggregates.base import q
+from ..delta.log import DataFile
+from ..delta.tables import is_delta_table, snapshot_files, table_info
+from ..quarantine import records as qr
+from ..run.context import RunContext
+from ..run.inputs import RunInputs
+from ..run.plan import PartitionPlan
+from ..run.reading import PART, change_markers, read_set, rows_query, with_partition
+from ..run.row_prep import keep_sql, prepare_query, refilled_groups_sql
+from ..spark.read import read_source
+from ..spec.specs import StageSpec
+from ..windows import Interval, partition_id, partition_id_sql, partition_interval
+from .dedup import DedupReplaced
+
+_FILE = "__file"
+
+
+class KeysNotSeparable(DedupReplaced):
+    """The old rows of the changed keys sit in output files that cannot be rewritten alone (a file
+    with a deletion vector, one reaching beyond the partitions refilled by key, or one a whole
+    refill of the same pass replaces): these partitions are recomputed whole."""
+
+    reason = "NON_APPEND_ON_NON_RETRACTABLE"
+
+
+def key_hash_sql(spec: StageSpec) -> str | None:
+    """SQL of a row's key: xxhash64 of the dedup key columns. None when keys cannot be refilled
+    alone: no dedup key, a key column that a dimension join brings (not on the source rows), or
+    one the output leaves out (its rows could not be named)."""
+    joined = {c for j in spec.joins for c in j.columns}
+    if not spec.dedup_key or joined & set(spec.dedup_key) or (spec.columns and set(spec.dedup_key) - set(spec.columns)):
+        return None
+    return f"xxhash64({', '.join(q(c) for c in spec.dedup_key)})"
+
+
+def keyed(plans: list[PartitionPlan]) -> list[PartitionPlan]:
+    """The plans that recompute keys alone."""
+    return [p for p in plans if p.refill_groups]
+
+
+def in_keys_sql(spec: StageSpec, plans: list[PartitionPlan], at: str) -> str:
+    """Whether a row (timestamp column `at`) holds a key the plans recompute alone, in their partitions."""
+    return refilled_groups_sql(spec, keyed(plans), at, key_hash_sql(spec))
+
+
+def changed_keys(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], inputs: RunInputs) -> dict[str, tuple]:
+    """The keys (hashes) the deletes and updates each plan takes touch, per partition: one Spark job
+    over their change rows only. Both sides of an update count: a row moved to another partition
+    names its key in both."""
+    markers = change_markers(spec, plans, inputs)
+    rows = prepare_query(spec, rows_query(ctx.spark, spec, read_set(spec, markers, inputs), inputs), inputs)
+    rows = rows.where(qr.assigned_sql(spec)).add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
+    rows = rows.where(keep_sql(spec, markers, EVENT_TS))
+    key = key_hash_sql(spec)
+    found = rows.select([PART, f"{key} AS __key"], group=[PART, key]).run(ctx.spark).collect()
+    ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
+    out: dict[str, tuple] = {p.partition: () for p in plans}
+    for row in found:
+        k = ids.get(row[PART])
+        if k is not None:
+            out[k] = (*out[k], row["__key"])
+    return out
+
+
+def output_size(spec: StageSpec, uri: str, partition: str) -> tuple[int | None, int]:
+    """The output's rows (None when a file's statistics lack them) and bytes in one partition."""
+    if not is_delta_table(uri):
+        return 0, 0
+    files = snapshot_files(table_info(spec.sink, uri), spec.event_time, [partition_interval(partition, spec.granularity)])
+    rows = None if any(f.rows is None for f in files) else sum(f.rows for f in files)
+    return rows, sum(f.size for f in files)
+
+
+@dataclass
+class TouchedRows:
+    """The output files holding rows of the changed keys, split: `old` the keys' rows (replaced by
+    the recompute), `rest` the files' other rows (written again unchanged). Both with `__p` and the
+    event time."""
+
+    files: list[DataFile]
+    old: DataFrame
+    rest: DataFrame
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
+                 whole: list[Interval]) -> TouchedRows | None:
+    """The output rows of the keys the plans recompute alone, and the files holding them (one Spark
+    job finds the files); None when the output holds none. `whole`: the ranges the same pass
+    recomputes whole. Raises `KeysNotSeparable` when a file cannot be rewritten alone."""
+    mine = keyed(plans)
+    uri = ctx.layout.sink_uri(spec)
+    if not mine or not is_delta_table(uri):
+        return None
+    from ..run.validate import event_time_column
+
+    info = table_info(spec.sink, uri)
+    parts = [p.interval for p in mine]
+    files = snapshot_files(info, spec.event_time, parts)
+    if not files:
+        return None
+
+    def rows(of: list[DataFile], **kw) -> DataFrame:
+        df = read_source(ctx.spark, of, info, **kw)
+        df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time))
+        return with_partition(df, spec, EVENT_TS)
+
+    vectors = [f for f in files if f.deleted is not None]  # rows read by position: not by file name
+    if vectors:
+        raise KeysNotSeparable(sorted({p.partition for p in mine for f in vectors
+                                       if f.time_range is None or f.time_range.overlaps(p.interval)})
+                               or [p.partition for p in mine])
+    inside = in_keys_sql(spec, mine, EVENT_TS)
+    names = {r[_FILE] for r in rows(files, file_name=_FILE).where(inside).select(_FILE).distinct().collect()}
+    touched = [f for f in files if _name(f) in names]
+    if not touched:
+        return None
+    bad = [f for f in touched if f.time_range is None
+           or not any(f.time_range.start >= p.start and f.time_range.end <= p.end for p in parts)
+           or any(f.time_range.overlaps(w) for w in whole)]
+    if bad:
+        raise KeysNotSeparable([p.partition for p in mine if any(f.time_range is None or f.time_range.overlaps(p.interval)
+                                                                 for f in bad)] or [p.partition for p in mine])
+    both = rows(touched)
+    return TouchedRows(touched, both.where(inside), both.where(f"NOT coalesce({inside}, false)"))
+
+
+def _name(f: DataFile) -> str:
+    return f.uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+__all__ = ["KeysNotSeparable", "TouchedRows", "changed_keys", "in_keys_sql", "key_hash_sql", "keyed",
+           "output_size", "touched_rows"]
