@@ -75,9 +75,9 @@ ids_where = st.tuples(st.integers(2, 4), st.integers(0, 3))  # rows with id % m 
 bounds = st.sampled_from([{}, {}, {"max_versions_per_run": 1}, {"max_versions_per_run": 2}, {"max_rows_per_run": 4}])
 # tiny passes (one task, interpreted, through the driver) mostly; now and then the large-pass path
 # (and with it, groups refilled alone wherever they can be: merge first, then recompute the groups
-# that lost an extreme; the changed groups alone however many there are; extremes' holders counted
-# as a lower bound, as large passes do)
-GROUPS_ALONE = dict(extreme_refill_share=None, group_refill_share=1e9)
+# that lost an extreme; the changed groups, and a stage's changed keys, alone however many there
+# are and however small the output; extremes' holders counted as a lower bound, as large passes do)
+GROUPS_ALONE = dict(extreme_refill_share=None, group_refill_share=1e9, key_refill_min_bytes=0)
 LARGE_PASS_PATH = EngineOptions(refill_ratio=None, single_task_below_bytes=0, interpreted_below_bytes=0,
                                 driver_write_below_bytes=0, count_tied_extremes_below_bytes=0, **GROUPS_ALONE)
 options = st.sampled_from([EngineOptions(refill_ratio=None)] * 3 + [EngineOptions(refill_ratio=None, **GROUPS_ALONE),
@@ -123,6 +123,9 @@ class LakeMachine(RuleBasedStateMachine):
     @initialize(names=spec_sets, bound=bounds, partitioned=st.booleans(), cdf=st.booleans(), opts=options,
                 first=st.lists(new_row, min_size=1, max_size=6))
     def create(self, names, bound, partitioned, cdf, opts, first):
+        self._create(names, bound, partitioned, cdf, opts, first)
+
+    def _create(self, names, bound, partitioned, cdf, opts, first):
         self.specs = [replace(SPECS[n], **bound) for n in SPECS if n in names]
         self.engine = Engine(self.spark, self.root, options=opts)
         config = {"delta.enableChangeDataFeed": str(cdf).lower(), "delta.logRetentionDuration": "interval 0 seconds"}
@@ -330,6 +333,33 @@ class LakeMachine(RuleBasedStateMachine):
                 raise AssertionError(f"{spec.name} is still behind {latest} after {runs} runs: {behind}")
         self.every_partition_equals_a_recompute_at_its_watermark()
         self.no_run_leaves_staged_files_behind()
+
+
+class StageLakeMachine(LakeMachine):
+    """The lake with the stage and a flow on it, where the stage recomputes the keys a delete or
+    update touches wherever it can (any share of keys, any output size), and a rule that corrects
+    rows of a stage that is up to date, so key refills meet every other step: bounds, kills,
+    vacuum, compaction, moved rows, duplicates and partitions at other watermarks."""
+
+    @initialize(names=st.sampled_from([("clean",), ("clean", "venue_15m")]), bound=bounds, partitioned=st.booleans(),
+                cdf=st.booleans(), large=st.booleans(), first=st.lists(new_row, min_size=1, max_size=6))
+    def create(self, names, bound, partitioned, cdf, large, first):
+        opts = LARGE_PASS_PATH if large else EngineOptions(refill_ratio=None, **GROUPS_ALONE)
+        self._create(names, bound, partitioned, cdf, opts, first)
+
+    @rule(where=ids_where, change=st.sampled_from(["correct_price", "move_time", "null_key", "delete"]),
+          together=st.booleans())
+    def correct_then_run_the_stage(self, where, change, together):
+        if change == "delete":
+            self.delete(where)
+        else:
+            self.update(where, change)
+        stage = next(s for s in self.specs if isinstance(s, StageSpec))
+        if together:
+            self.engine.run_many(stage, list(PARTITIONS))
+        else:
+            for k in PARTITIONS:
+                self.engine.run(stage, k)
 
 
 # --- the pandas references: written from each spec's meaning, sharing no code with the engine ---------

@@ -282,3 +282,26 @@ def test_plan_is_frozen_and_serialises():
         p.mode = Mode.NOOP  # type: ignore[misc]
     data = p.to_json()
     assert data["mode"] == "INCREMENTAL" and data["reason"] == "APPEND_ONLY"
+
+
+STAGE = StageSpec(name="s", source="src", event_time="ts", dedup_key=("id",))
+
+
+@pytest.mark.parametrize("found, keyed", [((11, 5), True), (tuple(range(30)), False)])
+def test_a_stage_recomputes_its_changed_keys_unless_they_are_most_of_its_rows(found, keyed):
+    hist = history(commit(4, CommitKind.APPEND, file(1, 2)), commit(5, CommitKind.CHANGE_DATA, file(21, 32)))
+    p = plan(STAGE, mark(STAGE), hist, changed_groups=found, group_refill_share=0.5, state_groups=40)
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.NON_APPEND_ON_NON_RETRACTABLE)
+    assert p.incremental_versions == {"src": (4,)}
+    if keyed:  # the other keys' new rows merge as appends
+        assert (p.refill_groups, p.group_windows, p.refill) == ((5, 11), (Interval(at(0), at(60)),), ())
+        assert "2 key(s) of 40 output row(s) recomputed" in p.detail
+    else:
+        assert (p.refill_groups, p.refill, p.refill_all) == ((), (Interval(at(0), at(60)),), True)
+        assert "30 key(s) changed of 40 output row(s), the partition is recomputed" in p.detail
+
+
+def test_a_stage_change_whose_rows_it_leaves_out_recomputes_nothing():
+    hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22)))
+    p = plan(STAGE, mark(STAGE), hist, changed_groups=(), group_refill_share=0.5, state_groups=40)
+    assert (p.refill, p.refill_groups, p.refill_all) == ((), (), False) and "nothing is recomputed" in p.detail
