@@ -39,7 +39,7 @@ from .run import outcomes, protocol
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
 from .run.inputs import RunInputs, gather, partition_bytes, partition_rows, planner_input
 from .run.plan import Mode, PartitionPlan, Reason
-from .run.planner import plan_partition
+from .run.planner import MAX_REFILL_GROUPS, plan_partition
 from .run.result import RunResult
 from .run.sweep import SweepResult, sweep
 from .run.validate import CheckedSource, checked_source
@@ -304,24 +304,32 @@ class Engine:
             if p.reason is not Reason.NON_APPEND_ON_NON_RETRACTABLE or not p.refill:
                 continue
             try:
-                held, size = stage_keys.output_size(spec, uri, k)
+                held, size, why = stage_keys.output_size(spec, uri, k)
             except (*CURABLE, LaminarError) as exc:  # an unreadable output: its partition refills whole
                 log.warning("%s: the output of %s could not be sized (%s); it is recomputed whole", spec.name, k, exc)
                 continue
-            if size < opts.key_refill_min_bytes or held is None:
-                plans[k] = replace(p, detail=f"{p.detail}; its output ({size:,} bytes) is under key_refill_min_bytes "
-                                             f"({opts.key_refill_min_bytes:,}): recomputed whole")
+            if held is None:
+                why = "its files' statistics give no row counts"
+            elif size < opts.key_refill_min_bytes:
+                why = f"its output ({size:,} bytes) is under key_refill_min_bytes ({opts.key_refill_min_bytes:,})"
+            if why:
+                plans[k] = replace(p, detail=f"{p.detail}; {why}: recomputed whole")
                 continue
             scoped[k], rows[k] = p, held
         if scoped:
             try:
-                found = stage_keys.changed_keys(self.ctx, spec, list(scoped.values()), inputs)
+                found = stage_keys.changed_keys(self.ctx, spec, list(scoped.values()), inputs, most=MAX_REFILL_GROUPS)
             except CURABLE as exc:
                 raise RunFailedError(f"finding the keys the deletes and updates of '{spec.name}' touch failed: "
                                      f"{protocol.short(exc)}; nothing was written", flow=spec.name) from exc
             for k in scoped:
+                n, keys = found[k]
+                if keys is None:
+                    plans[k] = replace(plans[k], detail=f"{plans[k].detail}; {n:,} key(s) changed, more than "
+                                                        f"{MAX_REFILL_GROUPS:,}: recomputed whole")
+                    continue
                 plans[k] = plan_partition(planner_input(
-                    spec, k, marks[k], inputs, force=force, changed_groups=found[k],
+                    spec, k, marks[k], inputs, force=force, changed_groups=keys,
                     group_refill_share=opts.group_refill_share, state_groups=rows[k]))
         return plans
 

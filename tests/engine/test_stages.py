@@ -532,3 +532,19 @@ def test_a_bounded_batch_escalates_at_the_versions_it_reads(spark, lake):
     for _ in range(3):
         engine.run_many(bounded, [nxt, PART])
     assert_stage(lake)
+
+
+def test_more_changed_keys_than_a_refill_names_stay_in_spark(spark, lake, key_engine):
+    """Past the most keys a refill would name, only their count reaches the driver, and the
+    partition is recomputed whole."""
+    from laminar_assets.engine.stage.keys import changed_keys
+
+    lake.create("raw", frame=_trades(1, 10))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run(STAGE, PART)
+    lake.update("raw", {"px": "px + 1"}, "trade_id IN (2, 5, 6)")
+    plan = key_engine.plan(STAGE, PART)
+    inputs = key_engine.gather(STAGE, [key_engine.store.load(STAGE.name, PART)])
+    assert changed_keys(key_engine.ctx, STAGE, [plan], inputs, most=2) == {PART: (3, None)}
+    n, keys = changed_keys(key_engine.ctx, STAGE, [plan], inputs, most=3)[PART]
+    assert n == 3 and len(set(keys)) == 3

@@ -29,5 +29,5 @@ def test_random_stage_histories_keep_every_invariant(spark):
     """The same invariants where the stage recomputes the keys deletes and updates touch (#49)."""
     StageLakeMachine.spark = spark
     run_state_machine_as_test(StageLakeMachine, settings=settings(
-        max_examples=max(1, EXAMPLES // 4), stateful_step_count=STEPS, deadline=None, derandomize=True,
+        max_examples=max(1, EXAMPLES // 8), stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck), print_blob=True))

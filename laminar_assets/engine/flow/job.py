@@ -113,12 +113,12 @@ def changed_groups(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
     copies = copies_query(ctx.spark, spec, markers, read_set(spec, markers, inputs), inputs)
     found = copies.select([f"unix_micros({WS}) AS {_WS_US}", f"{group_hash_sql(spec)} AS {GROUP}"],
                           group=[WS, group_hash_sql(spec)]).run(ctx.spark).collect()
-    out: dict[str, tuple] = {p.partition: () for p in plans}
+    out: dict[str, list] = {p.partition: [] for p in plans}
     for row in found:
         k = partition_key(from_micros(row[_WS_US]), spec.granularity)
         if k in out:
-            out[k] = (*out[k], row[GROUP])
-    return out
+            out[k].append(row[GROUP])
+    return {k: tuple(v) for k, v in out.items()}
 
 
 # Window starts come to the driver as UTC microseconds: a collected TIMESTAMP is a naive datetime in

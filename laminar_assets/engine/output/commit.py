@@ -161,15 +161,16 @@ def replace_ranges(
 
 
 def _still_there(dt: DeltaTable, table_uri: str, files: Sequence[DataFile]) -> None:
-    """Refuse a commit that would remove files another commit removed since the run read them: the
-    rows the run kept from them may be stale."""
-    present = {f.uri for f in snapshot_files(info_of(os.path.basename(table_uri), table_uri, dt), None,
-                                             keep_null_files=True)}
-    gone = [f.uri for f in files if f.uri not in present]
+    """Refuse a commit that would remove files another commit removed, or gave a deletion vector,
+    since the run read them: the rows the run kept from them may be stale (and a remove without the
+    vector would not cancel the file)."""
+    present = {f.uri: f for f in snapshot_files(info_of(os.path.basename(table_uri), table_uri, dt), None,
+                                                keep_null_files=True)}
+    gone = [f.uri for f in files if f.uri not in present or present[f.uri].deleted is not None]
     if gone:
-        raise CommitConflictError(f"{len(gone)} file(s) of {table_uri} this run rewrites were removed by another "
-                                  f"commit since it read them (first: {gone[0]}); the next run recomputes them",
-                                  table=table_uri)
+        raise CommitConflictError(f"{len(gone)} file(s) of {table_uri} this run rewrites were removed or had rows "
+                                  f"deleted by another commit since it read them (first: {gone[0]}); the next run "
+                                  "recomputes them", table=table_uri)
 
 
 def with_user_metadata(metadata: dict) -> dict:

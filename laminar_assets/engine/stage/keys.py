@@ -62,32 +62,40 @@ def in_keys_sql(spec: StageSpec, plans: list[PartitionPlan], at: str) -> str:
     return refilled_groups_sql(spec, keyed(plans), at, key_hash_sql(spec))
 
 
-def changed_keys(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], inputs: RunInputs) -> dict[str, tuple]:
-    """The keys (hashes) the deletes and updates each plan takes touch, per partition: one Spark job
-    over their change rows only. Both sides of an update count: a row moved to another partition
-    names its key in both."""
+def changed_keys(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], inputs: RunInputs, *,
+                 most: int) -> dict[str, tuple[int, tuple[int, ...] | None]]:
+    """The keys (hashes) the deletes and updates each plan takes touch, per partition: how many, and
+    which (None when more than `most`: the partition is recomputed whole, and its keys need not reach
+    the driver). One Spark job over their change rows only. Both sides of an update count: a row
+    moved to another partition names its key in both."""
     markers = change_markers(spec, plans, inputs)
     rows = prepare_query(spec, rows_query(ctx.spark, spec, read_set(spec, markers, inputs), inputs), inputs)
     rows = rows.where(qr.assigned_sql(spec)).add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
     rows = rows.where(keep_sql(spec, markers, EVENT_TS))
     key = key_hash_sql(spec)
-    found = rows.select([PART, f"{key} AS __key"], group=[PART, key]).run(ctx.spark).collect()
+    pairs = rows.select([PART, f"{key} AS __key"], group=[PART, key])
+    found = pairs.select([PART, "count(*) AS n", f"CASE WHEN count(*) <= {int(most)} THEN collect_list(__key) END AS keys"],
+                         group=[PART]).run(ctx.spark).collect()
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
-    out: dict[str, tuple] = {p.partition: () for p in plans}
+    out: dict[str, tuple[int, tuple[int, ...] | None]] = {p.partition: (0, ()) for p in plans}
     for row in found:
         k = ids.get(row[PART])
         if k is not None:
-            out[k] = (*out[k], row["__key"])
+            out[k] = (int(row["n"]), tuple(row["keys"]) if row["keys"] is not None else None)
     return out
 
 
-def output_size(spec: StageSpec, uri: str, partition: str) -> tuple[int | None, int]:
-    """The output's rows (None when a file's statistics lack them) and bytes in one partition."""
+def output_size(spec: StageSpec, uri: str, partition: str) -> tuple[int | None, int, str | None]:
+    """The output's rows (None when a file's statistics lack them) and bytes in one partition, and
+    why its files cannot be rewritten by key (None when they can): a file without event-time
+    statistics or with a deletion vector."""
     if not is_delta_table(uri):
-        return 0, 0
+        return 0, 0, None
     files = snapshot_files(table_info(spec.sink, uri), spec.event_time, [partition_interval(partition, spec.granularity)])
     rows = None if any(f.rows is None for f in files) else sum(f.rows for f in files)
-    return rows, sum(f.size for f in files)
+    why = ("a file of it has no event-time statistics" if any(f.time_range is None for f in files) else
+           "a file of it has a deletion vector" if any(f.deleted is not None for f in files) else None)
+    return rows, sum(f.size for f in files), why
 
 
 @dataclass
@@ -135,6 +143,8 @@ def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
     inside = in_keys_sql(spec, mine, EVENT_TS)
     names = {r[_FILE] for r in rows(files, file_name=_FILE).where(inside).select(_FILE).distinct().collect()}
     touched = [f for f in files if _name(f) in names]
+    if len(touched) < len(names):  # a name the output's files do not have: the keys' rows cannot be told apart
+        raise KeysNotSeparable([p.partition for p in mine])
     if not touched:
         return None
     bad = [f for f in touched if f.time_range is None
