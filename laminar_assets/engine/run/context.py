@@ -42,7 +42,7 @@ class EngineOptions:
     # ... and a stage's changed dedup keys (against its output rows in the partition), for stages
     # whose output partition holds at least this many bytes: below it, finding the keys and the
     # files holding them costs more Spark jobs than recomputing the partition (docs/PERFORMANCE.md).
-    key_refill_min_bytes: int = 4 * 1024 * 1024
+    key_refill_min_bytes: int = 8 * 1024 * 1024
     # A flow pass reading fewer bytes than this counts every row holding a min/max/first/last (a sort
     # of the pass's rows), so deleting one of several tied rows merges. Larger passes (refills) count
     # a lower bound instead: no sort, and a delete of a tied extreme recomputes its group. 0: never.
