@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -16,6 +17,42 @@ from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.resources import LaminarResource, SparkResource
 
 TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
+
+# The test files that take longest (seconds in CI, see "slowest files" at the end of a run), longest
+# first. `make test` hands whole files to two processes in collection order, so these go first: a
+# ten-minute file started last would leave one process idle while the other finishes it.
+SLOWEST_FILES = (
+    "tests/engine/test_stateful.py",
+    "tests/deploy/test_cluster.py",
+    "tests/deploy/test_daemon_e2e.py",
+    "tests/engine/delta/test_delta_spark_producers.py",
+    "tests/engine/test_stateful_s3.py",
+    "tests/engine/test_stateful_stages.py",
+    "tests/deploy/test_connect.py",
+    "tests/deploy/test_class_archive_writer.py",
+    "tests/orchestration/test_component.py",
+    "tests/engine/delta/test_delta_spark_consumers.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
+_seconds_by_file: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    _seconds_by_file[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _seconds_by_file:
+        return
+    terminalreporter.section("slowest files")
+    for path, seconds in sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])[:20]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.engine.stateful_lake import LakeMachine, StageLakeMachine
+from tests.engine.stateful_lake import LakeMachine
 
 pytestmark = pytest.mark.spark
 
@@ -23,11 +23,3 @@ def test_random_histories_keep_every_invariant(spark):
     run_state_machine_as_test(LakeMachine, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None,
         suppress_health_check=list(HealthCheck), print_blob=True))
-
-
-def test_random_stage_histories_keep_every_invariant(spark):
-    """The same invariants where the stage recomputes the keys deletes and updates touch (#49)."""
-    StageLakeMachine.spark = spark
-    run_state_machine_as_test(StageLakeMachine, settings=settings(
-        max_examples=max(1, EXAMPLES // 8), stateful_step_count=STEPS, deadline=None, derandomize=True,
-        database=None, suppress_health_check=list(HealthCheck), print_blob=True))
