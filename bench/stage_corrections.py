@@ -11,7 +11,7 @@ then brings the stage up to date twice, over the same source, each engine with i
 
 The two run alternately, the order swapped every round; after each round both outputs must be
 equal (exit status 1 otherwise). Prints one JSON line per size: median seconds of each, the keys
-recomputed and the output's bytes.
+recomputed, the source files each read (median) and the output's bytes.
 
     python -m bench.stage_corrections [--rows 13000,114000,343000] [--rounds 5] [--files 8]
 """
@@ -88,6 +88,7 @@ def measure(spark, rows: int, rounds: int, files: int, work: str) -> dict:
     for e in engines.values():
         e.run(spec, HOUR)
     seconds: dict[str, list[float]] = {k: [] for k in engines}
+    files_read: dict[str, list[int]] = {k: [] for k in engines}
     keys = []
     for r in range(rounds):
         correct(source, rows, rng)
@@ -96,6 +97,7 @@ def measure(spark, rows: int, rounds: int, files: int, work: str) -> dict:
             t0 = time.perf_counter()
             result = engines[name].run(spec, HOUR)
             seconds[name].append(time.perf_counter() - t0)
+            files_read[name].append(result.metrics.get("files_read", 0))
             if name == "keys":
                 keys.append(result.metrics.get("refilled_keys", 0))
         whole, by_key = output(engines["whole"].root), output(engines["keys"].root)
@@ -105,7 +107,7 @@ def measure(spark, rows: int, rounds: int, files: int, work: str) -> dict:
                                         .get_add_actions(flatten=True))["size_bytes"].to_pylist())
     return {"rows": rows, "output_bytes": size, "rounds": rounds, "keys_per_round": keys,
             "whole_s": round(statistics.median(seconds["whole"]), 3), "keys_s": round(statistics.median(seconds["keys"]), 3),
-            "outputs_equal": True}
+            "files_read": {k: statistics.median(v) for k, v in files_read.items()}, "outputs_equal": True}
 
 
 def main(argv: list[str] | None = None) -> int:

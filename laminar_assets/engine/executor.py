@@ -285,9 +285,11 @@ class Engine:
                                      f"{protocol.short(exc)}; nothing was written", flow=spec.name) from exc
             for k in scoped:
                 plans[k] = plan_partition(planner_input(
-                    spec, k, marks[k], inputs, force=force, changed_groups=found[k],
+                    spec, k, marks[k], inputs, force=force, changed_groups=found[k].hashes,
                     group_refill_share=opts.group_refill_share,
                     state_groups=flow_state.state_groups(self.ctx, spec, k, inputs.input_schema)))
+                if plans[k].refill_groups:  # their key values let the refill skip files by statistics
+                    plans[k] = replace(plans[k], group_keys=found[k].values)
         return plans
 
     def _scope_keys(self, spec, plans: dict[str, PartitionPlan], marks: dict, inputs: RunInputs,
@@ -323,7 +325,7 @@ class Engine:
                 raise RunFailedError(f"finding the keys the deletes and updates of '{spec.name}' touch failed: "
                                      f"{protocol.short(exc)}; nothing was written", flow=spec.name) from exc
             for k in scoped:
-                n, keys = found[k]
+                n, keys, values = found[k].count, found[k].hashes, found[k].values
                 if keys is None:
                     plans[k] = replace(plans[k], detail=f"{plans[k].detail}; {n:,} key(s) changed, more than "
                                                         f"{MAX_REFILL_GROUPS:,}: recomputed whole")
@@ -331,6 +333,8 @@ class Engine:
                 plans[k] = plan_partition(planner_input(
                     spec, k, marks[k], inputs, force=force, changed_groups=keys,
                     group_refill_share=opts.group_refill_share, state_groups=rows[k]))
+                if plans[k].refill_groups:  # their values let the refill skip files by statistics
+                    plans[k] = replace(plans[k], group_keys=values)
         return plans
 
     def _refuse_strict(self, spec: Spec, plans: dict[str, PartitionPlan]) -> None:

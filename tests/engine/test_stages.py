@@ -537,6 +537,7 @@ def test_a_bounded_batch_escalates_at_the_versions_it_reads(spark, lake):
 def test_more_changed_keys_than_a_refill_names_stay_in_spark(spark, lake, key_engine):
     """Past the most keys a refill would name, only their count reaches the driver, and the
     partition is recomputed whole."""
+    from laminar_assets.engine.run.plan import ChangedGroups
     from laminar_assets.engine.stage.keys import changed_keys
 
     lake.create("raw", frame=_trades(1, 10))
@@ -545,6 +546,36 @@ def test_more_changed_keys_than_a_refill_names_stay_in_spark(spark, lake, key_en
     lake.update("raw", {"px": "px + 1"}, "trade_id IN (2, 5, 6)")
     plan = key_engine.plan(STAGE, PART)
     inputs = key_engine.gather(STAGE, [key_engine.store.load(STAGE.name, PART)])
-    assert changed_keys(key_engine.ctx, STAGE, [plan], inputs, most=2) == {PART: (3, None)}
-    n, keys = changed_keys(key_engine.ctx, STAGE, [plan], inputs, most=3)[PART]
-    assert n == 3 and len(set(keys)) == 3
+    assert changed_keys(key_engine.ctx, STAGE, [plan], inputs, most=2) == {PART: ChangedGroups(3, None)}
+    found = changed_keys(key_engine.ctx, STAGE, [plan], inputs, most=3)[PART]
+    assert found.count == 3 and len(set(found.hashes)) == 3
+    assert sorted(found.values) == [(2,), (5,), (6,)]  # the trade ids, for skipping files by statistics
+
+
+def test_a_key_refill_reads_only_the_files_that_may_hold_its_keys(spark, lake, key_engine, monkeypatch):
+    """Trade ids grow with time, so each file holds a range of them: a correction of one trade reads
+    the source snapshot file and the output file whose statistics hold its id, not their neighbours."""
+    from laminar_assets.engine.stage import keys as stage_keys
+
+    lake.create("raw", frame=_trades(1, 20))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run(STAGE, PART)
+    for first in (21, 41):
+        lake.append("raw", frame=_trades(first, 20))
+        key_engine.run(STAGE, PART)
+    outputs = _files(lake, "norm")
+    assert len(outputs) >= 3
+    lake.update("raw", {"px": "99.0"}, "trade_id = 45")
+    opened: list[int] = []
+    real = stage_keys.read_source
+    monkeypatch.setattr(stage_keys, "read_source", lambda spark_, files, *a, **kw: (opened.append(len(files)),
+                                                                                     real(spark_, files, *a, **kw))[1])
+    r = key_engine.run(STAGE, PART)
+    assert (r.mode, r.metrics["refilled_keys"]) == (Mode.REFILL, 1)
+    # 3 source files and 3 output files without the statistics test
+    assert r.metrics["files_read"] == 1, "of the 3 snapshot files, only the one the update wrote (trades 41-60)"
+    ids = [pd.read_parquet(f)["trade_id"] for f in outputs]
+    may_hold = [f for f in ids if f.min() <= 45 <= f.max()]  # Spark's writes may interleave ids over files
+    assert opened and max(opened) == len(may_hold) < len(outputs), "output files whose ids exclude 45 are not opened"
+    assert_stage(lake)
+    assert _cdf(lake, "norm", lake.table("norm").version()) == [("delete", 45, 55.0), ("insert", 45, 99.0)]

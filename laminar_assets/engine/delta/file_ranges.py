@@ -7,6 +7,7 @@ whose event times are all null touches no window (an empty range at the epoch).
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -130,3 +131,70 @@ def _bound(t: datetime, typ: pa.DataType) -> pa.Scalar:
         return pa.scalar(t.date(), type=typ)
     naive = pa.scalar(t.replace(tzinfo=None), type=pa.timestamp("us"))
     return naive.cast(pa.timestamp(typ.unit, tz=typ.tz), safe=False)
+
+
+Bounds = tuple[tuple[object, object], ...]  # (min, max) per key column; None where unknown
+
+
+def key_bounds(actions: pa.Table, columns: list[str | None]) -> list[Bounds]:
+    """Per add action (`get_add_actions(flatten=True)` rows), the min/max statistics of `columns`
+    (physical names; None: a column the table lacks) that can bound key values: integer and string
+    columns only (other types compare differently in Python and Parquet), None where a file has none.
+    A truncated string statistic still bounds its values: the Delta protocol has writers shorten a
+    maximum only to a larger value (delta-spark appends a tie-breaker, arrow-rs increments)."""
+    kinds = []
+    for c in columns:
+        lo, hi = f"min.{c}", f"max.{c}"
+        typ = actions.schema.field(lo).type if c is not None and lo in actions.column_names \
+            and hi in actions.column_names else None
+        kinds.append("int" if typ is not None and pa.types.is_integer(typ) else
+                     "str" if typ is not None and (pa.types.is_string(typ) or pa.types.is_large_string(typ)) else None)
+    per_column = []
+    for c, kind in zip(columns, kinds):
+        if kind is None:
+            per_column.append([(None, None)] * actions.num_rows)
+            continue
+        per_column.append(list(zip(actions[f"min.{c}"].to_pylist(), actions[f"max.{c}"].to_pylist())))
+    return [tuple(pair) for pair in zip(*per_column)] if per_column else [() for _ in range(actions.num_rows)]
+
+
+class KeyProbe:
+    """Which files may hold rows of some keys, by their statistics (`DataFile.bounds`, the key columns
+    in the order of the values' tuples). Column by column: a file is skipped when one key column's
+    (min, max) holds none of the values of that column, the same test as `c1 IN (...) AND c2 IN (...)`,
+    so no file holding a row that test accepts is skipped. Conservative: a file without statistics, or
+    a column whose statistics are of another type than its values, keeps the file."""
+
+    def __init__(self, values) -> None:
+        values = {tuple(v) for v in values}
+        self.none = not values
+        columns = list(zip(*values))
+        self.columns = [sorted(set(c)) if _one_kind(c) else None for c in columns]  # None: not comparable
+
+    def may_hold(self, bounds: Bounds | None) -> bool:
+        if bounds is None:
+            return True
+        if self.none:
+            return False  # no keys: no file holds one
+        return all(_any_within(values, bound) for values, bound in zip(self.columns, bounds))
+
+
+def _kind(value) -> str | None:
+    if isinstance(value, bool):
+        return None
+    return "int" if isinstance(value, int) else "str" if isinstance(value, str) else None
+
+
+def _one_kind(values) -> bool:
+    kinds = {_kind(v) for v in values}
+    return len(kinds) == 1 and None not in kinds
+
+
+def _any_within(values: list | None, bound: tuple[object, object]) -> bool:
+    """Whether one of the sorted `values` may lie in a column's (min, max); True when that cannot be told."""
+    if values is None:
+        return True
+    kind = _kind(values[0])
+    lo, hi = (b if _kind(b) == kind else None for b in bound)
+    first = bisect_left(values, lo) if lo is not None else 0
+    return first < len(values) and (hi is None or values[first] <= hi)

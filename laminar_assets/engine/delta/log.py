@@ -54,6 +54,9 @@ class DataFile:
     deleted: DeletedRows | None = field(default=None, compare=False, hash=False)
     # set on a file whose deletion vector a commit changed: the read yields only the rows it changed
     dv_change: DvChange | None = None
+    # (min, max) statistics of the key columns a snapshot listing asked for (`tables.snapshot_files`),
+    # None where unknown: a refill of some keys skips the files that cannot hold them (`KeyProbe`)
+    bounds: tuple[tuple[object, object], ...] | None = field(default=None, compare=False, hash=False)
 
     @property
     def needs_row_positions(self) -> bool:

@@ -25,7 +25,7 @@ from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureEr
 from ..windows import Interval
 from . import snapshot_cache
 from .deletion_vectors import snapshot_deleted_rows
-from .file_ranges import may_overlap
+from .file_ranges import key_bounds, may_overlap
 from .log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
     CommitKind,
     CommitSummary,
@@ -292,9 +292,10 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
 
 
 def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Interval] | None = None,
-                   *, keep_null_files: bool = False) -> list[DataFile]:
+                   *, keep_null_files: bool = False, bounds_of: tuple[str, ...] = ()) -> list[DataFile]:
     """Data files of the pinned snapshot, pruned to those whose statistics overlap `within`.
-    Files whose event times are all null are left out unless `keep_null_files`."""
+    Files whose event times are all null are left out unless `keep_null_files`. `bounds_of`: columns
+    whose min/max statistics each file keeps (`DataFile.bounds`), for refills of some keys."""
     dt = info.delta()
     ranges = list(within) if within is not None else None
     deleted = {}
@@ -306,9 +307,11 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
     actions = pa.table(dt.get_add_actions(flatten=True))
     if event_time is not None and ranges is not None:
         actions = may_overlap(actions, stat, ranges)  # in Arrow: only candidates become Python dicts
+    bounds = key_bounds(actions, [info.physical(c) if c in info.schema.names else None for c in bounds_of]) \
+        if bounds_of else [None] * actions.num_rows
     actions = actions.to_pylist()
     files = []
-    for a in actions:
+    for a, b in zip(actions, bounds):
         rng = stats_interval(a.get(f"min.{stat}"), a.get(f"max.{stat}")) if event_time else None
         all_null = event_time and a.get("num_records") is not None and \
             a.get(f"null_count.{stat}") == a.get("num_records")
@@ -324,7 +327,7 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
         files.append(DataFile(uri=uri, rows=a.get("num_records"), size=int(a.get("size_bytes") or 0),
                               partition_values=pv, time_range=rng,
                               time_nulls=int(nulls) if nulls is not None else None,
-                              deleted=deleted.get(_normal(uri))))
+                              deleted=deleted.get(_normal(uri)), bounds=b))
     return files
 
 

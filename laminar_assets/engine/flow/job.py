@@ -30,8 +30,9 @@ from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
-from ..run.plan import PartitionPlan, Reason
+from ..run.plan import ChangedGroups, PartitionPlan, Reason
 from ..run.reading import PART, ReadSet, change_markers, read_set, with_partition
+from ..run.row_prep import key_values
 from ..spark.frames import interpreted, observe
 from ..spec.specs import FlowSpec
 from ..windows import Interval, from_micros, partition_key, partition_key_column
@@ -105,20 +106,24 @@ def _build(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: 
                       sink=sink), reads, small
 
 
-def changed_groups(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: RunInputs) -> dict[str, tuple]:
-    """The groups (hashes of window start and keys) the deletes and updates each plan takes touch, per
-    partition: one Spark job over their change rows only (rows whose group is new count too). Both
-    sides of an update count, so a row moved across windows or keys marks both groups."""
+def changed_groups(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan],
+                   inputs: RunInputs) -> dict[str, ChangedGroups]:
+    """The groups (hashes of window start and keys, and the keys' values) the deletes and updates each
+    plan takes touch, per partition: one Spark job over their change rows only (rows whose group is
+    new count too). Both sides of an update count, so a row moved across windows or keys marks both."""
     markers = change_markers(spec, plans, inputs)
     copies = copies_query(ctx.spark, spec, markers, read_set(spec, markers, inputs), inputs)
-    found = copies.select([f"unix_micros({WS}) AS {_WS_US}", f"{group_hash_sql(spec)} AS {GROUP}"],
-                          group=[WS, group_hash_sql(spec)]).run(ctx.spark).collect()
-    out: dict[str, list] = {p.partition: [] for p in plans}
+    keys = [q(c) for c in spec.keys]
+    found = copies.select([f"unix_micros({WS}) AS {_WS_US}", f"{group_hash_sql(spec)} AS {GROUP}", *keys],
+                          group=[WS, group_hash_sql(spec), *keys]).run(ctx.spark).collect()
+    hashes: dict[str, list] = {p.partition: [] for p in plans}
+    values: dict[str, list] = {p.partition: [] for p in plans}
     for row in found:
         k = partition_key(from_micros(row[_WS_US]), spec.granularity)
-        if k in out:
-            out[k].append(row[GROUP])
-    return {k: tuple(v) for k, v in out.items()}
+        if k in hashes:
+            hashes[k].append(row[GROUP])
+            values[k].append(tuple(row)[2:])
+    return {k: ChangedGroups(len(v), tuple(v), key_values(values[k]) if spec.keys else ()) for k, v in hashes.items()}
 
 
 # Window starts come to the driver as UTC microseconds: a collected TIMESTAMP is a naive datetime in

@@ -27,7 +27,7 @@ from ..run.fact_joins import join_facts
 from ..run.inputs import RunInputs
 from ..run.plan import PartitionPlan
 from ..run.reading import PART, ReadSet, rows_query
-from ..run.row_prep import frame_query, keep_sql, prepare_query, refilled_groups_sql
+from ..run.row_prep import frame_query, group_values_sql, keep_sql, prepare_query, refilled_groups_sql
 from ..spark import stable_sql
 from ..spark.query import Query, union_all
 from ..spark.stable_sql import bigint
@@ -72,7 +72,7 @@ def copies_query(spark: SparkSession, spec: FlowSpec, plans: list[PartitionPlan]
     part = partition_id_sql(WS, spec.granularity)
     later = partition_id_of_sql(f"timestamp_micros(unix_micros({WS}) + {slide_us})", spec.granularity)
     copies = copies.add_columns([(PART, part), ("__first", f"__primary OR {later} != {part}")])
-    return copies.where(keep_sql(spec, plans, WS, group_hash_sql(spec)))
+    return copies.where(keep_sql(spec, plans, WS, group_hash_sql(spec), group_values_sql(spec, plans)))
 
 
 def group_hash_sql(spec: FlowSpec) -> str:
@@ -150,5 +150,5 @@ def old_state(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], input
     if old is None:
         return None, 0
     refilled = stable_sql.in_ranges_sql(WS, [r for p in plans for r in p.refill], spec.granularity)
-    groups = refilled_groups_sql(spec, plans, WS, group_hash_sql(spec))
+    groups = refilled_groups_sql(spec, plans, WS, group_hash_sql(spec), group_values_sql(spec, plans))
     return old.where(f"NOT ({refilled} OR {groups})").add_columns([(PART, partition_id_sql(WS, spec.granularity))]), old_bytes

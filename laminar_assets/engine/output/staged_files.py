@@ -70,7 +70,7 @@ def file_stats(uri: str) -> tuple[int, str]:
             continue
         lo = hi = None
         nc = 0
-        complete = True
+        complete = bounded = True
         for rg in range(meta.num_row_groups):
             st = meta.row_group(rg).column(meta.schema.names.index(column.name)).statistics
             if st is None:
@@ -80,10 +80,12 @@ def file_stats(uri: str) -> tuple[int, str]:
             if st.has_min_max:
                 lo = st.min if lo is None else min(lo, st.min)
                 hi = st.max if hi is None else max(hi, st.max)
+            elif st.num_values > (st.null_count or 0):  # values without a min/max (e.g. too long to keep)
+                bounded = False
         if not complete:
             continue
         nulls[column.name] = nc
-        if lo is not None:
+        if lo is not None and bounded:  # a min/max must hold every value: readers skip files by them
             if isinstance(lo, datetime):
                 # Delta statistics may be read at millisecond precision: floor min, ceil max.
                 lo = lo - timedelta(microseconds=lo.microsecond % 1000)

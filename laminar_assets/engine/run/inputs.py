@@ -77,7 +77,7 @@ class RunInputs:
             info = self.infos[source]
             if info.version != version:
                 info = table_info(source, info.uri, version)
-            self._snapshots[key] = snapshot_files(info, spec.event_time, self.scope)
+            self._snapshots[key] = snapshot_files(info, spec.event_time, self.scope, bounds_of=spec.key_columns)
         return self._snapshots[key]
 
 

@@ -76,6 +76,16 @@ _DESCRIPTIONS = {
 }
 
 
+@dataclass(frozen=True)
+class ChangedGroups:
+    """The groups (a flow's window and keys, a stage's dedup key) a partition's deletes and updates
+    touch: how many, their hashes (None when too many to name) and their key values (empty when
+    unknown, NULL or not int/string: no file is skipped by them, see `PartitionPlan.group_keys`)."""
+
+    count: int
+    hashes: tuple[int, ...] | None
+    values: tuple[tuple, ...] = ()
+
 
 @dataclass(frozen=True)
 class PartitionPlan:
@@ -97,6 +107,10 @@ class PartitionPlan:
     # ranges `group_windows`: the rest of those windows keeps its state and merges (flows only)
     refill_groups: tuple[int, ...] = field(default=(), hash=False)
     group_windows: tuple[Interval, ...] = ()
+    # The key values (`spec.key_columns`, int or string) of `refill_groups`: files whose statistics
+    # hold none of them are not read (`file_ranges.KeyProbe`), and a row of those groups must have
+    # them (`row_prep.group_values_sql`); empty when not known (only the hashes decide)
+    group_keys: tuple[tuple, ...] = field(default=(), hash=False)
     incremental_versions: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
     pending_versions: dict[str, int] = field(default_factory=dict, hash=False)
     other_partitions: tuple[str, ...] = ()

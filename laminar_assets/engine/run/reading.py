@@ -26,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from ..aggregates.base import SIGN, q, sql_string
+from ..delta.file_ranges import KeyProbe
 from ..delta.log import CommitKind, DataFile
 from ..quarantine.records import VERSION
 from ..spark import stable_sql
@@ -35,6 +36,7 @@ from ..spark.query import frame as sql_frame
 from ..spark.read import CHANGE_TYPE, read_source
 from ..spark.stable_sql import bigint
 from ..windows import Interval, coalesce, in_ranges_sql, partition_id_column
+from .fact_joins import joined_columns
 from .inputs import RunInputs
 from .plan import Mode, PartitionPlan
 
@@ -93,12 +95,18 @@ def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:
                     if f.time_range is None or f.time_range.overlaps(plan.needed):
                         delta[(f.uri, v)] = f
         events = [e for plan in plans for e in refill_events(spec, plan)]
+        whole = [e for plan in plans for e in spec.refill_events(plan.interval, plan.refill)]
+        probe = _key_probe(spec, plans)
+        read = {uri for uri, _ in delta}
         snap: dict[str, DataFile] = {}
         snap_version = None
         if events:
             snap_version = plans[0].to_versions[src]
             for f in inputs.snapshot(spec, src, snap_version):
                 if f.time_range is None or any(f.time_range.overlaps(e) for e in events):
+                    if probe is not None and f.uri not in read and f.time_range is not None \
+                            and not any(f.time_range.overlaps(e) for e in whole) and not probe.may_hold(f.bounds):
+                        continue  # only keys recomputed alone could use its rows, and it holds none of them
                     snap[f.uri] = f
         by_role: dict[tuple, list[DataFile]] = {}
         shared: set[str] = set()  # snapshot files whose rows a commit read already yields
@@ -121,6 +129,18 @@ def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:
     return out
 
 
+def _key_probe(spec, plans: list[PartitionPlan]) -> KeyProbe | None:
+    """The keys of the groups the plans recompute alone, when snapshot files can be skipped by them:
+    every such plan names their values, and the key columns are the source's own (the statistics of
+    a source column are not those of a derived or joined column of its name). None otherwise: no
+    file is skipped by key."""
+    keyed = [p for p in plans if p.refill_groups]
+    made = {n for n, _ in spec.derived} | set(joined_columns(spec)) | {c for j in spec.joins for c in j.columns}
+    if not keyed or not spec.key_columns or any(not p.group_keys for p in keyed) or set(spec.key_columns) & made:
+        return None
+    return KeyProbe(v for p in keyed for v in p.group_keys)
+
+
 def change_markers(spec, plans: list[PartitionPlan], inputs: RunInputs) -> list[PartitionPlan]:
     """The plans as reads of only the deletes and updates they take (change data or deletion-vector
     commits): what a refill of changed groups (flows) or keys (stages) looks at first to name them."""
@@ -134,7 +154,7 @@ def change_markers(spec, plans: list[PartitionPlan], inputs: RunInputs) -> list[
             versions[src] = tuple(c.version for c in inputs.histories[src].commits if start < c.version <= end
                                   and c.kind in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS))
         markers.append(replace(p, mode=Mode.INCREMENTAL, refill=(), refill_all=False, refill_groups=(),
-                               group_windows=(), incremental_versions=versions))
+                               group_windows=(), group_keys=(), incremental_versions=versions))
     return markers
 
 

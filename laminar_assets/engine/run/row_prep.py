@@ -8,7 +8,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ..aggregates.base import EVENT_TS, SIGN, sql_string, user_sql
+from ..aggregates.base import EVENT_TS, SIGN, q, sql_string, user_sql
 from ..quarantine import records as qr
 from ..quarantine.records import ROW, RULE, VERSION
 from ..spark import stable_sql
@@ -70,10 +70,12 @@ def keep(spec, plans: list[PartitionPlan], at: str) -> Column:
     return F.expr(keep_sql(spec, plans, at))
 
 
-def keep_sql(spec, plans: list[PartitionPlan], at: str, group_hash: str | None = None) -> str:
+def keep_sql(spec, plans: list[PartitionPlan], at: str, group_hash: str | None = None,
+             members: str | None = None) -> str:
     """Whether a row counts for the partition holding timestamp column `at` (the window start of a
     flow's row copy, a stage row's event time); rows of partitions outside `plans` never count.
-    `group_hash`: SQL of a flow row's group hash, for the groups plans recompute alone (`refill_groups`).
+    `group_hash`: SQL of a flow row's group hash (a stage row's key hash), for the groups plans
+    recompute alone (`refill_groups`); `members`: SQL a row of those groups also meets (see there).
     Map lookups rather than the run's timestamps and versions: the same code every run (stable_sql.py)."""
     refilled = stable_sql.in_ranges_sql(at, [r for p in plans for r in spec.refilled_ranges(p.interval, p.refill)],
                                         spec.granularity)
@@ -85,17 +87,48 @@ def keep_sql(spec, plans: list[PartitionPlan], at: str, group_hash: str | None =
     part = partition_id_sql(at, spec.granularity)
     merged = [f"({SRC} = {sql_string(src)} AND {stable_sql.contains_sql(by_part, part, DVER)})"
               for src, by_part in sorted(merges.items())]
-    groups = refilled_groups_sql(spec, plans, at, group_hash)
+    groups = refilled_groups_sql(spec, plans, at, group_hash, members)
     alone = f" WHEN {groups} THEN {SNAP}" if groups != "false" else ""
     return f"CASE WHEN {refilled} THEN {SNAP}{alone} ELSE {' OR '.join(merged) or 'false'} END"
 
 
-def refilled_groups_sql(spec, plans: list[PartitionPlan], at: str, group_hash: str | None) -> str:
+def refilled_groups_sql(spec, plans: list[PartitionPlan], at: str, group_hash: str | None,
+                        members: str | None = None) -> str:
     """Whether a row's group (hash SQL `group_hash`; window start `at`) is one `plans` recompute
     alone; false when none is. Only inside the windows holding those groups, whose snapshot files the
-    run reads: a group elsewhere that shares a hash keeps its own state."""
+    run reads: a group elsewhere that shares a hash keeps its own state. `members`: SQL the group's
+    rows also meet (a stage's key values, when files are skipped by them: a key whose hash collides
+    with a changed key's is then an ordinary key, not one whose rows the skipped files hide)."""
     hashes = sorted({h for p in plans for h in p.refill_groups})
     if not hashes or group_hash is None:
         return "false"
     inside = stable_sql.in_ranges_sql(at, [w for p in plans for w in p.group_windows], spec.granularity)
-    return f"({inside} AND coalesce({group_hash} IN ({', '.join(f'{h}L' for h in hashes)}), false))"
+    also = f" AND coalesce({members}, false)" if members else ""
+    return f"({inside} AND coalesce({group_hash} IN ({', '.join(f'{h}L' for h in hashes)}), false){also})"
+
+
+def group_values_sql(spec, plans: list[PartitionPlan]) -> str | None:
+    """`k1 IN (...) AND k2 IN (...)` over the key values of the groups `plans` recompute alone, when
+    every such plan names them (`group_keys`). Files whose statistics hold none of a column's values
+    are not read (`file_ranges.KeyProbe`, the same column-by-column test), so a row must pass this
+    to be one of those groups: a group whose hash collides with a changed one's stays an ordinary
+    group, not one whose rows the skipped files hide. None when a plan names no values."""
+    mine = [p for p in plans if p.refill_groups]
+    if not mine or any(not p.group_keys for p in mine) or not spec.key_columns:
+        return None
+    columns = zip(*dict.fromkeys(v for p in mine for v in p.group_keys))
+    return " AND ".join(f"{q(c)} IN ({', '.join(_literal(v) for v in dict.fromkeys(vals))})"
+                        for c, vals in zip(spec.key_columns, columns))
+
+
+def key_values(rows) -> tuple[tuple, ...]:
+    """Collected key tuples as `PartitionPlan.group_keys`: empty when one holds a NULL or a type
+    other than int or string (statistics of other types do not compare like Python values)."""
+    values = tuple(tuple(r) for r in rows)
+    if not all(isinstance(v, int | str) and not isinstance(v, bool) for t in values for v in t):
+        return ()
+    return values
+
+
+def _literal(value: int | str) -> str:
+    return sql_string(value) if isinstance(value, str) else str(int(value))

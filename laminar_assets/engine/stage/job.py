@@ -27,7 +27,7 @@ from ..run.context import RunContext
 from ..run.inputs import RunInputs
 from ..run.plan import Mode, PartitionPlan
 from ..run.reading import PART, read_set, rows_query
-from ..run.row_prep import keep_sql, prepare_query
+from ..run.row_prep import group_values_sql, keep_sql, prepare_query
 from ..spark.frames import interpreted, named, observe
 from ..spark.read import read_source
 from ..spark.stable_sql import bigint
@@ -52,7 +52,8 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see flow_job
         rows = prepare_query(spec, rows_query(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned_sql(spec))
         rows = rows.add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
-        rows = rows.where(keep_sql(spec, plans, EVENT_TS, key_hash_sql(spec))).run(ctx.spark)  # one analysis (spark/query.py)
+        keep = keep_sql(spec, plans, EVENT_TS, key_hash_sql(spec), group_values_sql(spec, plans))
+        rows = rows.where(keep).run(ctx.spark)  # one analysis (spark/query.py)
         joined = _join_dimensions(ctx, spec, rows, inputs)
         obs = Observation()
         rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
@@ -82,6 +83,9 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
                 new_inc = dedup_against_kept(ctx, spec, incremental, new_inc)
             new_ref = new.where(_in_partitions(spec, whole) | in_keys)
             _count_metrics(out, counts, plans)
+            for p in plans:  # what the refill of changed keys saves shows here (files skipped by key)
+                out.metrics[p.partition].update(files_read=reads.files.get(p.partition, 0),
+                                                bytes_read=reads.bytes.get(p.partition, 0))
             if any(m["rows_rejected"] for m in out.metrics.values()):
                 out.quarantined = _quarantine(ctx, spec, joined.where(rejected), run_id, small=small, plans=plans)
             ctx.hook("after_read")

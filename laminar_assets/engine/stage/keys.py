@@ -18,14 +18,15 @@ from pyspark.sql import DataFrame
 
 from ..aggregates.algebra import EVENT_TS
 from ..aggregates.base import q
+from ..delta.file_ranges import KeyProbe
 from ..delta.log import DataFile
 from ..delta.tables import is_delta_table, snapshot_files, table_info
 from ..quarantine import records as qr
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
-from ..run.plan import PartitionPlan
+from ..run.plan import ChangedGroups, PartitionPlan
 from ..run.reading import PART, change_markers, read_set, rows_query, with_partition
-from ..run.row_prep import keep_sql, prepare_query, refilled_groups_sql
+from ..run.row_prep import group_values_sql, keep_sql, key_values, prepare_query, refilled_groups_sql
 from ..spark.read import read_source
 from ..spec.specs import StageSpec
 from ..windows import Interval, partition_id, partition_id_sql, partition_interval
@@ -59,29 +60,33 @@ def keyed(plans: list[PartitionPlan]) -> list[PartitionPlan]:
 
 def in_keys_sql(spec: StageSpec, plans: list[PartitionPlan], at: str) -> str:
     """Whether a row (timestamp column `at`) holds a key the plans recompute alone, in their partitions."""
-    return refilled_groups_sql(spec, keyed(plans), at, key_hash_sql(spec))
+    return refilled_groups_sql(spec, keyed(plans), at, key_hash_sql(spec), group_values_sql(spec, plans))
 
 
 def changed_keys(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], inputs: RunInputs, *,
-                 most: int) -> dict[str, tuple[int, tuple[int, ...] | None]]:
-    """The keys (hashes) the deletes and updates each plan takes touch, per partition: how many, and
-    which (None when more than `most`: the partition is recomputed whole, and its keys need not reach
-    the driver). One Spark job over their change rows only. Both sides of an update count: a row
-    moved to another partition names its key in both."""
+                 most: int) -> dict[str, ChangedGroups]:
+    """The keys the deletes and updates each plan takes touch, per partition: how many, their hashes
+    and their values (None when more than `most`: the partition is recomputed whole, and its keys need
+    not reach the driver). One Spark job over their change rows only. Both sides of an update count: a
+    row moved to another partition names its key in both."""
     markers = change_markers(spec, plans, inputs)
     rows = prepare_query(spec, rows_query(ctx.spark, spec, read_set(spec, markers, inputs), inputs), inputs)
     rows = rows.where(qr.assigned_sql(spec)).add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
     rows = rows.where(keep_sql(spec, markers, EVENT_TS))
-    key = key_hash_sql(spec)
-    pairs = rows.select([PART, f"{key} AS __key"], group=[PART, key])
+    key, cols = key_hash_sql(spec), [q(c) for c in spec.dedup_key]
+    pairs = rows.select([PART, f"struct({key}, {', '.join(cols)}) AS __key"], group=[PART, key, *cols])
     found = pairs.select([PART, "count(*) AS n", f"CASE WHEN count(*) <= {int(most)} THEN collect_list(__key) END AS keys"],
                          group=[PART]).run(ctx.spark).collect()
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
-    out: dict[str, tuple[int, tuple[int, ...] | None]] = {p.partition: (0, ()) for p in plans}
+    out = {p.partition: ChangedGroups(0, (), ()) for p in plans}
     for row in found:
         k = ids.get(row[PART])
-        if k is not None:
-            out[k] = (int(row["n"]), tuple(row["keys"]) if row["keys"] is not None else None)
+        if k is None:
+            continue
+        if row["keys"] is None:
+            out[k] = ChangedGroups(int(row["n"]), None)
+            continue
+        out[k] = ChangedGroups(int(row["n"]), tuple(r[0] for r in row["keys"]), key_values(tuple(r)[1:] for r in row["keys"]))
     return out
 
 
@@ -126,7 +131,10 @@ def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
 
     info = table_info(spec.sink, uri)
     parts = [p.interval for p in mine]
-    files = snapshot_files(info, spec.event_time, parts)
+    files = snapshot_files(info, spec.event_time, parts, bounds_of=spec.dedup_key)
+    if all(p.group_keys for p in mine):  # files whose key statistics exclude every key keep their rows
+        probe = KeyProbe(v for p in mine for v in p.group_keys)
+        files = [f for f in files if probe.may_hold(f.bounds)]
     if not files:
         return None
 

@@ -84,3 +84,56 @@ def test_files_pruned_in_arrow_are_the_files_the_exact_check_keeps(tmp_path, typ
         pruned = [f.uri for f in snapshot_files(info, "t", ranges)]
         assert pruned == exact, ranges
         assert len(pruned) < len(everything)
+
+
+# --- skipping files by their key statistics (a stage's changed keys, #49) ------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from laminar_assets.engine.delta.file_ranges import KeyProbe, key_bounds  # noqa: E402
+from laminar_assets.engine.delta.tables import snapshot_files, table_info  # noqa: E402
+
+_keys = st.tuples(st.integers(-5, 40), st.text("abc", max_size=3))
+
+
+def _bounds(rows: list[tuple]) -> tuple:
+    return tuple((min(col), max(col)) for col in zip(*rows))
+
+
+@given(files=st.lists(st.lists(_keys, min_size=1, max_size=6), min_size=1, max_size=6),
+       values=st.lists(_keys, min_size=1, max_size=5))
+def test_a_probe_never_skips_a_file_holding_a_row_the_key_test_accepts(files, values):
+    """A row passes `c1 IN (...) AND c2 IN (...)` (`row_prep.group_values_sql`): its file must be kept."""
+    probe = KeyProbe(values)
+    for rows in files:
+        member = any(all(r[i] in {v[i] for v in values} for i in range(2)) for r in rows)
+        if member:
+            assert probe.may_hold(_bounds(rows))
+
+
+def test_a_probe_skips_files_whose_ranges_hold_no_value_and_keeps_unknown_ones():
+    probe = KeyProbe([(5,), (70,)])
+    assert [probe.may_hold(((lo, hi),)) for lo, hi in [(1, 4), (1, 5), (6, 69), (60, 80), (71, 90)]] \
+        == [False, True, False, True, False]
+    assert probe.may_hold(None) and probe.may_hold(((None, None),)) and probe.may_hold(((None, 5),))
+    assert probe.may_hold((("a", "z"),)), "statistics of another type than the values tell nothing"
+    assert not probe.may_hold(((None, 4),)) and not probe.may_hold(((71, None),))
+
+
+def test_snapshot_files_keep_integer_and_string_key_statistics(tmp_path):
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "t")
+    long = "x" * 40
+    write_deltalake(path, pa.table({"id": pa.array([3, 9], pa.int64()), "code": ["b", long],
+                                    "px": [1.0, 2.0]}))
+    write_deltalake(path, pa.table({"id": pa.array([20, 30], pa.int64()), "code": ["c", "d"],
+                                    "px": [3.0, 4.0]}), mode="append")
+    files = snapshot_files(table_info("t", path), None, bounds_of=("id", "code", "px", "missing"))
+    got = sorted(f.bounds for f in files)
+    assert got == [((3, 9), ("b", long), (None, None), (None, None)),
+                   ((20, 30), ("c", "d"), (None, None), (None, None))]
+    assert [KeyProbe([(25, "c", 0.0, 0)]).may_hold(b) for b in got] == [False, True]
+    acts = pa.table(table_info("t", path).delta().get_add_actions(flatten=True))
+    assert key_bounds(acts, []) == [(), ()]

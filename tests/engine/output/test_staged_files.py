@@ -103,3 +103,24 @@ def test_large_arrow_types_in_the_session_stage_the_same_schema(spark, tmp_path)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.useLargeVarTypes")
     assert large == plain
+
+
+def test_file_statistics_leave_out_a_min_max_some_row_group_lacks(tmp_path):
+    """A row group whose values are too long for a min/max must not narrow the file's: readers skip
+    files by these bounds (a key refill), so they must hold every value."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from laminar_assets.engine.output.staged_files import file_stats
+
+    path = str(tmp_path / "part.parquet")
+    long = "z" + "x" * 5000  # over the writer's 4 KB statistics limit: that row group has no min/max
+    table = pa.table({"id": ["a1", "a2", long, "b1"], "n": [1, 2, 3, 4]})
+    pq.write_table(table, path, row_group_size=2)
+    assert not pq.read_metadata(path).row_group(1).column(0).statistics.has_min_max
+    rows, stats = file_stats(path)
+    stats = json.loads(stats)
+    assert rows == 4 and "id" not in stats["minValues"] and "id" not in stats["maxValues"]
+    assert (stats["minValues"]["n"], stats["maxValues"]["n"], stats["nullCount"]["id"]) == (1, 4, 0)
