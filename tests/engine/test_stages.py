@@ -579,3 +579,16 @@ def test_a_key_refill_reads_only_the_files_that_may_hold_its_keys(spark, lake, k
     assert opened and max(opened) == len(may_hold) < len(outputs), "output files whose ids exclude 45 are not opened"
     assert_stage(lake)
     assert _cdf(lake, "norm", lake.table("norm").version()) == [("delete", 45, 55.0), ("insert", 45, 99.0)]
+
+
+def test_a_row_in_the_hours_last_millisecond_does_not_stop_a_key_refill(spark, lake, key_engine):
+    """File statistics round a maximum up to the millisecond: 00:59:59.9995 reads as 01:00:00. The
+    file still holds only this hour's rows, so its keys are recomputed alone (not the partition)."""
+    lake.create("raw", frame=_trades(1, 8))
+    lake.append("raw", frame=raw([(9, "2024-01-01 00:59:59.999500", "BBB", 20.0, 1)]))  # one output file holds both
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run(STAGE, PART)
+    lake.update("raw", {"px": "99.0"}, "trade_id = 1")
+    r = key_engine.run(STAGE, PART)
+    assert r.metrics.get("refilled_keys") == 1, r.detail
+    assert_stage(lake)

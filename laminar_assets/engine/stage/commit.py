@@ -87,7 +87,7 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
         raise OutputReset([p.partition for p in plans if not p.refill])
     old, old_bytes = (None, 0) if reset else kept_rows(ctx, spec, refill)
     ranges = [p.interval for p in refill]
-    touched = None if reset else touched_rows(ctx, spec, plans, ranges)
+    touched = None if reset else touched_rows(ctx, spec, plans)
     rows = new_ref.unionByName(new_inc)
     if touched is not None:  # the keys' old rows are compared; the files' other rows are written again
         old = touched.old if old is None else old.unionByName(touched.old, allowMissingColumns=True)

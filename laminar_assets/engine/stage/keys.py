@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from ..aggregates.algebra import EVENT_TS
 from ..aggregates.base import q
@@ -29,7 +30,7 @@ from ..run.reading import PART, change_markers, read_set, rows_query, with_parti
 from ..run.row_prep import group_values_sql, keep_sql, key_values, prepare_query, refilled_groups_sql
 from ..spark.read import read_source
 from ..spec.specs import StageSpec
-from ..windows import Interval, partition_id, partition_id_sql, partition_interval
+from ..windows import partition_id, partition_id_sql, partition_interval
 from .dedup import DedupReplaced
 
 _FILE = "__file"
@@ -118,11 +119,11 @@ class TouchedRows:
         return sum(f.size for f in self.files)
 
 
-def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
-                 whole: list[Interval]) -> TouchedRows | None:
+def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> TouchedRows | None:
     """The output rows of the keys the plans recompute alone, and the files holding them (one Spark
-    job finds the files); None when the output holds none. `whole`: the ranges the same pass
-    recomputes whole. Raises `KeysNotSeparable` when a file cannot be rewritten alone."""
+    job finds the files, and whether each holds rows of other partitions); None when the output
+    holds none. Raises `KeysNotSeparable` when a file cannot be rewritten alone: it holds rows of
+    a partition not recomputed by key (another hour, one the pass recomputes whole)."""
     mine = keyed(plans)
     uri = ctx.layout.sink_uri(spec)
     if not mine or not is_delta_table(uri):
@@ -149,15 +150,19 @@ def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
                                        if f.time_range is None or f.time_range.overlaps(p.interval)})
                                or [p.partition for p in mine])
     inside = in_keys_sql(spec, mine, EVENT_TS)
-    names = {r[_FILE] for r in rows(files, file_name=_FILE).where(inside).select(_FILE).distinct().collect()}
+    # exact partitions, not the files' statistics: those are widened to the millisecond, so a file
+    # whose last row is in the hour's last millisecond would seem to reach into the next hour
+    ids = ", ".join(str(partition_id(p.partition, spec.granularity)) for p in mine)
+    found = rows(files, file_name=_FILE).groupBy(_FILE).agg(
+        F.max(F.expr(f"CASE WHEN coalesce({inside}, false) THEN 1 ELSE 0 END")).alias("keys"),
+        F.max(F.expr(f"CASE WHEN {PART} IN ({ids}) THEN 0 ELSE 1 END")).alias("outside")).where("keys = 1").collect()
+    names = {r[_FILE]: bool(r["outside"]) for r in found}
     touched = [f for f in files if _name(f) in names]
     if len(touched) < len(names):  # a name the output's files do not have: the keys' rows cannot be told apart
         raise KeysNotSeparable([p.partition for p in mine])
     if not touched:
         return None
-    bad = [f for f in touched if f.time_range is None
-           or not any(f.time_range.start >= p.start and f.time_range.end <= p.end for p in parts)
-           or any(f.time_range.overlaps(w) for w in whole)]
+    bad = [f for f in touched if names[_name(f)]]
     if bad:
         raise KeysNotSeparable([p.partition for p in mine if any(f.time_range is None or f.time_range.overlaps(p.interval)
                                                                  for f in bad)] or [p.partition for p in mine])
