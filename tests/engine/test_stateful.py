@@ -18,6 +18,7 @@ EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_EXAMPLES", "200"))
 STEPS = int(os.environ.get("LAMINAR_STATEFUL_STEPS", "10"))
 
 
+@pytest.mark.timeout(1800)  # 200 histories take 12 minutes beside the other process's tests: twice that bounds it
 def test_random_histories_keep_every_invariant(spark):
     LakeMachine.spark = spark
     run_state_machine_as_test(LakeMachine, settings=settings(
