@@ -31,9 +31,9 @@ class EngineOptions:
     # latency either way, and a stable reason is worth more than a few kilobytes read.
     refill_min_bytes: int = 16 * 1024 * 1024
     # Recompute the windows deletes and updates touch up front (reason EXTREME_RETRACTED) when at least
-    # this share of them is expected to lose a min/max/first/last (estimated from the rows changed,
-    # the partition's rows and its groups; see planner._extremes_up_front); otherwise merge first and
-    # recompute only the windows that did. None: always merge first.
+    # this share of their groups is expected to lose a min/max/first/last (estimated from the rows
+    # changed, the partition's rows and its groups; see planner._extremes_up_front); otherwise merge
+    # first and recompute only the groups that did. None: always merge first.
     extreme_refill_share: float | None = 0.5
     # A delete or update that an aggregate cannot retract (count_distinct, top_k, sketches) recomputes
     # only the groups it touches (one Spark job finds them first), unless they are at least this share

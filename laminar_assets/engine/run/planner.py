@@ -40,8 +40,8 @@ class PlannerInput:
     refill_ratio: float | None = None
     refill_min_bytes: int = 0  # smaller partitions are never refilled for cost (job latency dominates)
     # Rows of the partition's committed state (its groups) and of its snapshot rows (estimated from
-    # file statistics), and the share of the touched windows that, expected to lose an extreme,
-    # makes recomputing them up front cheaper than merging first; None: always merge first.
+    # file statistics), and the share of the touched windows' groups that, expected to lose an
+    # extreme, makes recomputing the windows up front cheaper than merging first; None: always merge first.
     state_groups: int | None = None
     partition_rows: int | None = None
     extreme_refill_share: float | None = None
@@ -146,12 +146,14 @@ def _escalate_windows(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
 
 def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
     """EXTREME_RETRACTED up front: refill the windows deletes and updates touch when at least
-    `extreme_refill_share` of them are expected to lose a min/max/first/last anyway.
+    `extreme_refill_share` of their groups are expected to lose a min/max/first/last anyway.
 
     A retracted row holds its group's extreme with probability ~1/(the group's rows), so with a
-    share s of the partition's rows retracted and k extreme aggregates, ~k x s x (groups) groups
-    lose one. Spread over W touched windows, a share 1 - exp(-losses / W) of them is expected to be
-    recomputed after the merge: then merging first only adds a pass."""
+    share s of the partition's rows retracted and k extreme aggregates, ~k x s x (groups) extremes
+    are lost. Spread over the g groups of the touched windows (the partition's groups spread evenly
+    over its windows), a share 1 - exp(-losses / g) of them is expected to be recomputed after the
+    merge, each alone: recomputing the windows whole is the better deal only when that share is
+    large (the same comparison as `group_refill_share` for distinct counts)."""
     k, share = inp.spec.held_extremes, inp.extreme_refill_share
     if not k or share is None or not inp.state_groups or not inp.partition_rows:
         return plan
@@ -173,18 +175,20 @@ def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
     if changed <= 0:
         return plan
     slide = inp.spec.shape.slide
-    touched = max(1, sum(-(-(w.end - w.start) // slide) for w in coalesce(windows)))
+    in_part = max(1, -(-(plan.interval.end - plan.interval.start) // slide))
+    touched = min(in_part, max(1, sum(-(-(w.end - w.start) // slide) for w in coalesce(windows))))
+    groups = max(1.0, inp.state_groups * touched / in_part)
     losses = k * inp.state_groups * min(1.0, changed / inp.partition_rows)
-    expected = 1 - math.exp(-losses / touched)
+    expected = 1 - math.exp(-losses / groups)
     if expected < share:
         return plan
     refill = _plan(replace(inp, retract_extremes=False))
     if refill.reason is not Reason.NON_APPEND_ON_NON_RETRACTABLE:
         return refill  # e.g. a bounded run's snapshot expired: that reason
     detail = (f"~{int(changed):,} of ~{inp.partition_rows:,} rows deleted or updated, {k} extreme aggregate(s) over "
-              f"{inp.state_groups:,} group(s): ~{losses:.1f} group(s) expected to lose their extreme, in ~{expected:.0%} "
-              f"of the {touched} touched window(s) (>= extreme_refill_share {share:.0%}): recomputing them up "
-              "front instead of after a merge")
+              f"{inp.state_groups:,} group(s): ~{losses:.1f} extreme(s) expected to be lost, in ~{expected:.0%} of the "
+              f"~{groups:.0f} group(s) of the {touched} touched window(s) (>= extreme_refill_share {share:.0%}): "
+              "recomputing the windows up front instead of their groups after a merge")
     return replace(refill, reason=Reason.EXTREME_RETRACTED, detail=detail)
 
 

@@ -93,17 +93,19 @@ HIGHS = FlowSpec(name="e", source="src", event_time="ts", window=Tumbling("10m")
 
 
 @pytest.mark.parametrize("changed_rows, groups, expected", [
-    (1, 60, Mode.INCREMENTAL),  # 2 x 1/600 x 60 = 0.2 groups expected to lose an extreme in 1 window: 18%
-    (6, 60, Mode.REFILL),  # 1.2 groups: 70% of the window
-    (60, 6, Mode.REFILL),  # a tenth of the rows, 6 groups: 1.2 again
-    (6, 6, Mode.INCREMENTAL),  # 0.12
+    # 2 extremes x changed/600 rows x 60 groups lost, over the 10 groups of the 1 touched window (of 6)
+    (1, 60, Mode.INCREMENTAL),  # 0.2 extremes lost: 2% of the window's groups
+    (6, 60, Mode.INCREMENTAL),  # 1.2: 11%, recomputed alone after the merge
+    (60, 60, Mode.REFILL),  # 12: 70%
+    (60, 6, Mode.REFILL),  # a tenth of the rows, 6 groups (1 per window): 1.2 over 1 group, 70%
+    (6, 6, Mode.INCREMENTAL),  # 0.12: 11%
 ])
-def test_extremes_are_recomputed_up_front_when_most_touched_windows_would_lose_one(changed_rows, groups, expected):
+def test_extremes_are_recomputed_up_front_when_most_touched_groups_would_lose_one(changed_rows, groups, expected):
     hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22, rows=changed_rows)))
     p = plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600, extreme_refill_share=0.5)
     assert p.mode is expected
     if expected is Mode.REFILL:
-        assert p.reason is Reason.EXTREME_RETRACTED and "expected to lose their extreme" in p.detail
+        assert p.reason is Reason.EXTREME_RETRACTED and "expected to be lost" in p.detail
         assert p.refill == (Interval(at(20), at(30)),) and p.incremental_versions == {"src": ()}
     else:
         assert p.reason is Reason.RETRACTABLE_CHANGES
@@ -160,9 +162,9 @@ def test_a_delete_whose_rows_the_flow_leaves_out_recomputes_nothing():
 
 
 def test_an_update_counts_half_of_its_change_rows_as_retracted():
-    # 12 change rows of an UPDATE: 6 pre-images retracted; 2 x 60 x 6/600 = 1.2 expected losses (70%)
-    # would refill; as a DELETE of 12 rows, 2.4 (91%)
-    cdc = (file(21, 22, rows=12),)
+    # 120 change rows of an UPDATE: 60 pre-images retracted; 2 x 60 x 60/600 = 12 expected losses
+    # over the touched window's 10 groups (70%) merge first; as a DELETE of 120 rows, 24 (91%) refill
+    cdc = (file(21, 22, rows=120),)
     update = history(CommitSummary(4, T0, "UPDATE", CommitKind.CHANGE_DATA, cdc=cdc))
     p = plan(HIGHS, mark(HIGHS), update, state_groups=60, partition_rows=600, extreme_refill_share=0.8)
     assert p.mode is Mode.INCREMENTAL
