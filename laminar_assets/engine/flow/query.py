@@ -26,8 +26,8 @@ from ..run.context import RunContext
 from ..run.fact_joins import join_facts
 from ..run.inputs import RunInputs
 from ..run.plan import PartitionPlan
-from ..run.reading import PART, ReadSet, rows_query
-from ..run.row_prep import frame_query, group_values_sql, keep_sql, prepare_query, refilled_groups_sql
+from ..run.reading import PART, ReadSet, group_values_sql, rows_query
+from ..run.row_prep import frame_query, keep_sql, prepare_query, refilled_groups_sql
 from ..spark import stable_sql
 from ..spark.query import Query, union_all
 from ..spark.stable_sql import bigint

@@ -54,6 +54,7 @@ class FileGroup:
     snapshot: bool  # the files are in the pinned snapshot the refills read
     change_data: bool = False
     read_version: int | None = None  # version recorded with the rows (the snapshot's, for snapshot files)
+    only: str | None = None  # SQL over the source's columns that every row of use meets, read as a scan filter
 
 
 @dataclass
@@ -119,8 +120,10 @@ def read_set(spec, plans: list[PartitionPlan], inputs: RunInputs) -> ReadSet:
         for uri, f in snap.items():
             if uri not in shared:
                 by_role.setdefault((None, True, False), []).append(f)
+        only = _snapshot_only_rows(spec, plans, inputs.infos[src].schema, whole) if probe is not None else None
         for (v, in_snap, cdc), files in sorted(by_role.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1:])):
-            out.groups.append(FileGroup(src, tuple(files), v, in_snap, cdc, v if v is not None else snap_version))
+            out.groups.append(FileGroup(src, tuple(files), v, in_snap, cdc, v if v is not None else snap_version,
+                                        only=only if v is None else None))
         for plan in plans:
             mine = [f for f in [*delta.values(), *(f for u, f in snap.items() if u not in shared)]
                     if f.time_range is None or f.time_range.overlaps(plan.needed)]
@@ -139,6 +142,40 @@ def _key_probe(spec, plans: list[PartitionPlan]) -> KeyProbe | None:
     if not keyed or not spec.key_columns or any(not p.group_keys for p in keyed) or set(spec.key_columns) & made:
         return None
     return KeyProbe(v for p in keyed for v in p.group_keys)
+
+
+def group_values_sql(spec, plans: list[PartitionPlan]) -> str | None:
+    """`k1 IN (...) AND k2 IN (...)` over the key values of the groups `plans` recompute alone, when
+    every such plan names them (`group_keys`). Files whose statistics hold none of a column's values
+    are not read (`file_ranges.KeyProbe`, the same column-by-column test), so a row must pass this
+    to be one of those groups: a group whose hash collides with a changed one's stays an ordinary
+    group, not one whose rows the skipped files hide. None when a plan names no values."""
+    mine = [p for p in plans if p.refill_groups]
+    if not mine or any(not p.group_keys for p in mine) or not spec.key_columns:
+        return None
+    columns = zip(*dict.fromkeys(v for p in mine for v in p.group_keys))
+    return " AND ".join(f"{q(c)} IN ({', '.join(_literal(v) for v in dict.fromkeys(vals))})"
+                        for c, vals in zip(spec.key_columns, columns))
+
+
+def _snapshot_only_rows(spec, plans: list[PartitionPlan], schema: pa.Schema, whole: list[Interval]) -> str | None:
+    """What a row of a snapshot file no commit of the run reads must meet to count: its event time
+    in a window refilled whole, or its keys those of a group recomputed alone (see `keep_sql`: such
+    a row counts for nothing else). As the scan's filter, Parquet skips the row groups whose
+    statistics hold neither, and no later step sees the other rows. None when the event times of
+    whole refills cannot be told from the raw column (derived, or not a UTC timestamp)."""
+    keys = group_values_sql(spec, plans)
+    if keys is None:
+        return None
+    if not whole:
+        return keys
+    if not _raw_utc_event_time(spec, schema):
+        return None
+    return f"({in_ranges_sql(spec.event_time, whole)} OR ({keys}))"
+
+
+def _literal(value: int | str) -> str:
+    return sql_string(value) if isinstance(value, str) else str(int(value))
 
 
 def change_markers(spec, plans: list[PartitionPlan], inputs: RunInputs) -> list[PartitionPlan]:
@@ -176,7 +213,7 @@ def scans(reads: ReadSet) -> list[tuple[FileGroup, ...]]:
     out: list[tuple[FileGroup, ...]] = []
     plain: dict[str, list[FileGroup]] = {}
     for g in reads.groups:
-        if g.change_data or any(f.needs_row_positions for f in g.files):
+        if g.change_data or g.only is not None or any(f.needs_row_positions for f in g.files):
             out.append((g,))
         else:
             plain.setdefault(g.source, []).append(g)
@@ -220,6 +257,8 @@ def rows_query(spark: SparkSession, spec, reads: ReadSet, inputs: RunInputs) -> 
         in_range = _event_range_filter(spec, info.schema, reads.needed, sum(f.size for f in files))
         if in_range is not None:
             conds.append(in_range)
+        if g.only is not None:
+            conds.append(g.only)
         if by_name:  # each row's role looked up by its file name
             part = part.add_columns([(_ROLE, _role_by_file(scan))])
             role = [f"{_ROLE}.d", f"{_ROLE}.s", f"{_ROLE}.v"]
@@ -273,14 +312,19 @@ def _event_range_filter(spec, schema: pa.Schema, needed: list[Interval], size: i
     """`ts in needed` on the raw event-time column when it is a UTC timestamp (rows without one
     belong to the sweep); None when the column is derived or not a timestamp. Scans of `size` bytes
     from `PUSHDOWN_MIN_BYTES` on get the form Parquet pushes down to its row groups."""
-    if spec.event_time not in schema.names or spec.event_time in dict(spec.derived) or not needed:
-        return None
-    typ = schema.field(spec.event_time).type
-    if not (pa.types.is_timestamp(typ) and typ.tz is not None):
+    if not needed or not _raw_utc_event_time(spec, schema):
         return None
     if size >= PUSHDOWN_MIN_BYTES:
         return in_ranges_sql(spec.event_time, needed)
     return stable_sql.in_ranges_sql(spec.event_time, needed, spec.granularity)
+
+
+def _raw_utc_event_time(spec, schema: pa.Schema) -> bool:
+    """The event time is a source column (not derived) holding UTC timestamps."""
+    if spec.event_time not in schema.names or spec.event_time in dict(spec.derived):
+        return False
+    typ = schema.field(spec.event_time).type
+    return pa.types.is_timestamp(typ) and typ.tz is not None
 
 
 def with_partition(df: DataFrame, spec, at: str) -> DataFrame:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ..aggregates.base import EVENT_TS, SIGN, q, sql_string, user_sql
+from ..aggregates.base import EVENT_TS, SIGN, sql_string, user_sql
 from ..quarantine import records as qr
 from ..quarantine.records import ROW, RULE, VERSION
 from ..spark import stable_sql
@@ -107,20 +107,6 @@ def refilled_groups_sql(spec, plans: list[PartitionPlan], at: str, group_hash: s
     return f"({inside} AND coalesce({group_hash} IN ({', '.join(f'{h}L' for h in hashes)}), false){also})"
 
 
-def group_values_sql(spec, plans: list[PartitionPlan]) -> str | None:
-    """`k1 IN (...) AND k2 IN (...)` over the key values of the groups `plans` recompute alone, when
-    every such plan names them (`group_keys`). Files whose statistics hold none of a column's values
-    are not read (`file_ranges.KeyProbe`, the same column-by-column test), so a row must pass this
-    to be one of those groups: a group whose hash collides with a changed one's stays an ordinary
-    group, not one whose rows the skipped files hide. None when a plan names no values."""
-    mine = [p for p in plans if p.refill_groups]
-    if not mine or any(not p.group_keys for p in mine) or not spec.key_columns:
-        return None
-    columns = zip(*dict.fromkeys(v for p in mine for v in p.group_keys))
-    return " AND ".join(f"{q(c)} IN ({', '.join(_literal(v) for v in dict.fromkeys(vals))})"
-                        for c, vals in zip(spec.key_columns, columns))
-
-
 def key_values(rows) -> tuple[tuple, ...]:
     """Collected key tuples as `PartitionPlan.group_keys`: empty when one holds a NULL or a type
     other than int or string (statistics of other types do not compare like Python values)."""
@@ -128,7 +114,3 @@ def key_values(rows) -> tuple[tuple, ...]:
     if not all(isinstance(v, int | str) and not isinstance(v, bool) for t in values for v in t):
         return ()
     return values
-
-
-def _literal(value: int | str) -> str:
-    return sql_string(value) if isinstance(value, str) else str(int(value))

@@ -26,8 +26,8 @@ from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
 from ..run.plan import Mode, PartitionPlan
-from ..run.reading import PART, read_set, rows_query
-from ..run.row_prep import group_values_sql, keep_sql, prepare_query
+from ..run.reading import PART, group_values_sql, read_set, rows_query
+from ..run.row_prep import keep_sql, prepare_query
 from ..spark.frames import interpreted, named, observe
 from ..spark.read import read_source
 from ..spark.stable_sql import bigint

@@ -26,8 +26,8 @@ from ..quarantine import records as qr
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
 from ..run.plan import ChangedGroups, PartitionPlan
-from ..run.reading import PART, change_markers, read_set, rows_query, with_partition
-from ..run.row_prep import group_values_sql, keep_sql, key_values, prepare_query, refilled_groups_sql
+from ..run.reading import PART, change_markers, group_values_sql, read_set, rows_query, with_partition
+from ..run.row_prep import keep_sql, key_values, prepare_query, refilled_groups_sql
 from ..spark.read import read_source
 from ..spec.specs import StageSpec
 from ..windows import partition_id, partition_id_sql, partition_interval

@@ -104,7 +104,7 @@ def _bounds(rows: list[tuple]) -> tuple:
 @given(files=st.lists(st.lists(_keys, min_size=1, max_size=6), min_size=1, max_size=6),
        values=st.lists(_keys, min_size=1, max_size=5))
 def test_a_probe_never_skips_a_file_holding_a_row_the_key_test_accepts(files, values):
-    """A row passes `c1 IN (...) AND c2 IN (...)` (`row_prep.group_values_sql`): its file must be kept."""
+    """A row passes `c1 IN (...) AND c2 IN (...)` (`reading.group_values_sql`): its file must be kept."""
     probe = KeyProbe(values)
     for rows in files:
         member = any(all(r[i] in {v[i] for v in values} for i in range(2)) for r in rows)

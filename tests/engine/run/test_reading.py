@@ -91,3 +91,66 @@ def test_roles_of_one_group_scans_and_beside_a_data_column_named_metadata(spark,
     assert roles([FileGroup("trades", (files[0],), None, True, read_version=1),
                   FileGroup("trades", (files[1],), 1, False, read_version=1)]) == [
         ("a", "first", None, True, 1), ("b", "second", 1, False, 1)]
+
+
+def _scan_output_rows(df) -> list[int]:
+    """Rows each Parquet scan of `df`'s last execution put out: with Parquet's row-group filter, the
+    rows of the row groups it did not skip (Spark's SQL metric `numOutputRows` of the file scans)."""
+    plan = df._jdf.queryExecution().executedPlan()
+    if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+        plan = plan.finalPhysicalPlan()
+    leaves = plan.collectLeaves()
+    out = []
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        if "Scan" in leaf.getClass().getSimpleName():
+            out.append(int(leaf.metrics().apply("numOutputRows").value()))
+    return out
+
+
+@pytest.mark.spark
+def test_a_key_refill_reads_only_the_row_groups_that_may_hold_its_keys(spark, lake):
+    """One file, its rows sorted by symbol into row groups of 10: a refill of symbol 'c''s groups
+    alone reads its snapshot-only rows through a scan filter on the key that Parquet pushes down to
+    its row groups, so only c's row group is decoded, and no later step sees the other symbols."""
+    from datetime import UTC, datetime, timedelta
+
+    from deltalake import WriterProperties, write_deltalake
+
+    from laminar_assets import storage
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from laminar_assets.engine.run.plan import Mode, PartitionPlan, Reason
+    from laminar_assets.engine.run.reading import read_set
+    from laminar_assets.engine.windows import Interval
+    from tests.conftest import trades_frame
+
+    rows = sorted(((f"2024-01-01 00:{5 * i:02d}:00", sym, 1.0, i) for sym in "abcd" for i in range(10)),
+                  key=lambda t: (t[1], t[0]))
+    write_deltalake(lake.path("trades"), trades_frame(rows), storage_options=storage.delta_options(lake.path("trades")),
+                    writer_properties=WriterProperties(max_row_group_size=10))
+    info = table_info("trades", lake.path("trades"))
+    hour = Interval(datetime(2024, 1, 1, tzinfo=UTC), datetime(2024, 1, 1, 1, tzinfo=UTC))
+    plan = PartitionPlan(flow=FLOW.name, partition="2024-01-01-00:00", interval=hour, needed=hour, mode=Mode.REFILL,
+                         reason=Reason.NON_APPEND_ON_NON_RETRACTABLE, detail="", spec_hash=FLOW.spec_hash,
+                         from_versions={"trades": 0}, to_versions={"trades": 0}, refill_groups=(1,),
+                         group_windows=(Interval(hour.start, hour.start + timedelta(minutes=10)),),
+                         group_keys=(("c",),))
+    inputs = RunInputs(infos={"trades": info}, histories={"trades": SimpleNamespace(commits=[])}, dims={},
+                       input_schema={})
+    reads = read_set(FLOW, [plan], inputs)
+    [group] = reads.groups
+    assert len(group.files) == 1 and group.version is None and group.only == "`sym` IN ('c')"
+    df = read_rows(spark, FLOW, reads, inputs)
+    assert sorted(r["sym"] for r in df.collect()) == ["c"] * 10
+    assert _scan_output_rows(df) == [10], "c's row group of the file's 4"
+    # with a window refilled whole beside them, its rows are of use too: every row group may hold some
+    plan = replace(plan, refill=(Interval(hour.start + timedelta(minutes=20), hour.start + timedelta(minutes=30)),))
+    [group] = read_set(FLOW, [plan], inputs).groups
+    assert group.only == ("(((`ts` >= TIMESTAMP'2024-01-01 00:20:00.000000+00:00' AND "
+                          "`ts` < TIMESTAMP'2024-01-01 00:30:00.000000+00:00')) OR (`sym` IN ('c')))")
+    got = read_rows(spark, FLOW, ReadSet(groups=[group]), inputs).collect()
+    assert sorted((r["sym"], r["ts"].minute) for r in got if r["sym"] != "c") == [
+        (s, m) for s in "abd" for m in (20, 25)]
+    assert sum(r["sym"] == "c" for r in got) == 10
