@@ -52,9 +52,10 @@ ui: class-archive $(DAGSTER_HOME)/dagster.yaml
 # Two test processes (pytest-xdist), each with its own Spark session; a file's tests stay in one
 # process, so its fixtures are built once. The deployment tests mostly wait on servers they start,
 # so two processes on 2 cores take about half the time of one. TEST_WORKERS=0 runs in one process.
+# Files go out in collection order, which tests/conftest.py starts with the slowest ones.
 TEST_WORKERS ?= 2
 test: class-archive chromium test-jars
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # s3proxy, a local S3 server with honest conditional writes, for the tests that race two writers.
 test-jars: install
@@ -83,7 +84,7 @@ lint: install
 	$(BIN)/ruff check laminar_assets bench tests
 
 test-fast: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not spark"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark"
 
 # Benchmark (bench/README.md): incremental vs refill vs full recompute vs Structured Streaming,
 # scaling with table size, end-to-end freshness. Reports numbers; fails only on wrong answers.

@@ -18,6 +18,28 @@ from laminar_assets.resources import LaminarResource, SparkResource
 
 TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
 
+# The test files that take longest (seconds in CI, see "slowest files" at the end of a run), longest
+# first. `make test` hands whole files to two processes in collection order, so these go first: a
+# ten-minute file started last would leave one process idle while the other finishes it.
+SLOWEST_FILES = (
+    "tests/engine/test_stateful.py",
+    "tests/deploy/test_cluster.py",
+    "tests/deploy/test_daemon_e2e.py",
+    "tests/engine/delta/test_delta_spark_producers.py",
+    "tests/engine/test_stateful_s3.py",
+    "tests/engine/test_stateful_stages.py",
+    "tests/deploy/test_connect.py",
+    "tests/deploy/test_class_archive_writer.py",
+    "tests/orchestration/test_component.py",
+    "tests/engine/delta/test_delta_spark_consumers.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 _seconds_by_file: dict[str, float] = defaultdict(float)
 
 
