@@ -113,14 +113,13 @@ def test_a_key_refill_reads_only_the_row_groups_that_may_hold_its_keys(spark, la
     """One file, its rows sorted by symbol into row groups of 10: a refill of symbol 'c''s groups
     alone reads its snapshot-only rows through a scan filter on the key that Parquet pushes down to
     its row groups, so only c's row group is decoded, and no later step sees the other symbols."""
+    from dataclasses import replace
     from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
 
     from deltalake import WriterProperties, write_deltalake
 
     from laminar_assets import storage
-    from dataclasses import replace
-    from types import SimpleNamespace
-
     from laminar_assets.engine.run.plan import Mode, PartitionPlan, Reason
     from laminar_assets.engine.run.reading import read_set
     from laminar_assets.engine.windows import Interval
