@@ -581,6 +581,37 @@ def test_a_key_refill_reads_only_the_files_that_may_hold_its_keys(spark, lake, k
     assert _cdf(lake, "norm", lake.table("norm").version()) == [("delete", 45, 55.0), ("insert", 45, 99.0)]
 
 
+def test_a_partition_in_one_output_file_is_rewritten_by_key_without_searching_its_files(spark, lake, monkeypatch):
+    """One output file inside the hour is the only one that may hold the keys' rows: the refill
+    reads it once, with no Spark job to find it. A changed key the output does not hold (its row
+    appended and updated since the last run) leaves the file in place."""
+    from laminar_assets.engine.stage import keys as stage_keys
+
+    key_engine = Engine(spark, lake.root, options=EngineOptions(key_refill_min_bytes=0))  # the driver writes one file
+    lake.create("raw", frame=_trades(1, 10))
+    lake.create("symbols", frame=symbols([("AAA", "tech"), ("BBB", "energy")]))
+    key_engine.run(STAGE, PART)
+    assert len(_files(lake, "norm")) == 1
+    searched: list[bool] = []
+    real = stage_keys.read_source
+    monkeypatch.setattr(stage_keys, "read_source", lambda spark_, files, *a, **kw: (
+        searched.append("file_name" in kw), real(spark_, files, *a, **kw))[1])
+    version = lake.table("norm").version()
+    lake.update("raw", {"px": "99.0"}, "trade_id = 3")
+    r = key_engine.run(STAGE, PART)
+    assert (r.metrics["refilled_keys"], r.metrics["rows_deleted"], r.metrics["rows_inserted"]) == (1, 1, 1)
+    assert searched == [False], "the one file is read once, for its rows, not searched"
+    assert _cdf(lake, "norm", version + 1) == [("delete", 3, 13.0), ("insert", 3, 99.0)]
+    assert_stage(lake)
+    before = _files(lake, "norm")
+    lake.append("raw", frame=raw([(12, "2024-01-01 00:40:00", "BBB", 7.0, 1)]))
+    lake.update("raw", {"px": "8.0"}, "trade_id = 12")  # a key the output does not hold yet
+    r = key_engine.run(STAGE, PART)
+    assert (r.metrics.get("refilled_keys"), r.metrics["rows_deleted"], r.metrics["rows_inserted"]) == (1, 0, 1), r.detail
+    assert before < _files(lake, "norm"), "a file holding none of the keys stays; the new row is appended"
+    assert_stage(lake)
+
+
 def test_a_row_in_the_hours_last_millisecond_does_not_stop_a_key_refill(spark, lake, key_engine):
     """File statistics round a maximum up to the millisecond: 00:59:59.9995 reads as 01:00:00. The
     file still holds only this hour's rows, so its keys are recomputed alone (not the partition)."""

@@ -28,6 +28,7 @@ from ..run.inputs import RunInputs
 from ..run.plan import ChangedGroups, PartitionPlan
 from ..run.reading import PART, change_markers, group_values_sql, read_set, rows_query, with_partition
 from ..run.row_prep import keep_sql, key_values, prepare_query, refilled_groups_sql
+from ..spark.frames import interpreted
 from ..spark.read import read_source
 from ..spec.specs import StageSpec
 from ..windows import partition_id, partition_id_sql, partition_interval
@@ -71,13 +72,17 @@ def changed_keys(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], i
     not reach the driver). One Spark job over their change rows only. Both sides of an update count: a
     row moved to another partition names its key in both."""
     markers = change_markers(spec, plans, inputs)
-    rows = prepare_query(spec, rows_query(ctx.spark, spec, read_set(spec, markers, inputs), inputs), inputs)
+    reads = read_set(spec, markers, inputs)
+    rows = prepare_query(spec, rows_query(ctx.spark, spec, reads, inputs), inputs)
     rows = rows.where(qr.assigned_sql(spec)).add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
     rows = rows.where(keep_sql(spec, markers, EVENT_TS))
+    if reads.total_bytes < ctx.options.single_task_below_bytes:  # one task: both aggregations without a shuffle
+        rows = rows.select(["*"], hint="COALESCE(1)")
     key, cols = key_hash_sql(spec), [q(c) for c in spec.dedup_key]
     pairs = rows.select([PART, f"struct({key}, {', '.join(cols)}) AS __key"], group=[PART, key, *cols])
-    found = pairs.select([PART, "count(*) AS n", f"CASE WHEN count(*) <= {int(most)} THEN collect_list(__key) END AS keys"],
-                         group=[PART]).run(ctx.spark).collect()
+    with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see stage/job.py
+        found = pairs.select([PART, "count(*) AS n", f"CASE WHEN count(*) <= {int(most)} THEN collect_list(__key) END AS keys"],
+                             group=[PART]).run(ctx.spark).collect()
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
     out = {p.partition: ChangedGroups(0, (), ()) for p in plans}
     for row in found:
@@ -121,7 +126,8 @@ class TouchedRows:
 
 def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> TouchedRows | None:
     """The output rows of the keys the plans recompute alone, and the files holding them (one Spark
-    job finds the files, and whether each holds rows of other partitions); None when the output
+    job finds the files, and whether each holds rows of other partitions, unless the statistics
+    leave one file per partition inside it: `_one_file_each`); None when the output
     holds none. Raises `KeysNotSeparable` when a file cannot be rewritten alone: it holds rows of
     a partition not recomputed by key (another hour, one the pass recomputes whole)."""
     mine = keyed(plans)
@@ -150,6 +156,9 @@ def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -
                                        if f.time_range is None or f.time_range.overlaps(p.interval)})
                                or [p.partition for p in mine])
     inside = in_keys_sql(spec, mine, EVENT_TS)
+    if _one_file_each(files, mine):  # no search: that file is the only one that may hold its keys' rows
+        both = rows(files)
+        return TouchedRows(files, both.where(inside), both.where(f"NOT coalesce({inside}, false)"))
     # exact partitions, not the files' statistics: those are widened to the millisecond, so a file
     # whose last row is in the hour's last millisecond would seem to reach into the next hour
     ids = ", ".join(str(partition_id(p.partition, spec.granularity)) for p in mine)
@@ -168,6 +177,19 @@ def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -
                                                                  for f in bad)] or [p.partition for p in mine])
     both = rows(touched)
     return TouchedRows(touched, both.where(inside), both.where(f"NOT coalesce({inside}, false)"))
+
+
+def _one_file_each(files: list[DataFile], plans: list[PartitionPlan]) -> bool:
+    """Whether each partition refilled by key has at most one file that may hold its keys' rows, and
+    every such file lies inside one of those partitions by its statistics (no NULL event time, no
+    reach into a neighbour, which the millisecond widening of a row in an hour's last millisecond
+    also counts as). Then the files are known without a Spark job: one that turns out to hold none
+    of the keys is written again unchanged, its rows in no change data."""
+    for f in files:
+        if f.time_range is None or f.time_nulls != 0 or not any(
+                p.interval.start <= f.time_range.start and f.time_range.end <= p.interval.end for p in plans):
+            return False
+    return all(sum(f.time_range.overlaps(p.interval) for f in files) <= 1 for p in plans)
 
 
 def _name(f: DataFile) -> str:
