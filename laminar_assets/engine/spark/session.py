@@ -92,6 +92,11 @@ def session_conf(options: SparkOptions) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "false",
         # A run names its files explicitly: list them in the driver, not in a Spark job per read.
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+        # With delta-spark (`laminar sql` on delta.`path`, a user's OPTIMIZE or VACUUM): a table's
+        # snapshot state in as many tasks as a shuffle, not Delta's 50, and VACUUM's file listing
+        # likewise, not 10,000 tasks. Each task generates its code: 20 rows took 80 s to VACUUM.
+        "spark.databricks.delta.snapshotPartitions": str(options.shuffle_partitions),
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(options.shuffle_partitions),
         # PySpark's DataFrame debugging records each API call's Python call site in the JVM: five
         # Py4J round trips per call, a third of all of them in a run (Laminar names its own errors).
         "spark.python.sql.dataFrameDebugging.enabled": "false",
