@@ -23,15 +23,19 @@ TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
 # ten-minute file started last would leave one process idle while the other finishes it.
 SLOWEST_FILES = (
     "tests/engine/test_stateful.py",
-    "tests/deploy/test_cluster.py",
     "tests/deploy/test_daemon_e2e.py",
-    "tests/engine/delta/test_delta_spark_producers.py",
+    "tests/deploy/test_cluster.py",
+    "tests/engine/test_crash_safety.py",
+    "tests/engine/test_differential.py",
     "tests/engine/test_stateful_s3.py",
-    "tests/engine/test_stateful_stages.py",
-    "tests/deploy/test_connect.py",
+    "tests/engine/delta/test_delta_spark_producers.py",
+    "tests/engine/aggregates/test_aggregates.py",
+    "tests/cli/test_cli.py",
     "tests/deploy/test_class_archive_writer.py",
+    "tests/engine/test_stateful_stages.py",
+    "tests/engine/test_stages.py",
     "tests/orchestration/test_component.py",
-    "tests/engine/delta/test_delta_spark_consumers.py",
+    "tests/deploy/test_connect.py",
 )
 
 
