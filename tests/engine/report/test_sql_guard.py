@@ -190,6 +190,9 @@ def test_a_syntax_error_is_sparks_own_line_with_positions_as_typed(spark, how):
     assert "(line 2, pos 27)" in message and "\n" not in message, message
 
 
+PROBE = "laminar.guard.probe"
+
+
 @pytest.mark.parametrize("how", ["local", "remote"])
 def test_refused_statements_change_nothing_even_when_explained(spark, how, table):
     """EXPLAIN (how a Connect session parses) plans a statement without running it: the table keeps
@@ -199,11 +202,13 @@ def test_refused_statements_change_nothing_even_when_explained(spark, how, table
                       f"WITH a AS (SELECT 9 AS a) INSERT OVERWRITE DIRECTORY '{table}' USING parquet SELECT * FROM a",
                       f"EXPLAIN INSERT INTO delta.`{table}` SELECT 9", f"EXPLAIN DELETE FROM delta.`{table}`",
                       f"/* /* */ RESTORE TABLE delta.`{table}` TO VERSION AS OF 0 -- */ SELECT 1",
-                      "SET spark.sql.shuffle.partitions = 77", "SELECT java_method/**/('java.lang.System', "
-                      "'setProperty', 'laminar.guard.probe', 'x')"):
+                      "SET spark.sql.shuffle.partitions = 77",
+                      f"SELECT java_method/**/('java.lang.System', 'setProperty', '{PROBE}', 'x')",
+                      f"VALUES (java_method/**/('java.lang.System', 'setProperty', '{PROBE}', 'x'))"):  # parse-time VALUES
         with pytest.raises(LaminarError, match="reads only"):
             check_read_only(session(spark, how), statement)
     assert files_under(table) == files and DeltaTable(table).version() == 1
+    assert spark._jvm.java.lang.System.getProperty(PROBE) is None
     assert spark.conf.get("spark.sql.shuffle.partitions") != "77"
     assert spark.conf.get("spark.sql.debug.maxToStringFields") == "25"  # the guard's own setting is undone
 
