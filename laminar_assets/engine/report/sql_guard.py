@@ -56,6 +56,7 @@ SHOW_DESCRIBE = frozenset({
 # What SHOW and DESCRIBE name (not read yet: the statement resolves them when it runs).
 REFERENCES = frozenset({"UnresolvedTableOrView", "UnresolvedTable", "UnresolvedNamespace", "CurrentNamespace$",
                         "UnresolvedFunctionName", "UnresolvedProcedure"})
+_BELOW_ROOT = QUERY_NODES | REFERENCES
 # Statements that only plan or analyze another statement, never run it: that one is judged in turn.
 _TRIVIA = r"(?:\s|--[^\n]*|/\*.*?\*/)*"
 WRAPPERS = {
@@ -110,6 +111,7 @@ _DELTA_DESCRIBE = re.compile(r"\s*DESC(?:RIBE)?\s+(?:HISTORY|DETAIL)\s+(?:\w+|`[
 
 
 def refuse(found: str) -> LaminarError:
+    """The one-line error for a statement `laminar sql` does not run, naming what it found."""
     return LaminarError(f"`laminar sql` reads only: it runs {ALLOWED}; found {found} (nothing ran)")
 
 
@@ -130,7 +132,7 @@ def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda li
     if remote:
         first = first_word(text)
         if first not in STARTS:
-            raise refuse(_unparsed(text, first))
+            raise refuse(_unparsed(first))
         if _DELTA_DESCRIBE.fullmatch(text):
             return  # delta-spark's DESCRIBE HISTORY/DETAIL: it reads the table's log
     try:
@@ -140,7 +142,7 @@ def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda li
         if first in STARTS and _several(text):
             raise refuse("several statements") from None
         if first not in STARTS:
-            raise refuse(_unparsed(text, first)) from None
+            raise refuse(_unparsed(first)) from None
         raise LaminarError(shown(spark_error_line(exc, lines_before=1 if remote else 0))) from None
     judge(spark, text, tree, shown=shown)
 
@@ -159,7 +161,7 @@ def judge(spark, text: str, tree: str, *, shown: Callable[[str], str]) -> None:
     if root not in QUERY_NODES | SHOW_DESCRIBE:
         raise refuse(_kind(root))
     for line in lines[1:]:
-        if (node := _CHILD.match(line)) and node.group(1) not in QUERY_NODES | REFERENCES:
+        if (node := _CHILD.match(line)) and node.group(1) not in _BELOW_ROOT:
             raise refuse(_kind(node.group(1)))  # (a string literal's own lines rarely look like nodes)
     if _DYNAMIC_CALL in tree:
         raise refuse("a function named by IDENTIFIER(<expression>)")
@@ -233,7 +235,7 @@ def _several(text: str) -> bool:
     return "SEMICOLON" in kinds
 
 
-def _unparsed(text: str, first: str) -> str:
+def _unparsed(first: str) -> str:
     """What a statement Spark's grammar does not parse (here) is, by its first word: e.g. "RESTORE ..."."""
     return "nothing" if first == "nothing" else f"{first} ..."
 
