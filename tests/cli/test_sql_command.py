@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -12,6 +15,7 @@ from laminar_assets.demo.generator import BatchOptions, write_batch
 from laminar_assets.engine import Engine
 from laminar_assets.engine.report.overview import topology
 from laminar_assets.engine.windows import partition_key
+from laminar_assets.errors import LaminarError
 from tests.cli.test_cli import SPECS, invoke, run_cli
 
 pytestmark = pytest.mark.spark
@@ -101,3 +105,48 @@ def test_unknown_table_and_syntax_error_are_one_line(lake, tmp_path):
     line = one_error_line(proc)
     assert line.startswith("error: query failed: [PARSE_SYNTAX_ERROR]") and "end of input" in line, line
     assert not proc.stdout.strip()
+
+
+def files_under(path) -> dict[str, int]:
+    """Every file under `path` (relative name -> size): what a refused statement must leave as it was."""
+    return {os.path.relpath(os.path.join(d, f), path): os.path.getsize(os.path.join(d, f))
+            for d, _, names in os.walk(path) for f in names}
+
+
+# Statements a probe ran through `laminar sql` with exit code 0 before its guard judged statements by
+# Spark's own parse: sqlglot could not parse them, and a deny-list let what it could not parse through.
+DAMAGING = {
+    "insert_overwrite_directory": ("FROM symbols INSERT OVERWRITE DIRECTORY '{lake}/symbols' USING parquet "
+                                   "SELECT * WHERE false", "symbols", "INSERT OVERWRITE DIRECTORY"),
+    "restore": ("RESTORE TABLE delta.`{lake}/vwap_1m` TO VERSION AS OF 0", "vwap_1m", "RESTORE"),
+    "reorg_purge": ("REORG TABLE delta.`{lake}/vwap_1m` APPLY (PURGE)", "vwap_1m", "REORG"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGING))
+def test_a_statement_that_writes_is_refused_before_anything_runs(lake, tmp_path, case):
+    statement, table, kind = DAMAGING[case]
+    before, version = files_under(f"{lake}/{table}"), DeltaTable(f"{lake}/{table}").version()
+    with pytest.raises(LaminarError) as info:
+        invoke("--root", lake, "sql", statement.format(lake=lake), home=tmp_path / "dh")
+    message = str(info.value)
+    assert f"found {kind}" in message and "reads only" in message and "\n" not in message, message
+    assert os.path.isdir(f"{lake}/{table}/_delta_log")
+    assert files_under(f"{lake}/{table}") == before and DeltaTable(f"{lake}/{table}").version() == version
+
+
+def test_convert_to_delta_is_refused_and_the_folder_stays_plain_parquet(lake, tmp_path):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": [1, 2]}), folder / "part-0.parquet")
+    with pytest.raises(LaminarError, match="found CONVERT TO DELTA"):
+        invoke("--root", lake, "sql", f"CONVERT TO DELTA parquet.`{folder}`", home=tmp_path / "dh")
+    assert os.listdir(folder) == ["part-0.parquet"]  # no _delta_log: not turned into a Delta table
+
+
+def test_java_method_is_refused_before_the_jvm_runs_it(lake, tmp_path, spark):
+    probe = "laminar.sql.probe"
+    with pytest.raises(LaminarError, match="java_method"):
+        invoke("--root", lake, "sql", f"SELECT java_method('java.lang.System', 'setProperty', '{probe}', 'x')",
+               home=tmp_path / "dh")
+    assert spark._jvm.java.lang.System.getProperty(probe) is None

@@ -48,11 +48,10 @@ from ..spark.read import read_source
 from ..spark.session import delta_available
 from .flow_stats import outcome_rows, summarize
 from .overview import topology
+from .sql_guard import FILE_FORMATS, check_read_only, check_text, refuse_name, spark_error_line
 
 SYSTEM = "laminar_system"
 HISTORY = 1000  # commits read per sink table for `laminar_system.runs` (the most recent ones)
-_WRITES = {"CREATE", "INSERT", "DROP", "ALTER", "DELETE", "UPDATE", "MERGE", "TRUNCATE", "SET", "RESET", "CACHE",
-           "UNCACHE", "REFRESH", "ADD", "LOAD", "USE", "REPLACE", "MSCK", "ANALYZE", "CLEAR", "DECLARE", "BEGIN"}
 
 
 def _fields(*spec: tuple[str, object]) -> StructType:
@@ -176,10 +175,11 @@ def _view(name: str) -> str:
 
 def references(query: str) -> tuple[set[str] | None, set[str], str]:
     """What `query` names: (tables, candidates, rewritten query). `tables`: the tables sqlglot's parse
-    finds (lower case, CTE names left out, system tables as `laminar_system.x`), None when sqlglot cannot
-    parse the query; then Spark judges the syntax and `candidates` (every identifier in it) says which
-    tables to register. The rewritten query has each `laminar_system.x` replaced by its view name.
-    A statement that is not one query (DDL, DML, several statements) is a LaminarError."""
+    of a query (SELECT, WITH, VALUES, DESCRIBE) finds (lower case, CTE names left out, system tables as
+    `laminar_system.x`); None for any other statement or when sqlglot cannot parse it: then
+    `candidates` (every identifier in it) says which tables to register. The rewritten query has each
+    `laminar_system.x` replaced by its view name. Whether the statement may run at all is
+    `sql_guard`'s judgement, on Spark's own parse: sqlglot's only finds the names."""
     import sqlglot
     from sqlglot import exp
     from sqlglot.errors import SqlglotError
@@ -199,17 +199,12 @@ def references(query: str) -> tuple[set[str] | None, set[str], str]:
             start, end = tok.start, tokens[i + 2].end + 1  # same length: Spark's positions stay right
             text[start:end] = list(_view(name).ljust(end - start))
     rewritten = "".join(text)
-    what = "`laminar sql` runs one query (SELECT, WITH, VALUES, DESCRIBE)"
     try:
         trees = [t for t in sqlglot.parse(query, read="spark") if t is not None]
     except SqlglotError:
-        first = next((t.text.upper() for t in tokens if t.token_type.name != "L_PAREN"), "")
-        if first in _WRITES or any(t.token_type.name == "SEMICOLON" for t in tokens[:-1]):
-            raise LaminarError(f"{what}; found {first} ...") from None
         return None, candidates, rewritten
     if len(trees) != 1 or not isinstance(trees[0], (exp.Query, exp.Values, exp.Describe)):
-        found = "several statements" if len(trees) > 1 else f"{(query.split() or ['nothing'])[0].upper()} ..."
-        raise LaminarError(f"{what}; found {found}")
+        return None, candidates, rewritten  # not one query: sql_guard names what it is
     ctes = {c.alias_or_name.lower() for c in trees[0].find_all(exp.CTE)}
     tables = {".".join(p for p in (t.catalog, t.db, t.name) if p).lower() for t in trees[0].find_all(exp.Table)
               if t.name and (t.db or t.catalog or t.name.lower() not in ctes)}
@@ -254,7 +249,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
     """Run one Spark SQL query over the lake and return at most `limit` rows (the driver collects no
     more). `session` may be a function that builds one: it is called only after the query's tables were
     found (an unknown table fails without starting Spark). An unknown table, and Spark's parse, analysis
-    and runtime errors, are one-line LaminarErrors."""
+    and runtime errors, are one-line LaminarErrors. Only a statement that reads runs (`sql_guard`: judged by
+    Spark's own parse before any table is registered); anything else is refused, and nothing runs."""
     data = lake_tables(root, specs)
     system = {f"{SYSTEM}.dag_topology": lambda: dag_topology(spark, specs),
               f"{SYSTEM}.partitions": lambda: partitions(spark, root, specs),
@@ -264,12 +260,21 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
     known = sorted(data) + sorted(system)
     if (history := _HISTORY.fullmatch(query)) and history.group(1).lower() in data:
         query = f"DESCRIBE HISTORY delta.`{spark_path(data[history.group(1).lower()])}`"
+    check_text(query)  # a refused function by its name: no need to start Spark to refuse it
     tables, candidates, sql = references(query)
     by_path = {name for name in tables or () if name.startswith("delta.")}  # delta.`<path>`: Spark's Delta reads it
     for name in sorted((tables or set()) - by_path):
+        if name.split(".", 1)[0] in FILE_FORMATS and "." in name:
+            raise refuse_name(name.split(".", 1))  # e.g. parquet.`/path`
         if name not in data and name not in system:
             raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
     spark = session if hasattr(session, "sql") else session()  # a session (local or Connect), or its factory
+    try:
+        check_read_only(spark, sql, shown=lambda line: _shown(line, known))
+    except LaminarError:
+        raise
+    except Exception as exc:  # Spark's errors while parsing, local (Py4J) or over Spark Connect (gRPC)
+        raise LaminarError(_one_line(exc, known)) from exc
     if (by_path or query.lstrip().upper().startswith("DESCRIBE HISTORY")) and not delta_available(spark):
         raise LaminarError("the query reads a Delta table by path (delta.`...`) or its history, which needs "
                            "delta-spark in the Spark session: install its jars (`make install`, or python -m "
@@ -310,9 +315,11 @@ def _utc(value, kind):
 
 def _one_line(exc: Exception, known: list[str]) -> str:
     """Spark's message, first line only (no plan, no JVM trace), with view names shown as typed."""
-    java = getattr(exc, "java_exception", None)  # a Py4JJavaError Spark did not convert
-    text = str(java.toString()) if java is not None else str(exc)
-    line = next((x.strip() for x in text.splitlines() if x.strip()), type(exc).__name__).rstrip(";")
+    return _shown(spark_error_line(exc), known)
+
+
+def _shown(line: str, known: list[str]) -> str:
+    """A line of Spark's message as `laminar sql` shows it: view names as typed, the known tables."""
     line = re.sub(rf"`?{SYSTEM}_(\w+)`?", rf"{SYSTEM}.\1", line)
     if "TABLE_OR_VIEW_NOT_FOUND" in line:
         line += f" Known tables: {', '.join(known)}."
