@@ -81,3 +81,23 @@ def test_rows_outside_the_contract_bounds_search_nothing(tmp_path, bounded):
     plan = plan_tick(part, root, CheckpointStore(root), Cursor(), lambda *_: set(), set(),
                      LaminarSettings(partitions_start="2000-01-01", future_horizon="400d"), NOW)
     assert plan.dirty["f"] == ("2026-12-01-14:00", "2026-12-01-15:00", "2026-12-01-16:00", "2026-12-01-17:00")
+
+
+def test_a_source_whose_checkpoint_is_gone_fails_the_tick_naming_table_version_and_file(tmp_path):
+    """The tick opened sources with `deltalake` directly: its error named no table."""
+    import glob
+    import os
+
+    from deltalake import DeltaTable
+
+    from laminar_assets.engine import SourceError
+
+    root = str(tmp_path)
+    write(root, NOW)
+    write(root, NOW, mode="append")
+    DeltaTable(f"{root}/trades").create_checkpoint()
+    [checkpoint] = glob.glob(f"{root}/trades/_delta_log/*.checkpoint.parquet")
+    os.remove(checkpoint)
+    with pytest.raises(SourceError, match="whose file is missing") as info:
+        tick(root)
+    assert info.value.facts == {"table": "trades", "version": 1, "file": checkpoint}
