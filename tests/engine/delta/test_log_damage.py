@@ -60,6 +60,6 @@ def test_a_missing_checkpoint_names_table_version_and_file(lake, source):
     lake.table("trades").create_checkpoint()
     [checkpoint] = glob.glob(os.path.join(source, "_delta_log", "*.checkpoint.parquet"))
     os.remove(checkpoint)
-    with pytest.raises(SourceError, match="its _last_checkpoint names the checkpoint of version 2, whose file is missing") as info:
+    with pytest.raises(SourceError, match="_last_checkpoint names the checkpoint of version 2, whose file is missing") as info:
         table_info("trades", source)
     one_line_naming(info.value, 2, checkpoint)
