@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from laminar_assets.engine import parse_duration
 
+FUTURE_HORIZON = timedelta(days=1)  # the default of `future_horizon`
 _RELATIVE = re.compile(r"^today(?:\s*-\s*(\d+)\s*days?)?$")
 
 
@@ -40,7 +41,7 @@ class LaminarSettings(BaseModel):
     partitions_start: datetime = Field(default=datetime(2024, 1, 1, tzinfo=UTC), description=(
         "First partition of every flow that sets no `start` of its own: an ISO date, or 'today - N days' "
         "(resolved when the definitions load; older partitions then leave the catalog, their data stays)."))
-    future_horizon: timedelta = Field(default=timedelta(days=1), description=(
+    future_horizon: timedelta = Field(default=FUTURE_HORIZON, description=(
         "How far past now a partition may start (a duration: '6h', '1d'). The sensor searches changed rows for dirty "
         "partitions from the flow's first partition to now + this, so a row dated 9999 costs nothing; runs refuse later "
         "partitions, and a run's sweep quarantines rows later than that as event_time_outside_partitions."))

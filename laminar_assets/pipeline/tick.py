@@ -31,7 +31,7 @@ from laminar_assets.engine import FlowSpec, Interval, LaminarError, later, parti
 from laminar_assets.engine.delta import is_delta_table, open_table, resolve_uri
 from laminar_assets.engine.report import beyond, dirty_partitions, new_commits, reach, touches
 from laminar_assets.pipeline.graph import Component, Spec, inputs_of
-from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.pipeline.settings import FUTURE_HORIZON, LaminarSettings
 
 # (producer spec, its partitions a consumer reads) -> those whose blocking check failed
 FailedCheck = Callable[[Spec, set[str]], set[str]]
@@ -129,7 +129,7 @@ def searched(spec: Spec, settings: LaminarSettings | None, now: datetime) -> Int
     `partitions_start`; without settings, the first Laminar can name) to the one holding now +
     `future_horizon`."""
     first = spec.start or (settings.partitions_start if settings is not None else None)
-    horizon = settings.future_horizon if settings is not None else LaminarSettings.model_fields["future_horizon"].default
+    horizon = settings.future_horizon if settings is not None else FUTURE_HORIZON
     return partition_span(first, later(now, horizon), spec.granularity)
 
 
