@@ -171,9 +171,9 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
                 continue
             if changes is not None:
                 found |= set(dirty_partitions(spec, changes, span))
-                outside = beyond(spec, changes, span)
-                if outside is not None:
-                    notes.append(_outside_note(spec, table, outside, span))
+                earliest, latest = beyond(spec, changes, span)
+                if earliest or latest:
+                    notes.append(_outside_note(spec, table, span, earliest, latest))
                 if changes.unknown_range:
                     found |= set(store.partitions(spec.name))
         for dim in spec.dimension_tables:
@@ -194,12 +194,14 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
     return TickPlan(dirty=dirty, held=held, cursor=Cursor(versions=versions, held=held, ids=ids), notes=tuple(notes))
 
 
-def _outside_note(spec: Spec, table: str, outside: Interval, span: Interval) -> str:
+def _outside_note(spec: Spec, table: str, span: Interval, earliest: datetime | None, latest: datetime | None) -> str:
     def at(t: datetime) -> str:
-        return f"{t:%Y-%m-%d %H:%M}"
-    return (f"{spec.name}: new commits of '{table}' reach partitions from {at(outside.start)} to {at(outside.end)}, "
-            f"outside those searched ({at(span.start)} to {at(span.end)}: the first partition to now + future_horizon); "
-            "they are not searched. A run's sweep quarantines rows later than the horizon (event_time_outside_partitions)")
+        return t.isoformat(" ", "minutes")[:16]  # four-digit years also before 1000 (strftime writes '1-01-01')
+    extremes = "; ".join(text for text in (earliest and f"as early as {at(earliest)}", latest and f"as late as {at(latest)}")
+                         if text)
+    return (f"{spec.name}: new commits of '{table}' hold event times outside the partitions searched ({at(span.start)} to "
+            f"{at(span.end)}: its first partition to now + future_horizon), {extremes}; no partition there is searched. "
+            "A run's sweep quarantines rows after the horizon (event_time_outside_partitions)")
 
 
 def _blocked(component: Component, spec: Spec, keys: set[str], failed: FailedCheck, blocking: set[str]) -> set[str]:

@@ -68,7 +68,9 @@ def test_a_row_far_outside_the_partitions_costs_no_more_than_the_partitions(tmp_
         assert keys[0] == "2026-11-30-00:00" and keys[-1] == "2026-12-01-16:00" and len(keys) == 41
     assert sum(bounded) <= 2 * MOST_KEYS
     [note] = plan.notes
-    assert "outside those searched (2026-11-30 00:00 to 2026-12-01 23:00" in note and "event_time_outside_partitions" in note
+    assert "f: new commits of 'trades' hold event times outside the partitions searched (2026-11-30 00:00 to " \
+           "2026-12-01 23:00: its first partition to now + future_horizon), " in note
+    assert f"as {'late' if bad > NOW else 'early'} as {bad.isoformat(' ', 'minutes')[:16]}" in note
 
 
 def test_rows_outside_the_contract_bounds_search_nothing(tmp_path, bounded):

@@ -4,7 +4,7 @@ commits (from Delta file statistics) and what the planner would do for a partiti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 
@@ -12,7 +12,7 @@ from ..delta.tables import CommitSummary, read_commit, resolve_uri, snapshot_fil
 from ..run.plan import Mode, PartitionPlan
 from ..run.planner import PlannerInput, plan_partition
 from ..spec.specs import Spec
-from ..windows import PARTITION_SPAN, Interval, coalesce, partition_interval, partitions_overlapping
+from ..windows import PARTITION_SPAN, Interval, coalesce, later, partition_interval, partitions_overlapping
 
 
 def reach(spec: Spec, events: Interval, within: Interval | None = None) -> list[str]:
@@ -101,18 +101,22 @@ def touches(spec: Spec, changes: NewCommits, key: str) -> bool:
     return any((times := output_times(spec, r)) is not None and times.overlaps(part) for r in changes.ranges)
 
 
-def beyond(spec: Spec, changes: NewCommits, within: Interval) -> Interval | None:
-    """The hull of where the changes land outside `within` (None: nowhere): partitions a search inside
-    `within` does not look at."""
-    lo = hi = None
+def beyond(spec: Spec, changes: NewCommits, within: Interval) -> tuple[datetime | None, datetime | None]:
+    """(the earliest, the latest) event time of the changes' ranges that the partitions `within` (a
+    `windows.partition_span`) cannot hold, before them and after them (None: none). Rows outside the
+    spec's bounds are left out: they are quarantined as out of bounds, wherever they are."""
+    held = Interval(within.start, later(within.end, spec.events_needed(Interval(within.end, within.end)).end - within.end))
+    earliest = latest = None
     for r in changes.ranges:
-        t = output_times(spec, r)
-        if t is None:
-            continue
-        for start, end in ((t.start, min(t.end, within.start)), (max(t.start, within.end), t.end)):
-            if start < end:
-                lo, hi = min(lo or start, start), max(hi or end, end)
-    return Interval(lo, hi) if lo is not None else None
+        if spec.bounds is not None:
+            r = r.intersect(spec.bounds)
+            if r is None:
+                continue
+        if r.start < held.start:
+            earliest = min(earliest or r.start, r.start)
+        if r.end > held.end:
+            latest = max(latest or r.end, r.end)
+    return earliest, latest
 
 
 def inspect_partition(root: str, spec: Spec, partition: str,
