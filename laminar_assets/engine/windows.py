@@ -265,15 +265,16 @@ def partition_span(first: datetime | None, until: datetime, granularity: Granula
                     partition_interval(partition_key(hi, granularity), granularity).end)
 
 
-def partitions_overlapping(events: Interval, granularity: Granularity) -> list[str]:
-    """Keys of every partition overlapping `events`, in time order. One key per partition: callers
-    bound `events` (e.g. to a `partition_span`) when a range comes from data."""
+def partitions_overlapping(events: Interval, granularity: Granularity, *, limit: int | None = None) -> list[str]:
+    """Keys of every partition overlapping `events` (the first `limit` of them), in time order. One key
+    per partition: callers bound `events` (e.g. to a `partition_span`) or `limit` when a range comes
+    from data."""
     step = _micros(granularity.step)
     first = to_micros(events.start) - to_micros(events.start) % step
     keys = []
     cursor = first
     end = to_micros(events.end)
-    while cursor < end:
+    while cursor < end and (limit is None or len(keys) < limit):
         keys.append(from_micros(cursor).strftime(granularity.key_format))
         cursor += step
     return keys
