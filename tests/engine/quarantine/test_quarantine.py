@@ -218,15 +218,16 @@ def test_the_sweep_reads_change_data_only_when_its_footers_allow_a_missing_event
 
 
 def test_rows_no_offered_partition_holds_are_quarantined_by_the_sweep(spark, lake):
-    """A row dated 9999 (after now + future_horizon), one before the flow's `start` and one before the
-    years partitions can name: no run will ever aggregate them, so the sweep records them instead of
-    leaving them unseen; the partition's own rows are aggregated as before."""
+    """A row dated 9999 (after now + future_horizon), one before the flow's `start` and one in year 1
+    (before the years partitions can name): no run will ever aggregate them, so the sweep records them
+    instead of leaving them unseen; the partition's own rows are aggregated as before."""
     from datetime import UTC, datetime
 
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    times = [datetime(2024, 1, 1, 0, 1), datetime(9999, 12, 30, 12), datetime(2023, 12, 31, 23, 59), datetime(500, 1, 1)]
+    times = [datetime(2024, 1, 1, 0, 1), datetime(9999, 12, 31, 23, 59, 59, 999999), datetime(2023, 12, 31, 23, 59),
+             datetime(1, 1, 1)]  # one file: its statistics span from year 1 to the last representable instant
     rows = pa.table({"ts": pa.array([t.replace(tzinfo=UTC) for t in times], pa.timestamp("us", tz="UTC")),
                      "sym": ["a"] * 4, "px": [1.0, 2.0, 3.0, 4.0], "qty": [1, 1, 1, 1]})
     write_deltalake(lake.path("trades"), rows)
