@@ -98,11 +98,11 @@ def hour(hours_ago: int, minute: str = "00") -> str:
 
 @pytest.mark.parametrize("span,problem", [
     (lambda: f"{hour(1)}...{hour(3)}", "ends before it starts: expected the earlier partition first"),
-    (lambda: f"{hour(3, '30')}...{hour(1)}", f"(the start of an hour, like '{hour(3)}')"),
+    (lambda: f"{hour(3, '30')}...{hour(1)}", "(the start of an hour, like '"),
     (lambda: f"{hour(3)}...9999-12-31-23:00", "partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '9999-12-31-23:00'"),
     (lambda: f"0001-01-01-00:00...{hour(1)}", "partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '0001-01-01-00:00'"),
     (lambda: f"2024-01-02-09:00...{hour(1)}", "2024-01-02-09:00 of 'vwap_1m' is before its first partition"),
-])
+], ids=["reversed", "half_past", "year_9999", "year_1", "before_start"])
 def test_a_bad_refill_range_fails_before_dagster_or_spark_start(tmp_path, monkeypatch, span, problem):
     """Reversed ends failed with IndexError after Spark had started; a start at 16:30 refilled only 17:00
     while echoing 16:30; 9999-12-31-23:00 raised OverflowError. Now each is an error naming the flow,
