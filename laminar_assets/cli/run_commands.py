@@ -108,7 +108,6 @@ def refill(
     import dagster as dg
 
     from laminar_assets.checkpoints import CheckpointStore
-    from laminar_assets.engine import partition_interval
     from laminar_assets.orchestration.assets import FORCE_TAG
     from laminar_assets.orchestration.internals.in_process import execute_request, failure_message
     from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
@@ -120,16 +119,12 @@ def refill(
         if "..." not in partition_range:
             raise LaminarError(f"--partition-range must look like A...B, found {partition_range!r}", flow=flow)
         start, end = partition_range.split("...", 1)
+        _check_range(spec, start, end)  # before Dagster and Spark start: nothing is run for a range it would not run
     else:
         done = CheckpointStore(c.root).partitions(flow)
         if not done:
             raise LaminarError(f"'{flow}' has no materialized partitions; pass --partition-range A...B", flow=flow)
         start, end = done[0], done[-1]
-    for key in (start, end):
-        try:
-            partition_interval(key, spec.granularity)
-        except ValueError as exc:
-            raise LaminarError(f"bad partition in --partition-range: {exc}", flow=flow) from None
     request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
                             tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
     with console.status(lit(f"refilling {flow} {start}...{end}")):
@@ -140,6 +135,23 @@ def refill(
     mats = outcome.asset_materializations_for_node(flow)
     console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
                   f"(run {outcome.run_id})", markup=False)
+
+
+def _check_range(spec, start: str, end: str) -> None:
+    """Both ends are partitions of the flow's asset (a partition key on a boundary: '16:00', not '16:30';
+    from its first partition to now + future_horizon), first to last; else an error naming flow and key."""
+    from laminar_assets.engine import checked_keys
+    from laminar_assets.pipeline.settings import load_settings
+
+    settings = load_settings()
+    for key in (start, end):
+        try:
+            checked_keys(spec, [key], first=spec.start or settings.partitions_start, future_horizon=settings.future_horizon)
+        except LaminarError as exc:
+            raise LaminarError(f"bad partition in --partition-range: {exc.message}", **exc.facts) from None
+    if end < start:  # fixed-width UTC keys: text order is time order
+        raise LaminarError(f"--partition-range {start}...{end} ends before it starts: expected the earlier partition "
+                           f"first ({end}...{start})", flow=spec.name)
 
 
 @app.command()

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from deltalake.exceptions import DeltaError
 from py4j.protocol import Py4JError
@@ -48,7 +49,7 @@ from .spark.session import use_object_store
 from .spec.specs import FlowSpec, RefreshPolicy, Spec
 from .stage import job as stage_job
 from .stage import keys as stage_keys
-from .windows import partition_interval
+from .windows import EPOCH, Interval, check_partition, later
 
 log = logging.getLogger(__name__)
 
@@ -359,15 +360,7 @@ class Engine:
         return checked_source(self.ctx.spark, spec, info, dims)
 
     def _keys(self, spec: Spec, partitions: list[str]) -> list[str]:
-        keys = list(dict.fromkeys(partitions))
-        if not keys:
-            raise LaminarError(f"no partitions given for '{spec.name}'", flow=spec.name)
-        for k in keys:
-            try:
-                partition_interval(k, spec.granularity)
-            except ValueError as exc:
-                raise LaminarError(f"bad partition key for '{spec.name}': {exc}", flow=spec.name) from None
-        return keys
+        return checked_keys(spec, partitions, future_horizon=self.ctx.options.future_horizon)
 
     def integrity(self, spec: Spec) -> list[integrity.TableIntegrity]:
         """Whether every file the latest snapshot of each table Laminar writes for `spec` names exists
@@ -397,6 +390,42 @@ class Engine:
         df, size = sink_read.sink_frame(self.ctx, spec, [partition])
         with interpreted(self.spark, size < self.ctx.options.interpreted_below_bytes):
             return df.orderBy(sink_read.time_column(spec)).limit(limit).toPandas()
+
+
+def checked_keys(spec: Spec, partitions: list[str], *, first: datetime | None = None,
+                 future_horizon: timedelta | None = EngineOptions.future_horizon) -> list[str]:
+    """The partitions, once each, after checking every key before anything is read or written. A key
+    that is not a partition of the spec's partitioning (an hourly key ending in ':30'), that its windows'
+    arithmetic cannot hold (year 9999), before `first` (default: the spec's `start`) or starting after now
+    + `future_horizon` is refused with an error naming the spec and the key: a run of it would leave the
+    watermark of a partition no orchestrator offers."""
+    keys = list(dict.fromkeys(partitions))
+    if not keys:
+        raise LaminarError(f"no partitions given for '{spec.name}'", flow=spec.name)
+    first = first or spec.start
+    reach = _window_reach(spec)
+    until = later(datetime.now(UTC), future_horizon) if future_horizon is not None else None
+    for k in keys:
+        try:
+            part = check_partition(k, spec.granularity, reach)
+        except ValueError as exc:
+            raise LaminarError(f"bad partition key for '{spec.name}': {exc}; nothing was run", flow=spec.name,
+                               partition=k) from None
+        if first is not None and part.start < first:
+            raise LaminarError(f"partition {k} of '{spec.name}' is before its first partition ({first:%Y-%m-%d %H:%M} "
+                               "UTC); nothing was run: choose a later one, or set the start earlier", flow=spec.name,
+                               partition=k)
+        if until is not None and part.start > until:
+            raise LaminarError(f"partition {k} of '{spec.name}' starts more than {future_horizon} after now (after "
+                               f"{until:%Y-%m-%d %H:%M} UTC: future_horizon); nothing was run", flow=spec.name, partition=k)
+    return keys
+
+
+def _window_reach(spec: Spec) -> timedelta:
+    """How far the spec's windows reach beyond a partition: the event times it reads after the
+    partition's end, the window starts before its start (a hopping flow's; zero for a stage)."""
+    part = Interval(EPOCH, EPOCH + spec.granularity.step)
+    return max(spec.events_needed(part).end - part.end, part.start - spec.output_times_of(part).start)
 
 
 def _by_target(plans: dict[str, PartitionPlan], keys: list[str]) -> list[list[str]]:

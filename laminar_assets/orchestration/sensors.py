@@ -134,7 +134,8 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
                                  "what lands meanwhile")
         cursor = parse_cursor(context.cursor)
         plan = plan_tick(component, laminar.resolved_root(), laminar.checkpoints(), cursor,
-                         lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking)
+                         lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking,
+                         settings)
         for note in plan.notes:
             context.log.info(note)
         by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}

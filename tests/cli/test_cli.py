@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from typer.testing import CliRunner
@@ -78,18 +78,47 @@ def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
 
     lake, home = tmp_path / "lake", tmp_path / "dh"
     lake.mkdir()  # a storage root without tables: the flow's source is missing
-    proc = run_cli("--root", str(lake), "refill", "vwap_1m", "--partition-range",
-                   "2024-01-02-09:00...2024-01-02-10:00", home=home)
+    span = "...".join(f"{datetime.now(UTC) - timedelta(hours=h):%Y-%m-%d-%H}:00" for h in (2, 1))  # inside the asset's partitions
+    proc = run_cli("--root", str(lake), "refill", "vwap_1m", "--partition-range", span, home=home)
     assert proc.returncode == 1
     line = one_error_line(proc)
     assert "STEP_FAILURE" not in proc.stderr + proc.stdout and "Stack Trace" not in proc.stderr + proc.stdout
-    assert "vwap_1m" in line and "2024-01-02-09:00...2024-01-02-10:00" in line, line
+    assert "vwap_1m" in line and span in line, line
     assert "source table 'normalized_trades' does not exist" in line and "[table=normalized_trades]" in line, line
     assert "dagster._core" not in line and "Failure:" not in line, line
     with dg.DagsterInstance.from_config(str(home)) as instance:
         [run] = instance.get_runs()
         events = instance.all_logs(run.run_id)
     assert any(e.dagster_event and e.dagster_event.is_step_failure for e in events)
+
+
+def hour(hours_ago: int, minute: str = "00") -> str:
+    return f"{datetime.now(UTC) - timedelta(hours=hours_ago):%Y-%m-%d-%H}:{minute}"
+
+
+@pytest.mark.parametrize("span,problem", [
+    (lambda: f"{hour(1)}...{hour(3)}", "ends before it starts: expected the earlier partition first"),
+    (lambda: f"{hour(3, '30')}...{hour(1)}", "(the start of an hour, like '"),
+    (lambda: f"{hour(3)}...9999-12-31-23:00", "partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '9999-12-31-23:00'"),
+    (lambda: f"0001-01-01-00:00...{hour(1)}", "partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '0001-01-01-00:00'"),
+    (lambda: f"2024-01-02-09:00...{hour(1)}", "2024-01-02-09:00 of 'vwap_1m' is before its first partition"),
+], ids=["reversed", "half_past", "year_9999", "year_1", "before_start"])
+def test_a_bad_refill_range_fails_before_dagster_or_spark_start(tmp_path, monkeypatch, span, problem):
+    """Reversed ends failed with IndexError after Spark had started; a start at 16:30 refilled only 17:00
+    while echoing 16:30; 9999-12-31-23:00 raised OverflowError. Now each is an error naming the flow,
+    raised before any run (the only way to Dagster and Spark here) begins."""
+    from laminar_assets.errors import LaminarError
+    from laminar_assets.orchestration.internals import in_process
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a Dagster run (and its Spark session) was started")
+
+    monkeypatch.setattr(in_process, "execute_request", no_run)
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    with pytest.raises(LaminarError) as info:
+        invoke("--root", str(lake), "refill", "vwap_1m", "--partition-range", span(), home=tmp_path / "dh")
+    assert problem in info.value.message and info.value.facts["flow"] == "vwap_1m", info.value
 
 
 def test_failure_message_of_an_unexpected_exception_is_its_own_first_line():

@@ -32,6 +32,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     DataFile,
     commit_summary,
     file_exists,
+    log_damage,
     missing_files,
     read_commit,
     read_log_entry,
@@ -163,8 +164,12 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
             "create it or fix the flow's source", table=name, version=version,
         ) from exc
     except (DeltaError, OSError, ValueError) as exc:  # e.g. a version whose log entry is gone
+        damage = log_damage(name, uri, version)  # deltalake's error names neither the version nor the file
+        if damage is not None:
+            raise damage from exc
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # not its backtrace
         raise SourceNotFoundError(
-            f"cannot open Delta table '{name}' at {uri}: {exc}", table=name, version=version,
+            f"cannot open Delta table '{name}' at {uri}: {first_line}", table=name, version=version,
         ) from exc
 
 

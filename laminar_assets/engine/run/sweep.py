@@ -1,4 +1,4 @@
-"""The quarantine sweep: rows no partition owns (no usable or an out-of-bounds event time).
+"""The quarantine sweep: rows no partition owns (no usable, an out-of-bounds, or an event time outside the partitions).
 
 A row with a usable event time is quarantined by the run of its partition. A row
 without one belongs to no partition, so each flow's *sweep* records it: once per
@@ -26,6 +26,7 @@ from ..delta.tables import TableInfo, snapshot_files, source_history, table_info
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..spark.read import CHANGE_TYPE, read_source
+from ..windows import Interval
 from .context import RunContext
 from .fact_joins import without_joins
 from .plan import PartitionPlan, Reason
@@ -51,18 +52,19 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
     counts: dict[str, int] = {}
     sources: dict[str, str] = {}
     reason: Reason | None = None
+    offered = qr.offered_events(spec, ctx.options.future_horizon)  # rows outside: event_time_outside_partitions
     try:
         done = ctx.store.load_sweep(spec.name, spec.spec_hash)
         for src, target in todo.items():
             if done.get(src, -1) >= target:
                 continue
             latest = (opened or {}).get(src) or table_info(src, ctx.layout.table_uri(src))
-            frame, size, swept, how, why = _unswept(ctx, spec, latest, done.get(src), target)
+            frame, size, swept, how, why = _unswept(ctx, spec, latest, done.get(src), target, offered)
             sources[src] = how
             reason = reason or why
             if frame is not None:
-                rows = prepare(spec, without_joins(spec, frame)).where(~qr.assigned(spec))
-                rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec)))
+                rows = prepare(spec, without_joins(spec, frame)).where(qr.swept(spec, offered))
+                rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec, offered)))
                 rows = rows.withColumn(PARTITION_KEY, F.lit(None).cast("string"))
                 new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
                                 uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
@@ -76,19 +78,20 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
     return SweepResult(counts, sources, reason)
 
 
-def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None,
-             target: int) -> tuple[DataFrame | None, int, int, str, Reason | None]:
-    """Rows of a source added after version `done` up to `target` that may lack a usable event time,
-    the bytes of the files they come from, the version swept up to, how, and why a snapshot was read.
-    `latest`: the source at its latest version, swept whole when the commits cannot be read."""
+def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None, target: int,
+             offered: Interval) -> tuple[DataFrame | None, int, int, str, Reason | None]:
+    """Rows of a source added after version `done` up to `target` that may lack a usable event time
+    (or have one outside the bounds or `offered`), the bytes of the files they come from, the version
+    swept up to, how, and why a snapshot was read. `latest`: the source at its latest version, swept
+    whole when the commits cannot be read."""
     src, uri = latest.name, latest.uri
     provable = temporal(latest.schema, spec.event_time)
-    bounds = spec.bounds
+    inside = offered.intersect(spec.bounds) if spec.bounds is not None else offered
 
     def may_hold(f: DataFile) -> bool:
         if not provable or f.time_nulls is None or f.time_nulls > 0 or f.time_range is None:
             return True
-        return bounds is not None and not (bounds.start <= f.time_range.start and f.time_range.end <= bounds.end)
+        return inside is None or not (inside.start <= f.time_range.start and f.time_range.end <= inside.end)
 
     def tagged(df: DataFrame, version) -> DataFrame:
         return (df.withColumn(SRC, F.lit(src)).withColumn(DVER, F.lit(None).cast("long"))

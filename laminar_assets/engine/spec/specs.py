@@ -36,7 +36,7 @@ from .problems import catalog_problem, expression_problem, flow_problem, joins_p
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Rules the engine always applies; a row breaking one is quarantined under this name.
-BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "key_missing", "unmatched")
+BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "event_time_outside_partitions", "key_missing", "unmatched")
 RESERVED_COLUMNS = ("window_start", "window_end")
 
 # Bumped when the layout or meaning of a flow's state changes: part of every flow's hash, so an
