@@ -158,10 +158,14 @@ def _run_command() -> int:
     debug = "--debug" in sys.argv
     warnings.filterwarnings("ignore", message=r".*is currently in (beta|preview).*")
     try:
-        # Outside standalone mode typer returns, not raises, the code of a `typer.Exit(code)` a command raised
-        # (commands themselves return None): that code is the exit code.
+        # Outside standalone mode typer returns, not raises, the code of a `typer.Exit(code)` a command raised, and
+        # 130 for an interrupt it caught (commands themselves return None): that code is the exit code.
         code = app(standalone_mode=False)
-        return code if isinstance(code, int) and not isinstance(code, bool) else 0
+        if not isinstance(code, int) or isinstance(code, bool):
+            return 0
+        if code == 130:
+            err_console.print("[red]aborted[/red]")
+        return code
     except LaminarError as exc:
         if debug:
             raise

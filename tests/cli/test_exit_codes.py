@@ -54,6 +54,17 @@ def test_laminar_exits_with_its_commands_code_despite_an_abort_at_exit(tmp_path,
         assert "error:" in proc.stderr
 
 
+@pytest.mark.parametrize("raises, code", [("typer.Exit(3)", 3), ("KeyboardInterrupt()", 130)], ids=["exit-3", "ctrl-c"])
+def test_a_command_that_exits_with_a_code_or_is_interrupted_keeps_that_code(raises, code):
+    """Typer returns (not raises) the code of a `typer.Exit` or an interrupt inside a command when `laminar` runs
+    it: that code is the exit status, not 0."""
+    program = ("import typer\nfrom laminar_assets.cli import app, main\n"
+               f"@app.command('stop')\ndef stop():\n    raise {raises}\nmain()\n")
+    proc = python(program, "stop")
+    assert proc.returncode == code, proc.stderr
+    assert ("aborted" in proc.stderr) == (code == 130), proc.stderr
+
+
 @pytest.mark.parametrize("body, code, stderr", [
     ("return None", 0, None),
     ("return 3", 3, None),
