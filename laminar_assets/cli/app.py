@@ -143,14 +143,29 @@ def usage_error(exc) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
-def main() -> None:
-    """Entry point: a LaminarError becomes one red line and exit 1, a usage error one red line and exit 2."""
+def main() -> NoReturn:
+    """Entry point: a LaminarError becomes one red line and exit 1, a usage error one red line and exit 2. The
+    process ends with that code once its output is flushed, never with a crash of the interpreter's teardown
+    after the command (laminar_assets/process_exit.py): the code says what the command did."""
+    from laminar_assets.process_exit import run_then_exit
+
+    run_then_exit(_run_command)
+
+
+def _run_command() -> int:
     import warnings
 
     debug = "--debug" in sys.argv
     warnings.filterwarnings("ignore", message=r".*is currently in (beta|preview).*")
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode typer returns, not raises, the code of a `typer.Exit(code)` a command raised, and
+        # 130 for an interrupt it caught (commands themselves return None): that code is the exit code.
+        code = app(standalone_mode=False)
+        if not isinstance(code, int) or isinstance(code, bool):
+            return 0
+        if code == 130:
+            err_console.print("[red]aborted[/red]")
+        return code
     except LaminarError as exc:
         if debug:
             raise

@@ -306,4 +306,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The run's outcome is in the Dagster instance before the worker exits; its exit code still says how the
+    # worker ended, never a crash of the interpreter's teardown after the run
+    # (laminar_assets/process_exit.py, standard library only: no engine or flow module is loaded ahead of the run).
+    from laminar_assets.process_exit import run_then_exit
+
+    run_then_exit(main)
