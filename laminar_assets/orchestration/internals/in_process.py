@@ -21,10 +21,11 @@ IN_PROCESS_POOL_WAIT = PoolWaitPolicy(seconds=POOL_WAIT_SECONDS)
 
 def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance, *,
                     pool_wait_seconds: float | None = POOL_WAIT_SECONDS,
-                    on_pool_wait: Callable[[str], None] | None = None) -> dg.ExecuteInProcessResult:
+                    notify: Callable[[str], None] | None = None) -> dg.ExecuteInProcessResult:
     """Materialize what one run request asks for: one partition, or a partition range in one run.
     The assets come from `defs` with their resources bound. While another run holds a concurrency
-    slot the run needs, `on_pool_wait` hears which run; after `pool_wait_seconds` the run fails."""
+    slot the run needs, `notify` hears which run; after `pool_wait_seconds` the run fails. `notify` also
+    hears of runs failed because their process was gone (run_processes.py)."""
     from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START  # (the engine: not for execute_job_here)
 
     graph = defs.resolve_asset_graph()
@@ -43,7 +44,7 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
                          assets=assets).resolve_job_def(RUN_JOB)
     return execute_job_here(job, instance=instance, partition_key=request.partition_key, tags=tags,
                             run_config=QUIET_CONSOLE,
-                            pool_wait=PoolWaitPolicy(seconds=pool_wait_seconds, on_wait=on_pool_wait))
+                            pool_wait=PoolWaitPolicy(seconds=pool_wait_seconds, notify=notify))
 
 
 def execute_job_here(job: dg.JobDefinition, *, instance: dg.DagsterInstance, partition_key: str | None,
@@ -59,7 +60,9 @@ def execute_job_here(job: dg.JobDefinition, *, instance: dg.DagsterInstance, par
     from dagster._core.definitions.job_base import InMemoryJob
     from dagster._core.execution.execute_in_process import core_execute_in_process, merge_run_tags
 
-    fail_dead_runs(instance)
+    for note in fail_dead_runs(instance):
+        if pool_wait.notify is not None:
+            pool_wait.notify(note)
     tags = {**tags, **RunProcess.current().tag()}
     with pool_wait_policy(pool_wait):
         return core_execute_in_process(

@@ -8,8 +8,8 @@ per `CHECK_SECONDS`:
 
 - frees the slots of holders that cannot be using them: a run whose process is gone is failed
   and its slots freed (run_processes.py), so a killed run never wedges its assets;
-- says which run holds the slot (id, start, pid, alive or not) when that changes: to the run's
-  log, and to the `on_wait` of the run's policy (the CLI's status line);
+- says which run holds the slot (id, start, pid, alive or not) when that changes, and which runs
+  it failed: to the run's log, and to the `notify` of the run's policy (the CLI prints it);
 - gives up after the policy's `seconds` with a `ConcurrentRunError` naming the holder. The policy
   is set by whoever executes the run in this process (`in_process.execute_job_here`: the CLI's
   `--wait-seconds`); a run the daemon launched waits as long as it takes, as Dagster's runs do.
@@ -40,7 +40,8 @@ class PoolWaitPolicy:
     """How a run executed in this process waits for pool slots."""
 
     seconds: float | None = None  # give up after this long; None: wait as long as it takes
-    on_wait: Callable[[str], None] | None = None  # told what the run waits for, whenever that changes
+    notify: Callable[[str], None] | None = None  # hears what the run waits for (when that changes), and
+    # which runs it failed because their process was gone
 
 
 WAIT_AS_LONG_AS_IT_TAKES = PoolWaitPolicy()  # Dagster's own behaviour: runs the daemon launched
@@ -83,8 +84,13 @@ class PoolWaiter:
         self.checked = now
         waits = []
         for pool in pools:
-            holders = [h for h in pool_holders(self.instance, pool, other_than=self.run_id)
-                       if not release_dead_holder(self.instance, h)]
+            holders = []
+            for holder in pool_holders(self.instance, pool, other_than=self.run_id):
+                note = release_dead_holder(self.instance, holder)
+                if note:
+                    self._say(note)
+                else:
+                    holders.append(holder)
             claimed = [h for h in holders if h.claimed]
             if claimed:
                 waits.append(f"pool {pool} is held by {'; '.join(h.describe() for h in claimed)}")
@@ -93,12 +99,15 @@ class PoolWaiter:
         said = "; ".join(waits)
         if said and said != self.said:
             self.said = said
-            self.log(f"waiting: {said}")
-            if self.policy.on_wait is not None:
-                self.policy.on_wait(said)
+            self._say(f"waiting: {said}")
         limit = self.policy.seconds
         if limit is not None and now - self.since >= limit and said:
             raise ConcurrentRunError(
                 f"gave up after waiting {now - self.since:.0f} s for a concurrency slot (one run of an asset "
                 f"at a time): {said}. Let that run finish and try again, stop its process, or terminate it in "
                 "the Dagster UI; `laminar refill --wait-seconds` sets how long to wait")
+
+    def _say(self, text: str) -> None:
+        self.log(text)
+        if self.policy.notify is not None:
+            self.policy.notify(text)

@@ -91,9 +91,12 @@ class RunProcess:
         start = _process_start(self.pid)
         return start is not None and (not self.start or not start or start == self.start)
 
+    def where(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
     def describe(self) -> str:
         state = {True: "alive", False: "gone", None: "on another host: cannot be checked from here"}[self.alive()]
-        return f"pid {self.pid} on {self.host}, {state}"
+        return f"{self.where()}, {state}"
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class PoolHolder:
     def describe(self) -> str:
         if self.run is None:
             return f"run {self.run_id} (deleted)"
-        parts = [self.run.status.value.lower()]
+        parts = [] if self.run.status == dg.DagsterRunStatus.STARTED else [self.run.status.value]
         if self.started is not None:
             parts.append(f"started {datetime.fromtimestamp(self.started, UTC):%Y-%m-%d %H:%M:%S} UTC")
         process = self.process
@@ -149,37 +152,38 @@ def _is_dead(run: dg.DagsterRun) -> RunProcess | None:
     return process if process is not None and process.alive() is False else None
 
 
-def fail_dead_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
-    """Fail `run` if it has not ended and its process is gone, and free its pool slots. True if it did."""
+def fail_dead_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None:
+    """Fail `run` if it has not ended and its process is gone, and free its pool slots; what was done."""
     process = _is_dead(run)
     if process is None:
-        return False
+        return None
     current = instance.get_run_by_id(run.run_id)  # another process may have failed it meanwhile
     if current is None or current.status not in IN_PROGRESS:
-        return False
+        return None
     instance.report_run_failed(
         current, f"The process executing this run ({process.describe()}) ended without finishing it (killed?); "
                  f"Laminar marked the run failed from pid {os.getpid()} on {socket.gethostname()} and freed the "
                  "concurrency pool slots it held, so that later runs of its assets can start.")
     free_slots(instance, run.run_id)
-    return True
+    return (f"run {run.run_id} was left {current.status.value} by a process that is gone ({process.where()}): "
+            "marked it failed and freed its concurrency slots")
 
 
-def release_dead_holder(instance: dg.DagsterInstance, holder: PoolHolder) -> bool:
+def release_dead_holder(instance: dg.DagsterInstance, holder: PoolHolder) -> str | None:
     """Free the slots of a holder that cannot be using them: its run was deleted, or ended with no live
-    process, or has not ended but its process is gone (that run is failed first). True if freed."""
+    process, or has not ended but its process is gone (that run is failed first); what was done."""
     run = holder.run
     if run is not None and run.status in IN_PROGRESS:
         return fail_dead_run(instance, run)
     if run is not None:
         process = RunProcess.of_run(run)
         if process is not None and process.alive():
-            return False  # ended, but its process still executes a step: it frees the slot itself
+            return None  # ended, but its process still executes a step: it frees the slot itself
     free_slots(instance, holder.run_id)
-    return True
+    return f"freed the slot of pool {holder.pool} that {holder.describe()} still held"
 
 
 def fail_dead_runs(instance: dg.DagsterInstance) -> list[str]:
-    """Fail every run of the instance that has not ended and whose process is gone; their ids."""
+    """Fail every run of the instance that has not ended and whose process is gone; what was done."""
     runs = instance.get_runs(dg.RunsFilter(statuses=list(IN_PROGRESS)))
-    return [run.run_id for run in runs if fail_dead_run(instance, run)]
+    return [note for run in runs if (note := fail_dead_run(instance, run))]

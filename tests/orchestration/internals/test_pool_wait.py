@@ -100,13 +100,13 @@ def test_a_run_waits_for_a_live_holder_within_its_bound_and_frees_a_killed_one(i
     the waiting run gets the slot."""
     child, held_by = holder
     said = []
-    outcome = _next_run(instance, policy=PoolWaitPolicy(seconds=1, on_wait=said.append))
+    outcome = _next_run(instance, policy=PoolWaitPolicy(seconds=1, notify=said.append))
     assert not outcome.success
     message = failure_message(outcome)
     assert message.startswith("gave up after waiting") and f"pool {POOL} is held by run {held_by}" in message, message
-    assert f"pid {child.pid} on " in message and ", alive)" in message and "started " in message, message
+    assert f"pid {child.pid} on " in message and ", alive)" in message and "(started " in message, message
     assert "--wait-seconds" in message
-    assert said and held_by in said[0]
+    assert said[0].startswith(f"waiting: pool {POOL} is held by run {held_by}"), said
     # the holder keeps its run and its slot; the run that gave up leaves nothing queued behind
     assert instance.get_run_by_id(held_by).status == dg.DagsterRunStatus.STARTED
     info = instance.event_log_storage.get_concurrency_info(POOL)
@@ -120,9 +120,12 @@ def test_a_run_waits_for_a_live_holder_within_its_bound_and_frees_a_killed_one(i
 
     killer = threading.Thread(target=kill_once_the_next_run_waits)
     killer.start()
-    outcome = _next_run(instance, policy=PoolWaitPolicy(seconds=None))  # no bound: only the kill can free it
+    heard = []
+    outcome = _next_run(instance, policy=PoolWaitPolicy(seconds=None, notify=heard.append))  # only the kill frees it
     killer.join()
     assert outcome.success
+    assert any(n.startswith(f"run {held_by} was left STARTED by a process that is gone (pid {child.pid} on ")
+               and n.endswith("marked it failed and freed its concurrency slots") for n in heard), heard
     assert instance.get_run_by_id(held_by).status == dg.DagsterRunStatus.FAILURE
     assert f"pid {child.pid}" in _failure(instance, held_by) and "ended without finishing it" in _failure(instance, held_by)
     info = instance.event_log_storage.get_concurrency_info(POOL)
