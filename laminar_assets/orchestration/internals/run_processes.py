@@ -65,8 +65,13 @@ class RunProcess:
     start: str | None = None  # _process_start's token when the tag was written (None: not recorded)
 
     @classmethod
+    def of(cls, pid: int) -> RunProcess:
+        """The process with this pid on this host, now."""
+        return cls(pid, socket.gethostname(), _process_start(pid))
+
+    @classmethod
     def current(cls) -> RunProcess:
-        return cls(os.getpid(), socket.gethostname(), _process_start(os.getpid()))
+        return cls.of(os.getpid())
 
     def tag(self) -> dict[str, str]:
         return {PROCESS_TAG: json.dumps({"pid": self.pid, "host": self.host, "start": self.start})}
