@@ -18,6 +18,7 @@ import pytest
 
 from laminar_assets.orchestration.internals.in_process import execute_job_here, failure_message
 from laminar_assets.orchestration.internals.pool_wait import PoolWaitPolicy
+from laminar_assets.orchestration.internals.run_processes import RunProcess
 from laminar_assets.orchestration.internals.thread_executor import thread_executor
 
 REPO = Path(__file__).resolve().parents[3]
@@ -130,3 +131,15 @@ def test_a_run_waits_for_a_live_holder_within_its_bound_and_frees_a_killed_one(i
     assert f"pid {child.pid}" in _failure(instance, held_by) and "ended without finishing it" in _failure(instance, held_by)
     info = instance.event_log_storage.get_concurrency_info(POOL)
     assert info.claimed_slots == [] and info.pending_steps == []
+
+
+def test_a_run_process_is_its_pid_and_start_time_on_its_host():
+    me = RunProcess.current()
+    assert me.alive() is True and RunProcess.of_run(_run_tagged(me.tag())) == me
+    assert RunProcess(me.pid, me.host, "0").alive() is False  # the pid reused by a process started at another time
+    assert RunProcess(me.pid, "another-host", me.start).alive() is None  # never judged from here
+    assert "another host" in RunProcess(me.pid, "another-host", me.start).describe()
+
+
+def _run_tagged(tags: dict) -> dg.DagsterRun:
+    return dg.DagsterRun(job_name="j", run_id="r", tags=tags)
