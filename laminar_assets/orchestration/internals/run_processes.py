@@ -180,6 +180,8 @@ def release_dead_holder(instance: dg.DagsterInstance, holder: PoolHolder) -> str
     run = holder.run
     if run is not None and run.status in IN_PROGRESS:
         return fail_dead_run(instance, run)
+    if run is not None and not run.is_finished:
+        return None  # queued, or a status Laminar does not judge
     if run is not None:
         process = RunProcess.of_run(run)
         if process is not None and process.alive():
