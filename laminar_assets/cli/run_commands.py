@@ -103,6 +103,10 @@ def refill(
     flow: str = typer.Argument(...),
     partition_range: str = typer.Option(None, "--partition-range",
                                         help="A...B (inclusive); default: every materialized partition."),
+    wait_seconds: float = typer.Option(600, "--wait-seconds", min=0,
+                                       help="How long to wait while another live run of the flow holds its "
+                                       "concurrency slot (one run of a flow at a time) before giving up. A run "
+                                       "whose process is gone (killed) is failed and its slot freed at once."),
 ) -> None:
     """Recompute partitions through Dagster, recorded with reason FORCED_BY_USER."""
     import dagster as dg
@@ -127,8 +131,16 @@ def refill(
         start, end = done[0], done[-1]
     request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
                             tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
-    with console.status(lit(f"refilling {flow} {start}...{end}")):
-        outcome = execute_request(c.definitions(), request, c.instance())
+    with console.status(lit(f"refilling {flow} {start}...{end}")) as status:
+        def notify(note: str) -> None:  # a line, not only the status: a status line is not shown in a log
+            waiting = note.startswith("waiting")
+            console.print(f"{note} (giving up after {wait_seconds:.0f} s, --wait-seconds)" if waiting else note,
+                          markup=False)
+            if waiting:
+                status.update(lit(f"refilling {flow} {start}...{end}: waiting for another run"))
+
+        outcome = execute_request(c.definitions(), request, c.instance(), pool_wait_seconds=wait_seconds,
+                                  notify=notify)
     if not outcome.success:
         raise LaminarError(f"refill of {flow} {start}...{end} failed (Dagster run {outcome.run_id[:8]}): "
                            f"{failure_message(outcome)}")

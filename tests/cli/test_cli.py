@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -50,6 +51,27 @@ def one_error_line(proc) -> str:
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     return lines[0]
+
+
+def refill_killed_holding_its_slot(root, home, flow: str) -> str:
+    """Start `laminar refill FLOW` in a process of its own, kill it (SIGKILL) once its run holds the flow's
+    concurrency slot (before its step starts Spark, if it is that quick), and return the run's id."""
+    import dagster as dg
+
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    child = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", str(root), "refill", flow],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            deadline = time.monotonic() + 300
+            while not (slots := instance.event_log_storage.get_concurrency_info(f"laminar_{flow}").claimed_slots):
+                assert child.poll() is None, f"the refill ended ({child.returncode}) before it held the slot"
+                assert time.monotonic() < deadline, "the refill never held its slot"
+                time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    return slots[0].run_id
 
 
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
@@ -298,10 +320,19 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     assert "Input [" in text and "]: [" in text  # Spark's column lists survive the console
     assert ("INCREMENTAL" in text or "REFILL" in text) and "NOOP" not in text
 
+    # a refill killed (kill -9) while its run holds vwap_1m's concurrency slot does not wedge the flow:
+    # the next refill fails that run and takes the slot (it used to wait forever, spinning)
+    killed_run = refill_killed_holding_its_slot(root, home, "vwap_1m")
     refilled = invoke("--root", str(root), "refill", "vwap_1m", "--partition-range", f"{hour0}...{hour1}",
                       home=home)
     assert refilled.exit_code == 0, refilled.output
     assert "2 partition(s)" in refilled.output and "FORCED_BY_USER" in refilled.output
+    assert f"run {killed_run} was left STARTED by a process that is gone" in refilled.output, refilled.output
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_run_by_id(killed_run).status == dg.DagsterRunStatus.FAILURE
+        assert instance.event_log_storage.get_concurrency_info("laminar_vwap_1m").claimed_slots == []
     from laminar_assets.checkpoints import CheckpointStore
 
     assert CheckpointStore(str(root)).load("vwap_1m", hour0).last_reason == "FORCED_BY_USER"
