@@ -25,6 +25,7 @@ from laminar_assets.checkpoints import PendingRun, Watermark
 from laminar_assets.errors import ConcurrentRunError, LaminarError
 
 from ..delta.tables import open_delta
+from ..spark.failures import first_line
 from .context import RunContext
 from .plan import PartitionPlan
 
@@ -170,5 +171,4 @@ def short(exc: BaseException) -> str:
     """The first line of an error, for a failure record or a one-line message."""
     if isinstance(exc, LaminarError):
         return exc.message
-    text = str(exc).strip().split("\n")[0]
-    return text[:400] or type(exc).__name__
+    return first_line(exc)
