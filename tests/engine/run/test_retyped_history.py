@@ -68,7 +68,7 @@ def test_a_retyped_commit_is_refilled_not_merged(spark, lake, engine):
 def test_the_sweep_falls_back_to_the_snapshot_when_a_read_fails_on_a_type(spark, lake, engine, monkeypatch):
     """The backstop: a commit the log check missed fails Spark's read with a type mismatch; the sweep
     then sweeps the latest snapshot instead of failing on every run."""
-    monkeypatch.setattr(SourceHistory, "with_retyped", lambda self, now, columns: self)
+    monkeypatch.setattr(SourceHistory, "with_retyped", lambda self, now, columns: self, raising=False)
     retype_then_restore(lake, engine, null_time=True)
     r = engine.run(FLOW, PART)
     assert r.sweep.reason is Reason.SCHEMA_CHANGED_HISTORY
