@@ -28,6 +28,7 @@ def check(
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.contracts import CONTRACTS, load_contracts
     from laminar_assets.engine import FlowSpec
+    from laminar_assets.engine.report import describe_failed_runs, failed_runs
     from laminar_assets.orchestration.checks import contract_outcomes, equivalence_outcomes
 
     c: CliContext = ctx.obj
@@ -52,15 +53,21 @@ def check(
                                      "passed": table.ok, "details": table.describe() if not table.ok else ""})
         for spec in c.specs():
             keys = store.partitions(spec.name)
+            for key in keys:  # the latest run of every partition succeeded (docs/cli.md, Failing runs)
+                failed = failed_runs(store.load(spec.name, key))
+                rows_out.append({"check": "runs", "asset": spec.name, "partition": key, "passed": failed is None,
+                                 "details": describe_failed_runs(failed) if failed else ""})
             for i in range(0, len(keys), CHUNK):  # partitions checked together: one Spark pass per chunk
                 chunk = keys[i:i + CHUNK]
                 status.update(lit(f"{spec.name} {chunk[0]} ... {chunk[-1]}"))
                 if spec.sink in contracts:
-                    for key, (passed, md) in contract_outcomes(engine, spec, contracts[spec.sink], chunk).items():
+                    outcomes = _outcomes(chunk, contract_outcomes, engine, spec, contracts[spec.sink], chunk)
+                    for key, (passed, md) in outcomes.items():
                         rows_out.append({"check": "contract", "asset": spec.name, "partition": key, "passed": passed,
                                          "details": md["failures"].value if "failures" in md else md.get("integrity", [])})
                 if isinstance(spec, FlowSpec):
-                    for key, (passed, md) in equivalence_outcomes(engine, spec, chunk, sample).items():
+                    outcomes = _outcomes(chunk, equivalence_outcomes, engine, spec, chunk, sample)
+                    for key, (passed, md) in outcomes.items():
                         rows_out.append({"check": "equivalence", "asset": spec.name, "partition": key,
                                          "passed": passed, "details": md["mismatched_windows"].value
                                          if "mismatched_windows" in md else md.get("integrity", [])})
@@ -81,13 +88,29 @@ def check(
         raise LaminarError(f"nothing to check under {c.root}: materialize something first (or pass --demo)")
     if failed:
         raise LaminarError(f"{len(failed)} of {len(rows_out)} checks failed: "
-                           + ", ".join(sorted({f"{r['check']} on {r['asset']}" for r in failed})))
+                           + ", ".join(sorted({_named(r) for r in failed})))
     if not as_json:
         console.print(f"all {len(rows_out)} checks passed")
 
 
 def _failure(row: dict) -> str:
     details = row["details"]
-    if isinstance(details, str):  # a sentence already (an integrity failure): shown whole
-        return details if row["check"] == "integrity" else f"{row['partition']}: {details}"[:200]
+    if isinstance(details, str):  # a sentence already (integrity, failing runs): shown whole
+        if row["check"] == "integrity":
+            return details
+        return f"{row['partition']}: {details}"[:600 if row["check"] == "runs" else 200]
     return f"{row['partition']}: {json.dumps(details, default=str)[:200]}"
+
+
+def _named(row: dict) -> str:
+    """'<check> on <asset>', with the partition for failing runs (each is its own problem to look at)."""
+    return f"{row['check']} on {row['asset']}" + (f" {row['partition']}" if row["check"] == "runs" else "")
+
+
+def _outcomes(keys: list[str], evaluate, *args) -> dict[str, tuple[bool, dict]]:
+    """`evaluate(*args)`, or every partition failed with the error when the check cannot run at all (e.g. a
+    source retyped since: the failing runs say the same), so one flow does not stop the whole gate."""
+    try:
+        return evaluate(*args)
+    except LaminarError as exc:
+        return {k: (False, {"integrity": f"the check could not run: {exc.message}"}) for k in keys}

@@ -123,27 +123,35 @@ class Engine:
         nothing to do is a NOOP without any Spark job. Results come back in the order given."""
         keys = self._keys(spec, partitions)
         run_id = new_run_id()
+        marks: dict[str, Watermark | None] = {}
+        results: dict[str, RunResult] = {}
         # every staging of the run is tracked: what no commit took is removed when the run ends
         with protocol.leases(self.ctx, spec, keys, run_id), staging.scope():
-            started = time.perf_counter()
-            marks = self._settle(spec, keys, run_id)
-            inputs = self.gather(spec, list(marks.values()))
-            inputs.limit_to(spec, keys)
-            plans = self._plan_all(spec, marks, inputs, force)
-            self._refuse_strict(spec, plans)
-            plan_s = (time.perf_counter() - started) / len(keys)
-            swept = self._sweep(spec, plans[keys[0]], run_id, inputs)
-            results: dict[str, RunResult] = {}
-            todo = []
-            for k in keys:
-                if plans[k].mode is Mode.NOOP:
-                    protocol.record_noop(self.ctx, plans[k], marks[k], source_ids=inputs.source_ids())
-                    results[k] = RunResult(plans[k], run_id, {"pending_versions": sum(plans[k].pending_versions.values())},
-                                           {"plan": plan_s})
-                else:
-                    todo.append(k)
-            for group in _by_target(plans, todo):  # partitions that share target versions share a pass
-                results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force))
+            try:
+                started = time.perf_counter()
+                marks.update(self._settle(spec, keys, run_id))
+                inputs = self.gather(spec, list(marks.values()))
+                inputs.limit_to(spec, keys)
+                plans = self._plan_all(spec, marks, inputs, force)
+                self._refuse_strict(spec, plans)
+                plan_s = (time.perf_counter() - started) / len(keys)
+                swept = self._sweep(spec, plans[keys[0]], run_id, inputs)
+                todo = []
+                for k in keys:
+                    if plans[k].mode is Mode.NOOP:
+                        protocol.record_noop(self.ctx, plans[k], marks[k], source_ids=inputs.source_ids())
+                        results[k] = RunResult(plans[k], run_id,
+                                               {"pending_versions": sum(plans[k].pending_versions.values())},
+                                               {"plan": plan_s})
+                    else:
+                        todo.append(k)
+                for group in _by_target(plans, todo):  # partitions that share target versions share a pass
+                    results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force))
+            except InjectedCrash:
+                raise  # a simulated kill writes nothing more
+            except Exception as exc:  # counted for `laminar status` / `check`, then raised unchanged
+                protocol.record_failed_run(self.ctx, spec, [k for k in keys if k not in results], marks, run_id, exc)
+                raise
         for k in keys:
             results[k].seconds["plan"] = plan_s
         # The sweep belongs to no partition: credit it to the first partition that did work, so a NOOP

@@ -77,6 +77,8 @@ class CommitSummary:
     # every file the commit removed, with or without a data change (compaction): snapshots before the
     # commit name them, so a vacuum that deleted one makes those snapshots unreadable
     removed: tuple[str, ...] = ()
+    # the table schema (Delta JSON) the commit set with a metaData action; None: the one before stays
+    schema: str | None = field(default=None, compare=False)
 
     @property
     def touched(self) -> tuple[Interval, ...] | None:
@@ -154,6 +156,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
     add_actions, remove_actions, cdc = [], [], []
     info: dict = {}
     metadata_changed = protocol_changed = False
+    schema: str | None = None
     layout_only = 0
     removed: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -167,6 +170,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
             info = action["commitInfo"]
         elif "metaData" in action:
             metadata_changed = True
+            schema = action["metaData"].get("schemaString") or schema
         elif "protocol" in action:
             protocol_changed = True
         elif "add" in action or "remove" in action:
@@ -212,7 +216,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
     return CommitSummary(
         version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=UTC),
         operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
-        removes=tuple(removes), cdc=tuple(cdc), removed=tuple(removed),
+        removes=tuple(removes), cdc=tuple(cdc), removed=tuple(removed), schema=schema,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -38,6 +38,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     read_log_entry,
     stats_interval,
 )
+from .schema_history import retyped_commits
 
 # Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
 SUPPORTED_READER_FEATURES = frozenset({
@@ -65,6 +66,15 @@ class SourceHistory:
     # files removed by a commit (version, file) that no longer exist: every snapshot before that
     # version may name them, so a run must not read one (looked for only when asked: `source_history`)
     snapshot_gone: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+    # (version, why) of commits whose files hold a column the reader reads under another type than the
+    # table has now (`with_retyped`): no read with the current schema can merge or sweep them
+    retyped: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+
+    def with_retyped(self, now: TableInfo, columns) -> SourceHistory:
+        """This history with `retyped` found for a reader of `columns` ("*": all) with `now`'s schema."""
+        def start() -> str:
+            return open_table(self.table, self.uri, self.from_version).schema().to_json()
+        return replace(self, retyped=retyped_commits(self.table, self.commits, now.delta_schema, columns, start))
 
     def snapshot_readable(self, version: int) -> str | None:
         """None when the snapshot at `version` names no file known to be gone, else why it cannot be read."""
@@ -97,7 +107,7 @@ class SourceHistory:
         return SourceHistory(self.table, self.uri, version, self.latest_version,
                              tuple(c for c in self.commits if c.version > version),
                              _expired(self.table, version, gone, vacuumed), self.cdf_enabled, gone, vacuumed,
-                             snapshot_gone)
+                             snapshot_gone, tuple((v, why) for v, why in self.retyped if v > version))
 
 
 @dataclass(frozen=True)

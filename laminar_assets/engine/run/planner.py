@@ -275,6 +275,9 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     if changed_cols:
         detail = ", ".join(f"{c}: {mark.input_schema[c]} -> {inp.input_schema[c]}" for c in changed_cols)
         return refill_all(Reason.SCHEMA_CHANGED, f"source column types changed ({detail})")
+    retyped = _retyped(inp.histories, needed)
+    if retyped and not _frozen(spec, part, inp.histories):
+        return refill_all(Reason.SCHEMA_CHANGED_HISTORY, f"{retyped}: recomputing from the latest snapshot")
 
     # Work through each source's new commits under the run bounds.
     to_versions = dict(latest)
@@ -421,6 +424,17 @@ def _through_vectors(commit: CommitSummary) -> str:
 
 def _why_not_retractable(spec) -> str:
     return spec.why_not_retractable
+
+
+def _retyped(histories: Mapping[str, SourceHistory], needed: Interval) -> str | None:
+    """Why a commit this partition would read holds files no read with the current schema can open
+    (`SourceHistory.retyped`), or None."""
+    for hist in histories.values():
+        commits = {c.version: c for c in hist.commits}
+        for version, why in hist.retyped:
+            if version in commits and _relevant(commits[version], needed):
+                return why
+    return None
 
 
 def _frozen(spec, part: Interval, histories: Mapping[str, SourceHistory]) -> bool:
