@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from laminar_assets.errors import LaminarError
+from laminar_assets.errors import LaminarError, SpecError
 
 from .app import CliContext, add_row, app, console, emit_json, lit
 
@@ -23,8 +23,9 @@ def check(
     sample: int = typer.Option(8, "--sample", min=1, help="Windows per partition for the equivalence check."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Quality gate: every file each table Laminar writes names exists, and every contract (Great
-    Expectations) and equivalence check passes on every materialized partition; exits non-zero if any fails."""
+    """Quality gate: every sink is its own flow's output, every file each table Laminar writes names exists,
+    and every contract (Great Expectations) and equivalence check passes on every materialized partition;
+    exits non-zero if any fails."""
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.contracts import CONTRACTS, load_contracts
     from laminar_assets.engine import FlowSpec
@@ -44,6 +45,14 @@ def check(
     rows_out = []
     with console.status("checking...") as status:
         seen: set[str] = set()
+        for spec in c.specs():  # every sink is its own flow's output (not a source or another flow's table)
+            try:
+                engine.check_sink(spec, store.partitions(spec.name))
+                rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": True,
+                                 "details": ""})
+            except SpecError as exc:
+                rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": False,
+                                 "details": exc.message})
         for spec in c.specs():  # every table Laminar writes names only files that exist
             for table in engine.integrity(spec):
                 if table.uri not in seen:
@@ -88,6 +97,6 @@ def check(
 
 def _failure(row: dict) -> str:
     details = row["details"]
-    if isinstance(details, str):  # a sentence already (an integrity failure): shown whole
-        return details if row["check"] == "integrity" else f"{row['partition']}: {details}"[:200]
+    if isinstance(details, str):  # a sentence already (an integrity or owner failure): shown whole
+        return details if row["check"] in ("integrity", "sink owner") else f"{row['partition']}: {details}"[:200]
     return f"{row['partition']}: {json.dumps(details, default=str)[:200]}"
