@@ -18,7 +18,8 @@ CHUNK = 24  # partitions per check pass: one day of hourly partitions
 @app.command()
 def check(
     ctx: typer.Context,
-    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources)."),
+    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources; the root must "
+                                    "be empty, new, or an earlier demo's lake)."),
     rows: int = typer.Option(200, "--rows", min=50, help="Demo size with --demo."),
     sample: int = typer.Option(8, "--sample", min=1, help="Windows per partition for the equivalence check."),
     as_json: bool = typer.Option(False, "--json"),
@@ -34,8 +35,10 @@ def check(
     c: CliContext = ctx.obj
     if demo_first:
         from laminar_assets.demo import DEMO_JIT
+        from laminar_assets.demo.lake import check_demo_root
         from laminar_assets.demo.run import run_demo
 
+        check_demo_root(c.root)  # refused before anything starts (run_demo checks again before it deletes)
         with console.status("running the demo pipeline..."):
             run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7)
     c.require_lake()
