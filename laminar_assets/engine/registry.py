@@ -12,10 +12,11 @@ import os
 import pathlib
 import pkgutil
 import sys
+import traceback
 from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
 
-from laminar_assets.errors import LaminarError, SpecError
+from laminar_assets.errors import LaminarError, SpecError, SqlDefinitionError
 
 from .delta.layout import SYSTEM_FOLDER, place_of
 from .spec.specs import FlowSpec, Spec, StageSpec
@@ -50,7 +51,7 @@ def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
         (f"{pkg.__name__}.{info.name}", lambda name=f"{pkg.__name__}.{info.name}": importlib.import_module(name))
         for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name) if not info.name.startswith("_")]
     for module_name, load in modules:
-        module = load()
+        module = _loaded(load, folder)
         file = module_name if folder else _shown(getattr(module, "__file__", None) or module_name)
         for value in vars(module).values():
             if isinstance(value, (FlowSpec, StageSpec)):
@@ -64,8 +65,28 @@ def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
     return order_specs(specs, origins=files)
 
 
-def _shown(path: str) -> str:
-    """A file as errors show it: relative to the working directory when it lies below it."""
+def _loaded(load, folder: str | None) -> ModuleType:
+    """The module `load` imports; a spec it defines that is invalid raises its SpecError with the file and
+    line of the definition in front (`flows/vwap_1m.py:12: FlowSpec 'vwap_1m': ...`)."""
+    try:
+        return load()
+    except SqlDefinitionError:
+        raise  # names its file already
+    except SpecError as exc:
+        engine = os.path.dirname(os.path.abspath(__file__))
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not os.path.abspath(f.filename).startswith(engine + os.sep) and not f.filename.startswith("<")]
+        if not frames:
+            raise
+        where = f"{_shown(frames[-1].filename, folder)}:{frames[-1].lineno}"
+        raise SpecError(f"{where}: {exc.message}", flow=exc.flow, field=exc.field, file=where) from None
+
+
+def _shown(path: str, folder: str | None = None) -> str:
+    """A file as errors show it: `<folder's name>/<file>` for one of a plain folder of specs (as the folder's
+    module names read), else relative to the working directory when it lies below it."""
+    if folder and os.path.abspath(path).startswith(folder + os.sep):
+        return os.path.join(os.path.basename(folder), os.path.relpath(path, folder))
     rel = os.path.relpath(path) if os.path.isabs(path) else path
     return path if rel.startswith("..") else rel
 

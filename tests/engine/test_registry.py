@@ -73,9 +73,9 @@ def test_a_sink_inside_or_holding_a_table_the_flows_read_fails_at_load(tmp_path,
     assert f"the sink '{sink}' of flow 'f1' (flows/one.py) {how} {role} '{table}' of stage 'st' (flows/stage.py)" in text
 
 
-@pytest.mark.parametrize("sink", ["_laminar/quarantine/raw", "./_Laminar/state/x", ".", ""])
+@pytest.mark.parametrize("sink", ["_laminar/quarantine/raw", "./_Laminar/state/x", ".", "./"])
 def test_a_sink_in_or_holding_laminars_own_folder_fails_at_load(tmp_path, sink):
-    folder = folder_of(tmp_path, {"stage.py": STAGE, "one.py": flow_py("f1", sink or "x").replace("'x'", "''")})
+    folder = folder_of(tmp_path, {"stage.py": STAGE, "one.py": flow_py("f1", sink)})
     text = refused(folder)
     assert "flow 'f1' (flows/one.py)" in text and "Laminar's own folder <root>/_laminar" in text, text
 
@@ -123,3 +123,9 @@ def test_a_stage_and_flows_of_distinct_tables_load(tmp_path):
     specs = [StageSpec(name="st", source="raw", event_time="ts"), flow("f1", "a", "st"), flow("f2", "a_b", "st"),
              flow("f3", "ab", "./st/")]
     check_tables(specs, root=str(tmp_path))
+
+
+def test_an_invalid_python_spec_names_its_file_and_line(tmp_path):
+    folder = folder_of(tmp_path, {"one.py": "\n" + flow_py("f1", "x").replace("Tumbling('1m')", "Tumbling('-5m')")})
+    text = refused(folder)
+    assert text.startswith("flows/one.py:3: FlowSpec 'f1': expected a duration like '1m'") and "field=window.size" in text
