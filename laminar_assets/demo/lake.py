@@ -35,7 +35,8 @@ def check_demo_root(root: str) -> bool:
         raise LaminarError(
             f"the demo starts by deleting everything under its root, and {root} holds files the demo did not make "
             f"({shown}{', ...' if len(found) == _EXAMPLES else ''}) and no demo marker ({MARKER}): nothing was "
-            "deleted. Pass an empty or new --root (or set LAMINAR_ROOT), or one an earlier demo made", root=root)
+            "deleted. Pass an empty or new --root (or set LAMINAR_ROOT), or one an earlier demo made; a lake a demo "
+            "made before it marked its lakes is yours to delete", root=root)
     return False
 
 
