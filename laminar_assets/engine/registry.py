@@ -106,6 +106,13 @@ def check_tables(specs: list[Spec], *, root: str | None = None, origins: dict[st
         where = origins.get(spec.name) or spec.origin
         return f"{spec.kind} '{spec.name}'" + (f" ({where})" if where else "")
 
+    named: dict[str, Spec] = {}
+    for spec in specs:  # a flow's watermarks, leases and state live in folders named after it
+        other = named.setdefault(spec.name.casefold(), spec)
+        if other is not spec and other.name != spec.name:
+            raise SpecError(f"{who(spec)} and {who(other)} have names that differ only in case: their watermarks, "
+                            f"leases and state under {SYSTEM_FOLDER}/ would share folders on a disk that ignores case; "
+                            "rename one", flow=spec.name, field="name")
     outputs = [(place_of(s.sink, root), s) for s in specs]
     written = [p for p, _ in outputs]
     system = place_of(SYSTEM_FOLDER, root)

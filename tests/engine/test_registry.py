@@ -129,3 +129,8 @@ def test_an_invalid_python_spec_names_its_file_and_line(tmp_path):
     folder = folder_of(tmp_path, {"one.py": "\n" + flow_py("f1", "x").replace("Tumbling('1m')", "Tumbling('-5m')")})
     text = refused(folder)
     assert text.startswith("flows/one.py:3: FlowSpec 'f1': expected a duration like '1m'") and "field=window.size" in text
+
+
+def test_flow_names_differing_only_in_case_fail_at_load():
+    with pytest.raises(SpecError, match="flow 'Vwap' and flow 'vwap' have names that differ only in case"):
+        check_tables([flow("vwap", "a"), flow("Vwap", "b")])
