@@ -93,10 +93,12 @@ def _shown(path: str, folder: str | None = None) -> str:
 
 def check_tables(specs: list[Spec], *, root: str | None = None, origins: dict[str, str] | None = None) -> None:
     """Refuse definitions whose outputs could overwrite another table: two specs writing one folder
-    (`t` and `./t`, or `T` and `t`), an output inside another table's folder or holding one, an output
-    that is a table the specs read but none writes (a source, a dimension), or an output in Laminar's
-    own folder (`_laminar/`: watermarks, leases, state, quarantine). Names are compared as places
-    (`layout.place_of`): relative to `root` when it is known, else as names relative to one root.
+    (`t` and `./t`, or `T` and `t`), an output inside another output or holding one, an output inside or
+    holding a table the specs read but none writes (a source, a dimension), an output in Laminar's own
+    folder (`_laminar/`: watermarks, leases, state, quarantine), flow names equal but for case. Names
+    are compared as places (`layout.place_of`): relative to `root` when it is known, else as names
+    relative to one root. An output naming a table the specs read is the graph, not a collision:
+    whether such a table exists already is the run's check (`output.owner`).
 
     Raises a `SpecError` of one line naming both specs (or the spec and the table) and their files
     (`origins`: spec name -> file; else the spec's own `origin`)."""
@@ -138,9 +140,7 @@ def check_tables(specs: list[Spec], *, root: str | None = None, origins: dict[st
             if any(read.same(p) for p in written):
                 continue  # another spec's output: the graph
             for place, writer in outputs:
-                if place.same(read):
-                    how = "is"
-                elif place.contains(read):
+                if place.contains(read):
                     how = "holds"
                 elif read.contains(place):
                     how = "lies inside"
