@@ -150,3 +150,16 @@ def test_java_method_is_refused_before_the_jvm_runs_it(lake, tmp_path, spark):
         invoke("--root", lake, "sql", f"SELECT java_method('java.lang.System', 'setProperty', '{probe}', 'x')",
                home=tmp_path / "dh")
     assert spark._jvm.java.lang.System.getProperty(probe) is None
+
+
+def test_an_explain_cannot_hide_a_file_read_behind_a_nested_comment(lake, tmp_path):
+    """Spark's lexer nests `/* */` comments: the EXPLAIN below explains a CSV read of a file outside the lake
+    (a header names the columns after its first line, and the unknown column's error lists them), while a
+    regex that does not nest finds a string literal there. `laminar sql` judges what Spark parsed."""
+    secret = tmp_path / "secret.csv"
+    secret.write_text("top secret\n")
+    statement = (f"EXPLAIN /* /* */ SELECT ' */ SELECT nosuch FROM csv.`{secret}` WITH (\"header\" = \"true\") --'")
+    with pytest.raises(LaminarError) as info:
+        invoke("--root", lake, "sql", statement, home=tmp_path / "dh")
+    message = str(info.value)
+    assert f"found csv.`{secret}`" in message and "top secret" not in message, message

@@ -270,7 +270,7 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
             raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
     spark = session if hasattr(session, "sql") else session()  # a session (local or Connect), or its factory
     try:
-        check_read_only(spark, sql, shown=lambda line: _shown(line, known))
+        sql = check_read_only(spark, sql, shown=lambda line: _shown(line, known))  # what it judged, to run
     except LaminarError:
         raise
     except Exception as exc:  # Spark's errors while parsing, local (Py4J) or over Spark Connect (gRPC)
