@@ -98,6 +98,12 @@ KINDS = {
     "AnalyzeTable": "ANALYZE TABLE", "LoadData": "LOAD DATA", "Call": "CALL", "CompoundBody": "a SQL script",
     "UnresolvedExecuteImmediate": "EXECUTE IMMEDIATE", "ScriptTransformation": "SELECT TRANSFORM (it runs a program)",
     "PlanWithUnresolvedIdentifier": "a table named by IDENTIFIER(<expression>)",
+    "CreateSQLFunctionCommand": "CREATE FUNCTION", "CreateUserDefinedFunction": "CREATE FUNCTION",
+    "DropVariable": "DROP VARIABLE", "SetCatalogCommand": "SET CATALOG", "RefreshResource": "REFRESH",
+    "RefreshFunction": "REFRESH FUNCTION", "AnalyzeTables": "ANALYZE TABLES", "AnalyzeColumn": "ANALYZE TABLE",
+    "ListFilesCommand": "LIST FILE", "ListJarsCommand": "LIST JAR", "ListArchivesCommand": "LIST ARCHIVE",
+    "SetTableProperties": "ALTER TABLE", "UnsetTableProperties": "ALTER TABLE", "AddColumns": "ALTER TABLE",
+    "NamedStreamingRelation": "a streaming read (STREAM)",
 }
 # Functions that reach past the query's rows, and where to.
 # An option's key may be computed (map(lower('ROWVALIDATIONXSDPATH'), ...)): those functions are refused outright.
@@ -299,6 +305,9 @@ def _unparsed(first: str) -> str:
 
 
 def _kind(node: str) -> str:
+    """What a plan node is, as the SQL that makes it (ALTER TABLE for each of delta's Alter* nodes too)."""
+    if node.startswith("AlterTable"):
+        return "ALTER TABLE"
     return KINDS.get(node, f"{node} (Spark's name for the statement)")
 
 
