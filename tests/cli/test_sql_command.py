@@ -177,6 +177,8 @@ def test_explain_show_and_describe_of_lake_tables(lake, tmp_path, caplog):
     assert [c["col_name"] for c in columns] == DeltaTable(f"{lake}/vwap_1m").schema().to_arrow().names
     history = json.loads(sql(lake, tmp_path, "describe history `vwap_1m` limit 1", "--json"))
     assert [h["version"] for h in history] == [DeltaTable(f"{lake}/vwap_1m").version()]
+    by_path = json.loads(sql(lake, tmp_path, f"DESCRIBE HISTORY '{lake}/vwap_1m'", "--json"))  # delta-spark's form
+    assert by_path[0] == history[0]
     assert "reflect" in sql(lake, tmp_path, "DESCRIBE FUNCTION reflect")
     assert not [r for r in caplog.records if r.name.startswith("sqlglot")], caplog.records
 

@@ -205,8 +205,8 @@ def references(query: str) -> tuple[set[str] | None, set[str], str]:
     except SqlglotError:
         return None, candidates, rewritten
     if len(trees) != 1 or not isinstance(trees[0], (exp.Query, exp.Values, exp.Describe)) or \
-            trees[0].args.get("kind"):  # DESCRIBE FUNCTION / DATABASE name no table
-        return None, candidates, rewritten  # not one query: sql_guard names what it is
+            trees[0].args.get("kind") or trees[0].args.get("style") in ("HISTORY", "DETAIL"):
+        return None, candidates, rewritten  # not one query (a DESCRIBE FUNCTION, HISTORY '/path'): sql_guard judges
     ctes = {c.alias_or_name.lower() for c in trees[0].find_all(exp.CTE)}
     tables = {".".join(p for p in (t.catalog, t.db, t.name) if p).lower() for t in trees[0].find_all(exp.Table)
               if t.name and (t.db or t.catalog or t.name.lower() not in ctes)}
