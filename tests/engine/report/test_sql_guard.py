@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -248,13 +249,11 @@ class Recording(Remote):
     def __init__(self, spark):
         super().__init__(spark)
         self.printed: list[str] = []
-        self.sql = lambda text: self._keep(spark.sql(text))
+        self.sql = lambda text: self._answered(spark.sql(text).collect())
 
-    def _keep(self, frame):
-        rows = frame.collect()
+    def _answered(self, rows):
         self.printed += [str(row[0]) for row in rows]
-        frame.collect = lambda: rows
-        return frame
+        return SimpleNamespace(collect=lambda: rows)
 
 
 @pytest.fixture
