@@ -103,7 +103,8 @@ KINDS = {
     "RefreshFunction": "REFRESH FUNCTION", "AnalyzeTables": "ANALYZE TABLES", "AnalyzeColumn": "ANALYZE TABLE",
     "ListFilesCommand": "LIST FILE", "ListJarsCommand": "LIST JAR", "ListArchivesCommand": "LIST ARCHIVE",
     "SetTableProperties": "ALTER TABLE", "UnsetTableProperties": "ALTER TABLE", "AddColumns": "ALTER TABLE",
-    "NamedStreamingRelation": "a streaming read (STREAM)",
+    "NamedStreamingRelation": "a streaming read (STREAM)", "ExplainCommand": "EXPLAIN",
+    "DescribeQueryCommand": "DESCRIBE QUERY",
 }
 # Functions that reach past the query's rows, and where to.
 # An option's key may be computed (map(lower('ROWVALIDATIONXSDPATH'), ...)): those functions are refused outright.
