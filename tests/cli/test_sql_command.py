@@ -150,3 +150,41 @@ def test_java_method_is_refused_before_the_jvm_runs_it(lake, tmp_path, spark):
         invoke("--root", lake, "sql", f"SELECT java_method('java.lang.System', 'setProperty', '{probe}', 'x')",
                home=tmp_path / "dh")
     assert spark._jvm.java.lang.System.getProperty(probe) is None
+
+
+def test_an_explain_cannot_hide_a_file_read_behind_a_nested_comment(lake, tmp_path):
+    """Spark's lexer nests `/* */` comments: the EXPLAIN below explains a CSV read of a file outside the lake
+    (a header names the columns after its first line, and the unknown column's error lists them), while a
+    regex that does not nest finds a string literal there. `laminar sql` judges what Spark parsed."""
+    secret = tmp_path / "secret.csv"
+    secret.write_text("top secret\n")
+    statement = (f"EXPLAIN /* /* */ SELECT ' */ SELECT nosuch FROM csv.`{secret}` WITH (\"header\" = \"true\") --'")
+    with pytest.raises(LaminarError) as info:
+        invoke("--root", lake, "sql", statement, home=tmp_path / "dh")
+    message = str(info.value)
+    assert f"found csv.`{secret}`" in message and "top secret" not in message, message
+
+
+def test_explain_show_and_describe_of_lake_tables(lake, tmp_path, caplog):
+    """The statement kinds docs/cli.md lists, on a lake table by name: EXPLAIN and SHOW see its view (sqlglot
+    keeps what follows EXPLAIN or SHOW as one string), DESCRIBE HISTORY [LIMIT n] reads its log by path (as
+    DESCRIBE DETAIL does: its first run costs a Spark job), DESCRIBE FUNCTION names no table; and sqlglot logs
+    nothing on stderr."""
+    plan = json.loads(sql(lake, tmp_path, "EXPLAIN SELECT * FROM vwap_1m v JOIN laminar_system.partitions p "
+                                          "ON p.flow = 'vwap_1m'", "--json"))[0]["plan"]
+    assert "Physical Plan" in plan and "NOT_FOUND" not in plan, plan
+    columns = json.loads(sql(lake, tmp_path, "SHOW COLUMNS IN vwap_1m", "--json"))
+    assert [c["col_name"] for c in columns] == DeltaTable(f"{lake}/vwap_1m").schema().to_arrow().names
+    history = json.loads(sql(lake, tmp_path, "describe history `vwap_1m` limit 1", "--json"))
+    assert [h["version"] for h in history] == [DeltaTable(f"{lake}/vwap_1m").version()]
+    by_path = json.loads(sql(lake, tmp_path, f"DESCRIBE HISTORY '{lake}/vwap_1m'", "--json"))  # delta-spark's form
+    assert by_path[0] == history[0]
+    assert "reflect" in sql(lake, tmp_path, "DESCRIBE FUNCTION reflect")
+    assert not [r for r in caplog.records if r.name.startswith("sqlglot")], caplog.records
+
+
+def test_time_travel_on_a_lake_table_by_name_says_to_read_it_by_path(lake, tmp_path):
+    with pytest.raises(LaminarError) as info:
+        invoke("--root", lake, "sql", "SELECT * FROM vwap_1m VERSION AS OF 0", home=tmp_path / "dh")
+    message = str(info.value)
+    assert "TIME_TRAVEL" in message and f"{lake}/vwap_1m` VERSION AS OF <n>" in message and "\n" not in message

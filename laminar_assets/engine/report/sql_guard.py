@@ -13,9 +13,17 @@ The parse runs no Spark job and executes nothing:
   own statements (RESTORE, OPTIMIZE, VACUUM, ... which delta-spark's parser claims before Spark's
   grammar sees the text), so over Connect the first word, as delta-spark's lexer reads it, must also
   begin an allowed kind: delta-spark's statements that begin so (DESCRIBE HISTORY/DETAIL, SHOW
-  COLUMNS) only read. Spark analyzes the statement to explain it (no function runs: analysis only
-  resolves names, though a reflective call's class is loaded); the plain names of the refused
-  functions are refused from the text before that.
+  COLUMNS) only read. Spark analyzes and optimizes the statement to explain it, before its parse can
+  be judged: so reads by path are switched off while it explains (`spark.sql.runSQLOnFiles`; a CSV
+  read with a header would name its columns after a file's first line), and the names of the refused
+  functions and IDENTIFIER (a name computed there) are refused from the text wherever they appear
+  (optimizing calls a function of constants).
+
+EXPLAIN and DESCRIBE QUERY only plan or analyze the statement they wrap, which is judged in turn:
+locally as Spark parsed it (the plan holds it); over Spark Connect its EXPLAIN prints only that
+statement's first line, so it is cut from the text after the keywords, and what runs is rebuilt from
+the keywords and the statement judged (`check_read_only` returns it): a comment that Spark's lexer
+reads otherwise than a regex (they nest, and `--` goes on past a backslash-newline) hides nothing.
 
 Reads by path: `delta.`/path`` reads the table's current snapshot through its log, as a lake table by
 name does, and stays allowed (docs/cli.md documents it). Every other `<format>.`/path`` read is
@@ -48,21 +56,26 @@ QUERY_NODES = frozenset({
 # Statements that describe tables, columns, functions, namespaces or a Delta table's log.
 SHOW_DESCRIBE = frozenset({
     "DescribeRelation", "DescribeColumn", "DescribeTablePartition", "DescribeFunction", "DescribeNamespace",
-    "DescribeProcedureCommand", "DescribeDeltaHistory", "DescribeDeltaDetailCommand", "ShowTables",
+    "DescribeProcedureCommand", "DescribeRelationJsonCommand", "DescribeDeltaHistory", "DescribeDeltaDetailCommand",
+    "ShowTables",
     "ShowTablesExtended", "ShowTablePartition", "ShowViews", "ShowColumns", "ShowTableProperties", "ShowFunctions",
     "ShowCreateTable", "ShowPartitions", "ShowNamespacesCommand", "ShowCatalogsCommand",
     "ShowCurrentNamespaceCommand", "ShowCollationsCommand", "ShowProceduresCommand",
 })
-# What SHOW and DESCRIBE name (not read yet: the statement resolves them when it runs).
+# What SHOW and DESCRIBE name (not read yet: the statement resolves them when it runs); delta-spark's
+# DESCRIBE HISTORY/DETAIL '/path' names a Delta table by path.
 REFERENCES = frozenset({"UnresolvedTableOrView", "UnresolvedTable", "UnresolvedNamespace", "CurrentNamespace$",
-                        "UnresolvedFunctionName", "UnresolvedProcedure"})
+                        "UnresolvedFunctionName", "UnresolvedProcedure", "UnresolvedPathBasedTable",
+                        "UnresolvedPathBasedDeltaTable"})
 _BELOW_ROOT = QUERY_NODES | REFERENCES
-# Statements that only plan or analyze another statement, never run it: that one is judged in turn.
+# Statements that only plan or analyze another statement, never run it: that one is judged in turn (see
+# `_wrapped`). Over Spark Connect it is cut from the text after these keywords.
 _TRIVIA = r"(?:\s|--[^\n]*|/\*.*?\*/)*"
 WRAPPERS = {
-    "ExplainCommand": re.compile(rf"{_TRIVIA}EXPLAIN\b{_TRIVIA}(?:(?:LOGICAL|FORMATTED|EXTENDED|CODEGEN|COST)\b)?",
-                                 re.IGNORECASE | re.DOTALL),
-    "DescribeQueryCommand": re.compile(rf"{_TRIVIA}DESC(?:RIBE)?\b{_TRIVIA}(?:QUERY\b)?", re.IGNORECASE | re.DOTALL),
+    "ExplainCommand": re.compile(rf"{_TRIVIA}(?P<keyword>EXPLAIN)\b{_TRIVIA}"
+                                 r"(?P<mode>(?:LOGICAL|FORMATTED|EXTENDED|CODEGEN|COST)\b)?", re.IGNORECASE | re.DOTALL),
+    "DescribeQueryCommand": re.compile(rf"{_TRIVIA}(?P<keyword>DESC(?:RIBE)?)\b{_TRIVIA}(?P<mode>QUERY\b)?",
+                                       re.IGNORECASE | re.DOTALL),
 }
 # The first word of each allowed kind (and "(" of a parenthesized query).
 STARTS = frozenset({"SELECT", "WITH", "VALUES", "TABLE", "FROM", "(", "SHOW", "DESC", "DESCRIBE", "EXPLAIN"})
@@ -85,13 +98,24 @@ KINDS = {
     "AnalyzeTable": "ANALYZE TABLE", "LoadData": "LOAD DATA", "Call": "CALL", "CompoundBody": "a SQL script",
     "UnresolvedExecuteImmediate": "EXECUTE IMMEDIATE", "ScriptTransformation": "SELECT TRANSFORM (it runs a program)",
     "PlanWithUnresolvedIdentifier": "a table named by IDENTIFIER(<expression>)",
+    "CreateSQLFunctionCommand": "CREATE FUNCTION", "CreateUserDefinedFunction": "CREATE FUNCTION",
+    "DropVariable": "DROP VARIABLE", "SetCatalogCommand": "SET CATALOG", "RefreshResource": "REFRESH",
+    "RefreshFunction": "REFRESH FUNCTION", "AnalyzeTables": "ANALYZE TABLES", "AnalyzeColumn": "ANALYZE TABLE",
+    "ListFilesCommand": "LIST FILE", "ListJarsCommand": "LIST JAR", "ListArchivesCommand": "LIST ARCHIVE",
+    "SetTableProperties": "ALTER TABLE", "UnsetTableProperties": "ALTER TABLE", "AddColumns": "ALTER TABLE",
+    "NamedStreamingRelation": "a streaming read (STREAM)", "ExplainCommand": "EXPLAIN",
+    "DescribeQueryCommand": "DESCRIBE QUERY",
 }
 # Functions that reach past the query's rows, and where to.
-FUNCTIONS = {"java_method": "calls Java methods in Spark's JVM", "reflect": "calls Java methods in Spark's JVM",
-             "try_reflect": "calls Java methods in Spark's JVM",
-             "from_protobuf": "reads a descriptor file", "to_protobuf": "reads a descriptor file"}
+# An option's key may be computed (map(lower('ROWVALIDATIONXSDPATH'), ...)): those functions are refused outright.
+_JVM, _XSD, _AVRO = ("calls Java methods in Spark's JVM", "reads the XSD file its rowValidationXSDPath option names",
+                     "reads the schema file its avroSchemaUrl option names")
+FUNCTIONS = {"java_method": _JVM, "reflect": _JVM, "try_reflect": _JVM,
+             "from_protobuf": "reads a descriptor file", "to_protobuf": "reads a descriptor file",
+             "from_xml": _XSD, "schema_of_xml": _XSD, "from_avro": _AVRO, "schema_of_avro": _AVRO}
 _NAMES = "|".join(FUNCTIONS)
 _CALL_TYPED = re.compile(rf"(?<![\w$])`?({_NAMES})`?\s*\(", re.IGNORECASE)  # in the text as typed
+_NAMED = re.compile(rf"(?<![\w$])({_NAMES}|IDENTIFIER)(?![\w$])", re.IGNORECASE)  # anywhere: a call or not
 _CALL_PARSED = re.compile(rf"(?<![\w$])({_NAMES})\(|UnresolvedTableValuedFunction \[(?:[^\]]*, )?({_NAMES})\]",
                           re.IGNORECASE)  # in a parsed plan: 'name( or a table function's [name]
 _DYNAMIC_CALL = "expressionwithunresolvedidentifier("  # a function named by IDENTIFIER(<expression>)
@@ -115,28 +139,39 @@ def refuse(found: str) -> LaminarError:
     return LaminarError(f"`laminar sql` reads only: it runs {ALLOWED}; found {found} (nothing ran)")
 
 
-def check_text(text: str) -> None:
+def check_text(text: str, *, anywhere: bool = False) -> None:
     """Refuse the functions of `FUNCTIONS` by their plain names, from the text alone (no Spark needed:
-    `run_query` calls it before starting a session). `check_read_only` judges the parse."""
+    `run_query` calls it before starting a session). `check_read_only` judges the parse. `anywhere`
+    (over Spark Connect, whose EXPLAIN optimizes the statement before its parse is judged): refuse those
+    names, and IDENTIFIER, wherever they appear, a comment between a name and its "(" included."""
+    if anywhere and (word := _NAMED.search(text)):
+        name = word.group(1).lower()
+        if name == "identifier":
+            raise refuse("IDENTIFIER(...), which over Spark Connect names a table or function only when Spark "
+                         "analyzes the statement, after the guard's EXPLAIN")
+        raise refuse(f"function {name}, which {FUNCTIONS[name]}")
     if call := _CALL_TYPED.search(text):
         name = call.group(1).lower()
         raise refuse(f"function {name}, which {FUNCTIONS[name]}")
 
 
-def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda line: f"query failed: {line}") -> None:
+def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda line: f"query failed: {line}") -> str:
     """Raise a one-line LaminarError unless `text` is one statement of an allowed kind that reads only
     tables by name or Delta tables by path and calls none of `FUNCTIONS`; run nothing. A syntax error
-    is Spark's own message, first line, through `shown` (positions as in `text`)."""
-    check_text(text)
+    is Spark's own message, first line, through `shown` (positions as in `text`). Return the statement
+    to run: `text`, or over Spark Connect an EXPLAIN / DESCRIBE QUERY rebuilt around the statement it
+    judged (`_wrapped`), as long as `text`, so Spark's positions still point into it."""
     remote = getattr(spark, "_jsparkSession", None) is None  # a Spark Connect session: no JVM handle
+    check_text(text, anywhere=remote)
     if remote:
         first = first_word(text)
         if first not in STARTS:
             raise refuse(_unparsed(first))
         if _DELTA_DESCRIBE.fullmatch(text):
-            return  # delta-spark's DESCRIBE HISTORY/DETAIL: it reads the table's log
+            return text  # delta-spark's DESCRIBE HISTORY/DETAIL: it reads the table's log
     try:
-        tree = _explained(spark, text) if remote else _parsed(spark, text)
+        plan = None if remote else _parse(spark, text)
+        tree = _explained(spark, text) if remote else _tree(plan)
     except ParseException as exc:
         first = first_word(text)
         if first in STARTS and _several(text):
@@ -144,20 +179,19 @@ def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda li
         if first not in STARTS:
             raise refuse(_unparsed(first)) from None
         raise LaminarError(shown(spark_error_line(exc, lines_before=1 if remote else 0))) from None
-    judge(spark, text, tree, shown=shown)
+    return judge(spark, text, tree, plan=plan, shown=shown)
 
 
-def judge(spark, text: str, tree: str, *, shown: Callable[[str], str]) -> None:
-    """Judge a parsed plan as Spark prints it (`treeString`: one node a line, children under `+- `/`:- `)."""
+def judge(spark, text: str, tree: str, *, plan=None, shown: Callable[[str], str]) -> str:
+    """Judge a parsed plan as Spark prints it (`treeString`: one node a line, children under `+- `/`:- `);
+    `plan` is the local parser's plan itself (None over Spark Connect). Return the statement to run."""
     if _TRUNCATED.search(tree):
         raise refuse("a statement too long to judge (Spark shortened its plan)")
     lines = tree.splitlines() or [""]
     root = _FIRST.match(lines[0])
     root = root.group(1) if root else lines[0][:40]
-    if root in WRAPPERS:  # EXPLAIN / DESCRIBE QUERY: only plans or analyzes its statement; judge that one
-        inner = WRAPPERS[root].match(text)
-        check_read_only(spark, text[inner.end():] if inner else "", shown=shown)
-        return
+    if root in WRAPPERS:
+        return _wrapped(spark, text, root, plan, shown=shown)
     if root not in QUERY_NODES | SHOW_DESCRIBE:
         raise refuse(_kind(root))
     for line in lines[1:]:
@@ -171,6 +205,27 @@ def judge(spark, text: str, tree: str, *, shown: Callable[[str], str]) -> None:
     for parts in (m.group(1).split(", ") for m in _RELATION.finditer(tree)):
         if len(parts) > 1 and not (len(parts) == 2 and parts[0].lower() == "delta"):  # delta.`/path`: its snapshot
             raise refuse_name(parts)
+    return text
+
+
+def _wrapped(spark, text: str, root: str, plan, *, shown: Callable[[str], str]) -> str:
+    """EXPLAIN / DESCRIBE QUERY only plans or analyzes the statement it wraps: judge that one. Locally the
+    plan holds it as Spark parsed it. Over Spark Connect it is cut from the text after the keywords, and
+    what runs is the keywords (at their places, the rest of the head blanked) and the statement judged:
+    a comment that Spark's lexer ends elsewhere than `_TRIVIA` can only break the statement, not hide one."""
+    if plan is not None:
+        inner = plan.logicalPlan() if root == "ExplainCommand" else plan.plan()
+        judge(spark, "", _tree(inner), plan=inner, shown=shown)
+        return text
+    head = WRAPPERS[root].match(text)
+    if head is None:
+        raise refuse(f"{_kind(root)} whose statement the guard could not find")
+    statement = check_read_only(spark, text[head.end():], shown=shown)
+    rebuilt = [c if c in "\r\n" else " " for c in text[:head.end()]]
+    for group in ("keyword", "mode"):
+        if head.group(group):
+            rebuilt[head.start(group):head.end(group)] = head.group(group)
+    return "".join(rebuilt) + statement
 
 
 def refuse_name(parts: list[str]) -> LaminarError:
@@ -184,24 +239,34 @@ def refuse_name(parts: list[str]) -> LaminarError:
                         f"found {why}")
 
 
-def _parsed(spark, text: str) -> str:
-    """The parsed plan of a local session's own parser (delta-spark's when loaded), all fields printed."""
-    plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(text)
+def _parse(spark, text: str):
+    """A local session's own parser's plan of `text` (delta-spark's parser when loaded): a JVM object."""
+    return spark._jsparkSession.sessionState().sqlParser().parsePlan(text)
+
+
+def _tree(plan) -> str:
+    """A parsed plan as Spark prints it, all fields of every node."""
     return plan.treeString(True, False, _ALL_FIELDS, False, False)  # verbose, no suffix, fields, no ids/columns
+
+
+# Session settings while the guard's EXPLAIN runs over Spark Connect: print every field of a node (25 by
+# default), and resolve no `<format>.`/path`` read (analysis would list and read the files).
+_EXPLAIN_SETTINGS = {"spark.sql.debug.maxToStringFields": str(_ALL_FIELDS), "spark.sql.runSQLOnFiles": "false"}
 
 
 def _explained(spark, text: str) -> str:
     """The parsed plan `EXPLAIN EXTENDED` prints over Spark Connect (the statement itself is not run)."""
-    key = "spark.sql.debug.maxToStringFields"  # a plan prints at most 25 fields of a node by default
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, str(_ALL_FIELDS))
+    before = {key: spark.conf.get(key, None) for key in _EXPLAIN_SETTINGS}
+    for key, value in _EXPLAIN_SETTINGS.items():
+        spark.conf.set(key, value)
     try:
         out = "\n".join(row[0] for row in spark.sql("EXPLAIN EXTENDED\n" + text).collect())
     finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     head, marker = "== Parsed Logical Plan ==\n", "\n== Analyzed Logical Plan =="
     if not out.startswith(head):  # "Error occurred during query planning:", then why: nothing to judge
         why = [x.strip() for x in out.splitlines() if x.strip() and not x.startswith("Error occurred during query")]
@@ -241,6 +306,9 @@ def _unparsed(first: str) -> str:
 
 
 def _kind(node: str) -> str:
+    """What a plan node is, as the SQL that makes it (ALTER TABLE for each of delta's Alter* nodes too)."""
+    if node.startswith("AlterTable"):
+        return "ALTER TABLE"
     return KINDS.get(node, f"{node} (Spark's name for the statement)")
 
 

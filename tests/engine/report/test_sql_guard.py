@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -55,7 +56,13 @@ ALLOWED = [
     "DESCRIBE DETAIL delta.`/tmp/lake/vwap_1m`",
     "EXPLAIN SELECT * FROM vwap_1m", "EXPLAIN FORMATTED WITH a AS (SELECT 1) SELECT * FROM a",
     "EXPLAIN /* c */ EXTENDED SELECT 1", "-- a comment first\nSELECT 1",
+    "EXPLAIN /* a /* nested */ comment */ SELECT 1", "DESCRIBE TABLE EXTENDED vwap_1m AS JSON",
+    "DESC DETAIL '/tmp/lake/vwap_1m'", "DESCRIBE HISTORY '/tmp/lake/vwap_1m' LIMIT 1",
 ]
+
+# A name computed by IDENTIFIER(<expression>): by the parse, a function so named; over Spark Connect the word
+# itself (its EXPLAIN would resolve the name, and optimizing may call the function, before the guard sees it).
+DYNAMIC = r"(a function named by IDENTIFIER\(<expression>\)|IDENTIFIER\(\.\.\.\), which over Spark Connect)"
 
 REFUSED = [  # (statement, what the message says was found: a regex)
     ("FROM symbols INSERT OVERWRITE DIRECTORY '/tmp/lake/symbols' USING parquet SELECT * WHERE false",
@@ -76,7 +83,12 @@ REFUSED = [  # (statement, what the message says was found: a regex)
     ("CREATE TEMPORARY VIEW v AS SELECT 1", "CREATE"),
     ("CREATE TEMPORARY FUNCTION f AS 'x.Y'", "CREATE"),
     ("DROP TABLE t", "DROP"),
-    ("ALTER TABLE t ADD COLUMNS (x int)", "(AddColumns|ALTER)"),
+    ("ALTER TABLE t ADD COLUMNS (x int)", "ALTER TABLE"),
+    ("ALTER TABLE t SET TBLPROPERTIES ('a' = 'b')", "ALTER TABLE"),
+    ("ALTER TABLE t ADD CONSTRAINT c CHECK (a > 0)", "ALTER TABLE"),
+    ("CREATE TEMPORARY FUNCTION f() RETURNS INT RETURN 1", "CREATE FUNCTION"),
+    ("LIST FILE", "LIST FILE"),
+    ("SELECT * FROM STREAM(t)", r"a streaming read \(STREAM\)"),
     ("CACHE TABLE t", "CACHE"),
     ("CACHE LAZY TABLE c AS SELECT 1", "CACHE"),
     ("UNCACHE TABLE t", "UNCACHE"),
@@ -114,8 +126,17 @@ REFUSED = [  # (statement, what the message says was found: a regex)
     ("SELECT * FROM reflect/**/('java.lang.Math', 'abs', -1)", "function reflect"),
     ("SELECT transform(array(1), x -> reflect/**/('java.lang.Math', 'abs', x))", "function reflect"),
     ("SELECT " + ", ".join(str(i) for i in range(40)) + ", java_method/**/('a', 'b')", "function java_method"),
-    ("SELECT IDENTIFIER('java_' || 'method')('java.lang.Math', 'abs', -1)", r"a function named by IDENTIFIER\(<expression>\)"),
+    ("SELECT IDENTIFIER('java_' || 'method')('java.lang.Math', 'abs', -1)", DYNAMIC),
     ("SELECT from_protobuf(x, 'M', '/etc/passwd')", "function from_protobuf, which reads a descriptor file"),
+    # option keys may be computed (map(lower('ROWVALIDATIONXSDPATH'), ...)): the functions are refused outright
+    ("SELECT from_xml/* /* */ */('<ROW/>', 'a INT', map('rowValidationXSDPath', '/tmp/no.xsd', 'mode', 'FAILFAST'))",
+     "function from_xml, which reads the XSD file its rowValidationXSDPath option names"),
+    ("SELECT schema_of_xml('<ROW/>', map('rowValidationXSDPath', '/tmp/no.xsd'))", "function schema_of_xml"),
+    ("SELECT from_avro(x, '{}', map('avroSchemaUrl', 'file:///etc/passwd')) FROM t",
+     "function from_avro, which reads the schema file its avroSchemaUrl option names"),
+    ("SELECT schema_of_avro('{}', map('avroSchemaUrl', 'file:///etc/passwd'))", "function schema_of_avro"),
+    ("SELECT IDENTIFIER('from_' || 'xml')('<ROW/>', 'a INT', map('rowValidationXSDPath', '/tmp/no.xsd', 'mode', 'FAILFAST'))",
+     DYNAMIC),
     # tables: by name, or Delta tables by path; nothing else
     ("SELECT * FROM parquet.`/tmp/lake/vwap_1m`", r"parquet.`/tmp/lake/vwap_1m`, which reads files without a Delta log"),
     ("SELECT * FROM vwap_1m UNION ALL SELECT * FROM json.`/etc/passwd`", "json.`/etc/passwd`"),
@@ -123,6 +144,11 @@ REFUSED = [  # (statement, what the message says was found: a regex)
     ("SELECT * FROM IDENTIFIER('a' || 'b')", r"a table named by IDENTIFIER\(<expression>\)"),
     # a comment delta-spark's lexer does not nest: it reads RESTORE where Spark's reads SELECT 1
     ("/* /* */ RESTORE TABLE delta.`/tmp/lake/vwap_1m` TO VERSION AS OF 0 -- */ SELECT 1", "RESTORE"),
+    # an EXPLAIN or DESCRIBE QUERY judges the statement Spark's lexer finds after its keywords: its comments
+    # nest, and a `--` comment goes on past a line break after a backslash
+    ("EXPLAIN /* /* */ SELECT ' */ SELECT * FROM csv.`/tmp/x` --'", r"csv.`/tmp/x`, which reads files"),
+    ("EXPLAIN -- \\\n SELECT '\n SELECT * FROM csv.`/tmp/x` --'", r"csv.`/tmp/x`, which reads files"),
+    ("DESCRIBE /* /* */ SELECT ' */ SELECT * FROM csv.`/tmp/x` --'", r"csv.`/tmp/x`, which reads files"),
     ("", "nothing"),
 ]
 
@@ -143,6 +169,8 @@ REMOTE = {
     "SELECT transform(array(1), x -> reflect/**/('java.lang.Math', 'abs', x))",
     "SELECT " + ", ".join(str(i) for i in range(40)) + ", java_method/**/('a', 'b')",
     "SELECT IDENTIFIER('java_' || 'method')('java.lang.Math', 'abs', -1)", "SELECT * FROM parquet.`/tmp/lake/vwap_1m`",
+    "SELECT from_xml/* /* */ */('<ROW/>', 'a INT', map('rowValidationXSDPath', '/tmp/no.xsd', 'mode', 'FAILFAST'))",
+    "SELECT IDENTIFIER('from_' || 'xml')('<ROW/>', 'a INT', map('rowValidationXSDPath', '/tmp/no.xsd', 'mode', 'FAILFAST'))",
     "SELECT * FROM spark_catalog.default.t",
     "/* /* */ RESTORE TABLE delta.`/tmp/lake/vwap_1m` TO VERSION AS OF 0 -- */ SELECT 1", "",
 }
@@ -211,7 +239,57 @@ def test_refused_statements_change_nothing_even_when_explained(spark, how, table
     assert files_under(table) == files and DeltaTable(table).version() == 1
     assert spark._jvm.java.lang.System.getProperty(PROBE) is None
     assert spark.conf.get("spark.sql.shuffle.partitions") != "77"
-    assert spark.conf.get("spark.sql.debug.maxToStringFields") == "25"  # the guard's own setting is undone
+    assert spark.conf.get("spark.sql.debug.maxToStringFields") == "25"  # the guard's own settings are undone
+    assert spark.conf.get("spark.sql.runSQLOnFiles") == "true"
+
+
+class Recording(Remote):
+    """A `Remote` that keeps every row the real Spark answered (what the guard's EXPLAIN printed)."""
+
+    def __init__(self, spark):
+        super().__init__(spark)
+        self.printed: list[str] = []
+        self.sql = lambda text: self._answered(spark.sql(text).collect())
+
+    def _answered(self, rows):
+        self.printed += [str(row[0]) for row in rows]
+        return SimpleNamespace(collect=lambda: rows)
+
+
+@pytest.fixture
+def secret(tmp_path) -> str:
+    """A file outside any lake whose first line is the secret (a CSV read with a header names a column so)."""
+    path = tmp_path / "secret.csv"
+    path.write_text("top secret\n")
+    return str(path)
+
+
+HIDDEN_READS = [  # EXPLAIN of a read of the secret file, behind a comment that Spark's lexer and a regex read apart
+    "EXPLAIN /* /* */ SELECT ' */ SELECT nosuch FROM csv.`{secret}` WITH (\"header\" = \"true\") --'",
+    "EXPLAIN -- \\\n SELECT '\n SELECT nosuch FROM csv.`{secret}` WITH (\"header\" = \"true\") --'",
+]
+
+
+@pytest.mark.parametrize("statement", HIDDEN_READS)
+def test_over_spark_connect_what_runs_is_the_statement_judged(spark, secret, statement):
+    """Over Spark Connect the guard cuts EXPLAIN's statement from the text (its EXPLAIN prints only the root of
+    an EXPLAIN's plan): what runs is rebuilt from EXPLAIN and the statement judged, never the text as typed, so a
+    comment the cut reads otherwise than Spark cannot hide a file read."""
+    statement = statement.format(secret=secret)
+    to_run = check_read_only(Remote(spark), statement)
+    assert len(to_run) == len(statement) and "/*" not in to_run.split("SELECT")[0]  # positions kept, no comment
+    printed = "\n".join(row[0] for row in spark.sql(to_run).collect())
+    assert "top secret" not in printed, printed
+
+
+def test_over_spark_connect_the_guards_explain_reads_no_file(spark, secret):
+    """Spark analyzes what it explains: a read by path is not resolved while the guard explains (a CSV read
+    with a header would name its columns after the file's first line), and nothing of the file is printed."""
+    remote = Recording(spark)
+    with pytest.raises(LaminarError, match="reads files without a Delta log"):
+        check_read_only(remote, f"SELECT nosuch FROM csv.`{secret}` WITH ('header' = 'true')")
+    assert remote.printed and not any("top secret" in out for out in remote.printed), remote.printed
+    assert spark.conf.get("spark.sql.runSQLOnFiles") == "true"
 
 
 def test_function_names_are_refused_from_the_text_alone():
