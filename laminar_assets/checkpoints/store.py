@@ -9,9 +9,11 @@ No step relies on an atomic rename, which an object store does not have (laminar
 - a watermark is one object, replaced by a single write (a rename on a local disk, one PUT on S3);
   only the run holding the partition's lease writes it;
 - a lease is taken with a put-if-absent (O_EXCL on a local disk, `If-None-Match: *` on S3); a
-  stale one (its holder dead or past `lease_seconds`) is taken over with a compare-and-swap on the
-  version read (`If-Match`), so of two runs that find it stale one wins; it is released with a
-  delete conditional on the holder's own version.
+  stale one is taken over with a compare-and-swap on the version read (`If-Match`), so of two runs
+  that find it stale one wins; it is released with a delete conditional on the holder's own version.
+  A lease is stale when it is older than `lease_seconds` (on every host), or when its holder on this
+  host is gone: no process has its pid, or the process that has it started at another time than the
+  holder did (a pid reused after a restart, common in containers). A lease naming no pid expires by age.
 A lease that expires under a slow run cannot make two runs commit one partition: every commit
 carries the partition's run sequence as a Delta app transaction and is refused when the table
 already holds that sequence (the engine's protocol).
@@ -117,8 +119,8 @@ class CheckpointStore:
 
     def _acquire(self, path: str, flow: str, partition: str, run_id: str) -> str:
         """Take the lease; returns the tag of the lease object this run wrote."""
-        body = json.dumps({"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                           "started": time.time()}).encode()
+        body = json.dumps({"run_id": run_id, "pid": os.getpid(), "process_started": process_started(os.getpid()),
+                           "host": socket.gethostname(), "started": time.time()}).encode()
         if storage.create(path, body):
             return storage.read_tagged(path)[1]
         current = storage.read_tagged(path)
@@ -143,17 +145,44 @@ class CheckpointStore:
             return "unknown holder"
 
     def _stale(self, data: bytes) -> bool:
-        """A lease whose holder is a dead process on this host, or older than `lease_seconds`."""
+        """A lease older than `lease_seconds`, or whose holder on this host is gone (see the module's
+        docstring). A run holding its lease longer than that can lose it; it cannot commit twice with
+        the run that took it over (the app-transaction check), it fails and its partition refills."""
         try:
             info = json.loads(data)
-        except ValueError:
+            age = time.time() - float(info.get("started") or 0)
+        except (ValueError, TypeError, AttributeError):
             return True  # a half-written lease of a local writer that died: nobody holds it
-        if info.get("host") == socket.gethostname():
-            try:
-                os.kill(int(info.get("pid")), 0)
-            except ProcessLookupError:
-                return True
-            except (PermissionError, TypeError, ValueError):
-                return False
-            return False
-        return time.time() - float(info.get("started", 0)) > self.lease_seconds
+        if age > self.lease_seconds:
+            return True
+        if info.get("host") != socket.gethostname():
+            return False  # another machine's process: only its age tells
+        try:
+            pid = int(info["pid"])
+        except (KeyError, TypeError, ValueError):
+            return False  # no pid to look for: it expires by age
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # a process of another user has the pid: the start time tells
+            pass
+        except (OverflowError, ValueError):
+            return True  # no process can have that pid
+        held_by = info.get("process_started")
+        now = process_started(pid)
+        return held_by is not None and now is not None and held_by != now
+
+
+def process_started(pid: int) -> str | None:
+    """When process `pid` started, as '<boot id>:<clock ticks since boot>' (Linux /proc); None where
+    unknown. With the pid it names one process: a pid reused later has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("utf-8", "replace")
+        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+            boot = fh.read().decode().strip()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after the command name, which may hold spaces
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else None  # field 22 of stat(5): starttime

@@ -25,6 +25,19 @@ class PendingRun:
 
 
 @dataclass(frozen=True)
+class FailedRuns:
+    """The runs of one (flow, partition) that failed in a row since its last successful run: how
+    many, when the first and the last failed (UTC, ISO 8601), the last one's id and error. Only
+    reports read it (`laminar status`, `laminar check`); a successful run clears it."""
+
+    count: int
+    since: str
+    last_at: str
+    last_error: str
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
 class Watermark:
     """Durable progress of one (flow, partition).
 
@@ -46,14 +59,16 @@ class Watermark:
     updated_at: str | None = None
     # each source's Delta table id at those versions: a version means nothing in a recreated table
     source_ids: dict[str, str] = field(default_factory=dict)
+    failed_runs: FailedRuns | None = None  # runs failed in a row since the last success
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Watermark:
-        pending = data.get("pending")
-        return cls(**{**data, "pending": PendingRun(**pending) if pending else None})
+        pending, failed = data.get("pending"), data.get("failed_runs")
+        return cls(**{**data, "pending": PendingRun(**pending) if pending else None,
+                      "failed_runs": FailedRuns(**failed) if failed else None})
 
     def with_(self, **changes: Any) -> Watermark:
         return replace(self, **changes)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from laminar_assets.errors import LaminarError
+from laminar_assets.errors import LaminarError, SpecError
 
 from .app import CliContext, add_row, app, console, emit_json, lit
 
@@ -18,23 +18,28 @@ CHUNK = 24  # partitions per check pass: one day of hourly partitions
 @app.command()
 def check(
     ctx: typer.Context,
-    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources)."),
+    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources; the root must "
+                                    "be empty, new, or an earlier demo's lake)."),
     rows: int = typer.Option(200, "--rows", min=50, help="Demo size with --demo."),
     sample: int = typer.Option(8, "--sample", min=1, help="Windows per partition for the equivalence check."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Quality gate: every file each table Laminar writes names exists, and every contract (Great
-    Expectations) and equivalence check passes on every materialized partition; exits non-zero if any fails."""
+    """Quality gate: every sink is its own flow's output, every file each table Laminar writes names exists,
+    and every contract (Great Expectations) and equivalence check passes on every materialized partition;
+    exits non-zero if any fails."""
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.contracts import CONTRACTS, load_contracts
     from laminar_assets.engine import FlowSpec
+    from laminar_assets.engine.report import describe_failed_runs, failed_runs
     from laminar_assets.orchestration.checks import contract_outcomes, equivalence_outcomes
 
     c: CliContext = ctx.obj
     if demo_first:
         from laminar_assets.demo import DEMO_JIT
+        from laminar_assets.demo.lake import check_demo_root
         from laminar_assets.demo.run import run_demo
 
+        check_demo_root(c.root)  # refused before anything starts (run_demo checks again before it deletes)
         with console.status("running the demo pipeline..."):
             run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7)
     c.require_lake()
@@ -44,6 +49,14 @@ def check(
     rows_out = []
     with console.status("checking...") as status:
         seen: set[str] = set()
+        for spec in c.specs():  # every sink is its own flow's output (not a source or another flow's table)
+            try:
+                engine.check_sink(spec, store.partitions(spec.name))
+                rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": True,
+                                 "details": ""})
+            except SpecError as exc:
+                rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": False,
+                                 "details": exc.message})
         for spec in c.specs():  # every table Laminar writes names only files that exist
             for table in engine.integrity(spec):
                 if table.uri not in seen:
@@ -52,15 +65,21 @@ def check(
                                      "passed": table.ok, "details": table.describe() if not table.ok else ""})
         for spec in c.specs():
             keys = store.partitions(spec.name)
+            for key in keys:  # the latest run of every partition succeeded (docs/cli.md, Failing runs)
+                failed = failed_runs(store.load(spec.name, key))
+                rows_out.append({"check": "runs", "asset": spec.name, "partition": key, "passed": failed is None,
+                                 "details": describe_failed_runs(failed) if failed else ""})
             for i in range(0, len(keys), CHUNK):  # partitions checked together: one Spark pass per chunk
                 chunk = keys[i:i + CHUNK]
                 status.update(lit(f"{spec.name} {chunk[0]} ... {chunk[-1]}"))
                 if spec.sink in contracts:
-                    for key, (passed, md) in contract_outcomes(engine, spec, contracts[spec.sink], chunk).items():
+                    outcomes = _outcomes(chunk, contract_outcomes, engine, spec, contracts[spec.sink], chunk)
+                    for key, (passed, md) in outcomes.items():
                         rows_out.append({"check": "contract", "asset": spec.name, "partition": key, "passed": passed,
                                          "details": md["failures"].value if "failures" in md else md.get("integrity", [])})
                 if isinstance(spec, FlowSpec):
-                    for key, (passed, md) in equivalence_outcomes(engine, spec, chunk, sample).items():
+                    outcomes = _outcomes(chunk, equivalence_outcomes, engine, spec, chunk, sample)
+                    for key, (passed, md) in outcomes.items():
                         rows_out.append({"check": "equivalence", "asset": spec.name, "partition": key,
                                          "passed": passed, "details": md["mismatched_windows"].value
                                          if "mismatched_windows" in md else md.get("integrity", [])})
@@ -81,13 +100,29 @@ def check(
         raise LaminarError(f"nothing to check under {c.root}: materialize something first (or pass --demo)")
     if failed:
         raise LaminarError(f"{len(failed)} of {len(rows_out)} checks failed: "
-                           + ", ".join(sorted({f"{r['check']} on {r['asset']}" for r in failed})))
+                           + ", ".join(sorted({_named(r) for r in failed})))
     if not as_json:
         console.print(f"all {len(rows_out)} checks passed")
 
 
 def _failure(row: dict) -> str:
     details = row["details"]
-    if isinstance(details, str):  # a sentence already (an integrity failure): shown whole
-        return details if row["check"] == "integrity" else f"{row['partition']}: {details}"[:200]
+    if isinstance(details, str):  # a sentence already (integrity, sink owner, failing runs): shown whole
+        if row["check"] in ("integrity", "sink owner"):
+            return details
+        return f"{row['partition']}: {details}"[:600 if row["check"] == "runs" else 200]
     return f"{row['partition']}: {json.dumps(details, default=str)[:200]}"
+
+
+def _named(row: dict) -> str:
+    """'<check> on <asset>', with the partition for failing runs (each is its own problem to look at)."""
+    return f"{row['check']} on {row['asset']}" + (f" {row['partition']}" if row["check"] == "runs" else "")
+
+
+def _outcomes(keys: list[str], evaluate, *args) -> dict[str, tuple[bool, dict]]:
+    """`evaluate(*args)`, or every partition failed with the error when the check cannot run at all (e.g. a
+    source retyped since: the failing runs say the same), so one flow does not stop the whole gate."""
+    try:
+        return evaluate(*args)
+    except LaminarError as exc:
+        return {k: (False, {"integrity": f"the check could not run: {exc.message}"}) for k in keys}

@@ -6,6 +6,7 @@ import json
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from laminar_assets import storage
 from laminar_assets.errors import LaminarError
@@ -112,7 +113,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
                                      "back from now ('24h', '7d', '30m') or 'all'.")) -> None:
     """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions; then
     how its partition runs went over `--since`: merged, refilled (by reason, windows per refill) or NOOP."""
-    from laminar_assets.engine.report import stats_by_flow
+    from laminar_assets.engine.report import describe_failed_runs, stats_by_flow
     from laminar_assets.engine.report import status as status_report
 
     ctx.obj.require_lake()
@@ -122,11 +123,12 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
     if as_json:
         emit_json([{**r, "rates": rates[r["flow"]].to_json()} for r in rows])
         return
-    table = Table("flow", "kind", "source versions", "materialized", "stale", "pending versions")
+    table = Table("flow", "kind", "source versions", "materialized", "failing", "stale", "pending versions")
     for r in rows:
         stale = ", ".join(f"{s['partition']} ({s['reason']})" for s in r["stale_partitions"]) or "-"
-        add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"], stale,
-                 r["pending_versions"])
+        failing = "; ".join(f"{f['partition']}: {describe_failed_runs(f)}" for f in r["failing_partitions"]) or "-"
+        add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"],
+                Text(failing, style="red") if r["failing_partitions"] else failing, stale, r["pending_versions"])
     console.print(table)
     period = "all recorded runs" if start is None else f"since {start:%Y-%m-%d %H:%M} UTC"
     runs = Table("flow", "partition runs", "incremental", "refilled", "noop", "hit rate", "refills by reason",

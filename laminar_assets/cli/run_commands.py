@@ -21,12 +21,15 @@ def demo(
     seed: int = typer.Option(7, "--seed", help="Random seed of the generator."),
 ) -> None:
     """The main job: generate sources, let Dagster's sensors bring every asset up to date, commit late
-    rows, corrections and cancellations, and let Dagster bring everything up to date again."""
+    rows, corrections and cancellations, and let Dagster bring everything up to date again. The root must
+    be empty, new, or a lake an earlier demo made (it is emptied first)."""
     from laminar_assets.demo import DEMO_JIT
+    from laminar_assets.demo.lake import check_demo_root
     from laminar_assets.engine import SparkOptions
     from laminar_assets.engine.spark import start_session
 
     c: CliContext = ctx.obj
+    check_demo_root(c.root)  # a root holding anything but an earlier demo's lake: refused before Spark starts
     # Spark's JVM starts before Dagster is imported and the definitions load: the runs' SparkResource
     # asks for these same options (a test holds the two together), so their session is this one.
     start_session(SparkOptions.from_env(jit=DEMO_JIT))
@@ -103,12 +106,15 @@ def refill(
     flow: str = typer.Argument(...),
     partition_range: str = typer.Option(None, "--partition-range",
                                         help="A...B (inclusive); default: every materialized partition."),
+    wait_seconds: float = typer.Option(600, "--wait-seconds", min=0,
+                                       help="How long to wait while another live run of the flow holds its "
+                                       "concurrency slot (one run of a flow at a time) before giving up. A run "
+                                       "whose process is gone (killed) is failed and its slot freed at once."),
 ) -> None:
     """Recompute partitions through Dagster, recorded with reason FORCED_BY_USER."""
     import dagster as dg
 
     from laminar_assets.checkpoints import CheckpointStore
-    from laminar_assets.engine import partition_interval
     from laminar_assets.orchestration.assets import FORCE_TAG
     from laminar_assets.orchestration.internals.in_process import execute_request, failure_message
     from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
@@ -120,26 +126,47 @@ def refill(
         if "..." not in partition_range:
             raise LaminarError(f"--partition-range must look like A...B, found {partition_range!r}", flow=flow)
         start, end = partition_range.split("...", 1)
+        _check_range(spec, start, end)  # before Dagster and Spark start: nothing is run for a range it would not run
     else:
         done = CheckpointStore(c.root).partitions(flow)
         if not done:
             raise LaminarError(f"'{flow}' has no materialized partitions; pass --partition-range A...B", flow=flow)
         start, end = done[0], done[-1]
-    for key in (start, end):
-        try:
-            partition_interval(key, spec.granularity)
-        except ValueError as exc:
-            raise LaminarError(f"bad partition in --partition-range: {exc}", flow=flow) from None
     request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
                             tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
-    with console.status(lit(f"refilling {flow} {start}...{end}")):
-        outcome = execute_request(c.definitions(), request, c.instance())
+    with console.status(lit(f"refilling {flow} {start}...{end}")) as status:
+        def notify(note: str) -> None:  # a line, not only the status: a status line is not shown in a log
+            waiting = note.startswith("waiting")
+            console.print(f"{note} (giving up after {wait_seconds:.0f} s, --wait-seconds)" if waiting else note,
+                          markup=False)
+            if waiting:
+                status.update(lit(f"refilling {flow} {start}...{end}: waiting for another run"))
+
+        outcome = execute_request(c.definitions(), request, c.instance(), pool_wait_seconds=wait_seconds,
+                                  notify=notify)
     if not outcome.success:
         raise LaminarError(f"refill of {flow} {start}...{end} failed (Dagster run {outcome.run_id[:8]}): "
                            f"{failure_message(outcome)}")
     mats = outcome.asset_materializations_for_node(flow)
     console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
                   f"(run {outcome.run_id})", markup=False)
+
+
+def _check_range(spec, start: str, end: str) -> None:
+    """Both ends are partitions of the flow's asset (a partition key on a boundary: '16:00', not '16:30';
+    from its first partition to now + future_horizon), first to last; else an error naming flow and key."""
+    from laminar_assets.engine import checked_keys
+    from laminar_assets.pipeline.settings import load_settings
+
+    settings = load_settings()
+    for key in (start, end):
+        try:
+            checked_keys(spec, [key], first=spec.start or settings.partitions_start, future_horizon=settings.future_horizon)
+        except LaminarError as exc:
+            raise LaminarError(f"bad partition in --partition-range: {exc.message}", **exc.facts) from None
+    if end < start:  # fixed-width UTC keys: text order is time order
+        raise LaminarError(f"--partition-range {start}...{end} ends before it starts: expected the earlier partition "
+                           f"first ({end}...{start})", flow=spec.name)
 
 
 @app.command()

@@ -23,12 +23,14 @@ def _cell(value) -> str:
 @app.command()
 def sql(
     ctx: typer.Context,
-    query: str = typer.Argument(..., help="One Spark SQL query, e.g. \"SELECT * FROM laminar_system.runs\"."),
+    query: str = typer.Argument(..., help="One Spark SQL query (or SHOW, DESCRIBE, EXPLAIN), e.g. "
+                                "\"SELECT * FROM laminar_system.runs\"."),
     limit: int = typer.Option(100, "--limit", min=1, help="Rows to show at most (the driver collects no more)."),
     as_json: bool = typer.Option(False, "--json", help="A JSON list of row objects."),
 ) -> None:
     """Spark SQL over the lake: every sink and stage table by its name, the raw sources, and
-    laminar_system.dag_topology / .partitions / .runs. Reads only; writes nothing."""
+    laminar_system.dag_topology / .partitions / .runs / .flow_outcomes / .flow_stats. Reads only: one query,
+    SHOW, DESCRIBE or EXPLAIN; any other statement is refused before anything runs."""
     from laminar_assets.engine import SparkOptions, build_session
     from laminar_assets.engine.report import jsonable, run_query
 

@@ -30,8 +30,8 @@ from laminar_assets.errors import (
 )
 
 from .delta import TableIntegrity
-from .executor import Engine
-from .registry import collect_specs, order_specs
+from .executor import Engine, checked_keys
+from .registry import check_tables, collect_specs, order_specs
 from .run import EngineOptions, Mode, PartitionPlan, Reason, RunResult, SweepResult
 from .spark import SparkOptions, build_session, check_java, start_session
 from .spec import (
@@ -51,26 +51,30 @@ from .spec import (
 )
 from .sql import compile_sql
 from .windows import (
+    PARTITION_SPAN,
     Granularity,
     Interval,
+    later,
     parse_duration,
     partition_interval,
     partition_key,
     partition_key_column,
+    partition_span,
     partitions_overlapping,
 )
 
 __all__ = [
     # running
-    "Engine", "EngineOptions", "RunResult", "SweepResult", "Mode", "Reason", "PartitionPlan", "TableIntegrity",
+    "Engine", "EngineOptions", "checked_keys", "RunResult", "SweepResult", "Mode", "Reason", "PartitionPlan", "TableIntegrity",
     # declaring
     "Agg", "BUILTIN_RULES", "BaseSpec", "DimensionJoin", "FactJoin", "FlowSpec", "Hopping", "LatePolicy",
-    "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "collect_specs", "compile_sql", "order_specs",
+    "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "check_tables", "collect_specs", "compile_sql",
+    "order_specs",
     # Spark
     "SparkOptions", "build_session", "check_java", "start_session",
     # time
-    "Granularity", "Interval", "parse_duration", "partition_interval", "partition_key", "partition_key_column",
-    "partitions_overlapping",
+    "PARTITION_SPAN", "Granularity", "Interval", "later", "parse_duration", "partition_interval", "partition_key",
+    "partition_key_column", "partition_span", "partitions_overlapping",
     # errors
     "CheckpointError", "CommitConflictError", "ConcurrentRunError", "EnvironmentProblem", "LaminarError",
     "RunFailedError", "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SpecError", "SqlDefinitionError",

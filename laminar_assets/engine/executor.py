@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from deltalake.exceptions import DeltaError
 from py4j.protocol import Py4JError
@@ -34,6 +35,7 @@ from .delta.log import CommitKind
 from .flow import job as flow_job
 from .flow import state as flow_state
 from .output import staged_files as staging
+from .output.owner import check_owner
 from .report import sink_read
 from .run import outcomes, protocol
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
@@ -48,7 +50,7 @@ from .spark.session import use_object_store
 from .spec.specs import FlowSpec, RefreshPolicy, Spec
 from .stage import job as stage_job
 from .stage import keys as stage_keys
-from .windows import partition_interval
+from .windows import EPOCH, Interval, check_partition, later
 
 log = logging.getLogger(__name__)
 
@@ -121,28 +123,37 @@ class Engine:
         transaction. Leases, intents, watermarks and recovery stay per partition. A partition with
         nothing to do is a NOOP without any Spark job. Results come back in the order given."""
         keys = self._keys(spec, partitions)
+        self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
         run_id = new_run_id()
+        marks: dict[str, Watermark | None] = {}
+        results: dict[str, RunResult] = {}
         # every staging of the run is tracked: what no commit took is removed when the run ends
         with protocol.leases(self.ctx, spec, keys, run_id), staging.scope():
-            started = time.perf_counter()
-            marks = self._settle(spec, keys, run_id)
-            inputs = self.gather(spec, list(marks.values()))
-            inputs.limit_to(spec, keys)
-            plans = self._plan_all(spec, marks, inputs, force)
-            self._refuse_strict(spec, plans)
-            plan_s = (time.perf_counter() - started) / len(keys)
-            swept = self._sweep(spec, plans[keys[0]], run_id, inputs)
-            results: dict[str, RunResult] = {}
-            todo = []
-            for k in keys:
-                if plans[k].mode is Mode.NOOP:
-                    protocol.record_noop(self.ctx, plans[k], marks[k], source_ids=inputs.source_ids())
-                    results[k] = RunResult(plans[k], run_id, {"pending_versions": sum(plans[k].pending_versions.values())},
-                                           {"plan": plan_s})
-                else:
-                    todo.append(k)
-            for group in _by_target(plans, todo):  # partitions that share target versions share a pass
-                results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force))
+            try:
+                started = time.perf_counter()
+                marks.update(self._settle(spec, keys, run_id))
+                inputs = self.gather(spec, list(marks.values()))
+                inputs.limit_to(spec, keys)
+                plans = self._plan_all(spec, marks, inputs, force)
+                self._refuse_strict(spec, plans)
+                plan_s = (time.perf_counter() - started) / len(keys)
+                swept = self._sweep(spec, plans[keys[0]], run_id, inputs)
+                todo = []
+                for k in keys:
+                    if plans[k].mode is Mode.NOOP:
+                        protocol.record_noop(self.ctx, plans[k], marks[k], source_ids=inputs.source_ids())
+                        results[k] = RunResult(plans[k], run_id,
+                                               {"pending_versions": sum(plans[k].pending_versions.values())},
+                                               {"plan": plan_s})
+                    else:
+                        todo.append(k)
+                for group in _by_target(plans, todo):  # partitions that share target versions share a pass
+                    results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force))
+            except InjectedCrash:
+                raise  # a simulated kill writes nothing more
+            except Exception as exc:  # counted for `laminar status` / `check`, then raised unchanged
+                protocol.record_failed_run(self.ctx, spec, [k for k in keys if k not in results], marks, run_id, exc)
+                raise
         for k in keys:
             results[k].seconds["plan"] = plan_s
         # The sweep belongs to no partition: credit it to the first partition that did work, so a NOOP
@@ -157,6 +168,11 @@ class Engine:
             r.metrics["rows_quarantined"] = sum(r.quarantined.values())
         self._record_outcomes(spec, run_id, [results[k] for k in keys], marks, inputs)
         return [results[k] for k in keys]
+
+    def check_sink(self, spec: Spec, partitions: list[str] = ()) -> None:
+        """Refuse (`SpecError`) a sink that is not this spec's output: an existing table it did not
+        create (a source, a dimension, another flow's output) or a folder of other files. Reads only."""
+        check_owner(self.ctx.layout.sink_uri(spec), spec.name, apps=[self.ctx.layout.app_id(spec, k) for k in partitions])
 
     def _record_outcomes(self, spec: Spec, run_id: str, results: list[RunResult], marks: dict, inputs: RunInputs) -> None:
         """Keep what the run did for the hit and fallback rates; a record that cannot be written costs a
@@ -359,15 +375,7 @@ class Engine:
         return checked_source(self.ctx.spark, spec, info, dims)
 
     def _keys(self, spec: Spec, partitions: list[str]) -> list[str]:
-        keys = list(dict.fromkeys(partitions))
-        if not keys:
-            raise LaminarError(f"no partitions given for '{spec.name}'", flow=spec.name)
-        for k in keys:
-            try:
-                partition_interval(k, spec.granularity)
-            except ValueError as exc:
-                raise LaminarError(f"bad partition key for '{spec.name}': {exc}", flow=spec.name) from None
-        return keys
+        return checked_keys(spec, partitions, future_horizon=self.ctx.options.future_horizon)
 
     def integrity(self, spec: Spec) -> list[integrity.TableIntegrity]:
         """Whether every file the latest snapshot of each table Laminar writes for `spec` names exists
@@ -397,6 +405,42 @@ class Engine:
         df, size = sink_read.sink_frame(self.ctx, spec, [partition])
         with interpreted(self.spark, size < self.ctx.options.interpreted_below_bytes):
             return df.orderBy(sink_read.time_column(spec)).limit(limit).toPandas()
+
+
+def checked_keys(spec: Spec, partitions: list[str], *, first: datetime | None = None,
+                 future_horizon: timedelta | None = EngineOptions.future_horizon) -> list[str]:
+    """The partitions, once each, after checking every key before anything is read or written. A key
+    that is not a partition of the spec's partitioning (an hourly key ending in ':30'), that its windows'
+    arithmetic cannot hold (year 9999), before `first` (default: the spec's `start`) or starting after now
+    + `future_horizon` is refused with an error naming the spec and the key: a run of it would leave the
+    watermark of a partition no orchestrator offers."""
+    keys = list(dict.fromkeys(partitions))
+    if not keys:
+        raise LaminarError(f"no partitions given for '{spec.name}'", flow=spec.name)
+    first = first or spec.start
+    reach = _window_reach(spec)
+    until = later(datetime.now(UTC), future_horizon) if future_horizon is not None else None
+    for k in keys:
+        try:
+            part = check_partition(k, spec.granularity, reach)
+        except ValueError as exc:
+            raise LaminarError(f"bad partition key for '{spec.name}': {exc}; nothing was run", flow=spec.name,
+                               partition=k) from None
+        if first is not None and part.start < first:
+            raise LaminarError(f"partition {k} of '{spec.name}' is before its first partition ({first:%Y-%m-%d %H:%M} "
+                               "UTC); nothing was run: choose a later one, or set the start earlier", flow=spec.name,
+                               partition=k)
+        if until is not None and part.start > until:
+            raise LaminarError(f"partition {k} of '{spec.name}' starts more than {future_horizon} after now (after "
+                               f"{until:%Y-%m-%d %H:%M} UTC: future_horizon); nothing was run", flow=spec.name, partition=k)
+    return keys
+
+
+def _window_reach(spec: Spec) -> timedelta:
+    """How far the spec's windows reach beyond a partition: the event times it reads after the
+    partition's end, the window starts before its start (a hopping flow's; zero for a stage)."""
+    part = Interval(EPOCH, EPOCH + spec.granularity.step)
+    return max(spec.events_needed(part).end - part.end, part.start - spec.output_times_of(part).start)
 
 
 def _by_target(plans: dict[str, PartitionPlan], keys: list[str]) -> list[list[str]]:

@@ -26,13 +26,17 @@ _UNITS = {
 
 
 def parse_duration(value: str | timedelta) -> timedelta:
-    """Parse '1m', '15 minutes', '1h', '1d' (or pass a timedelta through)."""
+    """Parse '1m', '15 minutes', '1h', '1d' (or pass a timedelta through); a ValueError for anything else,
+    a duration too long to represent included."""
     if isinstance(value, timedelta):
         return value
-    match = _DURATION_RE.match(str(value))
+    match = _DURATION_RE.match(value) if isinstance(value, str) else None
     if not match:
         raise ValueError(f"expected a duration like '1m', '15 minutes', '1h' or '1d', found {value!r}")
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+    try:
+        return int(match.group(1)) * _UNITS[match.group(2).lower()]
+    except OverflowError:
+        raise ValueError(f"expected a duration of at most {timedelta.max.days} days, found {value!r}") from None
 
 
 def to_utc(value: datetime) -> datetime:
@@ -94,9 +98,19 @@ def share_inside(part: Interval | None, rng: Interval) -> float:
     return (inside.end - inside.start).total_seconds() / span if span > 0 else 1.0
 
 
+def later(t: datetime, delta: timedelta) -> datetime:
+    """`t + delta`, or the last representable instant when that passes it (a file whose statistics
+    say 9999-12-31 23:59:59.999999 still has a range)."""
+    try:
+        return to_utc(t) + delta
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
+
+
 def closed_range(lo: datetime, hi: datetime) -> Interval:
-    """The smallest [start, end) interval holding the closed range [lo, hi] (stats min/max)."""
-    return Interval(lo, to_utc(hi) + timedelta(microseconds=1))
+    """The smallest [start, end) interval holding the closed range [lo, hi] (stats min/max); its end
+    stops at the last representable instant."""
+    return Interval(lo, later(hi, timedelta(microseconds=1)))
 
 
 def coalesce(intervals: Iterable[Interval]) -> tuple[Interval, ...]:
@@ -188,6 +202,11 @@ class Granularity(str, Enum):
         return timedelta(hours=1) if self is Granularity.HOURLY else timedelta(days=1)
 
     @property
+    def article(self) -> str:
+        """'an hourly' or 'a daily', for messages."""
+        return "an hourly" if self is Granularity.HOURLY else "a daily"
+
+    @property
     def key_format(self) -> str:
         # The same formats Dagster uses for HourlyPartitionsDefinition / DailyPartitionsDefinition.
         return "%Y-%m-%d-%H:%M" if self is Granularity.HOURLY else "%Y-%m-%d"
@@ -200,24 +219,66 @@ def partition_key(ts: datetime, granularity: Granularity) -> str:
     return from_micros(us - us % step).strftime(granularity.key_format)
 
 
+# The partitions Laminar names and computes. Keys have four-digit years: fixed width, so their text
+# order is their time order (as Dagster's keys). The last partition ends a day before the last instant
+# a datetime or a Spark timestamp holds, which leaves room for the arithmetic around a partition's
+# windows (a window's end, a file range's end + 1 microsecond).
+PARTITION_SPAN = Interval(datetime(1000, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC))
+
+
 def partition_interval(key: str, granularity: Granularity) -> Interval:
-    """The [start, end) interval of a partition key; raises ValueError on a malformed key."""
+    """The [start, end) interval of a partition key. Raises ValueError, saying what was expected, for
+    a key that is malformed, not the start of a partition (an hourly key ending in ':30') or not
+    inside `PARTITION_SPAN`."""
     try:
         start = datetime.strptime(key, granularity.key_format).replace(tzinfo=UTC)
     except ValueError as exc:
         example = datetime(2024, 1, 31, 13).strftime(granularity.key_format)
-        raise ValueError(f"expected a {granularity.value} partition key like '{example}', found {key!r}") from exc
+        raise ValueError(f"expected {granularity.article} partition key like '{example}', found {key!r}") from exc
+    if not PARTITION_SPAN.start <= start < PARTITION_SPAN.end:  # before `+ step`: it may overflow
+        first, last = (partition_key(t, granularity) for t in (PARTITION_SPAN.start, PARTITION_SPAN.end - granularity.step))
+        raise ValueError(f"expected {granularity.article} partition from {first} to {last}, found {key!r}")
+    written = partition_key(start, granularity)
+    if written != key:  # strptime also takes '16:30', '2024-1-2'
+        what = "the start of an hour" if granularity is Granularity.HOURLY else "a date"
+        raise ValueError(f"expected {granularity.article} partition key ({what}, like {written!r}), found {key!r}")
     return Interval(start, start + granularity.step)
 
 
-def partitions_overlapping(events: Interval, granularity: Granularity) -> list[str]:
-    """Keys of every partition overlapping `events`, in time order."""
+def check_partition(key: str, granularity: Granularity, reach: timedelta = timedelta(0)) -> Interval:
+    """`partition_interval`, also refusing a partition whose windows, reaching `reach` beyond it on
+    either side (a flow's window size), pass the first or last instant a timestamp holds."""
+    part = partition_interval(key, granularity)
+    try:  # + an hour: room for the arithmetic on a window's end (a file range's end + 1 microsecond)
+        part.start - reach - timedelta(hours=1)
+        part.end + reach + timedelta(hours=1)
+    except OverflowError:
+        raise ValueError(f"partition {key!r} is too close to the first or last representable time for windows "
+                         f"reaching {reach} beyond their partition") from None
+    return part
+
+
+def partition_span(first: datetime | None, until: datetime, granularity: Granularity) -> Interval:
+    """The partitions from the one starting at `first` (None: the first of `PARTITION_SPAN`) to the one
+    holding `until`, as [start of the first, end of the last), inside `PARTITION_SPAN`."""
+    lo = max(to_utc(first), PARTITION_SPAN.start) if first is not None else PARTITION_SPAN.start
+    hi = min(to_utc(until), PARTITION_SPAN.end - granularity.step)
+    if hi < lo:
+        return Interval(lo, lo)
+    return Interval(partition_interval(partition_key(lo, granularity), granularity).start,
+                    partition_interval(partition_key(hi, granularity), granularity).end)
+
+
+def partitions_overlapping(events: Interval, granularity: Granularity, *, limit: int | None = None) -> list[str]:
+    """Keys of every partition overlapping `events` (the first `limit` of them), in time order. One key
+    per partition: callers bound `events` (e.g. to a `partition_span`) or `limit` when a range comes
+    from data."""
     step = _micros(granularity.step)
     first = to_micros(events.start) - to_micros(events.start) % step
     keys = []
     cursor = first
     end = to_micros(events.end)
-    while cursor < end:
+    while cursor < end and (limit is None or len(keys) < limit):
         keys.append(from_micros(cursor).strftime(granularity.key_format))
         cursor += step
     return keys

@@ -112,6 +112,9 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         "root; unset ones come from the AWS environment."))
     partitions_start: str | None = Field(default=None, description=(
         "First partition of every flow without its own `start`: an ISO date or 'today - N days'."))
+    future_horizon: str | None = Field(default=None, description=(
+        "How far past now a partition may start, a duration like '6h' (default '1d'): the sensor searches no "
+        "later partition, and runs quarantine later rows."))
     schedules: dict[str, str] = Field(default_factory=dict, description=(
         'Flow name -> cron schedule that brings its latest partition up to date.'))
     sensor_interval_seconds: int | None = Field(default=None, description=(
@@ -134,6 +137,15 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
             resolve_start(value)  # a ValueError here names the field, the file and the line
         return value
 
+    @field_validator("future_horizon")
+    @classmethod
+    def _horizon(cls, value: str | None) -> str | None:
+        if value is not None:
+            from laminar_assets.engine import parse_duration
+
+            parse_duration(value)  # a ValueError here names the field, the file and the line
+        return value
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from laminar_assets.engine import LaminarError, collect_specs
         from laminar_assets.orchestration.builder import build_definitions
@@ -141,7 +153,8 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         from laminar_assets.resources import LaminarResource, SparkResource
 
         settings = LaminarSettings(**{k: v for k, v in {
-            "partitions_start": self.partitions_start, "schedules": self.schedules or None,
+            "partitions_start": self.partitions_start, "future_horizon": self.future_horizon,
+            "schedules": self.schedules or None,
             "sensor_interval_seconds": self.sensor_interval_seconds, "retries": self.retries,
             "alert": self.alert}.items() if v is not None})
         root = self.lake_root

@@ -20,6 +20,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from laminar_assets.engine import FlowSpec, LaminarError
 from laminar_assets.engine.report import inspect_partition, is_stale
 from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
+from laminar_assets.orchestration.internals.run_processes import fail_dead_runs
 from laminar_assets.pipeline.graph import Component, Spec, components
 from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.pipeline.tick import Cursor, plan_tick
@@ -127,14 +128,22 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
                     "date in graph order; waits while a run of this part is in progress.",
     )
     def _sensor(context: dg.SensorEvaluationContext, laminar: LaminarResource):
-        active = context.instance.get_run_ids(dg.RunsFilter(tags={COMPONENT_TAG: component.name}, statuses=ACTIVE),
-                                              limit=1)
+        def in_progress() -> list[str]:
+            return context.instance.get_run_ids(dg.RunsFilter(tags={COMPONENT_TAG: component.name}, statuses=ACTIVE),
+                                                limit=1)
+
+        active = in_progress()
+        if active:  # a run whose process was killed would hold the part forever: fail such runs, look again
+            for note in fail_dead_runs(context.instance):
+                context.log.warning(note)
+            active = in_progress()
         if active:
             return dg.SkipReason(f"run {active[0]} of {component.name} is in progress; the next tick covers "
                                  "what lands meanwhile")
         cursor = parse_cursor(context.cursor)
         plan = plan_tick(component, laminar.resolved_root(), laminar.checkpoints(), cursor,
-                         lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking)
+                         lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking,
+                         settings)
         for note in plan.notes:
             context.log.info(note)
         by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}

@@ -13,6 +13,9 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, Field, field_validator
 
+from laminar_assets.engine import parse_duration
+
+FUTURE_HORIZON = timedelta(days=1)  # the default of `future_horizon`
 _RELATIVE = re.compile(r"^today(?:\s*-\s*(\d+)\s*days?)?$")
 
 
@@ -38,6 +41,10 @@ class LaminarSettings(BaseModel):
     partitions_start: datetime = Field(default=datetime(2024, 1, 1, tzinfo=UTC), description=(
         "First partition of every flow that sets no `start` of its own: an ISO date, or 'today - N days' "
         "(resolved when the definitions load; older partitions then leave the catalog, their data stays)."))
+    future_horizon: timedelta = Field(default=FUTURE_HORIZON, description=(
+        "How far past now a partition may start (a duration: '6h', '1d'). The sensor searches changed rows for dirty "
+        "partitions from the flow's first partition to now + this, so a row dated 9999 costs nothing; runs refuse later "
+        "partitions, and a run's sweep quarantines rows later than that as event_time_outside_partitions."))
     sensor_interval_seconds: int = Field(default=1, ge=1, description=(
         "The least time between two ticks of a Delta-version sensor (Dagster's daemon evaluates sensors at most "
         "once every 5 s)."))
@@ -52,6 +59,14 @@ class LaminarSettings(BaseModel):
     @classmethod
     def _start(cls, value):
         return resolve_start(value)
+
+    @field_validator("future_horizon", mode="before")
+    @classmethod
+    def _horizon(cls, value):
+        horizon = parse_duration(value)
+        if horizon < timedelta(0):
+            raise ValueError(f"expected a duration of 0 or more like '1d', found {value!r}")
+        return horizon
 
 
 def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:

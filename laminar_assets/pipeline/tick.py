@@ -12,18 +12,26 @@ Where dirty partitions come from, for each spec in graph order:
 Partitions whose watermark already reflects the tables' current versions (or lags them only by
 commits that touch other partitions) are dropped, so a tick with no cursor (a new Dagster instance
 on an existing lake) does not redo what is done.
+
+The search is bounded: only partitions from the spec's first partition (its `start`, else the
+project's `partitions_start`) to the one holding now + `future_horizon` are enumerated, so a file
+whose statistics run from today to a row dated 9999 (or back to 1900) costs what today costs. Changes
+reaching outside are named in the tick's notes; the runs' sweep quarantines rows later than the
+horizon (`event_time_outside_partitions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import FlowSpec, LaminarError, partition_interval
-from laminar_assets.engine.delta import is_delta_table, open_delta, resolve_uri
-from laminar_assets.engine.report import dirty_partitions, new_commits, reach
+from laminar_assets.engine import FlowSpec, Interval, LaminarError, later, partition_interval, partition_span
+from laminar_assets.engine.delta import is_delta_table, open_table, resolve_uri
+from laminar_assets.engine.report import beyond, dirty_partitions, new_commits, reach, touches
 from laminar_assets.pipeline.graph import Component, Spec, inputs_of
+from laminar_assets.pipeline.settings import FUTURE_HORIZON, LaminarSettings
 
 # (producer spec, its partitions a consumer reads) -> those whose blocking check failed
 FailedCheck = Callable[[Spec, set[str]], set[str]]
@@ -71,7 +79,7 @@ def table_versions(root: str, tables: tuple[str, ...]) -> tuple[dict[str, int], 
     for table in tables:
         uri = resolve_uri(root, table)
         if is_delta_table(uri):
-            dt = open_delta(uri)
+            dt = open_table(table, uri)  # a damaged log: an error naming the table, version and file
             versions[table], ids[table] = dt.version(), dt.metadata().id
     return versions, ids
 
@@ -111,15 +119,27 @@ def is_current(store: CheckpointStore, spec: Spec, key: str, versions: dict[str,
         if at is None or table not in spec.sources:  # a dimension changed: the stage refills
             return False
         changes = touched(table, spec.event_time, at)
-        if changes is not None and (changes.unknown_range or key in dirty_partitions(spec, changes)):
+        if changes is not None and (changes.unknown_range or touches(spec, changes, key)):
             return False
     return True
 
 
+def searched(spec: Spec, settings: LaminarSettings | None, now: datetime) -> Interval:
+    """The partitions of `spec` a tick looks for: from its first partition (its `start`, else the project's
+    `partitions_start`; without settings, the first Laminar can name) to the one holding now +
+    `future_horizon`."""
+    first = spec.start or (settings.partitions_start if settings is not None else None)
+    horizon = settings.future_horizon if settings is not None else FUTURE_HORIZON
+    return partition_span(first, later(now, horizon), spec.granularity)
+
+
 def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: Cursor,
-              failed: FailedCheck, blocking: set[str]) -> TickPlan:
+              failed: FailedCheck, blocking: set[str], settings: LaminarSettings | None = None,
+              now: datetime | None = None) -> TickPlan:
     """The dirty partitions of every spec of `component`. `blocking`: names of specs whose
-    `contract` check is blocking (their consumers wait for it per partition)."""
+    `contract` check is blocking (their consumers wait for it per partition). `settings`: the project's
+    partitions start and future horizon, which bound the search (`searched`); `now`: the tick's time."""
+    now = now or datetime.now(UTC)
     versions, ids = table_versions(root, component.tables)
     cache: dict[tuple[str, str, int | None], object] = {}
 
@@ -135,6 +155,7 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
     for spec in component.specs:
         found: set[str] = set(cursor.held.get(spec.name, ()))
         predicted: set[str] = set()
+        span = searched(spec, settings, now)
         for table in spec.sources:
             producer = component.producer(table)
             if producer is not None:  # even before the producer's first commit creates its table
@@ -149,7 +170,10 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
                 notes.append(f"cannot read {table}: {exc.message}")
                 continue
             if changes is not None:
-                found |= set(dirty_partitions(spec, changes))
+                found |= set(dirty_partitions(spec, changes, span))
+                earliest, latest = beyond(spec, changes, span)
+                if earliest or latest:
+                    notes.append(_outside_note(spec, table, span, earliest, latest))
                 if changes.unknown_range:
                     found |= set(store.partitions(spec.name))
         for dim in spec.dimension_tables:
@@ -168,6 +192,16 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
         if blocked:
             held[spec.name] = tuple(sorted(blocked))
     return TickPlan(dirty=dirty, held=held, cursor=Cursor(versions=versions, held=held, ids=ids), notes=tuple(notes))
+
+
+def _outside_note(spec: Spec, table: str, span: Interval, earliest: datetime | None, latest: datetime | None) -> str:
+    def at(t: datetime) -> str:
+        return t.isoformat(" ", "minutes")[:16]  # four-digit years also before 1000 (strftime writes '1-01-01')
+    extremes = "; ".join(text for text in (earliest and f"as early as {at(earliest)}", latest and f"as late as {at(latest)}")
+                         if text)
+    return (f"{spec.name}: new commits of '{table}' hold event times outside the partitions searched ({at(span.start)} to "
+            f"{at(span.end)}: its first partition to now + future_horizon), {extremes}; no partition there is searched. "
+            "A run's sweep quarantines rows after the horizon (event_time_outside_partitions)")
 
 
 def _blocked(component: Component, spec: Spec, keys: set[str], failed: FailedCheck, blocking: set[str]) -> set[str]:

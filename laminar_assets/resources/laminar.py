@@ -39,10 +39,12 @@ class LaminarResource(dg.ConfigurableResource):
         return ObjectStoreOptions(endpoint=self.s3_endpoint, region=self.s3_region, access_key_id=self.s3_access_key_id,
                                   secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style)
 
-    def engine(self) -> Engine:
-        """An engine on this run's Spark session (the store is set before the session starts)."""
+    def engine(self, **options) -> Engine:
+        """An engine on this run's Spark session (the store is set before the session starts). `options`:
+        `EngineOptions` the project's settings decide (e.g. `future_horizon`)."""
         storage.configure(self.store())
-        return Engine(self.spark.get_session(), self.resolved_root(), options=EngineOptions(lease_seconds=self.lease_seconds))
+        return Engine(self.spark.get_session(), self.resolved_root(),
+                      options=EngineOptions(lease_seconds=self.lease_seconds, **options))
 
     def checkpoints(self) -> CheckpointStore:
         """Watermarks, readable without Spark (sensors and checks use this)."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import time
 
 import pytest
 
 from laminar_assets.checkpoints import CheckpointStore, PendingRun, Watermark
+from laminar_assets.checkpoints.store import process_started
 from laminar_assets.engine import CheckpointError, ConcurrentRunError
 
 
@@ -40,4 +44,47 @@ def test_lease_is_exclusive_and_released(tmp_path):
         with store.lease("f", "other", "run-3"):
             pass
     with store.lease("f", "p", "run-4"):
+        pass
+
+
+def _write_lease(tmp_path, **info) -> None:
+    """A lease file as another run left it (`store.lease` writes the same fields)."""
+    folder = tmp_path / "_laminar" / "locks" / "f"
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {"run_id": "old-run", "host": socket.gethostname(), "started": time.time(), **info}
+    (folder / "p.lock").write_text(json.dumps({k: v for k, v in body.items() if v is not None}))
+
+
+def test_a_lease_whose_pid_was_reused_is_taken_over(tmp_path):
+    """The pid is alive (this very process) but started at another time than the lease's holder: the
+    pid was reused, as after a container restart. On main the lease never expired on this host."""
+    if process_started(os.getpid()) is None:
+        pytest.skip("process start times are read from Linux /proc")
+    boot, ticks = process_started(os.getpid()).split(":")
+    for holder in (f"{boot}:{int(ticks) - 1}", f"another-boot:{ticks}"):  # a tick earlier; before a reboot
+        _write_lease(tmp_path, pid=os.getpid(), process_started=holder)
+        with CheckpointStore(str(tmp_path)).lease("f", "p", "run-2"):
+            pass
+
+
+def test_a_lease_without_a_pid_expires_by_age(tmp_path):
+    store = CheckpointStore(str(tmp_path), lease_seconds=60)
+    _write_lease(tmp_path, started=time.time())
+    with pytest.raises(ConcurrentRunError, match="old-run"):
+        with store.lease("f", "p", "run-2"):
+            pass
+    _write_lease(tmp_path, started=time.time() - 61)
+    with store.lease("f", "p", "run-3"):
+        pass
+
+
+def test_a_live_holder_keeps_its_lease_until_lease_seconds_on_this_host_too(tmp_path):
+    store = CheckpointStore(str(tmp_path), lease_seconds=60)
+    mine = dict(pid=os.getpid(), process_started=process_started(os.getpid()))
+    _write_lease(tmp_path, **mine, started=time.time() - 30)
+    with pytest.raises(ConcurrentRunError, match="old-run"):
+        with store.lease("f", "p", "run-2"):
+            pass
+    _write_lease(tmp_path, **mine, started=time.time() - 61)  # still alive, but past lease_seconds
+    with store.lease("f", "p", "run-3"):
         pass

@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from typer.testing import CliRunner
@@ -52,6 +53,27 @@ def one_error_line(proc) -> str:
     return lines[0]
 
 
+def refill_killed_holding_its_slot(root, home, flow: str) -> str:
+    """Start `laminar refill FLOW` in a process of its own, kill it (SIGKILL) once its run holds the flow's
+    concurrency slot (before its step starts Spark, if it is that quick), and return the run's id."""
+    import dagster as dg
+
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    child = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", str(root), "refill", flow],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            deadline = time.monotonic() + 300
+            while not (slots := instance.event_log_storage.get_concurrency_info(f"laminar_{flow}").claimed_slots):
+                assert child.poll() is None, f"the refill ended ({child.returncode}) before it held the slot"
+                assert time.monotonic() < deadline, "the refill never held its slot"
+                time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    return slots[0].run_id
+
+
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
     for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
@@ -78,18 +100,47 @@ def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
 
     lake, home = tmp_path / "lake", tmp_path / "dh"
     lake.mkdir()  # a storage root without tables: the flow's source is missing
-    proc = run_cli("--root", str(lake), "refill", "vwap_1m", "--partition-range",
-                   "2024-01-02-09:00...2024-01-02-10:00", home=home)
+    span = "...".join(f"{datetime.now(UTC) - timedelta(hours=h):%Y-%m-%d-%H}:00" for h in (2, 1))  # inside the asset's partitions
+    proc = run_cli("--root", str(lake), "refill", "vwap_1m", "--partition-range", span, home=home)
     assert proc.returncode == 1
     line = one_error_line(proc)
     assert "STEP_FAILURE" not in proc.stderr + proc.stdout and "Stack Trace" not in proc.stderr + proc.stdout
-    assert "vwap_1m" in line and "2024-01-02-09:00...2024-01-02-10:00" in line, line
+    assert "vwap_1m" in line and span in line, line
     assert "source table 'normalized_trades' does not exist" in line and "[table=normalized_trades]" in line, line
     assert "dagster._core" not in line and "Failure:" not in line, line
     with dg.DagsterInstance.from_config(str(home)) as instance:
         [run] = instance.get_runs()
         events = instance.all_logs(run.run_id)
     assert any(e.dagster_event and e.dagster_event.is_step_failure for e in events)
+
+
+def hour(hours_ago: int, minute: str = "00") -> str:
+    return f"{datetime.now(UTC) - timedelta(hours=hours_ago):%Y-%m-%d-%H}:{minute}"
+
+
+@pytest.mark.parametrize("span,problem", [
+    (lambda: f"{hour(1)}...{hour(3)}", "ends before it starts: expected the earlier partition first"),
+    (lambda: f"{hour(3, '30')}...{hour(1)}", "(the start of an hour, like '"),
+    (lambda: f"{hour(3)}...9999-12-31-23:00", "partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '9999-12-31-23:00'"),
+    (lambda: f"0001-01-01-00:00...{hour(1)}", "partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '0001-01-01-00:00'"),
+    (lambda: f"2024-01-02-09:00...{hour(1)}", "2024-01-02-09:00 of 'vwap_1m' is before its first partition"),
+], ids=["reversed", "half_past", "year_9999", "year_1", "before_start"])
+def test_a_bad_refill_range_fails_before_dagster_or_spark_start(tmp_path, monkeypatch, span, problem):
+    """Reversed ends failed with IndexError after Spark had started; a start at 16:30 refilled only 17:00
+    while echoing 16:30; 9999-12-31-23:00 raised OverflowError. Now each is an error naming the flow,
+    raised before any run (the only way to Dagster and Spark here) begins."""
+    from laminar_assets.errors import LaminarError
+    from laminar_assets.orchestration.internals import in_process
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a Dagster run (and its Spark session) was started")
+
+    monkeypatch.setattr(in_process, "execute_request", no_run)
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    with pytest.raises(LaminarError) as info:
+        invoke("--root", str(lake), "refill", "vwap_1m", "--partition-range", span(), home=tmp_path / "dh")
+    assert problem in info.value.message and info.value.facts["flow"] == "vwap_1m", info.value
 
 
 def test_failure_message_of_an_unexpected_exception_is_its_own_first_line():
@@ -269,10 +320,19 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     assert "Input [" in text and "]: [" in text  # Spark's column lists survive the console
     assert ("INCREMENTAL" in text or "REFILL" in text) and "NOOP" not in text
 
+    # a refill killed (kill -9) while its run holds vwap_1m's concurrency slot does not wedge the flow:
+    # the next refill fails that run and takes the slot (it used to wait forever, spinning)
+    killed_run = refill_killed_holding_its_slot(root, home, "vwap_1m")
     refilled = invoke("--root", str(root), "refill", "vwap_1m", "--partition-range", f"{hour0}...{hour1}",
                       home=home)
     assert refilled.exit_code == 0, refilled.output
     assert "2 partition(s)" in refilled.output and "FORCED_BY_USER" in refilled.output
+    assert f"run {killed_run} was left STARTED by a process that is gone" in refilled.output, refilled.output
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_run_by_id(killed_run).status == dg.DagsterRunStatus.FAILURE
+        assert instance.event_log_storage.get_concurrency_info("laminar_vwap_1m").claimed_slots == []
     from laminar_assets.checkpoints import CheckpointStore
 
     assert CheckpointStore(str(root)).load("vwap_1m", hour0).last_reason == "FORCED_BY_USER"
@@ -282,7 +342,9 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     checked = invoke("--root", str(root), "check", "--json", home=home)
     assert checked.exit_code == 0, checked.output
     results = json.loads(checked.output)
-    assert {r["check"] for r in results} == {"contract", "equivalence", "integrity"} and all(r["passed"] for r in results)
+    assert {r["check"] for r in results} == {"contract", "equivalence", "integrity", "sink owner"}
+    assert all(r["passed"] for r in results)
+    assert {r["asset"] for r in results if r["check"] == "sink owner"} == set(SPECS)  # each sink its flow's own
     integrity = {r["partition"] for r in results if r["check"] == "integrity"}
     assert {"vwap_1m", "normalized_trades", "quarantine of raw_trades"} <= integrity
     assert any(t.startswith("vwap_1m state ") for t in integrity)

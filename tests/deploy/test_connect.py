@@ -93,6 +93,19 @@ def test_laminar_sql_over_the_connect_server_reads_delta_tables_by_path(server, 
     assert laminar_sql(f"SELECT count(*) AS n FROM delta.`{table}`") == [{"n": rows.num_rows}]
     history = laminar_sql(f"DESCRIBE HISTORY delta.`{table}`")
     assert [h["version"] for h in history] == list(range(len(history) - 1, -1, -1)) and len(history) > 1, history
+    # read-only over Connect too: judged by the server's EXPLAIN (a multi-insert overwriting the table's
+    # folder) or by the first word delta-spark's lexer reads (a RESTORE hidden from Spark's lexer by a
+    # comment that delta-spark's does not nest); the table keeps every file and its version
+    files = sorted(p.relative_to(table) for p in Path(table).rglob("*"))
+    for query, found in [(f"FROM (SELECT 1 AS a) INSERT OVERWRITE DIRECTORY '{table}' USING parquet SELECT *",
+                          "INSERT OVERWRITE DIRECTORY"),
+                         (f"/* /* */ RESTORE TABLE delta.`{table}` TO VERSION AS OF 0 -- */ SELECT 1", "RESTORE")]:
+        proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "sql", query], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and "reads only: it runs one SELECT" in proc.stderr, proc.stderr[-3000:]
+        assert f"found {found}" in proc.stderr, proc.stderr[-3000:]
+    assert sorted(p.relative_to(table) for p in Path(table).rglob("*")) == files
+    assert DeltaTable(table).version() == len(history) - 1
 
 
 def test_an_unreachable_endpoint_fails_fast_and_clearly():

@@ -12,12 +12,15 @@ from laminar_assets.engine.windows import (
     Granularity,
     Interval,
     WindowShape,
+    check_partition,
+    closed_range,
     coalesce,
     in_ranges_sql,
     parse_duration,
     partition_id,
     partition_interval,
     partition_key,
+    partition_span,
     partitions_overlapping,
     pieces_by_partition,
     sql_timestamp,
@@ -139,3 +142,45 @@ def test_pieces_by_partition_limits():
     two_in_one = [Interval(T0, T0 + timedelta(minutes=10)), Interval(T0 + timedelta(minutes=20), T0 + hour)]
     assert pieces_by_partition(two_in_one, Granularity.HOURLY, limit=10) is None
     assert pieces_by_partition([], Granularity.DAILY, limit=10) == {}
+
+
+@pytest.mark.parametrize("key,granularity,expected", [
+    ("2026-12-01-16:30", Granularity.HOURLY, "the start of an hour, like '2026-12-01-16:00'"),
+    ("2026-12-1-16:00", Granularity.HOURLY, "like '2026-12-01-16:00'"),
+    ("2026-12-1", Granularity.DAILY, "a date, like '2026-12-01'"),
+])
+def test_a_key_that_is_not_the_start_of_a_partition_is_refused(key, granularity, expected):
+    """strptime reads '16:30' as a time: the key named no partition, and a run wrote a watermark for it."""
+    with pytest.raises(ValueError, match=expected):
+        partition_interval(key, granularity)
+
+
+@pytest.mark.parametrize("key,granularity", [
+    ("9999-12-31-23:00", Granularity.HOURLY), ("9999-12-31", Granularity.DAILY), ("0001-01-01-00:00", Granularity.HOURLY),
+    ("0999-12-31", Granularity.DAILY),
+])
+def test_a_key_outside_the_partition_span_is_a_value_error_not_an_overflow(key, granularity):
+    last = "9999-12-30-23:00" if granularity is Granularity.HOURLY else "9999-12-30"
+    with pytest.raises(ValueError, match=f"partition from 1000-01-01.* to {last}, found '{key}'"):
+        partition_interval(key, granularity)
+
+
+def test_a_partition_whose_windows_overflow_is_refused():
+    assert check_partition("9999-12-30", Granularity.DAILY, timedelta(hours=1)).end == datetime(9999, 12, 31, tzinfo=UTC)
+    with pytest.raises(ValueError, match="too close to the first or last representable time"):
+        check_partition("9999-12-30", Granularity.DAILY, timedelta(days=2))
+
+
+def test_a_range_ending_at_the_last_instant_has_an_end():
+    """A file whose statistics hold 9999-12-31 23:59:59.999999 (a 'max timestamp' sentinel)."""
+    last = datetime.max.replace(tzinfo=UTC)
+    assert closed_range(datetime(2026, 1, 1, tzinfo=UTC), last).end == last
+
+
+def test_partition_span_runs_from_the_first_partition_to_the_one_holding_the_horizon():
+    until = datetime(2026, 12, 2, 17, 40, tzinfo=UTC)
+    assert partition_span(datetime(2026, 12, 1, tzinfo=UTC), until, Granularity.HOURLY) == \
+        Interval(datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 2, 18, tzinfo=UTC))
+    assert partition_span(None, datetime.max.replace(tzinfo=UTC), Granularity.DAILY) == \
+        Interval(datetime(1000, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC))
+    assert partition_span(until, until - timedelta(days=3), Granularity.HOURLY).start == until  # empty, not an error

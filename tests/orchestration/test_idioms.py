@@ -69,14 +69,14 @@ def test_retryable_errors_are_only_the_transient_ones():
 class FlakyLaminar(LaminarResource):
     """A resource whose first run fails with a commit conflict right after the state commit."""
 
-    def engine(self) -> Engine:
+    def engine(self, **options) -> Engine:
         def hook(step: str) -> None:
             if step == "after_state_commit" and not FAILED:
                 FAILED.append(step)
                 raise CommitConflictError("injected: a concurrent writer committed first")
 
         return Engine(self.spark.get_session(), self.resolved_root(), hook=hook,
-                      options=EngineOptions(lease_seconds=self.lease_seconds))
+                      options=EngineOptions(lease_seconds=self.lease_seconds, **options))
 
 
 FAILED: list[str] = []

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -14,6 +16,7 @@ from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.assets import partitions_def
+from laminar_assets.orchestration.internals.run_processes import RunProcess
 from laminar_assets.orchestration.schedules import build_schedule
 from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START, build_pipeline_sensor, parse_cursor, range_requests
 from laminar_assets.pipeline.graph import components, graph_order
@@ -173,6 +176,24 @@ def test_the_sensor_waits_while_a_run_of_the_part_is_in_progress(lake, laminar, 
     assert isinstance(skipped, dg.SkipReason) and run.run_id in skipped.skip_message
     instance.report_run_failed(run)
     assert isinstance(tick(laminar, instance, None), dg.SensorResult)
+
+
+def test_a_run_of_the_part_whose_process_is_gone_is_failed_and_holds_the_sensor_no_longer(lake, laminar, instance):
+    """A `laminar demo` (or a run worker) killed mid-run leaves its run STARTED: the sensor would skip
+    forever. A real process stands for the run's: while it lives the sensor waits; once it is killed
+    the sensor fails the run and requests again."""
+    create_sources(lake, BASE)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        run = instance.create_run_for_job(dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(
+            assets=[dg.AssetSpec("x")]).resolve_asset_graph()), status=dg.DagsterRunStatus.STARTED,
+            tags={"laminar/component": "raw_trades", **RunProcess.of(child.pid).tag()})
+        assert isinstance(tick(laminar, instance, None), dg.SkipReason)
+    finally:
+        child.kill()
+        child.wait()
+    assert isinstance(tick(laminar, instance, None), dg.SensorResult)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
 
 
 def test_dimension_change_refills_materialized_stage_partitions(lake, laminar, instance):

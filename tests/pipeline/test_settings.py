@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
@@ -37,3 +37,10 @@ def test_the_demo_project_starts_near_its_data(tmp_path):
     assert (today - start).days == 2
     (tmp_path / "pyproject.toml").write_text('[tool.laminar]\npartitions_start = "2025-03-01"\n')
     assert load_settings(tmp_path / "pyproject.toml").partitions_start == datetime(2025, 3, 1, tzinfo=UTC)
+
+
+def test_the_future_horizon_is_a_duration():
+    assert LaminarSettings().future_horizon == timedelta(days=1)
+    assert LaminarSettings(future_horizon="6h").future_horizon == timedelta(hours=6)
+    with pytest.raises(ValidationError, match="expected a duration like '1m', '15 minutes', '1h' or '1d', found 'soon'"):
+        LaminarSettings(future_horizon="soon")

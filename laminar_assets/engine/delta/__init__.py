@@ -10,6 +10,7 @@ from .tables import (
     TableInfo,
     is_delta_table,
     open_delta,
+    open_table,
     resolve_uri,
     snapshot_files,
     source_history,
@@ -18,5 +19,5 @@ from .tables import (
 
 __all__ = [
     "CommitKind", "CommitSummary", "DataFile", "Layout", "SourceHistory", "TableInfo", "TableIntegrity",
-    "check_table", "is_delta_table", "open_delta", "resolve_uri", "snapshot_files", "source_history", "table_info",
+    "check_table", "is_delta_table", "open_delta", "open_table", "resolve_uri", "snapshot_files", "source_history", "table_info",
 ]

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from laminar_assets import storage
 
-from ..windows import Interval, closed_range, to_utc
+from ..windows import Interval, closed_range, later, to_utc
 
 
 def _parse_stat_time(value) -> datetime | None:
@@ -39,7 +39,7 @@ def stats_interval(lo, hi) -> Interval | None:
     lo_t, hi_t = _parse_stat_time(lo), _parse_stat_time(hi)
     if lo_t is None or hi_t is None:
         return None
-    return closed_range(lo_t, hi_t + timedelta(milliseconds=1))
+    return closed_range(lo_t, later(hi_t, timedelta(milliseconds=1)))
 
 
 def range_from_stats(stats_json: str | None, column: str) -> tuple[Interval | None, int | None]:

@@ -77,6 +77,8 @@ class CommitSummary:
     # every file the commit removed, with or without a data change (compaction): snapshots before the
     # commit name them, so a vacuum that deleted one makes those snapshots unreadable
     removed: tuple[str, ...] = ()
+    # the table schema (Delta JSON) the commit set with a metaData action; None: the one before stays
+    schema: str | None = field(default=None, compare=False)
 
     @property
     def touched(self) -> tuple[Interval, ...] | None:
@@ -154,16 +156,21 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
     add_actions, remove_actions, cdc = [], [], []
     info: dict = {}
     metadata_changed = protocol_changed = False
+    schema: str | None = None
     layout_only = 0
     removed: list[str] = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        action = json.loads(line)
+        try:
+            action = json.loads(line)
+        except ValueError as exc:
+            raise damaged_entry(table, uri, version, number, exc) from None
         if "commitInfo" in action:
             info = action["commitInfo"]
         elif "metaData" in action:
             metadata_changed = True
+            schema = action["metaData"].get("schemaString") or schema
         elif "protocol" in action:
             protocol_changed = True
         elif "add" in action or "remove" in action:
@@ -209,7 +216,7 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
     return CommitSummary(
         version=version, timestamp=datetime.fromtimestamp(ts_ms / 1000, tz=UTC),
         operation=str(info.get("operation", "UNKNOWN")), kind=kind, adds=tuple(adds),
-        removes=tuple(removes), cdc=tuple(cdc), removed=tuple(removed),
+        removes=tuple(removes), cdc=tuple(cdc), removed=tuple(removed), schema=schema,
     )
 
 
@@ -220,13 +227,62 @@ def file_exists(uri: str) -> bool:
 def read_log_entry(table: str, uri: str, version: int) -> str | None:
     """The JSON text of commit `version`, or None when the entry is gone. Any other I/O error is a
     `SourceError`: an unreadable log is not an expired one."""
-    path = f"{uri}/_delta_log/{version:020d}.json"
+    path = entry_path(uri, version)
     try:
         data = storage.read(path)
     except OSError as exc:
         raise SourceError(f"cannot read commit {version} of '{table}' ({path}): {exc}", table=table,
                           version=version) from exc
     return data.decode("utf-8") if data is not None else None
+
+
+def entry_path(uri: str, version: int) -> str:
+    return f"{uri}/_delta_log/{version:020d}.json"
+
+
+def damaged_entry(table: str, uri: str, version: int, line: int, exc: Exception) -> SourceError:
+    """The error of a commit entry that is not JSON: a Delta writer never leaves one (it writes the
+    entry whole, or not at all), so it was cut short or edited by hand."""
+    path = entry_path(uri, version)
+    return SourceError(f"the Delta log of '{table}' is damaged: the entry of commit {version} is not valid JSON at line "
+                       f"{line} ({exc}); Delta writers never leave such an entry, so it was truncated or edited: restore "
+                       "the file from a backup, or recreate the table", table=table, version=version, file=path)
+
+
+def log_damage(table: str, uri: str, version: int | None = None) -> SourceError | None:
+    """Why a table's log cannot be read, when the cause is one file: the checkpoint `_last_checkpoint`
+    names is missing, or a JSON commit entry a reader of `version` (latest if None) replays is not JSON.
+    For the error of a failed open (`deltalake` names neither the version nor the file); None when
+    neither is the cause. Lists the log: only called after an open failed."""
+    log = f"{uri}/_delta_log"
+    names = {f.rsplit("/", 1)[-1]: f for f, _ in storage.list_files(log)}
+    hint_path = f"{log}/_last_checkpoint"
+    checkpoint = -1
+    if "_last_checkpoint" in names:
+        try:
+            checkpoint = int(json.loads(storage.read(hint_path) or b"{}")["version"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return SourceError(f"the Delta log of '{table}' is damaged: its _last_checkpoint is not a checkpoint hint "
+                               f"({exc}); restore it, or remove it so readers replay the JSON commits", table=table,
+                               file=hint_path)
+    if checkpoint >= 0 and (version is None or version >= checkpoint) and \
+            not any(n.startswith(f"{checkpoint:020d}.checkpoint") for n in names):
+        missing = f"{log}/{checkpoint:020d}.checkpoint.parquet"
+        return SourceError(f"the Delta log of '{table}' is damaged: its _last_checkpoint names the checkpoint of version "
+                           f"{checkpoint}, whose file is missing; restore the file from a backup, or remove "
+                           "_last_checkpoint if every JSON commit since version 0 is still in the log", table=table,
+                           version=checkpoint, file=missing)
+    commits = sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
+    start = checkpoint + 1 if version is None or version >= checkpoint else 0
+    for v in (v for v in commits if v >= start and (version is None or v <= version)):
+        text = (storage.read(entry_path(uri, v)) or b"").decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                if line.strip():
+                    json.loads(line)
+            except ValueError as exc:
+                return damaged_entry(table, uri, v, number, exc)
+    return None
 
 
 def _entry_stamp(local: str) -> tuple[float, int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -32,11 +32,13 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     DataFile,
     commit_summary,
     file_exists,
+    log_damage,
     missing_files,
     read_commit,
     read_log_entry,
     stats_interval,
 )
+from .schema_history import retyped_commits
 
 # Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
 SUPPORTED_READER_FEATURES = frozenset({
@@ -64,6 +66,15 @@ class SourceHistory:
     # files removed by a commit (version, file) that no longer exist: every snapshot before that
     # version may name them, so a run must not read one (looked for only when asked: `source_history`)
     snapshot_gone: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+    # (version, why) of commits whose files hold a column the reader reads under another type than the
+    # table has now (`with_retyped`): no read with the current schema can merge or sweep them
+    retyped: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+
+    def with_retyped(self, now: TableInfo, columns) -> SourceHistory:
+        """This history with `retyped` found for a reader of `columns` ("*": all) with `now`'s schema."""
+        def start() -> str:
+            return open_table(self.table, self.uri, self.from_version).schema().to_json()
+        return replace(self, retyped=retyped_commits(self.table, self.commits, now.delta_schema, columns, start))
 
     def snapshot_readable(self, version: int) -> str | None:
         """None when the snapshot at `version` names no file known to be gone, else why it cannot be read."""
@@ -96,7 +107,7 @@ class SourceHistory:
         return SourceHistory(self.table, self.uri, version, self.latest_version,
                              tuple(c for c in self.commits if c.version > version),
                              _expired(self.table, version, gone, vacuumed), self.cdf_enabled, gone, vacuumed,
-                             snapshot_gone)
+                             snapshot_gone, tuple((v, why) for v, why in self.retyped if v > version))
 
 
 @dataclass(frozen=True)
@@ -163,8 +174,12 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
             "create it or fix the flow's source", table=name, version=version,
         ) from exc
     except (DeltaError, OSError, ValueError) as exc:  # e.g. a version whose log entry is gone
+        damage = log_damage(name, uri, version)  # deltalake's error names neither the version nor the file
+        if damage is not None:
+            raise damage from exc
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # not its backtrace
         raise SourceNotFoundError(
-            f"cannot open Delta table '{name}' at {uri}: {exc}", table=name, version=version,
+            f"cannot open Delta table '{name}' at {uri}: {first_line}", table=name, version=version,
         ) from exc
 
 

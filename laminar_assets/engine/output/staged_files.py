@@ -90,7 +90,10 @@ def file_stats(uri: str) -> tuple[int, str]:
                 # Delta statistics may be read at millisecond precision: floor min, ceil max.
                 lo = lo - timedelta(microseconds=lo.microsecond % 1000)
                 if hi.microsecond % 1000:
-                    hi = hi + timedelta(microseconds=1000 - hi.microsecond % 1000)
+                    try:
+                        hi = hi + timedelta(microseconds=1000 - hi.microsecond % 1000)
+                    except OverflowError:  # no millisecond above 9999-12-31 23:59:59.999999: no min/max
+                        continue
             mins[column.name], maxs[column.name] = _stat_value(lo), _stat_value(hi)
     stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
     return meta.num_rows, json.dumps(stats, default=str)

@@ -6,7 +6,9 @@ the flow that rejected the rows. Each rejected row has exactly one writer:
     partition run of that time (`partition` = its key);
   - a row with a missing, unparseable or out-of-bounds event time belongs to no
     partition; the flow's sweep records it (`partition` NULL), reading each source
-    version once.
+    version once. So does a row whose event time no partition the flow offers holds:
+    before its `start`, after now + the engine's `future_horizon` when swept, or
+    outside the years partitions can name (`event_time_outside_partitions`).
 A write appends only rows not yet recorded for (flow, partition) — an anti-join on
 (rule, row) with the flow's files whose event times overlap the run's partitions
 (`recorded_files`) — so retried, repeated and refilled runs never record a row twice.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -37,10 +39,11 @@ from ..output.commit import CHECKPOINT_EVERY, with_user_metadata
 from ..output.staged_files import committed, write_staged
 from ..spark.read import read_source
 from ..spec.specs import Spec
-from ..windows import Interval, sql_timestamp
+from ..windows import PARTITION_SPAN, Interval, later, partition_span, sql_timestamp
 
 RULE, ROW, VERSION, PARTITION_KEY = "__rule", "__row", "__src_version", "__part_key"
 MISSING, OUT_OF_BOUNDS, KEY_MISSING = "event_time_missing", "event_time_out_of_bounds", "key_missing"
+OUTSIDE_PARTITIONS = "event_time_outside_partitions"
 
 SCHEMA = pa.schema([
     ("flow", pa.string()), ("partition", pa.string()), ("rule", pa.string()), ("source_version", pa.int64()),
@@ -89,9 +92,37 @@ def assigned_sql(spec: Spec) -> str:
     return f"({ok})"
 
 
-def unassigned_rule(spec: Spec) -> Column:
+def unassigned_rule(spec: Spec, offered: Interval | None = None) -> Column:
+    """The builtin rule a row the sweep records breaks: no event time, out of bounds, or (with
+    `offered`, from `offered_events`) an event time no offered partition holds."""
     ts = F.col(EVENT_TS)
-    return F.when(ts.isNull(), F.lit(MISSING)).when(~assigned(spec), F.lit(OUT_OF_BOUNDS))
+    rule = F.when(ts.isNull(), F.lit(MISSING)).when(~assigned(spec), F.lit(OUT_OF_BOUNDS))
+    return rule if offered is None else rule.when(~F.expr(_inside_sql(offered)), F.lit(OUTSIDE_PARTITIONS))
+
+
+def swept(spec: Spec, offered: Interval | None = None) -> Column:
+    """Rows the sweep records: those no partition run owns (not `assigned`), and with `offered` those
+    whose event time lies outside it."""
+    rows = f"NOT {assigned_sql(spec)}"
+    return F.expr(rows if offered is None else f"({rows} OR NOT {_inside_sql(offered)})")
+
+
+def offered_events(spec: Spec, horizon: timedelta | None, now: datetime | None = None) -> Interval:
+    """The event times whose rows land in a partition a run of `spec` may be asked for: from its
+    `start` (else the first partition Laminar can name) to the windows of the partition holding
+    now + `horizon` (else the last one). Rows outside belong to no partition any run will compute."""
+    until = later(now or datetime.now(UTC), horizon) if horizon is not None else PARTITION_SPAN.end
+    span = partition_span(spec.start, until, spec.granularity)
+    try:
+        end = spec.events_needed(span).end
+    except OverflowError:  # windows wider than the room after the last partition
+        end = datetime.max.replace(tzinfo=UTC)
+    return Interval(span.start, max(end, span.start))
+
+
+def _inside_sql(events: Interval) -> str:
+    ts = q(EVENT_TS)
+    return f"({ts} >= {sql_timestamp(events.start)} AND {ts} < {sql_timestamp(events.end)})"
 
 
 # ISO 8601 UTC to the microsecond: a row's identity in the quarantine (its JSON) must not change

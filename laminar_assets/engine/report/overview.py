@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 
-from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import LaminarError
 
 from ..aggregates.algebra import implementation
@@ -117,8 +117,24 @@ def explain(engine, spec: Spec, partition: str) -> dict:
     return {"logical": logical(spec), "physical": physical, "strategy": strategy}
 
 
+def failed_runs(mark: Watermark | None) -> dict | None:
+    """The runs of a partition that failed in a row since its last success (`Watermark.failed_runs`):
+    count, since, last_at, error and run_id; None when its last run succeeded."""
+    f = mark.failed_runs if mark is not None else None
+    if f is None:
+        return None
+    return {"count": f.count, "since": f.since, "last_at": f.last_at, "error": f.last_error, "run_id": f.run_id}
+
+
+def describe_failed_runs(failed: dict) -> str:
+    """One line: how many runs failed in a row, since when, and the last one's error."""
+    runs = "the last run" if failed["count"] == 1 else f"the last {failed['count']} runs"
+    return f"{runs} failed (since {failed['since'][:19].replace('T', ' ')} UTC): {failed['error']}"
+
+
 def status(root: str, specs: list[Spec]) -> list[dict]:
-    """Per spec: materialized partitions, stale ones and why, watermark vs source versions, pending versions.
+    """Per spec: materialized partitions, stale ones and why, failing ones (their last run failed: how many
+    in a row, since when, the error), watermark vs source versions, pending versions.
     Source versions cover every input the watermark records: the sources and the dimension tables."""
     store = CheckpointStore(root)
     out = []
@@ -131,17 +147,22 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
                 latest[src] = table_info(src, uri).version
             except LaminarError:  # a missing source shows as None; the partitions below say why
                 latest[src] = None
-        partitions, stale = [], []
+        partitions, stale, failing = [], [], []
         for key in store.partitions(spec.name):
             try:
                 mark, plan = inspect_partition(root, spec, key, store)
             except LaminarError as exc:  # a source that vanished: report it, don't crash the report
                 stale.append({"partition": key, "reason": "ERROR", "detail": str(exc)})
+                mark, plan = store.load(spec.name, key), None
+            failed = failed_runs(mark)
+            if failed:
+                failing.append({"partition": key, **failed})
+            if plan is None:
                 continue
             behind = {s: (latest[s] - mark.source_versions.get(s, 0)) if latest.get(s) is not None else None
                       for s in inputs}
             row = {"partition": key, "watermark": mark.source_versions, "versions_behind": behind,
-                   "last_mode": mark.last_mode, "last_reason": mark.last_reason}
+                   "last_mode": mark.last_mode, "last_reason": mark.last_reason, "failed_runs": failed}
             partitions.append(row)
             if is_stale(mark, plan):
                 why = plan.reason.value if not mark.failed_attempt else "PREVIOUS_ATTEMPT_FAILED"
@@ -149,6 +170,7 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
                               "detail": mark.failed_attempt or plan.detail})
         out.append({"flow": spec.name, "kind": spec.kind, "source_versions": latest,
                     "partitions_materialized": len(partitions), "stale_partitions": stale,
+                    "failing_partitions": failing,
                     "pending_versions": max((max(v for v in p["versions_behind"].values() if v is not None)
                                              for p in partitions if any(v is not None for v in p["versions_behind"].values())),
                                             default=0),

@@ -4,7 +4,7 @@ commits (from Delta file statistics) and what the planner would do for a partiti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 
@@ -12,12 +12,26 @@ from ..delta.tables import CommitSummary, read_commit, resolve_uri, snapshot_fil
 from ..run.plan import Mode, PartitionPlan
 from ..run.planner import PlannerInput, plan_partition
 from ..spec.specs import Spec
-from ..windows import Interval, coalesce, partitions_overlapping
+from ..windows import PARTITION_SPAN, Interval, coalesce, later, partition_interval, partitions_overlapping
 
 
-def reach(spec: Spec, events: Interval) -> list[str]:
-    """Partitions of `spec` whose windows can hold rows with event times in `events`."""
-    return partitions_overlapping(spec.output_times_of(events), spec.granularity)
+def reach(spec: Spec, events: Interval, within: Interval | None = None) -> list[str]:
+    """Partitions of `spec` whose windows can hold rows with event times in `events`; with `within`
+    (a `windows.partition_span`), only those inside it. Only the partitions returned are enumerated:
+    a range that runs to a row dated 9999 costs what its part inside `within` costs."""
+    times = output_times(spec, events)
+    if times is not None and within is not None:
+        times = times.intersect(within)
+    return partitions_overlapping(times, spec.granularity) if times is not None else []
+
+
+def output_times(spec: Spec, events: Interval) -> Interval | None:
+    """Where rows with event times in `events` can land (`Spec.output_times_of`), counting only event
+    times that a partition can hold (inside the spec's bounds and `PARTITION_SPAN`); None: nowhere."""
+    events = events.intersect(PARTITION_SPAN)
+    if events is not None and spec.bounds is not None:
+        events = events.intersect(spec.bounds)
+    return spec.output_times_of(events) if events is not None else None
 
 
 @dataclass(frozen=True)
@@ -73,11 +87,36 @@ def new_commits(root: str, table: str, event_time: str, after: int | None,
     return NewCommits(table, after, info.version, coalesce(ranges), unknown, tuple(commits))
 
 
-def dirty_partitions(spec: Spec, changes: NewCommits) -> list[str]:
+def dirty_partitions(spec: Spec, changes: NewCommits, within: Interval | None = None) -> list[str]:
+    """Partitions of `spec` the changed event-time ranges reach (inside `within`, when given)."""
     keys: set[str] = set()
     for r in changes.ranges:
-        keys.update(reach(spec, r))
+        keys.update(reach(spec, r, within))
     return sorted(keys)
+
+
+def touches(spec: Spec, changes: NewCommits, key: str) -> bool:
+    """Whether the changes reach partition `key` of `spec` (`dirty_partitions` without listing them)."""
+    part = partition_interval(key, spec.granularity)
+    return any((times := output_times(spec, r)) is not None and times.overlaps(part) for r in changes.ranges)
+
+
+def beyond(spec: Spec, changes: NewCommits, within: Interval) -> tuple[datetime | None, datetime | None]:
+    """(the earliest, the latest) event time of the changes' ranges that the partitions `within` (a
+    `windows.partition_span`) cannot hold, before them and after them (None: none). Rows outside the
+    spec's bounds are left out: they are quarantined as out of bounds, wherever they are."""
+    held = Interval(within.start, later(within.end, spec.events_needed(Interval(within.end, within.end)).end - within.end))
+    earliest = latest = None
+    for r in changes.ranges:
+        if spec.bounds is not None:
+            r = r.intersect(spec.bounds)
+            if r is None:
+                continue
+        if r.start < held.start:
+            earliest = min(earliest or r.start, r.start)
+        if r.end > held.end:
+            latest = max(latest or r.end, r.end)
+    return earliest, latest
 
 
 def inspect_partition(root: str, spec: Spec, partition: str,

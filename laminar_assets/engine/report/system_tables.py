@@ -48,11 +48,10 @@ from ..spark.read import read_source
 from ..spark.session import delta_available
 from .flow_stats import outcome_rows, summarize
 from .overview import topology
+from .sql_guard import FILE_FORMATS, check_read_only, check_text, refuse_name, spark_error_line
 
 SYSTEM = "laminar_system"
 HISTORY = 1000  # commits read per sink table for `laminar_system.runs` (the most recent ones)
-_WRITES = {"CREATE", "INSERT", "DROP", "ALTER", "DELETE", "UPDATE", "MERGE", "TRUNCATE", "SET", "RESET", "CACHE",
-           "UNCACHE", "REFRESH", "ADD", "LOAD", "USE", "REPLACE", "MSCK", "ANALYZE", "CLEAR", "DECLARE", "BEGIN"}
 
 
 def _fields(*spec: tuple[str, object]) -> StructType:
@@ -176,44 +175,61 @@ def _view(name: str) -> str:
 
 def references(query: str) -> tuple[set[str] | None, set[str], str]:
     """What `query` names: (tables, candidates, rewritten query). `tables`: the tables sqlglot's parse
-    finds (lower case, CTE names left out, system tables as `laminar_system.x`), None when sqlglot cannot
-    parse the query; then Spark judges the syntax and `candidates` (every identifier in it) says which
-    tables to register. The rewritten query has each `laminar_system.x` replaced by its view name.
-    A statement that is not one query (DDL, DML, several statements) is a LaminarError."""
+    of a query (SELECT, WITH, VALUES, DESCRIBE of a table) finds (lower case, CTE names left out, system
+    tables as `laminar_system.x`); None for any other statement or when sqlglot cannot parse it: then
+    `candidates` (every identifier in it, also after EXPLAIN or SHOW) says which tables to register. The
+    rewritten query has each `laminar_system.x` replaced by its view name. Whether the statement may run
+    at all is `sql_guard`'s judgement, on Spark's own parse: sqlglot's only finds the names."""
     import sqlglot
     from sqlglot import exp
     from sqlglot.errors import SqlglotError
 
     try:
-        tokens = sqlglot.tokenize(query, read="spark")
+        tokens = _tokens(query)
     except SqlglotError:
         return None, set(), query  # e.g. an unterminated string: Spark's parser says where
     text, candidates = list(query), set()
-    for i, tok in enumerate(tokens):
-        if tok.token_type.name not in ("VAR", "IDENTIFIER"):
+    for i, (kind, word, start, end) in enumerate(tokens):
+        if kind not in ("VAR", "IDENTIFIER"):
             continue
-        candidates.add(tok.text.lower())
-        if tok.text.lower() == SYSTEM and i + 2 < len(tokens) and tokens[i + 1].token_type.name == "DOT":
-            name = tokens[i + 2].text.lower()
+        candidates.add(word.lower())
+        if word.lower() == SYSTEM and i + 2 < len(tokens) and tokens[i + 1][0] == "DOT":
+            name, end = tokens[i + 2][1].lower(), tokens[i + 2][3] + 1
             candidates.add(f"{SYSTEM}.{name}")
-            start, end = tok.start, tokens[i + 2].end + 1  # same length: Spark's positions stay right
-            text[start:end] = list(_view(name).ljust(end - start))
+            text[start:end] = list(_view(name).ljust(end - start))  # same length: Spark's positions stay right
     rewritten = "".join(text)
-    what = "`laminar sql` runs one query (SELECT, WITH, VALUES, DESCRIBE)"
+    if tokens and tokens[0][0] == "COMMAND":  # EXPLAIN, SHOW, ...: sqlglot would parse (and log) a Command
+        return None, candidates, rewritten
     try:
         trees = [t for t in sqlglot.parse(query, read="spark") if t is not None]
     except SqlglotError:
-        first = next((t.text.upper() for t in tokens if t.token_type.name != "L_PAREN"), "")
-        if first in _WRITES or any(t.token_type.name == "SEMICOLON" for t in tokens[:-1]):
-            raise LaminarError(f"{what}; found {first} ...") from None
         return None, candidates, rewritten
-    if len(trees) != 1 or not isinstance(trees[0], (exp.Query, exp.Values, exp.Describe)):
-        found = "several statements" if len(trees) > 1 else f"{(query.split() or ['nothing'])[0].upper()} ..."
-        raise LaminarError(f"{what}; found {found}")
+    if len(trees) != 1 or not isinstance(trees[0], (exp.Query, exp.Values, exp.Describe)) or \
+            trees[0].args.get("kind") or trees[0].args.get("style") in ("HISTORY", "DETAIL"):
+        return None, candidates, rewritten  # not one query (a DESCRIBE FUNCTION, HISTORY '/path'): sql_guard judges
     ctes = {c.alias_or_name.lower() for c in trees[0].find_all(exp.CTE)}
     tables = {".".join(p for p in (t.catalog, t.db, t.name) if p).lower() for t in trees[0].find_all(exp.Table)
               if t.name and (t.db or t.catalog or t.name.lower() not in ctes)}
     return tables, candidates, rewritten
+
+
+def _tokens(query: str, offset: int = 0) -> list[tuple[str, str, int, int]]:
+    """sqlglot's tokens of `query` as (kind, text, start, end), positions `offset` on. sqlglot keeps the
+    rest of a command (EXPLAIN, SHOW, MSCK, ...) as one string: that is tokenized in turn, and the
+    command's own token is marked COMMAND."""
+    import sqlglot
+    from sqlglot.dialects.spark import Spark
+
+    out = []
+    tokens = sqlglot.tokenize(query, read="spark")
+    for before, tok in zip([None, *tokens], tokens):
+        command = before is not None and before.token_type in Spark.tokenizer_class.COMMANDS
+        if command and tok.token_type.name == "STRING" and (at := query.find(tok.text, before.end + 1)) >= 0:
+            out += _tokens(tok.text, offset + at)
+            continue
+        kind = "COMMAND" if tok.token_type in Spark.tokenizer_class.COMMANDS else tok.token_type.name
+        out.append((kind, tok.text, tok.start + offset, tok.end + offset))
+    return out
 
 
 @dataclass(frozen=True)
@@ -254,7 +270,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
     """Run one Spark SQL query over the lake and return at most `limit` rows (the driver collects no
     more). `session` may be a function that builds one: it is called only after the query's tables were
     found (an unknown table fails without starting Spark). An unknown table, and Spark's parse, analysis
-    and runtime errors, are one-line LaminarErrors."""
+    and runtime errors, are one-line LaminarErrors. Only a statement that reads runs (`sql_guard`: judged by
+    Spark's own parse before any table is registered); anything else is refused, and nothing runs."""
     data = lake_tables(root, specs)
     system = {f"{SYSTEM}.dag_topology": lambda: dag_topology(spark, specs),
               f"{SYSTEM}.partitions": lambda: partitions(spark, root, specs),
@@ -262,15 +279,24 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
               f"{SYSTEM}.flow_outcomes": lambda: flow_outcomes(spark, root, specs),
               f"{SYSTEM}.flow_stats": lambda: flow_stats_table(spark, root, specs)}
     known = sorted(data) + sorted(system)
-    if (history := _HISTORY.fullmatch(query)) and history.group(1).lower() in data:
-        query = f"DESCRIBE HISTORY delta.`{spark_path(data[history.group(1).lower()])}`"
+    if (log := _LOG.fullmatch(query)) and log.group("name").lower() in data:  # a lake table's log: by its path
+        query = f"{log.group('kind')} delta.`{spark_path(data[log.group('name').lower()])}`{log.group('limit') or ''}"
+    check_text(query)  # a refused function by its name: no need to start Spark to refuse it
     tables, candidates, sql = references(query)
     by_path = {name for name in tables or () if name.startswith("delta.")}  # delta.`<path>`: Spark's Delta reads it
     for name in sorted((tables or set()) - by_path):
+        if name.split(".", 1)[0] in FILE_FORMATS and "." in name:
+            raise refuse_name(name.split(".", 1))  # e.g. parquet.`/path`
         if name not in data and name not in system:
             raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
     spark = session if hasattr(session, "sql") else session()  # a session (local or Connect), or its factory
-    if (by_path or query.lstrip().upper().startswith("DESCRIBE HISTORY")) and not delta_available(spark):
+    try:
+        sql = check_read_only(spark, sql, shown=lambda line: _shown(line, known))  # what it judged, to run
+    except LaminarError:
+        raise
+    except Exception as exc:  # Spark's errors while parsing, local (Py4J) or over Spark Connect (gRPC)
+        raise LaminarError(_one_line(exc, known)) from exc
+    if (by_path or _LOG.match(query)) and not delta_available(spark):
         raise LaminarError("the query reads a Delta table by path (delta.`...`) or its history, which needs "
                            "delta-spark in the Spark session: install its jars (`make install`, or python -m "
                            "laminar_assets.deploy.jar_installer delta) and start Spark again; tables by name "
@@ -289,7 +315,7 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
             kinds = [f.dataType for f in df.schema.fields]
             rows = [tuple(_utc(v, k) for v, k in zip(r, kinds)) for r in df.limit(limit + 1).collect()]
         except Exception as exc:  # Spark's errors, local (Py4J) or over Spark Connect (gRPC)
-            raise LaminarError(_one_line(exc, known)) from exc
+            raise LaminarError(_one_line(exc, known, data)) from exc
         return QueryResult(list(df.columns), rows[:limit], len(rows) > limit)
     finally:
         for v in views:
@@ -299,8 +325,10 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
                 pass
 
 
-# `DESCRIBE HISTORY <a lake table's name>`: its Delta log as delta-spark shows it
-_HISTORY = re.compile(r"\s*DESCRIBE\s+HISTORY\s+`?(\w+)`?\s*;?\s*", re.IGNORECASE)
+# `DESCRIBE HISTORY|DETAIL <a lake table's name> [LIMIT n]`: its Delta log as delta-spark shows it (a
+# lake table by name is a view of its files, which delta-spark does not describe)
+_LOG = re.compile(r"\s*(?P<kind>DESC(?:RIBE)?\s+(?:HISTORY|DETAIL))\s+`?(?P<name>\w+)`?(?P<limit>\s+LIMIT\s+\d+)?\s*;?\s*",
+                  re.IGNORECASE)
 
 
 def _utc(value, kind):
@@ -308,11 +336,18 @@ def _utc(value, kind):
     return value.astimezone(UTC) if isinstance(kind, TimestampType) and isinstance(value, datetime) else value
 
 
-def _one_line(exc: Exception, known: list[str]) -> str:
-    """Spark's message, first line only (no plan, no JVM trace), with view names shown as typed."""
-    java = getattr(exc, "java_exception", None)  # a Py4JJavaError Spark did not convert
-    text = str(java.toString()) if java is not None else str(exc)
-    line = next((x.strip() for x in text.splitlines() if x.strip()), type(exc).__name__).rstrip(";")
+def _one_line(exc: Exception, known: list[str], tables: dict[str, str] | None = None) -> str:
+    """Spark's message, first line only (no plan, no JVM trace), with view names shown as typed. Time travel
+    on a lake table by name (a view of its latest snapshot's files) says how to read an older version."""
+    line = _shown(spark_error_line(exc), known)
+    if "TIME_TRAVEL" in line and (name := re.search(r"`(\w+)`", line)) and name.group(1).lower() in (tables or {}):
+        line += (" A lake table by name is its latest snapshot: read an older version by path, "
+                 f"delta.`{spark_path(tables[name.group(1).lower()])}` VERSION AS OF <n>.")
+    return line
+
+
+def _shown(line: str, known: list[str]) -> str:
+    """A line of Spark's message as `laminar sql` shows it: view names as typed, the known tables."""
     line = re.sub(rf"`?{SYSTEM}_(\w+)`?", rf"{SYSTEM}.\1", line)
     if "TABLE_OR_VIEW_NOT_FOUND" in line:
         line += f" Known tables: {', '.join(known)}."

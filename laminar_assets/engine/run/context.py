@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,6 +55,10 @@ class EngineOptions:
     # report their totals on the first partition (`batch_partitions` says how many shared them).
     metrics_partitions: int = 64
     lease_seconds: float = 6 * 3600
+    # How far past now a partition may start. A run of a later partition is refused before anything is
+    # written, and the sweep quarantines rows with later event times (event_time_outside_partitions):
+    # a clock or a producer off by years must not leave watermarks nobody offers. None: no bound.
+    future_horizon: timedelta | None = timedelta(days=1)
     # A pass reading fewer bytes than this runs Spark's expressions interpreted instead of compiling
     # them: on small inputs compiling costs more CPU than it saves, on larger ones interpreted hash
     # aggregation costs more than compiling. 0 always compiles. See spark.frames.interpreted; the

@@ -21,6 +21,7 @@ from ..delta.tables import DataFile, SourceHistory, TableInfo, snapshot_files, s
 from ..spec.specs import Spec
 from ..windows import Interval, coalesce, partition_interval, share_inside
 from .planner import PlannerInput, needed_events
+from .validate import columns_used
 
 
 @dataclass
@@ -105,8 +106,9 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
         if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
             oldest = info.version
         bounded = bool(spec.max_versions_per_run or spec.max_rows_per_run)  # may read a snapshot before the latest
-        histories[src] = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info,
-                                        check_snapshots=bounded)
+        history = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info,
+                                 check_snapshots=bounded)
+        histories[src] = history.with_retyped(info, columns_used(spec, src))
     return RunInputs(infos, histories, dims, schema, row_schema)
 
 

@@ -27,6 +27,7 @@ class Reason(str, Enum):
     SPEC_CHANGED = "SPEC_CHANGED"
     DIMENSION_CHANGED = "DIMENSION_CHANGED"
     SCHEMA_CHANGED = "SCHEMA_CHANGED"
+    SCHEMA_CHANGED_HISTORY = "SCHEMA_CHANGED_HISTORY"
     FORCED_BY_POLICY = "FORCED_BY_POLICY"
     FORCED_BY_USER = "FORCED_BY_USER"
     PREVIOUS_ATTEMPT_FAILED = "PREVIOUS_ATTEMPT_FAILED"
@@ -56,6 +57,9 @@ _DESCRIPTIONS = {
     Reason.SPEC_CHANGED: "the flow spec changed since the state was built",
     Reason.DIMENSION_CHANGED: "a joined dimension table has a new version",
     Reason.SCHEMA_CHANGED: "a source column the flow uses changed type compatibly",
+    Reason.SCHEMA_CHANGED_HISTORY: ("a commit to merge holds files with a column the flow reads under another type "
+                                    "than the source has now (retyped, then restored): the partition is recomputed "
+                                    "from the latest snapshot"),
     Reason.FORCED_BY_POLICY: "refresh policy 'full' always refills",
     Reason.FORCED_BY_USER: "a refill was requested explicitly",
     Reason.PREVIOUS_ATTEMPT_FAILED: "the previous attempt failed or was killed before it committed",

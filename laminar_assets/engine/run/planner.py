@@ -15,7 +15,7 @@ from laminar_assets.checkpoints.watermark import Watermark
 
 from ..delta.tables import CommitKind, CommitSummary, SourceHistory
 from ..spec.specs import RefreshPolicy, Spec
-from ..windows import Interval, coalesce, partition_interval, partitions_overlapping, share_inside
+from ..windows import PARTITION_SPAN, Interval, coalesce, partition_interval, partitions_overlapping, share_inside
 from .plan import Mode, PartitionPlan, Reason
 
 
@@ -90,7 +90,14 @@ def _bound(spec, commits: tuple[CommitSummary, ...]) -> int:
     return max(1, limit)
 
 
+# Other partitions a plan names (run metadata): a file whose statistics run to a row dated 9999 spans
+# 70 million hours, and listing them ran a run out of memory.
+MAX_OTHER_PARTITIONS = 100
+
+
 def _other_partitions(spec, commits, own: str) -> tuple[tuple[str, ...], bool]:
+    """Up to `MAX_OTHER_PARTITIONS` other partitions the commits touched (earliest first), and whether
+    more are touched than listed (or some unknown)."""
     keys: set[str] = set()
     unknown = False
     for c in commits:
@@ -99,10 +106,17 @@ def _other_partitions(spec, commits, own: str) -> tuple[tuple[str, ...], bool]:
             unknown = True
             continue
         for t in touched:
-            if t.end > t.start:
-                keys.update(partitions_overlapping(t, spec.granularity))
+            t = t.intersect(PARTITION_SPAN)
+            if t is not None and spec.bounds is not None:
+                t = t.intersect(spec.bounds)
+            if t is None:
+                continue
+            listed = partitions_overlapping(t, spec.granularity, limit=MAX_OTHER_PARTITIONS + 2)
+            unknown |= len(listed) > MAX_OTHER_PARTITIONS + 1
+            keys.update(listed)
     keys.discard(own)
-    return tuple(sorted(keys)), unknown
+    unknown |= len(keys) > MAX_OTHER_PARTITIONS
+    return tuple(sorted(keys)[:MAX_OTHER_PARTITIONS]), unknown
 
 
 def plan_partition(inp: PlannerInput) -> PartitionPlan:
@@ -261,6 +275,9 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     if changed_cols:
         detail = ", ".join(f"{c}: {mark.input_schema[c]} -> {inp.input_schema[c]}" for c in changed_cols)
         return refill_all(Reason.SCHEMA_CHANGED, f"source column types changed ({detail})")
+    retyped = _retyped(inp.histories, needed)
+    if retyped and not _frozen(spec, part, inp.histories):
+        return refill_all(Reason.SCHEMA_CHANGED_HISTORY, f"{retyped}: recomputing from the latest snapshot")
 
     # Work through each source's new commits under the run bounds.
     to_versions = dict(latest)
@@ -407,6 +424,17 @@ def _through_vectors(commit: CommitSummary) -> str:
 
 def _why_not_retractable(spec) -> str:
     return spec.why_not_retractable
+
+
+def _retyped(histories: Mapping[str, SourceHistory], needed: Interval) -> str | None:
+    """Why a commit this partition would read holds files no read with the current schema can open
+    (`SourceHistory.retyped`), or None."""
+    for hist in histories.values():
+        commits = {c.version: c for c in hist.commits}
+        for version, why in hist.retyped:
+            if version in commits and _relevant(commits[version], needed):
+                return why
+    return None
 
 
 def _frozen(spec, part: Interval, histories: Mapping[str, SourceHistory]) -> bool:

@@ -14,19 +14,24 @@ nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from laminar_assets.checkpoints import PendingRun, Watermark
+from laminar_assets.checkpoints import FailedRuns, PendingRun, Watermark
 from laminar_assets.errors import ConcurrentRunError, LaminarError
 
 from ..delta.tables import open_delta
+from ..spark.failures import first_line
 from .context import RunContext
 from .plan import PartitionPlan
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -139,9 +144,10 @@ def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None, *,
                 source_ids: dict[str, str] | None = None) -> None:
     """Nothing to compute: record the newer versions the partition is already up to date with."""
     ids = (_ids(plan, source_ids) or mark.source_ids) if mark is not None else {}
-    if mark is not None and mark.committed and (plan.to_versions != mark.source_versions or ids != mark.source_ids):
+    if mark is not None and mark.committed and (plan.to_versions != mark.source_versions or ids != mark.source_ids
+                                                or mark.failed_runs is not None):
         ctx.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
-                                  last_reason=plan.reason.value, source_ids=ids))
+                                  last_reason=plan.reason.value, source_ids=ids, failed_runs=None))
 
 
 def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, str]:
@@ -160,6 +166,25 @@ def record_failure(ctx: RunContext, spec, partition: str, mark: Watermark | None
         pass  # the run's own error is what the caller reports
 
 
+def record_failed_run(ctx: RunContext, spec, partitions: list[str], marks: dict[str, Watermark | None],
+                      run_id: str, exc: BaseException) -> None:
+    """Count a failed run against each partition whose watermark it did not move (`FailedRuns`), for
+    `laminar status` and `laminar check`; the run's leases are held. Planning never reads it. A record
+    that cannot be written loses the count, not the run's own error, which the caller raises."""
+    now = datetime.now(UTC).isoformat()
+    for k in partitions:
+        try:
+            if k in marks and finished_since(ctx, spec, k, marks[k]):
+                continue
+            base = ctx.store.load(spec.name, k) or Watermark(spec.name, k, spec.spec_hash, {}, 0)
+            before = base.failed_runs
+            ctx.store.save(base.with_(failed_runs=FailedRuns(
+                count=(before.count if before else 0) + 1, since=before.since if before else now, last_at=now,
+                last_error=short(exc), run_id=run_id)))
+        except (LaminarError, OSError) as err:
+            log.warning("%s %s: the failed run %s was not recorded (%s)", spec.name, k, run_id, err)
+
+
 def finished_since(ctx: RunContext, spec, partition: str, mark: Watermark | None) -> bool:
     """True when the partition's watermark moved past `mark` (its run finished before a failure)."""
     current = ctx.store.load(spec.name, partition)
@@ -170,5 +195,4 @@ def short(exc: BaseException) -> str:
     """The first line of an error, for a failure record or a one-line message."""
     if isinstance(exc, LaminarError):
         return exc.message
-    text = str(exc).strip().split("\n")[0]
-    return text[:400] or type(exc).__name__
+    return first_line(exc)

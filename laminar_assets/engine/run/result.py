@@ -14,7 +14,7 @@ class SweepResult:
     counts: dict[str, int] = field(default_factory=dict)
     # per source: "commits 3..7" or "snapshot at version 9", with the reason a snapshot was read
     sources: dict[str, str] = field(default_factory=dict)
-    reason: Reason | None = None  # for a snapshot sweep: NO_WATERMARK (first sweep) or CHECKPOINT_EXPIRED
+    reason: Reason | None = None  # a snapshot sweep: NO_WATERMARK, CHECKPOINT_EXPIRED or SCHEMA_CHANGED_HISTORY
 
     @property
     def detail(self) -> str:

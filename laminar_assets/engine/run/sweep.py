@@ -1,4 +1,4 @@
-"""The quarantine sweep: rows no partition owns (no usable or an out-of-bounds event time).
+"""The quarantine sweep: rows no partition owns (no usable, an out-of-bounds, or an event time outside the partitions).
 
 A row with a usable event time is quarantined by the run of its partition. A row
 without one belongs to no partition, so each flow's *sweep* records it: once per
@@ -8,13 +8,17 @@ so on clean data the sweep costs no Spark job.
 
 The sweep reads the commits since the version it swept last. When it has swept
 nothing yet, or that history can no longer be read (log entries cleaned up, files
-vacuumed), it sweeps what exists: the source's latest snapshot. Rows recorded
+vacuumed, files holding a column under another type than the source has now: retyped
+and restored, found in the log or by Spark's failed read), it sweeps what exists: the
+source's latest snapshot, so it never fails on every run over one commit. Rows recorded
 already are skipped (`quarantine.record`), so no row is recorded twice; rows added
 and removed again within the lost history are gone and cannot be recorded.
 """
 
 from __future__ import annotations
 
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -25,7 +29,9 @@ from ..delta.log import CommitSummary, DataFile, file_exists
 from ..delta.tables import TableInfo, snapshot_files, source_history, table_info, temporal
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
+from ..spark.failures import type_mismatch
 from ..spark.read import CHANGE_TYPE, read_source
+from ..windows import Interval
 from .context import RunContext
 from .fact_joins import without_joins
 from .plan import PartitionPlan, Reason
@@ -51,24 +57,28 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
     counts: dict[str, int] = {}
     sources: dict[str, str] = {}
     reason: Reason | None = None
+    offered = qr.offered_events(spec, ctx.options.future_horizon)  # rows outside: event_time_outside_partitions
     try:
         done = ctx.store.load_sweep(spec.name, spec.spec_hash)
         for src, target in todo.items():
             if done.get(src, -1) >= target:
                 continue
             latest = (opened or {}).get(src) or table_info(src, ctx.layout.table_uri(src))
-            frame, size, swept, how, why = _unswept(ctx, spec, latest, done.get(src), target)
+            frame, size, swept, how, why = _unswept(ctx, spec, latest, done.get(src), target, offered)
+            try:
+                new = _record(ctx, spec, src, frame, size, run_id, offered)
+            except (PySparkException, Py4JError) as exc:
+                # A commit's file holds a column under another type than the log told (the backstop of
+                # `SourceHistory.retyped`): sweep the latest snapshot, or this sweep fails on every run
+                mismatch = type_mismatch(exc) if why is None else None
+                if mismatch is None:
+                    raise
+                frame, size, swept, how, why = _unswept(ctx, spec, latest, None, target, offered, unreadable=mismatch)
+                new = _record(ctx, spec, src, frame, size, run_id, offered)
             sources[src] = how
             reason = reason or why
-            if frame is not None:
-                rows = prepare(spec, without_joins(spec, frame)).where(~qr.assigned(spec))
-                rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec)))
-                rows = rows.withColumn(PARTITION_KEY, F.lit(None).cast("string"))
-                new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
-                                uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
-                                through_driver=size < ctx.options.driver_write_below_bytes)
-                for rule, n in new.get(None, {}).items():
-                    counts[rule] = counts.get(rule, 0) + n
+            for rule, n in new.items():
+                counts[rule] = counts.get(rule, 0) + n
             done[src] = swept
             ctx.store.save_sweep(spec.name, spec.spec_hash, done)
     finally:
@@ -76,19 +86,35 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
     return SweepResult(counts, sources, reason)
 
 
-def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None,
-             target: int) -> tuple[DataFrame | None, int, int, str, Reason | None]:
-    """Rows of a source added after version `done` up to `target` that may lack a usable event time,
-    the bytes of the files they come from, the version swept up to, how, and why a snapshot was read.
-    `latest`: the source at its latest version, swept whole when the commits cannot be read."""
+def _record(ctx: RunContext, spec, src: str, frame: DataFrame | None, size: int, run_id: str,
+            offered: Interval) -> dict[str, int]:
+    """Record the rows of `frame` no partition owns (no usable event time, or one outside the bounds or
+    `offered`) in `src`'s quarantine; new rows by rule."""
+    if frame is None:
+        return {}
+    rows = prepare(spec, without_joins(spec, frame)).where(qr.swept(spec, offered))
+    rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec, offered)))
+    rows = rows.withColumn(PARTITION_KEY, F.lit(None).cast("string"))
+    new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
+                    uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
+                    through_driver=size < ctx.options.driver_write_below_bytes)
+    return dict(new.get(None, {}))
+
+
+def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None, target: int, offered: Interval, *,
+             unreadable: str | None = None) -> tuple[DataFrame | None, int, int, str, Reason | None]:
+    """Rows of a source added after version `done` up to `target` that may lack a usable event time
+    (or have one outside the bounds or `offered`), the bytes of the files they come from, the version
+    swept up to, how, and why a snapshot was read. `latest`: the source at its latest version, swept
+    whole when the commits cannot be read (or when `unreadable` says why a read of them failed)."""
     src, uri = latest.name, latest.uri
     provable = temporal(latest.schema, spec.event_time)
-    bounds = spec.bounds
+    inside = offered.intersect(spec.bounds) if spec.bounds is not None else offered
 
     def may_hold(f: DataFile) -> bool:
         if not provable or f.time_nulls is None or f.time_nulls > 0 or f.time_range is None:
             return True
-        return bounds is not None and not (bounds.start <= f.time_range.start and f.time_range.end <= bounds.end)
+        return inside is None or not (inside.start <= f.time_range.start and f.time_range.end <= inside.end)
 
     def tagged(df: DataFrame, version) -> DataFrame:
         return (df.withColumn(SRC, F.lit(src)).withColumn(DVER, F.lit(None).cast("long"))
@@ -102,6 +128,8 @@ def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None,
         frame = tagged(read_source(ctx.spark, files, latest).withColumn(SIGN, F.lit(1)), latest.version)
         return frame, sum(f.size for f in files), latest.version, how, why
 
+    if unreadable is not None:
+        return snapshot(Reason.SCHEMA_CHANGED_HISTORY, unreadable)
     if done is None:
         return snapshot(Reason.NO_WATERMARK, "first sweep of this flow")
     info = latest if latest.version == target else table_info(src, uri, target)
@@ -113,10 +141,13 @@ def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None,
     if gone is not None:
         return snapshot(Reason.CHECKPOINT_EXPIRED,
                         f"commit {gone[0].version} of '{src}' refers to files that were vacuumed ({gone[1].uri})")
+    read = [(commit, files) for commit, files in reads if files]
+    retyped = dict(history.with_retyped(info, ("*",)).retyped)  # the sweep keeps the whole row
+    unreadable = next((retyped[c.version] for c, _files in read if c.version in retyped), None)
+    if unreadable is not None:
+        return snapshot(Reason.SCHEMA_CHANGED_HISTORY, unreadable)
     frames, size = [], 0
-    for commit, files in reads:
-        if not files:
-            continue
+    for commit, files in read:
         size += sum(f.size for f in files)
         df = read_source(ctx.spark, files, info, change_data=bool(commit.cdc))
         if commit.cdc:  # inserted rows only: a deleted row was recorded when it was added

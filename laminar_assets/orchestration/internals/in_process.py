@@ -1,21 +1,33 @@
 """Running Dagster run requests in this process: what the sensor daemon would launch,
-executed with `materialize` on a real instance (used by the demo and tests)."""
+executed with `materialize` on a real instance (used by the CLI, the demo and tests)."""
+
+from collections.abc import Callable
 
 import dagster as dg
 
+from laminar_assets.orchestration.internals.pool_wait import PoolWaitPolicy, pool_wait_policy
+from laminar_assets.orchestration.internals.run_processes import RunProcess, fail_dead_runs
 from laminar_assets.orchestration.internals.thread_executor import thread_executor
-from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START
 
 # Dagster logs step and run failures (with their stack traces) at ERROR and never logs at CRITICAL, so
 # this silences its console echo entirely; events still go to the instance (and the UI), and callers
 # report a failure in one line with `failure_message`.
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 RUN_JOB = "__laminar_request_run"
+POOL_WAIT_SECONDS = 600.0
+"""How long a run executed here waits for a concurrency slot another live run holds, by default."""
+IN_PROCESS_POOL_WAIT = PoolWaitPolicy(seconds=POOL_WAIT_SECONDS)
 
 
-def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance, *,
+                    pool_wait_seconds: float | None = POOL_WAIT_SECONDS,
+                    notify: Callable[[str], None] | None = None) -> dg.ExecuteInProcessResult:
     """Materialize what one run request asks for: one partition, or a partition range in one run.
-    The assets come from `defs` with their resources bound."""
+    The assets come from `defs` with their resources bound. While another run holds a concurrency
+    slot the run needs, `notify` hears which run; after `pool_wait_seconds` the run fails. `notify` also
+    hears of runs failed because their process was gone (run_processes.py)."""
+    from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START  # (the engine: not for execute_job_here)
+
     graph = defs.resolve_asset_graph()
     # Every definition goes in (resources bound), the request's assets and checks are selected: the
     # checks run in the same run, as they do when the daemon launches the request.
@@ -31,22 +43,33 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
     job = dg.Definitions(jobs=[dg.define_asset_job(RUN_JOB, selection=selection, executor_def=defs.executor or thread_executor)],
                          assets=assets).resolve_job_def(RUN_JOB)
     return execute_job_here(job, instance=instance, partition_key=request.partition_key, tags=tags,
-                            run_config=QUIET_CONSOLE)
+                            run_config=QUIET_CONSOLE,
+                            pool_wait=PoolWaitPolicy(seconds=pool_wait_seconds, notify=notify))
 
 
 def execute_job_here(job: dg.JobDefinition, *, instance: dg.DagsterInstance, partition_key: str | None,
-                     tags: dict, run_config: dict) -> dg.ExecuteInProcessResult:
+                     tags: dict, run_config: dict,
+                     pool_wait: PoolWaitPolicy = IN_PROCESS_POOL_WAIT) -> dg.ExecuteInProcessResult:
     """`job.execute_in_process`, but with the job's own executor (Laminar's thread executor runs the
     run's independent steps side by side): `execute_in_process` always swaps in the one-step-at-a-time
-    executor. The run is recorded on `instance` like any other; step failures are in its events."""
+    executor. The run is recorded on `instance` like any other; step failures are in its events.
+
+    The run names this process in its tags from the start, so that if this process is killed, the
+    next run to meet it fails it and frees its pool slots; and before it starts, runs of the instance
+    left unfinished by a process that is gone are failed (run_processes.py)."""
     from dagster._core.definitions.job_base import InMemoryJob
     from dagster._core.execution.execute_in_process import core_execute_in_process, merge_run_tags
 
-    return core_execute_in_process(
-        run_config=run_config, job=InMemoryJob(job), instance=instance, output_capturing_enabled=False,
-        raise_on_error=False,
-        run_tags=merge_run_tags(job_def=job, partition_key=partition_key, tags=tags, asset_selection=None,
-                                instance=instance, run_config=run_config))
+    for note in fail_dead_runs(instance):
+        if pool_wait.notify is not None:
+            pool_wait.notify(note)
+    tags = {**tags, **RunProcess.current().tag()}
+    with pool_wait_policy(pool_wait):
+        return core_execute_in_process(
+            run_config=run_config, job=InMemoryJob(job), instance=instance, output_capturing_enabled=False,
+            raise_on_error=False,
+            run_tags=merge_run_tags(job_def=job, partition_key=partition_key, tags=tags, asset_selection=None,
+                                    instance=instance, run_config=run_config))
 
 
 def failure_message(outcome: dg.ExecuteInProcessResult) -> str:
@@ -55,6 +78,11 @@ def failure_message(outcome: dg.ExecuteInProcessResult) -> str:
     failure = next((e for e in outcome.all_events if e.is_step_failure), None)
     if failure is None:
         run_failure = next((e for e in outcome.all_events if e.is_run_failure), None)
+        error = run_failure.job_failure_data.error if run_failure is not None else None
+        if error is not None:  # raised outside any step (e.g. giving up on a pool slot): the innermost error
+            while error.cause is not None:
+                error = error.cause
+            return _first_line(_without_laminar_class(error.message, error.cls_name))
         return _first_line(run_failure.message if run_failure and run_failure.message else "the run failed")
     data = failure.step_failure_data
     if data.user_failure_data is not None and data.user_failure_data.description:
@@ -63,6 +91,12 @@ def failure_message(outcome: dg.ExecuteInProcessResult) -> str:
     while error is not None and error.cause is not None:  # Dagster wraps user exceptions in its own
         error = error.cause
     return _first_line(error.message) if error is not None else f"step {failure.step_key} failed"
+
+
+def _without_laminar_class(message: str, cls_name: str | None) -> str:
+    """A LaminarError's message without the `laminar_assets.errors.ConcurrentRunError: ` in front of it."""
+    head, sep, rest = message.partition(": ")
+    return rest if sep and cls_name and head.startswith("laminar_assets.") and head.endswith(cls_name) else message
 
 
 def _first_line(text: str) -> str:

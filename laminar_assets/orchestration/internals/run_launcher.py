@@ -169,12 +169,17 @@ class WarmRunLauncher(DefaultRunLauncher):
             return worker
 
     def _replace_after(self, worker: _Worker, run_id: str) -> None:
-        """Once the worker has exited: fail its run if the run did not end (as the code server does for
-        a run process that dies), then warm the next worker; warming never competes with the run."""
+        """Once the worker has exited: free the pool slots its run still holds (a killed worker frees
+        nothing, and every step of the run was in that process), fail the run if it did not end (as the
+        code server does for a run process that dies), then warm the next worker; warming never
+        competes with the run."""
         def wait_then_top_up() -> None:
+            from laminar_assets.orchestration.internals.run_processes import free_slots
+
             code = worker.process.wait()
             if self._closed:
                 return  # the instance is going away (the daemon stops): nothing to report on or warm
+            free_slots(self._instance, run_id)
             run = self._instance.get_run_by_id(run_id)
             if run is not None and not run.is_finished:
                 self._instance.report_run_failed(
@@ -306,4 +311,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The run's outcome is in the Dagster instance before the worker exits; its exit code still says how the
+    # worker ended, never a crash of the interpreter's teardown after the run
+    # (laminar_assets/process_exit.py, standard library only: no engine or flow module is loaded ahead of the run).
+    from laminar_assets.process_exit import run_then_exit
+
+    run_then_exit(main)

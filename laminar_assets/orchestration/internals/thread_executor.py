@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -33,6 +34,9 @@ from dagster._core.execution.plan.instance_concurrency_context import InstanceCo
 from dagster._core.execution.plan.plan import ExecutionPlan
 from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.executor.base import Executor
+
+from laminar_assets.orchestration.internals.pool_wait import SLEEP_SECONDS, PoolWaiter
+from laminar_assets.orchestration.internals.run_processes import RunProcess, free_slots
 
 MAX_DEFAULT_THREADS = 4
 POLL_SECONDS = 0.25  # how often the loop looks for interrupts and ready steps while steps run
@@ -69,6 +73,9 @@ class ThreadExecutor(Executor):
 
     def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         keys = execution_plan.step_keys_to_execute
+        process = RunProcess.current()
+        if RunProcess.of_run(plan_context.dagster_run) != process:  # a launched run: say which process has it
+            plan_context.instance.add_run_tags(plan_context.run_id, process.tag())
         yield DagsterEvent.engine_event(
             plan_context, f"Executing steps in up to {self.max_concurrent} threads (pid: {os.getpid()})",
             event_specific_data=EngineEventData.in_process(os.getpid(), keys))
@@ -130,6 +137,7 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
             running: dict[str, tuple] = {}  # step key -> (step context, its events so far)
             waiting: dict[str, object] = {}  # a retry Dagster re-queued before its last attempt's worker ended
             stopping = False
+            waiter = PoolWaiter(job_context.instance, job_context.run_id, job_context.log.info)
             pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="laminar-step")
 
             def launch(step) -> None:
@@ -155,8 +163,14 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
                             else:
                                 launch(step)
                         yield from active.concurrency_event_iterator(job_context)
+                        # steps waiting for a pool slot: frees a dead holder's, says who holds it, may give up
+                        waiter.check(_pool_of(active.get_step_by_key(key))
+                                     for key in concurrency.pending_claim_steps())
                     if not running:
-                        active.sleep_til_ready()
+                        if concurrency.has_pending_claims():
+                            time.sleep(SLEEP_SECONDS)  # Dagster's sleep_til_ready would not sleep at all
+                        else:
+                            active.sleep_til_ready()
                         continue
                     try:  # a timeout, so interrupts, delayed retries and freed pool slots are seen
                         key, item = events.get(timeout=POLL_SECONDS)
@@ -184,6 +198,15 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
                 # the steps still running: a thread cannot be stopped from outside, and a run that
                 # reported its end while a step still wrote would mislead whoever retries it.
                 pool.shutdown(wait=True, cancel_futures=True)
+                # every step has ended: a slot still claimed is one whose step's end the loop did not
+                # see (it stopped early), and nothing of this run can use it any more
+                free_slots(job_context.instance, job_context.run_id)
+
+
+def _pool_of(step) -> str:
+    from dagster._core.execution.plan.active import _pool_key_for_step
+
+    return _pool_key_for_step(step) or ""
 
 
 def _hooks(step_context, step_events) -> Iterator[DagsterEvent]:

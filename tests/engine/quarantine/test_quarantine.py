@@ -215,3 +215,26 @@ def test_the_sweep_reads_change_data_only_when_its_footers_allow_a_missing_event
     found, jobs = Jobs(spark).count(lambda: sweep(engine.ctx, FLOW, SimpleNamespace(to_versions={"trades": 2}), "r2").counts)
     assert found == {"event_time_missing": 1} and jobs > 0
     assert [(r["rule"], r["source_version"]) for r in quarantine(lake)] == [("event_time_missing", 2)]
+
+
+def test_rows_no_offered_partition_holds_are_quarantined_by_the_sweep(spark, lake):
+    """A row dated 9999 (after now + future_horizon), one before the flow's `start` and one in year 1
+    (before the years partitions can name): no run will ever aggregate them, so the sweep records them
+    instead of leaving them unseen; the partition's own rows are aggregated as before."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    times = [datetime(2024, 1, 1, 0, 1), datetime(9999, 12, 31, 23, 59, 59, 999999), datetime(2023, 12, 31, 23, 59),
+             datetime(1, 1, 1)]  # one file: its statistics span from year 1 to the last representable instant
+    rows = pa.table({"ts": pa.array([t.replace(tzinfo=UTC) for t in times], pa.timestamp("us", tz="UTC")),
+                     "sym": ["a"] * 4, "px": [1.0, 2.0, 3.0, 4.0], "qty": [1, 1, 1, 1]})
+    write_deltalake(lake.path("trades"), rows)
+    flow = FlowSpec(name="o", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.count(),), start="2024-01-01")
+    result = Engine(spark, lake.root).run(flow, PART)
+    assert result.quarantined == {"event_time_outside_partitions": 3}
+    assert sorted(json.loads(r["row"])["px"] for r in quarantine(lake)) == [2.0, 3.0, 4.0]
+    assert {r["partition"] for r in quarantine(lake)} == {None}
+    assert lake.read("o")["count"].tolist() == [1]

@@ -175,8 +175,9 @@ def test_spark_errors_are_one_line(built):
 
 def test_statements_other_than_one_query_are_refused(built):
     for sql in ("DROP TABLE sectors", "CREATE TABLE t AS SELECT 1", "SELECT 1; SELECT 2", "INSERT INTO raw SELECT *"):
-        with pytest.raises(LaminarError, match="runs one query"):
+        with pytest.raises(LaminarError, match="reads only: it runs one SELECT"):
             query(built, sql)
+    assert not [t.name for t in built[1].spark.catalog.listTables() if t.isTemporary]  # refused before any view
     assert query(built, "DESCRIBE laminar_system.runs").rows[0][:2] == ("run_id", "string")
 
 

@@ -249,6 +249,25 @@ def test_no_new_versions_and_no_changes_in_partition():
     assert p.other_partitions == ("2024-01-01-01:00",)
 
 
+def test_a_file_reaching_year_9999_names_a_bounded_list_of_other_partitions(monkeypatch):
+    """One row dated 9999 (or year 1) makes a file's range span millennia: the plan listed every hour of
+    it as another partition touched and ran the run out of memory."""
+    from laminar_assets.engine.run import planner
+    from laminar_assets.engine.windows import closed_range
+
+    def partitions_overlapping(events, granularity, **kw):
+        assert kw.get("limit") is not None and kw["limit"] <= 200, f"asked to list every partition of {events}"
+        return real(events, granularity, **kw)
+
+    real = planner.partitions_overlapping
+    monkeypatch.setattr(planner, "partitions_overlapping", partitions_overlapping)
+    far = DataFile(uri="mem://far", rows=2, size=100, time_range=closed_range(datetime(1, 1, 1, tzinfo=UTC),
+                                                                             datetime.max.replace(tzinfo=UTC)))
+    p = plan(watermark=mark(), hist=history(commit(4, CommitKind.APPEND, far)))
+    assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
+    assert len(p.other_partitions) == 100 and p.other_partitions[0] == "1000-01-01-00:00" and p.other_partitions_unknown
+
+
 def test_layout_only_commits_change_nothing():
     compaction = CommitSummary(4, T0, "OPTIMIZE", CommitKind.LAYOUT)
     assert plan(NON_RETRACTABLE, mark(NON_RETRACTABLE), history(compaction)).reason is Reason.NO_CHANGES_IN_PARTITION

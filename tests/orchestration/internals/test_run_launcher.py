@@ -25,7 +25,7 @@ PROBE = '''
 import json, os, sys, time
 import dagster as dg
 
-@dg.op(config_schema={"out": str, "sleep": float, "exit_code": int})
+@dg.op(config_schema={"out": str, "sleep": float, "exit_code": int}, pool="laminar_probe")  # one slot (dagster.yaml)
 def probe(context):
     cfg = context.op_config
     # what this process had imported when the run's first step began
@@ -120,6 +120,8 @@ def test_a_worker_that_dies_fails_its_run(instance, tmp_path):
     failure = [e.message for e in instance.all_logs(run.run_id) if e.is_dagster_event and
                e.dagster_event.event_type == dg.DagsterEventType.RUN_FAILURE]
     assert any("exited with code 3" in m for m in failure), failure
+    # the step died holding its pool's slot: the launcher freed it, or the probe's asset would wedge
+    assert instance.event_log_storage.get_concurrency_info("laminar_probe").claimed_slots == []
 
 
 def test_without_a_warm_worker_the_run_goes_the_default_way(instance, tmp_path):

@@ -1,0 +1,84 @@
+"""Commits whose files hold a column under another type than the table has now.
+
+A Delta table's schema changes with a metaData action in its log: an overwrite with a
+new schema (`overwriteSchema`, delta-rs `schema_mode="overwrite"`) may retype a column
+(price double -> string) and a later one restore it. A run reads every file with the
+schema it pins (the latest), and Spark cannot read a file that stores the column under
+another type (FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH): a run merging such a
+commit, or a sweep reading it, would fail on every run, since the commit stays in the
+history it reads. These commits are found in the log before Spark reads anything, so the
+planner refills from the latest snapshot instead (SCHEMA_CHANGED_HISTORY) and the sweep
+sweeps that snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+
+from laminar_assets.errors import LaminarError
+
+from .log import CommitSummary
+
+# nullability never stops a read; a nested field's metadata (comments, column-mapping ids) neither
+_IGNORED = frozenset({"nullable", "containsNull", "valueContainsNull", "metadata"})
+
+
+def column_types(schema_json: str) -> dict[str, str]:
+    """Each top-level column (lower-cased: Spark resolves names regardless of case) -> its Delta type,
+    as text ("double", "decimal(10,2)", or canonical JSON for a nested type)."""
+    fields = json.loads(schema_json).get("fields") or []
+    return {f["name"].lower(): _type_text(f["type"]) for f in fields}
+
+
+def _type_text(typ) -> str:
+    return typ if isinstance(typ, str) else json.dumps(_bare(typ), sort_keys=True, separators=(",", ":"))
+
+
+def _bare(value):
+    if isinstance(value, dict):
+        return {k: _bare(v) for k, v in value.items() if k not in _IGNORED}
+    if isinstance(value, list):
+        return [_bare(v) for v in value]
+    return value
+
+
+def _short(text: str) -> str:
+    if not text.startswith("{"):
+        return text
+    return json.loads(text).get("type", "nested")
+
+
+def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: str | None, columns: Collection[str],
+                    start_schema) -> tuple[tuple[int, str], ...]:
+    """(version, why) of each commit in `commits` (in version order) that adds data or change data
+    files written while a column in `columns` ("*": all) had another type than in `now_schema` (the
+    Delta schema JSON the reader reads with). `start_schema()`: the schema before the first commit,
+    asked for only when some commit changed the schema and an earlier one added files; None when
+    unknown: the commits before the first change are then not named (a failed read still is caught)."""
+    if now_schema is None or not any(c.schema for c in commits):
+        return ()  # no schema change in the range: every file has the schema the reader has
+    now = column_types(now_schema)
+    wanted = set(now) if "*" in columns else {c.lower() for c in columns} & set(now)
+    then: dict[str, str] | None = None
+    asked = False
+    out = []
+    for c in commits:
+        if c.schema:
+            then = column_types(c.schema)
+        elif then is None and not asked:
+            asked = True
+            try:
+                start = start_schema()
+            except LaminarError:  # that snapshot cannot be opened (log cleaned up): the history says so
+                start = None
+            then = column_types(start) if start else None
+        if then is None or not (c.adds or c.cdc):
+            continue
+        differ = sorted(col for col in wanted if col in then and then[col] != now[col])
+        if differ:
+            col = differ[0]
+            out.append((c.version, f"commit {c.version} of '{table}' holds files with column {col!r} as "
+                                   f"{_short(then[col])}, which the table now has as {_short(now[col])}; those files "
+                                   "cannot be read with the current schema"))
+    return tuple(out)

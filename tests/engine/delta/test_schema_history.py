@@ -1,0 +1,61 @@
+"""Commits whose files hold a column under another type than the table has now (no Spark)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from laminar_assets.engine.delta.log import CommitKind, CommitSummary, DataFile
+from laminar_assets.engine.delta.schema_history import column_types, retyped_commits
+from laminar_assets.engine.spark.failures import type_mismatch
+
+
+def schema(**types) -> str:
+    return json.dumps({"type": "struct", "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}}
+                                                    for n, t in types.items()]})
+
+
+def commit(version: int, *, schema_json: str | None = None, files: bool = True) -> CommitSummary:
+    adds = (DataFile(uri=f"/t/{version}.parquet", rows=1, size=1),) if files else ()
+    return CommitSummary(version, datetime(2024, 1, 1, tzinfo=UTC), "WRITE",
+                         CommitKind.APPEND if files else CommitKind.METADATA, adds=adds, schema=schema_json)
+
+
+DOUBLE, STRING = schema(ts="timestamp", px="double"), schema(ts="timestamp", px="string")
+
+
+def test_files_written_while_a_column_had_another_type_are_named():
+    asked = []
+    commits = [commit(1, schema_json=STRING), commit(2), commit(3, schema_json=DOUBLE), commit(4)]
+    found = retyped_commits("t", commits, DOUBLE, {"px"}, lambda: asked.append(1) or DOUBLE)
+    assert [v for v, _ in found] == [1, 2] and "column 'px' as string, which the table now has as double" in found[0][1]
+    assert not asked  # the first commit set the schema: the one before it is never opened
+
+
+def test_commits_before_the_first_change_take_the_schema_before_the_range():
+    commits = [commit(1), commit(2, schema_json=DOUBLE, files=False)]
+    assert [v for v, _ in retyped_commits("t", commits, DOUBLE, {"*"}, lambda: STRING)] == [1]
+    assert retyped_commits("t", commits, DOUBLE, {"*"}, lambda: None) == ()  # unknown: the read's backstop
+
+
+def test_no_schema_change_unread_columns_and_nullability_name_nothing():
+    nothing = lambda: (_ for _ in ()).throw(AssertionError("opened"))  # noqa: E731
+    assert retyped_commits("t", [commit(1), commit(2)], DOUBLE, {"*"}, nothing) == ()
+    assert retyped_commits("t", [commit(1, schema_json=STRING)], DOUBLE, {"ts"}, nothing) == ()
+    strict = json.dumps({"type": "struct", "fields": [{"name": "PX", "type": "double", "nullable": False}]})
+    assert column_types(strict) == {"px": "double"}
+    assert retyped_commits("t", [commit(1, schema_json=strict)], DOUBLE, {"px"}, nothing) == ()
+
+
+def test_a_spark_read_of_a_retyped_file_is_told_from_other_failures():
+    text = ("[FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH] Encountered error while reading file "
+            "file:///l/t/part-0.parquet. Data type mismatches when reading Parquet column [px]. Expected Spark "
+            "type double, actual Parquet type BINARY. SQLSTATE: KD001")
+    try:
+        try:
+            raise RuntimeError(text)
+        except RuntimeError as inner:
+            raise ValueError("An error occurred while calling o516.getResult.") from inner
+    except ValueError as exc:
+        assert type_mismatch(exc) == "file file:///l/t/part-0.parquet stores column px as BINARY, read as double"
+    assert type_mismatch(RuntimeError("[CAST_INVALID_INPUT] The value '3.0' cannot be cast")) is None
