@@ -38,7 +38,34 @@ SLOWEST_FILES = (
 )
 
 
+# `make test-quick`: besides every test that needs neither Spark nor a server (`make test-fast`), one
+# representative of each area that does, so a developer runs it between two changes (docs/testing.md).
+# tests/test_tiers.py fails when one of these no longer names a test.
+QUICK = (
+    "tests/engine/test_reasons.py::test_delete_on_non_retractable_flow_refills_only_touched_windows",
+    "tests/engine/test_differential.py::test_fixed_history_exercises_every_path[tiny-pass-path]",
+    "tests/engine/test_crash_safety.py::test_crash_during_incremental_run[after_state_commit-local-retracting]",
+    "tests/engine/test_stateful.py::test_random_histories_keep_every_invariant[shard-0]",
+    "tests/engine/test_stages.py::test_stage_incremental_appends_dedup_and_downstream_flow[driver-writes]",
+    "tests/engine/test_one_pass.py::test_a_flow_run_costs_the_same_few_jobs_however_many_partitions_change",
+    "tests/engine/aggregates/test_aggregates.py::test_empty_state_is_the_identity",
+    "tests/engine/quarantine/test_quarantine.py::test_each_broken_row_is_quarantined_once_with_rule_version_and_row[spark-writes]",
+    "tests/engine/sql/test_sql_flows.py::test_refill_only_query_recomputes_exactly_the_touched_windows",
+    "tests/engine/report/test_system_tables.py::test_runs_from_commit_history",
+    "tests/engine/test_object_store.py::test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute",
+    "tests/orchestration/test_assets.py::test_partition_range_runs_in_one_run",
+    "tests/orchestration/test_checks.py::test_checks_pass_then_fail_on_a_corrupted_sink_row",
+    "tests/contracts/test_expectations.py::test_engines_agree_on_failures",
+    "tests/cli/test_sql_command.py::test_query_a_sink",
+    "tests/deploy/test_connect.py::test_an_unreachable_endpoint_fails_fast_and_clearly",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    quick = set(QUICK)
+    for item in items:
+        if item.nodeid in quick:
+            item.add_marker(pytest.mark.quick)
     rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 

@@ -74,6 +74,7 @@ def refill_killed_holding_its_slot(root, home, flow: str) -> str:
     return slots[0].run_id
 
 
+@pytest.mark.process
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
     for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
@@ -86,6 +87,7 @@ def test_errors_are_one_red_line_and_nonzero(tmp_path):
         assert text in one_error_line(proc), (args, proc.stderr)
 
 
+@pytest.mark.process
 def test_error_line_keeps_bracketed_facts(tmp_path):
     """The `[flow=...]` facts of a LaminarError are text, not rich markup."""
     proc = run_cli("--root", str(tmp_path), "explain", "nope", home=tmp_path / "dh")
@@ -93,6 +95,7 @@ def test_error_line_keeps_bracketed_facts(tmp_path):
     assert one_error_line(proc).endswith("[flow=nope]"), proc.stderr
 
 
+@pytest.mark.process
 def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
     """A run that fails inside Dagster: no Dagster log lines or stack traces on the console, one line that
     names the flow, the range and the Laminar error; the failure is still recorded in the Dagster instance."""
@@ -197,6 +200,7 @@ def test_quarantine_example_rows_keep_brackets(tmp_path, monkeypatch):
     assert '"[b]ad"' in out.output, out.output
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["explain", "vwap_1m"], ["quarantine"],
                                   ["refill", "vwap_1m"], ["check"]])
 def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
@@ -210,6 +214,7 @@ def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
     assert not missing.exists()
 
 
+@pytest.mark.process
 def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
     new = tmp_path / "new" / "lake"
     assert run_cli("--root", str(new), "dag", home=tmp_path / "dh").returncode == 0
