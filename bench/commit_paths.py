@@ -34,6 +34,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from laminar_assets.engine import Interval
+from laminar_assets.engine.delta.arrow_reads import read_arrow
 from laminar_assets.engine.output import replace_ranges, write_staged
 from laminar_assets.engine.spark import build_session
 from laminar_assets.engine.spark.session import delta_available
@@ -114,7 +115,7 @@ PATHS = {"laminar": run_laminar, "predicate": run_predicate, "merge": run_merge,
 
 
 def _content(uri: str):
-    tbl = DeltaTable(uri).to_pyarrow_table().sort_by([("window_start", "ascending"), ("symbol", "ascending")])
+    tbl = read_arrow(uri).sort_by([("window_start", "ascending"), ("symbol", "ascending")])
     return tbl.select(["symbol", "window_start", "pv", "v", "n"])
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from laminar_assets.engine import Engine, EngineOptions, StageSpec
+from laminar_assets.engine.delta.arrow_reads import read_arrow
 from laminar_assets.engine.spark import build_session
 from laminar_assets.engine.spark.session import SparkOptions
 
@@ -74,7 +75,7 @@ def correct(path: str, rows: int, rng: np.random.Generator) -> None:
 
 
 def output(root: str) -> pd.DataFrame:
-    df = DeltaTable(os.path.join(root, "norm")).to_pandas()
+    df = read_arrow(os.path.join(root, "norm")).to_pandas()
     return df.sort_values("trade_id").reset_index(drop=True)[sorted(df.columns)]
 
 

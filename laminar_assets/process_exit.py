@@ -1,7 +1,8 @@
 """How Laminar's own processes end: with the exit code of what they did, never with a crash of the teardown after.
 
 A Python process that has read Delta tables through `deltalake` (its pyarrow datasets read Parquet through
-Python file objects) may abort at exit, after its work is done: SIGABRT, exit code 134, "terminate called without
+Python file objects unless given a filesystem; Laminar's own reads give them pyarrow's, engine/delta/arrow_reads.py)
+may abort at exit, after its work is done: SIGABRT, exit code 134, "terminate called without
 an active exception" (delta-rs issue #2184, apache/arrow #34314, #39862). An Arrow C++ thread still dropping the
 last reference to such a file object needs the GIL; once the interpreter has begun to tear itself down, CPython
 (3.11-3.13) ends a thread that asks for the GIL with `pthread_exit`, whose unwinding through Arrow's `noexcept`

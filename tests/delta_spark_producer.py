@@ -151,4 +151,6 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    from laminar_assets.process_exit import run_then_exit
+
+    run_then_exit(_serve)  # ends with its own exit code, never a teardown's abort (docs/known-limits.md)

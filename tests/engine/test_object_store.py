@@ -116,20 +116,23 @@ _RACER = textwrap.dedent("""
     import json, sys
     from laminar_assets.engine import Agg, Engine, FlowSpec, SparkOptions, Tumbling, build_session
     from laminar_assets.errors import LaminarError
+    from laminar_assets.process_exit import run_then_exit
     from laminar_assets.storage import ObjectStoreOptions
-    root, endpoint, key, secret, remote = sys.argv[1:6]
-    spark = build_session(SparkOptions(remote=remote, shuffle_partitions=1))
-    flow = FlowSpec(name="per_sym", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
-                    aggregates=(Agg.count(), Agg.sum("px"), Agg.count_distinct("qty")))
-    store = ObjectStoreOptions(endpoint=endpoint, access_key_id=key, secret_access_key=secret, path_style=True)
-    engine = Engine(spark, root, store=store)
-    print("ready", flush=True)
-    sys.stdin.readline()
-    try:
-        result = engine.run(flow, "2024-01-01-00:00")
-        print(json.dumps({"committed": result.mode.value}))
-    except LaminarError as exc:
-        print(json.dumps({"error": type(exc).__name__, "retryable": exc.retryable, "message": exc.message}))
+    def main():
+        root, endpoint, key, secret, remote = sys.argv[1:6]
+        spark = build_session(SparkOptions(remote=remote, shuffle_partitions=1))
+        flow = FlowSpec(name="per_sym", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                        aggregates=(Agg.count(), Agg.sum("px"), Agg.count_distinct("qty")))
+        store = ObjectStoreOptions(endpoint=endpoint, access_key_id=key, secret_access_key=secret, path_style=True)
+        engine = Engine(spark, root, store=store)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        try:
+            result = engine.run(flow, "2024-01-01-00:00")
+            print(json.dumps({"committed": result.mode.value}))
+        except LaminarError as exc:
+            print(json.dumps({"error": type(exc).__name__, "retryable": exc.retryable, "message": exc.message}))
+    run_then_exit(main)  # its exit code is its own, not a teardown's abort (docs/known-limits.md, "Exit codes")
 """)
 
 

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.fs  # noqa: F401  (pa.fs)
 from pyroaring import BitMap64
 
+from laminar_assets import storage
 from laminar_assets.errors import SourceError
 
 _MAGIC = 1681511377  # little-endian int32 in front of a serialized RoaringBitmapArray
@@ -113,8 +114,14 @@ def _bitmap(dv: DeletionVector) -> BitMap64:
 
 
 def _read_range(uri: str, offset: int, size: int) -> bytes:
-    """The vector bytes of a DV file: at `offset` a big-endian size, the vector, then a checksum."""
-    fs, path = pa.fs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
+    """The vector bytes of a DV file: at `offset` a big-endian size, the vector, then a checksum. A file beside the
+    table is reached as its data files are: a local path as it is (spaces and '%' included), the lake's object
+    store with the lake's options (endpoint, credentials, addressing), which pyarrow's guess from a URI knows
+    nothing of. Any other URI (a vector stored by absolute path) is pyarrow's to resolve."""
+    if "://" not in uri or storage.is_object_store(uri):
+        fs, path = storage.filesystem(uri)
+    else:
+        fs, path = pa.fs.FileSystem.from_uri(uri)
     with fs.open_input_file(path) as fh:
         fh.seek(offset)
         head = fh.read(4)

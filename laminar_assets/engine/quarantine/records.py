@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 from laminar_assets import storage
 
 from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
+from ..delta.arrow_reads import read_arrow
 from ..delta.tables import is_delta_table, open_delta, snapshot_files, table_info
 from ..output.commit import CHECKPOINT_EVERY, with_user_metadata
 from ..output.staged_files import committed, write_staged
@@ -227,7 +228,7 @@ def summarize(uri: str, *, examples: int = 3) -> list[dict]:
     Spark-free: the quarantine holds rejected rows only, read with deltalake/pyarrow."""
     if not is_delta_table(uri):
         return []
-    table = open_delta(uri).to_pyarrow_table(columns=["flow", "rule", "source_version", "row"])
+    table = read_arrow(uri, columns=["flow", "rule", "source_version", "row"])
     grouped = table.group_by(["flow", "rule"]).aggregate(
         [("source_version", "min"), ("source_version", "max"), ("row", "count")])
     out = []

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType
 
 from ..aggregates.algebra import implementation
+from ..delta.arrow_reads import read_arrow
 from ..delta.tables import snapshot_files, table_info
 from ..flow.job import state_query
 from ..flow.state import finalize
@@ -100,7 +101,7 @@ def _chosen_windows(engine, spec: FlowSpec, partitions: list[str], sample: int) 
 
 
 def _sink_window_starts(engine, spec: FlowSpec, ranges: list[Interval]) -> set[datetime]:
-    """The window starts the sink holds within `ranges` (UTC). Read by deltalake from the files
+    """The window starts the sink holds within `ranges` (UTC). Read with deltalake's dataset from the files
     the Delta log's statistics leave (one small column of an aggregated table): no Spark job."""
     info = table_info(spec.sink, engine.ctx.layout.sink_uri(spec))
     if not snapshot_files(info, "window_start", ranges):
@@ -111,7 +112,7 @@ def _sink_window_starts(engine, spec: FlowSpec, ranges: list[Interval]) -> set[d
         one = (column >= pa.scalar(r.start, pa.timestamp("us", "UTC"))) & \
               (column < pa.scalar(r.end, pa.timestamp("us", "UTC")))
         within = one if within is None else within | one
-    starts = info.delta().to_pyarrow_dataset().to_table(columns=["window_start"], filter=within)
+    starts = read_arrow(info.uri, info.delta(), columns=["window_start"], filter=within)
     return {to_utc(ws) for ws in pc.unique(starts.column("window_start")).to_pylist()}
 
 

@@ -12,9 +12,10 @@ import pytest
 from deltalake import DeltaTable
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, RowRule, SpecError, Tumbling
-from laminar_assets.engine.quarantine.records import recorded_files
+from laminar_assets.engine.quarantine.records import recorded_files, summarize
 from laminar_assets.engine.windows import partition_interval
 from laminar_assets.errors import InjectedCrash
+from tests.arrow_python_files import forbid_python_files
 from tests.engine.test_crash_safety import crash_at
 from tests.reference import assert_frames_match, full_recompute
 
@@ -59,7 +60,7 @@ def check_sink(spark, lake, flow=FLOW, until="2024-01-01 02:00"):
     assert_frames_match(lake.read(flow.sink), expected.reset_index(drop=True), flow.keys)
 
 
-def test_each_broken_row_is_quarantined_once_with_rule_version_and_row(spark, lake, engine):
+def test_each_broken_row_is_quarantined_once_with_rule_version_and_row(spark, lake, engine, monkeypatch):
     lake.create("trades", BASE)
     first = engine.run(FLOW, PART)
     second = engine.run(FLOW, NEXT)
@@ -75,6 +76,12 @@ def test_each_broken_row_is_quarantined_once_with_rule_version_and_row(spark, la
     originals = [json.loads(r["row"]) for r in rows]
     assert {"sym": "b", "px": 14.0, "qty": 1} in originals  # null fields are left out
     assert {"ts": "2024-01-01T00:02:00.000000Z", "sym": "a", "px": 11.0, "qty": -5} in originals
+    with monkeypatch.context() as guarded:  # what `laminar quarantine` prints, read through no Python file
+        forbid_python_files(guarded)
+        summary = summarize(os.path.join(lake.root, "_laminar", "quarantine", "trades"), examples=1)
+    assert [(s["flow"], s["rule"], s["rows"], s["min_version"], s["max_version"], len(s["examples"]))
+            for s in summary] == [("q", "event_time_missing", 1, 0, 0, 1), ("q", "event_time_out_of_bounds", 1, 0, 0, 1),
+                                  ("q", "known_sym", 2, 0, 0, 1), ("q", "positive_qty", 2, 0, 0, 1)]
     check_sink(spark, lake)
 
 

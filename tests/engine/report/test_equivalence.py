@@ -7,6 +7,7 @@ import pytest
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Tumbling
 from laminar_assets.engine.report.equivalence import _differs, check_equivalence, check_equivalence_many
+from tests.arrow_python_files import forbid_python_files
 
 pytestmark = pytest.mark.spark
 
@@ -84,9 +85,11 @@ def test_kll_quantiles_pass_within_the_sketch_rank_error_and_fail_beyond_it(spar
     assert not bad.passed and bad.mismatches[0]["columns"] == ["p50"], bad.mismatches
 
 
-def test_a_small_sample_always_includes_windows_the_sink_holds(spark, lake, engine):
+def test_a_small_sample_always_includes_windows_the_sink_holds(spark, lake, engine, monkeypatch):
     """Half the sample comes from the windows the sink has (read from its Delta files): in a sparse
-    partition a wrong value there is found even when the sample is far smaller than the partition."""
+    partition a wrong value there is found even when the sample is far smaller than the partition.
+    Neither the runs nor the checks hand pyarrow a Python file (tests/arrow_python_files.py)."""
+    forbid_python_files(monkeypatch)
     sparse = [("2024-01-01 01:13:05", "X", 101.0, 3), ("2024-01-01 01:41:50", "Y", 99.0, 4),
               ("2024-01-01 00:20:00", "X", 100.0, 1)]
     lake.create("trades", sparse)
