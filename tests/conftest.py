@@ -79,6 +79,11 @@ def shards(count: int):
     return pytest.mark.parametrize("shard", range(count), ids=[f"shard-{i}" for i in range(count)])
 
 
+def shard_size(total: int, count: int, shard: int) -> int:
+    """How many of `total` examples shard `shard` of `count` runs, so that the shards run `total` together."""
+    return total // count + (shard < total % count)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`, except that each shard of a sharded test is a unit of its own: the random
     stateful test's 200 histories would otherwise keep one process busy for a quarter of an hour."""

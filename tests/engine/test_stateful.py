@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.conftest import shards
+from tests.conftest import shard_size, shards
 from tests.engine.stateful_lake import LakeMachine
 
 pytestmark = pytest.mark.spark
@@ -30,11 +30,6 @@ def run_shard(machine: type, shard: int, examples: int, **extra) -> None:
     run_state_machine_as_test(seeded, settings=settings(
         max_examples=examples, stateful_step_count=STEPS, deadline=None, database=None,
         suppress_health_check=list(HealthCheck), print_blob=True, **extra))
-
-
-def shard_size(total: int, count: int, shard: int) -> int:
-    """The examples shard `shard` of `count` runs so that the shards run `total` together."""
-    return total // count + (shard < total % count)
 
 
 @shards(SHARDS)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from tests.conftest import shards
+from tests.conftest import shard_size, shards
 from tests.engine.stateful_lake import LakeMachine
-from tests.engine.test_stateful import run_shard, shard_size
+from tests.engine.test_stateful import run_shard
 from tests.object_store import using
 
 pytestmark = pytest.mark.spark

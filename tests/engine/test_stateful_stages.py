@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import shards
+from tests.conftest import shard_size, shards
 from tests.engine.stateful_lake import StageLakeMachine
-from tests.engine.test_stateful import EXAMPLES, run_shard, shard_size
+from tests.engine.test_stateful import EXAMPLES, run_shard
 
 pytestmark = pytest.mark.spark
 
