@@ -395,5 +395,5 @@ def _jsonable(value, kind: pa.DataType | None = None):
 
 def _reason(text: str) -> str:
     """The cause in libpq's message of a failed connection: 'Connection refused', 'No such file or directory', ..."""
-    found = re.search(r"failed: (.+?)(?: Is the server| \(|$)", text)
+    found = re.search(r".*failed: (.+?)(?: Is the server|$)", text)  # the last "failed: ...": libpq's cause
     return (found.group(1) if found else text).strip().rstrip(".")
