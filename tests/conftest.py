@@ -176,12 +176,12 @@ def s3_lake(s3_server, tmp_path) -> Lake:
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory):
+def pg_server():
     """One PostgreSQL server for the test process (tests/postgres.py: a Unix socket, no TCP port), started when a
     test first needs it and stopped at the end, also on failure."""
     from tests.postgres import start_postgres
 
-    server = start_postgres(tmp_path_factory.mktemp("pg"))
+    server = start_postgres()
     yield server
     server.stop()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ PASSWORD_ROLE = "laminar_pw"
 class PgServer:
     server: object  # pgserver's PostgresServer
     socket_dir: str
+    folder: str
 
     def url(self, database: str = "postgres", user: str = "postgres", password: str | None = None) -> str:
         auth = f"{user}:{password}" if password is not None else user
@@ -41,18 +44,24 @@ class PgServer:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def stop(self) -> None:
-        self.server.cleanup()
+        try:
+            self.server.cleanup()
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start_postgres(folder: pathlib.Path) -> PgServer:
-    """Start a server whose data lives in `folder`; it stops with `PgServer.stop` (pgserver also stops it when
-    the process exits)."""
+def start_postgres() -> PgServer:
+    """Start a server whose data lives in a new folder of its own; `PgServer.stop` stops it and removes the
+    folder (pgserver also stops it when the process exits). Run as root, pgserver runs the server as its own
+    user and opens the folder's parents to it: a folder outside pytest's temporary root, which every pytest
+    process that starts closes again (other test processes on the machine included)."""
     import pgserver
     import psycopg
 
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="laminar-pg-"))
     data = folder / "pgdata"
     server = pgserver.get_server(str(data), cleanup_mode="stop")
-    pg = PgServer(server, str(data))
+    pg = PgServer(server, str(data), str(folder))
     hba = data / "pg_hba.conf"
     hba.write_text(f"local all {PASSWORD_ROLE} scram-sha-256\n" + hba.read_text())
     with psycopg.connect(pg.url(), autocommit=True) as conn:
