@@ -87,9 +87,7 @@ def test_a_materialization_delivers_the_flow_to_postgres_with_its_metadata(spark
     def materialize(assets, **kw):
         return dg.materialize(assets, partition_key=P9, resources={"laminar": laminar}, instance=instance, **kw)
 
-    def sink():
-        with psycopg.connect(url) as conn:  # the sink's rows, in the target's column order
-            conn.execute("SELECT 1")
+    def sink():  # the sink's rows, in the target's column order
         return sorted(tuple(r[c] for c in COLUMNS.split(", ")) for r in lake.table("vwap_1m").to_pyarrow_table().to_pylist())
 
     result = materialize([stage, vwap, export])
@@ -123,3 +121,12 @@ def test_a_materialization_delivers_the_flow_to_postgres_with_its_metadata(spark
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     text = failure.step_failure_data.user_failure_data.description
     assert "export 'vwap_1m_lost' names connection 'nowhere', which is not defined" in text and "\n" not in text, text
+    # laminar_system.exports: each export's delivered version, lag and failures, for `laminar sql`
+    from laminar_assets.engine.report import run_query
+
+    got = run_query(spark, lake.root, SPECS, "SELECT export, delivered_version, lag_versions, failed_deliveries, "
+                    "last_error FROM laminar_system.exports ORDER BY export", exports=[VWAP_PG, lost]).records()
+    version = lake.table("vwap_1m").version()
+    assert [r["export"] for r in got] == ["vwap_1m_lost", "vwap_1m_pg"]
+    assert (got[1]["delivered_version"], got[1]["lag_versions"], got[1]["failed_deliveries"]) == (version, 0, 0)
+    assert got[0]["delivered_version"] is None and got[0]["failed_deliveries"] == 1 and "nowhere" in got[0]["last_error"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -97,12 +97,14 @@ class Exporter:
         if export.source != source.name:
             raise ExportError(f"export '{export.name}' reads '{export.source}', not '{source.name}'", export=export.name)
         ranges = tuple(partition_interval(k, source.granularity) for k in dict.fromkeys(partitions))
-        connection = resolve(export.name, export.connection, self.connections)
-        target = open_target(export, connection, TargetContext(self.layout, self.hook))
         root = self.layout.root
         before = records.load(root, export.name)
-        base = records.ExportRecord(export.name, export.kind, export.source, target.describe())
+        base = records.ExportRecord(export.name, export.kind, export.source, export.target)
+        target = None
         try:
+            connection = resolve(export.name, export.connection, self.connections)
+            target = open_target(export, connection, TargetContext(self.layout, self.hook))
+            base = replace(base, target=target.describe())
             result = self._deliver(export, source, target, ranges, tuple(dict.fromkeys(partitions)), full)
         except InjectedCrash:
             raise  # a simulated kill writes nothing more
@@ -110,7 +112,8 @@ class Exporter:
             _save(root, records.failed(before, base, exc.message))
             raise
         finally:
-            target.close()
+            if target is not None:
+                target.close()
         _save(root, records.succeeded(before, base, version=result.delivered_version, table_id=result.source_table_id,
                                       mode=result.mode.value, reason=result.reason.value, detail=result.detail,
                                       upserted=result.rows_upserted, deleted=result.rows_deleted))

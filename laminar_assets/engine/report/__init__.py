@@ -2,8 +2,8 @@
 (`overview`), staleness and dirty partitions without Spark (`staleness`), `laminar sql`'s system tables,
 the equivalence check, and reading a sink's rows."""
 
+from .deliveries import describe_export_failures, export_status
 from .equivalence import EquivalenceResult, check_equivalence, check_equivalence_many
-from .export_status import describe_export_failures, export_status
 from .flow_stats import FlowStats, stats_by_flow
 from .overview import describe_failed_runs, explain, failed_runs, status, topology
 from .sink_read import to_pandas

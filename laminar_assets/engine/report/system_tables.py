@@ -47,7 +47,7 @@ from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_fil
 from ..spark.frames import spark_path
 from ..spark.read import read_source
 from ..spark.session import delta_available
-from .export_status import export_status
+from .deliveries import export_status
 from .flow_stats import outcome_rows, summarize
 from .overview import topology
 from .sql_guard import FILE_FORMATS, check_read_only, check_text, refuse_name, spark_error_line
