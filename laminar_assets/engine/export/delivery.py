@@ -15,6 +15,7 @@ the new one, whole: the next delivery reads from there.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -139,13 +140,24 @@ class Exporter:
         t0 = time.perf_counter()
         deletes = None
         column = source.output_time_column
+        changed = None
+        if mode is Mode.INCREMENTAL:
+            try:
+                changed = feed.change_rows(pinned, delivered.version)
+            except (DeltaError, OSError, pa.ArrowException) as exc:
+                gone = _missing_file(exc)
+                if gone is None:
+                    raise _unreadable(export, source, exc) from exc
+                mode, reason, detail = Mode.FULL, Reason.CHANGE_FEED_EXPIRED, (
+                    f"the change feed of '{pinned.name}' since version {delivered.version} names a file that is gone "
+                    f"({gone})")
+                out.mode, out.reason, out.detail = mode, reason, detail
         if mode is Mode.FULL:
             rows: Iterator[pa.RecordBatch] = feed.snapshot_batches(pinned, export.batch_rows)
             ranges, keys = (), ()
         else:
             upserts = pinned.schema.empty_table()
-            if mode is Mode.INCREMENTAL:
-                changed = _read(export, source, lambda: feed.change_rows(pinned, delivered.version))
+            if changed is not None:
                 out.change_rows = changed.num_rows
                 if key:
                     net = feed.net_changes(changed, pinned.schema, key)
@@ -212,9 +224,20 @@ def _read(export: ExportSpec, source: Spec, read):
     try:
         return read()
     except (DeltaError, OSError, pa.ArrowException) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ExportError(f"export '{export.name}' cannot read the table of '{source.name}': {first}; nothing was "
-                          "delivered", export=export.name, flow=source.name) from exc
+        raise _unreadable(export, source, exc) from exc
+
+
+def _unreadable(export: ExportSpec, source: Spec, exc: Exception) -> ExportError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ExportError(f"export '{export.name}' cannot read the table of '{source.name}': {first}; nothing was "
+                       "delivered", export=export.name, flow=source.name)
+
+
+def _missing_file(exc: Exception) -> str | None:
+    """The file a change-feed read found gone (vacuumed after `feed_gap` looked), or None for any other failure:
+    a gone file makes the delivery a full one instead of failing every time."""
+    found = re.search(r"[Oo]bject at location (\S+) not found|No such file or directory[^:]*: '?([^'\s]+)", str(exc))
+    return (found.group(1) or found.group(2)) if found else None
 
 
 def _chain(*parts) -> Iterator[pa.RecordBatch]:

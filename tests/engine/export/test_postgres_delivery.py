@@ -284,3 +284,27 @@ def test_a_delivery_whose_version_moved_meanwhile_rolls_back(tmp_path, pg_server
     assert info.value.retryable and "another delivery moved the delivered version" in str(info.value)
     assert target_rows(pg_server, pg_database) == sink.rows()
     assert delivered_version(pg_server, pg_database) == sink.version()
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["found-before-reading", "found-while-reading"])
+def test_a_compacted_and_vacuumed_history_is_a_full_resync_not_a_failure_every_time(tmp_path, pg_server, pg_database,
+                                                                                     monkeypatch, checked):
+    """Files a later compaction replaced and a vacuum deleted: the changes since the delivered version cannot be
+    read. Whether the log shows it first or the reader meets the missing file (a vacuum between the two), the
+    delivery resyncs every row instead of failing on every run."""
+    from laminar_assets.engine.export import changes
+
+    root = str(tmp_path / "lake")
+    sink, ex = Sink(root, "m1"), exporter(root, pg_server, pg_database)
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0)]))
+    deliver(ex)
+    write_deltalake(sink.uri, flow_rows([(0, 1, "b", 1, 1.0)]), mode="append")
+    write_deltalake(sink.uri, flow_rows([(0, 2, "c", 1, 1.0)]), mode="append")
+    sink.table().optimize.compact()
+    sink.table().vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    if not checked:
+        monkeypatch.setattr(changes, "feed_gap", lambda pinned, since: None)
+    result = deliver(ex)
+    assert (result.mode.value, result.reason.value) == ("FULL", "CHANGE_FEED_EXPIRED"), result.detail
+    assert ("was vacuumed" if checked else "names a file that is gone") in result.detail, result.detail
+    assert target_rows(pg_server, pg_database) == sink.rows()
