@@ -130,3 +130,17 @@ def test_a_materialization_delivers_the_flow_to_postgres_with_its_metadata(spark
     assert [r["export"] for r in got] == ["vwap_1m_lost", "vwap_1m_pg"]
     assert (got[1]["delivered_version"], got[1]["lag_versions"], got[1]["failed_deliveries"]) == (version, 0, 0)
     assert got[0]["delivered_version"] is None and got[0]["failed_deliveries"] == 1 and "nowhere" in got[0]["last_error"]
+
+
+def test_a_create_sink_in_a_dg_projects_flows_folder_is_an_asset_of_the_component(tmp_path):
+    from laminar_assets.orchestration.component import LaminarComponent
+
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "trades.sql").write_text(
+        "CREATE MATERIALIZED VIEW trades_1m AS SELECT symbol, TUMBLE(event_time, INTERVAL '1' MINUTE), COUNT(*) AS n\n"
+        "FROM raw_trades GROUP BY symbol, TUMBLE(event_time, INTERVAL '1' MINUTE);\n"
+        "CREATE SINK trades_1m_pg FROM trades_1m INTO POSTGRES WITH (connection = 'analytics');\n")
+    defs = LaminarComponent(flows=str(flows), partitions_start="2024-01-01").build_defs(None)  # no lake_root: no context
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("trades_1m_pg")).parent_keys == {dg.AssetKey("trades_1m")}
