@@ -231,10 +231,13 @@ def pending_exports(root: str, exports: list[ExportSpec], specs: tuple[Spec, ...
         uri = resolve_uri(root, spec.sink) if spec is not None else None
         if uri is None or not is_delta_table(uri):
             continue
-        record = load_record(root, export.name)
+        try:
+            record = load_record(root, export.name)
+            version = open_table(spec.sink, uri).version()
+        except LaminarError:  # a table or record that cannot be read now: the next tick looks again
+            continue
         if record is not None and record.failed:
             continue
-        version = open_table(spec.sink, uri).version()
         if record is not None and record.delivered_version is not None and record.delivered_version >= version:
             continue
         partitions = store.partitions(spec.name)

@@ -97,7 +97,11 @@ class Exporter:
         (its delivered version did not move) after counting it in the lake's record."""
         if export.source != source.name:
             raise ExportError(f"export '{export.name}' reads '{export.source}', not '{source.name}'", export=export.name)
-        ranges = tuple(partition_interval(k, source.granularity) for k in dict.fromkeys(partitions))
+        try:
+            ranges = tuple(partition_interval(k, source.granularity) for k in dict.fromkeys(partitions))
+        except ValueError as exc:
+            raise ExportError(f"export '{export.name}': bad partition key for '{source.name}': {exc}; nothing was "
+                              "delivered", export=export.name, flow=source.name) from None
         root = self.layout.root
         before = records.load(root, export.name)
         base = records.ExportRecord(export.name, export.kind, export.source, export.target)

@@ -308,3 +308,13 @@ def test_a_compacted_and_vacuumed_history_is_a_full_resync_not_a_failure_every_t
     assert (result.mode.value, result.reason.value) == ("FULL", "CHANGE_FEED_EXPIRED"), result.detail
     assert ("was vacuumed" if checked else "names a file that is gone") in result.detail, result.detail
     assert target_rows(pg_server, pg_database) == sink.rows()
+
+
+def test_a_bad_partition_key_is_refused_before_anything_is_read(tmp_path, pg_server, pg_database):
+    from laminar_assets.engine import ExportError
+
+    root = str(tmp_path / "lake")
+    Sink(root, "m1").replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0)]))
+    with pytest.raises(ExportError, match=r"export 'm1_pg': bad partition key for 'm1'"):
+        deliver(exporter(root, pg_server, pg_database), partitions=["2024-01-02-00:30"])
+    assert delivered_version(pg_server, pg_database) is None
