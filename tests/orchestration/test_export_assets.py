@@ -12,7 +12,7 @@ from deltalake import write_deltalake
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
-from laminar_assets.engine import PostgresExport
+from laminar_assets.engine import Agg, FlowSpec, PostgresExport, Tumbling
 from laminar_assets.engine.export import load_record
 from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.assets import COMPONENT_TAG, build_asset
@@ -23,7 +23,7 @@ from laminar_assets.pipeline.graph import components
 from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.resources import LaminarResource, SparkResource
 from tests.engine.export.helpers import flow_rows, target_rows
-from tests.orchestration.pipeline import BASE, create_sources, trades
+from tests.orchestration.pipeline import BASE, create_sources
 
 SPECS, _ = specs_with_contracts(load_specs())
 BY_NAME = {s.name: s for s in SPECS}
@@ -31,7 +31,6 @@ SETTINGS = LaminarSettings(retry_delay_seconds=0, retries=0)
 [PART] = components(SPECS)
 VWAP_PG = PostgresExport(name="vwap_1m_pg", source="vwap_1m", connection="analytics", table="vwap_1m")
 P9 = "2024-01-02-09:00"
-COLUMNS = "window_start, window_end, symbol, notional, volume, trades, vwap"
 
 
 def tick(laminar, instance, cursor):
@@ -75,59 +74,68 @@ def test_the_sensors_run_delivers_an_export_after_its_flow_and_alone_when_it_is_
     assert isinstance(tick(laminar, instance, first.cursor), dg.SkipReason)
 
 
+VOL = FlowSpec(name="vol", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+               aggregates=(Agg.count(name="n"), Agg.sum("px", name="px_sum")))
+VOL_PG = PostgresExport(name="vol_pg", source="vol", connection="analytics", table="vol")
+VOL_COLUMNS = "window_start, window_end, sym, n, px_sum"
+P0 = "2024-01-01-00:00"
+
+
 @pytest.mark.spark
 def test_a_materialization_delivers_the_flow_to_postgres_with_its_metadata(spark, lake, instance, pg_server, pg_database):
     url = pg_server.url(pg_database)
     laminar = LaminarResource(root=lake.root, connections={"analytics": url},
                               spark=SparkResource(master="local[2]", shuffle_partitions=2, stop_at_end=False))
-    stage, vwap = build_asset(BY_NAME["normalized_trades"], SETTINGS), build_asset(BY_NAME["vwap_1m"], SETTINGS)
-    export = build_export_asset(VWAP_PG, BY_NAME["vwap_1m"], SETTINGS)
-    create_sources(lake, BASE)
+    flow, export = build_asset(VOL, SETTINGS), build_export_asset(VOL_PG, VOL, SETTINGS)
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1), ("2024-01-01 00:12:00", "b", 2.0, 1),
+                           ("2024-01-01 00:13:00", "a", 3.0, 1)])
 
     def materialize(assets, **kw):
-        return dg.materialize(assets, partition_key=P9, resources={"laminar": laminar}, instance=instance, **kw)
+        return dg.materialize(assets, partition_key=P0, resources={"laminar": laminar}, instance=instance, **kw)
 
     def sink():  # the sink's rows, in the target's column order
-        return sorted(tuple(r[c] for c in COLUMNS.split(", ")) for r in lake.table("vwap_1m").to_pyarrow_table().to_pylist())
+        return sorted(tuple(r[c] for c in VOL_COLUMNS.split(", ")) for r in lake.table("vol").to_pyarrow_table().to_pylist())
 
-    result = materialize([stage, vwap, export])
+    result = materialize([flow, export])
     assert result.success
-    [mat] = result.asset_materializations_for_node("vwap_1m_pg")
+    [mat] = result.asset_materializations_for_node("vol_pg")
     md = mat.metadata
     assert (md["mode"].value, md["reason"].value) == ("FULL", "NO_DELIVERED_VERSION")
-    assert md["delivered_version"].value == lake.table("vwap_1m").version() and md["lag_versions"].value == 0
+    assert md["delivered_version"].value == lake.table("vol").version() and md["lag_versions"].value == 0
     for key in ("rows_upserted", "rows_deleted", "lag_seconds", "commit_age_seconds", "seconds_total"):
         assert isinstance(md[key], (dg.IntMetadataValue, dg.FloatMetadataValue)), key
-    assert "password" not in md["target"].value and pg_database in md["target"].value
-    assert target_rows(pg_server, pg_database, "vwap_1m", COLUMNS) == sink()
-    # a late row and a correction; the sensor's run (tagged with the part) delivers the changes only
-    lake.append("raw_trades", frame=trades([(5, "2024-01-02 09:01:30", "AAPL", "ACC-9", "BUY", 189.0, 100)]))
-    lake.update("raw_trades", {"price": "200.0"}, "trade_id = 2")
-    result = materialize([stage, vwap, export], tags={COMPONENT_TAG: "raw_trades"})
-    md = result.asset_materializations_for_node("vwap_1m_pg")[0].metadata
+    assert pg_database in md["target"].value
+    assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
+    # a late row, a correction and a delete, merged by the flow's commit; the sensor's run (tagged with the part)
+    # delivers the changes only
+    lake.append("trades", [("2024-01-01 00:14:00", "c", 5.0, 1)])
+    lake.update("trades", {"px": "20.0"}, "sym = 'b'")
+    lake.delete("trades", "px = 1.0")
+    result = materialize([flow, export], tags={COMPONENT_TAG: "trades"})
+    md = result.asset_materializations_for_node("vol_pg")[0].metadata
     assert (md["mode"].value, md["reason"].value, md["partitions_replaced"].value) == ("INCREMENTAL", "NEW_VERSIONS", [])
-    assert target_rows(pg_server, pg_database, "vwap_1m", COLUMNS) == sink()
+    assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
     # a backfill of the export alone repairs its partition's rows in the target
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE vwap_1m SET trades = -1")
-    md = materialize([export]).asset_materializations_for_node("vwap_1m_pg")[0].metadata
-    assert (md["reason"].value, md["partitions_replaced"].value) == ("PARTITIONS_REPLACED", [P9])
-    assert target_rows(pg_server, pg_database, "vwap_1m", COLUMNS) == sink()
-    assert load_record(lake.root, "vwap_1m_pg").delivered_version == lake.table("vwap_1m").version()
+        conn.execute("UPDATE vol SET n = -1")
+    md = materialize([export]).asset_materializations_for_node("vol_pg")[0].metadata
+    assert (md["reason"].value, md["partitions_replaced"].value) == ("PARTITIONS_REPLACED", [P0])
+    assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
+    assert load_record(lake.root, "vol_pg").delivered_version == lake.table("vol").version()
     # a connection nobody defined: the asset fails in one line naming the export and how to define it
-    lost = PostgresExport(name="vwap_1m_lost", source="vwap_1m", connection="nowhere", table="lost")
-    result = dg.materialize([build_export_asset(lost, BY_NAME["vwap_1m"], SETTINGS)], partition_key=P9,
+    lost = PostgresExport(name="vol_lost", source="vol", connection="nowhere", table="lost")
+    result = dg.materialize([build_export_asset(lost, VOL, SETTINGS)], partition_key=P0,
                             resources={"laminar": laminar}, instance=instance, raise_on_error=False)
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     text = failure.step_failure_data.user_failure_data.description
-    assert "export 'vwap_1m_lost' names connection 'nowhere', which is not defined" in text and "\n" not in text, text
+    assert "export 'vol_lost' names connection 'nowhere', which is not defined" in text and "\n" not in text, text
     # laminar_system.exports: each export's delivered version, lag and failures, for `laminar sql`
     from laminar_assets.engine.report import run_query
 
-    got = run_query(spark, lake.root, SPECS, "SELECT export, delivered_version, lag_versions, failed_deliveries, "
-                    "last_error FROM laminar_system.exports ORDER BY export", exports=[VWAP_PG, lost]).records()
-    version = lake.table("vwap_1m").version()
-    assert [r["export"] for r in got] == ["vwap_1m_lost", "vwap_1m_pg"]
+    got = run_query(spark, lake.root, [VOL], "SELECT export, delivered_version, lag_versions, failed_deliveries, "
+                    "last_error FROM laminar_system.exports ORDER BY export", exports=[lost, VOL_PG]).records()
+    version = lake.table("vol").version()
+    assert [r["export"] for r in got] == ["vol_lost", "vol_pg"]
     assert (got[1]["delivered_version"], got[1]["lag_versions"], got[1]["failed_deliveries"]) == (version, 0, 0)
     assert got[0]["delivered_version"] is None and got[0]["failed_deliveries"] == 1 and "nowhere" in got[0]["last_error"]
 
