@@ -136,7 +136,7 @@ class Exporter:
                                   f"'{source.name}' has not written its table yet ({uri})", before, before)
         key = export_key(source) if export.needs_key else ()
         feed.check_key(export.name, pinned, key)
-        mode, reason, detail = self._decide(pinned, delivered, full)
+        mode, reason, detail = _read(export, source, lambda: self._decide(pinned, delivered, full))
         out = DeliveryResult(export.name, export.kind, target.describe(), mode, reason, detail, before, pinned.version,
                              pinned.table_id)
         if mode is Mode.NOOP and not ranges:
