@@ -7,7 +7,7 @@ Loaded by `workspace.yaml`, `dagster dev` and `dagster asset materialize` (via
 
 from __future__ import annotations
 
-from laminar_assets.flows import load_specs
+from laminar_assets.flows import load_exports, load_specs
 from laminar_assets.orchestration.builder import (  # noqa: F401  (the builder's API, re-exported)
     CONTRACTS,
     build_definitions,
@@ -16,4 +16,4 @@ from laminar_assets.orchestration.builder import (  # noqa: F401  (the builder's
 )
 from laminar_assets.pipeline.settings import load_settings
 
-defs = build_definitions(load_specs(), load_settings())
+defs = build_definitions(load_specs(), load_settings(), exports=load_exports())

@@ -124,3 +124,35 @@ class StorageError(EnvironmentProblem):
 
 class ContractError(LaminarError):
     """A data contract file is malformed or disagrees with its table."""
+
+
+class ExportError(LaminarError):
+    """An export could not deliver its source's changes to its target; nothing of the delivery is
+    visible there (for a transactional target) and its delivered version did not move."""
+
+    def __init__(self, message: str, *, export: str, **facts: Any) -> None:
+        super().__init__(message, export=export, **facts)
+        self.export = export
+
+
+class ExportTargetError(ExportError):
+    """The target of an export cannot be used: unreachable, refused credentials, a missing permission.
+    Never carries a password or a connection URL (only host, port, database and user)."""
+
+    def __init__(self, message: str, *, export: str, retryable: bool = False, **facts: Any) -> None:
+        super().__init__(message, export=export, **facts)
+        self._retryable = retryable
+
+    @property
+    def retryable(self) -> bool:  # type: ignore[override]
+        return self._retryable  # a server that is down may be back; a wrong password will not be
+
+
+class ExportSchemaError(ExportError):
+    """A target table whose columns or key do not match the export's source; refused before writing."""
+
+
+class ConcurrentDeliveryError(ExportError):
+    """Another delivery of the same export moved its delivered version first; this one rolled back."""
+
+    retryable = True

@@ -246,3 +246,21 @@ def s3_lake(s3_server, tmp_path) -> Lake:
     with using(s3_server):
         yield Lake(s3_server.bucket())
 
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL server for the test process (tests/postgres.py: a Unix socket, no TCP port), started when a
+    test first needs it and stopped at the end, also on failure."""
+    from tests.postgres import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_database(pg_server) -> str:
+    """A database of its own on the session's server (its name), dropped after the test."""
+    with pg_server.database() as name:
+        yield name

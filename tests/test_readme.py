@@ -153,17 +153,29 @@ def test_every_spec_shown_in_python_builds():
 
 
 def test_every_sql_view_shown_compiles():
-    from laminar_assets.engine import compile_sql
+    from laminar_assets.engine import compile_sql_definitions
 
     blocks = sql_blocks()
     assert len(blocks) >= 4, "the README's view and docs/sql-flows.md's three"
     for path, block in blocks:
-        specs = compile_sql(block, origin="README")
+        specs, exports = compile_sql_definitions(block, origin="README")
         names = re.findall(r"CREATE MATERIALIZED VIEW\s+(\w+)", block, re.I)
         assert [s.name for s in specs] == names, (path.name, block)
+        assert [e.name for e in exports] == re.findall(r"CREATE SINK\s+(\w+)", block, re.I), (path.name, block)
     # the stage example is a stage, the grouped views are flows
-    kinds = {s.name: type(s) for _, b in blocks for s in compile_sql(b, origin="README")}
+    kinds = {s.name: type(s) for _, b in blocks for s in compile_sql_definitions(b, origin="README")[0]}
     assert kinds["normalized_trades"] is StageSpec and kinds["vwap_1m"] is FlowSpec
+
+
+def test_every_export_shown_in_python_builds():
+    from laminar_assets.engine import ExportSpec
+
+    blocks = [(p, b) for p in DOCS for b in python_blocks(p) if "Export(" in b]
+    assert blocks, "docs/exports.md's PostgresExport example"
+    for path, block in blocks:
+        namespace: dict = {}
+        exec(compile(block, str(path.relative_to(REPO)), "exec"), namespace)
+        assert any(isinstance(v, ExportSpec) for v in namespace.values()), f"{path.name}: no export built:\n{block}"
 
 
 def test_sql_error_shown_is_the_one_raised():

@@ -40,6 +40,7 @@ class CliContext:
     debug: bool
     flows: str | None = None  # a folder of .py/.sql specs or a module; None: this project's laminar_assets.flows
     _specs: list | None = field(default=None, repr=False)
+    _exports: list | None = field(default=None, repr=False)
 
     def require_lake(self) -> None:
         """Commands that read a lake fail on a root that is not there (a mistyped --root, or no lake created
@@ -71,6 +72,14 @@ class CliContext:
             check_tables(specs, root=self.root)
             self._specs = specs
         return self._specs
+
+    def exports(self):
+        """The flows' exports (PostgresExport, ..., CREATE SINK), checked against the specs."""
+        if self._exports is None:
+            from laminar_assets.engine import collect
+
+            self._exports = collect(self.flows or "laminar_assets.flows").exports
+        return self._exports
 
     def spec(self, name: str):
         specs = {s.name: s for s in self.specs()}
@@ -105,7 +114,7 @@ class CliContext:
         from laminar_assets.resources import LaminarResource, SparkResource
 
         resources = {"laminar": LaminarResource(root=self.root, spark=SparkResource(stop_at_end=stop_spark_per_run, jit=jit))}
-        return build_definitions(self.specs(), load_settings(), resources=resources)
+        return build_definitions(self.specs(), load_settings(), resources=resources, exports=self.exports())
 
 
 @app.callback()

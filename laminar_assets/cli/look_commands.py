@@ -112,16 +112,19 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
            since: str = typer.Option("24h", "--since", help="Period of the hit and fallback rates: a duration "
                                      "back from now ('24h', '7d', '30m') or 'all'.")) -> None:
     """Per flow: partitions materialized, stale partitions and why, watermarks vs source versions; then
-    how its partition runs went over `--since`: merged, refilled (by reason, windows per refill) or NOOP."""
-    from laminar_assets.engine.report import describe_failed_runs, stats_by_flow
+    how its partition runs went over `--since`: merged, refilled (by reason, windows per refill) or NOOP;
+    then per export: the version delivered, its lag behind the source table, the last delivery."""
+    from laminar_assets.engine.report import describe_failed_runs, export_status, stats_by_flow
     from laminar_assets.engine.report import status as status_report
 
     ctx.obj.require_lake()
     start = _since(since)
     rows = status_report(ctx.obj.root, ctx.obj.specs())
     rates = {s.flow: s for s in stats_by_flow(ctx.obj.root, ctx.obj.specs(), since=start)}
-    if as_json:
-        emit_json([{**r, "rates": rates[r["flow"]].to_json()} for r in rows])
+    exports = export_status(ctx.obj.root, ctx.obj.exports(), ctx.obj.specs())
+    if as_json:  # flows first, then one row per export (its "kind" is "export", its target's kind "target_kind")
+        emit_json([{**r, "rates": rates[r["flow"]].to_json()} for r in rows]
+                  + [{**e, "kind": "export", "target_kind": e["kind"]} for e in exports])
         return
     table = Table("flow", "kind", "source versions", "materialized", "failing", "stale", "pending versions")
     for r in rows:
@@ -139,6 +142,23 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
                 _pct(s.share(s.noop)), _pct(s.hit_rate), reasons, _num(s.windows_per_refill),
                 _num(s.rows_read_per_change))
     console.print(runs)
+    if exports:
+        _print_exports(exports)
+
+
+def _print_exports(exports: list[dict]) -> None:
+    from laminar_assets.engine.report import describe_export_failures
+
+    table = Table("export", "source", "target", "delivered version", "source version", "lag (versions)", "lag (s)",
+                  "last delivery", "failing", title="exports")
+    for e in exports:
+        last = "never" if e["delivered_at"] is None else \
+            f"{e['delivered_at'][:19].replace('T', ' ')} {e['mode']} ({e['reason']}): +{e['rows_upserted']} -{e['rows_deleted']}"
+        failing = describe_export_failures(e["failed"]) if e["failed"] else "-"
+        add_row(table, e["export"], e["source"], e["target"], _num(e["delivered_version"]), _num(e["source_version"]),
+                _num(e["lag_versions"]), _num(e["lag_seconds"]), last,
+                Text(failing, style="red") if e["failed"] else failing)
+    console.print(table)
 
 
 def _since(text: str):

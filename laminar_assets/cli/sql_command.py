@@ -29,7 +29,7 @@ def sql(
     as_json: bool = typer.Option(False, "--json", help="A JSON list of row objects."),
 ) -> None:
     """Spark SQL over the lake: every sink and stage table by its name, the raw sources, and
-    laminar_system.dag_topology / .partitions / .runs / .flow_outcomes / .flow_stats. Reads only: one query,
+    laminar_system.dag_topology / .partitions / .runs / .flow_outcomes / .flow_stats / .exports. Reads only: one query,
     SHOW, DESCRIBE or EXPLAIN; any other statement is refused before anything runs."""
     from laminar_assets.engine import SparkOptions, build_session
     from laminar_assets.engine.report import jsonable, run_query
@@ -38,7 +38,8 @@ def sql(
     c.require_lake()
     specs = c.specs()
     with nullcontext() if as_json else console.status("running the query..."):
-        result = run_query(lambda: build_session(SparkOptions.from_env()), c.root, specs, query, limit=limit)
+        result = run_query(lambda: build_session(SparkOptions.from_env()), c.root, specs, query, limit=limit,
+                           exports=c.exports())
     more = f"showing the first {limit} rows; the query returned more (raise --limit)" if result.truncated else None
     if as_json:
         emit_json(result.records())

@@ -8,7 +8,7 @@
 This module is the one import path for the rest of the project; its subpackages' `__init__`
 modules export what other layers need of them (`engine.report`, `engine.delta`, `engine.spark`, ...).
 The packages, from the bottom up: `windows` (all window and interval math), `spec`, `aggregates`,
-`sql`, `delta`, `spark`, `output`, `quarantine`, `run`, `flow` and `stage`, `report`; then `Engine`
+`sql`, `delta`, `spark`, `output`, `quarantine`, `run`, `flow` and `stage`, `export`, `report`; then `Engine`
 (`executor`) and `collect_specs` (`registry`). Imports only point down that list
 (tests/test_boundaries.py).
 """
@@ -16,8 +16,12 @@ The packages, from the bottom up: `windows` (all window and interval math), `spe
 from laminar_assets.errors import (
     CheckpointError,
     CommitConflictError,
+    ConcurrentDeliveryError,
     ConcurrentRunError,
     EnvironmentProblem,
+    ExportError,
+    ExportSchemaError,
+    ExportTargetError,
     LaminarError,
     RunFailedError,
     SchemaMismatchError,
@@ -31,7 +35,8 @@ from laminar_assets.errors import (
 
 from .delta import TableIntegrity
 from .executor import Engine, checked_keys
-from .registry import check_tables, collect_specs, order_specs
+from .export import Connection, DeliveryResult, Exporter
+from .registry import Catalog, check_exports, check_tables, collect, collect_specs, order_specs
 from .run import EngineOptions, Mode, PartitionPlan, Reason, RunResult, SweepResult
 from .spark import SparkOptions, build_session, check_java, start_session
 from .spec import (
@@ -39,17 +44,23 @@ from .spec import (
     Agg,
     BaseSpec,
     DimensionJoin,
+    Export,
+    ExportSpec,
     FactJoin,
     FlowSpec,
     Hopping,
     LatePolicy,
+    PostgresExport,
+    RedisExport,
     RefreshPolicy,
     RowRule,
     Spec,
     StageSpec,
     Tumbling,
+    WebhookExport,
+    export_key,
 )
-from .sql import compile_sql
+from .sql import compile_sql, compile_sql_definitions
 from .windows import (
     PARTITION_SPAN,
     Granularity,
@@ -69,14 +80,18 @@ __all__ = [
     # declaring
     "Agg", "BUILTIN_RULES", "BaseSpec", "DimensionJoin", "FactJoin", "FlowSpec", "Hopping", "LatePolicy",
     "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "check_tables", "collect_specs", "compile_sql",
-    "order_specs",
+    "order_specs", "Catalog", "collect", "check_exports", "compile_sql_definitions",
+    # exporting
+    "Export", "ExportSpec", "PostgresExport", "RedisExport", "WebhookExport", "export_key", "Connection",
+    "DeliveryResult", "Exporter",
     # Spark
     "SparkOptions", "build_session", "check_java", "start_session",
     # time
     "PARTITION_SPAN", "Granularity", "Interval", "later", "parse_duration", "partition_interval", "partition_key",
     "partition_key_column", "partition_span", "partitions_overlapping",
     # errors
-    "CheckpointError", "CommitConflictError", "ConcurrentRunError", "EnvironmentProblem", "LaminarError",
+    "CheckpointError", "CommitConflictError", "ConcurrentDeliveryError", "ConcurrentRunError", "EnvironmentProblem",
+    "ExportError", "ExportSchemaError", "ExportTargetError", "LaminarError",
     "RunFailedError", "SchemaMismatchError", "SourceError", "SourceNotFoundError", "SpecError", "SqlDefinitionError",
     "StrictRefreshError", "UnsupportedTableFeatureError",
 ]

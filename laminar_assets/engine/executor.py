@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -32,6 +32,7 @@ from laminar_assets.storage import ObjectStoreOptions
 from .delta import integrity
 from .delta.layout import Layout
 from .delta.log import CommitKind
+from .export import Connection, DeliveryResult, Exporter
 from .flow import job as flow_job
 from .flow import state as flow_state
 from .output import staged_files as staging
@@ -47,6 +48,7 @@ from .run.sweep import SweepResult, sweep
 from .run.validate import CheckedSource, checked_source
 from .spark.frames import interpreted, new_run_id
 from .spark.session import use_object_store
+from .spec.exports import ExportSpec
 from .spec.specs import FlowSpec, RefreshPolicy, Spec
 from .stage import job as stage_job
 from .stage import keys as stage_keys
@@ -70,10 +72,12 @@ class Engine:
     paths); Laminar keeps its state tables and watermarks under `<root>/_laminar/`."""
 
     def __init__(self, spark: SparkSession, root: str, *, hook: Callable[[str], None] | None = None,
-                 options: EngineOptions | None = None, store: ObjectStoreOptions | None = None) -> None:
+                 options: EngineOptions | None = None, store: ObjectStoreOptions | None = None,
+                 connections: Mapping[str, Connection] | None = None) -> None:
         """`root`: a local folder or an object-store URI (s3://bucket/prefix). `store`: how this process
         reaches the object store (default: the AWS environment); an unreachable store, refused
-        credentials or a missing bucket fail here, in one line, before anything is read or written."""
+        credentials or a missing bucket fail here, in one line, before anything is read or written.
+        `connections`: the exports' targets by name (else LAMINAR_CONNECTION_<NAME>_URL, see `deliver`)."""
         options = options or EngineOptions()
         if store is not None:
             storage.configure(store)
@@ -83,6 +87,7 @@ class Engine:
             use_object_store(spark)
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
+        self.connections = dict(connections or {})
 
     spark = property(lambda self: self.ctx.spark)
     root = property(lambda self: self.ctx.layout.root)
@@ -381,6 +386,11 @@ class Engine:
         """Whether every file the latest snapshot of each table Laminar writes for `spec` names exists
         (its sink or output, its state tables, its sources' quarantine tables)."""
         return integrity.check_spec(self.ctx.layout, spec)
+
+    def deliver(self, export: ExportSpec, source: Spec, *, partitions=(), full: bool = False) -> DeliveryResult:
+        """Deliver `export` (reading `source`'s table) to its target: see `export.Exporter.deliver` (no Spark)."""
+        return Exporter(self.root, connections=self.connections, hook=self.ctx.hook).deliver(
+            export, source, partitions=partitions, full=full)
 
     # --- reading results --------------------------------------------------------
     def sink_frame(self, spec: Spec, partition: str) -> DataFrame:

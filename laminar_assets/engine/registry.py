@@ -1,6 +1,6 @@
-"""Finding flow and stage specs: every module of a package (or `.py` file of a plain folder) that defines
-them at top level, and every `.sql` file in that folder (CREATE MATERIALIZED VIEW statements, see
-`sql/views.py`)."""
+"""Finding flow and stage specs, and exports: every module of a package (or `.py` file of a plain folder) that
+defines them at top level, and every `.sql` file in that folder (CREATE MATERIALIZED VIEW and CREATE SINK
+statements, see `sql/views.py`, `sql/sinks.py`)."""
 
 from __future__ import annotations
 
@@ -13,36 +13,59 @@ import pathlib
 import pkgutil
 import sys
 import traceback
+from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
 
 from laminar_assets.errors import LaminarError, SpecError, SqlDefinitionError
 
 from .delta.layout import SYSTEM_FOLDER, place_of
+from .spec.exports import ExportSpec
 from .spec.specs import FlowSpec, Spec, StageSpec
-from .sql.views import compile_sql_file
+from .sql.views import read_sql_file
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What a flows package defines: its flows and stages in dependency order, and its exports, each after
+    the spec it reads."""
+
+    specs: list[Spec]
+    exports: list[ExportSpec]
+
+    def source_of(self, export: ExportSpec) -> Spec:
+        """The flow or stage `export` reads (the registry checked that it is one of `specs`)."""
+        return next(s for s in self.specs if s.name == export.source)
 
 
 def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
-    """Import every module of `package` (a package, its name, or a folder of `.py` files that need not
-    be a package), compile its `.sql` files, and return the specs they define, in dependency order.
+    """The flows and stages of `package`, in dependency order (`collect(package).specs`)."""
+    return collect(package).specs
 
-    A duplicate flow/stage name, two outputs in one folder (or one inside another), an output in a
-    table the flows read but none writes or in Laminar's own `_laminar/` folder (see `check_tables`),
-    or a cycle between stages, is a `SpecError` naming the modules or files involved.
+
+def collect(package: ModuleType | str | os.PathLike) -> Catalog:
+    """Import every module of `package` (a package, its name, or a folder of `.py` files that need not
+    be a package), compile its `.sql` files, and return the specs they define, in dependency order, and
+    their exports.
+
+    A duplicate name (flows, stages and exports share one namespace: each is an asset), two outputs in one
+    folder (or one inside another), an output in a table the flows read but none writes or in Laminar's own
+    `_laminar/` folder (see `check_tables`), a cycle between stages, or an export of something that is not a
+    flow or stage of the package (see `check_exports`), is a `SpecError` naming the modules or files involved.
     """
     folder = _folder(package)
     pkg = None if folder else _import(package) if isinstance(package, str) else package
-    found: dict[str, tuple[Spec, str]] = {}
-    files: dict[str, str] = {}  # spec name -> the file that defines it
+    found: dict[str, tuple[Spec | ExportSpec, str]] = {}
+    files: dict[str, str] = {}  # spec or export name -> the file that defines it
 
-    def add(value: Spec, where: str, file: str) -> None:
+    def add(value: Spec | ExportSpec, where: str, file: str) -> None:
         if value.name in found:
             if found[value.name][0] is value:
                 return
             raise SpecError(
-                f"duplicate flow name '{value.name}' in {where} and {found[value.name][1]}; names must be unique "
-                "across Python modules and .sql files", flow=value.name, field="name",
+                f"duplicate {'flow' if isinstance(value, (FlowSpec, StageSpec)) else 'export'} name '{value.name}' in "
+                f"{where} and {found[value.name][1]}; names of flows, stages and exports must be unique across Python "
+                "modules and .sql files", flow=value.name, field="name",
             )
         found[value.name] = (value, where)
         files[value.name] = file
@@ -54,15 +77,19 @@ def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
         module = _loaded(load, folder)
         file = module_name if folder else _shown(getattr(module, "__file__", None) or module_name)
         for value in vars(module).values():
-            if isinstance(value, (FlowSpec, StageSpec)):
+            if isinstance(value, (FlowSpec, StageSpec, ExportSpec)):
                 add(value, module_name, file)
     for where in [folder] if folder else pkg.__path__:
         for path in sorted(glob.glob(os.path.join(where, "*.sql"))):
-            for value in compile_sql_file(path):
+            views, sinks = read_sql_file(path)
+            for value in (*views, *sinks):
                 add(value, value.origin, value.origin)
-    specs = [spec for spec, _ in found.values()]
+    specs = [v for v, _ in found.values() if not isinstance(v, ExportSpec)]
+    exports = [v for v, _ in found.values() if isinstance(v, ExportSpec)]
     check_tables(specs, origins=files)
-    return order_specs(specs, origins=files)
+    ordered = order_specs(specs, origins=files)
+    check_exports(ordered, exports, origins=files)
+    return Catalog(ordered, order_exports(ordered, exports))
 
 
 def _loaded(load, folder: str | None) -> ModuleType:
@@ -158,6 +185,77 @@ def check_tables(specs: list[Spec], *, root: str | None = None, origins: dict[st
                                 f"share one quarantine table ({SYSTEM_FOLDER}/quarantine/{name}); read one of them "
                                 "through a stage", flow=spec.name, field="source")
             seen[name] = table
+
+
+def check_exports(specs: list[Spec], exports: list[ExportSpec], *, origins: dict[str, str] | None = None) -> None:
+    """Refuse exports that cannot be delivered as declared: a `source` that is no flow or stage of `specs` (a
+    raw source table has neither the change feed nor keys Laminar knows), a source whose rows have no key for
+    an export that upserts by key, a name that is another asset's (a flow, a stage, a source table) or that
+    differs from another export's only in case (their records under `_laminar/exports/` would share a file),
+    and two exports writing one target (one Postgres table, one Redis key prefix of one connection).
+
+    Raises a `SpecError` of one line naming the export and its file (`origins`: name -> file; else the
+    export's own `origin`)."""
+    origins = origins or {}
+
+    def who(value: Spec | ExportSpec) -> str:
+        where = origins.get(value.name) or value.origin
+        kind = "export" if isinstance(value, ExportSpec) else value.kind
+        return f"{kind} '{value.name}'" + (f" ({where})" if where else "")
+
+    by_name = {s.name: s for s in specs}
+    produced = {place_of(s.sink) for s in specs}
+    tables = {t for s in specs for t in _inputs(s) if not any(place_of(t).same(p) for p in produced)}
+    names: dict[str, Spec | ExportSpec] = {s.name.casefold(): s for s in specs}
+    names.update({t.casefold(): None for t in tables if t.casefold() not in names})
+    targets: dict[tuple, ExportSpec] = {}
+    for export in exports:
+        other = names.get(export.name.casefold(), export)
+        if other is None:
+            raise SpecError(f"{who(export)} has the name of the source table '{export.name}', another asset; rename "
+                            "the export", flow=export.name, field="name")
+        if other is not export:
+            raise SpecError(f"{who(export)} and {who(other)} have names that differ only in case (each is an asset, and "
+                            f"an export's record under {SYSTEM_FOLDER}/exports/ is named after it); rename one",
+                            flow=export.name, field="name")
+        names[export.name.casefold()] = export
+        source = by_name.get(export.source)
+        if source is None:
+            if export.source in tables or export.source.casefold() in {t.casefold() for t in tables}:
+                raise SpecError(f"{who(export)} reads '{export.source}', a source table, not a flow or stage: only "
+                                "Laminar's own tables have the change feed and the keys an export delivers by; export "
+                                "a stage that reads it", flow=export.name, field="source")
+            known = ", ".join(sorted(by_name)) or "none"
+            raise SpecError(f"{who(export)} reads '{export.source}', which is no flow or stage of these definitions "
+                            f"(known: {known}); fix the export's source", flow=export.name, field="source")
+        problem = export.source_problem(source)
+        if problem:
+            raise SpecError(f"{who(export)}: {problem[1]}", flow=export.name, field=problem[0])
+        place = _target_place(export)
+        if place is not None:
+            if place in targets:
+                raise SpecError(f"{who(export)} and {who(targets[place])} both write {export.target}: each would "
+                                "overwrite the other's rows; give one of them another target", flow=export.name,
+                                field="table")
+            targets[place] = export
+
+
+def _target_place(export: ExportSpec) -> tuple | None:
+    """What two exports may not share: the table or key space they write (None: they may share it)."""
+    if export.kind == "postgres":
+        if export.table_name.casefold() == "laminar_exports":
+            raise SpecError(f"export '{export.name}': table '{export.table}' is the table Laminar keeps the delivered "
+                            "versions in; choose another table name", flow=export.name, field="table")
+        return ("postgres", export.connection, export.schema_name.casefold(), export.table_name.casefold())
+    if export.kind == "redis":
+        return ("redis", export.connection, export.key_prefix)
+    return None
+
+
+def order_exports(specs: list[Spec], exports: list[ExportSpec]) -> list[ExportSpec]:
+    """Exports in the order of the specs they read (each after its source), then as found."""
+    rank = {s.name: i for i, s in enumerate(specs)}
+    return sorted(exports, key=lambda e: rank.get(e.source, len(rank)))
 
 
 def _collide(spec: Spec, message: str) -> None:

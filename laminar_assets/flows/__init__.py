@@ -21,3 +21,10 @@ def load_specs(contracts_dir=None):
 
     contracts = load_contracts(contracts_dir or CONTRACTS)
     return [with_contract_rules(s, contracts) for s in collect_specs(__name__)]
+
+
+def load_exports():
+    """Every export defined in this package (PostgresExport, ..., CREATE SINK), each after the spec it reads."""
+    from laminar_assets.engine import collect
+
+    return collect(__name__).exports

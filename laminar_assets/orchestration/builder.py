@@ -10,10 +10,11 @@ import dagster as dg
 
 from laminar_assets import storage
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-from laminar_assets.engine import FlowSpec, LaminarError, Spec, check_tables
+from laminar_assets.engine import ExportSpec, FlowSpec, LaminarError, Spec, check_exports, check_tables
 from laminar_assets.orchestration.alerts import build_failure_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
+from laminar_assets.orchestration.exports import build_export_asset
 from laminar_assets.orchestration.internals.thread_executor import thread_executor
 from laminar_assets.orchestration.schedules import build_schedule
 from laminar_assets.orchestration.sensors import build_pipeline_sensors, build_stale_sensor
@@ -48,20 +49,21 @@ _KNOWN_PREVIEWS = ((dg.BetaWarning, r"Parameter `backfill_policy` of function `a
 
 def build_definitions(specs: list[Spec], settings: LaminarSettings, resources: dict | None = None,
                       contracts_dir: str | pathlib.Path | None = CONTRACTS, *,
-                      thread_executor: bool = True) -> dg.Definitions:
-    """Every asset, check, sensor, schedule and job of `specs`, with the contracts in `contracts_dir`:
-    the one builder of this repository's definitions and of `LaminarComponent`'s. `thread_executor`:
-    runs use Laminar's thread executor (else the code location's default)."""
+                      thread_executor: bool = True, exports: list[ExportSpec] | tuple = ()) -> dg.Definitions:
+    """Every asset, check, sensor, schedule and job of `specs` and `exports`, with the contracts in
+    `contracts_dir`: the one builder of this repository's definitions and of `LaminarComponent`'s.
+    `thread_executor`: runs use Laminar's thread executor (else the code location's default)."""
     with warnings.catch_warnings():
         for category, message in _KNOWN_PREVIEWS:
             warnings.filterwarnings("ignore", message=message, category=category)
-        return _build_definitions(specs, settings, resources, contracts_dir, thread_executor)
+        return _build_definitions(specs, settings, resources, contracts_dir, thread_executor, list(exports))
 
 
-def _build_definitions(specs, settings, resources, contracts_dir, use_threads) -> dg.Definitions:
+def _build_definitions(specs, settings, resources, contracts_dir, use_threads, exports) -> dg.Definitions:
     laminar = (resources or {}).get("laminar")
     root = getattr(laminar, "root", None)  # only a root given here (not an EnvVar): the environment is read at run time
     check_tables(specs, root=storage.resolve_root(root) if type(root) is str else None)
+    check_exports(specs, exports)
     specs, contracts = specs_with_contracts(specs, contracts_dir)
     readers: dict[str, list[str]] = {}
     for s in specs:
@@ -69,16 +71,17 @@ def _build_definitions(specs, settings, resources, contracts_dir, use_threads) -
             readers.setdefault(src, []).append(s.name)
     assets = [build_source_asset(t) for t in source_tables(specs)]
     assets += [build_asset(s, settings, contracts, readers=tuple(readers.get(s.sink, ()))) for s in specs]
+    by_name = {s.name: s for s in specs}
+    assets += [build_export_asset(e, by_name[e.source], settings) for e in exports]
     checks = [build_lag_check(s) for s in specs]
     checks += [build_contract_check(s, contracts[s.sink], settings) for s in specs if s.sink in contracts]
     checks += [build_equivalence_check(s, settings) for s in specs if isinstance(s, FlowSpec)]
     blocking = {s.name for s in specs if s.sink in contracts and contracts[s.sink].blocking}
     sensors = build_pipeline_sensors(specs, settings, blocking=blocking,
-                                     contracts={s.name for s in specs if s.sink in contracts})
+                                     contracts={s.name for s in specs if s.sink in contracts}, exports=exports)
     sensors.append(build_stale_sensor(specs, settings))
     sensors.append(build_failure_sensor(settings))
     jobs, schedules = [], []
-    by_name = {s.name: s for s in specs}
     part_of = {s.name: c.name for c in components(specs) for s in c.specs}
     for name, cron in settings.schedules.items():
         if name not in by_name:

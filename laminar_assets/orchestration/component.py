@@ -147,7 +147,7 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         return value
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from laminar_assets.engine import LaminarError, collect_specs
+        from laminar_assets.engine import LaminarError, collect
         from laminar_assets.orchestration.builder import build_definitions
         from laminar_assets.pipeline.settings import LaminarSettings
         from laminar_assets.resources import LaminarResource, SparkResource
@@ -165,8 +165,9 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
                                "YAML files; create it, or drop `contracts` for no contract checks", field="contracts")
         laminar = LaminarResource(root=root, spark=SparkResource(**self.spark.model_dump()),
                                   **{f"s3_{k}": v for k, v in self.s3.model_dump().items()})
-        return build_definitions(collect_specs(self.flows), settings, resources={"laminar": laminar},
-                                 contracts_dir=self.contracts, thread_executor=self.thread_executor)
+        catalog = collect(self.flows)
+        return build_definitions(catalog.specs, settings, resources={"laminar": laminar}, contracts_dir=self.contracts,
+                                 thread_executor=self.thread_executor, exports=catalog.exports)
 
 
 def _is_module_name(value: str) -> bool:

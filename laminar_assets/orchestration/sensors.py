@@ -17,13 +17,13 @@ import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from laminar_assets.engine import FlowSpec, LaminarError
+from laminar_assets.engine import ExportSpec, FlowSpec, LaminarError
 from laminar_assets.engine.report import inspect_partition, is_stale
 from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
 from laminar_assets.orchestration.internals.run_processes import fail_dead_runs
 from laminar_assets.pipeline.graph import Component, Spec, components
 from laminar_assets.pipeline.settings import LaminarSettings
-from laminar_assets.pipeline.tick import Cursor, plan_tick
+from laminar_assets.pipeline.tick import Cursor, pending_exports, plan_tick
 from laminar_assets.resources import LaminarResource
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -60,28 +60,33 @@ def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: 
 
 
 def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, run_key: str,
-                   tags: dict[str, str] | None = None, checks: list[dg.AssetCheckKey] | None = None) -> list[dg.RunRequest]:
+                   tags: dict[str, str] | None = None, checks: list[dg.AssetCheckKey] | None = None,
+                   exports: dict[str, tuple[Spec, list[str]]] | None = None) -> list[dg.RunRequest]:
     """One run per partitioning (hourly or daily, and its first partition) over the union of the dirty
     partitions, first to last: Dagster runs only assets of one partitions definition together, so flows
     that set their own `start` run apart from the rest of their part. Partitions inside the range with
-    nothing to do plan as NOOP and start no Spark job."""
-    groups: dict[tuple[str, str], dict[Spec, list[str]]] = {}
-    for spec, keys in dirty.items():
+    nothing to do plan as NOOP and start no Spark job. `exports`: export asset name -> (the spec it reads,
+    the partitions to run it with): each joins its source's run, after it."""
+    groups: dict[tuple[str, str], dict[str, tuple[Spec, list[str]]]] = {}
+    members_of = [(spec.name, spec, keys) for spec, keys in dirty.items()]
+    members_of += [(name, spec, keys) for name, (spec, keys) in (exports or {}).items()]
+    for name, spec, keys in members_of:
         if keys:
             start = partitions_def(spec, settings).start
             own_start = "" if start == settings.partitions_start else f"@{start:%Y%m%d%H}"
-            groups.setdefault((spec.granularity.value, own_start), {})[spec] = keys
+            groups.setdefault((spec.granularity.value, own_start), {})[name] = (spec, keys)
     requests = []
     for (granularity, own_start), members in sorted(groups.items()):
         granularity += own_start
-        pdef = partitions_def(next(iter(members)), settings)
+        pdef = partitions_def(next(iter(members.values()))[0], settings)
         # keys are fixed-width UTC times ('2024-01-02-09:00', '2024-01-02'): text order is time order,
         # so nothing lists the asset's (often tens of thousands of) partitions
-        keys = sorted({k for ks in members.values() for k in ks if pdef.has_partition_key(k)})
+        keys = sorted({k for _, ks in members.values() for k in ks if pdef.has_partition_key(k)})
         if not keys:
             continue
-        assets = [dg.AssetKey(s.name) for s in members]
-        own = {**(tags or {}), "laminar/dirty_partitions": str(sum(len(v) for v in members.values()))}
+        assets = [dg.AssetKey(name) for name in members]
+        dirty_count = sum(len(ks) for name, (spec, ks) in members.items() if name == spec.name)
+        own = {**(tags or {}), "laminar/dirty_partitions": str(dirty_count)}
         wanted = None if checks is None else [c for c in checks if c.asset_key in assets]
         common = dict(asset_selection=assets, asset_check_keys=wanted, run_key=f"{run_key}:{granularity}")
         if len(keys) == 1:
@@ -113,19 +118,22 @@ def run_checks(specs: tuple[Spec, ...], contracts: set[str]) -> list[dg.AssetChe
 
 
 def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, blocking: set[str],
-                          contracts: set[str]) -> dg.SensorDefinition:
+                          contracts: set[str], exports: list[ExportSpec] | tuple = ()) -> dg.SensorDefinition:
     """The sensor of one connected part. `blocking`/`contracts`: specs whose output has a
-    blocking/any contract check."""
+    blocking/any contract check. `exports`: the exports of the part's specs (each runs after its source)."""
     checks = run_checks(component.specs, contracts)
+    names = {s.name: s for s in component.specs}
+    exports = [e for e in exports if e.source in names]
+    delivered = f" and delivers {', '.join(e.name for e in exports)}" if exports else ""
 
     @dg.sensor(
         name=f"{component.name}_pipeline",
         minimum_interval_seconds=settings.sensor_interval_seconds,
-        target=[dg.AssetKey(s.name) for s in component.specs],
+        target=[dg.AssetKey(s.name) for s in component.specs] + [dg.AssetKey(e.name) for e in exports],
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Watches the Delta versions of {', '.join(f'`{t}`' for t in component.tables)} and requests one "
                     f"run that brings every dirty partition of {', '.join(s.name for s in component.specs)} up to "
-                    "date in graph order; waits while a run of this part is in progress.",
+                    f"date in graph order{delivered}; waits while a run of this part is in progress.",
     )
     def _sensor(context: dg.SensorEvaluationContext, laminar: LaminarResource):
         def in_progress() -> list[str]:
@@ -156,8 +164,18 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         # versions again, and Dagster skips a run whose key one of the sensor's runs already had
         span = ",".join(f"{t}:{plan.cursor.ids.get(t, '')[:8]}={_or_dash(cursor.since(t, v, plan.cursor.ids.get(t)))}..{v}"
                         for t, v in sorted(plan.cursor.versions.items()))
+        # each export runs with its source's dirty partitions; one behind its source with nothing dirty to carry
+        # it (never delivered, or its source materialized alone) runs with its source's latest partition, once
+        # per version of that source (the run key names it)
+        with_source = {e.name: (names[e.source], by_spec[names[e.source]]) for e in exports if by_spec[names[e.source]]}
+        pending = pending_exports(laminar.resolved_root(), [e for e in exports if e.name not in with_source],
+                                  component.specs, laminar.checkpoints())
+        span += "".join(f"+{name}@{version}" for name, (version, _) in sorted(pending.items()))
+        for e in exports:
+            if e.name in pending:
+                with_source[e.name] = (names[e.source], [pending[e.name][1]])
         requests = range_requests(by_spec, settings, run_key=f"{component.name}@{span}",
-                                  tags={COMPONENT_TAG: component.name}, checks=checks)
+                                  tags={COMPONENT_TAG: component.name}, checks=checks, exports=with_source)
         new_cursor = format_cursor(plan.cursor)
         if not requests and new_cursor == (context.cursor or ""):
             return dg.SkipReason(f"no new versions of {', '.join(component.tables)}")
@@ -181,8 +199,9 @@ def source_observations(component: Component, before: Cursor, now: Cursor) -> li
 
 
 def build_pipeline_sensors(specs: list[Spec], settings: LaminarSettings, *, blocking: set[str],
-                           contracts: set[str]) -> list[dg.SensorDefinition]:
-    return [build_pipeline_sensor(c, settings, blocking=blocking, contracts=contracts) for c in components(specs)]
+                           contracts: set[str], exports: list[ExportSpec] | tuple = ()) -> list[dg.SensorDefinition]:
+    return [build_pipeline_sensor(c, settings, blocking=blocking, contracts=contracts, exports=exports)
+            for c in components(specs)]
 
 
 def build_stale_sensor(specs: list[Spec], settings: LaminarSettings) -> dg.SensorDefinition:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import FlowSpec, Interval, LaminarError, later, partition_interval, partition_span
+from laminar_assets.engine import ExportSpec, FlowSpec, Interval, LaminarError, later, partition_interval, partition_span
 from laminar_assets.engine.delta import is_delta_table, open_table, resolve_uri
+from laminar_assets.engine.export import load_record
 from laminar_assets.engine.report import beyond, dirty_partitions, new_commits, reach, touches
 from laminar_assets.pipeline.graph import Component, Spec, inputs_of
 from laminar_assets.pipeline.settings import FUTURE_HORIZON, LaminarSettings
@@ -213,4 +214,33 @@ def _blocked(component: Component, spec: Spec, keys: set[str], failed: FailedChe
         upstream = {k: upstream_of(spec, producer, k) for k in keys}
         bad = failed(producer, set().union(*upstream.values()))
         out |= {k for k in keys if upstream[k] & bad}
+    return out
+
+
+def pending_exports(root: str, exports: list[ExportSpec], specs: tuple[Spec, ...],
+                    store: CheckpointStore) -> dict[str, tuple[int, str]]:
+    """Exports behind their source's table that no dirty partition carries into a run: never delivered while the
+    table exists, or last delivered at an older version by a delivery that succeeded (their source materialized
+    alone). Export name -> (the table's version, the source's latest partition to run the export with). A
+    failing export (its lake record says so) waits for its source's next change, or a run asked for by hand:
+    the sensor does not retry it every tick."""
+    by_name = {s.name: s for s in specs}
+    out: dict[str, tuple[int, str]] = {}
+    for export in exports:
+        spec = by_name.get(export.source)
+        uri = resolve_uri(root, spec.sink) if spec is not None else None
+        if uri is None or not is_delta_table(uri):
+            continue
+        try:
+            record = load_record(root, export.name)
+            version = open_table(spec.sink, uri).version()
+        except LaminarError:  # a table or record that cannot be read now: the next tick looks again
+            continue
+        if record is not None and record.failed:
+            continue
+        if record is not None and record.delivered_version is not None and record.delivered_version >= version:
+            continue
+        partitions = store.partitions(spec.name)
+        if partitions:
+            out[export.name] = (version, partitions[-1])
     return out

@@ -7,7 +7,8 @@ import dagster as dg
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import Engine, EngineOptions
+from laminar_assets.engine import Connection, Engine, EngineOptions, Exporter
+from laminar_assets.engine.export import ENV_OPTIONS, env_name
 from laminar_assets.storage import ObjectStoreOptions
 
 from .spark import SparkResource
@@ -19,6 +20,11 @@ class LaminarResource(dg.ConfigurableResource):
     `root` is a local path (relative paths are taken from the working directory) or an object-store
     URI (`s3://bucket/prefix`, reached with the `s3_*` fields, else the AWS environment). When it is
     not configured, `LAMINAR_ROOT` (read when a run or sensor starts) or `.laminar/lake`.
+
+    `connections`: the exports' targets, name -> URL (`{"analytics": dg.EnvVar("ANALYTICS_PG_URL")}`: an
+    `EnvVar` keeps the URL, and a password in it, out of the definitions). A connection not named here comes
+    from `LAMINAR_CONNECTION_<NAME>_URL`; `LAMINAR_CONNECTION_<NAME>_PASSWORD` gives a password kept out of
+    the URL either way. Read when a delivery starts; never logged.
     """
 
     root: str | None = None
@@ -31,6 +37,7 @@ class LaminarResource(dg.ConfigurableResource):
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = None
     s3_path_style: bool | None = None
+    connections: dict[str, str] = {}
 
     def resolved_root(self) -> str:
         return storage.resolve_root(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
@@ -43,8 +50,19 @@ class LaminarResource(dg.ConfigurableResource):
         """An engine on this run's Spark session (the store is set before the session starts). `options`:
         `EngineOptions` the project's settings decide (e.g. `future_horizon`)."""
         storage.configure(self.store())
-        return Engine(self.spark.get_session(), self.resolved_root(),
+        return Engine(self.spark.get_session(), self.resolved_root(), connections=self.resolved_connections(),
                       options=EngineOptions(lease_seconds=self.lease_seconds, **options))
+
+    def resolved_connections(self) -> dict[str, Connection]:
+        """The connections named in `connections`, with the options the environment gives them (a password)."""
+        return {name: Connection(name, url, {o: os.environ[env_name(name, o)] for o in ENV_OPTIONS
+                                             if os.environ.get(env_name(name, o))})
+                for name, url in self.connections.items()}
+
+    def exporter(self) -> Exporter:
+        """Deliveries of exports under this root, without Spark (an export's asset starts no session)."""
+        storage.configure(self.store())
+        return Exporter(self.resolved_root(), connections=self.resolved_connections())
 
     def checkpoints(self) -> CheckpointStore:
         """Watermarks, readable without Spark (sensors and checks use this)."""

@@ -8,6 +8,7 @@ files of the table's latest snapshot (`spark_read`), never the Delta log. The sy
     laminar_system.runs           one row per commit a run made to a sink, from its Delta history
     laminar_system.flow_outcomes  one row per partition run (NOOPs too), from the runs' outcome records
     laminar_system.flow_stats     one row per flow and UTC day: hit and fallback rates (`flow_stats`)
+    laminar_system.exports        one row per export: delivered version, lag, last delivery (`export_status`)
 
 Spark temp views cannot have a dotted name, so `laminar_system.x` is rewritten in the query text to
 the view `laminar_system_x` (same length, so Spark's error positions still point into the query as
@@ -46,6 +47,7 @@ from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_fil
 from ..spark.frames import spark_path
 from ..spark.read import read_source
 from ..spark.session import delta_available
+from .deliveries import export_status
 from .flow_stats import outcome_rows, summarize
 from .overview import topology
 from .sql_guard import FILE_FORMATS, check_read_only, check_text, refuse_name, spark_error_line
@@ -74,6 +76,10 @@ FLOW_STATS_SCHEMA = _fields(("flow", S), ("day", DateType()), ("runs", L), ("par
                             ("noop_share", D), ("hit_rate", D), ("refills_by_reason", MapType(S, L)),
                             ("windows_per_refill", D), ("refilled_share", D), ("rows_read", L), ("change_rows", L),
                             ("rows_read_per_change", D))
+EXPORTS_SCHEMA = _fields(("export", S), ("kind", S), ("source", S), ("target", S), ("delivered_version", L),
+                         ("source_version", L), ("lag_versions", L), ("lag_seconds", D), ("delivered_at", T), ("mode", S),
+                         ("reason", S), ("detail", S), ("rows_upserted", L), ("rows_deleted", L), ("failed_deliveries", L),
+                         ("failing_since", T), ("last_error", S))
 RUNS_SCHEMA = _fields(("run_id", S), ("flow", S), ("partitions", STRS), ("mode", S), ("reason", S),
                       ("committed_at", T), ("table_version", L), *[(m, L) for m in METRICS], ("recovered", B))
 
@@ -145,6 +151,23 @@ def flow_stats_table(spark: SparkSession, root: str, specs) -> DataFrame:
         stats["runs"] = len({p["run_id"] for p in parts})
         rows.append(tuple({**stats, "day": day}.get(f.name) for f in FLOW_STATS_SCHEMA.fields))
     return spark.createDataFrame(rows, FLOW_STATS_SCHEMA)
+
+
+def exports_table(spark: SparkSession, root: str, specs, exports) -> DataFrame:
+    """`laminar_system.exports`: one row per export: kind, source, target (no secrets), delivered_version,
+    source_version, lag_versions, lag_seconds, delivered_at, mode, reason, detail, rows_upserted, rows_deleted, and
+    while its deliveries fail: failed_deliveries (in a row), failing_since, last_error (`report.export_status`)."""
+    rows = []
+    for r in export_status(root, list(exports), list(specs)):
+        failed = r["failed"] or {}
+        values = {**r, "delivered_at": _instant(r["delivered_at"]), "failed_deliveries": failed.get("count", 0),
+                  "failing_since": _instant(failed.get("since")), "last_error": failed.get("error")}
+        rows.append(tuple(values.get(f.name) for f in EXPORTS_SCHEMA.fields))
+    return spark.createDataFrame(rows, EXPORTS_SCHEMA)
+
+
+def _instant(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
 
 
 def lake_tables(root: str, specs) -> dict[str, str]:
@@ -266,7 +289,7 @@ def jsonable(value):
 
 
 def run_query(session: SparkSession | Callable[[], SparkSession], root: str, specs, query: str, *,
-              limit: int = 100) -> QueryResult:
+              limit: int = 100, exports=()) -> QueryResult:
     """Run one Spark SQL query over the lake and return at most `limit` rows (the driver collects no
     more). `session` may be a function that builds one: it is called only after the query's tables were
     found (an unknown table fails without starting Spark). An unknown table, and Spark's parse, analysis
@@ -277,7 +300,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
               f"{SYSTEM}.partitions": lambda: partitions(spark, root, specs),
               f"{SYSTEM}.runs": lambda: runs(spark, root, specs),
               f"{SYSTEM}.flow_outcomes": lambda: flow_outcomes(spark, root, specs),
-              f"{SYSTEM}.flow_stats": lambda: flow_stats_table(spark, root, specs)}
+              f"{SYSTEM}.flow_stats": lambda: flow_stats_table(spark, root, specs),
+              f"{SYSTEM}.exports": lambda: exports_table(spark, root, specs, exports)}
     known = sorted(data) + sorted(system)
     if (log := _LOG.fullmatch(query)) and log.group("name").lower() in data:  # a lake table's log: by its path
         query = f"{log.group('kind')} delta.`{spark_path(data[log.group('name').lower()])}`{log.group('limit') or ''}"

@@ -8,7 +8,8 @@
 
 A SELECT grouped by TUMBLE or HOP is a flow, one without GROUP BY is a stage (`select.py` maps
 the select list). Parsing is sqlglot's (Spark dialect). Every error is a `SqlDefinitionError` (a
-`SpecError`) that names the file, the line and the construct.
+`SpecError`) that names the file, the line and the construct. The same files may hold CREATE SINK
+statements (exports, `sinks.py`): `compile_sql_definitions` returns both.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from sqlglot.errors import ParseError, TokenError
 
 from laminar_assets.errors import SpecError, SqlDefinitionError
 
+from ..spec.exports import ExportSpec
 from ..spec.parts import LatePolicy
 from ..spec.specs import FlowSpec, Spec, StageSpec
 from .select import DIALECT, flow_fields
+from .sinks import compile_sink, is_sink
 from .stage_select import stage_fields
 
 # WITH (...) options: name -> the spec field it sets (values are strings or numbers)
@@ -34,15 +37,40 @@ _PARTITIONING = {"HOUR": "hourly", "HOURLY": "hourly", "DAY": "daily", "DAILY": 
 
 
 def compile_sql_file(path: str | os.PathLike) -> list[Spec]:
-    """Every view of one `.sql` file, as specs (in file order)."""
+    """Every view of one `.sql` file, as specs (in file order); its sinks: `read_sql_file`."""
+    return read_sql_file(path)[0]
+
+
+def read_sql_file(path: str | os.PathLike) -> tuple[list[Spec], list[ExportSpec]]:
+    """Every view of one `.sql` file as specs, and every sink as exports (each in file order)."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     rel = os.path.relpath(path)
-    return compile_sql(text, origin=str(path) if rel.startswith("..") else rel)
+    return compile_sql_definitions(text, origin=str(path) if rel.startswith("..") else rel)
+
+
+def compile_sql_definitions(text: str, *, origin: str = "<sql>") -> tuple[list[Spec], list[ExportSpec]]:
+    """The specs that the CREATE MATERIALIZED VIEW statements of `text` define, and the exports its CREATE
+    SINK statements define; `origin` names the file. The sinks are compiled from their tokens and blanked out
+    of the text (newlines kept, so sqlglot's line numbers stay those of the file) before the views parse."""
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    except TokenError as exc:
+        raise SqlDefinitionError(f"{origin}: the SQL does not tokenize: {exc}", file=origin, line=None) from None
+    exports, kept = [], list(text)
+    for statement in _statements(tokens):
+        if is_sink(statement):
+            start, end = statement[0].start, statement[-1].end + 1
+            exports.append(compile_sink(statement, text[start:end].strip(), origin))
+            stop = end + 1 if end < len(text) and text[end] == ";" else end
+            kept[start:stop] = [c if c == "\n" else " " for c in text[start:stop]]
+    rest = "".join(kept) if exports else text
+    return (compile_sql(rest, origin=origin) if rest.strip() else []), exports
 
 
 def compile_sql(text: str, *, origin: str = "<sql>") -> list[Spec]:
-    """The specs that the CREATE MATERIALIZED VIEW statements of `text` define; `origin` names the file."""
+    """The specs that the CREATE MATERIALIZED VIEW statements of `text` define; `origin` names the file.
+    (A text with CREATE SINK statements: `compile_sql_definitions`.)"""
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except ParseError as exc:
@@ -134,6 +162,19 @@ def _line(node: exp.Expression | None) -> int | None:
         return None
     lines = [n.meta["line"] for n in node.walk() if isinstance(n, exp.Expression) and "line" in n.meta]
     return min(lines) if lines else None
+
+
+def _statements(tokens: list) -> list[list]:
+    """The tokens of each statement, split at semicolons."""
+    out, current = [], []
+    for tok in tokens:
+        if tok.token_type.name == "SEMICOLON":
+            if current:
+                out.append(current)
+            current = []
+        else:
+            current.append(tok)
+    return [*out, current] if current else out
 
 
 def _statement_texts(text: str) -> list[tuple[int, str]]:

@@ -1,0 +1,220 @@
+"""Exports: a third kind of spec beside flows and stages. An export delivers the Delta table of one flow or
+stage (its sink) to where applications read it: a Postgres table (exactly once), a Redis hash per key
+(latest value, idempotent) or a webhook (each new row, at least once).
+
+    vwap_1m_pg = PostgresExport(name="vwap_1m_pg", source="vwap_1m", table="vwap_1m", connection="analytics")
+
+Like flows and stages, export specs are frozen plain data validated when built (keyword-only fields), and
+discovered at the top level of a flows module (`registry.collect`). Whatever depends on the spec they read
+(its kind, its key) is checked there, against the specs of the same definitions (`ExportSpec.source_problem`).
+The credentials of the target never appear here: `connection` names a connection that the Dagster resource
+or the environment defines when a delivery runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, NoReturn
+
+from laminar_assets.errors import SpecError
+
+from .parts import as_pairs, as_tuple
+from .problems import catalog_problem
+from .specs import Spec
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PG_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")  # a Postgres identifier (at most 63 bytes)
+# Fields every export has; the rest are its kind's options (also the WITH (...) options of CREATE SINK).
+COMMON_FIELDS = ("name", "source", "connection", "description", "owners", "tags", "origin", "definition")
+
+
+def export_key(source: Spec) -> tuple[str, ...]:
+    """The columns that identify a row of `source`'s table, as exports upsert and delete it: a flow's window
+    start and group keys (its window end follows from the start), a stage's dedup key and event time. A stage
+    keeps one row per dedup key and partition, so the same key can hold a row in two partitions: the event
+    time tells them apart. Empty for a stage without a dedup key (its rows have no identity)."""
+    if source.kind == "flow":
+        return ("window_start", *source.key_columns)
+    return (*source.key_columns, source.output_time_column) if source.key_columns else ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSpec:
+    """What every export declares: its name (the asset's), the flow or stage it reads (`source`, by name), and
+    the connection its target is reached through (by name: credentials are never part of a spec)."""
+
+    kind: ClassVar[str]  # "postgres", "redis", "webhook": the target module that delivers it
+    needs_key: ClassVar[bool] = True  # whether rows are upserted and deleted by key (else: sent as they come)
+
+    name: str
+    source: str
+    connection: str
+    description: str = ""
+    owners: tuple[str, ...] = ()
+    tags: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    # Where it was defined ("flows/exports.sql:12") and, for CREATE SINK, the statement itself.
+    origin: str = ""
+    definition: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):  # first: other errors name it
+            self._fail("name", f"expected an identifier (letters, digits, _), found {self.name!r}")
+        for attr in ("source", "connection"):
+            value = getattr(self, attr)
+            if not isinstance(value, str) or not _NAME_RE.match(value):
+                what = "the name of a flow or stage" if attr == "source" else "a connection name (letters, digits, _)"
+                self._fail(attr, f"expected {what}, found {value!r}")
+        for attr in ("description", "origin", "definition"):
+            if not isinstance(getattr(self, attr), str):
+                self._fail(attr, f"expected a string, found {getattr(self, attr)!r}")
+        object.__setattr__(self, "owners", as_tuple(self.owners))
+        try:
+            object.__setattr__(self, "tags", as_pairs(self.tags))
+        except ValueError as exc:
+            self._fail("tags", str(exc))
+        problem = catalog_problem(self.owners, self.tags)
+        if problem:
+            self._fail(*problem)
+        self._validate()
+
+    def _validate(self) -> None:
+        """The kind's own options."""
+
+    def _fail(self, field_name: str, message: str) -> NoReturn:
+        raise SpecError(f"{type(self).__name__} '{self.name}': {message}", flow=self.name, field=field_name)
+
+    def _positive(self, attr: str, *, whole: bool = True, optional: bool = False) -> None:
+        value = getattr(self, attr)
+        if value is None and optional:
+            return
+        ok = isinstance(value, int) if whole else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok or value <= 0:
+            kind = "a positive integer" if whole else "a positive number"
+            self._fail(attr, f"expected {kind}{' or None' if optional else ''}, found {value!r}")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The kind's own fields and their values (what CREATE SINK's WITH (...) may set)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in COMMON_FIELDS}
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.name not in COMMON_FIELDS)
+
+    @property
+    def target(self) -> str:
+        """Where it delivers, as the catalog shows it (no credentials)."""
+        return f"{self.kind} connection '{self.connection}'"
+
+    def source_problem(self, source: Spec) -> tuple[str, str] | None:
+        """What is wrong with reading `source` (a flow or stage of the same definitions), as (field, message)."""
+        if self.needs_key and not export_key(source):
+            return "source", (f"{source.kind} '{source.name}' has no dedup key, so its rows have no identity to upsert "
+                              f"and delete by; give the stage a dedup_key, or deliver its rows with a WebhookExport")
+        missing = [c for c in export_key(source) if source.kind == "stage" and source.columns and c not in source.columns]
+        if self.needs_key and missing:
+            return "source", (f"stage '{source.name}' keeps columns {list(source.columns)}, without its key column(s) "
+                              f"{missing}; add them to the stage's columns")
+        return None
+
+    @property
+    def export_hash(self) -> str:
+        """A hash of what changes the delivered rows (the asset's code version)."""
+        payload = {"kind": self.kind, "source": self.source, **{k: v for k, v in self.options.items()}}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostgresExport(ExportSpec):
+    """A Postgres table keyed by the source's key (`export_key`), kept equal to the source's Delta table:
+    exactly once (rows and the delivered version commit in one transaction). `table`: `name` or
+    `schema.name` (default: the source's name, in schema `public`); created when missing, with column
+    types mapped from the Delta schema. `batch_rows`: rows per batch read from the change feed and copied."""
+
+    kind: ClassVar[str] = "postgres"
+
+    table: str | None = None
+    batch_rows: int = 50_000
+
+    def _validate(self) -> None:
+        if self.table is None:
+            object.__setattr__(self, "table", self.source)
+        if not isinstance(self.table, str) or not 1 <= len(self.table.split(".")) <= 2 \
+                or not all(_PG_NAME_RE.match(p) for p in self.table.split(".")):
+            self._fail("table", f"expected a Postgres table name 'name' or 'schema.name' (letters, digits, _; at most "
+                                f"63 each), found {self.table!r}")
+        self._positive("batch_rows")
+
+    @property
+    def schema_name(self) -> str:
+        return self.table.split(".")[0] if "." in self.table else "public"
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".")[-1]
+
+    @property
+    def target(self) -> str:
+        return f"postgres table {self.schema_name}.{self.table_name} (connection '{self.connection}')"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisExport(ExportSpec):
+    """One Redis hash per source key (`<key_prefix>:<key values>`) holding the latest window's values of a
+    flow's keys (or a stage's row), written only where the stored version is older (idempotent)."""
+
+    kind: ClassVar[str] = "redis"
+
+    key_prefix: str | None = None
+    batch_rows: int = 1_000
+
+    def _validate(self) -> None:
+        if self.key_prefix is None:
+            object.__setattr__(self, "key_prefix", self.name)
+        if not isinstance(self.key_prefix, str) or not self.key_prefix or any(c.isspace() for c in self.key_prefix):
+            self._fail("key_prefix", f"expected a non-empty prefix without spaces, found {self.key_prefix!r}")
+        self._positive("batch_rows")
+
+    @property
+    def target(self) -> str:
+        return f"redis keys {self.key_prefix}:* (connection '{self.connection}')"
+
+
+RETRACTIONS = ("skip", "send")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookExport(ExportSpec):
+    """Each new row of the source POSTed as JSON, at least once, with an `Idempotency-Key` header. Deleted and
+    corrected rows are `retractions="skip"` (not sent) or `"send"` (sent as {"op": "retract", ...}). Requests
+    carry at most `batch_rows` rows, at most `max_rows_per_second` rows a second; a request is tried
+    `max_attempts` times (exponential backoff) and waits `timeout_seconds` for an answer."""
+
+    kind: ClassVar[str] = "webhook"
+    needs_key: ClassVar[bool] = False
+
+    retractions: str = "skip"
+    batch_rows: int = 100
+    max_rows_per_second: float | None = None
+    max_attempts: int = 5
+    timeout_seconds: float = 10.0
+
+    def _validate(self) -> None:
+        if self.retractions not in RETRACTIONS:
+            self._fail("retractions", f"expected one of {', '.join(RETRACTIONS)}, found {self.retractions!r}")
+        self._positive("batch_rows")
+        self._positive("max_attempts")
+        self._positive("max_rows_per_second", whole=False, optional=True)
+        self._positive("timeout_seconds", whole=False)
+
+    @property
+    def target(self) -> str:
+        return f"webhook (connection '{self.connection}')"
+
+
+Export = PostgresExport | RedisExport | WebhookExport  # the one name for "an export" in annotations
+EXPORT_KINDS: dict[str, type[ExportSpec]] = {"postgres": PostgresExport, "redis": RedisExport, "webhook": WebhookExport}

@@ -1,0 +1,52 @@
+"""`laminar status` shows each export's delivered version, its lag behind the source table and its last delivery,
+and while deliveries fail, how many and the last error: from the lake's records, without reaching the target.
+No Spark."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from laminar_assets.cli import app
+from laminar_assets.engine import Connection, Exporter, ExportTargetError
+from tests.engine.export.helpers import EXPORT, FLOW, Sink, exporter, flow_rows
+
+FLOWS = ("from laminar_assets.engine import Agg, FlowSpec, PostgresExport, Tumbling\n"
+         "m1 = FlowSpec(name='m1', source='raw', event_time='ts', window=Tumbling('1m'), keys=('sym',),\n"
+         "              aggregates=(Agg.count(name='n'), Agg.sum('px', name='total')))\n"
+         "m1_pg = PostgresExport(name='m1_pg', source='m1', connection='pg', table='m1', batch_rows=3)\n")
+
+
+def status(tmp_path, root: str, *args):
+    flows = tmp_path / "flows"
+    if not flows.exists():
+        flows.mkdir()
+        (flows / "m1.py").write_text(FLOWS)
+    result = CliRunner().invoke(app, ["--root", root, "--flows", str(flows), "status", *args],
+                                env={"DAGSTER_HOME": str(tmp_path / "dh"), "COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_status_shows_each_exports_delivered_version_lag_and_failures(tmp_path, pg_server, pg_database):
+    root = str(tmp_path / "lake")
+    sink = Sink(root, "m1")
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0)]))
+    [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
+    assert (row["export"], row["delivered_version"], row["delivered_at"]) == ("m1_pg", None, None)  # never delivered
+    exporter(root, pg_server, pg_database).deliver(EXPORT, FLOW)
+    sink.replace_hour(1, flow_rows([(1, 0, "a", 1, 1.0)]))
+    [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
+    assert (row["delivered_version"], row["source_version"], row["lag_versions"]) == (0, 1, 1)
+    assert row["lag_seconds"] >= 0 and row["mode"] == "FULL" and row["target_kind"] == "postgres"
+    assert row["failed"] is None and pg_database in row["target"]
+    down = Exporter(root, connections={"pg": Connection("pg", "postgresql://etl:hush@127.0.0.1:9/db")})
+    with pytest.raises(ExportTargetError):
+        down.deliver(EXPORT, FLOW)
+    text = status(tmp_path, root)
+    assert "exports" in text and "m1_pg" in text and "the last delivery" in text and "hush" not in text, text
+    [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
+    assert row["failed"]["count"] == 1 and "cannot reach Postgres at host=127.0.0.1" in row["failed"]["error"]
+    assert row["delivered_version"] == 0  # the last success is kept

@@ -1,0 +1,154 @@
+"""Exports as Dagster assets: each a partitioned asset downstream of its flow, in the pipeline sensor's run after
+the flow (or alone when it is behind with nothing dirty to carry it), materialized through Dagster into a real
+Postgres with the delivery's metadata; a backfill replaces its partitions' rows; an undefined connection fails
+the asset in one line."""
+
+from __future__ import annotations
+
+import dagster as dg
+import psycopg
+import pytest
+from deltalake import write_deltalake
+
+from laminar_assets.checkpoints import CheckpointStore, Watermark
+from laminar_assets.definitions import specs_with_contracts
+from laminar_assets.engine import Agg, FlowSpec, PostgresExport, Tumbling
+from laminar_assets.engine.export import load_record
+from laminar_assets.flows import load_specs
+from laminar_assets.orchestration.assets import COMPONENT_TAG, build_asset
+from laminar_assets.orchestration.builder import build_definitions
+from laminar_assets.orchestration.exports import build_export_asset
+from laminar_assets.orchestration.sensors import build_pipeline_sensor
+from laminar_assets.pipeline.graph import components
+from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.resources import LaminarResource, SparkResource
+from tests.engine.export.helpers import flow_rows, target_rows
+from tests.orchestration.pipeline import BASE, create_sources
+
+SPECS, _ = specs_with_contracts(load_specs())
+BY_NAME = {s.name: s for s in SPECS}
+SETTINGS = LaminarSettings(retry_delay_seconds=0, retries=0)
+[PART] = components(SPECS)
+VWAP_PG = PostgresExport(name="vwap_1m_pg", source="vwap_1m", connection="analytics", table="vwap_1m")
+P9 = "2024-01-02-09:00"
+
+
+def tick(laminar, instance, cursor):
+    sensor = build_pipeline_sensor(PART, SETTINGS, blocking=set(), contracts=set(), exports=[VWAP_PG])
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"laminar": laminar}) as ctx:
+        return sensor(ctx)
+
+
+def test_the_definitions_hold_each_export_downstream_of_its_flow_with_its_partitions():
+    defs = build_definitions(SPECS, SETTINGS, exports=[VWAP_PG], contracts_dir=None)
+    graph = defs.resolve_asset_graph()
+    node = graph.get(dg.AssetKey("vwap_1m_pg"))
+    assert node.parent_keys == {dg.AssetKey("vwap_1m")}
+    assert node.partitions_def == graph.get(dg.AssetKey("vwap_1m")).partitions_def
+    assert node.group_name == "exports" and node.kinds == {"postgres"}
+    sensor = next(s for s in defs.sensors if s.name == "raw_trades_pipeline")
+    assert dg.AssetKey("vwap_1m_pg") in sensor.targets[0].resolvable_to_job.selection.resolve(graph)
+    defs.resolve_all_job_defs()  # the sensor's job resolves: its assets share one partitions definition
+
+
+def test_the_sensors_run_delivers_an_export_after_its_flow_and_alone_when_it_is_behind(lake, laminar, instance):
+    create_sources(lake, BASE)
+    first = tick(laminar, instance, None)
+    [request] = first.run_requests
+    assert dg.AssetKey("vwap_1m_pg") in request.asset_selection and dg.AssetKey("vwap_1m") in request.asset_selection
+    # the flow materialized alone (its sink and a watermark exist), the export never delivered: it runs alone, with
+    # the flow's latest partition, once per version of the flow's table (the run key names it)
+    write_deltalake(lake.path("vwap_1m"), flow_rows([(9, 1, "a", 1, 1.0)]), configuration={"delta.enableChangeDataFeed": "true"})
+    vwap = BY_NAME["vwap_1m"]
+    CheckpointStore(lake.root).save(Watermark("vwap_1m", P9, vwap.spec_hash, {"normalized_trades": 0}, 1))
+    [alone] = tick(laminar, instance, first.cursor).run_requests
+    assert alone.asset_selection == [dg.AssetKey("vwap_1m_pg")] and alone.partition_key == P9
+    assert "+vwap_1m_pg@0" in alone.run_key and alone.tags[COMPONENT_TAG] == "raw_trades"
+    assert tick(laminar, instance, first.cursor).run_requests[0].run_key == alone.run_key
+    # once delivered (the lake's record says so), or while its deliveries fail, it is not asked for again
+    from laminar_assets.engine.export.records import ExportRecord, save
+
+    save(lake.root, ExportRecord("vwap_1m_pg", "postgres", "vwap_1m", "t", delivered_version=0))
+    assert isinstance(tick(laminar, instance, first.cursor), dg.SkipReason)
+    save(lake.root, ExportRecord("vwap_1m_pg", "postgres", "vwap_1m", "t", failed={"count": 1, "since": "x", "error": "e"}))
+    assert isinstance(tick(laminar, instance, first.cursor), dg.SkipReason)
+
+
+VOL = FlowSpec(name="vol", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+               aggregates=(Agg.count(name="n"), Agg.sum("px", name="px_sum")))
+VOL_PG = PostgresExport(name="vol_pg", source="vol", connection="analytics", table="vol")
+VOL_COLUMNS = "window_start, window_end, sym, n, px_sum"
+P0 = "2024-01-01-00:00"
+
+
+@pytest.mark.spark
+def test_a_materialization_delivers_the_flow_to_postgres_with_its_metadata(spark, lake, instance, pg_server, pg_database):
+    url = pg_server.url(pg_database)
+    laminar = LaminarResource(root=lake.root, connections={"analytics": url},
+                              spark=SparkResource(master="local[2]", shuffle_partitions=2, stop_at_end=False))
+    flow, export = build_asset(VOL, SETTINGS), build_export_asset(VOL_PG, VOL, SETTINGS)
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1), ("2024-01-01 00:12:00", "b", 2.0, 1),
+                           ("2024-01-01 00:13:00", "a", 3.0, 1)])
+
+    def materialize(assets, **kw):
+        return dg.materialize(assets, partition_key=P0, resources={"laminar": laminar}, instance=instance, **kw)
+
+    def sink():  # the sink's rows, in the target's column order
+        return sorted(tuple(r[c] for c in VOL_COLUMNS.split(", ")) for r in lake.table("vol").to_pyarrow_table().to_pylist())
+
+    result = materialize([flow, export])
+    assert result.success
+    [mat] = result.asset_materializations_for_node("vol_pg")
+    md = mat.metadata
+    assert (md["mode"].value, md["reason"].value) == ("FULL", "NO_DELIVERED_VERSION")
+    assert md["delivered_version"].value == lake.table("vol").version() and md["lag_versions"].value == 0
+    for key in ("rows_upserted", "rows_deleted", "lag_seconds", "commit_age_seconds", "seconds_total"):
+        assert isinstance(md[key], (dg.IntMetadataValue, dg.FloatMetadataValue)), key
+    assert pg_database in md["target"].value
+    assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
+    # a late row, a correction and a delete, merged by the flow's commit; the sensor's run (tagged with the part)
+    # delivers the changes only
+    lake.append("trades", [("2024-01-01 00:14:00", "c", 5.0, 1)])
+    lake.update("trades", {"px": "20.0"}, "sym = 'b'")
+    lake.delete("trades", "px = 1.0")
+    result = materialize([flow, export], tags={COMPONENT_TAG: "trades"})
+    md = result.asset_materializations_for_node("vol_pg")[0].metadata
+    assert (md["mode"].value, md["reason"].value, md["partitions_replaced"].value) == ("INCREMENTAL", "NEW_VERSIONS", [])
+    assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
+    # a backfill of the export alone repairs its partition's rows in the target
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE vol SET n = -1")
+    md = materialize([export]).asset_materializations_for_node("vol_pg")[0].metadata
+    assert (md["reason"].value, md["partitions_replaced"].value) == ("PARTITIONS_REPLACED", [P0])
+    assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
+    assert load_record(lake.root, "vol_pg").delivered_version == lake.table("vol").version()
+    # a connection nobody defined: the asset fails in one line naming the export and how to define it
+    lost = PostgresExport(name="vol_lost", source="vol", connection="nowhere", table="lost")
+    result = dg.materialize([build_export_asset(lost, VOL, SETTINGS)], partition_key=P0,
+                            resources={"laminar": laminar}, instance=instance, raise_on_error=False)
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    text = failure.step_failure_data.user_failure_data.description
+    assert "export 'vol_lost' names connection 'nowhere', which is not defined" in text and "\n" not in text, text
+    # laminar_system.exports: each export's delivered version, lag and failures, for `laminar sql`
+    from laminar_assets.engine.report import run_query
+
+    got = run_query(spark, lake.root, [VOL], "SELECT export, delivered_version, lag_versions, failed_deliveries, "
+                    "last_error FROM laminar_system.exports ORDER BY export", exports=[lost, VOL_PG]).records()
+    version = lake.table("vol").version()
+    assert [r["export"] for r in got] == ["vol_lost", "vol_pg"]
+    assert (got[1]["delivered_version"], got[1]["lag_versions"], got[1]["failed_deliveries"]) == (version, 0, 0)
+    assert got[0]["delivered_version"] is None and got[0]["failed_deliveries"] == 1 and "nowhere" in got[0]["last_error"]
+
+
+def test_a_create_sink_in_a_dg_projects_flows_folder_is_an_asset_of_the_component(tmp_path):
+    from laminar_assets.orchestration.component import LaminarComponent
+
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "trades.sql").write_text(
+        "CREATE MATERIALIZED VIEW trades_1m AS SELECT symbol, TUMBLE(event_time, INTERVAL '1' MINUTE), COUNT(*) AS n\n"
+        "FROM raw_trades GROUP BY symbol, TUMBLE(event_time, INTERVAL '1' MINUTE);\n"
+        "CREATE SINK trades_1m_pg FROM trades_1m INTO POSTGRES WITH (connection = 'analytics');\n")
+    defs = LaminarComponent(flows=str(flows), partitions_start="2024-01-01").build_defs(None)  # no lake_root: no context
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("trades_1m_pg")).parent_keys == {dg.AssetKey("trades_1m")}
