@@ -52,16 +52,10 @@ SPECS, _ = specs_with_contracts(load_specs())
 
 
 @pytest.fixture
-def postgres(tmp_path):
-    """A throwaway PostgreSQL server (pgserver's bundled binaries) on a Unix socket, no TCP port;
-    stopped at the end, also on failure. Yields a SQLAlchemy URL for dagster-postgres."""
-    import pgserver
-
-    server = pgserver.get_server(str(tmp_path / "pg"), cleanup_mode="stop")
-    try:
-        yield server.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)
-    finally:
-        server.cleanup()
+def postgres(pg_server, pg_database) -> str:
+    """A database of its own on the test process's PostgreSQL server (tests/postgres.py), as a SQLAlchemy URL
+    for dagster-postgres."""
+    return pg_server.url(pg_database).replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
 @pytest.fixture
