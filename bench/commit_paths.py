@@ -68,13 +68,13 @@ def _base(spark, uri: str, partitions: int, rows: int) -> None:
     base = state_frame(spark, 0, partitions, rows, salt=0).repartition("__part")
     staged = write_staged(base, uri, "base", by="__part")
     replace_ranges(spark, staged, table_uri=uri, column="window_start", ranges=[], transactions=[],
-                   metadata={}, run_id="base", append_only=True)
+                   metadata={}, run_id="base", append_only=True, owner="bench")
 
 
 def run_laminar(spark, uri, new, ranges, i):
     staged = write_staged(new.repartition("__part"), uri, f"r{i}", by="__part")
     replace_ranges(spark, staged, table_uri=uri, column="window_start", ranges=ranges,
-                   transactions=[("bench", i)], metadata={}, run_id=f"r{i}")
+                   transactions=[("bench", i)], metadata={}, run_id=f"r{i}", owner="bench")
 
 
 def _predicate(ranges) -> str:

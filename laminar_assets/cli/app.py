@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import click
@@ -39,6 +39,7 @@ class CliContext:
     dagster_home: str
     debug: bool
     flows: str | None = None  # a folder of .py/.sql specs or a module; None: this project's laminar_assets.flows
+    _specs: list | None = field(default=None, repr=False)
 
     def require_lake(self) -> None:
         """Commands that read a lake fail on a root that is not there (a mistyped --root, or no lake created
@@ -56,13 +57,20 @@ class CliContext:
                                 "right --root (or set LAMINAR_ROOT), or create a lake with `laminar demo`")
 
     def specs(self):
-        if self.flows:  # e.g. a dg project's component folder (defs/trades/flows)
-            from laminar_assets.engine import collect_specs
+        """The flows' specs (loaded once per command), their tables checked against each other under this
+        root: two outputs in one folder, or an output in a table the flows read or in `_laminar/`, fail here."""
+        if self._specs is None:
+            from laminar_assets.engine import check_tables, collect_specs
 
-            return collect_specs(self.flows)
-        from laminar_assets.flows import load_specs
+            if self.flows:  # e.g. a dg project's component folder (defs/trades/flows)
+                specs = collect_specs(self.flows)
+            else:
+                from laminar_assets.flows import load_specs
 
-        return load_specs()
+                specs = load_specs()
+            check_tables(specs, root=self.root)
+            self._specs = specs
+        return self._specs
 
     def spec(self, name: str):
         specs = {s.name: s for s in self.specs()}

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from laminar_assets.errors import LaminarError
+from laminar_assets.errors import LaminarError, SpecError
 
 from .app import CliContext, add_row, app, console, emit_json, lit
 
@@ -18,13 +18,15 @@ CHUNK = 24  # partitions per check pass: one day of hourly partitions
 @app.command()
 def check(
     ctx: typer.Context,
-    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources)."),
+    demo_first: bool = typer.Option(False, "--demo", help="Run the demo pipeline first (fresh sources; the root must "
+                                    "be empty, new, or an earlier demo's lake)."),
     rows: int = typer.Option(200, "--rows", min=50, help="Demo size with --demo."),
     sample: int = typer.Option(8, "--sample", min=1, help="Windows per partition for the equivalence check."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Quality gate: every file each table Laminar writes names exists, and every contract (Great
-    Expectations) and equivalence check passes on every materialized partition; exits non-zero if any fails."""
+    """Quality gate: every sink is its own flow's output, every file each table Laminar writes names exists,
+    and every contract (Great Expectations) and equivalence check passes on every materialized partition;
+    exits non-zero if any fails."""
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.contracts import CONTRACTS, load_contracts
     from laminar_assets.engine import FlowSpec
@@ -34,8 +36,10 @@ def check(
     c: CliContext = ctx.obj
     if demo_first:
         from laminar_assets.demo import DEMO_JIT
+        from laminar_assets.demo.lake import check_demo_root
         from laminar_assets.demo.run import run_demo
 
+        check_demo_root(c.root)  # refused before anything starts (run_demo checks again before it deletes)
         with console.status("running the demo pipeline..."):
             run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7)
     c.require_lake()
@@ -45,6 +49,14 @@ def check(
     rows_out = []
     with console.status("checking...") as status:
         seen: set[str] = set()
+        for spec in c.specs():  # every sink is its own flow's output (not a source or another flow's table)
+            try:
+                engine.check_sink(spec, store.partitions(spec.name))
+                rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": True,
+                                 "details": ""})
+            except SpecError as exc:
+                rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": False,
+                                 "details": exc.message})
         for spec in c.specs():  # every table Laminar writes names only files that exist
             for table in engine.integrity(spec):
                 if table.uri not in seen:
@@ -95,8 +107,8 @@ def check(
 
 def _failure(row: dict) -> str:
     details = row["details"]
-    if isinstance(details, str):  # a sentence already (integrity, failing runs): shown whole
-        if row["check"] == "integrity":
+    if isinstance(details, str):  # a sentence already (integrity, sink owner, failing runs): shown whole
+        if row["check"] in ("integrity", "sink owner"):
             return details
         return f"{row['partition']}: {details}"[:600 if row["check"] == "runs" else 200]
     return f"{row['partition']}: {json.dumps(details, default=str)[:200]}"

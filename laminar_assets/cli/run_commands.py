@@ -21,12 +21,15 @@ def demo(
     seed: int = typer.Option(7, "--seed", help="Random seed of the generator."),
 ) -> None:
     """The main job: generate sources, let Dagster's sensors bring every asset up to date, commit late
-    rows, corrections and cancellations, and let Dagster bring everything up to date again."""
+    rows, corrections and cancellations, and let Dagster bring everything up to date again. The root must
+    be empty, new, or a lake an earlier demo made (it is emptied first)."""
     from laminar_assets.demo import DEMO_JIT
+    from laminar_assets.demo.lake import check_demo_root
     from laminar_assets.engine import SparkOptions
     from laminar_assets.engine.spark import start_session
 
     c: CliContext = ctx.obj
+    check_demo_root(c.root)  # a root holding anything but an earlier demo's lake: refused before Spark starts
     # Spark's JVM starts before Dagster is imported and the definitions load: the runs' SparkResource
     # asks for these same options (a test holds the two together), so their session is this one.
     start_session(SparkOptions.from_env(jit=DEMO_JIT))

@@ -11,10 +11,10 @@ from datetime import datetime
 
 import dagster as dg
 
-from laminar_assets import storage
 from laminar_assets.orchestration.internals.in_process import evaluate_sensor, execute_request, failure_message
 
 from .generator import BatchOptions, BatchSummary, recent_start, write_batch
+from .lake import reset_demo_lake
 
 
 @dataclass(frozen=True)
@@ -153,8 +153,9 @@ def start_spark_early(defs: dg.Definitions) -> threading.Thread | None:
 def run_demo(defs: dg.Definitions, instance: dg.DagsterInstance, specs, root: str, *, rows: int, seed: int,
              on_run=None, start: datetime | None = None) -> list[DemoStep]:
     """Two batches of commits, each brought up to date by the sensors' runs. The data starts a few
-    hours before now (`recent_start`) unless `start` is given, so the UI's partition plots show it."""
-    storage.delete_tree(root)  # a new lake (a folder, or everything under the prefix in a bucket)
+    hours before now (`recent_start`) unless `start` is given, so the UI's partition plots show it.
+    `root` must be empty, new, or a lake an earlier demo made (`lake.reset_demo_lake`): it is emptied first."""
+    reset_demo_lake(root)  # a new lake; a root holding anything but an earlier demo's lake is refused
     driver = Driver(defs, instance, pipeline_sensor_names(defs))
     steps = []
     t = time.perf_counter()

@@ -31,7 +31,7 @@ from laminar_assets.errors import (
 
 from .delta import TableIntegrity
 from .executor import Engine, checked_keys
-from .registry import collect_specs, order_specs
+from .registry import check_tables, collect_specs, order_specs
 from .run import EngineOptions, Mode, PartitionPlan, Reason, RunResult, SweepResult
 from .spark import SparkOptions, build_session, check_java, start_session
 from .spec import (
@@ -68,7 +68,8 @@ __all__ = [
     "Engine", "EngineOptions", "checked_keys", "RunResult", "SweepResult", "Mode", "Reason", "PartitionPlan", "TableIntegrity",
     # declaring
     "Agg", "BUILTIN_RULES", "BaseSpec", "DimensionJoin", "FactJoin", "FlowSpec", "Hopping", "LatePolicy",
-    "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "collect_specs", "compile_sql", "order_specs",
+    "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "check_tables", "collect_specs", "compile_sql",
+    "order_specs",
     # Spark
     "SparkOptions", "build_session", "check_java", "start_session",
     # time

@@ -35,6 +35,7 @@ from .delta.log import CommitKind
 from .flow import job as flow_job
 from .flow import state as flow_state
 from .output import staged_files as staging
+from .output.owner import check_owner
 from .report import sink_read
 from .run import outcomes, protocol
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
@@ -122,6 +123,7 @@ class Engine:
         transaction. Leases, intents, watermarks and recovery stay per partition. A partition with
         nothing to do is a NOOP without any Spark job. Results come back in the order given."""
         keys = self._keys(spec, partitions)
+        self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
         run_id = new_run_id()
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
@@ -166,6 +168,11 @@ class Engine:
             r.metrics["rows_quarantined"] = sum(r.quarantined.values())
         self._record_outcomes(spec, run_id, [results[k] for k in keys], marks, inputs)
         return [results[k] for k in keys]
+
+    def check_sink(self, spec: Spec, partitions: list[str] = ()) -> None:
+        """Refuse (`SpecError`) a sink that is not this spec's output: an existing table it did not
+        create (a source, a dimension, another flow's output) or a folder of other files. Reads only."""
+        check_owner(self.ctx.layout.sink_uri(spec), spec.name, apps=[self.ctx.layout.app_id(spec, k) for k in partitions])
 
     def _record_outcomes(self, spec: Spec, run_id: str, results: list[RunResult], marks: dict, inputs: RunInputs) -> None:
         """Keep what the run did for the hit and fallback rates; a record that cannot be written costs a

@@ -12,11 +12,13 @@ import os
 import pathlib
 import pkgutil
 import sys
+import traceback
 from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
 
-from laminar_assets.errors import LaminarError, SpecError
+from laminar_assets.errors import LaminarError, SpecError, SqlDefinitionError
 
+from .delta.layout import SYSTEM_FOLDER, place_of
 from .spec.specs import FlowSpec, Spec, StageSpec
 from .sql.views import compile_sql_file
 
@@ -25,15 +27,16 @@ def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
     """Import every module of `package` (a package, its name, or a folder of `.py` files that need not
     be a package), compile its `.sql` files, and return the specs they define, in dependency order.
 
-    A duplicate flow/stage name or sink (in Python, SQL or both), or a cycle between stages, is a
-    `SpecError` naming the modules or files involved.
+    A duplicate flow/stage name, two outputs in one folder (or one inside another), an output in a
+    table the flows read but none writes or in Laminar's own `_laminar/` folder (see `check_tables`),
+    or a cycle between stages, is a `SpecError` naming the modules or files involved.
     """
     folder = _folder(package)
     pkg = None if folder else _import(package) if isinstance(package, str) else package
     found: dict[str, tuple[Spec, str]] = {}
-    sinks: dict[str, str] = {}
+    files: dict[str, str] = {}  # spec name -> the file that defines it
 
-    def add(value: Spec, where: str) -> None:
+    def add(value: Spec, where: str, file: str) -> None:
         if value.name in found:
             if found[value.name][0] is value:
                 return
@@ -41,26 +44,124 @@ def collect_specs(package: ModuleType | str | os.PathLike) -> list[Spec]:
                 f"duplicate flow name '{value.name}' in {where} and {found[value.name][1]}; names must be unique "
                 "across Python modules and .sql files", flow=value.name, field="name",
             )
-        if value.sink in sinks:
-            raise SpecError(
-                f"flows '{value.name}' ({where}) and '{sinks[value.sink]}' both write sink table '{value.sink}'",
-                flow=value.name, field="sink",
-            )
         found[value.name] = (value, where)
-        sinks[value.sink] = value.name
+        files[value.name] = file
 
     modules = _folder_modules(folder) if folder else [
         (f"{pkg.__name__}.{info.name}", lambda name=f"{pkg.__name__}.{info.name}": importlib.import_module(name))
         for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name) if not info.name.startswith("_")]
     for module_name, load in modules:
-        for value in vars(load()).values():
+        module = _loaded(load, folder)
+        file = module_name if folder else _shown(getattr(module, "__file__", None) or module_name)
+        for value in vars(module).values():
             if isinstance(value, (FlowSpec, StageSpec)):
-                add(value, module_name)
+                add(value, module_name, file)
     for where in [folder] if folder else pkg.__path__:
         for path in sorted(glob.glob(os.path.join(where, "*.sql"))):
             for value in compile_sql_file(path):
-                add(value, value.origin)
-    return order_specs([spec for spec, _ in found.values()])
+                add(value, value.origin, value.origin)
+    specs = [spec for spec, _ in found.values()]
+    check_tables(specs, origins=files)
+    return order_specs(specs, origins=files)
+
+
+def _loaded(load, folder: str | None) -> ModuleType:
+    """The module `load` imports; a spec it defines that is invalid raises its SpecError with the file and
+    line of the definition in front (`flows/vwap_1m.py:12: FlowSpec 'vwap_1m': ...`)."""
+    try:
+        return load()
+    except SqlDefinitionError:
+        raise  # names its file already
+    except SpecError as exc:
+        engine = os.path.dirname(os.path.abspath(__file__))
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not os.path.abspath(f.filename).startswith(engine + os.sep) and not f.filename.startswith("<")]
+        if not frames:
+            raise
+        where = f"{_shown(frames[-1].filename, folder)}:{frames[-1].lineno}"
+        raise SpecError(f"{where}: {exc.message}", flow=exc.flow, field=exc.field, file=where) from None
+
+
+def _shown(path: str, folder: str | None = None) -> str:
+    """A file as errors show it: `<folder's name>/<file>` for one of a plain folder of specs (as the folder's
+    module names read), else relative to the working directory when it lies below it."""
+    if folder and os.path.abspath(path).startswith(folder + os.sep):
+        return os.path.join(os.path.basename(folder), os.path.relpath(path, folder))
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return path if rel.startswith("..") else rel
+
+
+def check_tables(specs: list[Spec], *, root: str | None = None, origins: dict[str, str] | None = None) -> None:
+    """Refuse definitions whose outputs could overwrite another table: two specs writing one folder
+    (`t` and `./t`, or `T` and `t`), an output inside another output or holding one, an output inside or
+    holding a table the specs read but none writes (a source, a dimension), an output in Laminar's own
+    folder (`_laminar/`: watermarks, leases, state, quarantine), flow names equal but for case. Names
+    are compared as places (`layout.place_of`): relative to `root` when it is known, else as names
+    relative to one root. An output naming a table the specs read is the graph, not a collision:
+    whether such a table exists already is the run's check (`output.owner`).
+
+    Raises a `SpecError` of one line naming both specs (or the spec and the table) and their files
+    (`origins`: spec name -> file; else the spec's own `origin`)."""
+    origins = origins or {}
+
+    def who(spec: Spec) -> str:
+        where = origins.get(spec.name) or spec.origin
+        return f"{spec.kind} '{spec.name}'" + (f" ({where})" if where else "")
+
+    named: dict[str, Spec] = {}
+    for spec in specs:  # a flow's watermarks, leases and state live in folders named after it
+        other = named.setdefault(spec.name.casefold(), spec)
+        if other is not spec and other.name != spec.name:
+            raise SpecError(f"{who(spec)} and {who(other)} have names that differ only in case: their watermarks, "
+                            f"leases and state under {SYSTEM_FOLDER}/ would share folders on a disk that ignores case; "
+                            "rename one", flow=spec.name, field="name")
+    outputs = [(place_of(s.sink, root), s) for s in specs]
+    written = [p for p, _ in outputs]
+    system = place_of(SYSTEM_FOLDER, root)
+    for place, spec in outputs:
+        if system.contains(place) or place.contains(system):
+            _collide(spec, f"the sink '{spec.sink}' of {who(spec)} is at {place}, "
+                           f"{'inside' if system.contains(place) else 'holding'} Laminar's own folder {system} "
+                           "(watermarks, leases, state and quarantine tables); give the flow another sink")
+    for i, (place, spec) in enumerate(outputs):
+        for other_place, other in outputs[:i]:
+            if place.same(other_place):
+                _collide(spec, f"{who(spec)} and {who(other)} both write the table at {place} (sinks "
+                               f"'{spec.sink}' and '{other.sink}'): a second writer would replace the first's "
+                               "output; give one of them another sink")
+            for inner, outer, a, b in ((place, other_place, spec, other), (other_place, place, other, spec)):
+                if outer.contains(inner):
+                    _collide(spec, f"the sink '{a.sink}' of {who(a)} lies inside the sink '{b.sink}' of {who(b)} "
+                                   f"({inner} is under {outer}): one table's folder may not hold another; give "
+                                   "one of them another sink")
+    for spec in specs:
+        for role, table in [*(("source", t) for t in spec.sources), *(("joined table", t) for t in spec.dimension_tables)]:
+            read = place_of(table, root)
+            if any(read.same(p) for p in written):
+                continue  # another spec's output: the graph
+            for place, writer in outputs:
+                if place.contains(read):
+                    how = "holds"
+                elif read.contains(place):
+                    how = "lies inside"
+                else:
+                    continue
+                _collide(writer, f"the sink '{writer.sink}' of {who(writer)} {how} {role} '{table}' of {who(spec)}, "
+                                 f"a table no flow writes ({place} vs {read}): a run would replace or mix with its "
+                                 "data; give the flow another sink")
+    for spec in specs:  # a source's quarantine table is named after its folder
+        seen: dict[str, str] = {}
+        for table in spec.sources:
+            name = os.path.basename(table.rstrip("/")).casefold()
+            if name in seen and not place_of(seen[name], root).same(place_of(table, root)):
+                raise SpecError(f"{who(spec)} reads sources '{seen[name]}' and '{table}', whose rejected rows would "
+                                f"share one quarantine table ({SYSTEM_FOLDER}/quarantine/{name}); read one of them "
+                                "through a stage", flow=spec.name, field="source")
+            seen[name] = table
+
+
+def _collide(spec: Spec, message: str) -> None:
+    raise SpecError(message, flow=spec.name, field="sink")
 
 
 def _import(name: str) -> ModuleType:
@@ -109,14 +210,26 @@ def _folder_modules(folder: str) -> list[tuple[str, object]]:
     return out
 
 
-def order_specs(specs: list[Spec]) -> list[Spec]:
-    """Specs sorted so that a stage comes before every spec that reads its sink."""
-    by_sink = {s.sink: s for s in specs}
-    graph = {s.name: {by_sink[src].name for src in _inputs(s) if src in by_sink} for s in specs}
+def order_specs(specs: list[Spec], *, origins: dict[str, str] | None = None) -> list[Spec]:
+    """Specs sorted so that a stage comes before every spec that reads its sink (`./t` reads `t`); a cycle
+    (a spec reading its own sink, or through others) is a `SpecError` naming each spec's sink and file."""
+    sinks = [(place_of(s.sink), s) for s in specs]
+
+    def writer(table: str) -> set[str]:
+        read = place_of(table)
+        return {s.name for place, s in sinks if place.same(read)}
+
+    graph = {s.name: set().union(*(writer(src) for src in _inputs(s))) for s in specs}
     try:
         order = list(TopologicalSorter(graph).static_order())
     except CycleError as exc:
-        raise SpecError(f"flows form a cycle: {' -> '.join(exc.args[1])}", flow=exc.args[1][0], field="source") from None
+        names = {s.name: s for s in specs}
+        where = {**{s.name: s.origin for s in specs}, **(origins or {})}
+        steps = [f"{n} ({where[n]}, sink '{names[n].sink}')" if where.get(n) else f"{n} (sink '{names[n].sink}')"
+                 for n in exc.args[1][:-1]]
+        raise SpecError(f"flows form a cycle, each reading the sink of the one before it: {' -> '.join(steps)} -> "
+                        f"{exc.args[1][-1]}; a flow may not read what it writes, give one of them another sink",
+                        flow=exc.args[1][0], field="source") from None
     names = {s.name: s for s in specs}
     return [names[n] for n in order]
 

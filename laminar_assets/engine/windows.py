@@ -26,13 +26,17 @@ _UNITS = {
 
 
 def parse_duration(value: str | timedelta) -> timedelta:
-    """Parse '1m', '15 minutes', '1h', '1d' (or pass a timedelta through)."""
+    """Parse '1m', '15 minutes', '1h', '1d' (or pass a timedelta through); a ValueError for anything else,
+    a duration too long to represent included."""
     if isinstance(value, timedelta):
         return value
-    match = _DURATION_RE.match(str(value))
+    match = _DURATION_RE.match(value) if isinstance(value, str) else None
     if not match:
         raise ValueError(f"expected a duration like '1m', '15 minutes', '1h' or '1d', found {value!r}")
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+    try:
+        return int(match.group(1)) * _UNITS[match.group(2).lower()]
+    except OverflowError:
+        raise ValueError(f"expected a duration of at most {timedelta.max.days} days, found {value!r}") from None
 
 
 def to_utc(value: datetime) -> datetime:

@@ -8,8 +8,9 @@ import warnings
 
 import dagster as dg
 
+from laminar_assets import storage
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-from laminar_assets.engine import FlowSpec, LaminarError, Spec
+from laminar_assets.engine import FlowSpec, LaminarError, Spec, check_tables
 from laminar_assets.orchestration.alerts import build_failure_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
@@ -58,6 +59,9 @@ def build_definitions(specs: list[Spec], settings: LaminarSettings, resources: d
 
 
 def _build_definitions(specs, settings, resources, contracts_dir, use_threads) -> dg.Definitions:
+    laminar = (resources or {}).get("laminar")
+    root = getattr(laminar, "root", None)  # only a root given here (not an EnvVar): the environment is read at run time
+    check_tables(specs, root=storage.resolve_root(root) if type(root) is str else None)
     specs, contracts = specs_with_contracts(specs, contracts_dir)
     readers: dict[str, list[str]] = {}
     for s in specs:

@@ -27,6 +27,7 @@ from .files import (
     remove_empty_dirs,
     replace_if,
     resolve_root,
+    some_files,
     spark_uri,
     write,
 )
@@ -35,5 +36,5 @@ from .options import ObjectStoreOptions
 __all__ = [
     "ObjectStoreOptions", "check_reachable", "configure", "copy", "create", "delete", "delete_tree", "delta_options", "exists",
     "filesystem", "is_object_store", "join", "list_dirs", "list_files", "local_path", "normalized", "options", "read",
-    "read_tagged", "remove_empty_dirs", "replace_if", "resolve_root", "spark_uri", "write",
+    "read_tagged", "remove_empty_dirs", "replace_if", "resolve_root", "some_files", "spark_uri", "write",
 ]

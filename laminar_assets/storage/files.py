@@ -173,6 +173,23 @@ def list_files(uri: str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
+def some_files(uri: str, limit: int) -> list[str]:
+    """Up to `limit` files under the folder `uri`, at any depth (URIs; which ones is unspecified): whether a
+    folder holds anything, and examples of what, without listing all of a large one."""
+    local = local_path(uri)
+    if local is not None:
+        out: list[str] = []
+        for dirpath, _dirs, names in os.walk(local):
+            out += [os.path.join(dirpath, n) for n in sorted(names)[:limit - len(out)]]
+            if len(out) >= limit:
+                break
+        return out
+    bucket, key = _split(uri)
+    prefix = key.rstrip("/") + "/" if key else ""
+    page = _call(uri, lambda c: c.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=limit))
+    return [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+
+
 def list_dirs(uri: str) -> list[str]:
     """The names of the folders directly under `uri`."""
     local = local_path(uri)

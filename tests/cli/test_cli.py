@@ -342,7 +342,9 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     checked = invoke("--root", str(root), "check", "--json", home=home)
     assert checked.exit_code == 0, checked.output
     results = json.loads(checked.output)
-    assert {r["check"] for r in results} == {"contract", "equivalence", "integrity"} and all(r["passed"] for r in results)
+    assert {r["check"] for r in results} == {"contract", "equivalence", "integrity", "sink owner"}
+    assert all(r["passed"] for r in results)
+    assert {r["asset"] for r in results if r["check"] == "sink owner"} == set(SPECS)  # each sink its flow's own
     integrity = {r["partition"] for r in results if r["check"] == "integrity"}
     assert {"vwap_1m", "normalized_trades", "quarantine of raw_trades"} <= integrity
     assert any(t.startswith("vwap_1m state ") for t in integrity)

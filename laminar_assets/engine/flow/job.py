@@ -164,7 +164,7 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         read = {m: sum(out.metrics[k].get(m, 0) for k in keys) for m in ("rows_read", "rows_rejected")}
         ranges = [p.interval for p in plans]
         out.state_rows = replace_ranges(ctx.spark, staged, table_uri=state_uri, column=WS, ranges=ranges,
-                                        transactions=txns, metadata=meta, run_id=run_id,
+                                        transactions=txns, metadata=meta, run_id=run_id, owner=spec.name,
                                         opened=inputs.opened.pop(state_uri, None))
         ctx.hook("after_state_commit")
         t2 = time.perf_counter()
@@ -178,7 +178,7 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
                                        transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
-                                       run_id=run_id + "-sink", reset_on_schema_change=True)
+                                       run_id=run_id + "-sink", reset_on_schema_change=True, owner=spec.name)
         out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
         ctx.hook("after_sink_commit")
     return out

@@ -63,7 +63,7 @@ def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, 
                        ranges=[partition_interval(k, spec.granularity) for k, _ in group],
                        transactions=[(ctx.layout.app_id(spec, k), seq) for k, seq in group],
                        metadata={"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.recovered": "true"},
-                       run_id=run_id + "-sink", reset_on_schema_change=True)
+                       run_id=run_id + "-sink", reset_on_schema_change=True, owner=spec.name)
 
 
 def state_groups(ctx: RunContext, spec: FlowSpec, key: str, input_schema: dict) -> int | None:

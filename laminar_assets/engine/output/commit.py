@@ -38,6 +38,7 @@ from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, snaps
 from ..spark.frames import nullable, schema_change
 from ..spark.read import read_source
 from ..windows import Interval
+from .owner import OWNER_PROPERTY, check_owner, needs_stamp
 from .staged_files import StagedFiles, committed, write_staged
 
 ATTEMPTS = 8
@@ -48,8 +49,9 @@ CHECKPOINT_EVERY = 10
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 
 
-def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
-                 change_data: bool = False, opened: DeltaTable | None = None) -> tuple[bool, DeltaTable | None]:
+def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, owner: str,
+                 change_data: bool = False, opened: DeltaTable | None = None,
+                 apps: Sequence[str] = ()) -> tuple[bool, DeltaTable | None]:
     """Create the table if needed, or add the new columns of `schema` to it. Returns whether an
     existing table was reset to a new schema (a column's type changed or a column went: with
     `reset_on_schema_change`, else an error), and the table as opened when it existed already with
@@ -59,21 +61,32 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool,
     Every table Laminar creates has its change data feed on (`delta.enableChangeDataFeed`), so a
     delta-spark user can `readChangeFeed` it: a commit that writes change data (`change_data`) says
     what each row did, any other commit's added and removed files are its inserts and deletes. A
-    table created before that gets the property at its first commit with change data."""
+    table created before that gets the property at its first commit with change data.
+
+    `owner`: the flow writing the table. A table it did not create is refused before anything is
+    written (`owner.check_owner`; `apps`, the commit's app transactions, count as evidence for a table
+    an earlier Laminar created); a table Laminar creates carries `laminar.flow` = `owner`, and one an
+    earlier Laminar created gets it here."""
     schema = nullable(schema)
     try:
         dt = opened if opened is not None else open_delta(uri)
     except TableNotFoundError:
-        config = {"delta.checkpointInterval": str(CHECKPOINT_EVERY), CHANGE_DATA_FEED: "true"}
+        check_owner(uri, owner)  # an empty folder, or one holding only Laminar's stagings
+        config = {"delta.checkpointInterval": str(CHECKPOINT_EVERY), CHANGE_DATA_FEED: "true", OWNER_PROPERTY: owner}
         try:
-            DeltaTable.create(uri, schema=schema, mode="ignore", configuration=config,
+            DeltaTable.create(uri, schema=schema, mode="ignore", configuration=config, raise_if_key_not_exists=False,
                               storage_options=storage.delta_options(uri))
         except DeltaError:  # a concurrent run created it first
             if not is_delta_table(uri):
                 raise
+        check_owner(uri, owner)  # `ignore`: a table someone else created meanwhile stays theirs
         return False, None
+    check_owner(uri, owner, apps=apps, table=dt)
+    props = {OWNER_PROPERTY: owner} if needs_stamp(dt) else {}
     if change_data and dt.metadata().configuration.get(CHANGE_DATA_FEED) != "true":
-        dt.alter.set_table_properties({CHANGE_DATA_FEED: "true"})
+        props[CHANGE_DATA_FEED] = "true"
+    if props:
+        dt.alter.set_table_properties(props, raise_if_not_exists=False)
         dt = open_delta(uri)  # the commit then reads the new version
         opened = None
     current = nullable(pa.schema(dt.schema().to_arrow()))
@@ -106,8 +119,8 @@ def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> 
 def replace_ranges(
     spark: SparkSession, staged: StagedFiles, *, table_uri: str, column: str, ranges: Sequence[Interval],
     transactions: Sequence[tuple[str, int]], metadata: dict, run_id: str, append_only: bool = False,
-    reset_on_schema_change: bool = False, change_data: StagedFiles | None = None, opened: DeltaTable | None = None,
-    remove_files: Sequence[DataFile] = (),
+    owner: str, reset_on_schema_change: bool = False, change_data: StagedFiles | None = None,
+    opened: DeltaTable | None = None, remove_files: Sequence[DataFile] = (),
 ) -> int:
     """Atomically replace the rows of `table_uri` whose `column` lies in `ranges` by the staged files.
 
@@ -118,9 +131,10 @@ def replace_ranges(
     besides (a stage's files holding keys it recomputes, whose other rows the staged files hold
     again); when a concurrent commit removed one of them, the commit is refused. Returns the rows added.
     `opened`: the table as the run opened it before it read from it; the first attempt commits on
-    that snapshot, so a commit by anyone since then conflicts and is listed again."""
-    reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change,
-                                 change_data=change_data is not None, opened=opened)
+    that snapshot, so a commit by anyone since then conflicts and is listed again. `owner`: the flow
+    writing; a table it did not create is refused before anything is committed (`ensure_table`)."""
+    reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change, owner=owner,
+                                 change_data=change_data is not None, opened=opened, apps=[a for a, _ in transactions])
     metadata = with_user_metadata(metadata)
     for attempt in range(1, ATTEMPTS + 1):
         # The commit is based on the snapshot the file list comes from: a concurrent commit in

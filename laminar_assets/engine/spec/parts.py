@@ -5,7 +5,7 @@ Frozen plain data, validated when built (`specs.py` validates how they fit toget
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
@@ -22,6 +22,11 @@ class RefreshPolicy(str, Enum):
     FULL = "full"  # always refill the partition
 
 
+def duration_or_given(value: Any) -> Any:
+    """`value` as a timedelta, or as given when it is not a duration (see `lenient`)."""
+    return lenient(parse_duration, value)
+
+
 @dataclass(frozen=True)
 class Tumbling:
     """Fixed, non-overlapping windows of `size`, aligned to the UTC epoch."""
@@ -29,7 +34,7 @@ class Tumbling:
     size: timedelta | str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", parse_duration(self.size))
+        object.__setattr__(self, "size", duration_or_given(self.size))
 
     @property
     def shape(self) -> WindowShape:
@@ -44,8 +49,8 @@ class Hopping:
     slide: timedelta | str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", parse_duration(self.size))
-        object.__setattr__(self, "slide", parse_duration(self.slide))
+        object.__setattr__(self, "size", duration_or_given(self.size))
+        object.__setattr__(self, "slide", duration_or_given(self.slide))
 
     @property
     def shape(self) -> WindowShape:
@@ -172,7 +177,7 @@ class LatePolicy:
 
     def __post_init__(self) -> None:
         if self.freeze_after is not None:
-            object.__setattr__(self, "freeze_after", parse_duration(self.freeze_after))
+            object.__setattr__(self, "freeze_after", duration_or_given(self.freeze_after))
 
 
 @dataclass(frozen=True)
@@ -185,8 +190,8 @@ class DimensionJoin:
     how: str = "inner"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "on", as_tuple(self.on))
-        object.__setattr__(self, "columns", as_tuple(self.columns))
+        object.__setattr__(self, "on", lenient(as_tuple, self.on))
+        object.__setattr__(self, "columns", lenient(as_tuple, self.columns))
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,7 @@ class FactJoin:
     how: str = "inner"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "columns", as_tuple(self.columns))
+        object.__setattr__(self, "columns", lenient(as_tuple, self.columns))
 
     def column(self, name: str) -> str:
         """The flow-side name of the joined table's column `name`."""
@@ -229,15 +234,36 @@ class RowRule:
 
 
 def as_tuple(value: Any) -> tuple:
+    """None: (); a string or any other single value: a 1-tuple (the spec then says what it expected of the
+    value); a list, tuple or other iterable: its items."""
     if value is None:
         return ()
-    if isinstance(value, str):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         return (value,)
     return tuple(value)
 
 
 def as_pairs(value: Mapping[str, str] | tuple | None) -> tuple[tuple[str, str], ...]:
-    if not value:
+    """A mapping or (key, value) pairs as a tuple of string pairs; a ValueError naming what was found for
+    anything else."""
+    if value is None:
         return ()
-    items = value.items() if isinstance(value, Mapping) else value
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        items = list(value)
+    else:
+        raise ValueError(f"expected a mapping of names to expressions, found {value!r}")
+    for item in items:
+        if isinstance(item, (str, bytes)) or not isinstance(item, Iterable) or len(tuple(item)) != 2:
+            raise ValueError(f"expected (name, expression) pairs, found {item!r}")
     return tuple((str(k), str(v)) for k, v in items)
+
+
+def lenient(convert, value: Any) -> Any:
+    """`convert(value)`, or `value` as given when it does not convert: a part keeps what it was given, and the
+    spec holding it names itself and the field in its error, which a part alone cannot."""
+    try:
+        return convert(value)
+    except (TypeError, ValueError):
+        return value

@@ -6,8 +6,9 @@ Pure functions over plain values; `specs.py` turns a problem into a SpecError na
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
-from ..windows import divides
+from ..windows import divides, parse_duration
 from .kinds import KINDS
 from .parts import Agg, FactJoin, Hopping, RefreshPolicy, Tumbling
 
@@ -19,20 +20,42 @@ _TAG_VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 
 def agg_problem(agg: Agg) -> str | None:
     """What is wrong with one aggregate on its own (None: nothing)."""
-    if agg.kind not in KINDS:
+    if not isinstance(agg.kind, str) or agg.kind not in KINDS:
         return f"unknown aggregate {agg.kind!r}; expected one of {', '.join(KINDS)}"
+    for attr in ("column", "by"):
+        value = getattr(agg, attr)
+        if value is not None and not (isinstance(value, str) and value):
+            return f"{agg.kind}: expected a column name for {attr}, found {value!r}"
     if agg.kind == "sql":
         if not (isinstance(agg.expr, str) and agg.expr.strip()):
             return f"aggregate 'sql' needs a Spark SQL aggregate expression (expr=...), found {agg.expr!r}"
     elif agg.column is None and KINDS[agg.kind].needs_column:
         return f"aggregate {agg.kind!r} needs a column"
-    if agg.kind == "approx_percentile" and not (agg.quantile is not None and 0.0 <= agg.quantile <= 1.0):
+    if agg.kind == "approx_percentile" and not (_number(agg.quantile) and 0.0 <= agg.quantile <= 1.0):
         return f"approx_percentile needs a quantile in [0, 1], found {agg.quantile!r}"
+    bounds = PRECISION.get(agg.kind)  # None: Spark's default
+    if bounds and agg.precision is not None and not (_whole(agg.precision) and bounds[0] <= agg.precision <= bounds[1]):
+        return f"{agg.kind} needs {bounds[2]} between {bounds[0]} and {bounds[1]}, found {agg.precision!r}"
     if agg.kind in ("min_by", "max_by") and not (isinstance(agg.by, str) and agg.by):
         return f"{agg.kind} needs the column whose extreme picks the row (by=...), found {agg.by!r}"
-    if agg.kind in ("top_k", "approx_top_k") and not (isinstance(agg.k, int) and 1 <= agg.k <= 10_000):
+    if agg.kind in ("top_k", "approx_top_k") and not (_whole(agg.k) and 1 <= agg.k <= 10_000):
         return f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}"
+    if agg.kind == "approx_top_k" and agg.precision is not None and agg.precision < agg.k:
+        return f"approx_top_k tracks max_items={agg.precision} items, fewer than the k={agg.k} it returns"
     return None
+
+
+# What Spark accepts for an aggregate's `precision`: (least, most, what it is)
+PRECISION = {"approx_count_distinct": (4, 21, "lg_config_k"), "approx_percentile": (8, 65535, "k"),
+             "approx_top_k": (1, 1_000_000, "max_items")}
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def catalog_problem(owners: tuple, tags: tuple) -> tuple[str, str] | None:
@@ -57,7 +80,11 @@ def joins_problem(joins: tuple, sources: tuple[str, ...], rules: tuple) -> tuple
             return f"joins[{i}].table", f"{join.table!r} is already a source of the flow (no self-joins)"
         if join.how not in ("inner", "left"):
             return f"joins[{i}].how", f"expected 'inner' or 'left' (windows follow the source's rows), found {join.how!r}"
-        if not _NAME_RE.match(join.alias or "") or join.alias in aliases:
+        if not isinstance(join.table, str) or not join.table.strip():
+            return f"joins[{i}].table", f"expected a table name or URI, found {join.table!r}"
+        if not isinstance(join.columns, tuple) or not all(isinstance(c, str) and c for c in join.columns):
+            return f"joins[{i}].columns", f"expected column names, found {join.columns!r}"
+        if not isinstance(join.alias, str) or not _NAME_RE.match(join.alias) or join.alias in aliases:
             return f"joins[{i}].alias", f"expected a unique identifier, found {join.alias!r}"
         if not (isinstance(join.on, str) and join.on.strip()):
             return f"joins[{i}].on", "expected a join condition (Spark SQL)"
@@ -68,19 +95,58 @@ def joins_problem(joins: tuple, sources: tuple[str, ...], rules: tuple) -> tuple
     return None
 
 
+# The longest window, and the most windows one event may fall in (hopping size / slide): each copy is a
+# row of every pass, so a window of a year sliding by the minute would copy each event half a million times.
+MAX_WINDOW = timedelta(days=31)
+MAX_WINDOW_COPIES = 1440
+
+
+def duration_problem(value, what: str) -> str | None:
+    """What is wrong with a duration field (None: a positive timedelta)."""
+    if not isinstance(value, timedelta):
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            return str(exc)
+        return f"expected a duration like '5m', found {value!r}"
+    if value <= timedelta(0):
+        return f"expected a positive {what}, found {value}"
+    return None
+
+
+def window_problem(window, granularity) -> tuple[str, str] | None:
+    """(field, what is wrong) with a flow's window against its partitioning (None: nothing)."""
+    if not isinstance(window, (Tumbling, Hopping)):
+        return ("window", f"expected Tumbling(size) or Hopping(size, slide), found {window!r}")
+    fields = ("size", "slide") if isinstance(window, Hopping) else ("size",)
+    for name in fields:
+        problem = duration_problem(getattr(window, name), f"window {name}")
+        if problem:
+            return (f"window.{name}", problem)
+        if getattr(window, name) > MAX_WINDOW:
+            return (f"window.{name}", f"expected a window {name} of at most {MAX_WINDOW.days} days, found "
+                                      f"{getattr(window, name)}")
+    shape = window.shape
+    step = granularity.step
+    if isinstance(window, Hopping):
+        if not divides(shape.slide, shape.size):
+            return ("window.slide", f"hopping slide {shape.slide} does not divide window size {shape.size} (the size "
+                                    "must be a whole number of slides)")
+        if not divides(shape.slide, step):
+            return ("window.slide", f"hopping slide {shape.slide} does not divide the {granularity.value} partition")
+        if shape.copies > MAX_WINDOW_COPIES:
+            return ("window.slide", f"hopping windows of {shape.size} every {shape.slide} put each event in "
+                                    f"{shape.copies} windows; expected at most {MAX_WINDOW_COPIES}: use a longer slide")
+    elif not divides(shape.size, step):
+        return ("window.size", f"window size {shape.size} does not divide the {granularity.value} partition ({step})")
+    return None
+
+
 def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
     """(field, what is wrong) with a flow's window, keys, aggregates and outputs (None: nothing)."""
-    if not isinstance(spec.window, (Tumbling, Hopping)):
-        return ("window", f"expected Tumbling(size) or Hopping(size, slide), found {spec.window!r}")
-    shape = spec.window.shape
-    step = spec.granularity.step
-    if isinstance(spec.window, Hopping):
-        if not divides(shape.slide, shape.size):
-            return ("window.slide", f"hopping slide {shape.slide} does not divide window size {shape.size}")
-        if not divides(shape.slide, step):
-            return ("window.slide", f"hopping slide {shape.slide} does not divide the {spec.granularity.value} partition")
-    elif not divides(shape.size, step):
-        return ("window.size", f"window size {shape.size} does not divide the {spec.granularity.value} partition ({step})")
+    problem = window_problem(spec.window, spec.granularity)
+    if problem:
+        return problem
     for i, key in enumerate(spec.keys):
         if not isinstance(key, str) or not _NAME_RE.match(key):
             return (f"keys[{i}]", f"expected a column name, found {key!r}")
@@ -104,7 +170,7 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
         problem = agg_problem(agg)
         if problem:
             return (where, problem)
-        if not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
+        if not isinstance(agg.name, str) or not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
             return (where, f"output name {agg.name!r} is not an identifier")
         if agg.name.lower() in seen:
             return (where, f"duplicate output column {agg.name!r}{_case_note(agg.name, seen)}")

@@ -13,8 +13,8 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, NoReturn
 
 from laminar_assets.errors import SpecError
 
@@ -32,12 +32,15 @@ from .parts import (  # noqa: F401  (re-exported: specs are built from these)
     as_pairs,
     as_tuple,
 )
-from .problems import catalog_problem, expression_problem, flow_problem, joins_problem
+from .problems import catalog_problem, duration_problem, expression_problem, flow_problem, joins_problem
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Rules the engine always applies; a row breaking one is quarantined under this name.
 BUILTIN_RULES = ("event_time_missing", "event_time_out_of_bounds", "event_time_outside_partitions", "key_missing", "unmatched")
 RESERVED_COLUMNS = ("window_start", "window_end")
+
+# The first partition a spec may start at: partition keys are dates of four-digit years from the epoch on.
+_FIRST_START, _LAST_START = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 
 # Bumped when the layout or meaning of a flow's state changes: part of every flow's hash, so an
 # upgrade refills (SPEC_CHANGED) instead of merging into state of another shape.
@@ -93,29 +96,48 @@ class BaseSpec:
             out["event_time_bounds"] = [b.isoformat() for b in self.event_time_bounds]
         return out
 
+    def _pairs(self, field_name: str) -> None:
+        """Field `field_name` as (name, expression) pairs, or the spec's error naming the field."""
+        try:
+            object.__setattr__(self, field_name, as_pairs(getattr(self, field_name)))
+        except ValueError as exc:
+            self._fail(field_name, str(exc))
+
     def _normalise_common(self) -> None:
         set_ = object.__setattr__
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):  # first: other fields' errors name it
+            self._fail("name", f"expected an identifier (letters, digits, _), found {self.name!r}")
         set_(self, "source", as_tuple(self.source))
-        set_(self, "derived", as_pairs(self.derived))
+        self._pairs("derived")
         if self.sink is None:
             set_(self, "sink", self.name)
         set_(self, "rules", as_tuple(self.rules))
         set_(self, "owners", as_tuple(self.owners))
-        set_(self, "tags", as_pairs(self.tags))
+        self._pairs("tags")
+        for attr in ("sink", "description", "origin", "definition"):
+            value = getattr(self, attr)
+            if not isinstance(value, str) or (attr == "sink" and not value.strip()):
+                self._fail(attr, f"expected {'a table name or URI' if attr == 'sink' else 'a string'}, found {value!r}")
         problem = catalog_problem(self.owners, self.tags)
         if problem:
             self._fail(*problem)
         if self.target_lag is not None:
             try:
                 lag = parse_duration(self.target_lag)
-            except (TypeError, ValueError) as exc:
+            except ValueError as exc:
                 self._fail("target_lag", f"expected a duration like '5m' or '1h', found {self.target_lag!r}: {exc}")
             if lag <= timedelta(0):
                 self._fail("target_lag", f"expected a positive duration, found {self.target_lag!r}")
             set_(self, "target_lag", lag)
+        if not isinstance(self.late, LatePolicy):
+            self._fail("late", f"expected a LatePolicy, found {self.late!r}")
+        if self.late.freeze_after is not None:
+            problem = duration_problem(self.late.freeze_after, "freeze_after")
+            if problem:
+                self._fail("late.freeze_after", problem)
         if self.event_time_bounds is not None:
             try:
-                lo, hi = (to_utc(datetime.fromisoformat(b) if isinstance(b, str) else b) for b in self.event_time_bounds)
+                lo, hi = (to_utc(_datetime(b)) for b in self.event_time_bounds)
             except (TypeError, ValueError) as exc:
                 self._fail("event_time_bounds", f"expected two UTC datetimes (ISO strings), found "
                            f"{self.event_time_bounds!r}: {exc}")
@@ -124,33 +146,34 @@ class BaseSpec:
             set_(self, "event_time_bounds", (lo, hi))
         try:
             set_(self, "partitioning", Granularity(self.partitioning))
-        except ValueError:
+        except (TypeError, ValueError):
             self._fail("partitioning", f"expected 'hourly' or 'daily', found {self.partitioning!r}")
         if self.start is not None:
             set_(self, "start", self._first_partition(self.start))
         try:
             set_(self, "refresh", RefreshPolicy(self.refresh))
-        except ValueError:
+        except (TypeError, ValueError):
             allowed = ", ".join(p.value for p in RefreshPolicy)
             self._fail("refresh", f"expected one of {allowed}, found {self.refresh!r}")
 
     def _first_partition(self, value: datetime | str) -> datetime:
         try:
-            start = to_utc(datetime.fromisoformat(value) if isinstance(value, str) else value)
+            start = to_utc(_datetime(value))
         except (TypeError, ValueError) as exc:
             self._fail("start", f"expected a UTC datetime (ISO string like '2026-11-01'), found {value!r}: {exc}")
+        if not _FIRST_START <= start < _LAST_START:
+            self._fail("start", f"expected a first partition from {_FIRST_START.year} to {_LAST_START.year - 1}, found "
+                       f"{start.isoformat()}")
         boundary = partition_interval(partition_key(start, self.partitioning), self.partitioning).start
         if boundary != start:
             self._fail("start", f"expected the start of {'an hourly' if self.partitioning is Granularity.HOURLY else 'a daily'} "
                        f"partition, found {start.isoformat()}; use {boundary.isoformat()}")
         return start
 
-    def _fail(self, field_name: str, message: str) -> None:
+    def _fail(self, field_name: str, message: str) -> NoReturn:
         raise SpecError(f"{type(self).__name__} '{self.name}': {message}", flow=self.name, field=field_name)
 
     def _validate_common(self) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            self._fail("name", f"expected an identifier (letters, digits, _), found {self.name!r}")
         if not self.source:
             self._fail("source", "expected at least one source table, found none")
         for i, src in enumerate(self.source):
@@ -168,11 +191,15 @@ class BaseSpec:
             if col == self.event_time and re.search(rf"(?<![\w`]){re.escape(col)}(?![\w`])|`{re.escape(col)}`", expr):
                 self._fail(f"derived.{col}", f"a derived column may not replace the event time column {col!r} "
                            "(file statistics of the source locate rows by it); derive a new name and use it as event_time")
+        if self.filter is not None and not isinstance(self.filter, str):
+            self._fail("filter", f"expected a Spark SQL condition (a string) or None, found {self.filter!r}")
         names: set[str] = set()
         for i, rule in enumerate(self.rules):
             if not isinstance(rule, RowRule):
                 self._fail(f"rules[{i}]", f"expected a RowRule, found {rule!r}")
-            if not _NAME_RE.match(rule.name) or rule.name in BUILTIN_RULES:
+            if rule.source is not None and not isinstance(rule.source, str):
+                self._fail(f"rules[{i}].source", f"expected a source table name or None, found {rule.source!r}")
+            if not isinstance(rule.name, str) or not _NAME_RE.match(rule.name) or rule.name in BUILTIN_RULES:
                 self._fail(f"rules[{i}].name", f"expected an identifier other than {', '.join(BUILTIN_RULES)}, "
                            f"found {rule.name!r}")
             if (rule.name, rule.source) in names:
@@ -308,12 +335,12 @@ class FlowSpec(BaseSpec):
         self._normalise_common()
         object.__setattr__(self, "keys", as_tuple(self.keys))
         object.__setattr__(self, "aggregates", as_tuple(self.aggregates))
-        object.__setattr__(self, "post", as_pairs(self.post))
+        self._pairs("post")
         object.__setattr__(self, "hidden", as_tuple(self.hidden))
         object.__setattr__(self, "joins", as_tuple(self.joins))
         self._validate_common()
+        self._validate_joins()  # before the flow's checks, which name the joined tables
         self._validate_flow()
-        self._validate_joins()
 
     kind: ClassVar[str] = "flow"
 
@@ -420,9 +447,19 @@ class StageSpec(BaseSpec):
         object.__setattr__(self, "dedup_key", as_tuple(self.dedup_key))
         object.__setattr__(self, "joins", as_tuple(self.joins))
         self._validate_common()
+        for attr in ("columns", "dedup_key"):
+            for i, col in enumerate(getattr(self, attr)):
+                if not isinstance(col, str) or not col:
+                    self._fail(f"{attr}[{i}]", f"expected a column name, found {col!r}")
         for i, join in enumerate(self.joins):
             if not isinstance(join, DimensionJoin):
                 self._fail(f"joins[{i}]", f"expected a DimensionJoin, found {join!r}")
+            if not isinstance(join.table, str) or not join.table.strip():
+                self._fail(f"joins[{i}].table", f"expected a table name or URI, found {join.table!r}")
+            for attr in ("on", "columns"):
+                cols = getattr(join, attr)
+                if not isinstance(cols, tuple) or not all(isinstance(c, str) and c for c in cols):
+                    self._fail(f"joins[{i}].{attr}", f"expected column names, found {cols!r}")
             if not join.on:
                 self._fail(f"joins[{i}].on", "expected at least one join column")
             if join.how not in ("inner", "left"):
@@ -470,3 +507,12 @@ class StageSpec(BaseSpec):
 
 
 Spec = FlowSpec | StageSpec  # the one name for "a flow or a stage" in annotations
+
+
+def _datetime(value: Any) -> datetime:
+    """A datetime, or an ISO string of one; a ValueError naming what was found for anything else."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        raise ValueError(f"expected a datetime or an ISO string, found {type(value).__name__}")
+    return value

@@ -22,7 +22,7 @@ from typing import Any
 from sqlglot import exp
 
 from ..spec.parts import Agg, FactJoin
-from .window_calls import Fail, is_window, window_of
+from .window_calls import Fail, is_window, same_window, window_of
 
 DIALECT = "spark"
 WINDOW_COLUMNS = ("window_start", "window_end")
@@ -36,12 +36,13 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     """FlowSpec keyword arguments from a grouped SELECT."""
     source, joins = _sources(select, fail)
     _unqualify(select)
-    window, event_time, keys = None, None, []
+    window, event_time, keys, grouped = None, None, [], None
     for g in select.args["group"].expressions:
         if is_window(g):
             if window is not None:
                 fail(g, "a flow groups by one window (TUMBLE or HOP), found a second one")
             window, event_time = window_of(g, fail)
+            grouped = g
         elif isinstance(g, exp.Column):
             keys.append(g.name)
         else:
@@ -53,6 +54,10 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     for clause in ("having", "order", "limit", "qualify", "distinct"):
         if select.args.get(clause):
             fail(select.args[clause], f"{clause.upper()} is not supported in a flow; put it in a query over the sink")
+    for item in select.expressions:  # a window anywhere in the select list is the GROUP BY's
+        for call in [item, *item.find_all(exp.Anonymous)]:
+            if is_window(call):
+                same_window(call, window, event_time, grouped, fail)
     builder = _AggBuilder(fail)
     post: list[tuple[str, str]] = []
     for item in select.expressions:
@@ -118,6 +123,9 @@ class _AggBuilder:
         known = set(keys) | {a.name for a in self.aggs} | set(WINDOW_COLUMNS)
         for col in out.find_all(exp.Column):
             if col.name not in known:
+                call = _unknown_function_around(col)
+                if call is not None:
+                    self.fail(call, unknown_function_message(call))
                 self.fail(col, f"column {col.name!r} is neither in GROUP BY nor inside an aggregate")
         return sql(out)
 
@@ -167,12 +175,52 @@ class _AggBuilder:
         return Agg.sql(sql(node), name=name)  # an aggregate the algebra does not know: refill-only
 
 
+# Spark SQL aggregate functions sqlglot's Spark dialect does not know (it parses them as plain calls):
+# aggregates like any other it does not know, computed refill-only (`Agg.sql`).
+SPARK_ONLY_AGGREGATES = ("EVERY", "HISTOGRAM_NUMERIC", "TRY_SUM", "TRY_AVG", "BITMAP_CONSTRUCT_AGG", "BITMAP_OR_AGG",
+                         "HLL_SKETCH_AGG", "HLL_UNION_AGG", "KLL_SKETCH_AGG_BIGINT", "KLL_SKETCH_AGG_DOUBLE",
+                         "KLL_SKETCH_AGG_FLOAT", "KLL_MERGE_AGG_BIGINT", "KLL_MERGE_AGG_DOUBLE", "KLL_MERGE_AGG_FLOAT",
+                         "APPROX_TOP_K_ACCUMULATE", "APPROX_TOP_K_COMBINE", "REGR_SXY", "REGR_SXX", "REGR_SYY",
+                         "REGR_R2", "REGR_AVGX", "REGR_AVGY", "REGR_COUNT", "REGR_INTERCEPT", "REGR_SLOPE")
+
+
 def _top_aggregate(node: exp.Expression) -> bool:
     if isinstance(node, exp.Window):
         return False
     if isinstance(node, (exp.AggFunc, exp.Filter)) or (isinstance(node, exp.IgnoreNulls) and isinstance(node.this, exp.AggFunc)):
         return True
-    return isinstance(node, exp.Anonymous) and node.name.upper() == "TOP_K"
+    return isinstance(node, exp.Anonymous) and (node.name.upper() == "TOP_K" or node.name.upper() in SPARK_ONLY_AGGREGATES)
+
+
+def _unknown_function_around(col: exp.Column) -> exp.Anonymous | None:
+    """The innermost call of a function sqlglot does not know that holds `col` (None: none)."""
+    node = col.parent
+    while node is not None:
+        if isinstance(node, exp.Anonymous) and not is_window(node):
+            return node
+        node = node.parent
+    return None
+
+
+def unknown_function_message(call: exp.Anonymous) -> str:
+    """Why a call of a function that is no aggregate Laminar knows fails, with the names it may mean."""
+    import difflib
+
+    known = sorted({n for cls in _aggregate_classes() for n in cls.sql_names()} | {"TOP_K", *SPARK_ONLY_AGGREGATES})
+    close = difflib.get_close_matches(call.name.upper(), known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return (f"unknown function {call.name}(...): it is no aggregate function of Spark SQL that Laminar knows, so "
+            f"the columns inside it are neither grouped nor aggregated; {hint}a flow's select list takes GROUP BY "
+            "columns, aggregates (SUM, COUNT, AVG, MIN, MAX, ...) and expressions over them")
+
+
+def _aggregate_classes() -> list[type]:
+    out, todo = [], [exp.AggFunc]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo += cls.__subclasses__()
+    return [c for c in out if c is not exp.AggFunc]
 
 
 def number(node: exp.Expression | None) -> float | None:

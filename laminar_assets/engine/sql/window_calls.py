@@ -20,6 +20,16 @@ def is_window(node: exp.Expression) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.upper() in WINDOW_FUNCTIONS
 
 
+def same_window(node: exp.Anonymous, window, event_time: str, grouped: exp.Expression, fail: Fail) -> None:
+    """Fail unless the window call `node` (in the select list) is the GROUP BY's window `grouped`: a flow
+    has one window, and a SELECT naming another would silently show the GROUP BY's."""
+    other, ts = window_of(node, fail)
+    if (other, ts) != (window, event_time):
+        fail(node, f"the SELECT's window {node.sql(dialect='spark')} differs from the GROUP BY's window "
+                   f"{grouped.sql(dialect='spark')}: a flow has one window; write the same one in both (or select "
+                   "window_start and window_end)")
+
+
 def window_of(node: exp.Anonymous, fail: Fail):
     """(Tumbling | Hopping, name of the time column) of a window call."""
     args = node.expressions
@@ -50,5 +60,8 @@ def interval_of(node: exp.Expression, fail: Fail) -> timedelta:
         except ValueError:
             amount = 0.0
         if unit_name in _UNITS and amount > 0:
-            return timedelta(seconds=amount * _UNITS[unit_name])
+            try:
+                return timedelta(seconds=amount * _UNITS[unit_name])
+            except OverflowError:  # 'inf', or more days than a timedelta holds
+                fail(node, f"the interval {text} {unit_name} is too long (at most {timedelta.max.days} days)")
     fail(node, "expected an interval like INTERVAL '5' MINUTE (SECOND, MINUTE, HOUR or DAY)")

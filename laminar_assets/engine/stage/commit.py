@@ -93,7 +93,7 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
         old = touched.old if old is None else old.unionByName(touched.old, allowMissingColumns=True)
         old_bytes += touched.bytes
         rows = rows.unionByName(with_columns_of(touched.rest, new_ref).select(*named(data_cols)))
-    common = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id)
+    common = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id, owner=spec.name)
     if old is None:  # nothing kept in the refilled partitions (or a new schema): every row is new
         staged = write_staged(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
         if reset:

@@ -150,7 +150,7 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=[],
                    transactions=transactions(ctx, spec, plans, seqs),
                    metadata=with_metrics(commit_meta(spec, plans, run_id), read, staged), run_id=run_id,
-                   append_only=True)
+                   append_only=True, owner=spec.name)
     written = staged.rows_by_partition()
     for p in plans:
         n = written.get(partition_id(p.partition, spec.granularity), 0)

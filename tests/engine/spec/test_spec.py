@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
-from laminar_assets.engine import Agg, FlowSpec, Hopping, SpecError, StageSpec, Tumbling
+from laminar_assets.engine import Agg, FlowSpec, Hopping, LatePolicy, SpecError, StageSpec, Tumbling
 from laminar_assets.engine.spec.specs import DimensionJoin
 
 
@@ -48,8 +50,34 @@ def flow(**kw):
     (dict(start="2026-11-01T10:30"), "start", "use 2026-11-01T10:00:00+00:00"),
     (dict(start="2026-11-01T10:00", partitioning="daily"), "start", "the start of a daily partition"),
     (dict(start="last week"), "start", "expected a UTC datetime"),
+    (dict(start="0095-02-20"), "start", "expected a first partition from 1970 to 9998"),
+    (dict(window=Tumbling("-5m")), "window.size", "expected a duration like '1m'"),
+    (dict(window=Tumbling("0m")), "window.size", "expected a positive window size, found 0:00:00"),
+    (dict(window=Tumbling(timedelta(minutes=-5))), "window.size", "expected a positive window size"),
+    (dict(window=Tumbling("100000d")), "window.size", "expected a window size of at most 31 days"),
+    (dict(window=Tumbling("99999999999d")), "window.size", "expected a duration of at most 999999999 days"),
+    (dict(window=Tumbling(5)), "window.size", "expected a duration like '1m'"),
+    (dict(window=Hopping("5m", "10m")), "window.slide", "does not divide window size"),
+    (dict(window=Hopping("10m", "0m")), "window.slide", "expected a positive window slide"),
+    (dict(window=Hopping("1d", "1s")), "window.slide", "put each event in 86400 windows; expected at most 1440"),
+    (dict(late=LatePolicy("-1h")), "late.freeze_after", "expected a duration like"),
+    (dict(late=LatePolicy("0h")), "late.freeze_after", "expected a positive freeze_after"),
+    (dict(target_lag="99999999999d"), "target_lag", "at most 999999999 days"),
+    (dict(keys=5), "keys[0]", "expected a column name, found 5"),
+    (dict(aggregates=Agg.sum("qty")), None, None),
+    (dict(aggregates=(Agg.sum("qty", name=5),)), "aggregates[0]", "output name 5 is not an identifier"),
+    (dict(aggregates=(Agg.approx_count_distinct("sym", lg_config_k=40),)), "aggregates[0]",
+     "lg_config_k between 4 and 21"),
+    (dict(aggregates=(Agg.approx_top_k("sym", 5, max_items=3),)), "aggregates[0]", "fewer than the k=5"),
+    (dict(derived=[("a",)]), "derived", "expected (name, expression) pairs"),
+    (dict(sink=""), "sink", "expected a table name or URI"),
+    (dict(event_time_bounds=(5, 6)), "event_time_bounds", "expected a datetime or an ISO string, found int"),
+    (dict(filter=5), "filter", "expected a Spark SQL condition"),
 ])
 def test_invalid_specs_name_flow_and_field(kw, field, text):
+    if field is None:  # accepted
+        assert flow(**kw)
+        return
     with pytest.raises(SpecError) as info:
         flow(**kw)
     err = info.value

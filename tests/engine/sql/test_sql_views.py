@@ -107,6 +107,21 @@ def test_stage_parts_map_from_projection_join_and_dedup():
     ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), LAG(SUM(x)) OVER (PARTITION BY k ORDER BY ts) AS l FROM t\n"
      " GROUP BY k, TUMBLE(ts, INTERVAL '1' MINUTE)", 3, "must PARTITION BY the window"),
     ("SELECT * FROM (SELECT * FROM t)", 3, "a subquery is not supported"),
+    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE), COUNT(*) AS n FROM t\n GROUP BY TUMBLE(ts, INTERVAL '5' MINUTE)", 3,
+     "the SELECT's window TUMBLE(ts, INTERVAL '1' MINUTE) differs from the GROUP BY's window "
+     "TUMBLE(ts, INTERVAL '5' MINUTE)"),
+    ("SELECT sym,\n date_trunc('HOUR', HOP(ts, INTERVAL '5' MINUTE, INTERVAL '1' HOUR)) AS h, COUNT(*) AS n FROM t\n"
+     " GROUP BY sym, TUMBLE(ts, INTERVAL '5' MINUTE)", 4, "the SELECT's window HOP(ts, INTERVAL '5' MINUTE, INTERVAL "
+     "'1' HOUR) differs from the GROUP BY's window TUMBLE(ts, INTERVAL '5' MINUTE)"),
+    ("SELECT sym, TUMBLE(ts, INTERVAL '1' MINUTE),\n SUMM(price) AS s FROM t GROUP BY sym, TUMBLE(ts, INTERVAL '1' MINUTE)",
+     4, "unknown function SUMM(...): it is no aggregate function of Spark SQL that Laminar knows, so the columns inside "
+        "it are neither grouped nor aggregated; did you mean SUM?"),
+    ("SELECT sym, TUMBLE(ts, INTERVAL '1' MINUTE), vwapp(px, qty) AS v FROM t GROUP BY sym, TUMBLE(ts, INTERVAL '1' MINUTE)",
+     3, "unknown function vwapp(...)"),
+    ("SELECT TUMBLE(ts, INTERVAL '99999999999' DAY), COUNT(*) AS n FROM t GROUP BY TUMBLE(ts, INTERVAL '99999999999' DAY)",
+     3, "the interval 99999999999 DAY is too long"),
+    ("SELECT TUMBLE(ts, INTERVAL '0' MINUTE), COUNT(*) AS n FROM t GROUP BY TUMBLE(ts, INTERVAL '0' MINUTE)",
+     3, "expected an interval like INTERVAL '5' MINUTE"),
 ])
 def test_errors_name_the_file_line_and_construct(body, line, message):
     text = f"-- header\nCREATE MATERIALIZED VIEW bad AS\n{body}"
@@ -168,3 +183,21 @@ def test_specs_from_a_plain_folder_of_python_and_sql_files(tmp_path):
     assert [s.name for s in collect_specs(tmp_path / "b")] == ["f_b"]
     with pytest.raises(LaminarError, match="flows folder .*nowhere.* does not exist"):
         collect_specs(str(tmp_path / "nowhere"))
+
+
+def test_spark_aggregates_sqlglot_does_not_know_are_refill_only_aggregates():
+    spec = one("CREATE MATERIALIZED VIEW f AS SELECT sym, TUMBLE(ts, INTERVAL '1' MINUTE), try_sum(px) AS s, "
+               "every(px > 0) AS pos FROM t GROUP BY sym, TUMBLE(ts, INTERVAL '1' MINUTE)")
+    assert spec.aggregates == (Agg.sql("TRY_SUM(px)", name="s"), Agg.sql("EVERY(px > 0)", name="pos"))
+
+
+def test_a_select_window_equal_to_the_group_by_window_in_other_words_is_the_same_window():
+    spec = one("CREATE MATERIALIZED VIEW f AS SELECT TUMBLE(ts, INTERVAL '5 minutes') AS w, COUNT(*) AS n FROM t "
+               "GROUP BY TUMBLE(ts, INTERVAL '5' MINUTE)")
+    assert spec.window == Tumbling("5m")
+
+
+def test_a_window_or_freeze_after_out_of_range_in_with_names_the_view():
+    with pytest.raises(SqlDefinitionError, match=r"t.sql:1: view 'f': .*expected a duration of at most 999999999 days"):
+        compile_sql("CREATE MATERIALIZED VIEW f WITH (freeze_after = '99999999999d') AS SELECT TUMBLE(ts, INTERVAL '1' "
+                    "MINUTE), COUNT(*) AS n FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", origin="t.sql")
