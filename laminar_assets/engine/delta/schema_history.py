@@ -43,10 +43,25 @@ def _bare(value):
     return value
 
 
-def _short(text: str) -> str:
+def short_type(text: str) -> str:
+    """A type as `column_types` gives it, for a message: a nested type by its outer kind."""
     if not text.startswith("{"):
         return text
     return json.loads(text).get("type", "nested")
+
+
+_FAMILIES = {**dict.fromkeys(("byte", "short", "integer", "long", "float", "double", "decimal"), "numeric"),
+             **dict.fromkeys(("string", "varchar", "char"), "string"),
+             **dict.fromkeys(("timestamp", "timestamp_ntz", "date"), "temporal")}
+
+
+def type_family(text: str) -> str:
+    """The family of a type as `column_types` gives it: numeric (byte..decimal), string (string,
+    varchar, char), temporal (timestamp, timestamp_ntz, date), or the type's own outer kind (boolean,
+    binary, struct, array, map, ...). Within a family an expression reads a value alike (a wider
+    number, another precision); across families Spark casts implicitly or fails, row by row."""
+    kind = short_type(text).split("(", 1)[0].strip().lower()
+    return _FAMILIES.get(kind, kind)
 
 
 def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: str | None, columns: Collection[str],
@@ -79,6 +94,6 @@ def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: 
         if differ:
             col = differ[0]
             out.append((c.version, f"commit {c.version} of '{table}' holds files with column {col!r} as "
-                                   f"{_short(then[col])}, which the table now has as {_short(now[col])}; those files "
+                                   f"{short_type(then[col])}, which the table now has as {short_type(now[col])}; those files "
                                    "cannot be read with the current schema"))
     return tuple(out)
