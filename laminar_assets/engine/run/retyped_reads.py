@@ -13,7 +13,11 @@ type family (number, text, time, boolean, binary, or a nested type's outer kind:
 `delta.schema_history.type_family`) fails the run with a `SchemaMismatchError` naming the column,
 both types, the versions and the fixes. A change within a family goes on as before (SCHEMA_CHANGED,
 SCHEMA_CHANGED_HISTORY), and so does a partition without a watermark, one whose watermark another
-spec wrote (SPEC_CHANGED) and a forced refill: each reads the source as it is now.
+spec wrote (SPEC_CHANGED) and a forced refill: each reads the source as it is now. So does a column
+restored to the family it was created with, when the one the watermark read was an interlude
+(`schema_history.restored`): a partition whose first run came while the column had the other type
+(it read no value needing a cast) heals when the producer restores it, instead of being refused
+until a forced refill. Where the log cannot tell (cleaned up, or longer than the walk), it is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Mapping
 from laminar_assets.checkpoints import Watermark
 from laminar_assets.errors import SchemaMismatchError
 
-from ..delta.schema_history import column_types, short_type, type_family
+from ..delta.schema_history import column_types, restored, short_type, type_family
 from ..spec.reads import columns_read
 from ..spec.specs import Spec
 from .inputs import RunInputs
@@ -54,8 +58,13 @@ def refuse_retyped_reads(spec: Spec, marks: Mapping[str, Watermark | None], inpu
             at, schema = found
             then = column_types(schema)
             for col, use in reads.items():
-                if col in then and type_family(then[col]) != type_family(now[col]):
-                    raise _refusal(spec, src, col, use, then[col], now[col], at, version, keys, info.version)
+                if col not in then or type_family(then[col]) == type_family(now[col]):
+                    continue
+                known = {c.version: c.schema for c in history.commits}
+                if at == version and restored(src, info.uri, col, at, type_family(then[col]), type_family(now[col]),
+                                              known):
+                    continue  # back to the type it was created with: the watermark's was an interlude
+                raise _refusal(spec, src, col, use, then[col], now[col], at, version, keys, info.version)
 
 
 def _refusal(spec: Spec, src: str, col: str, use: str, then: str, now: str, at: int, version: int,

@@ -6,6 +6,7 @@ needs no Spark: those tests run on real Delta tables without it."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 from deltalake import write_deltalake
@@ -18,10 +19,11 @@ from laminar_assets.engine.run.inputs import gather
 from laminar_assets.engine.run.retyped_reads import refuse_retyped_reads
 from laminar_assets.engine.run.validate import CheckedSource
 from laminar_assets.engine.spec.reads import columns_read, expression_columns
+from laminar_assets.errors import RunFailedError
 from tests.conftest import trades_frame
 from tests.reference import assert_frames_match, full_recompute
 
-PART = "2024-01-01-00:00"
+PART, NEXT = "2024-01-01-00:00", "2024-01-01-01:00"
 CLEAN = StageSpec(name="clean", source="trades", event_time="ts", rules=(RowRule("positive_px", "px > 0"),))
 NOTIONAL = FlowSpec(name="notional", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
                     derived={"notional": "px * qty"}, aggregates=(Agg.count(), Agg.sum("notional")))
@@ -74,9 +76,12 @@ def test_a_stage_rule_over_a_retyped_column_is_refused_then_heals(spark, lake, e
     retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 1)], "string")
     exc = refused(lake, engine, CLEAN)
     assert "rule positive_px" in exc.message and exc.facts["column"] == "px"
+    # a partition never run has nothing to compare with: it runs (it holds no row, so nothing is cast)
+    assert engine.run(CLEAN, NEXT).reason is Reason.NO_WATERMARK
     retype(lake, [("2024-01-01 00:04:00", "a", 3.5, 1), ("2024-01-01 00:05:00", "b", -2.0, 1)], "float64")
-    r = engine.run(CLEAN, PART)
-    assert (r.mode, r.reason) == (Mode.REFILL, Reason.SCHEMA_CHANGED_HISTORY)
+    first, second = engine.run_many(CLEAN, [PART, NEXT])  # NEXT read px as a string: restored, not refused
+    assert (first.mode, first.reason) == (Mode.REFILL, Reason.SCHEMA_CHANGED_HISTORY)
+    assert second.mode is not Mode.NOOP or second.reason is Reason.NO_CHANGES_IN_PARTITION
     assert sorted(lake.read("clean")["px"]) == [3.5]
 
 
@@ -89,6 +94,8 @@ def test_a_derived_column_over_a_retyped_column_is_refused_then_heals(spark, lak
     retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 2)], "string")
     exc = refused(lake, engine, NOTIONAL)
     assert "derived column notional" in exc.message
+    with pytest.raises(RunFailedError, match=r"CAST_INVALID_INPUT.*\(in `px \* qty`\)"):  # never run: Spark's cast fails
+        engine.run(replace(NOTIONAL, name="never_run", sink="never_run"), PART)
     retype(lake, [("2024-01-01 00:04:00", "a", 3.5, 2)], "float64")
     r = engine.run(NOTIONAL, PART)
     assert (r.mode, r.reason) == (Mode.REFILL, Reason.SCHEMA_CHANGED_HISTORY)
@@ -161,3 +168,16 @@ def test_a_cleaned_up_log_is_compared_at_the_oldest_version_it_holds(lake):
     retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 2)], "string")
     with pytest.raises(SchemaMismatchError, match="double at version 1, the oldest the log still holds after version 0"):
         check_reads(lake, CLEAN, {PART: watermark(lake, CLEAN, 0)})
+
+
+def test_a_column_restored_to_the_type_it_was_created_with_is_not_refused(lake):
+    """A partition first run while the column was text (nothing it read needed a cast) is not refused
+    when the producer restores the number the column was created with; once the number is back, text
+    again is refused (an earlier text interlude does not make text the column's type)."""
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.5, 2)])
+    retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 2)], "string")  # v1
+    retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 2)], "float64")  # v2
+    check_reads(lake, NOTIONAL, {PART: watermark(lake, NOTIONAL, 1)})
+    retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 2)], "string")  # v3: text again
+    with pytest.raises(SchemaMismatchError, match="string at version 3 but was double at version 2"):
+        check_reads(lake, NOTIONAL, {PART: watermark(lake, NOTIONAL, 2)})
