@@ -48,7 +48,7 @@ def columns_read(spec, source: str, columns: Iterable[str]) -> dict[str, str]:
             add(expression_columns(agg.expr), f"aggregate {agg.name}", after_derived)
     if spec.kind == "stage":
         joined = {c.lower() for j in spec.joins for c in j.columns}
-        add([c for j in spec.joins for c in j.on], "a dimension join")
+        add([c for j in spec.joins for c in j.on], "a dimension join", after_derived)
         if spec.reads_all_columns:
             add(sorted(present - after_derived), "passed through")
         else:
