@@ -41,7 +41,7 @@ def refuse_retyped_reads(spec: Spec, marks: Mapping[str, Watermark | None], inpu
         if not info.delta_schema:
             continue
         now = column_types(info.delta_schema)
-        reads = columns_read(spec, src, now)
+        reads: dict[str, str] | None = None  # parsed only when the schema changed since a watermark
         by_version: dict[int, list[str]] = {}
         for key, mark in marks.items():
             if mark is None or not mark.committed or mark.source_versions.get(src) is None \
@@ -57,6 +57,7 @@ def refuse_retyped_reads(spec: Spec, marks: Mapping[str, Watermark | None], inpu
                 continue
             at, schema = found
             then = column_types(schema)
+            reads = reads if reads is not None else columns_read(spec, src, now)
             for col, use in reads.items():
                 if col not in then or type_family(then[col]) == type_family(now[col]):
                     continue
