@@ -44,6 +44,7 @@ from .run.inputs import RunInputs, gather, partition_bytes, partition_rows, plan
 from .run.plan import Mode, PartitionPlan, Reason
 from .run.planner import MAX_REFILL_GROUPS, plan_partition
 from .run.result import RunResult
+from .run.retyped_reads import refuse_retyped_reads
 from .run.sweep import SweepResult, sweep
 from .run.validate import CheckedSource, checked_source
 from .spark.frames import interpreted, new_run_id
@@ -280,6 +281,8 @@ class Engine:
         return protocol.settle(self.ctx, spec, key, mark).mark if mark and mark.pending else mark
 
     def _plan_all(self, spec, marks: dict, inputs: RunInputs, force: bool) -> dict[str, PartitionPlan]:
+        if not force:  # a column read under another type family: refused before anything is read
+            refuse_retyped_reads(spec, marks, inputs)
         plans = {k: plan_partition(planner_input(spec, k, m, inputs, force=force)) for k, m in marks.items()}
         opts = self.ctx.options
         ratio, share = opts.refill_ratio, opts.extreme_refill_share

@@ -52,7 +52,14 @@ def to_micros(value: datetime) -> int:
 
 
 def from_micros(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
+    """The instant `micros` after the epoch; past the last representable instant (the end of a
+    window that starts in 9999-12-31) it is that instant, as `later` does."""
+    try:
+        return EPOCH + timedelta(microseconds=micros)
+    except OverflowError:
+        if micros > 0:
+            return datetime.max.replace(tzinfo=UTC)
+        raise
 
 
 def _micros(delta: timedelta) -> int:
@@ -167,7 +174,7 @@ class WindowShape:
 
     def events_of_starts(self, starts: Interval) -> Interval:
         """The event-time range covered by windows whose start lies in `starts`."""
-        return Interval(starts.start, starts.end - self.slide + self.size)
+        return Interval(starts.start, later(starts.end - self.slide, self.size))
 
 
 def window_columns(ts_col: str, shape: WindowShape) -> tuple[list[str], list[tuple[str, str]]]:

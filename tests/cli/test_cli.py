@@ -281,7 +281,8 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     status = json.loads(invoke("--root", str(root), "status", "--json", home=home).output)
     vwap = next(r for r in status if r["flow"] == "vwap_1m")
     assert set(vwap) == {"flow", "kind", "source_versions", "partitions_materialized", "stale_partitions",
-                         "pending_versions", "partitions", "rates"}
+                         "pending_versions", "partitions", "rates", "failing_partitions"}
+    assert vwap["failing_partitions"] == []
     # batch 1 filled every partition (NO_WATERMARK), batch 2 merged its corrections into vwap_1m
     rates = vwap["rates"]
     assert rates["refills_by_reason"].get("NO_WATERMARK", 0) >= 5 and rates["incremental"] >= 1
@@ -347,7 +348,7 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     checked = invoke("--root", str(root), "check", "--json", home=home)
     assert checked.exit_code == 0, checked.output
     results = json.loads(checked.output)
-    assert {r["check"] for r in results} == {"contract", "equivalence", "integrity", "sink owner"}
+    assert {r["check"] for r in results} == {"contract", "equivalence", "integrity", "sink owner", "runs"}
     assert all(r["passed"] for r in results)
     assert {r["asset"] for r in results if r["check"] == "sink owner"} == set(SPECS)  # each sink its flow's own
     integrity = {r["partition"] for r in results if r["check"] == "integrity"}

@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from deltalake import write_deltalake
 
 from laminar_assets import storage
 from laminar_assets.engine import Agg, FlowSpec, SpecError, StageSpec, Tumbling, compile_sql
+from laminar_assets.engine.delta import open_delta
+from tests.conftest import trades_frame
 
 pytestmark = pytest.mark.spark
 
@@ -66,3 +69,23 @@ def test_a_second_flow_writing_another_flows_output_is_refused_and_the_first_kee
     lake.append("trades", [("2024-01-01 00:05:00", "a", 3.0, 1)])
     assert engine.run(first, PART).mode.value != "NOOP"  # its own output: written as before
     assert sorted(lake.read("t")["count"]) == sorted([*output["count"][output["sym"] != "a"], 2])
+
+
+def test_every_commit_laminar_makes_to_its_tables_names_the_flow(lake, engine):
+    """The table's creation and a schema evolution are commits too: on main they named no flow (like a
+    commit someone else made), so a table's history could not tell Laminar's housekeeping from another
+    writer's commit."""
+    lake.create("trades", ROWS)
+    counts, clean = flow("counts", "counts"), StageSpec(name="clean", source="trades", event_time="ts")
+    engine.run(counts, PART)
+    engine.run(clean, PART)
+    gained = trades_frame([("2024-01-01 00:05:00", "a", 3.0, 1)]).assign(note="n")
+    write_deltalake(lake.path("trades"), gained, mode="append", schema_mode="merge")
+    engine.run(clean, PART)  # the output gains the column: a schema commit, then the run's
+    state = os.path.join(lake.root, "_laminar", "state", "counts")
+    tables = {"counts": ["counts", *[os.path.join(state, t) for t in os.listdir(state)]], "clean": ["clean"]}
+    for name, uris in tables.items():
+        for uri in uris:
+            history = open_delta(lake.path(uri)).history()
+            assert [c.get("laminar.flow") for c in history] == [name] * len(history), (uri, history)
+    assert {c["operation"] for c in open_delta(lake.path("clean")).history()} >= {"CREATE TABLE", "WRITE"}

@@ -184,3 +184,17 @@ def test_partition_span_runs_from_the_first_partition_to_the_one_holding_the_hor
     assert partition_span(None, datetime.max.replace(tzinfo=UTC), Granularity.DAILY) == \
         Interval(datetime(1000, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC))
     assert partition_span(until, until - timedelta(days=3), Granularity.HOURLY).start == until  # empty, not an error
+
+
+@pytest.mark.parametrize("size,slide", [(timedelta(minutes=1), timedelta(minutes=1)),
+                                        (timedelta(minutes=10), timedelta(minutes=5))])
+def test_windows_near_the_last_instant_end_there(size, slide):
+    """An expired history touching 9999-12-31 23:59:59.999999 refills windows whose end is past the
+    last representable instant: their end is that instant, not an OverflowError (found by the
+    stateful test: far-away rows, then a vacuumed log)."""
+    last = datetime.max.replace(tzinfo=UTC)
+    shape = WindowShape(size=size, slide=slide)
+    starts = shape.starts_overlapping(closed_range(datetime(9999, 12, 31, 23, 50, tzinfo=UTC), last))
+    assert starts is not None and starts.end == last
+    assert shape.events_of_starts(starts).end == last
+    assert shape.windows_of(last)[-1].end == last

@@ -94,7 +94,9 @@ def test_failure_carries_engine_message_and_keeps_watermark(spark, lake, laminar
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "source table 'normalized_trades' does not exist" in failure.step_failure_data.error.message
-    assert CheckpointStore(lake.root).load("vwap_1m", P9) is None
+    mark = CheckpointStore(lake.root).load("vwap_1m", P9)  # the failure is recorded; nothing moved
+    assert mark.source_versions == {} and mark.seq == 0 and mark.failed_runs.count == 1
+    assert "source table 'normalized_trades' does not exist" in mark.failed_runs.last_error
 
 
 def test_concurrent_materialization_of_one_partition_does_not_write(spark, lake, laminar, instance):

@@ -14,11 +14,11 @@ sweeps that snapshot.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from laminar_assets.errors import LaminarError
 
-from .log import CommitSummary
+from .log import CommitSummary, read_log_entry
 
 # nullability never stops a read; a nested field's metadata (comments, column-mapping ids) neither
 _IGNORED = frozenset({"nullable", "containsNull", "valueContainsNull", "metadata"})
@@ -43,10 +43,25 @@ def _bare(value):
     return value
 
 
-def _short(text: str) -> str:
+def short_type(text: str) -> str:
+    """A type as `column_types` gives it, for a message: a nested type by its outer kind."""
     if not text.startswith("{"):
         return text
     return json.loads(text).get("type", "nested")
+
+
+_FAMILIES = {**dict.fromkeys(("byte", "short", "integer", "long", "float", "double", "decimal"), "numeric"),
+             **dict.fromkeys(("string", "varchar", "char"), "string"),
+             **dict.fromkeys(("timestamp", "timestamp_ntz", "date"), "temporal")}
+
+
+def type_family(text: str) -> str:
+    """The family of a type as `column_types` gives it: numeric (byte..decimal), string (string,
+    varchar, char), temporal (timestamp, timestamp_ntz, date), or the type's own outer kind (boolean,
+    binary, struct, array, map, ...). Within a family an expression reads a value alike (a wider
+    number, another precision); across families Spark casts implicitly or fails, row by row."""
+    kind = short_type(text).split("(", 1)[0].strip().lower()
+    return _FAMILIES.get(kind, kind)
 
 
 def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: str | None, columns: Collection[str],
@@ -79,6 +94,50 @@ def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: 
         if differ:
             col = differ[0]
             out.append((c.version, f"commit {c.version} of '{table}' holds files with column {col!r} as "
-                                   f"{_short(then[col])}, which the table now has as {_short(now[col])}; those files "
+                                   f"{short_type(then[col])}, which the table now has as {short_type(now[col])}; those files "
                                    "cannot be read with the current schema"))
     return tuple(out)
+
+
+# How far back `restored` reads the log (entries are small; this bounds a refused run's reads).
+MAX_WALK = 1000
+
+
+def restored(table: str, uri: str, column: str, version: int, then: str, now: str,
+             known: Mapping[int, str | None]) -> bool:
+    """Whether column `column` (lower-case), of type family `then` at `version` and `now` today, was
+    restored: before it took `then` it had `now`, and never `then` before that, back to the column's
+    first version (the family it was created with is `now`: `then` was an interlude). Read from the
+    schemas the log's metaData actions set, walking back from `version` (at most `MAX_WALK` entries;
+    `known`: version -> the schema JSON a commit already read set, or None). False when the log does
+    not tell (an entry gone, or the walk's end reached first)."""
+    seen_now = False
+    for v in range(version, max(-1, version - MAX_WALK), -1):
+        if v in known:
+            schema = known[v]
+        else:
+            text = read_log_entry(table, uri, v)
+            if text is None:
+                return False
+            schema = _schema_set(text)
+        if schema is not None:
+            types = column_types(schema)
+            if column not in types:  # created after this version: its first type was `now`, or not
+                return seen_now
+            family = type_family(types[column])
+            if family == then and seen_now:
+                return False  # `then` before `now` too: `now` was the interlude
+            seen_now |= family == now
+        if v == 0:
+            return seen_now
+    return False
+
+
+def _schema_set(entry: str) -> str | None:
+    """The schema a log entry's metaData action sets, or None (only those lines are parsed)."""
+    for line in entry.splitlines():
+        if '"metaData"' in line:
+            meta = json.loads(line).get("metaData")
+            if meta and meta.get("schemaString"):
+                return meta["schemaString"]
+    return None

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from laminar_assets import storage
-from laminar_assets.errors import SourceNotFoundError, UnsupportedTableFeatureError
+from laminar_assets.errors import LaminarError, SourceNotFoundError, UnsupportedTableFeatureError
 
 from ..windows import Interval
 from . import snapshot_cache
@@ -75,6 +75,29 @@ class SourceHistory:
         def start() -> str:
             return open_table(self.table, self.uri, self.from_version).schema().to_json()
         return replace(self, retyped=retyped_commits(self.table, self.commits, now.delta_schema, columns, start))
+
+    def schema_at(self, version: int) -> tuple[int, str] | None:
+        """(v, Delta schema JSON) of the schema in effect at `version` as the log tells it (v ==
+        `version`: from this history's commits, or the snapshot at `version` opened), or, when the log
+        no longer holds `version` (cleaned up), at the oldest version after it that it still opens.
+        None when no commit after `version` changed the schema (the latest one was in effect then) or
+        the log cannot tell."""
+        if self.from_version is None or not self.from_version <= version < self.latest_version:
+            return None
+        gone_after = [v for v in self.gone if v > version]
+        if not gone_after and not any(c.schema for c in self.commits if c.version > version):
+            return None  # the common case: no schema change since, and nothing more is read
+        known = [c for c in self.commits if c.version <= version and c.schema]
+        if known and not any(known[-1].version < v <= version for v in self.gone):
+            return version, known[-1].schema
+        for at in dict.fromkeys((version, max(gone_after, default=version) + 1)):
+            if at > self.latest_version:
+                break
+            try:
+                return at, open_table(self.table, self.uri, at).schema().to_json()
+            except LaminarError:  # that version's log entry is gone: try the oldest after it
+                continue
+        return None
 
     def snapshot_readable(self, version: int) -> str | None:
         """None when the snapshot at `version` names no file known to be gone, else why it cannot be read."""

@@ -66,8 +66,10 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, o
     `owner`: the flow writing the table. A table it did not create is refused before anything is
     written (`owner.check_owner`; `apps`, the commit's app transactions, count as evidence for a table
     an earlier Laminar created); a table Laminar creates carries `laminar.flow` = `owner`, and one an
-    earlier Laminar created gets it here."""
+    earlier Laminar created gets it here. Each commit made here names `owner` in its commit info too, as
+    a run's commits do: a commit of the table that names no flow was made by someone else."""
     schema = nullable(schema)
+    stamp = CommitProperties(custom_metadata=with_user_metadata({OWNER_PROPERTY: owner}))
     try:
         dt = opened if opened is not None else open_delta(uri)
     except TableNotFoundError:
@@ -75,7 +77,7 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, o
         config = {"delta.checkpointInterval": str(CHECKPOINT_EVERY), CHANGE_DATA_FEED: "true", OWNER_PROPERTY: owner}
         try:
             DeltaTable.create(uri, schema=schema, mode="ignore", configuration=config, raise_if_key_not_exists=False,
-                              storage_options=storage.delta_options(uri))
+                              storage_options=storage.delta_options(uri), commit_properties=stamp)
         except DeltaError:  # a concurrent run created it first
             if not is_delta_table(uri):
                 raise
@@ -86,7 +88,7 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, o
     if change_data and dt.metadata().configuration.get(CHANGE_DATA_FEED) != "true":
         props[CHANGE_DATA_FEED] = "true"
     if props:
-        dt.alter.set_table_properties(props, raise_if_not_exists=False)
+        dt.alter.set_table_properties(props, raise_if_not_exists=False, commit_properties=stamp)
         dt = open_delta(uri)  # the commit then reads the new version
         opened = None
     current = nullable(pa.schema(dt.schema().to_arrow()))
@@ -95,12 +97,12 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, o
         return False, dt
     if change == "adds":  # new columns only: the schema evolves, every row stays (NULL in them)
         write_deltalake(uri, schema.empty_table(), mode="append", schema_mode="merge",
-                        storage_options=storage.delta_options(uri))
+                        storage_options=storage.delta_options(uri), commit_properties=stamp)
         return False, None
     if not reset_on_schema_change:
         raise CommitConflictError(f"table at {uri} has schema {current} but this run writes {schema}", table=uri)
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
-                    storage_options=storage.delta_options(uri))
+                    storage_options=storage.delta_options(uri), commit_properties=stamp)
     return True, None
 
 

@@ -19,6 +19,7 @@ from ..delta.tables import TableInfo, column_fate
 from ..quarantine.records import rule_kept_sql
 from ..spark.frames import spark_schema
 from ..spec.kinds import KINDS
+from ..spec.reads import expression_columns
 from ..spec.specs import FlowSpec, Spec, StageSpec
 
 TIME_TYPES = (TimestampType, TimestampNTZType, DateType, StringType)
@@ -277,9 +278,10 @@ def _unresolved(exc: Exception) -> str | None:
 
 
 def columns_used(spec: Spec, table: str) -> set[str]:
-    """Source columns a spec may read from `table` (all declared ones when expressions are involved)."""
+    """Source columns a spec may read from `table`: those it names and those its rules use ("*", all,
+    when other expressions are involved)."""
     if table in spec.dimension_tables:
         return spec.joined_columns(table)
     if spec.reads_all_columns or spec.filter or spec.derived or spec.not_incrementalizable:
         return {"*"}
-    return set(spec.input_columns)
+    return {*spec.input_columns, *(c for rule in spec.rules_for(table) for c in expression_columns(rule.check))}

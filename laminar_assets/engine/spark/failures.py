@@ -65,7 +65,15 @@ def type_mismatch(exc: BaseException) -> str | None:
 
 def first_line(exc: BaseException) -> str:
     """The first line of what failed: for a Py4J error, its Java cause's message (the Spark error
-    condition when there is one) instead of the Py4J call that carried it."""
+    condition when there is one) instead of the Py4J call that carried it; followed by the SQL
+    fragment Spark names as where it failed (`px > 0` of a rule whose cast failed), which Spark
+    prints on the lines after the first."""
+    line = _first_line(exc)
+    fragment = query_fragment(exc)
+    return f"{line} (in `{fragment}`)" if fragment and fragment not in line else line
+
+
+def _first_line(exc: BaseException) -> str:
     chain = _java_chain(exc)
     if chain:
         messages = [m.split(": ", 1)[1].strip() for m in chain if ": " in m]
@@ -75,3 +83,41 @@ def first_line(exc: BaseException) -> str:
             return text.splitlines()[0][:400]
     text = str(exc).strip().split("\n")[0]
     return text[:400] or type(exc).__name__
+
+
+def query_fragment(exc: BaseException) -> str | None:
+    """The SQL text Spark says an error happened in (its query context), on one line; None when it
+    names none. Asked of the Python exception (classic or Spark Connect) and of its Java causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < _MAX_CHAIN:
+        seen.add(id(exc))
+        contexts = _contexts(exc)
+        java = getattr(exc, "java_exception", None) if isinstance(exc, Py4JJavaError) else None
+        while not contexts and java is not None and len(seen) < _MAX_CHAIN:
+            seen.add(id(java))
+            try:
+                contexts = list(java.getQueryContext() or [])  # a SparkThrowable's
+            except Py4JError:  # not a SparkThrowable
+                pass
+            try:
+                java = java.getCause()
+            except Py4JError:  # the JVM is gone
+                break
+        for ctx in contexts:
+            try:
+                text = " ".join(str(ctx.fragment() or "").split())
+            except (Py4JError, AttributeError):
+                continue
+            if text:
+                return text[:200]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _contexts(exc: BaseException) -> list:
+    getter = getattr(exc, "getQueryContext", None)
+    try:
+        return list(getter() or []) if callable(getter) else []
+    except Exception:  # noqa: BLE001  (contexts that cannot be read add nothing)
+        return []
+

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from deltalake import write_deltalake
 
-from laminar_assets.engine import Agg, FlowSpec, Mode, Reason, SchemaMismatchError, Tumbling
+from laminar_assets.engine import Agg, FlowSpec, Mode, Reason, RowRule, SchemaMismatchError, Tumbling
 from laminar_assets.engine.delta.tables import SourceHistory
 from tests.conftest import trades_frame
 from tests.reference import assert_frames_match, full_recompute
@@ -75,3 +75,23 @@ def test_the_sweep_falls_back_to_the_snapshot_when_a_read_fails_on_a_type(spark,
     assert "stores column px as BINARY, read as double" in r.sweep.sources["trades"]
     assert engine.run(FLOW, PART).reason is Reason.NO_NEW_VERSIONS
     check(spark, lake)
+
+
+def test_a_retyped_column_only_a_rule_reads_is_refilled_over(spark, lake, engine):
+    """A flow that does not aggregate the price but checks it in a rule reads it too: on main the
+    commit appended while it was a string was merged, and the run failed ("[FAILED_READ_FILE.
+    PARQUET_COLUMN_DATA_TYPE_MISMATCH] ... Data type mismatches when reading Parquet column [px]")."""
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.count(), Agg.sum("qty")), rules=(RowRule("positive_px", "px > 0"),))
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])
+    engine.run(flow, PART)
+    write_deltalake(lake.path("trades"), trades_frame([("2024-01-01 00:03:00", "a", 3.0, 1)]).astype({"px": "string"}),
+                    mode="overwrite", schema_mode="overwrite")
+    write_deltalake(lake.path("trades"), trades_frame([("2024-01-01 00:04:00", "a", -4.0, 1)]).astype({"px": "string"}),
+                    mode="append")
+    write_deltalake(lake.path("trades"), trades_frame([("2024-01-01 00:05:00", "a", 5.0, 1)]), mode="overwrite",
+                    schema_mode="overwrite")
+    lake.append("trades", [("2024-01-01 00:06:00", "b", 6.0, 2)])
+    r = engine.run(flow, PART)
+    assert (r.mode, r.reason) == (Mode.REFILL, Reason.SCHEMA_CHANGED_HISTORY)
+    assert lake.read("f").set_index("sym")["sum_qty"].to_dict() == {"a": 1, "b": 2}
