@@ -178,7 +178,7 @@ class Exporter:
         seconds = {"read": time.perf_counter() - t0}
         changes = Changes(export, mode, reason, pinned.version, source.sink, pinned.table_id, pinned.delta_fields,
                           pinned.schema, key, _guarded(export, source, rows), deletes, ranges, column, delivered,
-                          out.detail)
+                          out.detail, source=source, pinned=pinned)
         self.hook("export_before_write")
         t1 = time.perf_counter()
         applied = target.apply(changes)
