@@ -235,6 +235,10 @@ class RedisTarget:
             return ExportTargetError(f"export '{name}': cannot reach Redis at {self._at()} as user '{user}' ({cause}) "
                                      f"while it tried to {doing}; is the server running and reachable?", export=name,
                                      retryable=True, **where)
+        if "Protocol Error" in cause or isinstance(exc, redis.exceptions.InvalidResponse):
+            return ExportTargetError(f"export '{name}': what answers at {self._at()} is not a Redis server ({cause}); "
+                                     f"check the host and port of connection '{self.connection.name}'", export=name,
+                                     **where)
         if isinstance(exc, redis.exceptions.ReadOnlyError):
             return ExportTargetError(f"export '{name}': Redis at {self._at()} is a read-only replica ({cause}); point "
                                      f"connection '{self.connection.name}' at the primary", export=name, **where)
@@ -310,7 +314,9 @@ class RedisTarget:
             keys = rr.affected([pa.Table.from_batches([b]) for b in changes.rows], changes.deletes,
                                self.export.key_prefix, group, time, self.export.name)
             dataset = changes.pinned.dataset()
-            for part in rr.chunks(keys, self.export.batch_rows):
+            upserted = pc.is_valid(keys.column(rr.TIME))  # read apart: a key only deleted has no lower bound of time
+            for part in (*rr.chunks(keys.filter(upserted), self.export.batch_rows),
+                         *rr.chunks(keys.filter(pc.invert(upserted)), self.export.batch_rows)):
                 found = rr.rows_of_keys(dataset, changes.schema, part, self.export.key_prefix, group, time,
                                         self.export.name, self.export.batch_rows)
                 gone = part.filter(pc.invert(pc.is_in(part.column(rr.KEY), value_set=found.column(rr.KEY))))
@@ -346,10 +352,12 @@ class RedisTarget:
     def _write_batch(self, names: list, per_key: list, version: int, full: bool, counts: list[int]) -> None:
         if not names:
             return
-        self._attempted = True
+        before, self._attempted = self._attempted, True  # unknown until the script answers
         answer = self._run("write", [self.state, self.resync, *names],
                            [self.token, version, int(full), self._lease_ms(), RESYNC_TTL_SECONDS, *per_key],
                            f"write keys of {self.export.key_prefix}:*")
+        if _s(answer[0]) != "ok":
+            self._attempted = before  # the script wrote nothing
         if _s(answer[0]) == "foreign":
             raise ExportError(f"export '{self.export.name}': Redis key '{_s(answer[1])}' at {self._at()} holds a "
                               f"{_s(answer[2])} that Laminar did not write (a hash with a _laminar_version field is "
@@ -431,8 +439,11 @@ def _s(value) -> str:
 
 
 def _first(exc: BaseException) -> str:
+    """The cause in a redis-py message: 'Error 111 connecting to host:port. Connection refused.' -> 'Connection
+    refused'."""
     text = " ".join(str(exc).split())
-    return text.rstrip(".") or type(exc).__name__
+    found = re.match(r"Error -?\d+ (?:connecting to|while writing to|reading from) \S+?\.? (.+)$", text)
+    return _without_secret((found.group(1) if found else text).rstrip(".")) or type(exc).__name__
 
 
 def _without_secret(text: str) -> str:

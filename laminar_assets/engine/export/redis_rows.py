@@ -140,14 +140,19 @@ def rows_of_keys(dataset: ds.Dataset, schema: pa.Schema, keys: pa.Table, prefix:
     condition = None
     for column in group:
         values = pc.unique(keys.column(column))
-        part = ds.field(column).isin(values.drop_null())
+        # a string or binary column is compared as its plain type: files written by deltalake's update and delete
+        # hold string_view, which pyarrow's filter pushdown cannot compare with the dataset's string
+        field = ds.field(column)
+        if pa.types.is_string(values.type) or pa.types.is_binary(values.type):
+            field = field.cast(values.type)
+        part = field.isin(values.drop_null())
         if values.null_count:
             part = part | ds.field(column).is_null()
         condition = part if condition is None else condition & part
     bounds = keys.column(TIME)
     if keys.num_rows and bounds.null_count == 0:
         since = pa.scalar(pc.min(bounds).as_py(), pa.int64())
-        lowest = _time_scalar(since, schema.field(time).type)
+        lowest = _time_scalar(since, dataset.schema.field(time).type)
         part = ds.field(time) >= lowest
         condition = part if condition is None else condition & part
     found = None
