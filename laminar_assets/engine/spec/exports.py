@@ -164,8 +164,9 @@ class PostgresExport(ExportSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RedisExport(ExportSpec):
-    """One Redis hash per source key (`<key_prefix>:<key values>`) holding the latest window's values of a
-    flow's keys (or a stage's row), written only where the stored version is older (idempotent)."""
+    """One Redis hash per source key (`<key_prefix>:<key values>`) holding the latest window's row of a flow's
+    group keys (or a stage's latest row of a dedup key), written by one Lua script per batch of `batch_rows` keys,
+    the export's delivered version (`laminar:exports:<name>`) last (engine/export/redis.py)."""
 
     kind: ClassVar[str] = "redis"
 
@@ -177,6 +178,9 @@ class RedisExport(ExportSpec):
             object.__setattr__(self, "key_prefix", self.name)
         if not isinstance(self.key_prefix, str) or not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             self._fail("key_prefix", f"expected a non-empty prefix without spaces, found {self.key_prefix!r}")
+        if self.key_prefix.split(":")[0] == "laminar":
+            self._fail("key_prefix", f"keys under 'laminar:' are Laminar's own (laminar:exports:<export> holds an "
+                                     f"export's delivered version); choose another prefix than {self.key_prefix!r}")
         self._positive("batch_rows")
 
     @property
