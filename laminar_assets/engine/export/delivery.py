@@ -107,7 +107,7 @@ class Exporter:
         base = records.ExportRecord(export.name, export.kind, export.source, export.target)
         target = None
         try:
-            connection = resolve(export.name, export.connection, self.connections)
+            connection = resolve(export.name, export.connection, self.connections, example=export.url_example)
             target = open_target(export, connection, TargetContext(self.layout, self.hook))
             base = replace(base, target=target.describe())
             result = self._deliver(export, source, target, ranges, tuple(dict.fromkeys(partitions)), full)

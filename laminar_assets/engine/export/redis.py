@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -179,7 +179,11 @@ class RedisTarget:
             port = parts.port
         except ValueError:
             port = None
-        db = (parts.path or "/0").strip("/") if parts.scheme != "unix" else "0"
+            self._unusable(f"its port is not a number ({parts.netloc.rsplit(':', 1)[-1]!r})")
+        query = parse_qs(parts.query)
+        db = query["db"][0] if "db" in query else "" if parts.scheme == "unix" else unquote(parts.path).strip("/")
+        if db and not db.isdigit():  # redis-py would quietly write into database 0
+            self._unusable(f"its database {db!r} is not a number")
         self.where = {"host": parts.path if parts.scheme == "unix" else (parts.hostname or "localhost"),
                       "port": port or (None if parts.scheme == "unix" else 6379), "db": db or "0",
                       "user": unquote(parts.username) if parts.username else "default"}
@@ -190,6 +194,11 @@ class RedisTarget:
         self._scripts: dict = {}
         self._seen_pending = ""  # the mark of an unfinished delivery `delivered()` saw (a full resync may take over)
         self._begun = self._attempted = False
+
+    def _unusable(self, why: str) -> None:
+        raise ExportTargetError(f"export '{self.export.name}': connection '{self.connection.name}' is not a usable Redis "
+                                f"URL ({self.connection.safe_url}): {why}; expected redis://[user[:password]@]host:6379/0",
+                                export=self.export.name, connection=self.connection.name)
 
     # --- where -------------------------------------------------------------------------
     def describe(self) -> str:
@@ -231,6 +240,12 @@ class RedisTarget:
                                      f"{doing} ({cause}); grant it, e.g. ACL SETUSER {user} +@read +@write +@scripting "
                                      f"+@keyspace ~{self.export.key_prefix}:* ~{self.state}*; nothing more was written",
                                      export=name, **where)
+        if isinstance(exc, redis.ConnectionError) and "closed by server" in cause:
+            return ExportTargetError(f"export '{name}': the server at {self._at()} closed the connection without a Redis "
+                                     f"answer while it tried to {doing}; is it a Redis server (not another service on "
+                                     f"that port), and does it take plain connections (rediss:// for TLS)? check the "
+                                     f"host and port of connection '{self.connection.name}'", export=name,
+                                     retryable=True, **where)
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError)):
             return ExportTargetError(f"export '{name}': cannot reach Redis at {self._at()} as user '{user}' ({cause}) "
                                      f"while it tried to {doing}; is the server running and reachable?", export=name,

@@ -49,6 +49,7 @@ class ExportSpec:
 
     kind: ClassVar[str]  # "postgres", "redis", "webhook": the target module that delivers it
     needs_key: ClassVar[bool] = True  # whether rows are upserted and deleted by key (else: sent as they come)
+    url_example: ClassVar[str] = ""  # what a connection's URL looks like, for the message of one not defined
 
     name: str
     source: str
@@ -136,6 +137,7 @@ class PostgresExport(ExportSpec):
     types mapped from the Delta schema. `batch_rows`: rows per batch read from the change feed and copied."""
 
     kind: ClassVar[str] = "postgres"
+    url_example: ClassVar[str] = "postgresql://user@host:5432/db"
 
     table: str | None = None
     batch_rows: int = 50_000
@@ -169,6 +171,7 @@ class RedisExport(ExportSpec):
     the export's delivered version (`laminar:exports:<name>`) last (engine/export/redis.py)."""
 
     kind: ClassVar[str] = "redis"
+    url_example: ClassVar[str] = "redis://[user@]host:6379/0"
 
     key_prefix: str | None = None
     batch_rows: int = 1_000

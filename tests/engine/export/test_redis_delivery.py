@@ -6,8 +6,10 @@ password and a missing permission are one line each. No Spark."""
 
 from __future__ import annotations
 
+import http.server as http_server
 import logging
 import shutil
+import threading
 
 import pyarrow as pa
 import pytest
@@ -196,3 +198,42 @@ def test_a_backfill_of_a_partition_recomputes_the_keys_with_rows_there(tmp_path,
     result = exporter(root, redis_url).deliver(REDIS_EXPORT, FLOW, partitions=["2024-01-02-00:00"])
     assert (result.reason.value, result.rows_upserted) == ("PARTITIONS_REPLACED", 1)
     assert_equal(redis_url, sink)
+
+
+class _QuietHandler(http_server.BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_connection_that_is_not_a_redis_server_is_one_line_before_anything_is_written(tmp_path, redis_server,
+                                                                                        redis_url, monkeypatch):
+    """Undefined, not a Redis URL, an unusable one, and a URL where another kind of server answers (a real HTTP
+    server on 127.0.0.1): one line each naming the export, the connection and what was expected."""
+    root = str(tmp_path / "lake")
+    Sink(root, "m1").replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0)]))
+    http = http_server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    monkeypatch.delenv("LAMINAR_CONNECTION_CACHE_URL", raising=False)
+    try:
+        cases = {
+            "undefined": (None, "export 'm1_cache' names connection 'cache', which is not defined: set "
+                                "LAMINAR_CONNECTION_CACHE_URL (e.g. redis://[user@]host:6379/0"),
+            "scheme": ("postgresql://etl:s3cret@127.0.0.1:5432/db", "export 'm1_cache': connection 'cache' is not a "
+                       "Redis URL (postgresql://etl:***@127.0.0.1:5432/db); expected redis://"),
+            "database": (f"redis://127.0.0.1:{redis_server.port}/first", "connection 'cache' is not a usable Redis URL (redis://127.0.0.1:"
+                         f"{redis_server.port}/first): its database 'first' is not a number"),
+            "not-redis": (f"redis://127.0.0.1:{http.server_address[1]}/0",
+                          f"the server at host=127.0.0.1 port={http.server_address[1]} db=0 closed the connection without a "
+                          "Redis answer"),
+        }
+        for name, (url, expected) in cases.items():
+            given = {} if url is None else {"cache": Connection("cache", url)}
+            with pytest.raises(ExportError) as info:
+                Exporter(root, connections=given).deliver(REDIS_EXPORT, FLOW)
+            text = str(info.value)
+            assert expected in text and "\n" not in text and "s3cret" not in text, (name, text)
+            assert load_record(root, "m1_cache").failed["error"] == info.value.message
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert cache(redis_url) == {} and state(redis_url) == {}
