@@ -40,6 +40,9 @@ from .protocol import Applied, Changes, Delivered, Mode, TargetContext
 STATE_PREFIX = "laminar:exports:"  # + the export's name: its delivered version (a hash)
 CONNECT_SECONDS = 5
 READ_SECONDS = 30
+# What a delivery runs: HGETALL and SCAN, the scripts (EVALSHA, SCRIPT LOAD) and, inside them, HSET, DEL, TYPE,
+# EXPIRE and TIME; CLIENT SETNAME names the connection. Plus the keys: the prefix's and the export's state.
+REQUIRED_ACL = "+@connection +@read +@write +@scripting +@keyspace +time"
 RESYNC_TTL_SECONDS = 86_400  # the keys a full resync wrote, kept while it runs (dropped at its end)
 
 _NOW_MS = """
@@ -235,10 +238,12 @@ class RedisTarget:
             return ExportTargetError(f"export '{name}': Redis at {self._at()} refused the credentials of user '{user}' "
                                      f"({_without_secret(cause)}); check the password of connection "
                                      f"'{self.connection.name}'", export=name, **where)
-        if isinstance(exc, redis.exceptions.NoPermissionError):
+        # a command the user may not run inside a script comes back as a plain error, not NOPERM
+        if isinstance(exc, redis.exceptions.NoPermissionError) or "can't run this command" in cause:
+            cause = re.sub(r" script: [0-9a-f]{40}, on @user_script:\d+", "", cause)
             return ExportTargetError(f"export '{name}': Redis user '{user}' at {self._at()} lacks a permission to "
-                                     f"{doing} ({cause}); grant it, e.g. ACL SETUSER {user} +@read +@write +@scripting "
-                                     f"+@keyspace ~{self.export.key_prefix}:* ~{self.state}*; nothing more was written",
+                                     f"{doing} ({cause}); grant it, e.g. ACL SETUSER {user} {REQUIRED_ACL} "
+                                     f"~{self.export.key_prefix}:* ~{self.state}*; nothing more was written",
                                      export=name, **where)
         if isinstance(exc, redis.ConnectionError) and "closed by server" in cause:
             return ExportTargetError(f"export '{name}': the server at {self._at()} closed the connection without a Redis "

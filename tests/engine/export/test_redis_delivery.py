@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server as http_server
 import logging
+import re
 import shutil
 import threading
 
@@ -237,3 +238,23 @@ def test_a_connection_that_is_not_a_redis_server_is_one_line_before_anything_is_
         http.shutdown()
         http.server_close()
     assert cache(redis_url) == {} and state(redis_url) == {}
+
+
+def test_the_permissions_a_missing_permission_names_are_enough_for_every_kind_of_delivery(tmp_path, redis_server,
+                                                                                          redis_url):
+    root = str(tmp_path / "lake")
+    sink = Sink(root, "m1")
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 2, 2.0)]))
+    url = redis_server.url(user="etl")
+    with client(redis_url) as c:
+        c.acl_setuser("etl", enabled=True, nopass=True, keys=["*"], commands=["+@read"])
+    with pytest.raises(ExportTargetError) as info:
+        deliver(root, url)
+    grant = re.search(r"ACL SETUSER etl ((?:[+~][^\s;]+ ?)+)", str(info.value)).group(1).split()
+    with client(redis_url) as c:  # exactly those, nothing else (reset drops +@read and every key)
+        c.execute_command("ACL", "SETUSER", "etl", "reset", "on", "nopass", *grant)
+    assert deliver(root, url).mode.value == "FULL"
+    sink.table().delete("sym = 'b'")
+    assert deliver(root, url).rows_deleted == 1
+    assert deliver(root, url, full=True).reason.value == "FORCED_BY_USER"  # SCAN of the prefix too
+    assert_equal(redis_url, sink)
