@@ -335,7 +335,9 @@ class RedisTarget:
                                self.export.key_prefix, group, time, self.export.name)
             dataset = changes.pinned.dataset()
             upserted = pc.is_valid(keys.column(rr.TIME))  # read apart: a key only deleted has no lower bound of time
-            for part in (*rr.chunks(keys.filter(upserted), self.export.batch_rows),
+            # in order of time, so a batch's lower bound (its earliest upserted row) skips the files of older windows
+            for part in (*rr.chunks(keys.filter(upserted).sort_by([(rr.TIME, "descending"), (rr.KEY, "ascending")]),
+                                    self.export.batch_rows),
                          *rr.chunks(keys.filter(pc.invert(upserted)), self.export.batch_rows)):
                 found = rr.rows_of_keys(dataset, changes.schema, part, self.export.key_prefix, group, time,
                                         self.export.name, self.export.batch_rows)
