@@ -50,3 +50,26 @@ def test_status_shows_each_exports_delivered_version_lag_and_failures(tmp_path, 
     [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
     assert row["failed"]["count"] == 1 and "cannot reach Postgres at host=127.0.0.1" in row["failed"]["error"]
     assert row["delivered_version"] == 0  # the last success is kept
+
+
+def test_status_shows_a_redis_exports_delivered_version_and_target_without_its_password(tmp_path, redis_server,
+                                                                                       redis_url):
+    from tests.engine.export.redis_helpers import REDIS_EXPORT
+
+    root = str(tmp_path / "lake")
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "m1.py").write_text(FLOWS.replace("PostgresExport", "RedisExport").replace(
+        "m1_pg = RedisExport(name='m1_pg', source='m1', connection='pg', table='m1', batch_rows=3)",
+        "m1_cache = RedisExport(name='m1_cache', source='m1', connection='cache', key_prefix='pos', batch_rows=2)"))
+    with redis_server.client() as c:
+        c.acl_setuser("etl", enabled=True, passwords=["+hush-hush"], keys=["*"], commands=["+@all"])
+    sink = Sink(root, "m1")
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 1, 1.0)]))
+    url = redis_server.url(user="etl", password="hush-hush")
+    Exporter(root, connections={"cache": Connection("cache", url)}).deliver(REDIS_EXPORT, FLOW)
+    sink.replace_hour(1, flow_rows([(1, 0, "a", 1, 1.0)]))
+    [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
+    assert (row["export"], row["target_kind"], row["delivered_version"], row["lag_versions"]) == ("m1_cache", "redis", 0, 1)
+    assert row["target"].startswith("Redis keys pos:* on host=127.0.0.1") and "user=etl" in row["target"]
+    assert "hush" not in json.dumps(row) and "hush" not in status(tmp_path, root)

@@ -152,3 +152,23 @@ def test_a_create_sink_in_a_dg_projects_flows_folder_is_an_asset_of_the_componen
     defs = LaminarComponent(flows=str(flows), partitions_start="2024-01-01").build_defs(None)  # no lake_root: no context
     graph = defs.resolve_asset_graph()
     assert graph.get(dg.AssetKey("trades_1m_pg")).parent_keys == {dg.AssetKey("trades_1m")}
+
+
+def test_a_redis_export_materialized_alone_delivers_into_a_real_redis_without_spark(tmp_path, instance, redis_url):
+    from laminar_assets.engine import RedisExport
+    from tests.engine.export.helpers import FLOW, Sink
+    from tests.engine.export.redis_helpers import assert_equal
+
+    root = str(tmp_path / "lake")
+    sink = Sink(root, "m1")
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "a", 2, 2.0), (0, 1, "b", 1, 1.0)]))
+    export = RedisExport(name="m1_cache", source="m1", connection="cache", key_prefix="pos")
+    laminar = LaminarResource(root=root, connections={"cache": redis_url}, spark=SparkResource(stop_at_end=False))
+    asset = build_export_asset(export, FLOW, SETTINGS)
+    assert asset.specs_by_key[dg.AssetKey("m1_cache")].kinds == {"redis"}
+    result = dg.materialize([asset], partition_key="2024-01-02-00:00", resources={"laminar": laminar},
+                            instance=instance)
+    md = result.asset_materializations_for_node("m1_cache")[0].metadata
+    assert (md["mode"].value, md["reason"].value, md["rows_upserted"].value) == ("FULL", "NO_DELIVERED_VERSION", 2)
+    assert md["target"].value.startswith("Redis keys pos:* on host=127.0.0.1")
+    assert_equal(redis_url, sink)

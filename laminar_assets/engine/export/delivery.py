@@ -107,7 +107,7 @@ class Exporter:
         base = records.ExportRecord(export.name, export.kind, export.source, export.target)
         target = None
         try:
-            connection = resolve(export.name, export.connection, self.connections)
+            connection = resolve(export.name, export.connection, self.connections, example=export.url_example)
             target = open_target(export, connection, TargetContext(self.layout, self.hook))
             base = replace(base, target=target.describe())
             result = self._deliver(export, source, target, ranges, tuple(dict.fromkeys(partitions)), full)
@@ -178,7 +178,7 @@ class Exporter:
         seconds = {"read": time.perf_counter() - t0}
         changes = Changes(export, mode, reason, pinned.version, source.sink, pinned.table_id, pinned.delta_fields,
                           pinned.schema, key, _guarded(export, source, rows), deletes, ranges, column, delivered,
-                          out.detail)
+                          out.detail, source=source, pinned=pinned)
         self.hook("export_before_write")
         t1 = time.perf_counter()
         applied = target.apply(changes)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -26,6 +26,7 @@ from laminar_assets.errors import ExportError
 
 from ..delta.layout import Layout
 from ..spec.exports import ExportSpec
+from ..spec.specs import Spec
 from ..windows import Interval
 from .connections import Connection
 
@@ -97,6 +98,8 @@ class Changes:
     time_column: str | None = None
     expected: Delivered | None = None
     detail: str = ""
+    source: Spec | None = None  # the flow or stage read (its key columns and time column)
+    pinned: Any = None  # the source table at `version` (`changes.Pinned`), for a target that reads rows of it
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ class Target(Protocol):
 # imported with the engine).
 TARGETS: dict[str, str] = {
     "postgres": "laminar_assets.engine.export.postgres:PostgresTarget",
+    "redis": "laminar_assets.engine.export.redis:RedisTarget",
 }
 
 

@@ -49,6 +49,7 @@ class ExportSpec:
 
     kind: ClassVar[str]  # "postgres", "redis", "webhook": the target module that delivers it
     needs_key: ClassVar[bool] = True  # whether rows are upserted and deleted by key (else: sent as they come)
+    url_example: ClassVar[str] = ""  # what a connection's URL looks like, for the message of one not defined
 
     name: str
     source: str
@@ -136,6 +137,7 @@ class PostgresExport(ExportSpec):
     types mapped from the Delta schema. `batch_rows`: rows per batch read from the change feed and copied."""
 
     kind: ClassVar[str] = "postgres"
+    url_example: ClassVar[str] = "postgresql://user@host:5432/db"
 
     table: str | None = None
     batch_rows: int = 50_000
@@ -164,10 +166,12 @@ class PostgresExport(ExportSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RedisExport(ExportSpec):
-    """One Redis hash per source key (`<key_prefix>:<key values>`) holding the latest window's values of a
-    flow's keys (or a stage's row), written only where the stored version is older (idempotent)."""
+    """One Redis hash per source key (`<key_prefix>:<key values>`) holding the latest window's row of a flow's
+    group keys (or a stage's latest row of a dedup key), written by one Lua script per batch of `batch_rows` keys,
+    the export's delivered version (`laminar:exports:<name>`) last (engine/export/redis.py)."""
 
     kind: ClassVar[str] = "redis"
+    url_example: ClassVar[str] = "redis://[user@]host:6379/0"
 
     key_prefix: str | None = None
     batch_rows: int = 1_000
@@ -177,6 +181,9 @@ class RedisExport(ExportSpec):
             object.__setattr__(self, "key_prefix", self.name)
         if not isinstance(self.key_prefix, str) or not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             self._fail("key_prefix", f"expected a non-empty prefix without spaces, found {self.key_prefix!r}")
+        if self.key_prefix.split(":")[0] == "laminar":
+            self._fail("key_prefix", f"keys under 'laminar:' are Laminar's own (laminar:exports:<export> holds an "
+                                     f"export's delivered version); choose another prefix than {self.key_prefix!r}")
         self._positive("batch_rows")
 
     @property
