@@ -121,7 +121,7 @@ class Exporter:
                 target.close()
         _save(root, records.succeeded(before, base, version=result.delivered_version, table_id=result.source_table_id,
                                       mode=result.mode.value, reason=result.reason.value, detail=result.detail,
-                                      upserted=result.rows_upserted, deleted=result.rows_deleted))
+                                      upserted=result.rows_upserted, deleted=result.rows_deleted, extra=result.extra))
         return result
 
     def _deliver(self, export: ExportSpec, source: Spec, target, ranges: tuple[Interval, ...], keys: tuple[str, ...],
@@ -178,13 +178,17 @@ class Exporter:
         seconds = {"read": time.perf_counter() - t0}
         changes = Changes(export, mode, reason, pinned.version, source.sink, pinned.table_id, pinned.delta_fields,
                           pinned.schema, key, _guarded(export, source, rows), deletes, ranges, column, delivered,
-                          out.detail)
+                          out.detail, source.granularity)
         self.hook("export_before_write")
         t1 = time.perf_counter()
         applied = target.apply(changes)
         seconds["write"] = time.perf_counter() - t1  # the snapshot's batches are read while they are written
         self.hook("export_after_commit")
         out.rows_upserted, out.rows_deleted, out.extra = applied.rows_upserted, applied.rows_deleted, dict(applied.extra)
+        if applied.partial:  # the target holds an older version: the rest stays pending for the next delivery
+            out.to_version = applied.delivered_version
+        if applied.detail:
+            out.detail = f"{out.detail}; {applied.detail}"
         out.partitions_replaced = keys
         return self._finish(out, pinned, started, seconds)
 
