@@ -191,3 +191,16 @@ def pg_database(pg_server) -> str:
     """A database of its own on the session's server (its name), dropped after the test."""
     with pg_server.database() as name:
         yield name
+
+
+@pytest.fixture
+def webhook_receiver():
+    """A real HTTP receiver on 127.0.0.1 (tests/engine/export/receiver.py): records what it gets, answers as told
+    (a status, a hang, a dropped connection, down); stopped at the end, also on failure."""
+    from tests.engine.export.receiver import Receiver
+
+    receiver = Receiver()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()

@@ -91,6 +91,7 @@ class WebhookTarget:
         deadline = time.monotonic() + export.max_seconds
         state = self._state or {}
         resync = None
+        notes: list[str] = []
         if changes.mode is Mode.FULL:
             resync = state.get("resync") if changes.reason is not Reason.FORCED_BY_USER else None
             if resync is None and changes.reason is not Reason.FORCED_BY_USER and export.initial == "skip":
@@ -98,6 +99,9 @@ class WebhookTarget:
             resync = dict(resync) if resync else {"version": changes.version, "table_id": changes.source_table_id,
                                                   "rows": 0}
             total, events = self._snapshot(changes, resync)
+            if resync["rows"]:
+                notes.append(f"the full delivery of version {resync['version']} went on after its first "
+                             f"{resync['rows']} row(s)")
         else:
             held = changes.expected.version if changes.expected is not None else None
             after = tuple(state["after"]) if state.get("after") and state.get("delivered_version") == held else None
@@ -124,14 +128,15 @@ class WebhookTarget:
         self._record(new, state)
         self.context.hook("export_after_version")
         sent = report.sent_rows
-        detail = "" if complete else (f"{total - report.done_rows} of {total} row(s) pending ({report.stopped}): the "
-                                      "next delivery sends them")
+        if not complete:
+            notes.append(f"{total - report.done_rows} of {total} row(s) pending ({report.stopped}): the next delivery "
+                         "sends them")
         extra = {"webhook": self.endpoint.where, "requests": report.requests,
                  "rows_sent": sum(sent.values()), "retractions_sent": sent.get(RETRACT, 0), "retries": report.retries,
                  "dead_letters": written, "pending_rows": total - report.done_rows,
                  "stopped": report.stopped or ""}
         return Applied(rows_upserted=sent.get(INSERT, 0), rows_deleted=sent.get(RETRACT, 0), extra=extra,
-                       partial=version != changes.version, delivered_version=version, detail=detail)
+                       partial=version != changes.version, delivered_version=version, detail="; ".join(notes))
 
     def close(self) -> None:
         self._state, self._tag = None, None

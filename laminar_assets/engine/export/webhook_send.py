@@ -10,11 +10,11 @@ wait bounded:
 - nothing starts, and no retry waits, past the delivery's deadline (`max_seconds` after it began): what is not
   done then stays pending.
 
-The receiver is "unreachable" when a request used every attempt without any answer (timeouts, connection
-errors) and no request of the delivery had an answer: the delivery stops at once. Once it has answered, three
-requests in a row without an answer mean it stopped answering (a restart, an outage): the delivery stops and
-they stay pending, instead of sending every remaining row into the void and to the dead letters. A single
-request without an answer among answered ones (a row the receiver chokes on) fails alone.
+Three requests in a row that used every attempt without any answer (timeouts, refused or dropped connections)
+stop the delivery, and they stay pending instead of going to the dead letters: the receiver is unreachable
+(it never answered in this delivery: the delivery fails) or stopped answering (a restart, an outage: the
+delivery keeps what it did). A request without an answer among answered ones (a row the receiver chokes on)
+fails alone, to the dead letters.
 
 Nothing here names the URL's path or query, a token or a password: errors say what happened and where
 (scheme, host, port).
@@ -51,7 +51,7 @@ from .webhook_events import Event, dumps
 
 SENT, FAILED, PENDING = "sent", "failed", "pending"
 OUT_OF_TIME, UNREACHABLE, SILENT = "out of time", "unreachable", "stopped answering"
-STOP_AFTER_SILENT = 3  # requests in a row without an answer, after answers, that stop a delivery
+STOP_AFTER_SILENT = 3  # requests in a row without any answer that stop a delivery
 USER_AGENT = "laminar-export"
 
 
@@ -202,11 +202,8 @@ class Sender:
                 if outcome.state == FAILED and not outcome.answered:
                     report.first_error = report.first_error or outcome.error
                     silent.append(item)
-                    if not self._answered.is_set():
-                        report.stopped = report.stopped or UNREACHABLE
-                        self._abort.set()
-                    elif len(silent) >= STOP_AFTER_SILENT:
-                        report.stopped = report.stopped or SILENT
+                    if len(silent) >= STOP_AFTER_SILENT:
+                        report.stopped = report.stopped or (SILENT if self._answered.is_set() else UNREACHABLE)
                         self._abort.set()
                 elif outcome.answered:
                     silent.clear()
@@ -239,8 +236,10 @@ class Sender:
             executor.shutdown(wait=True, cancel_futures=True)
             pool.clear()
         report.answered = self._answered.is_set()
+        if silent and not report.answered:
+            report.stopped = UNREACHABLE  # fewer requests than STOP_AFTER_SILENT, none answered
         if report.stopped == UNREACHABLE and report.answered:
-            report.stopped = SILENT  # an answer came while the first failures were in flight
+            report.stopped = SILENT  # an answer came while the failures were in flight
         if report.stopped in (UNREACHABLE, SILENT):
             for item in silent:  # no answer because the receiver is gone: for the next delivery, not dead letters
                 item.outcome.state = PENDING
