@@ -93,10 +93,14 @@ class Exporter:
                 full: bool = False) -> DeliveryResult:
         """Bring `export`'s target up to the latest version of `source`'s table. `partitions` (keys of the
         source's partitioning): also replace the target's rows of those partitions with the table's (a
-        backfill repairs them). `full`: replace every row (FORCED_BY_USER). A failure raises a `LaminarError`
-        (its delivered version did not move) after counting it in the lake's record."""
+        backfill repairs them; a target that holds no rows to repair, a webhook's, delivers what is pending and
+        says so). `full`: replace every row (FORCED_BY_USER). A failure raises a `LaminarError` (its delivered
+        version did not move) after counting it in the lake's record."""
         if export.source != source.name:
             raise ExportError(f"export '{export.name}' reads '{export.source}', not '{source.name}'", export=export.name)
+        ignored = () if export.repairs_partitions else tuple(dict.fromkeys(partitions))
+        if ignored:
+            partitions = ()
         try:
             ranges = tuple(partition_interval(k, source.granularity) for k in dict.fromkeys(partitions))
         except ValueError as exc:
@@ -119,6 +123,9 @@ class Exporter:
         finally:
             if target is not None:
                 target.close()
+        if ignored:
+            result.detail = (f"{result.detail}; partitions {', '.join(ignored)} asked for: a {export.kind} export "
+                             "re-sends no partition's rows (its receiver holds none to replace), it sends what is pending")
         _save(root, records.succeeded(before, base, version=result.delivered_version, table_id=result.source_table_id,
                                       mode=result.mode.value, reason=result.reason.value, detail=result.detail,
                                       upserted=result.rows_upserted, deleted=result.rows_deleted, extra=result.extra))

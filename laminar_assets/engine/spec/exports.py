@@ -49,6 +49,9 @@ class ExportSpec:
 
     kind: ClassVar[str]  # "postgres", "redis", "webhook": the target module that delivers it
     needs_key: ClassVar[bool] = True  # whether rows are upserted and deleted by key (else: sent as they come)
+    # whether the target holds rows a backfill of partitions can replace (a webhook's receiver holds none: a
+    # partition's rows sent again would be new alerts under new keys, so it delivers only what is pending)
+    repairs_partitions: ClassVar[bool] = True
 
     name: str
     source: str
@@ -205,6 +208,7 @@ class WebhookExport(ExportSpec):
 
     kind: ClassVar[str] = "webhook"
     needs_key: ClassVar[bool] = False
+    repairs_partitions: ClassVar[bool] = False
 
     retractions: str = "skip"
     initial: str = "skip"

@@ -245,3 +245,18 @@ def test_a_connection_that_is_no_http_url_is_one_line(tmp_path):
     root, _ = _lake(tmp_path)
     with pytest.raises(ExportTargetError, match=r"connection 'alerts' is not an http\(s\) URL \(ftp://u:\*\*\*@h/x\)"):
         exporter(root, "ftp://u:pw@h/x").deliver(HOOK, STAGE)
+
+
+def test_partitions_asked_for_send_only_what_is_pending_never_delivered_rows_again(tmp_path, webhook_receiver):
+    """A backfill or a materialization of the export alone names partitions: a receiver holds no rows to repair,
+    so the delivery sends what is pending, never a partition's delivered rows again under new keys."""
+    root, sink = _lake(tmp_path, (0, "a", 1.0))
+    ex = exporter(root, webhook_receiver.url)
+    ex.deliver(HOOK, STAGE)
+    sink.append((1, "b", 2.0))
+    result = ex.deliver(HOOK, STAGE, partitions=["2024-01-02-00:00"])
+    assert [row_of(e) for e in webhook_receiver.events()] == [(1, "b", 2.0)]
+    assert (result.mode.value, result.delivered_version, result.partitions_replaced) == ("INCREMENTAL", 1, ())
+    assert "re-sends no partition's rows" in result.detail, result.detail
+    again = ex.deliver(HOOK, STAGE, partitions=["2024-01-02-00:00"])
+    assert again.mode.value == "NOOP" and len(webhook_receiver.received) == 1
