@@ -193,6 +193,19 @@ def pg_database(pg_server) -> str:
         yield name
 
 
+@pytest.fixture
+def webhook_receiver():
+    """A real HTTP receiver on 127.0.0.1 (tests/engine/export/receiver.py): records what it gets, answers as told
+    (a status, a hang, a dropped connection, down); stopped at the end, also on failure."""
+    from tests.engine.export.receiver import Receiver
+
+    receiver = Receiver()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     """One Redis server for the test process (tests/redis_server.py: Debian's redis-server on 127.0.0.1), started
