@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive test-jars chromium demo demo-s3 ui-s3 test test-fast test-quick quality lint ui clean bench bench-smoke soak
+.PHONY: install class-archive test-jars chromium redis demo demo-s3 ui-s3 test test-fast test-quick quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The s3a jars (hadoop-aws and the AWS SDK modules it uses) and delta-spark's jars from Maven Central,
@@ -56,7 +56,7 @@ ui: class-archive $(DAGSTER_HOME)/dagster.yaml
 # against a budget (tests/timing.py, docs/testing.md).
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-test: class-archive chromium test-jars
+test: class-archive chromium redis test-jars
 	$(PYTEST) --durations=15
 
 # s3proxy, a local S3 server with honest conditional writes, for the tests that race two writers.
@@ -70,6 +70,14 @@ chromium:
 	    $(SUDO) apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	    ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null) ) || \
 	  ( echo "the UI test needs Chromium: install it (Debian: apt-get install chromium) or set LAMINAR_CHROMIUM"; exit 1 )
+
+# The Redis export tests run a throwaway redis-server (Debian's package) on 127.0.0.1: install it if missing.
+redis:
+	@command -v redis-server >/dev/null || \
+	  ( echo "installing Debian's redis-server package (the Redis export tests start it on 127.0.0.1)"; \
+	    $(SUDO) apt-get install -y -qq redis-server >/dev/null 2>&1 || \
+	    ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null) ) || \
+	  ( echo "the Redis export tests need redis-server: install it (Debian: apt-get install redis-server)"; exit 1 )
 
 # Quality gate: the demo at a small size, then every contract and equivalence check.
 quality: class-archive $(DAGSTER_HOME)/dagster.yaml
@@ -85,13 +93,13 @@ soak: class-archive
 lint: install
 	$(BIN)/ruff check laminar_assets bench tests
 
-# Between two changes (docs/testing.md): test-fast needs no Spark, no server and no process of its own
-# (about a minute); test-quick adds one representative of each area that does (tests/conftest.py QUICK),
-# with two random stateful histories (a few minutes).
-test-fast: install
+# Between two changes (docs/testing.md): test-fast needs no Spark and no process of its own (the small
+# servers some tests use, PostgreSQL and Redis, start in seconds); test-quick adds one representative of each
+# area that does (tests/conftest.py QUICK), with sixteen random stateful histories (a few minutes).
+test-fast: install redis
 	$(PYTEST) -m "not (spark or deployment or process)"
 
-test-quick: class-archive test-jars
+test-quick: class-archive test-jars redis
 	LAMINAR_STATEFUL_EXAMPLES=16 $(PYTEST) -m "quick or not (spark or deployment or process)"
 
 # Benchmark (bench/README.md): incremental vs refill vs full recompute vs Structured Streaming,

@@ -264,3 +264,39 @@ def pg_database(pg_server) -> str:
     """A database of its own on the session's server (its name), dropped after the test."""
     with pg_server.database() as name:
         yield name
+
+
+@pytest.fixture
+def webhook_receiver():
+    """A real HTTP receiver on 127.0.0.1 (tests/engine/export/receiver.py): records what it gets, answers as told
+    (a status, a hang, a dropped connection, down); stopped at the end, also on failure."""
+    from tests.engine.export.receiver import Receiver
+
+    receiver = Receiver()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One Redis server for the test process (tests/redis_server.py: Debian's redis-server on 127.0.0.1), started
+    when a test first needs it and stopped at the end, also on failure."""
+    from tests.redis_server import start_redis
+
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """The URL of the session's Redis server, emptied for this test (its keys and the users tests add)."""
+    client = redis_server.client()
+    client.flushall()
+    for user in client.acl_users():
+        if user != "default":
+            client.acl_deluser(user)
+    client.close()
+    return redis_server.url()

@@ -150,13 +150,17 @@ def _print_exports(exports: list[dict]) -> None:
     from laminar_assets.engine.report import describe_export_failures
 
     table = Table("export", "source", "target", "delivered version", "source version", "lag (versions)", "lag (s)",
-                  "last delivery", "failing", title="exports")
+                  "last delivery", "dead letters", "failing", title="exports")
     for e in exports:
         last = "never" if e["delivered_at"] is None else \
             f"{e['delivered_at'][:19].replace('T', ' ')} {e['mode']} ({e['reason']}): +{e['rows_upserted']} -{e['rows_deleted']}"
+        if e.get("pending_rows"):
+            last += f", {e['pending_rows']} pending"
         failing = describe_export_failures(e["failed"]) if e["failed"] else "-"
+        letters = e.get("dead_letters")
         add_row(table, e["export"], e["source"], e["target"], _num(e["delivered_version"]), _num(e["source_version"]),
                 _num(e["lag_versions"]), _num(e["lag_seconds"]), last,
+                Text(str(letters), style="yellow") if letters else _num(letters) if "dead_letters" in e else "-",
                 Text(failing, style="red") if e["failed"] else failing)
     console.print(table)
 

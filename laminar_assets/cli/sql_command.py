@@ -29,8 +29,8 @@ def sql(
     as_json: bool = typer.Option(False, "--json", help="A JSON list of row objects."),
 ) -> None:
     """Spark SQL over the lake: every sink and stage table by its name, the raw sources, and
-    laminar_system.dag_topology / .partitions / .runs / .flow_outcomes / .flow_stats / .exports. Reads only: one query,
-    SHOW, DESCRIBE or EXPLAIN; any other statement is refused before anything runs."""
+    laminar_system.dag_topology / .partitions / .runs / .flow_outcomes / .flow_stats / .exports / .dead_letters. Reads
+    only: one query, SHOW, DESCRIBE or EXPLAIN; any other statement is refused before anything runs."""
     from laminar_assets.engine import SparkOptions, build_session
     from laminar_assets.engine.report import jsonable, run_query
 

@@ -192,7 +192,8 @@ def check_exports(specs: list[Spec], exports: list[ExportSpec], *, origins: dict
     raw source table has neither the change feed nor keys Laminar knows), a source whose rows have no key for
     an export that upserts by key, a name that is another asset's (a flow, a stage, a source table) or that
     differs from another export's only in case (their records under `_laminar/exports/` would share a file),
-    and two exports writing one target (one Postgres table, one Redis key prefix of one connection).
+    and two exports writing one target (one Postgres table, one Redis key prefix of one connection, or a prefix
+    inside another's).
 
     Raises a `SpecError` of one line naming the export and its file (`origins`: name -> file; else the
     export's own `origin`)."""
@@ -238,6 +239,19 @@ def check_exports(specs: list[Spec], exports: list[ExportSpec], *, origins: dict
                                 "overwrite the other's rows; give one of them another target", flow=export.name,
                                 field="table")
             targets[place] = export
+    _nested_prefixes([e for e in exports if e.kind == "redis"], who)
+
+
+def _nested_prefixes(exports: list[ExportSpec], who) -> None:
+    """Refuse a Redis key prefix below another's on one connection (`a` and `a:b`): a full resync of the first
+    removes the keys under its prefix that it did not write."""
+    for export in exports:
+        for other in exports:
+            if other is not export and other.connection == export.connection \
+                    and export.key_prefix.startswith(other.key_prefix + ":"):
+                raise SpecError(f"{who(export)} writes keys {export.key_prefix}:*, inside the keys {other.key_prefix}:* "
+                                f"of {who(other)} on connection '{export.connection}'; give one of them a prefix that "
+                                "is not inside the other's", flow=export.name, field="key_prefix")
 
 
 def _target_place(export: ExportSpec) -> tuple | None:

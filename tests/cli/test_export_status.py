@@ -50,3 +50,53 @@ def test_status_shows_each_exports_delivered_version_lag_and_failures(tmp_path, 
     [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
     assert row["failed"]["count"] == 1 and "cannot reach Postgres at host=127.0.0.1" in row["failed"]["error"]
     assert row["delivered_version"] == 0  # the last success is kept
+
+
+def test_status_shows_a_redis_exports_delivered_version_and_target_without_its_password(tmp_path, redis_server,
+                                                                                       redis_url):
+    from tests.engine.export.redis_helpers import REDIS_EXPORT
+
+    root = str(tmp_path / "lake")
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "m1.py").write_text(FLOWS.replace("PostgresExport", "RedisExport").replace(
+        "m1_pg = RedisExport(name='m1_pg', source='m1', connection='pg', table='m1', batch_rows=3)",
+        "m1_cache = RedisExport(name='m1_cache', source='m1', connection='cache', key_prefix='pos', batch_rows=2)"))
+    with redis_server.client() as c:
+        c.acl_setuser("etl", enabled=True, passwords=["+hush-hush"], keys=["*"], commands=["+@all"])
+    sink = Sink(root, "m1")
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 1, 1.0)]))
+    url = redis_server.url(user="etl", password="hush-hush")
+    Exporter(root, connections={"cache": Connection("cache", url)}).deliver(REDIS_EXPORT, FLOW)
+    sink.replace_hour(1, flow_rows([(1, 0, "a", 1, 1.0)]))
+    [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
+    assert (row["export"], row["target_kind"], row["delivered_version"], row["lag_versions"]) == ("m1_cache", "redis", 0, 1)
+    assert row["target"].startswith("Redis keys pos:* on host=127.0.0.1") and "user=etl" in row["target"]
+    assert "hush" not in json.dumps(row) and "hush" not in status(tmp_path, root)
+
+
+HOOK_FLOWS = ("from laminar_assets.engine import StageSpec, WebhookExport\n"
+              "large_trades = StageSpec(name='large_trades', source='trades', event_time='ts')\n"
+              "large_trades_hook = WebhookExport(name='large_trades_hook', source='large_trades', connection='alerts')\n")
+
+
+def test_status_shows_a_webhooks_dead_letters_and_rows_sent(tmp_path, webhook_receiver):
+    from tests.engine.export.webhook_helpers import HOOK, STAGE, Trades
+    from tests.engine.export.webhook_helpers import exporter as hook_exporter
+
+    root = str(tmp_path / "lake")
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "hooks.py").write_text(HOOK_FLOWS)
+    trades = Trades(root)
+    trades.append((0, "a", 1.0))
+    hook_exporter(root, webhook_receiver.url).deliver(HOOK, STAGE)
+    trades.append((1, "b", 2.0), (2, "c", 3.0))
+    webhook_receiver.rule = lambda body: 400 if body["row"]["sym"] == "b" else None  # refused: a dead letter
+    hook_exporter(root, webhook_receiver.url).deliver(HOOK, STAGE)
+    [row] = [r for r in json.loads(status(tmp_path, root, "--json")) if r["kind"] == "export"]
+    assert (row["export"], row["delivered_version"], row["dead_letters"], row["rows_sent"], row["pending_rows"]) == \
+        ("large_trades_hook", 1, 1, 1, 0)
+    assert row["dead_letter_table"].endswith("_laminar/dead_letters/large_trades_hook")
+    text = status(tmp_path, root)
+    assert "dead letters" in text and "│ 1            │" in text, text

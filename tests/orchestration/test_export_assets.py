@@ -12,7 +12,7 @@ from deltalake import write_deltalake
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
-from laminar_assets.engine import Agg, FlowSpec, PostgresExport, Tumbling
+from laminar_assets.engine import Agg, FlowSpec, PostgresExport, StageSpec, Tumbling, WebhookExport
 from laminar_assets.engine.export import load_record
 from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.assets import COMPONENT_TAG, build_asset
@@ -152,3 +152,70 @@ def test_a_create_sink_in_a_dg_projects_flows_folder_is_an_asset_of_the_componen
     defs = LaminarComponent(flows=str(flows), partitions_start="2024-01-01").build_defs(None)  # no lake_root: no context
     graph = defs.resolve_asset_graph()
     assert graph.get(dg.AssetKey("trades_1m_pg")).parent_keys == {dg.AssetKey("trades_1m")}
+
+
+def test_a_redis_export_materialized_alone_delivers_into_a_real_redis_without_spark(tmp_path, instance, redis_url):
+    from laminar_assets.engine import RedisExport
+    from tests.engine.export.helpers import FLOW, Sink
+    from tests.engine.export.redis_helpers import assert_equal
+
+    root = str(tmp_path / "lake")
+    sink = Sink(root, "m1")
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "a", 2, 2.0), (0, 1, "b", 1, 1.0)]))
+    export = RedisExport(name="m1_cache", source="m1", connection="cache", key_prefix="pos")
+    laminar = LaminarResource(root=root, connections={"cache": redis_url}, spark=SparkResource(stop_at_end=False))
+    asset = build_export_asset(export, FLOW, SETTINGS)
+    assert asset.specs_by_key[dg.AssetKey("m1_cache")].kinds == {"redis"}
+    result = dg.materialize([asset], partition_key="2024-01-02-00:00", resources={"laminar": laminar},
+                            instance=instance)
+    md = result.asset_materializations_for_node("m1_cache")[0].metadata
+    assert (md["mode"].value, md["reason"].value, md["rows_upserted"].value) == ("FULL", "NO_DELIVERED_VERSION", 2)
+    assert md["target"].value.startswith("Redis keys pos:* on host=127.0.0.1")
+    assert_equal(redis_url, sink)
+
+
+BIG = StageSpec(name="big", source="trades", event_time="ts", filter="px > 2", columns=("ts", "sym", "px"))
+BIG_HOOK = WebhookExport(name="big_hook", source="big", connection="alerts", timeout_seconds=0.3, backoff_seconds=0.01,
+                         max_backoff_seconds=0.05, max_attempts=2, max_rows_per_second=None)
+
+
+@pytest.mark.spark
+def test_a_webhook_export_asset_sends_new_rows_and_fails_alone_while_its_receiver_is_down(spark, lake, instance,
+                                                                                          webhook_receiver):
+    """Through Dagster: the stage's new rows reach a real receiver on 127.0.0.1 with the delivery's counts in the
+    asset's metadata; a receiver that is down fails the export's step in one line naming the export and the webhook,
+    the stage's own asset materializes and the delivered version stays; the export materialized alone later sends
+    what is pending, and nothing it delivered before."""
+    laminar = LaminarResource(root=lake.root, connections={"alerts": webhook_receiver.url},
+                              spark=SparkResource(master="local[2]", shuffle_partitions=2, stop_at_end=False))
+    stage, hook = build_asset(BIG, SETTINGS), build_export_asset(BIG_HOOK, BIG, SETTINGS)
+
+    def materialize(assets, **kw):
+        return dg.materialize(assets, partition_key=P0, resources={"laminar": laminar}, instance=instance,
+                              tags={COMPONENT_TAG: "trades"}, **kw)
+
+    def sent():
+        return sorted((e["row"]["sym"], e["row"]["px"]) for e in webhook_receiver.events())
+
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 5.0, 1), ("2024-01-01 00:02:00", "b", 1.0, 1)])
+    md = materialize([stage, hook]).asset_materializations_for_node("big_hook")[0].metadata
+    assert (md["reason"].value, md["rows_skipped"].value, sent()) == ("NO_DELIVERED_VERSION", 1, [])  # initial="skip"
+    delivered = md["delivered_version"].value
+    webhook_receiver.down()
+    lake.append("trades", [("2024-01-01 00:03:00", "c", 7.0, 1), ("2024-01-01 00:04:00", "d", 0.5, 1)])
+    result = materialize([stage, hook], raise_on_error=False)
+    assert not result.success and result.asset_materializations_for_node("big")  # the stage's own run is unaffected
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    text = failure.step_failure_data.user_failure_data.description
+    assert text.startswith(f"export 'big_hook': cannot reach the webhook at http://127.0.0.1:{webhook_receiver.port}"), text
+    assert "\n" not in text and "the next delivery sends the 1 pending row(s)" in text
+    assert load_record(lake.root, "big_hook").delivered_version == delivered
+    webhook_receiver.up()
+    alone = dg.materialize([hook], partition_key=P0, resources={"laminar": laminar}, instance=instance)
+    md = alone.asset_materializations_for_node("big_hook")[0].metadata
+    assert (md["mode"].value, md["rows_sent"].value, md["dead_letters"].value, md["retries"].value) == \
+        ("INCREMENTAL", 1, 0, 0)
+    assert (md["delivered_version"].value, md["lag_versions"].value) == (delivered + 1, 0)
+    assert sent() == [("c", 7.0)]  # the pending row; the partition's rows delivered (or skipped) before not again
+    [got] = [r for r in webhook_receiver.received if r.answer == 200]
+    assert got.key == got.body["idempotency_key"] and got.body["op"] == "insert" and got.body["version"] == delivered + 1

@@ -1,7 +1,7 @@
 """Exports: delivering a flow's or stage's Delta table to where applications read it. `delivery.Exporter` runs
 one delivery (change feed -> net changes per key -> the target, with the delivered version), `protocol` is the
 one seam of targets (`Target`, `Changes`, `TARGETS`), `changes` reads the change feed, `records` keeps the lake's
-record of each delivery, `connections` says how targets are reached. One module per target: `postgres`."""
+record of each delivery, `connections` says how targets are reached. One module per target: `postgres`, `redis`."""
 
 from .connections import ENV_OPTIONS, Connection, connections_of, env_name, from_environment, mask_url
 from .delivery import DeliveryResult, Exporter

@@ -146,22 +146,39 @@ def net_changes(changes: pa.Table, schema: pa.Schema, key: tuple[str, ...]) -> N
 
 def net_rows(changes: pa.Table, schema: pa.Schema) -> tuple[pa.Table, pa.Table]:
     """For exports without a key: (rows inserted, rows deleted) over the range, whole, as multisets: a row
-    inserted and deleted the same number of times (a file rewritten with the same rows) is in neither. A table
-    with a column that cannot be compared (nested types) cancels nothing: every change row is given."""
-    columns = schema.names
+    inserted and deleted the same number of times (a file rewritten with the same rows) is in neither. Each row
+    keeps `_commit_version`, the version of the commit that inserted (deleted) it: of a row inserted n times
+    more than deleted, the n earliest inserts (so a row keeps its version in any range that holds that commit).
+    A table with a column that cannot be compared (nested types) cancels nothing: every change row is given."""
+    columns = [*schema.names, COMMIT_VERSION]
     if changes.num_rows == 0:
-        return schema.empty_table(), schema.empty_table()
+        empty = changes.schema.empty_table().select(columns)
+        return empty, empty
     is_new = pc.is_in(changes.column(CHANGE_TYPE), value_set=pa.array(NEW_STATES))
     if not all(_groupable(f.type) for f in schema):
         return changes.filter(is_new).select(columns), changes.filter(pc.invert(is_new)).select(columns)
     table = changes.append_column(_ROW, pa.array(np.arange(changes.num_rows), pa.int64())) \
         .append_column(_ORDER, pc.if_else(is_new, 1, -1))
-    groups = table.group_by(columns, use_threads=False).aggregate([(_ORDER, "sum"), (_ROW, "min")])
+    groups = table.group_by(schema.names, use_threads=False).aggregate([(_ORDER, "sum"), (_ROW, "list")])
     net = groups.column(f"{_ORDER}_sum").to_numpy()
-    first = groups.column(f"{_ROW}_min").to_numpy()
-    inserted = np.sort(np.repeat(first[net > 0], net[net > 0]))  # in the feed's order
-    deleted = np.sort(np.repeat(first[net < 0], -net[net < 0]))
-    return table.take(pa.array(inserted)).select(columns), table.take(pa.array(deleted)).select(columns)
+    members = groups.column(f"{_ROW}_list").combine_chunks()
+    rows = pc.list_flatten(members).to_numpy()  # every change row, by group
+    group = pc.list_parent_indices(members).to_numpy()
+    new = is_new.to_numpy(zero_copy_only=False)[rows]
+    versions = table.column(COMMIT_VERSION).to_numpy()[rows]
+
+    def earliest(mask: np.ndarray, count: np.ndarray) -> pa.Array:
+        """Of each group's rows in `mask`, the `count[group]` of the earliest versions, in the feed's order."""
+        picked, picked_group = rows[mask], group[mask]
+        order = np.lexsort((picked, versions[mask], picked_group))
+        picked, picked_group = picked[order], picked_group[order]
+        starts = np.flatnonzero(np.r_[True, picked_group[1:] != picked_group[:-1]]) if len(picked) else picked
+        rank = np.arange(len(picked)) - np.repeat(starts, np.diff(np.r_[starts, len(picked)]))
+        return pa.array(np.sort(picked[rank < count[picked_group]]), pa.int64())
+
+    inserted = earliest(new & (net[group] > 0), net)
+    deleted = earliest(~new & (net[group] < 0), -net)
+    return table.take(inserted).select(columns), table.take(deleted).select(columns)
 
 
 def _groupable(t: pa.DataType) -> bool:

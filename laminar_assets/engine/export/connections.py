@@ -82,18 +82,18 @@ def from_environment(name: str, environ: Mapping[str, str] | None = None) -> Con
     return Connection(name, url, {o: environ[env_name(name, o)] for o in ENV_OPTIONS if environ.get(env_name(name, o))})
 
 
-def resolve(export_name: str, name: str, given: Mapping[str, Connection] | None) -> Connection:
+def resolve(export_name: str, name: str, given: Mapping[str, Connection] | None, *, example: str = "") -> Connection:
     """The connection an export names: one given (by the Dagster resource or the caller), else the
-    environment's; an `ExportError` of one line when neither defines it."""
+    environment's; an `ExportError` of one line when neither defines it (`example`: a URL of the export's kind)."""
     if given and name in given:
         return given[name]
     found = from_environment(name)
     if found is not None:
         return found
+    like = f"e.g. {example}, " if example else ""
     raise ExportError(f"export '{export_name}' names connection '{name}', which is not defined: set "
-                      f"{env_name(name)} (e.g. postgresql://user@host:5432/db, with {env_name(name, 'password')} for "
-                      f"the password), or give LaminarResource(connections={{'{name}': ...}})", export=export_name,
-                      connection=name)
+                      f"{env_name(name)} ({like}with {env_name(name, 'password')} for the password), or give "
+                      f"LaminarResource(connections={{'{name}': ...}})", export=export_name, connection=name)
 
 
 def connections_of(urls: Mapping[str, str] | None, options: Mapping[str, Mapping[str, str]] | None = None

@@ -93,10 +93,14 @@ class Exporter:
                 full: bool = False) -> DeliveryResult:
         """Bring `export`'s target up to the latest version of `source`'s table. `partitions` (keys of the
         source's partitioning): also replace the target's rows of those partitions with the table's (a
-        backfill repairs them). `full`: replace every row (FORCED_BY_USER). A failure raises a `LaminarError`
-        (its delivered version did not move) after counting it in the lake's record."""
+        backfill repairs them; a target that holds no rows to repair, a webhook's, delivers what is pending and
+        says so). `full`: replace every row (FORCED_BY_USER). A failure raises a `LaminarError` (its delivered
+        version did not move) after counting it in the lake's record."""
         if export.source != source.name:
             raise ExportError(f"export '{export.name}' reads '{export.source}', not '{source.name}'", export=export.name)
+        ignored = () if export.repairs_partitions else tuple(dict.fromkeys(partitions))
+        if ignored:
+            partitions = ()
         try:
             ranges = tuple(partition_interval(k, source.granularity) for k in dict.fromkeys(partitions))
         except ValueError as exc:
@@ -107,7 +111,7 @@ class Exporter:
         base = records.ExportRecord(export.name, export.kind, export.source, export.target)
         target = None
         try:
-            connection = resolve(export.name, export.connection, self.connections)
+            connection = resolve(export.name, export.connection, self.connections, example=export.url_example)
             target = open_target(export, connection, TargetContext(self.layout, self.hook))
             base = replace(base, target=target.describe())
             result = self._deliver(export, source, target, ranges, tuple(dict.fromkeys(partitions)), full)
@@ -119,9 +123,12 @@ class Exporter:
         finally:
             if target is not None:
                 target.close()
+        if ignored:
+            result.detail = (f"{result.detail}; partitions {', '.join(ignored)} asked for: a {export.kind} export "
+                             "re-sends no partition's rows (its receiver holds none to replace), it sends what is pending")
         _save(root, records.succeeded(before, base, version=result.delivered_version, table_id=result.source_table_id,
                                       mode=result.mode.value, reason=result.reason.value, detail=result.detail,
-                                      upserted=result.rows_upserted, deleted=result.rows_deleted))
+                                      upserted=result.rows_upserted, deleted=result.rows_deleted, extra=result.extra))
         return result
 
     def _deliver(self, export: ExportSpec, source: Spec, target, ranges: tuple[Interval, ...], keys: tuple[str, ...],
@@ -178,13 +185,17 @@ class Exporter:
         seconds = {"read": time.perf_counter() - t0}
         changes = Changes(export, mode, reason, pinned.version, source.sink, pinned.table_id, pinned.delta_fields,
                           pinned.schema, key, _guarded(export, source, rows), deletes, ranges, column, delivered,
-                          out.detail)
+                          out.detail, source=source, pinned=pinned)
         self.hook("export_before_write")
         t1 = time.perf_counter()
         applied = target.apply(changes)
         seconds["write"] = time.perf_counter() - t1  # the snapshot's batches are read while they are written
         self.hook("export_after_commit")
         out.rows_upserted, out.rows_deleted, out.extra = applied.rows_upserted, applied.rows_deleted, dict(applied.extra)
+        if applied.partial:  # the target holds an older version: the rest stays pending for the next delivery
+            out.to_version = applied.delivered_version
+        if applied.detail:
+            out.detail = f"{out.detail}; {applied.detail}"
         out.partitions_replaced = keys
         return self._finish(out, pinned, started, seconds)
 

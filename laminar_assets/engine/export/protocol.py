@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -26,7 +26,8 @@ from laminar_assets.errors import ExportError
 
 from ..delta.layout import Layout
 from ..spec.exports import ExportSpec
-from ..windows import Interval
+from ..spec.specs import Spec
+from ..windows import Granularity, Interval
 from .connections import Connection
 
 # Where a delivery can be interrupted, in order: the crash tests stop it at each (`hook(step)`).
@@ -79,8 +80,10 @@ class Changes:
     INCREMENTAL: `rows` are the net upserts (one row per key: its last state in the change feed), `deletes`
     the keys whose last change deleted them, and `replace` ranges of `time_column` whose rows the target
     drops first (a backfill of partitions: `rows` then holds the table's rows there). A keyless export gets
-    `rows` = rows inserted and `deletes` = rows deleted, whole (`net_rows`). `expected` is what `delivered()`
-    answered: the target refuses (`ConcurrentDeliveryError`) when it holds another version by the time it writes."""
+    `rows` = rows inserted and `deletes` = rows deleted, whole (`net_rows`), each with one more column,
+    `_commit_version`: the version of the commit that inserted or deleted it (rows of the snapshot, FULL or of
+    replaced partitions, have none). `expected` is what `delivered()` answered: the target refuses
+    (`ConcurrentDeliveryError`) when it holds another version by the time it writes."""
 
     export: ExportSpec
     mode: Mode
@@ -97,15 +100,27 @@ class Changes:
     time_column: str | None = None
     expected: Delivered | None = None
     detail: str = ""
+    source: Spec | None = None  # the flow or stage read (its key columns and time column)
+    pinned: Any = None  # the source table at `version` (`changes.Pinned`), for a target that reads rows of it
+
+    @property
+    def source_granularity(self) -> Granularity | None:
+        """The source's partitioning: a row's partition is the key of its `time_column` value."""
+        return self.source.granularity if self.source is not None else None
 
 
 @dataclass(frozen=True)
 class Applied:
-    """What a target did: rows it wrote (inserted or changed), rows it deleted, and anything else it counts."""
+    """What a target did: rows it wrote (inserted or changed), rows it deleted, and anything else it counts.
+    `partial`: it delivered only part of the changes (a webhook out of time): it holds `delivered_version`
+    (None: nothing yet), not `Changes.version`; the next delivery goes on from there."""
 
     rows_upserted: int = 0
     rows_deleted: int = 0
     extra: dict = field(default_factory=dict)  # e.g. a webhook's retries and dead letters
+    partial: bool = False
+    delivered_version: int | None = None
+    detail: str = ""  # what the delivery's detail does not say (added to it)
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,8 @@ class Target(Protocol):
 # imported with the engine).
 TARGETS: dict[str, str] = {
     "postgres": "laminar_assets.engine.export.postgres:PostgresTarget",
+    "redis": "laminar_assets.engine.export.redis:RedisTarget",
+    "webhook": "laminar_assets.engine.export.webhook:WebhookTarget",
 }
 
 

@@ -37,6 +37,7 @@ class ExportRecord:
     rows_deleted: int = 0
     attempted_at: str | None = None
     failed: dict | None = field(default=None)  # {"count", "since", "error"} while deliveries fail in a row
+    extra: dict = field(default_factory=dict)  # the last delivery's own counts (a webhook's rows sent, dead letters)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -62,7 +63,7 @@ def save(root: str, record: ExportRecord) -> None:
 
 
 def succeeded(before: ExportRecord | None, base: ExportRecord, *, version: int | None, table_id: str | None,
-              mode: str, reason: str, detail: str, upserted: int, deleted: int) -> ExportRecord:
+              mode: str, reason: str, detail: str, upserted: int, deleted: int, extra: dict | None = None) -> ExportRecord:
     """The record after a delivery that succeeded. One with nothing to deliver (NOOP) keeps the last delivery's
     mode, reason and rows, and takes the version the target holds (the record of a delivery whose process
     died after its commit catches up here)."""
@@ -74,7 +75,8 @@ def succeeded(before: ExportRecord | None, base: ExportRecord, *, version: int |
                        source_table_id=table_id if table_id is not None else kept.source_table_id,
                        delivered_at=kept.delivered_at or (now if version is not None else None))
     return replace(base, delivered_version=version, source_table_id=table_id, delivered_at=now, mode=mode,
-                   reason=reason, detail=detail, rows_upserted=upserted, rows_deleted=deleted, attempted_at=now)
+                   reason=reason, detail=detail, rows_upserted=upserted, rows_deleted=deleted, attempted_at=now,
+                   extra=dict(extra or {}))
 
 
 def failed(before: ExportRecord | None, base: ExportRecord, error: str) -> ExportRecord:

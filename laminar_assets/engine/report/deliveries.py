@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from deltalake.exceptions import DeltaError
+
 from laminar_assets.errors import LaminarError
 
 from ..delta.tables import is_delta_table, open_table, resolve_uri
+from ..export import dead_letters
 from ..export.records import lag, load
 from ..spec.exports import ExportSpec
 from ..spec.specs import Spec
@@ -16,7 +19,8 @@ from ..spec.specs import Spec
 def export_status(root: str, exports: list[ExportSpec], specs: list[Spec]) -> list[dict]:
     """Per export: kind, source, target, the version delivered and the source table's version now, the lag in
     versions and seconds (of the oldest commit not delivered), the last delivery (when, mode, reason, rows) and,
-    while deliveries fail, how many in a row, since when and the last error. A target's own record (Postgres:
+    while deliveries fail, how many in a row, since when and the last error; for a webhook, its dead letters and
+    its last delivery's rows sent, retries and rows pending. A target's own record (Postgres:
     `laminar_exports`) is the authority; a delivery whose process died after its commit shows here one behind."""
     by_name = {s.name: s for s in specs}
     now = datetime.now(UTC)
@@ -44,8 +48,22 @@ def export_status(root: str, exports: list[ExportSpec], specs: list[Spec]) -> li
             "rows_upserted": record.rows_upserted if record is not None else 0,
             "rows_deleted": record.rows_deleted if record is not None else 0,
             "failed": failed,
+            **_webhook(root, export, record.extra if record is not None else {}),
         })
     return out
+
+
+def _webhook(root: str, export: ExportSpec, last: dict) -> dict:
+    """A webhook export's dead letters (rows in its dead-letter table) and its last delivery's rows sent, retries
+    and rows left pending; nothing for other kinds."""
+    if export.kind != "webhook":
+        return {}
+    try:
+        letters = dead_letters.count(root, export.name) or 0
+    except (LaminarError, DeltaError, OSError):  # a table that cannot be read: its count is unknown
+        letters = None
+    return {"dead_letters": letters, "dead_letter_table": dead_letters.table_uri(root, export.name),
+            **{k: last.get(k) for k in ("rows_sent", "retries", "pending_rows")}}
 
 
 def describe_export_failures(failed: dict) -> str:

@@ -9,6 +9,7 @@ files of the table's latest snapshot (`spark_read`), never the Delta log. The sy
     laminar_system.flow_outcomes  one row per partition run (NOOPs too), from the runs' outcome records
     laminar_system.flow_stats     one row per flow and UTC day: hit and fallback rates (`flow_stats`)
     laminar_system.exports        one row per export: delivered version, lag, last delivery (`export_status`)
+    laminar_system.dead_letters   one row per row a webhook export could not deliver (`export.dead_letters`)
 
 Spark temp views cannot have a dotted name, so `laminar_system.x` is rewritten in the query text to
 the view `laminar_system_x` (same length, so Spark's error positions still point into the query as
@@ -32,6 +33,7 @@ from pyspark.sql.types import (
     BooleanType,
     DateType,
     DoubleType,
+    IntegerType,
     LongType,
     MapType,
     StringType,
@@ -44,6 +46,7 @@ from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.errors import LaminarError
 
 from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_files, table_info
+from ..export import dead_letters
 from ..spark.frames import spark_path
 from ..spark.read import read_source
 from ..spark.session import delta_available
@@ -79,7 +82,11 @@ FLOW_STATS_SCHEMA = _fields(("flow", S), ("day", DateType()), ("runs", L), ("par
 EXPORTS_SCHEMA = _fields(("export", S), ("kind", S), ("source", S), ("target", S), ("delivered_version", L),
                          ("source_version", L), ("lag_versions", L), ("lag_seconds", D), ("delivered_at", T), ("mode", S),
                          ("reason", S), ("detail", S), ("rows_upserted", L), ("rows_deleted", L), ("failed_deliveries", L),
-                         ("failing_since", T), ("last_error", S))
+                         ("failing_since", T), ("last_error", S), ("dead_letters", L), ("rows_sent", L), ("retries", L),
+                         ("pending_rows", L))
+INT = IntegerType()
+DEAD_LETTERS_SCHEMA = _fields(("export", S), ("source", S), ("idempotency_key", S), ("op", S), ("version", L),
+                              ("partition", S), ("status", INT), ("error", S), ("attempts", INT), ("row", S), ("dead_at", T))
 RUNS_SCHEMA = _fields(("run_id", S), ("flow", S), ("partitions", STRS), ("mode", S), ("reason", S),
                       ("committed_at", T), ("table_version", L), *[(m, L) for m in METRICS], ("recovered", B))
 
@@ -156,7 +163,8 @@ def flow_stats_table(spark: SparkSession, root: str, specs) -> DataFrame:
 def exports_table(spark: SparkSession, root: str, specs, exports) -> DataFrame:
     """`laminar_system.exports`: one row per export: kind, source, target (no secrets), delivered_version,
     source_version, lag_versions, lag_seconds, delivered_at, mode, reason, detail, rows_upserted, rows_deleted, and
-    while its deliveries fail: failed_deliveries (in a row), failing_since, last_error (`report.export_status`)."""
+    while its deliveries fail: failed_deliveries (in a row), failing_since, last_error (`report.export_status`); a
+    webhook's dead_letters (rows in its dead-letter table) and its last delivery's rows_sent, retries, pending_rows."""
     rows = []
     for r in export_status(root, list(exports), list(specs)):
         failed = r["failed"] or {}
@@ -164,6 +172,24 @@ def exports_table(spark: SparkSession, root: str, specs, exports) -> DataFrame:
                   "failing_since": _instant(failed.get("since")), "last_error": failed.get("error")}
         rows.append(tuple(values.get(f.name) for f in EXPORTS_SCHEMA.fields))
     return spark.createDataFrame(rows, EXPORTS_SCHEMA)
+
+
+def dead_letters_table(spark: SparkSession, root: str, exports) -> DataFrame:
+    """`laminar_system.dead_letters`: the rows webhook exports could not deliver, from each one's Delta table
+    (`_laminar/dead_letters/<export>`): export, source, idempotency_key, op, version, partition, status (NULL: no
+    answer), error, attempts, row (the JSON sent), dead_at."""
+    frames = []
+    for export in exports:
+        uri = dead_letters.table_uri(root, export.name)
+        if export.kind == "webhook" and is_delta_table(uri):
+            frames.append(table_frame(spark, f"dead letters of {export.name}", uri)
+                          .select(*[f.name for f in DEAD_LETTERS_SCHEMA.fields]))
+    if not frames:
+        return spark.createDataFrame([], DEAD_LETTERS_SCHEMA)
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
 
 
 def _instant(text: str | None) -> datetime | None:
@@ -301,7 +327,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
               f"{SYSTEM}.runs": lambda: runs(spark, root, specs),
               f"{SYSTEM}.flow_outcomes": lambda: flow_outcomes(spark, root, specs),
               f"{SYSTEM}.flow_stats": lambda: flow_stats_table(spark, root, specs),
-              f"{SYSTEM}.exports": lambda: exports_table(spark, root, specs, exports)}
+              f"{SYSTEM}.exports": lambda: exports_table(spark, root, specs, exports),
+              f"{SYSTEM}.dead_letters": lambda: dead_letters_table(spark, root, exports)}
     known = sorted(data) + sorted(system)
     if (log := _LOG.fullmatch(query)) and log.group("name").lower() in data:  # a lake table's log: by its path
         query = f"{log.group('kind')} delta.`{spark_path(data[log.group('name').lower()])}`{log.group('limit') or ''}"

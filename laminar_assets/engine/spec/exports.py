@@ -49,6 +49,10 @@ class ExportSpec:
 
     kind: ClassVar[str]  # "postgres", "redis", "webhook": the target module that delivers it
     needs_key: ClassVar[bool] = True  # whether rows are upserted and deleted by key (else: sent as they come)
+    url_example: ClassVar[str] = ""  # what a connection's URL looks like, for the message of one not defined
+    # whether the target holds rows a backfill of partitions can replace (a webhook's receiver holds none: a
+    # partition's rows sent again would be new alerts under new keys, so it delivers only what is pending)
+    repairs_partitions: ClassVar[bool] = True
 
     name: str
     source: str
@@ -136,6 +140,7 @@ class PostgresExport(ExportSpec):
     types mapped from the Delta schema. `batch_rows`: rows per batch read from the change feed and copied."""
 
     kind: ClassVar[str] = "postgres"
+    url_example: ClassVar[str] = "postgresql://user@host:5432/db"
 
     table: str | None = None
     batch_rows: int = 50_000
@@ -164,10 +169,12 @@ class PostgresExport(ExportSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RedisExport(ExportSpec):
-    """One Redis hash per source key (`<key_prefix>:<key values>`) holding the latest window's values of a
-    flow's keys (or a stage's row), written only where the stored version is older (idempotent)."""
+    """One Redis hash per source key (`<key_prefix>:<key values>`) holding the latest window's row of a flow's
+    group keys (or a stage's latest row of a dedup key), written by one Lua script per batch of `batch_rows` keys,
+    the export's delivered version (`laminar:exports:<name>`) last (engine/export/redis.py)."""
 
     kind: ClassVar[str] = "redis"
+    url_example: ClassVar[str] = "redis://[user@]host:6379/0"
 
     key_prefix: str | None = None
     batch_rows: int = 1_000
@@ -177,6 +184,9 @@ class RedisExport(ExportSpec):
             object.__setattr__(self, "key_prefix", self.name)
         if not isinstance(self.key_prefix, str) or not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             self._fail("key_prefix", f"expected a non-empty prefix without spaces, found {self.key_prefix!r}")
+        if self.key_prefix.split(":")[0] == "laminar":
+            self._fail("key_prefix", f"keys under 'laminar:' are Laminar's own (laminar:exports:<export> holds an "
+                                     f"export's delivered version); choose another prefix than {self.key_prefix!r}")
         self._positive("batch_rows")
 
     @property
@@ -185,31 +195,51 @@ class RedisExport(ExportSpec):
 
 
 RETRACTIONS = ("skip", "send")
+INITIAL = ("skip", "all")
 
 
 @dataclass(frozen=True, kw_only=True)
 class WebhookExport(ExportSpec):
-    """Each new row of the source POSTed as JSON, at least once, with an `Idempotency-Key` header. Deleted and
-    corrected rows are `retractions="skip"` (not sent) or `"send"` (sent as {"op": "retract", ...}). Requests
-    carry at most `batch_rows` rows, at most `max_rows_per_second` rows a second; a request is tried
-    `max_attempts` times (exponential backoff) and waits `timeout_seconds` for an answer."""
+    """Each new row of the source (inserted, or the new state of a corrected row) POSTed as JSON, at least once,
+    with an `Idempotency-Key` header a receiver drops duplicates by (docs/exports.md, "Webhooks").
+
+    `retractions`: a deleted row, or the old state of a corrected one, is not sent ("skip") or sent as
+    {"op": "retract", ...} ("send"). `initial`: what a delivery with no changes to read sends (the first one,
+    or one after the change feed since the delivered version is gone): nothing ("skip": alerts are about new
+    rows) or every row of the table ("all"). A request carries `rows_per_request` rows, at most
+    `max_rows_per_second` rows a second go out (None: no limit) with at most `max_in_flight` requests waiting
+    for an answer; a request waits `timeout_seconds` for one and is tried `max_attempts` times on a 5xx, 408,
+    429, a timeout or a connection error, `backoff_seconds` before the second attempt, doubling up to
+    `max_backoff_seconds`. A row whose attempts all fail goes to the dead-letter table. A delivery stops after
+    `max_seconds`: what it did not send stays pending for the next one. `batch_rows`: rows per batch read."""
 
     kind: ClassVar[str] = "webhook"
     needs_key: ClassVar[bool] = False
+    url_example: ClassVar[str] = "https://host/path"
+    repairs_partitions: ClassVar[bool] = False
 
     retractions: str = "skip"
-    batch_rows: int = 100
-    max_rows_per_second: float | None = None
+    initial: str = "skip"
+    rows_per_request: int = 1
+    max_rows_per_second: float | None = 100.0
+    max_in_flight: int = 4
     max_attempts: int = 5
     timeout_seconds: float = 10.0
+    backoff_seconds: float = 1.0
+    max_backoff_seconds: float = 30.0
+    max_seconds: float = 300.0
+    batch_rows: int = 1_000
 
     def _validate(self) -> None:
         if self.retractions not in RETRACTIONS:
             self._fail("retractions", f"expected one of {', '.join(RETRACTIONS)}, found {self.retractions!r}")
-        self._positive("batch_rows")
-        self._positive("max_attempts")
+        if self.initial not in INITIAL:
+            self._fail("initial", f"expected one of {', '.join(INITIAL)}, found {self.initial!r}")
+        for attr in ("rows_per_request", "max_in_flight", "max_attempts", "batch_rows"):
+            self._positive(attr)
         self._positive("max_rows_per_second", whole=False, optional=True)
-        self._positive("timeout_seconds", whole=False)
+        for attr in ("timeout_seconds", "backoff_seconds", "max_backoff_seconds", "max_seconds"):
+            self._positive(attr, whole=False)
 
     @property
     def target(self) -> str:

@@ -196,3 +196,27 @@ def test_references_rewrite_system_tables_in_place():
     # what sqlglot cannot parse goes to Spark as typed; every identifier is a candidate to register
     tables, candidates, sql = st.references("SELECT * FORM sectors")
     assert tables is None and {"sectors"} <= candidates and sql == "SELECT * FORM sectors"
+
+
+def test_dead_letters_and_webhook_counts_are_system_tables(spark, tmp_path, webhook_receiver):
+    """The rows a webhook export could not deliver, with their status, error and key, for `laminar sql`; its
+    dead letters, rows sent and retries in laminar_system.exports."""
+    from tests.engine.export.webhook_helpers import HOOK, Trades, exporter
+    from tests.engine.export.webhook_helpers import STAGE as TRADES
+
+    root = str(tmp_path / "lake")
+    trades = Trades(root)
+    trades.append((0, "a", 1.0))
+    exporter(root, webhook_receiver.url).deliver(HOOK, TRADES)
+    assert st.run_query(spark, root, [TRADES], "SELECT * FROM laminar_system.dead_letters", exports=[HOOK]).rows == []
+    trades.append((1, "b", 2.0), (2, "c", 3.0))
+    webhook_receiver.rule = lambda body: 503 if body["row"]["sym"] == "b" else None
+    exporter(root, webhook_receiver.url).deliver(HOOK, TRADES)
+    [letter] = st.run_query(spark, root, [TRADES], "SELECT export, op, version, status, attempts, row, idempotency_key "
+                            "FROM laminar_system.dead_letters", exports=[HOOK]).records()
+    assert (letter["export"], letter["op"], letter["version"], letter["status"], letter["attempts"]) == \
+        (HOOK.name, "insert", 1, 503, 3)
+    assert '"sym": "b"' in letter["row"] and len(letter["idempotency_key"]) == 64
+    [row] = st.run_query(spark, root, [TRADES], "SELECT dead_letters, rows_sent, retries, pending_rows, delivered_version "
+                         "FROM laminar_system.exports", exports=[HOOK]).records()
+    assert row == {"dead_letters": 1, "rows_sent": 1, "retries": 2, "pending_rows": 0, "delivered_version": 1}

@@ -65,7 +65,9 @@ def test_an_export_spec_is_frozen_keyword_only_and_fills_its_defaults():
     (lambda: WebhookExport(name="x", source="f1", connection="c", retractions="maybe"), "retractions", "'maybe'"),
     (lambda: WebhookExport(name="x", source="f1", connection="c", max_rows_per_second=-1), "max_rows_per_second", "-1"),
     (lambda: RedisExport(name="x", source="f1", connection="c", key_prefix="a b"), "key_prefix", "'a b'"),
-], ids=["name", "source-path", "connection-url", "table-parts", "table-space", "batch", "retractions", "rate", "prefix"])
+    (lambda: RedisExport(name="x", source="f1", connection="c", key_prefix="laminar:x"), "key_prefix", "'laminar:x'"),
+], ids=["name", "source-path", "connection-url", "table-parts", "table-space", "batch", "retractions", "rate", "prefix",
+        "prefix-reserved"])
 def test_a_bad_option_is_a_spec_error_naming_the_export_and_the_field(make, field, found):
     with pytest.raises(SpecError) as info:
         make()
@@ -165,7 +167,9 @@ def test_a_stage_without_its_key_in_its_columns_is_refused(tmp_path):
     ("a = PostgresExport(name='a', source='f1', connection='c', table='T')\n"
      "b = PostgresExport(name='b', source='st', connection='c', table='public.t')\n", "both write postgres table"),
     ("a = PostgresExport(name='a', source='f1', connection='c', table='laminar_exports')\n", "delivered versions"),
-], ids=["case", "source-asset", "duplicate", "same-table", "bookkeeping"])
+    ("a = RedisExport(name='a', source='f1', connection='c', key_prefix='pos')\n"
+     "b = RedisExport(name='b', source='st', connection='c', key_prefix='pos:eu')\n", "keys pos:eu:*, inside the keys pos:*"),
+], ids=["case", "source-asset", "duplicate", "same-table", "bookkeeping", "nested-prefix"])
 def test_names_and_targets_that_collide_are_refused(tmp_path, extra, expected):
     text = refused(folder_of(tmp_path, {"a.py": STAGE + FLOW + extra}))
     assert expected in text, text
