@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from laminar_assets import storage
-from laminar_assets.errors import CheckpointError, ConcurrentRunError
+from laminar_assets.errors import CheckpointError, ConcurrentRunError, StorageError
 
 from .watermark import Watermark
 
@@ -109,7 +109,14 @@ class CheckpointStore:
     def lease(self, flow: str, partition: str, run_id: str) -> Iterator[None]:
         """Hold the exclusive lease of one (flow, partition) for the duration of a run."""
         path = self._lock_path(flow, partition)
-        tag = self._acquire(path, flow, partition, run_id)
+        try:
+            tag = self._acquire(path, flow, partition, run_id)
+        except OSError as exc:  # a folder this process may not write (permissions, a file in its place, a full disk)
+            folder = path.rsplit("/", 1)[0]
+            raise StorageError(
+                f"cannot take the lease of {flow} {partition}: writing under {folder} failed "
+                f"({exc.strerror or exc}); make that folder writable by this process, then run again",
+                flow=flow, partition=partition, path=path) from exc
         try:
             yield
         finally:

@@ -31,6 +31,14 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 USAGE_ERRORS = tuple(t for t in (getattr(typer, "TyperException", None), click.ClickException) if t is not None)
 
 
+def _holds_a_lake(folder: str) -> bool:
+    """A local lake holds Laminar's `_laminar/` folder or at least one Delta table (a folder with `_delta_log/`):
+    a mistyped --root that is some other folder (`/etc`, a project folder) is refused instead of reported as a
+    lake where nothing exists yet and every check passes."""
+    with os.scandir(folder) as entries:
+        return any(e.is_dir() and (e.name == "_laminar" or os.path.isdir(os.path.join(e.path, "_delta_log")))
+                   for e in entries)
+
 @dataclass
 class CliContext:
     """Options shared by every command."""
@@ -51,7 +59,9 @@ class CliContext:
                 return
             found = "holds nothing"
         elif os.path.isdir(self.root):
-            return
+            if _holds_a_lake(self.root):
+                return
+            found = "holds no Delta table and no _laminar/ folder"
         else:
             found = "is not a directory" if os.path.exists(self.root) else "does not exist"
         raise LakeNotFoundError(f"storage root {self.root} {found}: expected a lake (Delta tables) there; pass the "

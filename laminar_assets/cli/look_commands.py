@@ -175,8 +175,7 @@ def _since(text: str):
     try:
         return datetime.now(UTC) - parse_duration(text)
     except (TypeError, ValueError) as exc:
-        raise typer.BadParameter(f"expected a duration like '24h', '7d' or 'all', found {text!r} ({exc})",
-                                 param_hint="--since") from None
+        raise typer.BadParameter(f"{exc} (or 'all')", param_hint="--since") from None
 
 
 def _pct(share: float | None) -> str:

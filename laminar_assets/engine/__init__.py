@@ -38,6 +38,7 @@ from .executor import Engine, checked_keys
 from .export import Connection, DeliveryResult, Exporter
 from .registry import Catalog, check_exports, check_tables, collect, collect_specs, order_specs
 from .run import EngineOptions, Mode, PartitionPlan, Reason, RunResult, SweepResult
+from .run.protocol import record_refused_run
 from .spark import SparkOptions, build_session, check_java, start_session
 from .spec import (
     BUILTIN_RULES,
@@ -77,6 +78,7 @@ from .windows import (
 __all__ = [
     # running
     "Engine", "EngineOptions", "checked_keys", "RunResult", "SweepResult", "Mode", "Reason", "PartitionPlan", "TableIntegrity",
+    "record_refused_run",
     # declaring
     "Agg", "BUILTIN_RULES", "BaseSpec", "DimensionJoin", "FactJoin", "FlowSpec", "Hopping", "LatePolicy",
     "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "check_tables", "collect_specs", "compile_sql",

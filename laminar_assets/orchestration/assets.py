@@ -6,7 +6,7 @@ import time
 import dagster as dg
 
 from laminar_assets.contracts.expectations import warm_up
-from laminar_assets.engine import FlowSpec, Granularity, LaminarError, RunResult, Spec, StageSpec
+from laminar_assets.engine import FlowSpec, Granularity, LaminarError, RunResult, Spec, StageSpec, record_refused_run
 from laminar_assets.engine.aggregates import implementation
 from laminar_assets.engine.delta import resolve_uri, table_info
 from laminar_assets.orchestration.check_partitions import CHANGED_KEY
@@ -167,7 +167,8 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
             warm_up()
         try:
             added = _guard_sources(spec, contracts, laminar.resolved_root())
-        except LaminarError as exc:
+        except LaminarError as exc:  # counted like a failed run: status and check show the flow failing
+            record_refused_run(laminar.checkpoints(), spec, list(context.partition_keys), context.run_id, exc)
             raise _failure(exc, {}, last=context.retry_number >= settings.retries) from None
         session_started = time.perf_counter()
         # the run's Spark: a Connect client in a deployment, else a local JVM

@@ -3,6 +3,7 @@ of specs. This repository's `definitions.py` and `LaminarComponent` both build t
 
 from __future__ import annotations
 
+import os
 import pathlib
 import warnings
 
@@ -10,7 +11,7 @@ import dagster as dg
 
 from laminar_assets import storage
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-from laminar_assets.engine import ExportSpec, FlowSpec, LaminarError, Spec, check_exports, check_tables
+from laminar_assets.engine import ExportSpec, FlowSpec, LaminarError, Spec, SpecError, check_exports, check_tables
 from laminar_assets.orchestration.alerts import build_failure_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
@@ -33,9 +34,27 @@ def output_columns(spec: Spec) -> list[str] | None:
 
 def specs_with_contracts(specs: list[Spec], contracts_dir: str | pathlib.Path | None = CONTRACTS):
     """(the specs as deployed, with their sources' contract rules folded in; the contracts by table)."""
+    if contracts_dir:
+        _refuse_sinks_on_sources(specs, load_contracts(contracts_dir))
     known = {s.sink: cols for s in specs if (cols := output_columns(s))}
     contracts = load_contracts(contracts_dir, known) if contracts_dir else {}
     return [with_contract_rules(s, contracts) for s in specs], contracts
+
+
+def _refuse_sinks_on_sources(specs: list[Spec], contracts: dict) -> None:
+    """A sink named like a table whose contract says `kind: source` would replace that source on its first
+    run (when no spec of this set reads it, `check_tables` cannot tell): refused here, in one line naming
+    the flow, the table and the contract, before the contract is compared with the flow's output columns
+    (which said only that the source's columns were missing)."""
+    sources = {os.path.normpath(t).casefold(): c for t, c in contracts.items() if c.kind == "source"}
+    for spec in specs:
+        contract = sources.get(os.path.normpath(spec.sink).casefold())
+        if contract is not None:
+            where = f" ({spec.origin})" if spec.origin else ""
+            raise SpecError(f"the sink '{spec.sink}' of {spec.kind} '{spec.name}'{where} is the source table "
+                            f"'{contract.table}' (its contract {pathlib.Path(contract.path).name} says kind: source): "
+                            "a run would replace its data; give the flow another sink",
+                            flow=spec.name, field="sink", file=contract.path)
 
 
 # Dagster marks four features Laminar relies on as beta/preview and warns each time they are used:

@@ -110,6 +110,25 @@ def outside_partitions(dirty: dict[Spec, list[str]], settings: LaminarSettings) 
     return out
 
 
+def outside_message(name: str, keys: list[str], start: datetime) -> str:
+    """The sensor's warning for `outside_partitions`: the keys before the asset's first partition (the
+    start is the fix) apart from those after its last, the current one (event times in the future: no
+    start would include them)."""
+    first = f"{start:%Y-%m-%d-%H:%M}"
+    before = [k for k in keys if k < first[:len(k)]]
+    after = [k for k in keys if k >= first[:len(k)]]
+    parts = []
+    if before:
+        parts.append(f"{len(before)} before its first partition ({before[0]}..{before[-1]}; it starts at "
+                     f"{start:%Y-%m-%d %H:%M}): set the flow's start (or the project's partitions_start) earlier "
+                     "to include them")
+    if after:
+        parts.append(f"{len(after)} after the current one ({after[0]}..{after[-1]}): event times in the future, "
+                     "a partition exists once its time has begun (rows after now + future_horizon are quarantined)")
+    return f"{name}: changed partitions outside the asset's partitions, no run can materialize them now: " + \
+        "; ".join(parts)
+
+
 def run_checks(specs: tuple[Spec, ...], contracts: set[str]) -> list[dg.AssetCheckKey]:
     """The checks a sensor-launched run carries: contracts (blocking ones gate consumers) and equivalence.
     `watermark_lag` scans every materialized partition; it runs on demand, not on every commit."""
@@ -156,10 +175,7 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
             context.log.info(note)
         by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}
         for name, (keys, start) in outside_partitions(by_spec, settings).items():
-            context.log.warning(
-                f"{name}: {len(keys)} changed partition(s) are outside the asset's partitions "
-                f"({keys[0]}..{keys[-1]}; they start at {start:%Y-%m-%d %H:%M}): no run can materialize them; "
-                f"set the flow's start (or the project's partitions_start) earlier to include them")
+            context.log.warning(outside_message(name, keys, start))
         # the run key names each table's id too: a lake rebuilt at the same path reaches the same
         # versions again, and Dagster skips a run whose key one of the sensor's runs already had
         span = ",".join(f"{t}:{plan.cursor.ids.get(t, '')[:8]}={_or_dash(cursor.since(t, v, plan.cursor.ids.get(t)))}..{v}"

@@ -88,3 +88,21 @@ def test_a_live_holder_keeps_its_lease_until_lease_seconds_on_this_host_too(tmp_
     _write_lease(tmp_path, **mine, started=time.time() - 61)  # still alive, but past lease_seconds
     with store.lease("f", "p", "run-3"):
         pass
+
+
+def test_a_lease_the_store_refuses_to_write_is_one_error_naming_the_partition_and_folder(tmp_path):
+    """A lock folder the process may not write (here a file stands where the folder goes; a permission
+    denied is the same OSError): one StorageError with the flow, the partition and what to fix, not a
+    bare `PermissionError: [Errno 1] ...` naming a temporary file."""
+    from laminar_assets.errors import StorageError
+
+    store = CheckpointStore(str(tmp_path))
+    locks = tmp_path / "_laminar" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "f").write_text("not a folder")
+    with pytest.raises(StorageError) as caught:
+        with store.lease("f", "2024-01-01-00:00", "run-1"):
+            pass
+    err = caught.value
+    assert err.facts["flow"] == "f" and err.facts["partition"] == "2024-01-01-00:00"
+    assert "cannot take the lease" in err.message and str(locks / "f") in err.message, err.message

@@ -76,6 +76,7 @@ def refill_killed_holding_its_slot(root, home, flow: str) -> str:
 
 @pytest.mark.process
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
+    (tmp_path / "_laminar").mkdir()  # a lake, so each command gets as far as its own error
     for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02...2024-01-03"],
@@ -90,6 +91,7 @@ def test_errors_are_one_red_line_and_nonzero(tmp_path):
 @pytest.mark.process
 def test_error_line_keeps_bracketed_facts(tmp_path):
     """The `[flow=...]` facts of a LaminarError are text, not rich markup."""
+    (tmp_path / "_laminar").mkdir()
     proc = run_cli("--root", str(tmp_path), "explain", "nope", home=tmp_path / "dh")
     assert proc.returncode == 1
     assert one_error_line(proc).endswith("[flow=nope]"), proc.stderr
@@ -102,7 +104,7 @@ def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
     import dagster as dg
 
     lake, home = tmp_path / "lake", tmp_path / "dh"
-    lake.mkdir()  # a storage root without tables: the flow's source is missing
+    (lake / "_laminar").mkdir(parents=True)  # a lake without tables: the flow's source is missing
     span = "...".join(f"{datetime.now(UTC) - timedelta(hours=h):%Y-%m-%d-%H}:00" for h in (2, 1))  # inside the asset's partitions
     proc = run_cli("--root", str(lake), "refill", "vwap_1m", "--partition-range", span, home=home)
     assert proc.returncode == 1
@@ -140,7 +142,7 @@ def test_a_bad_refill_range_fails_before_dagster_or_spark_start(tmp_path, monkey
 
     monkeypatch.setattr(in_process, "execute_request", no_run)
     lake = tmp_path / "lake"
-    lake.mkdir()
+    (lake / "_laminar").mkdir(parents=True)
     with pytest.raises(LaminarError) as info:
         invoke("--root", str(lake), "refill", "vwap_1m", "--partition-range", span(), home=tmp_path / "dh")
     assert problem in info.value.message and info.value.facts["flow"] == "vwap_1m", info.value
@@ -163,6 +165,7 @@ def test_failure_message_of_an_unexpected_exception_is_its_own_first_line():
 
 def test_explain_text_keeps_brackets_of_plan_and_spec(tmp_path, monkeypatch):
     """Spark's formatted plan (`Input [9]: [...]`) and user text are printed as they are, not as rich markup."""
+    (tmp_path / "_laminar").mkdir()
     import laminar_assets.engine.report as report
     from laminar_assets.cli import CliContext
     from laminar_assets.engine.report.overview import logical
@@ -212,6 +215,21 @@ def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
     assert str(missing) in line and "does not exist" in line and "laminar demo" in line and "--root" in line, line
     assert not proc.stdout.strip(), proc.stdout
     assert not missing.exists()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("args", [["status"], ["check"], ["refill", "vwap_1m"]])
+def test_a_root_that_is_some_other_folder_is_refused(tmp_path, args):
+    """`--root` pointing at a folder that is not a lake (a file in it, folders without a Delta log): `check`
+    said every check passed and `status` showed every source missing, with exit code 0."""
+    other = tmp_path / "project"
+    (other / "src").mkdir(parents=True)
+    (other / "notes.txt").write_text("hi")
+    proc = run_cli("--root", str(other), *args, home=tmp_path / "dh")
+    assert proc.returncode == 1, (args, proc.stdout)
+    line = one_error_line(proc)
+    assert str(other) in line and "holds no Delta table and no _laminar/ folder" in line and "--root" in line, line
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt", "src"]  # nothing written
 
 
 @pytest.mark.process

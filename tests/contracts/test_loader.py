@@ -104,3 +104,20 @@ def test_source_rules_are_carried_into_the_specs_that_read_the_source():
     assert with_contract_rules(stage, load_contracts(CONTRACTS)) is stage  # applying twice changes nothing
     flow = next(s for s in load_specs() if s.name == "vwap_1m")
     assert flow.rules == () and flow.event_time_bounds is None  # normalized_trades declares no rules
+
+
+@pytest.mark.parametrize("sink", ["symbols", "./Symbols"])
+def test_a_sink_named_like_a_source_with_a_contract_is_refused_naming_flow_table_and_contract(sink):
+    """A flow folder whose specs do not read `symbols` cannot tell from the specs that it is a source; its
+    contract can. Before: `contract symbols.yaml: ... table 'symbols' has no column 'sector'`."""
+    import dataclasses
+
+    from laminar_assets.definitions import specs_with_contracts
+    from laminar_assets.errors import SpecError
+
+    vwap = next(s for s in load_specs() if s.name == "vwap_1m")
+    with pytest.raises(SpecError) as info:
+        specs_with_contracts([dataclasses.replace(vwap, sink=sink)])
+    assert f"the sink '{sink}' of flow 'vwap_1m'" in info.value.message
+    assert "is the source table 'symbols' (its contract symbols.yaml says kind: source)" in info.value.message
+    assert info.value.facts["flow"] == "vwap_1m" and info.value.facts["field"] == "sink"

@@ -7,6 +7,7 @@ import dagster as dg
 import pytest
 from deltalake import write_deltalake
 
+from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.contracts import load_contracts
 from laminar_assets.definitions import CONTRACTS
 from laminar_assets.engine import Engine
@@ -92,6 +93,11 @@ def test_retyped_source_column_stops_the_run_before_writing(spark, lake, laminar
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert "column 'price' at version 1: expected double (contract), found string" in failure.step_failure_data.error.message
     assert not lake.table_exists("normalized_trades")
+    # counted as a failing run, so `laminar status` and `laminar check` do not show the stage healthy
+    mark = CheckpointStore(lake.root).load("normalized_trades", P9)
+    assert mark.seq == 0 and mark.source_versions == {} and mark.failed_runs.count == 1
+    assert "expected double (contract), found string" in mark.failed_runs.last_error
+    assert mark.failed_runs.run_id == result.run_id
 
 
 def test_added_nullable_source_column_is_accepted_and_reported(spark, lake, laminar, instance):

@@ -297,6 +297,21 @@ def test_changes_before_partitions_start_are_reported_not_dropped_quietly():
     assert outside_partitions(own, SETTINGS) == {"vwap_1m": (["2024-01-02-09:00"], datetime(2024, 1, 2, 10, tzinfo=UTC))}
 
 
+def test_changes_after_the_current_partition_are_not_blamed_on_the_start():
+    """A row dated in the future (a wrong clock, year 9999) makes partitions up to now + future_horizon dirty;
+    the warning said to set the start earlier, which cannot include them."""
+    from laminar_assets.orchestration.sensors import outside_message
+
+    start = datetime(2024, 1, 2, 10, tzinfo=UTC)
+    future = outside_message("vwap_1m", ["2024-01-05-06:00", "2024-01-05-07:00"], start)
+    assert "2 after the current one (2024-01-05-06:00..2024-01-05-07:00): event times in the future" in future
+    assert "start" not in future.split(": event times")[1] and "earlier" not in future
+    both = outside_message("vwap_1m", ["2024-01-02-09:00", "2024-01-05-06:00"], start)
+    assert "1 before its first partition (2024-01-02-09:00..2024-01-02-09:00; it starts at 2024-01-02 10:00): set the " \
+           "flow's start" in both and "1 after the current one (2024-01-05-06:00..2024-01-05-06:00)" in both
+    assert "2 before" in outside_message("daily", ["2024-01-01", "2024-01-02"], datetime(2024, 1, 3, tzinfo=UTC))
+
+
 def test_flows_with_their_own_start_run_apart_from_the_rest_of_their_part():
     """Dagster runs only assets of one partitions definition together: a flow with its own start gets
     its own run, and every run's partition keys exist in its assets' partitions."""

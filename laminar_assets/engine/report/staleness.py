@@ -124,17 +124,25 @@ def inspect_partition(root: str, spec: Spec, partition: str,
     """The watermark of a partition and the plan a run would follow now (schema checks aside)."""
     store = store or CheckpointStore(root)
     mark = store.load(spec.name, partition)
-    histories, dims = {}, {}
+    histories, dims, dim_ids = {}, {}, {}
+    # a table deleted and created again at the same path (another Delta id) is judged as a run judges it
+    # (`RunInputs.histories_after`, the planner's dimension check): its versions say nothing about the old one
+    was = mark.source_ids if (mark and mark.committed) else {}
     for src in spec.sources:
         uri = resolve_uri(root, src)
         info = table_info(src, uri)
         since = mark.source_versions.get(src) if (mark and mark.committed) else None
-        histories[src] = source_history(src, uri, since, info.version, spec.event_time, info=info)
+        history = source_history(src, uri, since, info.version, spec.event_time, info=info)
+        recreated = since is not None and was.get(src) and info.table_id and was[src] != info.table_id
+        histories[src] = history.replaced(since) if recreated else history
     for table in spec.dimension_tables:
-        dims[table] = table_info(table, resolve_uri(root, table)).version
+        info = table_info(table, resolve_uri(root, table))
+        dims[table] = info.version
+        if info.table_id:
+            dim_ids[table] = info.table_id
     schema = dict(mark.input_schema) if mark else {}
     plan = plan_partition(PlannerInput(spec=spec, partition=partition, watermark=mark, histories=histories,
-                                       dimension_versions=dims, input_schema=schema))
+                                       dimension_versions=dims, dimension_ids=dim_ids, input_schema=schema))
     return mark, plan
 
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from laminar_assets.checkpoints import FailedRuns, PendingRun, Watermark
+from laminar_assets.checkpoints import CheckpointStore, FailedRuns, PendingRun, Watermark
 from laminar_assets.errors import ConcurrentRunError, LaminarError
 
 from ..delta.tables import open_delta
@@ -171,18 +171,39 @@ def record_failed_run(ctx: RunContext, spec, partitions: list[str], marks: dict[
     """Count a failed run against each partition whose watermark it did not move (`FailedRuns`), for
     `laminar status` and `laminar check`; the run's leases are held. Planning never reads it. A record
     that cannot be written loses the count, not the run's own error, which the caller raises."""
-    now = datetime.now(UTC).isoformat()
     for k in partitions:
         try:
             if k in marks and finished_since(ctx, spec, k, marks[k]):
                 continue
-            base = ctx.store.load(spec.name, k) or Watermark(spec.name, k, spec.spec_hash, {}, 0)
-            before = base.failed_runs
-            ctx.store.save(base.with_(failed_runs=FailedRuns(
-                count=(before.count if before else 0) + 1, since=before.since if before else now, last_at=now,
-                last_error=short(exc), run_id=run_id)))
+            _count_failure(ctx.store, spec, k, run_id, exc)
         except (LaminarError, OSError) as err:
             log.warning("%s %s: the failed run %s was not recorded (%s)", spec.name, k, run_id, err)
+
+
+def record_refused_run(store: CheckpointStore, spec, partitions: list[str], run_id: str, exc: BaseException) -> None:
+    """Count a run refused before it began (e.g. a source its contract refuses, or a source that is gone,
+    found by the orchestrator's guard before the engine runs) against each partition, as `record_failed_run`
+    counts one that failed: otherwise `laminar status` and `laminar check` would show such a flow healthy
+    while every run of it fails. Each record is written under the partition's lease, so it never replaces
+    the watermark of a run in progress; a partition whose lease another run holds is left to that run."""
+    for k in partitions:
+        try:
+            with store.lease(spec.name, k, run_id):
+                _count_failure(store, spec, k, run_id, exc)
+        except ConcurrentRunError:
+            continue
+        except (LaminarError, OSError) as err:
+            log.warning("%s %s: the refused run %s was not recorded (%s)", spec.name, k, run_id, err)
+
+
+def _count_failure(store: CheckpointStore, spec, partition: str, run_id: str, exc: BaseException) -> None:
+    """Add one failed run to the partition's `FailedRuns` (a watermark with nothing committed when it has none)."""
+    now = datetime.now(UTC).isoformat()
+    base = store.load(spec.name, partition) or Watermark(spec.name, partition, spec.spec_hash, {}, 0)
+    before = base.failed_runs
+    store.save(base.with_(failed_runs=FailedRuns(
+        count=(before.count if before else 0) + 1, since=before.since if before else now, last_at=now,
+        last_error=short(exc), run_id=run_id)))
 
 
 def finished_since(ctx: RunContext, spec, partition: str, mark: Watermark | None) -> bool:

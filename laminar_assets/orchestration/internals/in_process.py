@@ -65,11 +65,33 @@ def execute_job_here(job: dg.JobDefinition, *, instance: dg.DagsterInstance, par
             pool_wait.notify(note)
     tags = {**tags, **RunProcess.current().tag()}
     with pool_wait_policy(pool_wait):
-        return core_execute_in_process(
+        outcome = core_execute_in_process(
             run_config=run_config, job=InMemoryJob(job), instance=instance, output_capturing_enabled=False,
             raise_on_error=False,
             run_tags=merge_run_tags(job_def=job, partition_key=partition_key, tags=tags, asset_selection=None,
                                     instance=instance, run_config=run_config))
+    if was_interrupted(outcome):
+        # Dagster took the Ctrl-C (SIGINT) as a request to end the run: its running steps finished, no
+        # new one started, the run is recorded failed. The user asked the process to stop, so it stops
+        # here as interrupted (the CLI exits 130) instead of going on to its next run (`laminar demo`).
+        raise KeyboardInterrupt(f"run {outcome.run_id} was interrupted")
+    return outcome
+
+
+def was_interrupted(outcome: dg.ExecuteInProcessResult) -> bool:
+    """Whether an interrupt ended the run: the thread executor's termination event, or the error an
+    executor that raises interrupts (Dagster's own) fails the run with."""
+    for event in outcome.all_events:
+        data = event.event_specific_data
+        if event.event_type_value == "ENGINE_EVENT" and "steps_interrupted" in (getattr(data, "metadata", None) or {}):
+            return True
+        if event.is_run_failure or event.is_step_failure:
+            error = getattr(data, "error", None)
+            while error is not None:
+                if error.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
+                    return True
+                error = error.cause
+    return False
 
 
 def failure_message(outcome: dg.ExecuteInProcessResult) -> str:

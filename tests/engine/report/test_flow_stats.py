@@ -112,4 +112,5 @@ def test_laminar_status_shows_the_rates(ran, tmp_path):
     text = invoke(*common, home=tmp_path / "dh").output
     assert "hit rate" in text and "33%" in text and "partition runs, since" in text
     bad = invoke(*common, "--since", "soon", home=tmp_path / "dh")
-    assert bad.exit_code != 0 and "expected a duration like '24h'" in bad.output
+    assert bad.exit_code != 0 and "expected a duration like '1m'" in bad.output and "(or 'all')" in bad.output
+    assert bad.output.count("expected a duration") == 1, bad.output  # said once, not twice in one line

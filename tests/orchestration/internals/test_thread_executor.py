@@ -200,8 +200,17 @@ def test_a_termination_request_starts_no_new_step(tmp_path):
         (tmp_path / "second-ran").write_text("yes")
         return dg.MaterializeResult()
 
-    result, events, record, _ = _run([first, second], max_concurrent=2)
-    assert not result.success and record.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+    job = dg.Definitions(jobs=[dg.define_asset_job("j", executor_def=thread_executor.configured({"max_concurrent": 2}))],
+                         assets=[first, second]).resolve_job_def("j")
+    with dg.instance_for_test() as instance:
+        # the process was asked to stop: the caller (`laminar demo`, `refill`) stops too, as interrupted,
+        # instead of going on to its next run with the interrupted one's partitions held
+        with pytest.raises(KeyboardInterrupt, match="was interrupted"):
+            execute_job_here(job, instance=instance, partition_key=None, tags={}, run_config={})
+        [record] = instance.get_runs()
+        events = [(e.dagster_event.event_type_value, e.dagster_event.step_key)
+                  for e in instance.all_logs(record.run_id) if e.dagster_event]
+    assert record.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
     assert "second" not in _order(events, "STEP_START") and not (tmp_path / "second-ran").exists()
     # the running step was not cut off: it ended, and its end is recorded
     assert ("STEP_SUCCESS", "first") in events
