@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive test-jars chromium redis demo demo-s3 ui-s3 test test-fast quality lint ui clean bench bench-smoke soak
+.PHONY: install class-archive test-jars chromium redis demo demo-s3 ui-s3 test test-fast test-quick quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The s3a jars (hadoop-aws and the AWS SDK modules it uses) and delta-spark's jars from Maven Central,
@@ -49,13 +49,15 @@ ui-s3: class-archive $(DAGSTER_HOME)/dagster.yaml
 ui: class-archive $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar serve
 
-# Two test processes (pytest-xdist), each with its own Spark session; a file's tests stay in one
-# process, so its fixtures are built once. The deployment tests mostly wait on servers they start,
-# so two processes on 2 cores take about half the time of one. TEST_WORKERS=0 runs in one process.
-# Files go out in collection order, which tests/conftest.py starts with the slowest ones.
+# Test processes (pytest-xdist), each with its own Spark session; a file's tests stay in one process, so
+# its fixtures are built once (a long test sharded by tests/conftest.py `shards` goes out shard by shard).
+# TEST_WORKERS=0 runs in one process. Files go out in collection order, which tests/conftest.py starts
+# with the slowest ones. The end of the output lists the slowest files with their wall and CPU seconds
+# against a budget (tests/timing.py, docs/testing.md).
 TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: class-archive chromium redis test-jars
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+	$(PYTEST) --durations=15
 
 # s3proxy, a local S3 server with honest conditional writes, for the tests that race two writers.
 test-jars: install
@@ -91,8 +93,14 @@ soak: class-archive
 lint: install
 	$(BIN)/ruff check laminar_assets bench tests
 
+# Between two changes (docs/testing.md): test-fast needs no Spark and no process of its own (the small
+# servers some tests use, PostgreSQL and Redis, start in seconds); test-quick adds one representative of each
+# area that does (tests/conftest.py QUICK), with sixteen random stateful histories (a few minutes).
 test-fast: install redis
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark"
+	$(PYTEST) -m "not (spark or deployment or process)"
+
+test-quick: class-archive test-jars redis
+	LAMINAR_STATEFUL_EXAMPLES=16 $(PYTEST) -m "quick or not (spark or deployment or process)"
 
 # Benchmark (bench/README.md): incremental vs refill vs full recompute vs Structured Streaming,
 # scaling with table size, end-to-end freshness. Reports numbers; fails only on wrong answers.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -39,24 +38,70 @@ SLOWEST_FILES = (
 )
 
 
+# `make test-quick`: besides every test that needs neither Spark nor a server (`make test-fast`), one
+# representative of each area that does, so a developer runs it between two changes (docs/testing.md).
+# tests/test_tiers.py fails when one of these no longer names a test.
+QUICK = (
+    "tests/engine/test_reasons.py::test_delete_on_non_retractable_flow_refills_only_touched_windows",
+    "tests/engine/test_differential.py::test_fixed_history_exercises_every_path[tiny-pass-path]",
+    "tests/engine/test_crash_safety.py::test_crash_during_incremental_run[after_state_commit-local-retracting]",
+    "tests/engine/test_stateful.py::test_random_histories_keep_every_invariant[shard-0]",
+    "tests/engine/test_stages.py::test_stage_incremental_appends_dedup_and_downstream_flow[driver-writes]",
+    "tests/engine/test_one_pass.py::test_a_flow_run_costs_the_same_few_jobs_however_many_partitions_change",
+    "tests/engine/aggregates/test_aggregates.py::test_empty_state_is_the_identity",
+    "tests/engine/quarantine/test_quarantine.py::test_each_broken_row_is_quarantined_once_with_rule_version_and_row[spark-writes]",
+    "tests/engine/sql/test_sql_flows.py::test_refill_only_query_recomputes_exactly_the_touched_windows",
+    "tests/engine/report/test_system_tables.py::test_runs_from_commit_history",
+    "tests/engine/test_object_store.py::test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute",
+    "tests/orchestration/test_assets.py::test_partition_range_runs_in_one_run",
+    "tests/orchestration/test_checks.py::test_checks_pass_then_fail_on_a_corrupted_sink_row",
+    "tests/contracts/test_expectations.py::test_engines_agree_on_failures",
+    "tests/cli/test_sql_command.py::test_query_a_sink",
+    "tests/deploy/test_connect.py::test_an_unreachable_endpoint_fails_fast_and_clearly",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    quick = set(QUICK)
+    for item in items:
+        if item.nodeid in quick:
+            item.add_marker(pytest.mark.quick)
     rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
-_seconds_by_file: dict[str, float] = defaultdict(float)
+SHARD = "[shard-"  # the id of a test parametrized by `shards()`: each shard is a scope of its own
 
 
-def pytest_runtest_logreport(report):
-    _seconds_by_file[report.nodeid.split("::")[0]] += report.duration
+def shards(count: int):
+    """Parametrize a long test into `count` shards (`shard` = 0..count-1) that `make test` hands to the
+    test processes one by one, where a file's other tests stay together (`pytest_xdist_make_scheduler`)."""
+    return pytest.mark.parametrize("shard", range(count), ids=[f"shard-{i}" for i in range(count)])
 
 
-def pytest_terminal_summary(terminalreporter):
-    if not _seconds_by_file:
-        return
-    terminalreporter.section("slowest files")
-    for path, seconds in sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])[:20]:
-        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+def shard_size(total: int, count: int, shard: int) -> int:
+    """How many of `total` examples shard `shard` of `count` runs, so that the shards run `total` together."""
+    return total // count + (shard < total % count)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, except that each shard of a sharded test is a unit of its own: the random
+    stateful test's 200 histories would otherwise keep one process busy for a quarter of an hour."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileOrShardScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if SHARD in nodeid else super()._split_scope(nodeid)
+
+    return FileOrShardScheduling(config, log)
+
+
+def pytest_configure(config):
+    from tests import timing
+
+    config.pluginmanager.register(timing, "laminar-timing")  # per-file wall and CPU seconds (tests/timing.py)
 
 
 @pytest.fixture(scope="session")
@@ -143,6 +188,34 @@ def laminar(lake) -> LaminarResource:
     # stop_at_end=False: reuse the test session's SparkSession instead of one per run.
     return LaminarResource(root=lake.root, spark=SparkResource(master="local[2]", shuffle_partitions=2,
                                                                stop_at_end=False))
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """One Spark Connect server for the test process, started when a test first needs it and shared by
+    every test that does: the deployment's engine paths (tests/deploy/test_connect.py) and the child
+    processes that are killed or race mid-run (a Connect client is up in a second or two; a JVM of its
+    own took them ~15 s each). Its s3a holds the local S3 servers' keys (tests/object_store.py) from
+    its environment; each session sets the endpoint of the lake it uses (`use_object_store`)."""
+    from laminar_assets.deploy import ConnectServerOptions, start_connect_server
+    from laminar_assets.deploy.local_s3 import KEY, SECRET
+    from laminar_assets.engine import SparkOptions
+    from laminar_assets.storage import ObjectStoreOptions
+    from tests.deploy.processes import free_port, listening
+
+    logs = tmp_path_factory.mktemp("connect")
+    options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
+                                   spark=SparkOptions(driver_memory="1g", shuffle_partitions=2))
+    before = storage.options()
+    storage.configure(ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
+                                         path_style=True))
+    try:
+        server = start_connect_server(options)
+    finally:
+        storage.configure(before)
+    with server:
+        yield server
+    assert not listening(options.port), "the Connect server still listens after stop()"
 
 
 @pytest.fixture(scope="session")

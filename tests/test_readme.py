@@ -245,6 +245,7 @@ def test_every_make_target_shown_exists():
     assert {"demo", "test", "ui", "quality", "soak", "bench", "bench-smoke", "test-fast"} <= seen, seen
 
 
+@pytest.mark.process
 def test_every_laminar_command_shown_exists():
     """One `laminar <command> --help` per command shown; every option shown must be in its help."""
     laminar = str(BIN / "laminar")
@@ -274,6 +275,7 @@ def test_every_laminar_command_shown_exists():
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.process
 def test_every_dagster_command_shown_exists():
     dagster = str(BIN / "dagster")
     seen, problems = set(), []
@@ -394,6 +396,7 @@ def test_dagster_asset_materialize_from_repo_root(tmp_path):
     assert sorted(lake.read("normalized_trades")["trade_id"]) == [1, 2, 3]
 
 
+@pytest.mark.process
 def test_dagster_dev_serves_the_definitions(tmp_path):
     assert any("`dagster dev`" in p.read_text() for p in DOCS)
     port = free_port()

@@ -74,6 +74,7 @@ def refill_killed_holding_its_slot(root, home, flow: str) -> str:
     return slots[0].run_id
 
 
+@pytest.mark.process
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
     (tmp_path / "_laminar").mkdir()  # a lake, so each command gets as far as its own error
     for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
@@ -87,6 +88,7 @@ def test_errors_are_one_red_line_and_nonzero(tmp_path):
         assert text in one_error_line(proc), (args, proc.stderr)
 
 
+@pytest.mark.process
 def test_error_line_keeps_bracketed_facts(tmp_path):
     """The `[flow=...]` facts of a LaminarError are text, not rich markup."""
     (tmp_path / "_laminar").mkdir()
@@ -95,6 +97,7 @@ def test_error_line_keeps_bracketed_facts(tmp_path):
     assert one_error_line(proc).endswith("[flow=nope]"), proc.stderr
 
 
+@pytest.mark.process
 def test_failed_refill_is_one_line_naming_flow_range_and_cause(tmp_path):
     """A run that fails inside Dagster: no Dagster log lines or stack traces on the console, one line that
     names the flow, the range and the Laminar error; the failure is still recorded in the Dagster instance."""
@@ -200,6 +203,7 @@ def test_quarantine_example_rows_keep_brackets(tmp_path, monkeypatch):
     assert '"[b]ad"' in out.output, out.output
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["explain", "vwap_1m"], ["quarantine"],
                                   ["refill", "vwap_1m"], ["check"]])
 def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
@@ -213,6 +217,7 @@ def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
     assert not missing.exists()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", [["status"], ["check"], ["refill", "vwap_1m"]])
 def test_a_root_that_is_some_other_folder_is_refused(tmp_path, args):
     """`--root` pointing at a folder that is not a lake (a file in it, folders without a Delta log): `check`
@@ -227,6 +232,7 @@ def test_a_root_that_is_some_other_folder_is_refused(tmp_path, args):
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt", "src"]  # nothing written
 
 
+@pytest.mark.process
 def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
     new = tmp_path / "new" / "lake"
     assert run_cli("--root", str(new), "dag", home=tmp_path / "dh").returncode == 0

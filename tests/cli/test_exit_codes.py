@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[2]
 ABORT = "terminate called without an active exception"
 ARM = "from tests.cli.abort_at_exit import arm; arm(); "

@@ -6,6 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 SCRIPT = """
 import sys
 from laminar_assets.contracts.expectations import warm_up

@@ -4,6 +4,10 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 
 def test_the_cli_and_what_the_demo_imports_before_its_jvm_starts_load_no_dagster():
     # the CLI's modules, then what `demo` imports before `start_session` (cli/run_commands.py)

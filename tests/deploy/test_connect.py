@@ -22,7 +22,7 @@ from laminar_assets.errors import EnvironmentProblem
 from laminar_assets.flows import load_specs
 from tests.delta_features import delete_where, enable_deletion_vectors, snapshot
 from tests.deploy.connect_scenario import VECTOR_FLOWS, vector_flow
-from tests.deploy.processes import free_port, listening
+from tests.deploy.processes import free_port
 from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = [pytest.mark.spark, pytest.mark.deployment, pytest.mark.timeout(900)]
@@ -30,14 +30,10 @@ SPECS, _ = specs_with_contracts(load_specs())
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("connect")
-    options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
-                                   spark=SparkOptions(driver_memory="1g", shuffle_partitions=2))
-    with start_connect_server(options) as running:
-        yield running
-    assert not listening(options.port), "the Connect server still listens after stop()"
+@pytest.fixture
+def server(connect_server):
+    """The test process's Connect server (tests/conftest.py), shared with the other tests that need one."""
+    return connect_server
 
 
 def test_the_demo_pipeline_over_spark_connect_equals_a_local_recompute(server, spark, tmp_path):

@@ -1,9 +1,15 @@
-"""The deployment end to end, as a user runs it: `laminar serve` (Spark Connect server + dagster dev
-with the daemon) on a temporary DAGSTER_HOME and lake, sensors on, with Dagster's storage on SQLite
-(dagster.yaml) and on a real PostgreSQL server (dagster.postgres.yaml). Two batches of commits
-(appends, late rows, duplicates, updates, deletes) flow through daemon-launched runs; then every
-run succeeded, every check passed, and every sink equals an independent recompute. Last, headless
-Chromium opens the UI (tests/deploy/ui_browser.py; screenshots kept in .laminar/ui-test/)."""
+"""The deployment end to end, as a production team runs it: `laminar serve` (Spark Connect server +
+dagster dev with the daemon) with Dagster's storage on a real PostgreSQL server (dagster.postgres.yaml)
+and the lake only in a bucket of a local S3 server, sensors on. Two batches of commits (appends, late
+rows, duplicates, updates, deletes) flow through daemon-launched runs; then every run succeeded, every
+check passed, and every sink equals an independent recompute. Last, headless Chromium opens the UI
+(tests/deploy/ui_browser.py; screenshots kept in .laminar/ui-test/).
+
+One deployment covers both of what used to be two (SQLite with a local lake, Postgres with a bucket):
+everything a daemon-launched run does is the same code on either storage and either lake, and each
+half is tested on its own elsewhere: `laminar serve` on SQLite with the daemon in
+tests/deploy/test_serve_signals.py, runs on a SQLite instance through the same executor and launcher
+in tests/orchestration/ and the demo, the local lake everywhere else."""
 
 from __future__ import annotations
 
@@ -46,42 +52,28 @@ SPECS, _ = specs_with_contracts(load_specs())
 
 
 @pytest.fixture
-def postgres(tmp_path):
-    """A throwaway PostgreSQL server (pgserver's bundled binaries) on a Unix socket, no TCP port;
-    stopped at the end, also on failure. Yields a SQLAlchemy URL for dagster-postgres."""
-    import pgserver
-
-    server = pgserver.get_server(str(tmp_path / "pg"), cleanup_mode="stop")
-    try:
-        yield server.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)
-    finally:
-        server.cleanup()
+def postgres(pg_server, pg_database) -> str:
+    """A database of its own on the test process's PostgreSQL server (tests/postgres.py), as a SQLAlchemy URL
+    for dagster-postgres."""
+    return pg_server.url(pg_database).replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
-@pytest.fixture(params=["sqlite", "postgres-s3"])
-def deployment(request, tmp_path, monkeypatch):
-    """`laminar serve` as `make ui` starts it (Dagster's storage on SQLite, the lake in a local folder), and
-    as a production deployment would (Dagster's storage on Postgres, the lake in a bucket of a local S3
-    server that the serve process and everything it starts reach through the AWS environment)."""
-    root, home, logs = str(tmp_path / "lake"), tmp_path / "dagster_home", tmp_path / "logs"
+@pytest.fixture
+def deployment(tmp_path, monkeypatch, s3_server, postgres):
+    """`laminar serve` as a production deployment runs it: Dagster's storage on Postgres, the lake in a
+    bucket of a local S3 server that the serve process and everything it starts reach through the AWS
+    environment."""
+    root, home, logs = s3_server.bucket(), tmp_path / "dagster_home", tmp_path / "logs"
     home.mkdir()
     logs.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("LAMINAR_SPARK_REMOTE", "LAMINAR_DAGSTER_YAML")}
-    if request.param == "postgres-s3":
-        server = request.getfixturevalue("s3_server")
-        root = server.bucket()
-        env.update(server.options.as_env())
-        before = storage.options()
-        storage.configure(server.options)  # this process reads the lake too
-        request.addfinalizer(lambda: storage.configure(before))
-    if request.param == "postgres-s3":
-        url = request.getfixturevalue("postgres")
-        monkeypatch.setenv("DAGSTER_PG_URL", url)  # this process reads the instance too
-        env["DAGSTER_PG_URL"] = url
-        shutil.copy(REPO / "dagster.postgres.yaml", home / "dagster.yaml")
-        env["LAMINAR_DAGSTER_YAML"] = str(REPO / "dagster.postgres.yaml")
-    else:
-        shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    env.update(s3_server.options.as_env())
+    before = storage.options()
+    storage.configure(s3_server.options)  # this process reads the lake too
+    monkeypatch.setenv("DAGSTER_PG_URL", postgres)  # this process reads the instance too
+    env["DAGSTER_PG_URL"] = postgres
+    shutil.copy(REPO / "dagster.postgres.yaml", home / "dagster.yaml")
+    env["LAMINAR_DAGSTER_YAML"] = str(REPO / "dagster.postgres.yaml")
     env.update(DAGSTER_HOME=str(home), LAMINAR_ROOT=root)
     ui, spark = free_port(), free_port()
     log = open(logs / "serve.log", "wb")
@@ -92,8 +84,9 @@ def deployment(request, tmp_path, monkeypatch):
     try:
         wait_for(lambda: listening(ui), 300, "the Dagster UI", alive=lambda: proc.poll() is None)
         assert (logs / "dagster.log").exists() and (logs / "spark-connect.log").exists()  # on this machine, also for s3
-        yield root, home, request.param, f"http://127.0.0.1:{ui}"
+        yield root, home, f"http://127.0.0.1:{ui}"
     finally:
+        storage.configure(before)
         ignored_sigint = False
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # what Ctrl-C does: serve stops dagster, then Spark
@@ -119,10 +112,9 @@ def caught_up(root: str, instance: dg.DagsterInstance) -> bool:
 
 
 def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, spark):
-    root, home, kind, ui = deployment
+    root, home, ui = deployment
     instance = dg.DagsterInstance.from_config(str(home))
-    run_storage = type(instance.run_storage).__name__
-    assert run_storage == {"postgres-s3": "PostgresRunStorage", "sqlite": "SqliteRunStorage"}[kind]
+    assert type(instance.run_storage).__name__ == "PostgresRunStorage"
     # recent data, as `laminar demo` writes: the UI plots only the latest partitions
     write_batch(root, BatchOptions(rows=200, seed=3, start=recent_start()), batch=0)
     wait_for(lambda: caught_up(root, instance) and is_delta_table(storage.join(root, "vwap_1m")), 600,
@@ -159,7 +151,7 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
             assert_frames_match(open_delta(storage.join(root, spec.sink)).to_pandas(), expected, spec.keys)
 
     # the same deployment in a real browser (headless Chromium): graph, partition page, checks, plots
-    browser = Browser(ui, REPO / ".laminar" / "ui-test" / kind)
+    browser = Browser(ui, REPO / ".laminar" / "ui-test")
     try:
         check_asset_graph(browser, ["raw_trades", "symbols", *(s.name for s in SPECS)])
         for spec in SPECS:

@@ -20,6 +20,8 @@ import pytest
 
 from tests.deploy.processes import free_port, kill_tagged, listening, wait_for
 
+pytestmark = pytest.mark.deployment
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """

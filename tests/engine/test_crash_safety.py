@@ -96,11 +96,13 @@ def test_failed_attempt_refills_next_time(spark, lake):
     _check(spark, lake, RETRACTING)
 
 
+# The killed run is a Spark Connect client of the test process's server, as a daemon-launched run is: its
+# driver work runs on the server, its commits in the killed process.
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from laminar_assets.engine import Engine, SparkOptions, build_session
     from tests.engine.test_crash_safety import RETRACTING, PART, KEYS
-    spark = build_session(SparkOptions(master="local[1]", shuffle_partitions=1))
+    spark = build_session(SparkOptions(remote=sys.argv[4], shuffle_partitions=1))
     def hook(step):
         if step == sys.argv[2]:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -114,10 +116,10 @@ KEYS = ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00"]
 MORE = [("2024-01-01 00:05:00", "b", 3.0, 2), ("2024-01-01 01:25:00", "a", 4.0, 3), ("2024-01-01 02:45:00", "c", 5.0, 1)]
 
 
-def _kill_at(lake, step: str, how: str) -> None:
+def _kill_at(lake, step: str, how: str, server) -> None:
     # the killed process reaches the lake's store through the AWS environment (as a deployed run does)
     store = storage.options().as_env() if storage.is_object_store(lake.root) else {}
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, lake.root, step, how],
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, lake.root, step, how, server.url],
                           cwd=os.getcwd(), capture_output=True, text=True, timeout=300,
                           env={**os.environ, **store, "PYTHONPATH": os.getcwd()})
     assert proc.returncode == -9, proc.stderr[-2000:]
@@ -137,14 +139,14 @@ def _check_hours(spark, lake, flow, hours: int) -> None:
 @pytest.mark.parametrize("how,step", [("one", "after_state_commit"), ("one", "after_sink_commit"),
                                       ("many", "after_state_commit"), ("many", "after_sink_commit"),
                                       ("many", "after_first_watermark")])
-def test_sigkill_at_a_commit_step_then_a_rerun_equals_a_clean_run(spark, any_lake, how, step):
+def test_sigkill_at_a_commit_step_then_a_rerun_equals_a_clean_run(spark, connect_server, any_lake, how, step):
     lake = any_lake
     lake.create("trades", BASE + MORE[1:])
     keys = KEYS if how == "many" else [PART]
     Engine(spark, lake.root).run_many(RETRACTING, keys)
     lake.append("trades", MORE[:1] + [("2024-01-01 02:50:00", "a", 6.0, 2)])
     lake.delete("trades", "qty = 3")
-    _kill_at(lake, step, how)
+    _kill_at(lake, step, how, connect_server)
     lock = storage.join(lake.root, "_laminar", "locks", "vol", "2024-01-01-00-00.lock")
     assert storage.exists(lock)  # the dead run still "holds" the partition
     marks = [json.loads(storage.read(storage.join(lake.root, "_laminar", "checkpoints", "vol",

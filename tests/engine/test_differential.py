@@ -7,12 +7,12 @@ import shutil
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, Reason, Tumbling
 from laminar_assets.engine.sql.views import compile_sql
-from tests.conftest import Lake
+from tests.conftest import Lake, shard_size, shards
 from tests.lake_invariants import assert_lake_intact, assert_no_orphans
 from tests.reference import assert_frames_match, full_recompute
 
@@ -144,18 +144,28 @@ def _run_history(spark, cdf: bool, first_rows, ops, options: EngineOptions | Non
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(cdf=st.booleans(), first_rows=st.lists(row, min_size=1, max_size=10), ops=st.lists(op, min_size=2, max_size=7),
-       options=options)
-def test_incremental_equals_full_recompute(spark, cdf, first_rows, ops, options):
-    seen = _run_history(spark, cdf, first_rows, ops, options)
-    assert all(mode is not Mode.INCREMENTAL for mode, _ in seen["sql_refill_only"])  # nothing of it merges
-    # With a change data feed, a retractable flow needs a refill for deletes/updates only when a
-    # retraction cost a window its precision, or when a refill was the cheaper way.
-    if cdf:
-        allowed = {Reason.NO_WATERMARK, Reason.CHECKPOINT_EXPIRED, Reason.PRECISION_LOSS, Reason.REFILL_CHEAPER}
-        for mode, reason in seen["hop_retract"] + seen["tumble_retract"]:
-            assert mode is not Mode.REFILL or reason in allowed, reason
+SHARDS = 2
+
+
+@shards(SHARDS)
+def test_incremental_equals_full_recompute(spark, shard):
+    """EXAMPLES random histories in all, in shards the test processes take one by one (seeds 0, 1)."""
+
+    @seed(shard)
+    @settings(max_examples=shard_size(EXAMPLES, SHARDS, shard), deadline=None, suppress_health_check=list(HealthCheck))
+    @given(cdf=st.booleans(), first_rows=st.lists(row, min_size=1, max_size=10),
+           ops=st.lists(op, min_size=2, max_size=7), options=options)
+    def history(cdf, first_rows, ops, options):
+        seen = _run_history(spark, cdf, first_rows, ops, options)
+        assert all(mode is not Mode.INCREMENTAL for mode, _ in seen["sql_refill_only"])  # nothing of it merges
+        # With a change data feed, a retractable flow needs a refill for deletes/updates only when a
+        # retraction cost a window its precision, or when a refill was the cheaper way.
+        if cdf:
+            allowed = {Reason.NO_WATERMARK, Reason.CHECKPOINT_EXPIRED, Reason.PRECISION_LOSS, Reason.REFILL_CHEAPER}
+            for mode, reason in seen["hop_retract"] + seen["tumble_retract"]:
+                assert mode is not Mode.REFILL or reason in allowed, reason
+
+    history()
 
 
 # The pass path (how rows are combined) does not touch storage, so the bucket runs only one of them.

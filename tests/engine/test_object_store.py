@@ -5,6 +5,7 @@ runs equal a recompute, and two runs of one partition never both commit."""
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import textwrap
@@ -108,20 +109,24 @@ def test_a_run_whose_lease_was_taken_over_does_not_commit_twice(spark, s3_lake, 
     assert_no_orphans(lake.root, ["per_sym"])
 
 
+# Each racer is a Spark Connect client of the test process's server (up in a second or two, where a JVM
+# of its own took ~15 s). It says "ready" once its engine is built, then waits for the word to go on
+# stdin: both start the same partition's run at the same moment, whatever each took to get ready.
 _RACER = textwrap.dedent("""
-    import json, sys, time
+    import json, sys
     from laminar_assets.engine import Agg, Engine, FlowSpec, SparkOptions, Tumbling, build_session
     from laminar_assets.errors import LaminarError
     from laminar_assets.process_exit import run_then_exit
     from laminar_assets.storage import ObjectStoreOptions
     def main():
-        root, endpoint, key, secret, start_at = sys.argv[1:6]
-        spark = build_session(SparkOptions(master="local[1]", shuffle_partitions=1))
+        root, endpoint, key, secret, remote = sys.argv[1:6]
+        spark = build_session(SparkOptions(remote=remote, shuffle_partitions=1))
         flow = FlowSpec(name="per_sym", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
                         aggregates=(Agg.count(), Agg.sum("px"), Agg.count_distinct("qty")))
         store = ObjectStoreOptions(endpoint=endpoint, access_key_id=key, secret_access_key=secret, path_style=True)
         engine = Engine(spark, root, store=store)
-        time.sleep(max(0.0, float(start_at) - time.time()))
+        print("ready", flush=True)
+        sys.stdin.readline()
         try:
             result = engine.run(flow, "2024-01-01-00:00")
             print(json.dumps({"committed": result.mode.value}))
@@ -131,7 +136,7 @@ _RACER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_racing_on_one_partition_commit_once(spark, s3proxy_server):
+def test_two_processes_racing_on_one_partition_commit_once(spark, s3proxy_server, connect_server):
     """Against a server whose put-if-absent is honest (s3proxy): two processes start the same
     partition's run at the same moment; exactly one commits, the other fails with a retryable error."""
     from tests.object_store import KEY, SECRET
@@ -139,11 +144,17 @@ def test_two_processes_racing_on_one_partition_commit_once(spark, s3proxy_server
     with using(s3proxy_server):
         lake = Lake(s3proxy_server.bucket())
         lake.create("trades", BASE)
-        start_at = time.time() + 25  # both JVMs are up by then
         procs = [subprocess.Popen([sys.executable, "-c", _RACER, lake.root, s3proxy_server.endpoint, KEY, SECRET,
-                                   str(start_at)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+                                   connect_server.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for proc in procs:  # both ready, within two minutes
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            line = proc.stdout.readline() if ready else ""
+            assert line.strip() == "ready", (line, proc.poll(), "" if ready else "no word within 120 s")
         outputs = []
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
         for proc in procs:
             out, err = proc.communicate(timeout=300)
             assert proc.returncode == 0, err[-2000:]

@@ -6,24 +6,23 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
 
+from tests.conftest import shard_size, shards
 from tests.engine.stateful_lake import LakeMachine
+from tests.engine.test_stateful import run_shard
 from tests.object_store import using
 
 pytestmark = pytest.mark.spark
 
 EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_S3_EXAMPLES", "20"))
-STEPS = int(os.environ.get("LAMINAR_STATEFUL_STEPS", "10"))
+SHARDS = 2
 
 
-def test_random_histories_on_s3_keep_every_invariant(spark, s3_server):
+@shards(SHARDS)
+def test_random_histories_on_s3_keep_every_invariant(spark, s3_server, shard):
     LakeMachine.spark, LakeMachine.s3 = spark, s3_server
     try:
         with using(s3_server):
-            run_state_machine_as_test(LakeMachine, settings=settings(
-                max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck), print_blob=True))
+            run_shard(LakeMachine, 100 + shard, shard_size(EXAMPLES, SHARDS, shard))
     finally:
         LakeMachine.s3 = None

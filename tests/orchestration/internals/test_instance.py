@@ -19,6 +19,8 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventL
 
 import laminar_assets.orchestration.internals.instance as li
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[3]
 PARTS = dg.StaticPartitionsDefinition(["a", "b", "c"])
 

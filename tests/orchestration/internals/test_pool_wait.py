@@ -21,6 +21,8 @@ from laminar_assets.orchestration.internals.pool_wait import PoolWaitPolicy
 from laminar_assets.orchestration.internals.run_processes import RunProcess
 from laminar_assets.orchestration.internals.thread_executor import thread_executor
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[3]
 POOL = "laminar_probe"
 

@@ -19,6 +19,8 @@ from dagster._core.launcher import LaunchRunContext
 
 from laminar_assets.orchestration.internals.run_launcher import WORKER_TAG, WarmRunLauncher
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[3]
 
 PROBE = '''

@@ -10,6 +10,8 @@ import pytest
 from laminar_assets.orchestration.internals.in_process import execute_job_here
 from laminar_assets.orchestration.internals.thread_executor import ThreadExecutor, default_threads, thread_executor
 
+pytestmark = pytest.mark.process
+
 BARRIER_SECONDS = 20
 
 
