@@ -5,7 +5,8 @@ Some specs of an example get a `PostgresExport` (a table in a schema of the exam
 and/or a `RedisExport` (the server's database emptied when the example starts). What users, operators and the
 scheduler do with them:
 
-- the scheduler's tick: a spec run, then its exports delivered (as the pipeline sensor's run does);
+- the scheduler: after a spec's run, its exports deliver (the pipeline sensor's run delivers them after the
+  spec; after a run by hand, the sensor starts a run of the export left behind);
 - a delivery alone, a backfill of partitions, a forced full resync (by hand);
 - a delivery killed at any of its steps (`EXPORT_STEPS`), nothing more written; a Redis delivery killed while
   writing leaves its mark, which keeps other deliveries out until its lease runs out (a rule: time passes);
@@ -108,17 +109,10 @@ class ExportRules:
                     conn.close()
 
     # --- what the scheduler, users and operators do with exports ------------------------------
-    @precondition(lambda self: getattr(self, "targets", None))
-    @rule(data=st.data(), keys=st.lists(st.sampled_from(PARTITIONS),
-                                        min_size=1, max_size=3, unique=True))
-    def run_then_deliver(self, data, keys):
-        """The pipeline sensor's tick: a spec with exports runs, then its exports deliver."""
-        name = data.draw(st.sampled_from(sorted({t.source.name for t in self.targets})))
-        spec = next(s for s in self.specs if s.name == name)
-        with self._unless_missing(spec):
-            self.engine.run_many(spec, keys)
-        for target in self.targets:
-            if target.source.name == name:
+    def _deliver_exports_of(self, data, spec) -> None:
+        """After a run of `spec`, its exports deliver (LakeMachine.run)."""
+        for target in getattr(self, "targets", ()):
+            if target.source.name == spec.name:
                 self._deliver(data, target)
 
     @precondition(lambda self: getattr(self, "targets", None))
@@ -413,6 +407,13 @@ class ExportRules:
         if self._redis_client is None:
             self._redis_client = self.redis_server.client()
         return self._redis_client
+
+    def _deliver_exports(self) -> None:
+        """Every export delivered once more (teardown, before the specs catch up), after a killed delivery's lease."""
+        if any(t.kind == "redis" for t in getattr(self, "targets", ())):
+            self.lease_runs_out()
+        for target in getattr(self, "targets", ()):
+            self._deliver(_NoDraws(), target)
 
     def _catch_up_exports(self) -> None:
         """Liveness: every export, delivered again (a full resync where its target was edited by hand, and after a

@@ -152,6 +152,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if sys.exc_info()[0] is None and hasattr(self, "engine"):
+                self._deliver_exports()  # from wherever the history left them: then again after the runs below
                 self._catch_up()
                 self._catch_up_exports()
         finally:
@@ -249,6 +250,9 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
     # --- what the scheduler does ----------------------------------------------------
     @rule(data=st.data(), keys=partition_sets, together=st.booleans(), force=st.sampled_from([False] * 7 + [True]))
     def run(self, data, keys, together, force):
+        """Runs by hand, one partition at a time, or the pipeline sensor's run of some partitions together;
+        then the spec's exports deliver (in the sensor's run, after the spec; after a run by hand, in the
+        export's own run the sensor starts for an export left behind)."""
         spec = self._spec(data)
         with self._unless_missing(spec):
             if together:
@@ -256,6 +260,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
             else:
                 for k in keys:
                     self.engine.run(spec, k, force=force)
+        self._deliver_exports_of(data, spec)
 
     @rule(data=st.data(), keys=partition_sets, step=st.sampled_from(STEPS), lease=left_leases)
     def kill(self, data, keys, step, lease):
