@@ -49,10 +49,10 @@ from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import InjectedCrash, RunFailedError, SchemaMismatchError, SourceNotFoundError
+from tests.engine.stateful_exports import PARTITIONS, ExportRules, export_plans
 from tests.lake_invariants import assert_lake_intact, laminar_tables, orphan_files
 from tests.reference import assert_frames_match
 
-PARTITIONS = ("2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00")
 DAY = pd.Timestamp("2024-01-01", tz="UTC")
 VENUES = ("XNYS", "XNAS", "XLON")
 
@@ -116,8 +116,9 @@ def _frame(rows, with_note: bool) -> pd.DataFrame:
     return df
 
 
-class LakeMachine(RuleBasedStateMachine):
-    """One lake: a `trades` source, some specs over it, an engine; see the module docstring."""
+class LakeMachine(ExportRules, RuleBasedStateMachine):
+    """One lake: a `trades` source, some specs over it, an engine, exports of some specs when the test gives
+    the machine a Postgres and a Redis server; see the module docstring and tests/engine/stateful_exports.py."""
 
     spark = None  # set by the test module (the session's SparkSession)
     s3 = None  # a tests.object_store.S3Server the lake lives on (None: a local folder)
@@ -135,13 +136,14 @@ class LakeMachine(RuleBasedStateMachine):
 
     # --- set-up -----------------------------------------------------------------
     @initialize(names=spec_sets, bound=bounds, partitioned=st.booleans(), cdf=st.booleans(), opts=options,
-                first=st.lists(new_row, min_size=1, max_size=6))
-    def create(self, names, bound, partitioned, cdf, opts, first):
-        self._create(names, bound, partitioned, cdf, opts, first)
+                first=st.lists(new_row, min_size=1, max_size=6), plans=export_plans)
+    def create(self, names, bound, partitioned, cdf, opts, first, plans):
+        self._create(names, bound, partitioned, cdf, opts, first, plans)
 
-    def _create(self, names, bound, partitioned, cdf, opts, first):
+    def _create(self, names, bound, partitioned, cdf, opts, first, plans=()):
         self.specs = [replace(SPECS[n], **bound) for n in SPECS if n in names]
         self.engine = Engine(self.spark, self.root, options=opts)
+        self._create_exports(plans)
         config = {"delta.enableChangeDataFeed": str(cdf).lower(), "delta.logRetentionDuration": "interval 0 seconds"}
         _write(self.source, self._rows(first), partition_by=["venue"] if partitioned else None,
                         configuration=config)
@@ -150,9 +152,14 @@ class LakeMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if sys.exc_info()[0] is None and hasattr(self, "engine"):
+                self._deliver_exports()  # from wherever the history left them: then again after the runs below
                 self._catch_up()
+                self._catch_up_exports()
         finally:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            try:
+                self._drop_exports()
+            finally:
+                shutil.rmtree(self.folder, ignore_errors=True)
 
     # --- what users and operators do to the source --------------------------------
     @rule(rows=st.lists(new_row, min_size=1, max_size=6))
@@ -243,6 +250,9 @@ class LakeMachine(RuleBasedStateMachine):
     # --- what the scheduler does ----------------------------------------------------
     @rule(data=st.data(), keys=partition_sets, together=st.booleans(), force=st.sampled_from([False] * 7 + [True]))
     def run(self, data, keys, together, force):
+        """Runs by hand, one partition at a time, or the pipeline sensor's run of some partitions together;
+        then the spec's exports deliver (in the sensor's run, after the spec; after a run by hand, in the
+        export's own run the sensor starts for an export left behind)."""
         spec = self._spec(data)
         with self._unless_missing(spec):
             if together:
@@ -250,6 +260,7 @@ class LakeMachine(RuleBasedStateMachine):
             else:
                 for k in keys:
                     self.engine.run(spec, k, force=force)
+        self._deliver_exports_of(data, spec)
 
     @rule(data=st.data(), keys=partition_sets, step=st.sampled_from(STEPS), lease=left_leases)
     def kill(self, data, keys, step, lease):
@@ -450,11 +461,11 @@ class StageLakeMachine(LakeMachine):
     vacuum, compaction, moved rows, duplicates and partitions at other watermarks."""
 
     @initialize(names=st.sampled_from([("clean",), ("clean", "venue_15m")]), bound=bounds, partitioned=st.booleans(),
-                large=st.booleans(), first=st.lists(new_row, min_size=1, max_size=6))
-    def create(self, names, bound, partitioned, large, first):
+                large=st.booleans(), first=st.lists(new_row, min_size=1, max_size=6), plans=export_plans)
+    def create(self, names, bound, partitioned, large, first, plans):
         opts = LARGE_PASS_PATH if large else EngineOptions(refill_ratio=None, **GROUPS_ALONE)
         # change data on: without it an update is a rewrite, which recomputes the partition
-        self._create(names, bound, partitioned, True, opts, first)
+        self._create(names, bound, partitioned, True, opts, first, plans)
 
     @rule(changes=st.lists(st.tuples(ids_where, st.sampled_from(["correct_price", "move_time", "null_key", "delete"])),
                            min_size=1, max_size=3), together=st.booleans())
