@@ -106,12 +106,12 @@ MAX_WALK = 1000
 def restored(table: str, uri: str, column: str, version: int, then: str, now: str,
              known: Mapping[int, str | None]) -> bool:
     """Whether column `column` (lower-case), of type family `then` at `version` and `now` today, was
-    restored: before it took `then` it had `now`, and never `then` before that, back to the column's
-    first version (the family it was created with is `now`: `then` was an interlude). Read from the
-    schemas the log's metaData actions set, walking back from `version` (at most `MAX_WALK` entries;
-    `known`: version -> the schema JSON a commit already read set, or None). False when the log does
-    not tell (an entry gone, or the walk's end reached first)."""
-    seen_now = False
+    restored: it was created with `now`, so `then` was an interlude, however many times the producer
+    switched between the two since (a spec is written for the type its column was created with). Read
+    from the schemas the log's metaData actions set, walking back from `version` to the column's first
+    version (at most `MAX_WALK` entries; `known`: version -> the schema JSON a commit already read set,
+    or None). False when the log does not tell (an entry gone, or the walk's end reached first)."""
+    first: str | None = None  # the family of the earliest schema seen so far that has the column
     for v in range(version, max(-1, version - MAX_WALK), -1):
         if v in known:
             schema = known[v]
@@ -122,14 +122,11 @@ def restored(table: str, uri: str, column: str, version: int, then: str, now: st
             schema = _schema_set(text)
         if schema is not None:
             types = column_types(schema)
-            if column not in types:  # created after this version: its first type was `now`, or not
-                return seen_now
-            family = type_family(types[column])
-            if family == then and seen_now:
-                return False  # `then` before `now` too: `now` was the interlude
-            seen_now |= family == now
+            if column not in types:  # created after this version, with the type seen last
+                return first == now
+            first = type_family(types[column])
         if v == 0:
-            return seen_now
+            return first == now
     return False
 
 

@@ -181,3 +181,13 @@ def test_a_column_restored_to_the_type_it_was_created_with_is_not_refused(lake):
     retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 2)], "string")  # v3: text again
     with pytest.raises(SchemaMismatchError, match="string at version 3 but was double at version 2"):
         check_reads(lake, NOTIONAL, {PART: watermark(lake, NOTIONAL, 2)})
+
+
+def test_a_column_switched_back_and_forth_heals_once_it_has_the_type_it_was_created_with(lake):
+    """Text twice in between (number, text, number, text, number): a partition that last read the second text
+    interlude was refused for good once the number was back, though the producer had restored it (found by
+    the stateful test: a stage retyped then restored twice). The column was created a number: it heals."""
+    lake.create("trades", [("2024-01-01 00:01:00", "a", 1.5, 2)])
+    for version, kind in enumerate(("string", "float64", "string", "float64"), start=1):
+        retype(lake, [("2024-01-01 00:03:00", "a", 2.5, 2)], kind)  # v1 .. v4
+    check_reads(lake, NOTIONAL, {PART: watermark(lake, NOTIONAL, 3)})
