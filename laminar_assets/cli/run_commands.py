@@ -33,7 +33,49 @@ def demo(
     # Spark's JVM starts before Dagster is imported and the definitions load: the runs' SparkResource
     # asks for these same options (a test holds the two together), so their session is this one.
     start_session(SparkOptions.from_env(jit=DEMO_JIT))
+    from laminar_assets.deploy.embedded_targets import embedded_folder, start_embedded_targets
+    # the exports' targets: a local Postgres and webhook receiver for the connections nothing defines,
+    # while the demo runs (stopped at its end, also on a failure or Ctrl-C)
+    with start_embedded_targets(c.exports(), embedded_folder(c.root), fresh=True) as targets:
+        _run_demo_and_print(c, targets, rows=rows, seed=seed)
+
+
+def _print_deliveries(c: CliContext, targets, steps) -> None:
+    """What each export delivered during the demo (its deliveries' rows summed), the version its target holds
+    against its source table's, and where to see it (an embedded target's database or file, else the target)."""
+    from laminar_assets.engine.report import export_status
+
+    runs = [r for step in steps for r in step.runs]
+    table = Table("export", "source", "delivered", "delivered version", "source version", "where",
+                  title="exports: what the demo delivered")
+    table.columns[5].overflow = "fold"
+    by_name = {e.name: e for e in c.exports()}
+    for e in export_status(c.root, c.exports(), c.specs()):
+        mine = [r for r in runs if r.flow == e["export"]]
+        failed = [r for r in mine if not r.success]
+        total = {k: sum(int(r.delivered.get(k) or 0) for r in mine) for k in ("upserted", "deleted", "sent")}
+        if e["kind"] == "webhook":
+            what = f"{total['sent']} row(s) sent in {len(mine)} delivery(ies)"
+            if e.get("dead_letters"):
+                what += f", {e['dead_letters']} dead letter(s)"
+        else:
+            what = f"{total['upserted']} row(s) upserted, {total['deleted']} deleted in {len(mine)} delivery(ies)"
+        if failed:
+            what = Text(f"{len(failed)} delivery(ies) FAILED; " + what, style="red")
+        export = by_name[e["export"]]
+        where = targets.where(export.connection) or e["target"]
+        if export.kind == "postgres":
+            where = f"table {export.schema_name}.{export.table_name} in {where}"
+        add_row(table, e["export"], e["source"], what, e["delivered_version"] if e["delivered_version"] is not None
+                else "-", e["source_version"] if e["source_version"] is not None else "-", where)
+    console.print(table)
+
+
+def _run_demo_and_print(c: CliContext, targets, *, rows: int, seed: int) -> None:
+    """The demo's runs, then a table per batch and one of what each export delivered."""
+    from laminar_assets.demo import DEMO_JIT
     from laminar_assets.demo.run import run_demo
+
     defs = c.definitions(jit=DEMO_JIT)
     instance = c.instance()
     with console.status("starting Spark and the Dagster instance...") as status:
@@ -60,6 +102,8 @@ def demo(
                      r.reason if r.success else r.error, *([r.versions] if versions else []), r.rows_read,
                      r.sink_rows, r.quarantined, f"{r.seconds:.2f}")
         console.print(table)
+    if c.exports():
+        _print_deliveries(c, targets, steps)
     console.print(f"\nDelta tables: {c.root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
                   "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
                   "re-running anything. Then `laminar generate --batch 2` commits new data and the sensors bring "
