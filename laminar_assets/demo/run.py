@@ -128,8 +128,9 @@ def _delivery_row(name: str, mats, md: dict) -> RunRow:
     reason = str(md.get("reason", ""))
     if md.get("stopped"):
         reason += f"; stopped: {md['stopped']}"
-    return RunRow(name, partition, str(md["mode"]), reason, versions, int(md.get("change_rows") or 0),
-                  counts["sent"] if "rows_sent" in md else counts["upserted"], float(md.get("seconds_total") or 0.0), 0, delivered=delivered)
+    written = counts["sent"] if "rows_sent" in md else counts["upserted"]  # rows that reached the target
+    return RunRow(name, partition, str(md["mode"]), reason, versions, int(md.get("change_rows") or 0), written,
+                  float(md.get("seconds_total") or 0.0), 0, delivered=delivered)
 
 
 def _recomputed(md: dict) -> str:
