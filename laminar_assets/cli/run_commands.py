@@ -80,6 +80,37 @@ def _print_demo(c: CliContext, targets, steps) -> None:
         raise LaminarError(f"{failed} run(s) failed; see the table above")
 
 
+def _print_deliveries(c: CliContext, targets, steps) -> None:
+    """What each export delivered during the demo (its deliveries' rows summed), the version its target holds
+    against its source table's, and where to see it (an embedded target's database or file, else the target)."""
+    from laminar_assets.engine.report import export_status
+
+    runs = [r for step in steps for r in step.runs]
+    table = Table("export", "source", "delivered", "delivered version", "source version", "where",
+                  title="exports: what the demo delivered")
+    table.columns[5].overflow = "fold"
+    by_name = {e.name: e for e in c.exports()}
+    for e in export_status(c.root, c.exports(), c.specs()):
+        mine = [r for r in runs if r.flow == e["export"]]
+        failed = [r for r in mine if not r.success]
+        total = {k: sum(int(r.delivered.get(k) or 0) for r in mine) for k in ("upserted", "deleted", "sent")}
+        if e["kind"] == "webhook":
+            what = f"{total['sent']} row(s) sent in {len(mine)} delivery(ies)"
+            if e.get("dead_letters"):
+                what += f", {e['dead_letters']} dead letter(s)"
+        else:
+            what = f"{total['upserted']} row(s) upserted, {total['deleted']} deleted in {len(mine)} delivery(ies)"
+        if failed:
+            what = Text(f"{len(failed)} delivery(ies) FAILED; " + what, style="red")
+        export = by_name[e["export"]]
+        where = targets.where(export.connection) or e["target"]
+        if export.kind == "postgres":
+            where = f"table {export.schema_name}.{export.table_name} in {where}"
+        add_row(table, e["export"], e["source"], what, e["delivered_version"] if e["delivered_version"] is not None
+                else "-", e["source_version"] if e["source_version"] is not None else "-", where)
+    console.print(table)
+
+
 @app.command()
 def generate(
     ctx: typer.Context,

@@ -6,8 +6,9 @@ For each connection that an export of the definitions names and that nothing def
 while the command runs:
 
 - a Postgres export's connection: a Postgres server (pgserver's bundled binaries) listening on a Unix socket
-  only (no TCP port), its data in `<folder>/postgres`, kept between commands (`laminar serve` after
-  `laminar demo` goes on from the demo's delivered version); one database per connection, named like it;
+  only (no TCP port), its data in `<folder>/postgres` (`embedded_folder`: one folder per lake), kept between
+  commands (`laminar serve` after `laminar demo` goes on from the demo's delivered version); one database per
+  connection, named like it;
 - a webhook export's connection: an HTTP receiver on 127.0.0.1 (a port of its own) that answers 200 and appends
   every request it gets to `<folder>/webhooks/<connection>.jsonl`, one JSON line per request (its
   `Idempotency-Key` and body).
@@ -134,12 +135,17 @@ class EmbeddedTargets:
 
 
 def embedded_folder(root: str) -> str:
-    """Where the embedded targets keep their data: beside a local lake (`.laminar/embedded` for the default
-    `.laminar/lake`), or in `./.laminar/embedded` when the lake is in a bucket (as `laminar serve`'s logs)."""
+    """Where the embedded targets of the lake at `root` keep their data: `embedded/<lake's name>` beside a local
+    lake (`.laminar/embedded/lake` for the default `.laminar/lake`, `.laminar/embedded/quality` for `make
+    quality`'s), or under `./.laminar/embedded` when the lake is in a bucket (as `laminar serve`'s logs). One
+    folder per lake: another lake's deliveries (a full resync each time) do not replace this one's."""
     from laminar_assets import storage
 
-    lake_dir = os.path.join(".laminar", "lake") if storage.is_object_store(root) else storage.local_path(root) or root
-    return os.path.join(os.path.dirname(os.path.abspath(lake_dir)), "embedded")
+    name = os.path.basename(storage.normalized(root).rstrip("/")) or "lake"
+    local = storage.local_path(root)
+    parent = os.path.dirname(os.path.abspath(local.rstrip("/"))) if local is not None and not \
+        storage.is_object_store(root) else os.path.abspath(".laminar")
+    return os.path.join(parent, "embedded", name)
 
 
 def missing_connections(exports, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
