@@ -265,7 +265,7 @@ def serve(
     console.print("starting the Spark Connect server and Dagster (about 30 s)...")
     # the exports' targets for the connections nothing defines (as in `laminar demo`, on the same data, so the
     # deliveries go on from the demo's): set in this process's environment, which `dagster dev` and its runs inherit
-    with start_embedded_targets(c.exports(), embedded_folder(c.root)) as targets:
+    with start_embedded_targets(c.exports(), embedded_folder(c.root, machine_folder=os.path.dirname(logs))) as targets:
         embedded = "".join(f"\n  export connection '{t.connection}': {t.where}" for t in targets.targets)
         code = run_serve(options, on_ready=lambda d: ready(d, embedded))
     if not code:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import warnings
 from collections.abc import Iterable, MutableMapping
@@ -134,18 +135,21 @@ class EmbeddedTargets:
         self.stop()
 
 
-def embedded_folder(root: str) -> str:
-    """Where the embedded targets of the lake at `root` keep their data: `embedded/<lake's name>` beside a local
+def embedded_folder(root: str, *, machine_folder: str | None = None) -> str:
+    """Where the embedded targets of the lake at `root` keep their data, one folder per lake (another lake's
+    deliveries, each a full resync, do not replace this one's): `embedded/<the lake's folder name>` beside a local
     lake (`.laminar/embedded/lake` for the default `.laminar/lake`, `.laminar/embedded/quality` for `make
-    quality`'s), or under `./.laminar/embedded` when the lake is in a bucket (as `laminar serve`'s logs). One
-    folder per lake: another lake's deliveries (a full resync each time) do not replace this one's."""
+    quality`'s); for a lake in a bucket, `embedded/<bucket>-<prefix>` in `machine_folder` (where the command keeps
+    this machine's files, e.g. `laminar serve`'s logs; default `./.laminar`)."""
     from laminar_assets import storage
 
-    name = os.path.basename(storage.normalized(root).rstrip("/")) or "lake"
     local = storage.local_path(root)
-    parent = os.path.dirname(os.path.abspath(local.rstrip("/"))) if local is not None and not \
-        storage.is_object_store(root) else os.path.abspath(".laminar")
-    return os.path.join(parent, "embedded", name)
+    if local is not None and not storage.is_object_store(root):
+        lake = os.path.abspath(local.rstrip("/"))
+        return os.path.join(os.path.dirname(lake), "embedded", os.path.basename(lake) or "lake")
+    where = storage.normalized(root).split("://", 1)[-1].strip("/")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", where) or "lake"
+    return os.path.join(os.path.abspath(machine_folder or ".laminar"), "embedded", name)
 
 
 def missing_connections(exports, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:

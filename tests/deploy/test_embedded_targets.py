@@ -50,3 +50,6 @@ def test_the_receiver_stores_each_request_and_is_gone_after_stop(tmp_path):
 def test_each_lake_has_its_own_folder_beside_it(tmp_path):
     assert embedded_folder(str(tmp_path / "lake")) == str(tmp_path / "embedded" / "lake")
     assert embedded_folder(str(tmp_path / "quality")) == str(tmp_path / "embedded" / "quality")
+    # a lake in a bucket: in the folder the command keeps this machine's files in, named by bucket and prefix
+    assert embedded_folder("s3://laminar-demo/lake", machine_folder=str(tmp_path)) == \
+        str(tmp_path / "embedded" / "laminar-demo-lake")
