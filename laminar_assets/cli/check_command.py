@@ -38,9 +38,12 @@ def check(
         from laminar_assets.demo import DEMO_JIT
         from laminar_assets.demo.lake import check_demo_root
         from laminar_assets.demo.run import run_demo
+        from laminar_assets.deploy.embedded_targets import embedded_folder, start_embedded_targets
 
         check_demo_root(c.root)  # refused before anything starts (run_demo checks again before it deletes)
-        with console.status("running the demo pipeline..."):
+        # the exports deliver as in `laminar demo`: to embedded targets for the connections nothing defines
+        with console.status("running the demo pipeline..."), \
+                start_embedded_targets(c.exports(), embedded_folder(c.root), fresh=True):
             run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7)
     c.require_lake()
     contracts = load_contracts(CONTRACTS)

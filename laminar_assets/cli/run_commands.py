@@ -34,13 +34,23 @@ def demo(
     # asks for these same options (a test holds the two together), so their session is this one.
     start_session(SparkOptions.from_env(jit=DEMO_JIT))
     from laminar_assets.demo.run import run_demo
-    defs = c.definitions(jit=DEMO_JIT)
-    instance = c.instance()
-    with console.status("starting Spark and the Dagster instance...") as status:
-        def progress(row):
-            status.update(lit(f"{row.flow} {row.partition}: {row.mode} ({row.reason})"))
+    from laminar_assets.deploy.embedded_targets import embedded_folder, start_embedded_targets
 
-        steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress)
+    # the exports' targets: a local Postgres and webhook receiver for the connections nothing defines,
+    # while the demo runs (stopped at its end, also on a failure or Ctrl-C)
+    with start_embedded_targets(c.exports(), embedded_folder(c.root), fresh=True) as targets:
+        defs = c.definitions(jit=DEMO_JIT)
+        instance = c.instance()
+        with console.status("starting Spark and the Dagster instance...") as status:
+            def progress(row):
+                status.update(lit(f"{row.flow} {row.partition}: {row.mode} ({row.reason})"))
+
+            steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress)
+        _print_demo(c, targets, steps)
+
+
+def _print_demo(c: CliContext, targets, steps) -> None:
+    """A table per batch of the demo's runs, one of what each export delivered, and what to do next."""
     failed = 0
     for step in steps:
         b = step.batch
@@ -60,12 +70,45 @@ def demo(
                      r.reason if r.success else r.error, *([r.versions] if versions else []), r.rows_read,
                      r.sink_rows, r.quarantined, f"{r.seconds:.2f}")
         console.print(table)
+    if c.exports():
+        _print_deliveries(c, targets, steps)
     console.print(f"\nDelta tables: {c.root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
                   "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
                   "re-running anything. Then `laminar generate --batch 2` commits new data and the sensors bring "
                   "every flow up to date.", markup=False)
     if failed:
         raise LaminarError(f"{failed} run(s) failed; see the table above")
+
+
+def _print_deliveries(c: CliContext, targets, steps) -> None:
+    """What each export delivered during the demo (its deliveries' rows summed), the version its target holds
+    against its source table's, and where to see it (an embedded target's database or file, else the target)."""
+    from laminar_assets.engine.report import export_status
+
+    runs = [r for step in steps for r in step.runs]
+    table = Table("export", "source", "delivered", "delivered version", "source version", "where",
+                  title="exports: what the demo delivered")
+    table.columns[5].overflow = "fold"
+    by_name = {e.name: e for e in c.exports()}
+    for e in export_status(c.root, c.exports(), c.specs()):
+        mine = [r for r in runs if r.flow == e["export"]]
+        failed = [r for r in mine if not r.success]
+        total = {k: sum(int(r.delivered.get(k) or 0) for r in mine) for k in ("upserted", "deleted", "sent")}
+        if e["kind"] == "webhook":
+            what = f"{total['sent']} row(s) sent in {len(mine)} delivery(ies)"
+            if e.get("dead_letters"):
+                what += f", {e['dead_letters']} dead letter(s)"
+        else:
+            what = f"{total['upserted']} row(s) upserted, {total['deleted']} deleted in {len(mine)} delivery(ies)"
+        if failed:
+            what = Text(f"{len(failed)} delivery(ies) FAILED; " + what, style="red")
+        export = by_name[e["export"]]
+        where = targets.where(export.connection) or e["target"]
+        if export.kind == "postgres":
+            where = f"table {export.schema_name}.{export.table_name} in {where}"
+        add_row(table, e["export"], e["source"], what, e["delivered_version"] if e["delivered_version"] is not None
+                else "-", e["source_version"] if e["source_version"] is not None else "-", where)
+    console.print(table)
 
 
 @app.command()
@@ -206,20 +249,27 @@ def serve(
                                port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),
                                spark=SparkOptions(driver_memory=driver_memory, jit=jit)))
 
-    def ready(d) -> None:
+    def ready(d, embedded: str) -> None:
         spark = f"Spark Connect server {d.remote} (log {logs}/spark-connect.log)" if d.spark else \
             f"Spark Connect endpoint {d.remote} (not started here)" if d.remote else \
             "local Spark: every run starts its own JVM (--local-spark)"
         if d.warm_up is not None:
             spark += f"\n  warming Spark up with a scratch run in the background (log {logs}/warm-up.log)"
         console.print(f"[bold]Laminar is up[/bold]\n  Dagster UI and daemon: {d.ui_url}  (log {logs}/dagster.log)"
-                      f"\n  {spark}\n  Delta tables: {c.root}\n  DAGSTER_HOME: {c.dagster_home}\n"
+                      f"\n  {spark}\n  Delta tables: {c.root}\n  DAGSTER_HOME: {c.dagster_home}{lit(embedded)}\n"
                       "Sensors are on: commit to a source (e.g. `laminar generate --batch 2` after the demo) and watch the runs. "
                       "Ctrl-C stops both processes.", markup=True, highlight=False)
 
+    from laminar_assets.deploy.embedded_targets import embedded_folder, start_embedded_targets
+
     console.print("starting the Spark Connect server and Dagster (about 30 s)...")
-    code = run_serve(options, on_ready=ready)
+    # the exports' targets for the connections nothing defines (as in `laminar demo`, on the same data, so the
+    # deliveries go on from the demo's): set in this process's environment, which `dagster dev` and its runs inherit
+    with start_embedded_targets(c.exports(), embedded_folder(c.root, machine_folder=os.path.dirname(logs))) as targets:
+        embedded = "".join(f"\n  export connection '{t.connection}': {t.where}" for t in targets.targets)
+        code = run_serve(options, on_ready=lambda d: ready(d, embedded))
     if not code:
-        console.print("stopped: Dagster and the Spark Connect server are down")
+        console.print("stopped: Dagster and the Spark Connect server are down"
+                      + (" (and the exports' embedded targets)" if embedded else ""))
     if code:
         raise LaminarError(f"a process of the deployment exited unexpectedly (code {code}); see {logs}/")

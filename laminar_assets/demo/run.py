@@ -32,6 +32,8 @@ class RunRow:
     quarantined: int = 0
     success: bool = True
     error: str = ""
+    # an export's delivery: rows upserted, deleted and sent (a webhook), the version delivered (empty for a flow)
+    delivered: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
                                0, 0, 0.0, 0, False, message))
             continue
         md = {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
+        if "rows_upserted" in md and "target" in md:  # an export: one delivery, whatever partitions the run holds
+            rows.append(_delivery_row(name, mats, md))
+            continue
         partition = mats[0].partition or "" if len(mats) == 1 else f"{mats[0].partition} … {mats[-1].partition}"
         if len(mats) == 1:
             frm, to = md.get("versions_from", {}), md.get("versions_to", {})
@@ -112,6 +117,20 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
         rows.append(RunRow(name, partition, mode, reason, versions, _total(mats, "rows_read"),
                            _total(mats, "sink_rows"), seconds, _total(mats, "rows_quarantined")))
     return rows
+
+
+def _delivery_row(name: str, mats, md: dict) -> RunRow:
+    """An export's row: one delivery (a run of several partitions records it once per partition, the same)."""
+    partition = mats[0].partition or "" if len(mats) == 1 else f"{mats[0].partition} … {mats[-1].partition}"
+    counts = {k: int(md.get(f"rows_{k}") or 0) for k in ("upserted", "deleted", "sent")}
+    delivered = {**counts, "version": md.get("delivered_version")}
+    versions = f"{md.get('from_version', '-')}→{md.get('delivered_version', '-')}"
+    reason = str(md.get("reason", ""))
+    if md.get("stopped"):
+        reason += f"; stopped: {md['stopped']}"
+    written = counts["sent"] if "rows_sent" in md else counts["upserted"]  # rows that reached the target
+    return RunRow(name, partition, str(md["mode"]), reason, versions, int(md.get("change_rows") or 0), written,
+                  float(md.get("seconds_total") or 0.0), 0, delivered=delivered)
 
 
 def _recomputed(md: dict) -> str:

@@ -1,6 +1,6 @@
 """Per-minute volume-weighted average price per symbol."""
 
-from laminar_assets.engine import Agg, FlowSpec, Tumbling
+from laminar_assets.engine import Agg, FlowSpec, PostgresExport, Tumbling
 
 vwap_1m = FlowSpec(
     name="vwap_1m",
@@ -19,3 +19,7 @@ vwap_1m = FlowSpec(
     post={"vwap": "notional / volume"},
     partitioning="hourly",
 )
+
+# Delivered to the analytics database, table public.vwap_1m; `laminar demo` and `laminar serve` start an embedded
+# Postgres for connection 'analytics' when LAMINAR_CONNECTION_ANALYTICS_URL is not set (docs/exports.md).
+vwap_1m_pg = PostgresExport(name="vwap_1m_pg", source="vwap_1m", connection="analytics", table="vwap_1m")

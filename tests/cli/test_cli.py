@@ -265,11 +265,59 @@ def test_no_arguments_shows_help_without_an_error_line(tmp_path):
     assert "Usage" in proc.stdout + proc.stderr and "error:" not in proc.stdout + proc.stderr
 
 
+@pytest.fixture
+def demo_base():
+    """A folder for the demo outside pytest's temporary root: the demo's embedded Postgres runs as pgserver's own
+    user when the tests run as root, and every pytest process that starts closes that root to other users."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    base = Path(tempfile.mkdtemp(prefix="laminar-demo-test-"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def assert_exports_delivered(root) -> None:
+    """The demo's exports delivered (its embedded targets, #61): the embedded Postgres, started again on the data
+    the demo left, holds exactly vwap_1m's rows, and the receiver got every row large_trades holds."""
+    import psycopg
+    from deltalake import DeltaTable
+
+    from laminar_assets.deploy.embedded_targets import embedded_folder, start_embedded_targets
+    from laminar_assets.flows import load_exports
+
+    sink = DeltaTable(str(root / "vwap_1m")).to_pyarrow_table()
+    columns = sink.column_names
+    expected = sorted(tuple(r[c] for c in columns) for r in sink.to_pylist())
+    environ: dict[str, str] = {}
+    postgres = [e for e in load_exports() if e.kind == "postgres"]
+    with start_embedded_targets(postgres, embedded_folder(str(root)), environ=environ), \
+            psycopg.connect(environ["LAMINAR_CONNECTION_ANALYTICS_URL"]) as conn:
+        got = sorted(conn.execute(f"SELECT {', '.join(columns)} FROM public.vwap_1m").fetchall())
+        delivered = conn.execute("SELECT delivered_version FROM laminar_exports WHERE export = 'vwap_1m_pg'").fetchone()
+    assert len(got) == len(expected) > 0 and got == expected
+    assert delivered == (DeltaTable(str(root / "vwap_1m")).version(),)
+
+    received: dict = {}
+    with open(os.path.join(embedded_folder(str(root)), "webhooks", "alerts.jsonl")) as fh:
+        for line in fh:
+            request = json.loads(line)
+            assert request["idempotency_key"] == request["body"]["idempotency_key"]
+            if request["body"]["op"] == "insert":  # retractions="skip": a cancelled trade's alert stays sent
+                received[request["body"]["row"]["trade_id"]] = request["body"]["row"]
+    large = DeltaTable(str(root / "large_trades")).to_pyarrow_table().to_pylist()
+    assert large and {r["trade_id"] for r in large} <= set(received)
+    assert all(received[r["trade_id"]]["notional"] == r["notional"] for r in large)
+
+
 @pytest.mark.spark
-def test_demo_then_status_explain_refill_generate(spark, tmp_path):
-    root, home = tmp_path / "lake", tmp_path / "dh"
+def test_demo_then_status_explain_refill_generate(spark, demo_base):
+    root, home = demo_base / "lake", demo_base / "dh"
     out = invoke("--root", str(root), "demo", "--rows", "200", home=home)
     assert out.exit_code == 0, out.output
+    assert "exports: what the demo delivered" in out.output and "vwap_1m_pg" in out.output
+    assert_exports_delivered(root)
     assert "batch 2" in out.output and "RETRACTABLE_CHANGES" in out.output and "NO_WATERMARK" in out.output
     assert "laminar serve" in out.output  # the next step: the deployment
     # every flow's sink equals a full recompute of its input after the second batch
@@ -336,7 +384,7 @@ def test_demo_then_status_explain_refill_generate(spark, tmp_path):
     generated = invoke("--root", str(root), "generate", "--rows", "50", "--batch", "2", home=home)
     assert generated.exit_code == 0 and "new versions" in generated.output
     stale = json.loads(invoke("--root", str(root), "status", "--json", home=home).output)
-    [stage_status] = [r for r in stale if r["flow"] == "normalized_trades"]
+    [stage_status] = [r for r in stale if r.get("flow") == "normalized_trades"]  # exports' rows come last
     assert stage_status["stale_partitions"], stage_status
     key = stage_status["stale_partitions"][0]["partition"]
     text = invoke("--root", str(root), "explain", "normalized_trades", "--partition", key, home=home).output
