@@ -23,16 +23,19 @@ STEPS = int(os.environ.get("LAMINAR_STATEFUL_STEPS", "10"))
 SHARDS = 8
 
 
-def run_shard(machine: type, shard: int, examples: int, **extra) -> None:
-    """`examples` histories of `machine` with seed `shard` (a subclass carries the seed, so the machine
-    class itself is left as it was)."""
-    seeded = seed(shard)(type(f"{machine.__name__}Shard{shard}", (machine,), {}))
+def run_shard(machine: type, shard: int, examples: int, *, servers: dict | None = None, **extra) -> None:
+    """`examples` histories of `machine` with seed `shard` (a subclass carries the seed and `servers`, the
+    export targets' servers, so the machine class itself is left as it was: another test in the process
+    gets no exports it did not ask for)."""
+    seeded = seed(shard)(type(f"{machine.__name__}Shard{shard}", (machine,), dict(servers or {})))
     run_state_machine_as_test(seeded, settings=settings(
         max_examples=examples, stateful_step_count=STEPS, deadline=None, database=None,
         suppress_health_check=list(HealthCheck), print_blob=True, **extra))
 
 
 @shards(SHARDS)
-def test_random_histories_keep_every_invariant(spark, shard):
+def test_random_histories_keep_every_invariant(spark, pg_server, redis_server, shard):
+    """With Postgres and Redis exports on some specs (tests/engine/stateful_exports.py)."""
     LakeMachine.spark = spark
-    run_shard(LakeMachine, shard, shard_size(EXAMPLES, SHARDS, shard))
+    run_shard(LakeMachine, shard, shard_size(EXAMPLES, SHARDS, shard),
+              servers={"pg_server": pg_server, "redis_server": redis_server})
