@@ -95,3 +95,20 @@ def execute(pg_server, database: str, *statements: str) -> None:
     with psycopg.connect(pg_server.url(database), autocommit=True) as conn:
         for s in statements:
             conn.execute(s)
+
+
+def crash_at(step: str):
+    """A delivery hook that crashes at `step` (one of `EXPORT_STEPS`), as a kill there would."""
+    from laminar_assets.errors import InjectedCrash
+
+    def hook(at: str) -> None:
+        if at == step:
+            raise InjectedCrash(f"injected crash at {step}")
+    return hook
+
+
+def change_history(sink: Sink) -> None:
+    """Late rows, an update and a delete since the delivered version, in three commits."""
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 2, 2.0), (0, 1, "b", 1, 1.0), (0, 2, "c", 1, 1.0)]))
+    sink.table().update(updates={"total": "total + 1"}, predicate="sym = 'b'")
+    sink.table().delete("sym = 'a'")

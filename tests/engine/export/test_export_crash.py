@@ -18,25 +18,13 @@ from tests.engine.export.helpers import (
     EXPORT,
     FLOW,
     Sink,
+    change_history,
+    crash_at,
     delivered_version,
     exporter,
     flow_rows,
     target_rows,
 )
-
-
-def crash_at(step: str):
-    def hook(at: str) -> None:
-        if at == step:
-            raise InjectedCrash(f"injected crash at {step}")
-    return hook
-
-
-def _history(sink: Sink) -> None:
-    """Late rows, an update and a delete since the delivered version, in three commits."""
-    sink.replace_hour(0, flow_rows([(0, 0, "a", 2, 2.0), (0, 1, "b", 1, 1.0), (0, 2, "c", 1, 1.0)]))
-    sink.table().update(updates={"total": "total + 1"}, predicate="sym = 'b'")
-    sink.table().delete("sym = 'a'")
 
 
 def _converges(root, pg_server, pg_database, sink: Sink) -> None:
@@ -58,7 +46,7 @@ def test_a_crash_at_each_step_then_a_rerun_converges(tmp_path, pg_server, pg_dat
     sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 2, 2.0)]))
     if not first:
         exporter(root, pg_server, pg_database).deliver(EXPORT, FLOW)
-        _history(sink)
+        change_history(sink)
     before, before_version = (None, None) if first else (target_rows(pg_server, pg_database), sink.version() - 3)
     with pytest.raises(InjectedCrash):
         exporter(root, pg_server, pg_database, hook=crash_at(step)).deliver(EXPORT, FLOW)
@@ -100,7 +88,7 @@ def test_sigkill_during_a_delivery_then_a_rerun_converges(tmp_path, pg_server, p
     sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 2, 2.0)]))
     exporter(root, pg_server, pg_database).deliver(EXPORT, FLOW)
     before, before_version = target_rows(pg_server, pg_database), sink.version()
-    _history(sink)
+    change_history(sink)
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, root, pg_server.url(pg_database), step],
                           cwd=os.getcwd(), capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})

@@ -18,22 +18,8 @@ from laminar_assets.engine import ConcurrentDeliveryError
 from laminar_assets.engine.export import EXPORT_STEPS, load_record
 from laminar_assets.engine.export.redis import RedisTarget
 from laminar_assets.errors import InjectedCrash
-from tests.engine.export.helpers import Sink, flow_rows
+from tests.engine.export.helpers import Sink, change_history, crash_at, flow_rows
 from tests.engine.export.redis_helpers import assert_equal, cache, client, deliver, state
-
-
-def crash_at(step: str):
-    def hook(at: str) -> None:
-        if at == step:
-            raise InjectedCrash(f"injected crash at {step}")
-    return hook
-
-
-def _history(sink: Sink) -> None:
-    """Late rows, an update and a delete since the delivered version, in three commits."""
-    sink.replace_hour(0, flow_rows([(0, 0, "a", 2, 2.0), (0, 1, "b", 1, 1.0), (0, 2, "c", 1, 1.0)]))
-    sink.table().update(updates={"total": "total + 1"}, predicate="sym = 'b'")
-    sink.table().delete("sym = 'a'")
 
 
 def _converges(root: str, url: str, sink: Sink) -> None:
@@ -55,7 +41,7 @@ def test_a_crash_at_each_step_then_a_rerun_converges(tmp_path, redis_url, monkey
     sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 2, 2.0)]))
     if not first:
         deliver(root, redis_url)
-        _history(sink)
+        change_history(sink)
     before = cache(redis_url)
     with pytest.raises(InjectedCrash):
         deliver(root, redis_url, hook=crash_at(step))
@@ -153,7 +139,7 @@ def test_sigkill_at_each_step_then_a_rerun_converges(tmp_path, redis_url, step):
     sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 2, 2.0)]))
     deliver(root, redis_url)
     before = cache(redis_url)
-    _history(sink)
+    change_history(sink)
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, root, redis_url, step], cwd=os.getcwd(),
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert proc.returncode == -9, proc.stderr[-2000:]

@@ -16,18 +16,12 @@ import pytest
 
 from laminar_assets.engine.export import EXPORT_STEPS, load_record
 from laminar_assets.errors import InjectedCrash
+from tests.engine.export.helpers import crash_at
 from tests.engine.export.receiver import OK
 from tests.engine.export.webhook_helpers import HOOK, STAGE, Trades, dead_letters, exporter, row_of
 
 STEPS = ("export_after_request", *EXPORT_STEPS)
 ROWS = [(m, f"s{m}", float(m)) for m in range(1, 6)]
-
-
-def crash_at(step: str):
-    def hook(at: str) -> None:
-        if at == step:
-            raise InjectedCrash(f"injected crash at {step}")
-    return hook
 
 
 def _keys_by_row(webhook_receiver) -> dict[tuple, set[str]]:
