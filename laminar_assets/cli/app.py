@@ -170,6 +170,15 @@ def usage_error(exc) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
+INTERRUPTED = ("what was committed is kept and nothing is half-applied; a run cut short (the running steps "
+               "finish, no new one starts) is recorded as failed, and its partitions are settled by their next run")
+
+
+def interrupted() -> None:
+    """The one line a Ctrl-C ends a command with (exit code 130): that it was interrupted, and the state it left."""
+    err_console.print(f"[red]interrupted:[/red] {INTERRUPTED}", soft_wrap=True)
+
+
 def main() -> NoReturn:
     """Entry point: a LaminarError becomes one red line and exit 1, a usage error one red line and exit 2. The
     process ends with that code once its output is flushed, never with a crash of the interpreter's teardown
@@ -191,7 +200,7 @@ def _run_command() -> int:
         if not isinstance(code, int) or isinstance(code, bool):
             return 0
         if code == 130:
-            err_console.print("[red]aborted[/red]")
+            interrupted()
         return code
     except LaminarError as exc:
         if debug:
@@ -201,7 +210,7 @@ def _run_command() -> int:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        err_console.print("[red]aborted[/red]")
+        interrupted()
         sys.exit(130)
     except USAGE_ERRORS as exc:
         usage_error(exc)
