@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -154,6 +155,19 @@ def lit(value) -> str:
 def add_row(table: Table, *cells) -> None:
     """A table row whose text is shown literally, like `_lit`; a styled cell is passed as a rich `Text`."""
     table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells))
+
+
+def pool_wait_notes(status, doing: str, wait_seconds: float, option: str = "") -> Callable[[str], None]:
+    """What a run a command executes says while it waits for a concurrency slot another run holds, and when it
+    failed a run whose process is gone (`execute_request`'s `notify`): a line each (a status line is not shown
+    in a log), a wait with its bound (and the option setting it), and the status saying it waits."""
+    def notify(note: str) -> None:
+        waiting = note.startswith("waiting")
+        bound = f" (giving up after {wait_seconds:.0f} s{', ' + option if option else ''})"
+        console.print(note + bound if waiting else note, markup=False)
+        if waiting:
+            status.update(lit(f"{doing}: waiting for another run"))
+    return notify
 
 
 def usage_error(exc) -> NoReturn:
