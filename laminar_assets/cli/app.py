@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -156,6 +157,19 @@ def add_row(table: Table, *cells) -> None:
     table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells))
 
 
+def pool_wait_notes(status, doing: str, wait_seconds: float, option: str = "") -> Callable[[str], None]:
+    """What a run a command executes says while it waits for a concurrency slot another run holds, and when it
+    failed a run whose process is gone (`execute_request`'s `notify`): a line each (a status line is not shown
+    in a log), a wait with its bound (and the option setting it), and the status saying it waits."""
+    def notify(note: str) -> None:
+        waiting = note.startswith("waiting")
+        bound = f" (giving up after {wait_seconds:.0f} s{', ' + option if option else ''})"
+        console.print(note + bound if waiting else note, markup=False)
+        if waiting:
+            status.update(lit(f"{doing}: waiting for another run"))
+    return notify
+
+
 def usage_error(exc) -> NoReturn:
     """A bad command line: typer's message (it names the option or argument) as one red line with where to
     find help, and typer's exit code (2 for usage errors). `laminar` alone shows the help instead."""
@@ -168,6 +182,15 @@ def usage_error(exc) -> NoReturn:
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else " (see --help)"
         err_console.print(f"[red]error:[/red] {lit(message + hint)}", soft_wrap=True)
     sys.exit(exc.exit_code)
+
+
+INTERRUPTED = ("what was committed is kept and nothing is half-applied; a run cut short (the running steps "
+               "finish, no new one starts) is recorded as failed, and its partitions are settled by their next run")
+
+
+def interrupted() -> None:
+    """The one line a Ctrl-C ends a command with (exit code 130): that it was interrupted, and the state it left."""
+    err_console.print(f"[red]interrupted:[/red] {INTERRUPTED}", soft_wrap=True)
 
 
 def main() -> NoReturn:
@@ -191,7 +214,7 @@ def _run_command() -> int:
         if not isinstance(code, int) or isinstance(code, bool):
             return 0
         if code == 130:
-            err_console.print("[red]aborted[/red]")
+            interrupted()
         return code
     except LaminarError as exc:
         if debug:
@@ -201,7 +224,7 @@ def _run_command() -> int:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        err_console.print("[red]aborted[/red]")
+        interrupted()
         sys.exit(130)
     except USAGE_ERRORS as exc:
         usage_error(exc)

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from laminar_assets.errors import LaminarError, SpecError
 
-from .app import CliContext, add_row, app, console, emit_json, lit
+from .app import CliContext, add_row, app, console, emit_json, lit, pool_wait_notes
 
 CHUNK = 24  # partitions per check pass: one day of hourly partitions
 
@@ -39,12 +39,14 @@ def check(
         from laminar_assets.demo.lake import check_demo_root
         from laminar_assets.demo.run import run_demo
         from laminar_assets.deploy.embedded_targets import embedded_folder, start_embedded_targets
+        from laminar_assets.orchestration.internals.in_process import POOL_WAIT_SECONDS
 
         check_demo_root(c.root)  # refused before anything starts (run_demo checks again before it deletes)
         # the exports deliver as in `laminar demo`: to embedded targets for the connections nothing defines
-        with console.status("running the demo pipeline..."), \
+        with console.status("running the demo pipeline...") as status, \
                 start_embedded_targets(c.exports(), embedded_folder(c.root), fresh=True):
-            run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7)
+            run_demo(c.definitions(jit=DEMO_JIT), c.instance(), c.specs(), c.root, rows=rows, seed=7,
+                     notify=pool_wait_notes(status, "running the demo pipeline", POOL_WAIT_SECONDS))
     c.require_lake()
     contracts = load_contracts(CONTRACTS)
     engine = c.engine()

@@ -11,7 +11,7 @@ from rich.text import Text
 from laminar_assets import storage
 from laminar_assets.errors import LaminarError
 
-from .app import CliContext, add_row, app, console, lit
+from .app import CliContext, add_row, app, console, lit, pool_wait_notes
 
 
 @app.command()
@@ -35,6 +35,7 @@ def demo(
     start_session(SparkOptions.from_env(jit=DEMO_JIT))
     from laminar_assets.demo.run import run_demo
     from laminar_assets.deploy.embedded_targets import embedded_folder, start_embedded_targets
+    from laminar_assets.orchestration.internals.in_process import POOL_WAIT_SECONDS
 
     # the exports' targets: a local Postgres and webhook receiver for the connections nothing defines,
     # while the demo runs (stopped at its end, also on a failure or Ctrl-C)
@@ -45,7 +46,8 @@ def demo(
             def progress(row):
                 status.update(lit(f"{row.flow} {row.partition}: {row.mode} ({row.reason})"))
 
-            steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress)
+            steps = run_demo(defs, instance, c.specs(), c.root, rows=rows, seed=seed, on_run=progress,
+                             notify=pool_wait_notes(status, "running the demo", POOL_WAIT_SECONDS))
         _print_demo(c, targets, steps)
 
 
@@ -178,13 +180,7 @@ def refill(
     request = dg.RunRequest(asset_selection=[dg.AssetKey(flow)],
                             tags={RANGE_START: start, RANGE_END: end, FORCE_TAG: "true"})
     with console.status(lit(f"refilling {flow} {start}...{end}")) as status:
-        def notify(note: str) -> None:  # a line, not only the status: a status line is not shown in a log
-            waiting = note.startswith("waiting")
-            console.print(f"{note} (giving up after {wait_seconds:.0f} s, --wait-seconds)" if waiting else note,
-                          markup=False)
-            if waiting:
-                status.update(lit(f"refilling {flow} {start}...{end}: waiting for another run"))
-
+        notify = pool_wait_notes(status, f"refilling {flow} {start}...{end}", wait_seconds, "--wait-seconds")
         outcome = execute_request(c.definitions(), request, c.instance(), pool_wait_seconds=wait_seconds,
                                   notify=notify)
     if not outcome.success:

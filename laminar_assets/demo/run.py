@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -55,6 +56,9 @@ class Driver:
     instance: dg.DagsterInstance
     sensor_names: list[str]
     cursors: dict[str, str | None] = field(default_factory=dict)
+    # hears what a run waits for (a pool slot another run holds) and which runs of dead processes it failed,
+    # as `laminar refill` prints them: a run that waits says so instead of sitting silent for minutes
+    notify: Callable[[str], None] | None = None
 
     def until_quiet(self, on_run=None, max_rounds: int = 10) -> tuple[list[RunRow], int, int]:
         rows, ticks, requested = [], 0, 0
@@ -70,7 +74,7 @@ class Driver:
                     self.instance.report_runless_asset_event(event)
                 for request in result.run_requests:
                     launched += 1
-                    outcome = execute_request(self.defs, request, self.instance)
+                    outcome = execute_request(self.defs, request, self.instance, notify=self.notify)
                     for row in run_rows(request, outcome):
                         rows.append(row)
                         if on_run:
@@ -170,12 +174,13 @@ def start_spark_early(defs: dg.Definitions) -> threading.Thread | None:
 
 
 def run_demo(defs: dg.Definitions, instance: dg.DagsterInstance, specs, root: str, *, rows: int, seed: int,
-             on_run=None, start: datetime | None = None) -> list[DemoStep]:
+             on_run=None, start: datetime | None = None, notify: Callable[[str], None] | None = None) -> list[DemoStep]:
     """Two batches of commits, each brought up to date by the sensors' runs. The data starts a few
     hours before now (`recent_start`) unless `start` is given, so the UI's partition plots show it.
-    `root` must be empty, new, or a lake an earlier demo made (`lake.reset_demo_lake`): it is emptied first."""
+    `root` must be empty, new, or a lake an earlier demo made (`lake.reset_demo_lake`): it is emptied first.
+    `notify` hears what a run waits for, as in `Driver`."""
     reset_demo_lake(root)  # a new lake; a root holding anything but an earlier demo's lake is refused
-    driver = Driver(defs, instance, pipeline_sensor_names(defs))
+    driver = Driver(defs, instance, pipeline_sensor_names(defs), notify=notify)
     steps = []
     t = time.perf_counter()
     start_spark_early(defs)

@@ -66,6 +66,7 @@ from .windows import (
     PARTITION_SPAN,
     Granularity,
     Interval,
+    describe_duration,
     later,
     parse_duration,
     partition_interval,
@@ -89,8 +90,8 @@ __all__ = [
     # Spark
     "SparkOptions", "build_session", "check_java", "start_session",
     # time
-    "PARTITION_SPAN", "Granularity", "Interval", "later", "parse_duration", "partition_interval", "partition_key",
-    "partition_key_column", "partition_span", "partitions_overlapping",
+    "PARTITION_SPAN", "Granularity", "Interval", "describe_duration", "later", "parse_duration", "partition_interval",
+    "partition_key", "partition_key_column", "partition_span", "partitions_overlapping",
     # errors
     "CheckpointError", "CommitConflictError", "ConcurrentDeliveryError", "ConcurrentRunError", "EnvironmentProblem",
     "ExportError", "ExportSchemaError", "ExportTargetError", "LaminarError",

@@ -53,7 +53,7 @@ from .spec.exports import ExportSpec
 from .spec.specs import FlowSpec, RefreshPolicy, Spec
 from .stage import job as stage_job
 from .stage import keys as stage_keys
-from .windows import EPOCH, Interval, check_partition, later
+from .windows import EPOCH, Interval, check_partition, describe_duration, later
 
 log = logging.getLogger(__name__)
 
@@ -444,8 +444,9 @@ def checked_keys(spec: Spec, partitions: list[str], *, first: datetime | None = 
                                "UTC); nothing was run: choose a later one, or set the start earlier", flow=spec.name,
                                partition=k)
         if until is not None and part.start > until:
-            raise LaminarError(f"partition {k} of '{spec.name}' starts more than {future_horizon} after now (after "
-                               f"{until:%Y-%m-%d %H:%M} UTC: future_horizon); nothing was run", flow=spec.name, partition=k)
+            raise LaminarError(f"partition {k} of '{spec.name}' starts more than {describe_duration(future_horizon)} after "
+                               f"now (after {until:%Y-%m-%d %H:%M} UTC: future_horizon); nothing was run", flow=spec.name,
+                               partition=k)
     return keys
 
 

@@ -39,6 +39,21 @@ def parse_duration(value: str | timedelta) -> timedelta:
         raise ValueError(f"expected a duration of at most {timedelta.max.days} days, found {value!r}") from None
 
 
+_NAMED_UNITS = (("day", timedelta(days=1)), ("hour", timedelta(hours=1)), ("minute", timedelta(minutes=1)),
+                ("second", timedelta(seconds=1)), ("millisecond", timedelta(milliseconds=1)))
+
+
+def describe_duration(value: timedelta) -> str:
+    """A duration for a message, in the largest unit it is a whole number of: '1 day', '2 hours', '90 minutes'
+    (what a user writes in a setting; Python's own text, '1 day, 0:00:00', reads like a clock time)."""
+    for name, unit in _NAMED_UNITS:
+        if value and not value % unit:
+            count = value // unit
+            return f"{count} {name}{'' if abs(count) == 1 else 's'}"
+    micros = _micros(value)
+    return f"{micros} microsecond{'' if abs(micros) == 1 else 's'}"
+
+
 def to_utc(value: datetime) -> datetime:
     """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
     if value.tzinfo is None:
@@ -261,7 +276,7 @@ def check_partition(key: str, granularity: Granularity, reach: timedelta = timed
         part.end + reach + timedelta(hours=1)
     except OverflowError:
         raise ValueError(f"partition {key!r} is too close to the first or last representable time for windows "
-                         f"reaching {reach} beyond their partition") from None
+                         f"reaching {describe_duration(reach)} beyond their partition") from None
     return part
 
 

@@ -200,9 +200,12 @@ def _outside_note(spec: Spec, table: str, span: Interval, earliest: datetime | N
         return t.isoformat(" ", "minutes")[:16]  # four-digit years also before 1000 (strftime writes '1-01-01')
     extremes = "; ".join(text for text in (earliest and f"as early as {at(earliest)}", latest and f"as late as {at(latest)}")
                          if text)
+    bounds = spec.bounds
+    allowed = (f" (its event_time_bounds allow {at(bounds.start)} to {at(bounds.end)}: rows outside them are "
+               "quarantined as event_time_out_of_bounds)") if bounds is not None else ""
     return (f"{spec.name}: new commits of '{table}' hold event times outside the partitions searched ({at(span.start)} to "
-            f"{at(span.end)}: its first partition to now + future_horizon), {extremes}; no partition there is searched. "
-            "A run's sweep quarantines rows after the horizon (event_time_outside_partitions)")
+            f"{at(span.end)}: its first partition to now + future_horizon), {extremes}{allowed}; no partition there is "
+            "searched. A run's sweep quarantines rows after the horizon (event_time_outside_partitions)")
 
 
 def _blocked(component: Component, spec: Spec, keys: set[str], failed: FailedCheck, blocking: set[str]) -> set[str]:

@@ -64,8 +64,10 @@ class ObjectStoreOptions:
         return bool(self.endpoint and self.endpoint.startswith("http://"))
 
     def describe(self) -> str:
-        """Where the store is, for messages (no secrets)."""
-        return self.endpoint or f"AWS S3 ({self.region or 'default region'})"
+        """Where the store is, for messages (no secrets): the endpoint the clients are given, also when it comes
+        from the environment (AWS_ENDPOINT_URL), else AWS S3 and the region they use."""
+        o = self.resolved()
+        return o.endpoint or f"AWS S3 (region {o.region})"
 
     # --- one set of options per client ------------------------------------------------------
     def delta_options(self) -> dict[str, str]:

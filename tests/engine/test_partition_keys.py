@@ -19,7 +19,7 @@ FLOW = FlowSpec(name="f", source="trades", event_time="ts", window=Hopping("20m"
     ("9999-12-31-23:00", "hourly partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '9999-12-31-23:00'"),
     ("0001-01-01-00:00", "hourly partition from 1000-01-01-00:00 to 9999-12-30-23:00, found '0001-01-01-00:00'"),
     ("2023-12-31-23:00", r"partition 2023-12-31-23:00 of 'f' is before its first partition \(2024-01-01 00:00 UTC\)"),
-    ("2999-01-01-00:00", "partition 2999-01-01-00:00 of 'f' starts more than 1 day, 0:00:00 after now"),
+    ("2999-01-01-00:00", "partition 2999-01-01-00:00 of 'f' starts more than 1 day after now"),
 ])
 def test_a_bad_key_is_refused_naming_flow_and_key_before_anything_is_written(lake, key, problem):
     lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)])

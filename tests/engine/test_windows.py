@@ -15,6 +15,7 @@ from laminar_assets.engine.windows import (
     check_partition,
     closed_range,
     coalesce,
+    describe_duration,
     in_ranges_sql,
     parse_duration,
     partition_id,
@@ -42,6 +43,18 @@ shapes = st.sampled_from([
 ])
 def test_parse_duration(text, expected):
     assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("value,text", [
+    (timedelta(days=1), "1 day"), (timedelta(hours=2), "2 hours"), (timedelta(minutes=90), "90 minutes"),
+    (timedelta(days=400), "400 days"), (timedelta(seconds=1), "1 second"), (timedelta(milliseconds=1500), "1500 milliseconds"),
+    (timedelta(microseconds=7), "7 microseconds"), (timedelta(0), "0 microseconds"),
+])
+def test_a_duration_is_described_in_the_units_a_setting_uses(value, text):
+    """Messages said '1 day, 0:00:00' (Python's text of a timedelta) for a future_horizon of '1d'."""
+    assert describe_duration(value) == text
+    if value and not value % timedelta(seconds=1):
+        assert parse_duration(text) == value  # what a message says can be written back as a setting
 
 
 def test_parse_duration_rejects_garbage():

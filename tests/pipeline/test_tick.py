@@ -85,6 +85,19 @@ def test_rows_outside_the_contract_bounds_search_nothing(tmp_path, bounded):
     assert plan.dirty["f"] == ("2026-12-01-14:00", "2026-12-01-15:00", "2026-12-01-16:00", "2026-12-01-17:00")
 
 
+def test_the_far_away_note_names_the_rows_times_not_the_contract_bounds(tmp_path, bounded):
+    """With event-time bounds (raw_trades' contract: 2000 to 2100), a row dated 9999 was noted 'as late as
+    2100-01-01 00:00': the bound, which is no row's time."""
+    root = str(tmp_path)
+    write(root, NOW - timedelta(minutes=30), datetime(9999, 12, 30, 7, 15, tzinfo=UTC))
+    flow = dataclasses.replace(FLOW, event_time_bounds=("2000-01-01", "2100-01-01"))
+    [part] = components([flow])
+    [note] = plan_tick(part, root, CheckpointStore(root), Cursor(), lambda *_: set(), set(), SETTINGS, NOW).notes
+    assert "as late as 9999-12-30 07:15" in note and "as late as 2100" not in note
+    assert "(its event_time_bounds allow 2000-01-01 00:00 to 2100-01-01 00:00: rows outside them are quarantined " \
+           "as event_time_out_of_bounds)" in note
+
+
 def test_a_source_whose_checkpoint_is_gone_fails_the_tick_naming_table_version_and_file(tmp_path):
     """The tick opened sources with `deltalake` directly: its error named no table."""
     import glob

@@ -77,6 +77,25 @@ def test_an_unreachable_endpoint_is_one_line_within_seconds():
         storage.configure(before)
 
 
+def test_an_unreachable_endpoint_from_the_environment_is_named(monkeypatch):
+    """With the endpoint in AWS_ENDPOINT_URL (no options configured), the message said 'AWS S3 (default region)':
+    the store the clients were not asked to reach."""
+    before = storage.options()
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    storage.configure(None)
+    try:
+        message = _failing_within(15, lambda: storage.check_reachable("s3://bucket/lake"), "cannot connect")
+        assert "cannot connect to http://127.0.0.1:1:" in message and "AWS S3" not in message
+    finally:
+        storage.configure(before)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert ObjectStoreOptions(region="eu-west-1").describe() == "AWS S3 (region eu-west-1)"
+
+
 def test_a_missing_bucket_says_what_to_fix(s3_server):
     with using(s3_server):
         message = _failing_within(15, lambda: storage.check_reachable("s3://no-such-bucket/lake"), "does not exist")

@@ -102,19 +102,20 @@ def touches(spec: Spec, changes: NewCommits, key: str) -> bool:
 
 
 def beyond(spec: Spec, changes: NewCommits, within: Interval) -> tuple[datetime | None, datetime | None]:
-    """(the earliest, the latest) event time of the changes' ranges that the partitions `within` (a
-    `windows.partition_span`) cannot hold, before them and after them (None: none). Rows outside the
-    spec's bounds are left out: they are quarantined as out of bounds, wherever they are."""
+    """(the earliest, the latest) event time of the changes' ranges that reach before or after what the
+    partitions `within` (a `windows.partition_span`) can hold (None: none reaches there). Whether a range
+    reaches out is judged on its part inside the spec's bounds (rows outside them are quarantined as out of
+    bounds, wherever they are), but the times returned are the range's own, as the files' statistics
+    give them: the bounds themselves are no row's time."""
     held = Interval(within.start, later(within.end, spec.events_needed(Interval(within.end, within.end)).end - within.end))
     earliest = latest = None
     for r in changes.ranges:
-        if spec.bounds is not None:
-            r = r.intersect(spec.bounds)
-            if r is None:
-                continue
-        if r.start < held.start:
+        inside = r.intersect(spec.bounds) if spec.bounds is not None else r
+        if inside is None:
+            continue
+        if inside.start < held.start:
             earliest = min(earliest or r.start, r.start)
-        if r.end > held.end:
+        if inside.end > held.end:
             latest = max(latest or r.end, r.end)
     return earliest, latest
 

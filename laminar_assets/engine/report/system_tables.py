@@ -68,7 +68,7 @@ DAG_SCHEMA = _fields(("node_id", S), ("operator_type", S), ("inputs", STRS), ("o
                      ("partitioning", S))
 PARTITIONS_SCHEMA = _fields(("flow", S), ("partition", S), ("source_versions", MapType(S, L)), ("seq", L),
                             ("spec_hash", S), ("last_mode", S), ("last_reason", S), ("failed_attempt", S),
-                            ("updated_at", T))
+                            ("updated_at", T), ("failed_runs", L), ("failing_since", T), ("last_error", S))
 METRICS = ("rows_read", "rows_rejected", "state_rows", "sink_rows")
 D = DoubleType()
 OUTCOMES_SCHEMA = _fields(("flow", S), ("run_id", S), ("at", T), ("partition", S), ("mode", S), ("reason", S),
@@ -100,18 +100,27 @@ def dag_topology(spark: SparkSession, specs) -> DataFrame:
 
 
 def partitions(spark: SparkSession, root: str, specs) -> DataFrame:
-    """`laminar_system.partitions`: one row per (flow, partition) watermark: source_versions, seq,
-    spec_hash, last_mode, last_reason, failed_attempt, updated_at."""
+    """`laminar_system.partitions`: one row per (flow, partition) watermark (`partition_rows`)."""
+    return spark.createDataFrame(partition_rows(root, specs), PARTITIONS_SCHEMA)
+
+
+def partition_rows(root: str, specs) -> list[tuple]:
+    """The rows of `laminar_system.partitions`: flow, partition, source_versions, seq, spec_hash, last_mode,
+    last_reason, failed_attempt (why the next run refills), updated_at, and while its runs fail: failed_runs
+    (how many in a row since the last success; 0 when that succeeded), failing_since and last_error, as
+    `laminar status` shows them, so `WHERE failed_runs > 0` finds the failing partitions."""
     store = CheckpointStore(root)
     rows = []
     for spec in specs:
         for key in store.partitions(spec.name):
             m = store.load(spec.name, key)
             if m is not None:
+                failed = m.failed_runs
                 rows.append((m.flow, m.partition, {k: int(v) for k, v in m.source_versions.items()}, m.seq,
-                             m.spec_hash, m.last_mode, m.last_reason, m.failed_attempt,
-                             datetime.fromisoformat(m.updated_at) if m.updated_at else None))
-    return spark.createDataFrame(rows, PARTITIONS_SCHEMA)
+                             m.spec_hash, m.last_mode, m.last_reason, m.failed_attempt, _instant(m.updated_at),
+                             failed.count if failed else 0, _instant(failed.since) if failed else None,
+                             failed.last_error if failed else None))
+    return rows
 
 
 def runs(spark: SparkSession, root: str, specs, *, history: int = HISTORY) -> DataFrame:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from functools import partial
 
 import dagster as dg
@@ -123,6 +125,26 @@ def _run_step(step_context, events: queue.Queue) -> None:
     events.put((key, _DONE))
 
 
+@contextmanager
+def _children_deaf_to_ctrl_c(capture: AbstractContextManager) -> Iterator:
+    """Enter Dagster's log capture with SIGINT blocked in this thread, so the helper processes it starts (a
+    `tail` per stream mirroring the captured file to the terminal, and a Python `watch_orphans` script minding
+    each tail) inherit SIGINT blocked. They are in the terminal's process group: on Ctrl-C each watcher died
+    with a KeyboardInterrupt traceback (two per run) and the tails stopped mirroring. Now they keep going until
+    the capture ends and stops them (SIGTERM), as after a run that was not interrupted; if this process is
+    killed, the watchers still end the tails. This process misses nothing: a SIGINT arriving while blocked
+    is handled by another thread, or here once the block is lifted, microseconds later."""
+    with ExitStack() as stack:
+        blocking = hasattr(signal, "pthread_sigmask")  # not on Windows, where Dagster starts no tail
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
+        try:
+            value = stack.enter_context(capture)
+        finally:
+            if blocking:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        yield value
+
+
 def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: ExecutionPlan, *,
                             max_concurrent: int) -> Iterator[DagsterEvent]:
     compute_logs = job_context.instance.compute_log_manager
@@ -131,7 +153,7 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
             execution_plan.start(retry_mode=job_context.retry_mode, instance_concurrency_context=concurrency,
                                  step_dependency_config=job_context.step_dependency_config) as active:
         log_key = compute_logs.build_log_key_for_run(job_context.run_id, create_compute_log_file_key())
-        with compute_logs.capture_logs(log_key) as log_context:
+        with _children_deaf_to_ctrl_c(compute_logs.capture_logs(log_key)) as log_context:
             yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
             events: queue.Queue = queue.Queue()
             running: dict[str, tuple] = {}  # step key -> (step context, its events so far)

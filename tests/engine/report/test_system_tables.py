@@ -82,7 +82,7 @@ def test_partitions(built):
     lake = built[0]
     got = query(built, "SELECT * FROM laminar_system.partitions ORDER BY flow")
     assert got.columns == ["flow", "partition", "source_versions", "seq", "spec_hash", "last_mode", "last_reason",
-                           "failed_attempt", "updated_at"]
+                           "failed_attempt", "updated_at", "failed_runs", "failing_since", "last_error"]
     rows = [dict(zip(got.columns, r)) for r in got.rows]
     assert [(r["flow"], r["partition"]) for r in rows] == [("norm", PART), ("sectors", PART)]
     for r in rows:
@@ -90,8 +90,10 @@ def test_partitions(built):
         assert r["source_versions"] == mark.source_versions and r["seq"] == mark.seq == 3
         assert (r["spec_hash"], r["last_mode"], r["last_reason"]) == (mark.spec_hash, mark.last_mode, mark.last_reason)
         assert r["failed_attempt"] is None and r["updated_at"] == datetime.fromisoformat(mark.updated_at)
+        assert (r["failed_runs"], r["failing_since"], r["last_error"]) == (0, None, None)
     types = dict(st.partitions(built[1].spark, lake.root, SPECS).dtypes)
     assert types["source_versions"] == "map<string,bigint>" and types["updated_at"] == "timestamp"
+    assert types["failed_runs"] == "bigint" and types["failing_since"] == "timestamp"
 
 
 def test_runs_from_commit_history(built):

@@ -1,6 +1,7 @@
 """The thread executor on a real (temporary) Dagster instance: independent steps overlap, dependencies,
 failures, skips and blocking checks behave as in Dagster's in-process executor."""
 
+import signal
 import threading
 import time
 
@@ -226,3 +227,25 @@ def test_the_definitions_use_it():
     from laminar_assets.definitions import defs
 
     assert defs.executor is thread_executor
+
+
+def test_dagster_log_capture_helpers_do_not_hear_ctrl_c():
+    """Dagster's log capture starts a `tail` per stream and a Python script minding each, in the terminal's
+    process group: on Ctrl-C of `laminar demo` the two scripts died with KeyboardInterrupt tracebacks. They
+    are started with SIGINT blocked now (the kernel's record of each process says so; no signal is sent)."""
+    import psutil
+
+    blocked = {}
+
+    @dg.asset
+    def step():
+        for child in psutil.Process().children():
+            with open(f"/proc/{child.pid}/status") as status:
+                mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
+            blocked[" ".join(child.cmdline()[:2])] = bool(mask & (1 << (signal.SIGINT - 1)))
+        return dg.MaterializeResult()
+
+    result, *_ = _run([step])
+    assert result.success
+    assert any("watch_orphans" in cmd for cmd in blocked) and any(cmd.startswith("tail") for cmd in blocked), blocked
+    assert all(blocked.values()), blocked
