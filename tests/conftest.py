@@ -108,7 +108,10 @@ def pytest_configure(config):
 def spark():
     # tests/deploy/test_cluster.py runs engine tests against a standalone cluster through this variable
     master = os.environ.get("LAMINAR_TEST_SPARK_MASTER", "local[2]")
-    session = build_session(SparkOptions(master=master, shuffle_partitions=2, driver_memory="2g"))
+    # C1 only ("quick"): the tests' queries run on tiny tables, and C2 compiling Spark's lukewarm planner
+    # code was a fifth of the suite's CPU (docs/testing.md); LAMINAR_SPARK_JIT=tiered measures the default
+    session = build_session(SparkOptions(master=master, shuffle_partitions=2, driver_memory="2g",
+                                         jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")))
     yield session
     session.stop()
 
@@ -205,7 +208,8 @@ def connect_server(tmp_path_factory):
 
     logs = tmp_path_factory.mktemp("connect")
     options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
-                                   spark=SparkOptions(driver_memory="1g", shuffle_partitions=2))
+                                   spark=SparkOptions(driver_memory="1g", shuffle_partitions=2,
+                                                      jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")))
     before = storage.options()
     storage.configure(ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
                                          path_style=True))

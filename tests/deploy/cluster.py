@@ -16,9 +16,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from laminar_assets.engine.spark.session import JIT_OPTIONS
 from tests.deploy.processes import free_port, kill_tagged, listening, wait_for
 
 TAG = "LAMINAR_TEST_CLUSTER"
+JIT_QUICK = JIT_OPTIONS["quick"]
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,15 @@ def _spark_class() -> str:
 def standalone_cluster(folder: Path, *, workers: int = 2, cores: int = 1, memory: str = "1g", python: str):
     """Start a master and `workers` workers, wait until all registered, yield a `Cluster`, always stop."""
     folder.mkdir(parents=True, exist_ok=True)
+    # C1 only in every JVM of the cluster (its daemons here, each application's executors through the
+    # conf folder every driver of `Cluster.env` reads): tiny test tables never repay C2's compile time
+    conf = folder / "conf"
+    conf.mkdir(exist_ok=True)
+    (conf / "spark-defaults.conf").write_text(f"spark.executor.extraJavaOptions {JIT_QUICK}\n")
     asked, asked_ui = free_port(), free_port()
     env = {**os.environ, TAG: str(folder), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python,
-           "SPARK_LOG_DIR": str(folder), "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+           "SPARK_LOG_DIR": str(folder), "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+           "SPARK_DAEMON_JAVA_OPTS": JIT_QUICK, "SPARK_CONF_DIR": str(conf)}
     env.pop("LAMINAR_SPARK_REMOTE", None)
     procs, logs, bound = [], [], {}
 
@@ -112,7 +120,8 @@ def standalone_cluster(folder: Path, *, workers: int = 2, cores: int = 1, memory
         bound = _bound_ports(log)
         url = f"spark://127.0.0.1:{bound['rpc']}"
         cluster = Cluster(url=url, ui_port=bound["ui"], folder=folder,
-                          env={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, TAG: str(folder)})
+                          env={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, TAG: str(folder),
+                               "SPARK_CONF_DIR": str(conf)})
         _wait_ready(lambda: cluster.status() is not None, "the Spark master's status page", procs)
         for i in range(workers):
             launch(f"worker{i + 1}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",

@@ -79,7 +79,7 @@ def deployment(tmp_path, monkeypatch, s3_server, postgres):
     log = open(logs / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", root, "serve",
                              "--ui-port", str(ui), "--spark-port", str(spark), "--driver-memory", "2g",
-                             "--log-dir", str(logs)],
+                             "--jit", "quick", "--log-dir", str(logs)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: listening(ui), 300, "the Dagster UI", alive=lambda: proc.poll() is None)
