@@ -64,20 +64,12 @@ def type_family(text: str) -> str:
     return _FAMILIES.get(kind, kind)
 
 
-def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: str | None, columns: Collection[str],
-                    start_schema) -> tuple[tuple[int, str], ...]:
-    """(version, why) of each commit in `commits` (in version order) that adds data or change data
-    files written while a column in `columns` ("*": all) had another type than in `now_schema` (the
-    Delta schema JSON the reader reads with). `start_schema()`: the schema before the first commit,
-    asked for only when some commit changed the schema and an earlier one added files; None when
-    unknown: the commits before the first change are then not named (a failed read still is caught)."""
-    if now_schema is None or not any(c.schema for c in commits):
-        return ()  # no schema change in the range: every file has the schema the reader has
-    now = column_types(now_schema)
-    wanted = set(now) if "*" in columns else {c.lower() for c in columns} & set(now)
+def _in_effect(commits: Collection[CommitSummary], start_schema):
+    """Each commit (in version order) with the column types of the schema in effect at its version (its
+    own metaData's, else the last one's before it, else `start_schema()`'s, asked once and only when a
+    commit precedes the first change; None when unknown)."""
     then: dict[str, str] | None = None
     asked = False
-    out = []
     for c in commits:
         if c.schema:
             then = column_types(c.schema)
@@ -88,6 +80,26 @@ def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: 
             except LaminarError:  # that snapshot cannot be opened (log cleaned up): the history says so
                 start = None
             then = column_types(start) if start else None
+        yield c, then
+
+
+def _wanted(now: Mapping[str, str], columns: Collection[str]) -> set[str]:
+    return set(now) if "*" in columns else {c.lower() for c in columns} & set(now)
+
+
+def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: str | None, columns: Collection[str],
+                    start_schema) -> tuple[tuple[int, str], ...]:
+    """(version, why) of each commit in `commits` (in version order) that adds data or change data
+    files written while a column in `columns` ("*": all) had another type than in `now_schema` (the
+    Delta schema JSON the reader reads with). `start_schema()`: the schema before the first commit,
+    asked for only when some commit changed the schema and an earlier one exists; None when
+    unknown: the commits before the first change are then not named (a failed read still is caught)."""
+    if now_schema is None or not any(c.schema for c in commits):
+        return ()  # no schema change in the range: every file has the schema the reader has
+    now = column_types(now_schema)
+    wanted = _wanted(now, columns)
+    out = []
+    for c, then in _in_effect(commits, start_schema):
         if then is None or not (c.adds or c.cdc):
             continue
         differ = sorted(col for col in wanted if col in then and then[col] != now[col])
@@ -97,6 +109,21 @@ def retyped_commits(table: str, commits: Collection[CommitSummary], now_schema: 
                                    f"{short_type(then[col])}, which the table now has as {short_type(now[col])}; those files "
                                    "cannot be read with the current schema"))
     return tuple(out)
+
+
+def foreign_versions(commits: Collection[CommitSummary], now_schema: str | None, columns: Collection[str],
+                     start_schema) -> tuple[int, ...]:
+    """The versions of `commits` at which the schema in effect has a column in `columns` ("*": all)
+    under another type family than `now_schema` has it (price text between a double and a double
+    again). A reader pinned at such a version reads the column as that version's schema says, and the
+    spec's expressions, written for today's type, cast it row by row or fail (`px > 0` over text):
+    a bounded run does not stop at one. `start_schema` as for `retyped_commits`."""
+    if now_schema is None or not any(c.schema for c in commits):
+        return ()
+    now = column_types(now_schema)
+    wanted = _wanted(now, columns)
+    return tuple(c.version for c, then in _in_effect(commits, start_schema) if then is not None
+                 and any(col in then and type_family(then[col]) != type_family(now[col]) for col in wanted))
 
 
 # How far back `restored` reads the log (entries are small; this bounds a refused run's reads).

@@ -9,6 +9,7 @@ history has expired; it is reported, never skipped.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable
@@ -38,7 +39,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     read_log_entry,
     stats_interval,
 )
-from .schema_history import retyped_commits
+from .schema_history import foreign_versions, retyped_commits
 
 # Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
 SUPPORTED_READER_FEATURES = frozenset({
@@ -69,12 +70,18 @@ class SourceHistory:
     # (version, why) of commits whose files hold a column the reader reads under another type than the
     # table has now (`with_retyped`): no read with the current schema can merge or sweep them
     retyped: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+    # versions at which a column the reader reads had another type family than the table has now
+    # (`with_retyped`): a bounded run does not stop at one (the planner's `_bound`)
+    foreign: tuple[int, ...] = field(default=(), compare=False)
 
     def with_retyped(self, now: TableInfo, columns) -> SourceHistory:
-        """This history with `retyped` found for a reader of `columns` ("*": all) with `now`'s schema."""
+        """This history with `retyped` and `foreign` found for a reader of `columns` ("*": all) with
+        `now`'s schema."""
+        @functools.cache  # opened once for both (a failed open is not cached: it raises again)
         def start() -> str:
             return open_table(self.table, self.uri, self.from_version).schema().to_json()
-        return replace(self, retyped=retyped_commits(self.table, self.commits, now.delta_schema, columns, start))
+        return replace(self, retyped=retyped_commits(self.table, self.commits, now.delta_schema, columns, start),
+                       foreign=foreign_versions(self.commits, now.delta_schema, columns, start))
 
     def schema_at(self, version: int) -> tuple[int, str] | None:
         """(v, Delta schema JSON) of the schema in effect at `version` as the log tells it (v ==
@@ -130,7 +137,8 @@ class SourceHistory:
         return SourceHistory(self.table, self.uri, version, self.latest_version,
                              tuple(c for c in self.commits if c.version > version),
                              _expired(self.table, version, gone, vacuumed), self.cdf_enabled, gone, vacuumed,
-                             snapshot_gone, tuple((v, why) for v, why in self.retyped if v > version))
+                             snapshot_gone, tuple((v, why) for v, why in self.retyped if v > version),
+                             tuple(v for v in self.foreign if v > version))
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def _relevant(commit: CommitSummary, needed: Interval) -> bool:
     return any(t.overlaps(needed) for t in touched)
 
 
-def _bound(spec, commits: tuple[CommitSummary, ...]) -> int:
+def _work_bound(spec, commits: tuple[CommitSummary, ...]) -> int:
     """How many of `commits` one run may take under the spec's work bounds (at least one)."""
     if not commits:
         return 0
@@ -88,6 +88,22 @@ def _bound(spec, commits: tuple[CommitSummary, ...]) -> int:
             taken += 1
         limit = taken
     return max(1, limit)
+
+
+def _bound(spec, hist: SourceHistory) -> int:
+    """How many of the history's commits one run may take under the spec's work bounds (at least one),
+    and then more while the last one taken is at a version whose schema has a column the spec reads
+    under another type family than the source has now (`SourceHistory.foreign`: retyped, then
+    restored). A run pinned there would read that column with that version's type, which the spec's
+    expressions were not written for (`px > 0` over text fails on every run, and the next run's
+    bound stops at the same version: the flow never moves). The latest version always has today's
+    schema, so the bound ends at the latest at most."""
+    commits = hist.commits
+    limit = _work_bound(spec, commits)
+    foreign = set(hist.foreign)
+    while limit < len(commits) and commits[limit - 1].version in foreign:
+        limit += 1
+    return limit
 
 
 # Other partitions a plan names (run metadata): a file whose statistics run to a row dated 9999 spans
@@ -232,7 +248,11 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     latest.update(inp.dimension_versions)
     from_versions = {src: (mark.source_versions.get(src) if mark else None) for src in latest}
 
+    stretched: list[str] = []  # sources whose bound was passed (`_bound`), said in the plans of the bounded path
+
     def make(mode, reason, detail, **kw) -> PartitionPlan:
+        if "to_versions" in kw and stretched:
+            detail = f"{detail}; {'; '.join(stretched)}"
         to_versions = kw.pop("to_versions", latest)
         return PartitionPlan(
             flow=spec.name, partition=inp.partition, interval=part, needed=needed, mode=mode,
@@ -292,8 +312,13 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     if not inp.retract_extremes and spec.held_extremes:
         retractable = False
     for src, hist in inp.histories.items():
-        take = _bound(spec, hist.commits)
+        take = _bound(spec, hist)
         taken = hist.commits[:take]
+        bounded = _work_bound(spec, hist.commits)
+        if take > bounded:
+            stretched.append(f"the work bound would stop at version {taken[bounded - 1].version} of '{src}', where a "
+                             f"column '{spec.name}' reads had another type family than now (retyped, then restored): "
+                             f"the run goes on to version {taken[-1].version}, the first after it with today's types")
         if taken:
             to_versions[src] = taken[-1].version
             pending[src] = hist.latest_version - taken[-1].version

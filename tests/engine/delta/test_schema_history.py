@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 
 from laminar_assets.engine.delta.log import CommitKind, CommitSummary, DataFile
-from laminar_assets.engine.delta.schema_history import column_types, retyped_commits
+from laminar_assets.engine.delta.schema_history import column_types, foreign_versions, retyped_commits
 from laminar_assets.engine.spark.failures import type_mismatch
 
 
@@ -45,6 +45,19 @@ def test_no_schema_change_unread_columns_and_nullability_name_nothing():
     strict = json.dumps({"type": "struct", "fields": [{"name": "PX", "type": "double", "nullable": False}]})
     assert column_types(strict) == {"px": "double"}
     assert retyped_commits("t", [commit(1, schema_json=strict)], DOUBLE, {"px"}, nothing) == ()
+
+
+def test_versions_whose_schema_has_a_read_column_in_another_family_are_foreign():
+    """Where the schema in effect (a commit's own, the last one's before it, or the range's start)
+    has a read column of another family: text between doubles; a float is the same family."""
+    floats = schema(ts="timestamp", px="float")
+    commits = [commit(1), commit(2, schema_json=STRING, files=False), commit(3), commit(4, schema_json=floats),
+               commit(5, schema_json=DOUBLE)]
+    assert foreign_versions(commits, DOUBLE, {"px"}, lambda: DOUBLE) == (2, 3)
+    assert foreign_versions(commits, DOUBLE, {"*"}, lambda: STRING) == (1, 2, 3)
+    assert foreign_versions(commits, DOUBLE, {"ts"}, lambda: STRING) == ()  # px not read
+    no_change = [commit(1), commit(2)]  # every version of the range has today's schema
+    assert foreign_versions(no_change, DOUBLE, {"*"}, lambda: STRING) == ()
 
 
 def test_a_spark_read_of_a_retyped_file_is_told_from_other_failures():

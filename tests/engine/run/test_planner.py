@@ -287,6 +287,20 @@ def test_bounded_work_leaves_versions_pending(limits, expected_to, expected_pend
     assert p.pending_versions == {"src": expected_pending}
 
 
+def test_a_bounded_run_goes_past_versions_where_a_read_column_had_another_type_family():
+    """Issue 66: versions 5 and 6 hold `x` as text between doubles (`SourceHistory.foreign`). A run
+    bounded to one version stopped at 5 and read it with its schema; the bound now takes the run on
+    to 7, the first version after it with today's types, and says so. Version 4 (today's types)
+    is a stop like any other."""
+    spec = replace(RETRACT, max_versions_per_run=1)
+    hist = replace(history(*[commit(v, CommitKind.APPEND, file(31, 32)) for v in range(4, 9)]), foreign=(5, 6))
+    assert plan(spec, mark(spec), hist).to_versions == {"src": 4}
+    p = plan(spec, mark(spec, version=4), hist.after(4))
+    assert p.to_versions == {"src": 7} and p.pending_versions == {"src": 1}
+    assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY) and p.incremental_versions == {"src": (5, 6, 7)}
+    assert "would stop at version 5 of 'src'" in p.detail and "goes on to version 7" in p.detail
+
+
 def test_frozen_partition_ignores_late_changes():
     spec = FlowSpec(name="f", source="src", event_time="ts", window=Tumbling("10m"), keys=("k",),
                     aggregates=(Agg.sum("x"),), late=LatePolicy(freeze_after="1d"))

@@ -95,3 +95,30 @@ def test_a_retyped_column_only_a_rule_reads_is_refilled_over(spark, lake, engine
     r = engine.run(flow, PART)
     assert (r.mode, r.reason) == (Mode.REFILL, Reason.SCHEMA_CHANGED_HISTORY)
     assert lake.read("f").set_index("sym")["sum_qty"].to_dict() == {"a": 1, "b": 2}
+
+
+def test_a_bounded_run_does_not_stop_at_a_version_where_a_read_column_had_another_type(spark, lake, engine):
+    """Issue 66: under max_versions_per_run, a run of a partition the retyping commits do not touch
+    stopped at the version where `px` was text. Its sweep read that version with its schema and the
+    rule `px > 0` failed ("quarantine sweep of 'f' failed: [CAST_INVALID_INPUT] ..."), on every run: the
+    bound stopped there again, so no partition of the flow ever moved. The bound now takes the text
+    versions in the same run, up to one whose schema the flow reads (here the restore)."""
+    flow = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.count(), Agg.sum("qty")), rules=(RowRule("positive_px", "px > 0"),),
+                    max_versions_per_run=1)
+    empty, busy = PART, "2024-01-01-01:00"  # the retyping commits touch only the second hour (and no time)
+    lake.create("trades", [("2024-01-01 01:01:00", "a", 1.0, 1)])
+    engine.run_many(flow, [empty, busy])
+    write_deltalake(lake.path("trades"), trades_frame([("2024-01-01 01:03:00", "a", 3.0, 2), (None, "b", 9.0, 1)])
+                    .astype({"px": "string"}), mode="overwrite", schema_mode="overwrite")
+    write_deltalake(lake.path("trades"), trades_frame([("2024-01-01 01:05:00", "a", 5.0, 4), (None, "b", -1.0, 1)]),
+                    mode="overwrite", schema_mode="overwrite")
+    first, second = engine.run_many(flow, [empty, busy])
+    assert first.plan.to_versions == {"trades": 2}  # past version 1, where px was text
+    assert (second.mode, second.reason) == (Mode.REFILL, Reason.SCHEMA_CHANGED_HISTORY)
+    assert second.sweep.reason is Reason.SCHEMA_CHANGED_HISTORY  # the sweep (credited to the partition that
+    assert "snapshot at version 2" in second.sweep.sources["trades"]  # worked) swept the latest snapshot
+    assert engine.run_many(flow, [empty, busy])[0].reason is Reason.NO_NEW_VERSIONS
+    expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
+    assert_frames_match(lake.read("f"), expected, flow.keys)
+    assert lake.read("f").set_index("sym")["sum_qty"].to_dict() == {"a": 4}
