@@ -85,7 +85,7 @@ quality: class-archive $(DAGSTER_HOME)/dagster.yaml
 
 # The random stateful test (tests/engine/stateful_lake.py) for a time budget, seed after seed; a failure
 # prints its smallest history and one line that reproduces it. E.g. SOAK_ARGS='--seconds 3600 --seed 7'.
-# Its histories export to a Postgres and a Redis server it starts (SOAK_ARGS='--no-exports': none).
+# Its histories export to a Postgres, a Redis server and a webhook receiver it starts (SOAK_ARGS='--no-exports': none).
 SOAK_ARGS ?= --seconds 600
 soak: class-archive redis
 	$(BIN)/python -m tests.soak $(SOAK_ARGS)

@@ -5,7 +5,12 @@ sensors at their default interval, commits to `raw_trades` of the project's own 
 
 For each commit: wall time from the commit (write_deltalake returned) until every partition of every
 asset it touches has a watermark at the new versions (all sinks updated; the run's contract and
-equivalence checks still run after that, reported apart as until_checks_done).
+equivalence checks still run after that, reported apart as until_checks_done); and until the Postgres
+table of the pipeline's export `vwap_1m_pg` reflects it (`postgres_*`: its delivered version in
+`laminar_exports` reached the version of `vwap_1m` that holds the commit; the export is a step of the same
+run, after its flow). That Postgres is the one `laminar serve` embeds for a connection nothing defines
+(pgserver on a Unix socket, in `<work>/embedded/lake/postgres`), as `make ui` runs it; at the end its table is
+checked row for row against `vwap_1m` at the delivered version.
 Each launched run's time splits into launch overhead (queued -> run worker started: process start,
 imports, loading the definitions), Spark session (connecting to the Connect server, or starting a JVM
 with --local-spark) and engine time (the assets' own seconds), from the Dagster instance's records.
@@ -58,6 +63,57 @@ def _wait(predicate, timeout: float) -> bool:
             return True
         time.sleep(0.25)
     return False
+
+
+class _Delivered:
+    """The delivered version of the export `vwap_1m_pg` in the Postgres that `laminar serve` embeds (found by its
+    postmaster.pid once it runs) and the version of its source table, `vwap_1m`."""
+
+    EXPORT = "vwap_1m_pg"
+
+    def __init__(self, work: str, root: str) -> None:
+        self.pgdata = os.path.join(work, "embedded", "lake", "postgres")
+        self.sink = os.path.join(root, "vwap_1m")
+        self._conn = None
+
+    def url(self) -> str:
+        with open(os.path.join(self.pgdata, "postmaster.pid")) as fh:
+            socket_dir = fh.read().splitlines()[4]  # postmaster.pid's fifth line: the socket directory
+        return f"postgresql://postgres@/analytics?host={socket_dir}"
+
+    def version(self) -> int:
+        """The export's delivered version (-1: none yet)."""
+        import psycopg
+
+        if self._conn is None:
+            self._conn = psycopg.connect(self.url(), autocommit=True)
+        if not self._conn.execute("SELECT to_regclass('public.laminar_exports') IS NOT NULL").fetchone()[0]:
+            return -1
+        row = self._conn.execute("SELECT delivered_version FROM laminar_exports WHERE export = %s",
+                                 (self.EXPORT,)).fetchone()
+        return int(row[0]) if row else -1
+
+    def sink_version(self) -> int:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.sink).version()
+
+    def check(self) -> dict:
+        """The Postgres table against `vwap_1m` at the delivered version: every row, in key order."""
+        from deltalake import DeltaTable
+
+        from laminar_assets.engine.delta.arrow_reads import read_arrow
+
+        version = self.version()
+        names = [f.name for f in DeltaTable(self.sink, version=version).schema().fields]
+        want = sorted(tuple(r[n] for n in names) for r in
+                      read_arrow(self.sink, DeltaTable(self.sink, version=version)).to_pylist())
+        got = sorted(self._conn.execute(f"SELECT {', '.join(names)} FROM vwap_1m").fetchall())
+        return {"delivered_version": version, "rows_delta": len(want), "rows_postgres": len(got), "equal": want == got}
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
 
 def _steps(instance, run_id: str, start: float) -> dict[str, list[float]]:
@@ -143,6 +199,8 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     rng = np.random.default_rng(seed)
     samples, with_checks, runs_per_commit, errors = [], [], [], []
+    pg_samples, pg_check = [], None
+    delivered = _Delivered(work, root)
     try:
         from laminar_assets.deploy.connect_server import port_in_use
 
@@ -164,24 +222,45 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
         if not _wait(lambda: _caught_up(component, root, instance) and instance.get_run_ids(), 900):
             raise RuntimeError("the first batch did not reach the sinks within 15 min")
         bootstrap_s = time.monotonic() - t
+        if not _wait(lambda: delivered.version() >= delivered.sink_version(), 300):
+            raise RuntimeError("the first batch's vwap_1m did not reach Postgres within 5 min")
         tip = summary.last_time
         for i in range(commits):
             time.sleep(float(rng.uniform(0.5, 1.5)) * loop)  # a random moment relative to the daemon's loop
             before = set(instance.get_run_ids())
+            sink_before = delivered.sink_version()
             at = time.monotonic()
             append_trades(root, max(rows // 20, 20), tip - timedelta(minutes=5), tip, seed=seed + i)
+            first_delivery: list[tuple[float, int]] = []  # (seconds, version): the first delivery of a newer vwap_1m
+
+            def fresh() -> bool:
+                if not first_delivery and delivered.version() > sink_before:  # noqa: B023  (waited for at once)
+                    first_delivery.append((time.monotonic() - at, delivered.version()))  # noqa: B023
+                return bool(set(instance.get_run_ids()) - before  # noqa: B023
+                            and _caught_up(component, root, instance, runs_done=False))
+
             # fresh: a run picked the commit up and every sink it touches is updated (checks may still run)
-            if not _wait(lambda: set(instance.get_run_ids()) - before and  # noqa: B023  (waited for at once)
-                         _caught_up(component, root, instance, runs_done=False), 600):
+            if not _wait(fresh, 600):
                 errors.append(f"commit {i} not fresh within 10 min")
                 continue
             samples.append(time.monotonic() - at)
+            final = delivered.sink_version()  # vwap_1m holds the commit from this version on
+            if first_delivery and first_delivery[0][1] >= final:  # delivered before every other sink was done
+                pg_samples.append(first_delivery[0][0])
+            elif _wait(lambda: delivered.version() >= final, 600):  # noqa: B023
+                pg_samples.append(time.monotonic() - at)
+            else:
+                errors.append(f"commit {i}: vwap_1m version {final} not in Postgres within 10 min")
             _wait(lambda: _caught_up(component, root, instance), 600)  # the run's checks, before the next commit
             with_checks.append(time.monotonic() - at)
             runs_per_commit.append(sorted(set(instance.get_run_ids()) - before))
             tip += timedelta(minutes=1)
         breakdown = _run_breakdown(instance, [r for rs in runs_per_commit for r in rs], [s.name for s in component.specs])
+        pg_check = delivered.check()
+        if not pg_check["equal"]:
+            errors.append(f"the Postgres table vwap_1m differs from the Delta table: {pg_check}")
     finally:
+        delivered.close()
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
@@ -202,6 +281,10 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
             "warm_up_s": round(warm_up_s, 1) if warm_up_s is not None else None,
             "bootstrap_s": round(bootstrap_s, 1), "samples_s": [round(s, 2) for s in samples],
             "p50_s": pct(50), "p95_s": pct(95),
+            "postgres_samples_s": [round(x, 2) for x in pg_samples],
+            "postgres_p50_s": round(float(np.percentile(pg_samples, 50)), 2) if pg_samples else None,
+            "postgres_p95_s": round(float(np.percentile(pg_samples, 95)), 2) if pg_samples else None,
+            "postgres_check": pg_check,
             "until_checks_done_p50_s": round(float(np.percentile(with_checks, 50)), 2) if with_checks else None,
             "runs_per_commit": [len(r) for r in runs_per_commit],
             "mean_queue_wait_s": mean("queue_wait_s"), "mean_launch_overhead_s": mean("launch_overhead_s"),

@@ -1,27 +1,34 @@
-"""What delivering a flow's table to Postgres costs after a small change, against re-copying it whole (issue #61).
+"""What delivering a flow's table to Postgres and Redis costs after a small change, against re-copying it whole
+(issue #61).
 
-    python -m bench.export_cost [--rows 1000000] [--change 0.01] [--rounds 3] [--symbols 200]
+    python -m bench.export_cost [--rows 1000000] [--change 0.01] [--rounds 3] [--symbols 200] [--no-redis]
 
 A per-minute VWAP sink (`window_start`, `window_end`, `symbol`, `notional`, `volume`, `trades`, `vwap`; hourly
 partitions, one Parquet file per hour, change data feed on) is written and committed the way a flow's run
 commits it (`write_staged_rows` + `replace_ranges`: one Delta commit removes the touched hours' files and adds
-new ones; no Spark), delivered once in full to a throwaway Postgres (pgserver, Unix socket; started here and
-stopped at the end, also on failure), then changed `--rounds` times. Each round's change is `--change` of the
+new ones; no Spark), delivered once in full to a throwaway Postgres (pgserver, Unix socket) and a throwaway Redis
+(Debian's redis-server on 127.0.0.1, nothing saved; both started here and stopped at the end, also on failure),
+then changed `--rounds` times. Each round's change is `--change` of the
 rows: half new minutes at the tip, 45% updates of existing keys (in the tip hour and three late hours) and 5%
 deletes (windows that lost their trades), committed as one run replacing every touched hour's rows. Timed per
 round, in this order:
 
 * `incremental`: `Exporter.deliver` (the change feed since the delivered version, upserts and deletes);
-* `full_resync`: `Exporter.deliver(full=True)` (FORCED_BY_USER: DELETE every row, COPY the table in, in one
+* `full_resync`: `Exporter.deliver(full=True)` (FORCED_BY_USER: TRUNCATE, COPY the table in, in one
   transaction): the naive job done by Laminar's own path;
 * `naive_copy`: a plain job that reads the whole Delta table with pyarrow and does TRUNCATE + COPY into a
-  second table with the same primary key, in one transaction.
+  second table with the same primary key, in one transaction;
+* `redis_incremental` and `redis_full_resync`: the same two deliveries of a `RedisExport` of the same table (one
+  hash per symbol, holding its latest minute's row): the keys the change feed touched, their latest rows read
+  from the sink at the pinned version, against every row of the table streamed to find each symbol's latest
+  (and the keys under the prefix the resync did not write removed).
 
 After every step the Postgres table is compared with the Delta table at the delivered version: the row count,
 and every row in key order (Postgres `COPY (SELECT ... ORDER BY ...)` parsed back to Arrow, against the Delta
-snapshot sorted the same way; floats exact). A mismatch exits with status 1; speed never does. Prints a table
-and writes `bench/results/export_cost.json` (`--out`), with the load average around each timed step (the
-machine may be shared).
+snapshot sorted the same way; floats exact); and Redis's keys with the latest row of each symbol of that
+snapshot (every field parsed back, floats exact, no key more or less). A mismatch exits with status 1; speed
+never does. Prints a table and writes `bench/results/export_cost.json` (`--out`), with the load average around
+each timed step (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 from deltalake import DeltaTable
 
-from laminar_assets.engine import Agg, Connection, Exporter, FlowSpec, Interval, PostgresExport, Tumbling
+from laminar_assets.engine import Agg, Connection, Exporter, FlowSpec, Interval, PostgresExport, RedisExport, Tumbling
 from laminar_assets.engine.delta.arrow_reads import arrow_dataset, read_arrow
 from laminar_assets.engine.output import replace_ranges
 from laminar_assets.engine.output.staged_files import write_staged_rows
@@ -58,6 +65,7 @@ FLOW = FlowSpec(name="vwap_1m", source="trades", event_time="event_time", window
                             Agg.count(name="trades")),
                 post={"vwap": "notional / volume"}, partitioning="hourly")
 EXPORT = PostgresExport(name="vwap_1m_pg", source="vwap_1m", connection="analytics", table="vwap_1m")
+REDIS_EXPORT = RedisExport(name="vwap_1m_cache", source="vwap_1m", connection="cache", key_prefix="vwap")
 NAIVE_TABLE = "vwap_1m_naive"
 COLUMNS = ["window_start", "window_end", "symbol", "notional", "volume", "trades", "vwap"]
 LATE_HOURS = 3
@@ -147,6 +155,14 @@ def start_postgres():
     return start()
 
 
+def start_redis():
+    """The tests' throwaway Redis (redis-server on 127.0.0.1, a free port, nothing saved): `tests/redis_server.py`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.redis_server import start_redis as start
+
+    return start()
+
+
 def pg_rows(conn: psycopg.Connection, table: str) -> pa.Table:
     """Every row of `table` in key order, as Arrow (timestamps as UTC microseconds)."""
     buffer = io.BytesIO()
@@ -190,6 +206,36 @@ def compare(conn: psycopg.Connection, table: str, uri: str, version: int) -> dic
             "sum_volume_delta": delta_sums[1], "sum_volume_postgres": int(sums[1]), "first_difference": first_diff}
 
 
+def compare_redis(client, uri: str, version: int) -> dict:
+    """Redis's keys under the export's prefix against the Delta table at `version`: one key per symbol, holding
+    the row of its latest minute (every field read back to its type, floats exact), no other key."""
+    t = delta_rows(uri, version)
+    latest = t.group_by("symbol").aggregate([("window_start", "max")])
+    want = t.join(latest.rename_columns(["symbol", "window_start"]), ["symbol", "window_start"], join_type="inner")
+    expected = {f"{REDIS_EXPORT.key_prefix}:{r['symbol']}": r for r in want.to_pylist()}
+    keys = sorted(client.scan_iter(match=f"{REDIS_EXPORT.key_prefix}:*", count=1000))
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    got, versions = {}, []
+    for key, fields in zip(keys, pipe.execute()):
+        versions.append(int(fields.pop("_laminar_version")))
+        got[key] = {"window_start": _us(fields["window_start"]), "window_end": _us(fields["window_end"]),
+                    "symbol": fields["symbol"], "notional": float(fields["notional"]), "volume": int(fields["volume"]),
+                    "trades": int(fields["trades"]), "vwap": float(fields["vwap"])}
+    state = client.hgetall(f"laminar:exports:{REDIS_EXPORT.name}")
+    wrong = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+    equal = not wrong and int(state.get("version", -1)) == version and max(versions, default=0) <= version
+    return {"equal": equal, "delta_version": version, "keys_expected": len(expected), "keys_redis": len(got),
+            "state_version": int(state.get("version", -1)), "first_difference": wrong[0] if wrong else None}
+
+
+def _us(text: str) -> int:
+    """Redis's ISO 8601 text of a UTC timestamp as microseconds since the epoch."""
+    at = datetime.fromisoformat(text)
+    return int((at - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
+
+
 def written_by_last_delivery(conn: psycopg.Connection) -> int:
     """Row versions the last delivery wrote into the target (inserted or updated): rows whose xmin is the
     transaction that wrote the export's row in `laminar_exports`, as Postgres counts them."""
@@ -228,15 +274,28 @@ def delivery(exporter: Exporter, conn: psycopg.Connection, *, full: bool = False
             "postgres_rows_written": written_by_last_delivery(conn), "phases_s": r.seconds, "load_before": before}
 
 
-def run(a: argparse.Namespace, pg, work: str) -> dict:
+def redis_delivery(exporter: Exporter, *, full: bool = False) -> dict:
+    before = load()
+    t0 = time.perf_counter()
+    r = exporter.deliver(REDIS_EXPORT, FLOW, full=full)
+    wall = time.perf_counter() - t0
+    return {"seconds": round(wall, 3), "mode": r.mode.value, "reason": r.reason.value, "version": r.delivered_version,
+            "change_rows_read": r.change_rows, "keys_written": r.rows_upserted, "keys_deleted": r.rows_deleted,
+            "phases_s": r.seconds, "load_before": before}
+
+
+def run(a: argparse.Namespace, pg, work: str, cache=None) -> dict:
     url = pg.url()
-    exporter = Exporter(work, connections={"analytics": Connection("analytics", url)})
+    connections = {"analytics": Connection("analytics", url)}
+    if cache is not None:
+        connections["cache"] = Connection("cache", cache.url())
+    exporter = Exporter(work, connections=connections)
     sink = Sink(exporter.layout.sink_uri(FLOW), a.symbols, a.rows)
     rng = np.random.default_rng(61)
     out: dict = {"rows": a.rows, "change": a.change, "symbols": a.symbols, "rounds_asked": a.rounds,
                  "hours": int(sink.hour_of(sink.slots).max()) + 1, "batch_rows": EXPORT.batch_rows,
                  "machine": machine(), "code": code_fingerprint(), "load_start": load(),
-                 "naive": "full_resync: Exporter.deliver(full=True), DELETE + COPY in one transaction; naive_copy: "
+                 "naive": "full_resync: Exporter.deliver(full=True), TRUNCATE + COPY in one transaction; naive_copy: "
                           "pyarrow read of the whole Delta table, TRUNCATE + COPY into a second table (same primary "
                           "key), one transaction",
                  "rounds": []}
@@ -247,6 +306,12 @@ def run(a: argparse.Namespace, pg, work: str) -> dict:
         first["check"] = compare(conn, EXPORT.table, sink.uri, first["version"])
         ok &= first["check"]["equal"]
         out["first_delivery"] = first
+        redis_client = cache.client() if cache is not None else None
+        if redis_client is not None:
+            first = redis_delivery(exporter)
+            first["check"] = compare_redis(redis_client, sink.uri, first["version"])
+            ok &= first["check"]["equal"]
+            out["redis_first_delivery"] = first
         conn.execute(f"CREATE TABLE {NAIVE_TABLE} (LIKE {EXPORT.table} INCLUDING ALL)")
         for i in range(1, a.rounds + 1):
             change = sink.change(a.change, salt=i, rng=rng)
@@ -259,18 +324,31 @@ def run(a: argparse.Namespace, pg, work: str) -> dict:
             naive = {**naive_copy(url, sink.uri, full["version"], EXPORT.batch_rows), "load_before": before}
             naive["check"] = compare(conn, NAIVE_TABLE, sink.uri, full["version"])
             ok &= inc["check"]["equal"] and full["check"]["equal"] and naive["check"]["equal"]
-            out["rounds"].append({"round": i, "change": change, "incremental": inc, "full_resync": full,
-                                  "naive_copy": naive,
-                                  "ratio_vs_full_resync": round(inc["seconds"] / full["seconds"], 4),
-                                  "ratio_vs_naive_copy": round(inc["seconds"] / naive["seconds"], 4)})
+            entry = {"round": i, "change": change, "incremental": inc, "full_resync": full, "naive_copy": naive,
+                     "ratio_vs_full_resync": round(inc["seconds"] / full["seconds"], 4),
+                     "ratio_vs_naive_copy": round(inc["seconds"] / naive["seconds"], 4)}
             print(f"round {i}: incremental {inc['seconds']:.2f} s ({inc['rows_upserted']} upserted, "
                   f"{inc['rows_deleted']} deleted), full resync {full['seconds']:.2f} s, naive copy "
                   f"{naive['seconds']:.2f} s, equal {inc['check']['equal'] and full['check']['equal']}", flush=True)
+            if redis_client is not None:
+                r_inc = redis_delivery(exporter)
+                r_inc["check"] = compare_redis(redis_client, sink.uri, r_inc["version"])
+                r_full = redis_delivery(exporter, full=True)
+                r_full["check"] = compare_redis(redis_client, sink.uri, r_full["version"])
+                ok &= r_inc["check"]["equal"] and r_full["check"]["equal"]
+                entry.update(redis_incremental=r_inc, redis_full_resync=r_full,
+                             redis_ratio_vs_full_resync=round(r_inc["seconds"] / r_full["seconds"], 4))
+                print(f"round {i}: redis incremental {r_inc['seconds']:.2f} s ({r_inc['keys_written']} keys written, "
+                      f"{r_inc['change_rows_read']} change rows read), full resync {r_full['seconds']:.2f} s, equal "
+                      f"{r_inc['check']['equal'] and r_full['check']['equal']}", flush=True)
+            out["rounds"].append(entry)
         out["table_bytes"] = conn.execute("SELECT pg_total_relation_size(%s)", (EXPORT.table,)).fetchone()[0]
+        if redis_client is not None:
+            redis_client.close()
     rounds = out["rounds"]
 
     def med(path):
-        values = list(rounds)
+        values = [r for r in rounds if path[0] in r]
         for p in path:
             values = [v[p] for v in values]
         return round(statistics.median(values), 4) if values else None
@@ -279,6 +357,9 @@ def run(a: argparse.Namespace, pg, work: str) -> dict:
                       "naive_copy_s": med(["naive_copy", "seconds"]),
                       "ratio_vs_full_resync": med(["ratio_vs_full_resync"]),
                       "ratio_vs_naive_copy": med(["ratio_vs_naive_copy"]),
+                      "redis_incremental_s": med(["redis_incremental", "seconds"]),
+                      "redis_full_resync_s": med(["redis_full_resync", "seconds"]),
+                      "redis_ratio_vs_full_resync": med(["redis_ratio_vs_full_resync"]),
                       "target": "incremental <= 0.05x the full copy", "results_equal": bool(ok)}
     out["load_end"] = load()
     return out
@@ -295,10 +376,22 @@ def report(out: dict) -> str:
         lines.append(f"{r['round']:>5} {inc['change_rows_read']:>10,} {inc['rows_upserted']:>9,} {inc['rows_deleted']:>8,} "
                      f"{inc['postgres_rows_written']:>10,} {inc['seconds']:>7.2f} {r['full_resync']['seconds']:>8.2f} "
                      f"{r['naive_copy']['seconds']:>8.2f} {r['ratio_vs_full_resync']:>6.3f} {str(equal):>5}")
+    if any("redis_incremental" in r for r in out["rounds"]):
+        lines.append(f"{'redis':>5} {'rows read':>10} {'written':>9} {'deleted':>8} {'':>10} {'incr s':>7} {'resync s':>8} "
+                     f"{'':>8} {'ratio':>6} {'equal':>5}")
+        for r in out["rounds"]:
+            inc, full = r["redis_incremental"], r["redis_full_resync"]
+            equal = inc["check"]["equal"] and full["check"]["equal"]
+            lines.append(f"{r['round']:>5} {inc['change_rows_read']:>10,} {inc['keys_written']:>9,} "
+                         f"{inc['keys_deleted']:>8,} {'':>10} {inc['seconds']:>7.2f} {full['seconds']:>8.2f} {'':>8} "
+                         f"{r['redis_ratio_vs_full_resync']:>6.3f} {str(equal):>5}")
     s = out["summary"]
     lines.append(f"median: incremental {s['incremental_s']} s, full resync {s['full_resync_s']} s, naive copy "
                  f"{s['naive_copy_s']} s; ratio {s['ratio_vs_full_resync']} (resync), {s['ratio_vs_naive_copy']} (naive); "
                  f"target <= 0.05; results equal: {s['results_equal']}")
+    if s["redis_incremental_s"] is not None:
+        lines.append(f"median redis: incremental {s['redis_incremental_s']} s, full resync {s['redis_full_resync_s']} s; "
+                     f"ratio {s['redis_ratio_vs_full_resync']}")
     return "\n".join(lines)
 
 
@@ -308,17 +401,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--change", type=float, default=0.01, help="share of the rows changed per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--symbols", type=int, default=200, help="symbols per minute (rows per hour: 60x this)")
+    ap.add_argument("--no-redis", action="store_true", help="Postgres only (no redis-server needed)")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
     if a.rows < a.symbols * 60 * (LATE_HOURS + 3):
         ap.error(f"--rows must be at least {a.symbols * 60 * (LATE_HOURS + 3)} ({LATE_HOURS + 3} hours of "
                  f"{a.symbols} symbols) so a change has late hours to touch")
     pg = start_postgres()
+    cache = None
     try:
+        cache = None if a.no_redis else start_redis()
         with tempfile.TemporaryDirectory(prefix="laminar-export-cost-") as work:
-            out = run(a, pg, work)
+            out = run(a, pg, work, cache)
     finally:
-        pg.stop()
+        try:
+            if cache is not None:
+                cache.stop()
+        finally:
+            pg.stop()
     print(report(out))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as fh:

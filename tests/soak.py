@@ -6,8 +6,8 @@
 
 Each seed runs `--examples` random histories of up to `--steps` steps. Any failure stops the soak,
 prints Hypothesis's smallest failing history and one line that reproduces it. The histories export some
-specs to a Postgres and a Redis server the soak starts (127.0.0.1 / a Unix socket, stopped at its end, also
-on failure); `--no-exports` leaves them out.
+specs to a Postgres and a Redis server and a webhook receiver the soak starts (127.0.0.1 / a Unix socket,
+stopped at its end, also on failure); `--no-exports` leaves them out.
 """
 
 from __future__ import annotations
@@ -47,19 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=25, help="histories per seed")
     parser.add_argument("--steps", type=int, default=14, help="steps per history at most")
     parser.add_argument("--reproduce", help="the blob a failure printed: run that one history")
-    parser.add_argument("--no-exports", action="store_true", help="no Postgres and Redis exports in the histories")
+    parser.add_argument("--no-exports", action="store_true",
+                        help="no Postgres, Redis and webhook exports in the histories")
     args = parser.parse_args(argv)
 
     LakeMachine.spark = build_session(SparkOptions(master="local[2]", shuffle_partitions=2, driver_memory="2g"))
     servers = []
     try:
         if not args.no_exports:
+            from tests.engine.export.receiver import Receiver
             from tests.postgres import start_postgres
             from tests.redis_server import start_redis
 
             servers.append(start_postgres())
             servers.append(start_redis())
-            LakeMachine.pg_server, LakeMachine.redis_server = servers
+            servers.append(Receiver())
+            LakeMachine.pg_server, LakeMachine.redis_server, LakeMachine.webhook_receiver = servers
         return _soak(args)
     finally:
         for server in servers:

@@ -17,6 +17,9 @@ scheduler do with them:
 - a Postgres table that lacks a column the sink gained (the stage keeps the source's new column): the delivery
   is refused before writing, naming the column; the operator alters or drops the table and delivers again.
 
+With a webhook receiver too (`LakeMachine.webhook_receiver`), every spec with an export also gets a
+`WebhookExport`, checked after every step as tests/engine/stateful_webhooks.py says.
+
 After every step, for every export: the version its target holds never exceeds the sink's version nor goes
 backwards, the lake's record is never ahead of it, and the target equals the sink at that version: the
 Postgres table row for row, each Redis key the sink's latest row of that key (while a killed Redis delivery's
@@ -45,6 +48,7 @@ from laminar_assets.engine import PostgresExport, RedisExport
 from laminar_assets.engine.export import EXPORT_STEPS, Connection, Exporter, load_record
 from laminar_assets.engine.spec.exports import export_key
 from laminar_assets.errors import ConcurrentDeliveryError, ExportSchemaError, InjectedCrash
+from tests.engine import stateful_webhooks as hooks
 
 PARTITIONS = ("2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00")  # the lake's (stateful_lake.py)
 STATE = "laminar:exports:"  # + an export's name: the Redis hash of its delivered version (docs/exports.md)
@@ -64,6 +68,11 @@ class Target:
         self.highest: int | None = None  # the highest delivered version seen
         self.edited: set = set()  # keys edited by hand since the last repair (EVERY_KEY: all)
         self.dropped = False  # the Postgres table dropped by hand
+        # a webhook's: the receiver's request number where the last full delivery began, where the last delivery
+        # began, the version delivered before it, and whether a delivery was killed before it recorded
+        self.mark = self.started = 0
+        self.before: int | None = None
+        self.unconfirmed = False
 
     @property
     def kind(self) -> str:
@@ -75,6 +84,7 @@ class ExportRules:
 
     pg_server = None  # a tests.postgres.PgServer (set by the test; None: no exports)
     redis_server = None  # a tests.redis_server.RedisServer
+    webhook_receiver = None  # a tests.engine.export.receiver.Receiver
 
     def _create_exports(self, plans) -> None:
         self.targets: list[Target] = []
@@ -96,6 +106,11 @@ class ExportRules:
                     connections["cache"] = Connection("cache", self.redis_server.url())
                 self.targets.append(Target(RedisExport(name=f"{spec.name}_cache", source=spec.name, connection="cache",
                                                        key_prefix=spec.name, batch_rows=2), spec))
+            if plan is not None and self.webhook_receiver is not None:
+                if hooks.CONNECTION not in connections:
+                    self.webhook_receiver.clear()
+                export, connections[hooks.CONNECTION] = hooks.webhook_export(spec, self.webhook_receiver)
+                self.targets.append(Target(export, spec))
         self.connections = connections
 
     def _drop_exports(self) -> None:
@@ -136,7 +151,9 @@ class ExportRules:
         try:
             self._deliver(data, target, how, hook=hook)
         except InjectedCrash:
-            if target.dropped and self._pg("SELECT to_regclass(%s) IS NOT NULL", (self._pg_table(target),))[0][0]:
+            if target.kind == "webhook":
+                hooks.killed(self.webhook_receiver, self.root, target, how, self._sink_at)
+            elif target.dropped and self._pg("SELECT to_regclass(%s) IS NOT NULL", (self._pg_table(target),))[0][0]:
                 target.dropped = False  # the delivery committed (a full one, TARGET_CHANGED) before it was killed
 
     @precondition(lambda self: any(t.kind == "redis" for t in getattr(self, "targets", ())))
@@ -213,6 +230,8 @@ class ExportRules:
         latest = DeltaTable(uri).version() if DeltaTable.is_deltatable(uri) else None
         if target.kind == "postgres":
             delivered, pending = self._pg_delivered(target), None
+        elif target.kind == "webhook":
+            delivered, pending = hooks.delivered(self.root, name), None
         else:
             delivered, pending = self._redis_delivered(target)
         where = f"export {name}: delivered version {delivered} (pending {pending}), sink at version {latest}"
@@ -229,6 +248,8 @@ class ExportRules:
             assert delivered == latest and pending is None, f"{where}: not caught up"
         if target.kind == "postgres":
             self._check_postgres(target, delivered, where)
+        elif target.kind == "webhook":
+            hooks.check(self.webhook_receiver, target, delivered, *self._sink_at(target, delivered), where)
         else:
             self._check_redis(target, delivered, pending, where)
 
@@ -297,6 +318,9 @@ class ExportRules:
             partitions = data.draw(st.lists(st.sampled_from(PARTITIONS),
                                             min_size=1, max_size=2, unique=True))
         must_resync = target.dropped or (target.kind == "redis" and self._redis_delivered(target)[1] is not None)
+        if target.kind == "webhook":
+            target.started = len(self.webhook_receiver.received)
+            target.before = hooks.delivered(self.root, target.export.name)
         try:
             result = self._exporter(hook).deliver(target.export, target.source, partitions=partitions,
                                                   full=how == "full")
@@ -321,6 +345,10 @@ class ExportRules:
             resyncs = ("TARGET_CHANGED", "FORCED_BY_USER", "NO_DELIVERED_VERSION")
             assert result.mode.value == "FULL" and result.reason.value in resyncs, \
                 f"{target.export.name}: {result.mode.value} {result.reason.value} after its target was lost: {result.detail}"
+        if target.kind == "webhook":
+            if result.mode.value == "FULL":  # every row again, under new keys: a receiver starts from here
+                target.mark = target.started
+            target.unconfirmed = False
         self._repaired(target, how if result.mode.value != "FULL" else "full", partitions)
         return result
 
@@ -352,6 +380,9 @@ class ExportRules:
         if key not in self.sink_rows:
             self.sink_rows[key] = DeltaTable(self._sink_uri(target), version=version).to_pyarrow_table().to_pylist()
         return self.sink_rows[key]
+
+    def _sink_at(self, target: Target, version: int | None) -> tuple[list[dict] | None, pa.Schema | None]:
+        return (None, None) if version is None else (self._rows_at(target, version), self._schema_at(target, version))
 
     def _schema_at(self, target: Target, version: int) -> pa.Schema:
         return pa.schema(DeltaTable(self._sink_uri(target), version=version).schema().to_arrow())

@@ -34,8 +34,8 @@ def run_shard(machine: type, shard: int, examples: int, *, servers: dict | None 
 
 
 @shards(SHARDS)
-def test_random_histories_keep_every_invariant(spark, pg_server, redis_server, shard):
-    """With Postgres and Redis exports on some specs (tests/engine/stateful_exports.py)."""
+def test_random_histories_keep_every_invariant(spark, pg_server, redis_server, webhook_receiver, shard):
+    """With Postgres, Redis and webhook exports on some specs (tests/engine/stateful_exports.py)."""
     LakeMachine.spark = spark
     run_shard(LakeMachine, shard, shard_size(EXAMPLES, SHARDS, shard),
-              servers={"pg_server": pg_server, "redis_server": redis_server})
+              servers={"pg_server": pg_server, "redis_server": redis_server, "webhook_receiver": webhook_receiver})

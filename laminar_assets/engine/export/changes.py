@@ -145,10 +145,13 @@ def net_changes(changes: pa.Table, schema: pa.Schema, key: tuple[str, ...]) -> N
 
 
 def net_rows(changes: pa.Table, schema: pa.Schema) -> tuple[pa.Table, pa.Table]:
-    """For exports without a key: (rows inserted, rows deleted) over the range, whole, as multisets: a row
-    inserted and deleted the same number of times (a file rewritten with the same rows) is in neither. Each row
-    keeps `_commit_version`, the version of the commit that inserted (deleted) it: of a row inserted n times
-    more than deleted, the n earliest inserts (so a row keeps its version in any range that holds that commit).
+    """For exports without a key: (rows inserted, rows deleted) by each commit of the range, whole, as multisets
+    per commit: a row one commit inserted and deleted the same number of times (a file rewritten with the same
+    rows) is in neither; a row one commit inserted and a later one deleted is in both. Netting per commit, not over
+    the range, keeps what a delivery sends the same whatever versions it covers: a delivery killed after it sent
+    a row's insert, and the next one, which covers the commit that deleted the row too, sends that insert again
+    (under the same key) and the deletion, where netting the range sent neither and the receiver kept a row the
+    table no longer has. Each row keeps `_commit_version`, the version of the commit that inserted (deleted) it.
     A table with a column that cannot be compared (nested types) cancels nothing: every change row is given."""
     columns = [*schema.names, COMMIT_VERSION]
     if changes.num_rows == 0:
@@ -159,7 +162,8 @@ def net_rows(changes: pa.Table, schema: pa.Schema) -> tuple[pa.Table, pa.Table]:
         return changes.filter(is_new).select(columns), changes.filter(pc.invert(is_new)).select(columns)
     table = changes.append_column(_ROW, pa.array(np.arange(changes.num_rows), pa.int64())) \
         .append_column(_ORDER, pc.if_else(is_new, 1, -1))
-    groups = table.group_by(schema.names, use_threads=False).aggregate([(_ORDER, "sum"), (_ROW, "list")])
+    groups = table.group_by([*schema.names, COMMIT_VERSION], use_threads=False).aggregate([(_ORDER, "sum"),
+                                                                                           (_ROW, "list")])
     net = groups.column(f"{_ORDER}_sum").to_numpy()
     members = groups.column(f"{_ROW}_list").combine_chunks()
     rows = pc.list_flatten(members).to_numpy()  # every change row, by group

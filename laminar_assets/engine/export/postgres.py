@@ -6,7 +6,7 @@ One delivery is one transaction:
     lock the export                    pg_advisory_xact_lock: deliveries of one export queue behind each other
     check the delivered version        `laminar_exports` still holds what the delivery read, else it rolls back
     check or create the table          columns and key against the Delta schema, before anything is written
-    FULL: delete every row, COPY the table's rows in
+    FULL: TRUNCATE (DELETE where TRUNCATE is not the export's to use: `_empty`), COPY the table's rows in
     INCREMENTAL: COPY the deleted keys and the upserts into temporary tables; DELETE the deleted keys (and the
                  rows of replaced partitions); INSERT the upserts ... ON CONFLICT (key) DO UPDATE
     write the delivered version        UPDATE ... WHERE delivered_version = <the version read> (one row, else roll back)
@@ -43,6 +43,7 @@ _SIMPLE = {"string": "text", "long": "bigint", "integer": "integer", "short": "s
            "timestamp_ntz": "timestamp without time zone", "date": "date", "binary": "bytea"}
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 CONNECT_SECONDS = 10
+TRUNCATE_LOCK_SECONDS = 5  # how long a full resync waits for the table's readers before it DELETEs instead
 
 
 def pg_type(delta_type) -> str | None:
@@ -197,7 +198,8 @@ class PostgresTarget:
                 "rolled back, the next one delivers from there", export=name)
         columns = self._columns(changes)
         oid = self._oid(conn)
-        if oid is None:
+        created = oid is None
+        if created:
             self._create(conn, columns, changes.key)
             oid = self._oid(conn)
         else:
@@ -210,7 +212,7 @@ class PostgresTarget:
         names = [c for c, _ in columns]
         deleted = upserted = 0
         if changes.mode is Mode.FULL:
-            deleted = conn.execute(sql.SQL("DELETE FROM {}").format(self.table)).rowcount
+            deleted = 0 if created else self._empty(conn, oid)
             upserted = self._copy(conn, self.table, names, changes.rows, changes.schema)
         else:
             deleted = self._delete(conn, changes)
@@ -269,6 +271,44 @@ class PostgresTarget:
                                     f"({', '.join(key)}), the export's key; add one (ALTER TABLE {table} ADD PRIMARY KEY "
                                     f"({', '.join(key)})), or drop the table; nothing was written", export=name,
                                     table=table)
+
+    def _empty(self, conn: psycopg.Connection, oid: int) -> int:
+        """Remove every row of the table for a full resync, in the delivery's transaction; returns the rows removed.
+
+        TRUNCATE where the export owns the whole table: it gives the table a new, empty file, so the resync leaves
+        no dead rows behind (a DELETE of a million rows leaves a million dead ones, and a table twice its size,
+        until a vacuum) and is rolled back with the rest of the delivery like any statement. DELETE instead where a
+        TRUNCATE would do something else than remove the rows: the user may not TRUNCATE (DELETE is the privilege
+        the export documents), another table's foreign key references it (TRUNCATE fails), a trigger or a
+        row-level security policy expects to see each deleted row, it has partitions or children; or a reader
+        holds the table for longer than `TRUNCATE_LOCK_SECONDS` (TRUNCATE waits for the readers of the table and
+        makes new ones wait behind it: a long report would hold the delivery, and every reader, up)."""
+        owned = conn.execute(
+            "SELECT has_table_privilege(%(oid)s::oid, 'TRUNCATE') "
+            "AND (SELECT relkind = 'r' AND NOT relhassubclass FROM pg_class WHERE oid = %(oid)s) "  # no descendants
+            "AND NOT EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %(oid)s AND conrelid <> %(oid)s "
+            "AND contype = 'f') "
+            "AND NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %(oid)s AND NOT tgisinternal "
+            "AND tgtype & 8 <> 0) "  # a DELETE trigger
+            "AND NOT (SELECT relrowsecurity FROM pg_class WHERE oid = %(oid)s)", {"oid": oid}).fetchone()[0]
+        if owned and self._lock(conn):
+            rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self.table)).fetchone()[0]
+            conn.execute(sql.SQL("TRUNCATE ONLY {}").format(self.table))
+            return int(rows)
+        return conn.execute(sql.SQL("DELETE FROM {}").format(self.table)).rowcount
+
+    def _lock(self, conn: psycopg.Connection) -> bool:
+        """Take the table's ACCESS EXCLUSIVE lock (TRUNCATE's) for the rest of the transaction, waiting at most
+        `TRUNCATE_LOCK_SECONDS` for its readers; False when they held it longer (nothing is locked then)."""
+        previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]
+        try:
+            with conn.transaction():  # a savepoint: a lock that timed out rolls back to here, not the delivery
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(TRUNCATE_LOCK_SECONDS * 1000)}ms",))
+                conn.execute(sql.SQL("LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE").format(self.table))
+        except psycopg.errors.LockNotAvailable:
+            return False
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (previous,))
+        return True
 
     def _delete(self, conn: psycopg.Connection, changes: Changes) -> int:
         deleted = 0

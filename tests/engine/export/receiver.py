@@ -113,6 +113,11 @@ class Receiver:
             got = list(self.received)
         return [e for r in got if answered is None or r.answer == answered for e in r.events]
 
+    def since(self, start: int) -> list[Received]:
+        """The requests it got from request number `start` on (`len(received)` marks where a delivery began)."""
+        with self._lock:
+            return list(self.received[start:])
+
     def clear(self) -> None:
         with self._lock:
             self.received.clear()

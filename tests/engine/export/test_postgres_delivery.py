@@ -23,12 +23,14 @@ from laminar_assets.engine import (
     PostgresExport,
 )
 from laminar_assets.engine.export import load_record
+from laminar_assets.errors import InjectedCrash
 from tests.engine.export.helpers import (
     CDF,
     EXPORT,
     FLOW,
     STAGE,
     Sink,
+    crash_at,
     delivered_version,
     execute,
     exporter,
@@ -318,3 +320,57 @@ def test_a_bad_partition_key_is_refused_before_anything_is_read(tmp_path, pg_ser
     with pytest.raises(ExportError, match=r"export 'm1_pg': bad partition key for 'm1'"):
         deliver(exporter(root, pg_server, pg_database), partitions=["2024-01-02-00:30"])
     assert delivered_version(pg_server, pg_database) is None
+
+
+def _heap(pg_server, database: str) -> tuple[int, int]:
+    """(pages of the table's heap, its file node): the rows a full resync left behind, dead or alive, take pages."""
+    with psycopg.connect(pg_server.url(database), autocommit=True) as conn:
+        size, node = conn.execute("SELECT pg_relation_size('m1'), pg_relation_filenode('m1')").fetchone()
+    return size // 8192, node
+
+
+def test_a_forced_resync_leaves_no_dead_rows_and_a_crash_in_it_leaves_the_old_rows(tmp_path, pg_server, pg_database):
+    """A full resync empties the table with TRUNCATE in its transaction: the table's heap holds the delivered rows
+    only (a DELETE left every old row behind as a dead one until a vacuum: twice the pages), and a resync that
+    stops after its rows rolls the TRUNCATE back with them."""
+    root = str(tmp_path / "lake")
+    sink, ex = Sink(root, "m1"), exporter(root, pg_server, pg_database)
+    sink.replace_hour(0, flow_rows([(0, m, f"s{k}", k, 0.5) for m in range(60) for k in range(5)]))
+    deliver(ex)
+    pages, node = _heap(pg_server, pg_database)
+    assert pages >= 2
+    with pytest.raises(InjectedCrash):
+        exporter(root, pg_server, pg_database, hook=crash_at("export_after_rows")).deliver(EXPORT, FLOW, full=True)
+    assert target_rows(pg_server, pg_database) == sink.rows() and _heap(pg_server, pg_database)[1] == node
+    result = deliver(ex, full=True)
+    assert (result.mode.value, result.reason.value, result.rows_deleted, result.rows_upserted) == (
+        "FULL", "FORCED_BY_USER", 300, 300)
+    assert target_rows(pg_server, pg_database) == sink.rows()
+    assert delivered_version(pg_server, pg_database) == sink.version()
+    after, new_node = _heap(pg_server, pg_database)
+    assert (after, new_node != node) == (pages, True), "the old rows are still in the table's file"
+
+
+def test_a_forced_resync_deletes_where_truncate_would_wait_for_a_reader_or_fail_on_a_foreign_key(tmp_path, pg_server,
+                                                                                                  pg_database, monkeypatch):
+    """TRUNCATE waits for every reader of the table and fails when another table references it: a resync that
+    meets a reader holding the table (longer than it waits) or a foreign key DELETEs the rows instead."""
+    from laminar_assets.engine.export import postgres
+
+    monkeypatch.setattr(postgres, "TRUNCATE_LOCK_SECONDS", 0.2)
+    root = str(tmp_path / "lake")
+    sink, ex = Sink(root, "m1"), exporter(root, pg_server, pg_database)
+    sink.replace_hour(0, flow_rows([(0, 0, "a", 1, 1.0), (0, 1, "b", 2, 2.0)]))
+    deliver(ex)
+    node = _heap(pg_server, pg_database)[1]
+    with psycopg.connect(pg_server.url(pg_database)) as reader:  # a report reading the table, its transaction open
+        assert reader.execute("SELECT count(*) FROM m1").fetchone()[0] == 2
+        sink.table().delete("sym = 'a'")
+        result = deliver(ex, full=True)
+        assert (result.reason.value, result.rows_deleted, result.rows_upserted) == ("FORCED_BY_USER", 2, 1)
+    assert target_rows(pg_server, pg_database) == sink.rows() and _heap(pg_server, pg_database)[1] == node
+    execute(pg_server, pg_database, "CREATE TABLE alerts (window_start timestamptz, sym text, FOREIGN KEY "
+            "(window_start, sym) REFERENCES m1)")
+    sink.replace_hour(0, flow_rows([(0, 3, "c", 1, 1.0)]))
+    assert deliver(ex, full=True).rows_upserted == 1
+    assert target_rows(pg_server, pg_database) == sink.rows() and _heap(pg_server, pg_database)[1] == node

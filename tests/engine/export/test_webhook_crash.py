@@ -98,3 +98,29 @@ def test_sigkill_during_a_delivery_then_a_rerun_loses_nothing(tmp_path, webhook_
     assert result.mode.value == ("NOOP" if step == "export_after_version" else "INCREMENTAL")
     keys = _keys_by_row(webhook_receiver)
     assert sorted(keys) == ROWS and all(len(k) == 1 for k in keys.values())
+
+
+def test_a_row_a_killed_delivery_sent_then_deleted_is_retracted(tmp_path, webhook_receiver):
+    """A delivery sends a new row and is killed before it records its version; the row is deleted before the next
+    delivery, which covers both commits. The receiver got the row: with retractions="send" it must get its
+    retraction too (the next delivery sent neither, the two commits cancelling out, so the receiver kept a row
+    the table no longer has)."""
+    from collections import Counter
+
+    from tests.engine.export.webhook_helpers import hook
+
+    root = str(tmp_path / "lake")
+    sink, export = Trades(root), hook(retractions="send")
+    sink.append((0, "old", 1.0))
+    exporter(root, webhook_receiver.url).deliver(export, STAGE)
+    sink.append((1, "r", 1.0))
+    with pytest.raises(InjectedCrash):
+        exporter(root, webhook_receiver.url, hook=crash_at("export_after_rows")).deliver(export, STAGE)
+    sink.table().delete("sym = 'r'")
+    exporter(root, webhook_receiver.url).deliver(export, STAGE)
+    held, seen = Counter(), set()
+    for e in webhook_receiver.events():  # a receiver dropping the keys it has seen, applying the rest
+        if e["idempotency_key"] not in seen:
+            seen.add(e["idempotency_key"])
+            held[row_of(e)] += 1 if e["op"] == "insert" else -1
+    assert +held == Counter(), [(e["op"], e["version"], row_of(e)) for e in webhook_receiver.events()]
