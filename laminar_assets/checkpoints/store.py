@@ -120,22 +120,27 @@ class CheckpointStore:
         try:
             yield
         finally:
-            current = storage.read_tagged(path)
-            if current is not None and current[1] == tag:
-                storage.delete(path, tag=tag)  # only our own lease: a taken-over one stays
+            # only our own lease: the delete is conditional on the tag this run wrote, so a lease another
+            # run took over stays (one request, no read first)
+            storage.delete(path, tag=tag)
 
     def _acquire(self, path: str, flow: str, partition: str, run_id: str) -> str:
-        """Take the lease; returns the tag of the lease object this run wrote."""
+        """Take the lease; returns the tag of the lease object this run wrote (from the write's own
+        answer: one request when the lease is free)."""
         body = json.dumps({"run_id": run_id, "pid": os.getpid(), "process_started": process_started(os.getpid()),
                            "host": socket.gethostname(), "started": time.time()}).encode()
-        if storage.create(path, body):
-            return storage.read_tagged(path)[1]
+        tag = storage.create_tagged(path, body)
+        if tag is not None:
+            return tag
         current = storage.read_tagged(path)
         if current is not None and self._stale(current[0]):
-            if storage.replace_if(path, body, current[1]):  # of several runs finding it stale, one wins
-                return storage.read_tagged(path)[1]
-        elif current is None and storage.create(path, body):  # released meanwhile
-            return storage.read_tagged(path)[1]
+            tag = storage.replace_tagged(path, body, current[1])  # of several runs finding it stale, one wins
+            if tag is not None:
+                return tag
+        elif current is None:  # released meanwhile
+            tag = storage.create_tagged(path, body)
+            if tag is not None:
+                return tag
         holder = self._holder(storage.read(path))
         raise ConcurrentRunError(
             f"partition is being processed by another run ({holder}); wait for it to finish, "
