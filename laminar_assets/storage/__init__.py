@@ -20,6 +20,7 @@ from .files import (
     join,
     list_dirs,
     list_files,
+    list_tagged,
     local_path,
     normalized,
     options,
@@ -37,7 +38,7 @@ from .options import ObjectStoreOptions
 
 __all__ = [
     "ObjectStoreOptions", "check_reachable", "configure", "copy", "create", "create_tagged", "delete", "delete_tree",
-    "delta_options", "exists", "filesystem", "is_object_store", "join", "list_dirs", "list_files", "local_path", "normalized",
-    "options", "read", "read_tagged", "remove_empty_dirs", "replace_if", "replace_tagged", "resolve_root", "some_files",
-    "spark_uri", "write",
+    "delta_options", "exists", "filesystem", "is_object_store", "join", "list_dirs", "list_files", "list_tagged",
+    "local_path", "normalized", "options", "read", "read_tagged", "remove_empty_dirs", "replace_if", "replace_tagged",
+    "resolve_root", "some_files", "spark_uri", "write",
 ]

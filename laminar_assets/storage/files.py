@@ -173,6 +173,38 @@ def list_files(uri: str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
+def list_tagged(uri: str, *, after: str = "", until: str | None = None) -> list[tuple[str, str]]:
+    """(name, tag) of the files directly or deeper under the folder `uri` whose names (relative to it)
+    sort after `after` and, when given, not after `until`, in name order. The tags are those
+    `read_tagged` gives. On S3 one listing request per 1000 names, starting at `after` (StartAfter):
+    what a folder holds before it costs nothing."""
+    local = local_path(uri)
+    if local is not None:
+        out = []
+        for path, _size in list_files(uri):
+            name = os.path.relpath(path, local).replace(os.sep, "/")
+            if name > after and (until is None or name <= until):
+                try:
+                    out.append((name, _local_tag(os.stat(path))))
+                except FileNotFoundError:
+                    continue
+        return out
+    bucket, key = _split(uri)
+    prefix = key.rstrip("/") + "/" if key else ""
+    out, token = [], None
+    while True:
+        kw = {"ContinuationToken": token} if token else ({"StartAfter": prefix + after} if after else {})
+        page = _call(uri, lambda c, kw=kw: c.list_objects_v2(Bucket=bucket, Prefix=prefix, **kw))
+        for o in page.get("Contents", []):
+            name = o["Key"][len(prefix):]
+            if until is not None and name > until:
+                return out
+            out.append((name, o["ETag"]))
+        if not page.get("IsTruncated"):
+            return out
+        token = page.get("NextContinuationToken")
+
+
 def some_files(uri: str, limit: int) -> list[str]:
     """Up to `limit` files under the folder `uri`, at any depth (URIs; which ones is unspecified): whether a
     folder holds anything, and examples of what, without listing all of a large one."""
@@ -208,15 +240,17 @@ def list_dirs(uri: str) -> list[str]:
 
 
 # --- writing ---------------------------------------------------------------------------------
-def write(uri: str, data: bytes) -> None:
-    """Replace the object with `data`, atomically: a reader sees the old bytes or the new ones."""
+def write(uri: str, data: bytes) -> str:
+    """Replace the object with `data`, atomically: a reader sees the old bytes or the new ones.
+    Returns the new object's tag (as `read_tagged` would give it), from the write's own answer."""
     local = local_path(uri)
     if local is not None:
         tmp = _local_temp(local, data)
+        tag = _local_tag(os.stat(tmp))
         os.replace(tmp, local)
-        return
+        return tag
     bucket, key = _split(uri)
-    _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data))
+    return _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data))["ETag"]
 
 
 def create(uri: str, data: bytes) -> bool:
