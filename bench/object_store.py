@@ -68,7 +68,8 @@ def s3_variant(spark, profile: Profile, work: str) -> dict:
 
             parts = touched_partitions(engine, specs, v0)
             flows = {}
-            log = RequestLog(server.endpoint, sinks=tuple(s.name for s in specs))
+            log = RequestLog(server.endpoint, sinks=tuple(engine.layout.sink_uri(s).rstrip("/").rsplit("/", 1)[-1]
+                                                          for s in specs))
             for spec in specs:  # one flow at a time: each run's requests counted alone
                 log.start()
                 with phases(log):

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from unittest import mock
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 MARKER = "laminar-phase"  # the bucket of phase markers (never created)
 
@@ -109,7 +109,7 @@ class RequestLog:
     def mark(self, phase: str) -> None:
         """Requests recorded from now on belong to `phase` (a marker request in the recording)."""
         try:
-            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{MARKER}/{phase}", method="HEAD"),
+            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{MARKER}/{quote(phase)}", method="HEAD"),
                                    timeout=30).read()
         except urllib.error.HTTPError:
             pass  # the bucket does not exist: the server answers 404, and has recorded the request
