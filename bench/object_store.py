@@ -11,7 +11,9 @@ job's usually does). One round, at the profile's `s3_rows`:
   flow, the flows one after another, so each flow run's requests are counted alone), the full
   recompute (both flows side by side) and Structured Streaming (both queries);
 - the object-store requests each of them made are counted by kind (LIST, GET, HEAD, PUT, POST,
-  DELETE) from the server's request recorder, and every sink is compared with the full recompute.
+  DELETE) from the server's request recorder, and every sink is compared with the full recompute;
+  Laminar's by phase of the run and by object too (bench/request_log.py), and each flow is run once
+  more with nothing new (its NOOP run's requests).
 
 A local in-memory server answers in a millisecond or less; a real store takes 10-100 ms a request,
 so the request counts, not the seconds here, say what a run on S3 costs.
@@ -28,6 +30,7 @@ from laminar_assets.engine import Engine
 
 from .config import Profile
 from .equality import all_equal, equal_sinks
+from .request_log import RequestLog, phases, table
 from .specs import bench_specs
 from .streaming import StreamingJob
 from .variants import full_recompute, laminar_pass, touched_partitions
@@ -65,16 +68,31 @@ def s3_variant(spark, profile: Profile, work: str) -> dict:
 
             parts = touched_partitions(engine, specs, v0)
             flows = {}
+            log = RequestLog(server.endpoint, sinks=tuple(engine.layout.sink_uri(s).rstrip("/").rsplit("/", 1)[-1]
+                                                          for s in specs))
             for spec in specs:  # one flow at a time: each run's requests counted alone
-                server.start_counting()
-                t = time.perf_counter()
-                results = engine.run_many(spec, parts.get(spec.name, [])) if parts.get(spec.name) else []
-                seconds = time.perf_counter() - t
-                counts = server.counts()
+                log.start()
+                with phases(log):
+                    t = time.perf_counter()
+                    results = engine.run_many(spec, parts.get(spec.name, [])) if parts.get(spec.name) else []
+                    seconds = time.perf_counter() - t
+                requests = log.requests()
+                counts = _kinds(requests)
                 flows[spec.name] = {"seconds": round(seconds, 4), "partitions": len(results),
                                     "modes": sorted({f"{r.mode.value}/{r.reason.value}" for r in results}),
                                     "requests": counts, "requests_total": _total(counts),
-                                    "requests_per_partition": round(_total(counts) / max(len(results), 1), 1)}
+                                    "requests_per_partition": round(_total(counts) / max(len(results), 1), 1),
+                                    "requests_by_phase": _totals(table(requests, "phase")),
+                                    "requests_by_object": _totals(table(requests, "object"))}
+            for spec in specs:  # nothing new since: each flow's NOOP run
+                if parts.get(spec.name):
+                    log.start()
+                    with phases(log):
+                        noop = engine.run_many(spec, parts[spec.name])
+                    requests = log.requests()
+                    flows[spec.name]["noop"] = {"modes": sorted({f"{r.mode.value}/{r.reason.value}" for r in noop}),
+                                                "requests": _kinds(requests), "requests_total": len(requests),
+                                                "requests_by_object": _totals(table(requests, "object"))}
             out["laminar_batched_per_flow"] = flows
             out["t_incremental_batched_s"] = round(sum(f["seconds"] for f in flows.values()), 4)
 
@@ -103,6 +121,17 @@ def s3_variant(spark, profile: Profile, work: str) -> dict:
     return out
 
 
+def _kinds(requests) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in requests:
+        out[r.kind] = out.get(r.kind, 0) + 1
+    return out
+
+
+def _totals(by: dict) -> dict[str, int]:
+    return dict(sorted(((name, sum(c.values())) for name, c in by.items()), key=lambda kv: -kv[1]))
+
+
 def _dominant(flows: dict) -> str:
     """Which request kind most of Laminar's requests were, over all flow runs."""
     totals: dict[str, int] = {}
@@ -113,3 +142,39 @@ def _dominant(flows: dict) -> str:
         return "none"
     kind, n = max(totals.items(), key=lambda kv: kv[1])
     return f"{kind} ({n} of {sum(totals.values())})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the S3 variant alone: `python -m bench.object_store [--profile full] [--out FILE]`; prints the
+    request counts and writes the section as JSON (default bench/results/s3.json for the full profile)."""
+    import argparse
+    import json
+
+    from .config import PROFILES
+    from .environment import start_session
+    from .render import _s3_section
+
+    parser = argparse.ArgumentParser(description="the benchmark's S3 variant alone")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
+    parser.add_argument("--rows", type=int, help="base rows (default: the profile's s3_rows)")
+    parser.add_argument("--out")
+    parser.add_argument("--work", default=os.path.join(".bench", "work-s3"))
+    args = parser.parse_args(argv)
+    profile = PROFILES[args.profile]
+    if args.rows:
+        profile = profile.with_(s3_rows=args.rows)
+    spark = start_session(profile, {})
+    try:
+        result = s3_variant(spark, profile, os.path.abspath(args.work))
+    finally:
+        spark.stop()
+    print("\n".join(_s3_section(result)))
+    out = args.out or (os.path.join("bench", "results", "s3.json") if profile.name == "full" else None)
+    if out:
+        with open(out, "w") as fh:
+            json.dump(result, fh, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

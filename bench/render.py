@@ -54,6 +54,13 @@ def _s3_section(s3: dict | None) -> list[str]:
     for name, f in (s3.get("laminar_batched_per_flow") or {}).items():
         lines.append(f"- {name}: {f['partitions']} partitions, {fmt(f['seconds'])} s, {f['requests_total']} requests "
                      f"({kinds(f['requests'])}), {f['requests_per_partition']} per partition; {', '.join(f['modes'])}")
+        if f.get("requests_by_phase"):
+            lines.append("  - by phase: " + ", ".join(f"{p} {n}" for p, n in f["requests_by_phase"].items()))
+        if f.get("requests_by_object"):
+            lines.append("  - by object: " + ", ".join(f"{o} {n}" for o, n in f["requests_by_object"].items()))
+        if f.get("noop"):
+            lines.append(f"  - run again with nothing new: {f['noop']['requests_total']} requests "
+                         f"({kinds(f['noop']['requests'])}); {', '.join(f['noop']['modes'])}")
     lines += ["", f"Most of Laminar's requests: {s3.get('dominant_request')}. Results equal to the full recompute: "
                   f"{fmt(s3.get('results_equal'))}. A local in-memory server answers in about a millisecond, a real "
                   "store in 10-100 ms: the request counts, not these seconds, say what a run costs on S3."]

@@ -46,6 +46,10 @@ class CheckpointStore:
         self.root = root
         self.base = storage.join(root, "_laminar")
         self.lease_seconds = lease_seconds
+        # What this store last read or wrote, by path: (tag, watermark). `load_listed` serves a watermark
+        # from here only when a listing shows the object still has that tag (the same bytes).
+        self._known: dict[str, tuple[str, Watermark]] = {}
+        self._sweeps: dict[str, tuple[str, dict[str, int]]] = {}  # flow -> (spec hash, versions) last read or written
 
     def _path(self, flow: str, partition: str) -> str:
         return storage.join(self.base, "checkpoints", flow, f"{_safe(partition)}.json")
@@ -58,9 +62,16 @@ class CheckpointStore:
 
     def load(self, flow: str, partition: str) -> Watermark | None:
         path = self._path(flow, partition)
-        data = storage.read(path)
-        if data is None:
+        found = storage.read_tagged(path)
+        if found is None:
+            self._known.pop(path, None)
             return None
+        mark = self._parse(found[0], flow, partition, path)
+        self._known[path] = (found[1], mark)
+        return mark
+
+    @staticmethod
+    def _parse(data: bytes, flow: str, partition: str, path: str) -> Watermark:
         try:
             return Watermark.from_json(json.loads(data))
         except (ValueError, TypeError) as exc:
@@ -69,16 +80,39 @@ class CheckpointStore:
                 flow=flow, partition=partition, path=path,
             ) from exc
 
+    def load_listed(self, flow: str, partitions: list[str]) -> dict[str, Watermark | None]:
+        """`load` of several partitions from one listing of the flow's watermarks (one request on S3 for
+        a range of up to 1000 partitions): a watermark whose tag is the one this store last read or
+        wrote is not read again (a tag names the object's bytes); the others are read."""
+        names = {partition: f"{_safe(partition)}.json" for partition in partitions}
+        folder = storage.join(self.base, "checkpoints", flow)
+        first, last = min(names.values()), max(names.values())
+        listed = dict(storage.list_tagged(folder, after=first[:-1], until=last))
+        out: dict[str, Watermark | None] = {}
+        for partition, name in names.items():
+            path, tag = self._path(flow, partition), listed.get(name)
+            known = self._known.get(path)
+            if tag is None:
+                out[partition] = None
+            elif known is not None and known[0] == tag:
+                out[partition] = known[1]
+            else:
+                out[partition] = self.load(flow, partition)
+        return out
+
     def save(self, mark: Watermark) -> None:
         """Replace the watermark atomically (readers see the old one or the new one, never a mix)."""
         stamped = mark.with_(updated_at=datetime.now(UTC).isoformat())
-        storage.write(self._path(mark.flow, mark.partition),
-                      json.dumps(stamped.to_json(), indent=1, sort_keys=True).encode())
+        path = self._path(mark.flow, mark.partition)
+        self._known.pop(path, None)
+        tag = storage.write(path, json.dumps(stamped.to_json(), indent=1, sort_keys=True).encode())
+        self._known[path] = (tag, stamped)
 
     def load_sweep(self, flow: str, spec_hash: str) -> dict[str, int]:
         """Source versions whose partition-less rows `flow` has quarantined under this spec hash
         ({} if none yet, or if the rules, bounds or event time changed since)."""
         path = self._sweep_path(flow)
+        self._sweeps.pop(flow, None)
         raw = storage.read(path)
         if raw is None:
             return {}
@@ -86,14 +120,23 @@ class CheckpointStore:
             data = json.loads(raw)
             if data.get("spec_hash") != spec_hash:
                 return {}
-            return {str(k): int(v) for k, v in data["versions"].items()}
+            versions = {str(k): int(v) for k, v in data["versions"].items()}
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise CheckpointError(f"sweep progress file is unreadable: {exc}; delete it and the next run sweeps "
                                   "the sources again (nothing is recorded twice)", flow=flow, path=path) from exc
+        self._sweeps[flow] = (spec_hash, versions)
+        return dict(versions)
 
     def save_sweep(self, flow: str, spec_hash: str, versions: dict[str, int]) -> None:
+        self._sweeps.pop(flow, None)
         storage.write(self._sweep_path(flow), json.dumps({"spec_hash": spec_hash, "versions": versions},
                                                          sort_keys=True).encode())
+        self._sweeps[flow] = (spec_hash, dict(versions))
+
+    def swept(self, flow: str, spec_hash: str) -> dict[str, int] | None:
+        """The sweep progress this store last read or wrote for `flow` under `spec_hash` (None: unknown)."""
+        known = self._sweeps.get(flow)
+        return dict(known[1]) if known is not None and known[0] == spec_hash else None
 
     def partitions(self, flow: str) -> list[str]:
         """Partition keys with a watermark for `flow`."""
@@ -120,22 +163,27 @@ class CheckpointStore:
         try:
             yield
         finally:
-            current = storage.read_tagged(path)
-            if current is not None and current[1] == tag:
-                storage.delete(path, tag=tag)  # only our own lease: a taken-over one stays
+            # only our own lease: the delete is conditional on the tag this run wrote, so a lease another
+            # run took over stays (one request, no read first)
+            storage.delete(path, tag=tag)
 
     def _acquire(self, path: str, flow: str, partition: str, run_id: str) -> str:
-        """Take the lease; returns the tag of the lease object this run wrote."""
+        """Take the lease; returns the tag of the lease object this run wrote (from the write's own
+        answer: one request when the lease is free)."""
         body = json.dumps({"run_id": run_id, "pid": os.getpid(), "process_started": process_started(os.getpid()),
                            "host": socket.gethostname(), "started": time.time()}).encode()
-        if storage.create(path, body):
-            return storage.read_tagged(path)[1]
+        tag = storage.create_tagged(path, body)
+        if tag is not None:
+            return tag
         current = storage.read_tagged(path)
         if current is not None and self._stale(current[0]):
-            if storage.replace_if(path, body, current[1]):  # of several runs finding it stale, one wins
-                return storage.read_tagged(path)[1]
-        elif current is None and storage.create(path, body):  # released meanwhile
-            return storage.read_tagged(path)[1]
+            tag = storage.replace_tagged(path, body, current[1])  # of several runs finding it stale, one wins
+            if tag is not None:
+                return tag
+        elif current is None:  # released meanwhile
+            tag = storage.create_tagged(path, body)
+            if tag is not None:
+                return tag
         holder = self._holder(storage.read(path))
         raise ConcurrentRunError(
             f"partition is being processed by another run ({holder}); wait for it to finish, "

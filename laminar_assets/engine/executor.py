@@ -38,7 +38,7 @@ from .flow import state as flow_state
 from .output import staged_files as staging
 from .output.owner import check_owner
 from .report import sink_read
-from .run import outcomes, protocol
+from .run import outcomes, protocol, unchanged
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
 from .run.inputs import RunInputs, gather, partition_bytes, partition_rows, planner_input
 from .run.plan import Mode, PartitionPlan, Reason
@@ -129,8 +129,11 @@ class Engine:
         transaction. Leases, intents, watermarks and recovery stay per partition. A partition with
         nothing to do is a NOOP without any Spark job. Results come back in the order given."""
         keys = self._keys(spec, partitions)
-        self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
         run_id = new_run_id()
+        found = unchanged.check(self.ctx, spec, keys, force)
+        if found is not None and found.plans is not None:  # nothing moved: no lease, no table opened
+            return self._unchanged(spec, keys, found, run_id)
+        self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
         # every staging of the run is tracked: what no commit took is removed when the run ends
@@ -173,7 +176,17 @@ class Engine:
         for r in results.values():
             r.metrics["rows_quarantined"] = sum(r.quarantined.values())
         self._record_outcomes(spec, run_id, [results[k] for k in keys], marks, inputs)
+        unchanged.remember(self.ctx, spec, found, [results[k].plan for k in keys])
         return [results[k] for k in keys]
+
+    def _unchanged(self, spec: Spec, keys: list[str], found: unchanged.Check, run_id: str) -> list[RunResult]:
+        """The results of a run that found nothing moved (`run.unchanged`): NOOPs, and their outcome record."""
+        started = time.perf_counter()
+        results = [RunResult(found.plans[k], run_id, {"pending_versions": 0, "rows_quarantined": 0}) for k in keys]
+        for r in results:
+            r.seconds["plan"] = (time.perf_counter() - started) / len(keys)
+        self._record_outcomes(spec, run_id, results, found.marks, RunInputs({}, {}, {}, {}))
+        return results
 
     def check_sink(self, spec: Spec, partitions: list[str] = ()) -> None:
         """Refuse (`SpecError`) a sink that is not this spec's output: an existing table it did not
@@ -261,8 +274,10 @@ class Engine:
     def _settle(self, spec: Spec, keys: list[str], run_id: str) -> dict[str, Watermark | None]:
         """Load every watermark; finish or discard interrupted runs (re-deriving sinks in one job)."""
         marks, rederive, settled = {}, [], []
+        # one listing and only the watermarks that changed since this process read or wrote them
+        loaded = self.ctx.store.load_listed(spec.name, keys) if len(keys) > 1 else {}
         for k in keys:
-            mark = self.ctx.store.load(spec.name, k)
+            mark = loaded[k] if k in loaded else self.ctx.store.load(spec.name, k)
             if mark is not None and mark.pending is not None:
                 s = protocol.settle(self.ctx, spec, k, mark)
                 settled.append(s)

@@ -10,6 +10,7 @@ from .files import (
     configure,
     copy,
     create,
+    create_tagged,
     delete,
     delete_tree,
     delta_options,
@@ -19,6 +20,7 @@ from .files import (
     join,
     list_dirs,
     list_files,
+    list_tagged,
     local_path,
     normalized,
     options,
@@ -26,6 +28,7 @@ from .files import (
     read_tagged,
     remove_empty_dirs,
     replace_if,
+    replace_tagged,
     resolve_root,
     some_files,
     spark_uri,
@@ -34,7 +37,8 @@ from .files import (
 from .options import ObjectStoreOptions
 
 __all__ = [
-    "ObjectStoreOptions", "check_reachable", "configure", "copy", "create", "delete", "delete_tree", "delta_options", "exists",
-    "filesystem", "is_object_store", "join", "list_dirs", "list_files", "local_path", "normalized", "options", "read",
-    "read_tagged", "remove_empty_dirs", "replace_if", "resolve_root", "some_files", "spark_uri", "write",
+    "ObjectStoreOptions", "check_reachable", "configure", "copy", "create", "create_tagged", "delete", "delete_tree",
+    "delta_options", "exists", "filesystem", "is_object_store", "join", "list_dirs", "list_files", "list_tagged",
+    "local_path", "normalized", "options", "read", "read_tagged", "remove_empty_dirs", "replace_if", "replace_tagged",
+    "resolve_root", "some_files", "spark_uri", "write",
 ]

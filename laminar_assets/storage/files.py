@@ -131,7 +131,7 @@ def read_tagged(uri: str) -> tuple[bytes, str] | None:
                 st = os.fstat(fh.fileno())
         except FileNotFoundError:
             return None
-        return data, f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+        return data, _local_tag(st)
     bucket, key = _split(uri)
     try:
         got = _call(uri, lambda c: c.get_object(Bucket=bucket, Key=key), missing_ok=True)
@@ -173,6 +173,38 @@ def list_files(uri: str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
+def list_tagged(uri: str, *, after: str = "", until: str | None = None) -> list[tuple[str, str]]:
+    """(name, tag) of the files directly or deeper under the folder `uri` whose names (relative to it)
+    sort after `after` and, when given, not after `until`, in name order. The tags are those
+    `read_tagged` gives. On S3 one listing request per 1000 names, starting at `after` (StartAfter):
+    what a folder holds before it costs nothing."""
+    local = local_path(uri)
+    if local is not None:
+        out = []
+        for path, _size in list_files(uri):
+            name = os.path.relpath(path, local).replace(os.sep, "/")
+            if name > after and (until is None or name <= until):
+                try:
+                    out.append((name, _local_tag(os.stat(path))))
+                except FileNotFoundError:
+                    continue
+        return out
+    bucket, key = _split(uri)
+    prefix = key.rstrip("/") + "/" if key else ""
+    out, token = [], None
+    while True:
+        kw = {"ContinuationToken": token} if token else ({"StartAfter": prefix + after} if after else {})
+        page = _call(uri, lambda c, kw=kw: c.list_objects_v2(Bucket=bucket, Prefix=prefix, **kw))
+        for o in page.get("Contents", []):
+            name = o["Key"][len(prefix):]
+            if until is not None and name > until:
+                return out
+            out.append((name, o["ETag"]))
+        if not page.get("IsTruncated"):
+            return out
+        token = page.get("NextContinuationToken")
+
+
 def some_files(uri: str, limit: int) -> list[str]:
     """Up to `limit` files under the folder `uri`, at any depth (URIs; which ones is unspecified): whether a
     folder holds anything, and examples of what, without listing all of a large one."""
@@ -208,62 +240,83 @@ def list_dirs(uri: str) -> list[str]:
 
 
 # --- writing ---------------------------------------------------------------------------------
-def write(uri: str, data: bytes) -> None:
-    """Replace the object with `data`, atomically: a reader sees the old bytes or the new ones."""
+def write(uri: str, data: bytes) -> str:
+    """Replace the object with `data`, atomically: a reader sees the old bytes or the new ones.
+    Returns the new object's tag (as `read_tagged` would give it), from the write's own answer."""
     local = local_path(uri)
     if local is not None:
-        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        tmp = f"{local}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        tmp = _local_temp(local, data)
+        tag = _local_tag(os.stat(tmp))
         os.replace(tmp, local)
-        return
+        return tag
     bucket, key = _split(uri)
-    _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data))
+    return _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data))["ETag"]
 
 
 def create(uri: str, data: bytes) -> bool:
     """Write `data` only if the object does not exist yet; False when it does (put-if-absent)."""
+    return create_tagged(uri, data) is not None
+
+
+def create_tagged(uri: str, data: bytes) -> str | None:
+    """`create`, returning the tag of the object written (as `read_tagged` would give it) without
+    reading it back: on S3 the PUT's answer carries the ETag. None when the object exists."""
     local = local_path(uri)
     if local is not None:
-        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        tmp = f"{local}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        tmp = _local_temp(local, data)
         try:
+            tag = _local_tag(os.stat(tmp))  # a hard link shares the inode, size and modification time
             os.link(tmp, local)  # fails if `local` exists: complete or absent, never half-written
-            return True
+            return tag
         except FileExistsError:
-            return False
+            return None
         finally:
             os.remove(tmp)
     bucket, key = _split(uri)
     try:
-        _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*"), precondition=True)
+        put = _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*"), precondition=True)
     except _PreconditionFailed:
-        return False
-    return True
+        return None
+    return put["ETag"]
 
 
 def replace_if(uri: str, data: bytes, tag: str) -> bool:
     """Write `data` only if the object is still the version `read_tagged` tagged; False otherwise."""
+    return replace_tagged(uri, data, tag) is not None
+
+
+def replace_tagged(uri: str, data: bytes, tag: str) -> str | None:
+    """`replace_if`, returning the new object's tag (None when the object changed or is gone)."""
     local = local_path(uri)
     if local is not None:
         current = read_tagged(uri)
         if current is None or current[1] != tag:
-            return False
-        write(uri, data)
-        return True
+            return None
+        tmp = _local_temp(local, data)
+        new = _local_tag(os.stat(tmp))
+        os.replace(tmp, local)
+        return new
     bucket, key = _split(uri)
     try:
-        _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data, IfMatch=tag), precondition=True)
+        put = _call(uri, lambda c: c.put_object(Bucket=bucket, Key=key, Body=data, IfMatch=tag), precondition=True)
     except (_PreconditionFailed, _Missing):
-        return False
-    return True
+        return None
+    return put["ETag"]
+
+
+def _local_temp(local: str, data: bytes) -> str:
+    """A new file beside `local` holding `data`, flushed to disk (to be renamed or linked into place)."""
+    os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+    tmp = f"{local}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
+
+
+def _local_tag(st: os.stat_result) -> str:
+    return f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
 
 
 def delete(uri: str, *, tag: str | None = None) -> bool:

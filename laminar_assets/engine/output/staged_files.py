@@ -63,6 +63,11 @@ def file_stats(uri: str) -> tuple[int, str]:
     fs, path = storage.filesystem(uri)
     with fs.open_input_file(path) as fh:
         meta = pq.read_metadata(fh)
+    return footer_stats(meta)
+
+
+def footer_stats(meta: pq.FileMetaData) -> tuple[int, str]:
+    """`file_stats` of a footer already at hand (a file the driver just wrote)."""
     mins, maxs, nulls = {}, {}, {}
     schema = meta.schema.to_arrow_schema()
     for column in schema:
@@ -240,8 +245,8 @@ def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None =
     rel_dir, target = _target(table_uri, folder, run_id)
     if through_driver:
         table = df.toArrow()
-        _write_table(table, target, by)
-        return _staged(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema))
+        written = _write_table(table, target, by)
+        return _staged(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema), written)
     writer = (df.write.partitionBy(by) if by else (df.coalesce(max_files) if max_files else df).write)
     # "overwrite" replaces nothing: the folder is new for every call (`_target`). Spark Connect does
     # not accept "errorifexists".
@@ -262,8 +267,8 @@ def write_staged_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]]
     for table_uri, run_id, columns in outputs:
         rel_dir, target = _target(table_uri, folder, run_id)
         part = table.select([by, *[c for c in columns if c != by]])
-        _write_table(part, target, by)
-        out.append(_staged(target, rel_dir, None, lambda part=part: _plain_types(_without(part, by).schema)))
+        written = _write_table(part, target, by)
+        out.append(_staged(target, rel_dir, None, lambda part=part: _plain_types(_without(part, by).schema), written))
     return out
 
 
@@ -280,29 +285,54 @@ def _without(table: pa.Table, column: str | None) -> pa.Table:
     return table.drop_columns([column]) if column else table
 
 
-def _write_table(table: pa.Table, target: str, by: str | None) -> None:
+def _write_table(table: pa.Table, target: str, by: str | None) -> list[_Written]:
     """Rows collected in the driver written under `target` (a new folder's URI) as `_staged` names
-    Spark's files: one file per value of `by`, named `p-<value>-part-....parquet`."""
-    fs, base = storage.filesystem(target)
+    Spark's files: one file per value of `by`, named `p-<value>-part-....parquet`. Each file is
+    encoded in memory and stored with one write (one PUT on an object store: no multipart upload, no
+    listing or footer read afterwards); returns what was written, footers included."""
     if storage.local_path(target) is not None:
-        os.makedirs(base)  # new: `_target` never hands out a folder twice
+        os.makedirs(storage.local_path(target))  # new: `_target` never hands out a folder twice
     table = table.cast(_plain_types(table.schema))
     if table.num_rows == 0:
-        return
+        return []
     name = f"part-00000-{uuid.uuid4().hex}.parquet"
     if not by:
-        pq.write_table(table, f"{base}/{name}", filesystem=fs)
-        return
+        return [_put_parquet(table, target, name)]
     # sorted by the partition id, each id's rows are one slice: one file per id, however many ids
     table = table.sort_by(by)
     ids = table.column(by)
     rest = table.drop_columns([by])
-    start = 0
+    start, out = 0, []
     for run in pc.value_counts(ids).to_pylist():  # in order of first appearance: sorted order here
         value, count = run["values"], run["counts"]
         prefix = _prefix(f"{by}={_HIVE_NULL if value is None else value}")
-        pq.write_table(rest.slice(start, count), f"{base}/{prefix}{name}", filesystem=fs)
+        out.append(_put_parquet(rest.slice(start, count), target, f"{prefix}{name}"))
         start += count
+    return out
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A file the driver wrote: its name in the staging folder, size and footer."""
+
+    name: str
+    size: int
+    meta: pq.FileMetaData
+    schema: pa.Schema
+
+
+def _put_parquet(table: pa.Table, target: str, name: str) -> _Written:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    data = sink.getvalue()
+    uri, local = storage.join(target, name), storage.local_path(target)
+    if local is not None:  # a new file in a new folder: no rename needed (nothing names it yet)
+        with open(uri, "wb") as fh:
+            fh.write(data)
+    else:
+        storage.write(uri, data.to_pybytes())
+    return _Written(name, data.size, pq.read_metadata(pa.BufferReader(data)),
+                    pq.read_schema(pa.BufferReader(data)).remove_metadata())
 
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # what Spark names the folder of NULL partition values
@@ -334,18 +364,28 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _staged(target: str, rel_dir: str, partition_values: dict[str, str] | None, schema_if_empty) -> StagedFiles:
-    """The files written under `target` as add actions (statistics from their footers)."""
+def _staged(target: str, rel_dir: str, partition_values: dict[str, str] | None, schema_if_empty,
+            written: list[_Written] | None = None) -> StagedFiles:
+    """The files written under `target` as add actions (statistics from their footers). `written`: the
+    files the driver wrote, with their footers (nothing is listed or read back); else Spark's files,
+    found by listing the folder."""
     adds, rows, schema = [], 0, None
     local = storage.local_path(target)
-    files = [(p, os.path.getsize(p)) for p in _flatten(local)] if local is not None else [
-        (u, size) for u, size in storage.list_files(target) if u.endswith(".parquet")]
-    for uri, size in files:
+    if written is not None:
+        found = [(storage.join(target, w.name), w.size, w) for w in written]
+    elif local is not None:
+        found = [(p, os.path.getsize(p), None) for p in _flatten(local)]
+    else:
+        found = [(u, size, None) for u, size in storage.list_files(target) if u.endswith(".parquet")]
+    for uri, size, w in found:
         relative = uri[len(target):].lstrip("/").replace(os.sep, "/")
-        n, stats = file_stats(uri)
+        n, stats = footer_stats(w.meta) if w is not None else file_stats(uri)
         if schema is None:
-            fs, path = storage.filesystem(uri)
-            schema = pq.read_schema(path, filesystem=fs).remove_metadata()
+            if w is not None:
+                schema = w.schema
+            else:
+                fs, path = storage.filesystem(uri)
+                schema = pq.read_schema(path, filesystem=fs).remove_metadata()
         if n == 0:
             storage.delete(uri)
             continue

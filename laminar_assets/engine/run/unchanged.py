@@ -1,0 +1,133 @@
+"""A run over partitions that are up to date and whose inputs did not move: answered without leases,
+without opening any Delta table and without writing anything but the run's outcome record.
+
+On an object store every request costs 10-100 ms, and a run that finds nothing new is the most
+common run of a scheduled or sensor-driven flow. The full path takes every lease, reads every
+watermark, opens every source (its log replayed from the last checkpoint) and the sink, and reads
+the sweep's progress: tens of requests, growing with the tables' age. Here it is, on S3:
+
+    one listing of the flow's watermarks   (`CheckpointStore.load_listed`: their tags; a watermark
+                                            this process read or wrote with that tag is not read again)
+    one listing per input table's log       from the version the watermarks name: no newer commit, and
+                                            that version's commit file is the one this process saw
+    the outcome record                      (one PUT, as every run)
+
+The answer is NOOP / NO_NEW_VERSIONS for every partition, the one the planner gives when
+nothing moved. It is given only when all of these hold, else the full path runs (and nothing is lost):
+
+- no refill was asked for, and the spec's refresh policy is not 'full';
+- every partition has a committed watermark of this spec (same spec hash), with no intent, no failed
+  attempt and no failed-run count, and all of them name the same input versions;
+- this process ran the flow before (`remember`) up to exactly those versions, and saw the commit file
+  of each one with the tag the listing shows now (a table deleted and recreated at the same path has
+  another commit file there), with nothing newer in any log;
+- the sweep's progress this process last read or wrote for this spec covers those versions.
+
+Why no lease: nothing is written but the outcome record. A run holding a lease meanwhile changes a
+watermark (its intent) before it commits anything, and a later listing sees the new tag.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+from laminar_assets import storage
+from laminar_assets.checkpoints import Watermark
+
+from ..spec.specs import RefreshPolicy, Spec
+from ..windows import partition_interval
+from .context import RunContext
+from .plan import Mode, PartitionPlan, Reason
+from .planner import needed_events
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_lock = threading.Lock()
+# (root, flow, spec hash) -> {table: (version, tag of its commit file)}: what this process ran the flow up to
+_seen: dict[tuple[str, str, str], dict[str, tuple[int, str]]] = {}
+
+
+@dataclass(frozen=True)
+class Check:
+    """What `check` found: the watermarks (when they agree on the versions) and each input's latest
+    version and commit tag (when its log could be listed from there)."""
+
+    marks: dict[str, Watermark | None]
+    latest: dict[str, tuple[int, str]] | None
+    plans: dict[str, PartitionPlan] | None  # the NOOP plans, when the run has nothing to do
+
+
+def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | None:
+    """The NOOP plans of `keys` when nothing moved (see the module's docstring), else what was read
+    on the way (for `remember`). None: not worth looking (a refill asked for, a 'full' policy)."""
+    if force or spec.refresh is RefreshPolicy.FULL:
+        return None
+    marks = ctx.store.load_listed(spec.name, keys)
+    first = marks[keys[0]]
+    if any(not _settled(m, spec) or m.source_versions != first.source_versions for m in marks.values()):
+        return Check(marks, None, None)
+    latest = {}
+    for table, version in first.source_versions.items():
+        found = _log_tail(ctx.layout.table_uri(table), version)
+        if found is None:
+            return Check(marks, None, None)
+        latest[table] = found
+    with _lock:
+        seen = _seen.get((ctx.layout.root, spec.name, spec.spec_hash))
+    swept = ctx.store.swept(spec.name, spec.spec_hash)
+    unchanged = (seen is not None and seen == latest and swept is not None
+                 and all(latest[t][0] == v for t, v in first.source_versions.items())
+                 and all(swept.get(src, -1) >= first.source_versions[src] for src in spec.sources))
+    if not unchanged:
+        return Check(marks, latest, None)
+    return Check(marks, latest, {k: _noop(spec, k, marks[k]) for k in keys})
+
+
+def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[PartitionPlan]) -> None:
+    """After a run that ended with every partition at the same versions, the latest ones: the next run
+    of these partitions may be answered by `check`. What `check` listed before the run says which
+    versions were the latest; when it listed nothing (a first run, watermarks at different versions),
+    each input's log is listed now from the run's versions (one request per input)."""
+    if found is None or not plans or any(p.to_versions != plans[0].to_versions for p in plans):
+        return
+    versions = plans[0].to_versions
+    latest = found.latest
+    if latest is None or {t: v for t, (v, _tag) in latest.items()} != versions:
+        if latest is not None:
+            return  # the run stopped short of the latest versions (bounded): the next run has work
+        latest = {}
+        for table, version in versions.items():
+            tail = _log_tail(ctx.layout.table_uri(table), version)
+            if tail is None or tail[0] != version:
+                return
+            latest[table] = tail
+    with _lock:
+        _seen[(ctx.layout.root, spec.name, spec.spec_hash)] = dict(latest)
+
+
+def _settled(mark: Watermark | None, spec: Spec) -> bool:
+    return (mark is not None and mark.committed and mark.pending is None and not mark.failed_attempt
+            and mark.failed_runs is None and mark.spec_hash == spec.spec_hash and bool(mark.source_versions))
+
+
+def _log_tail(uri: str, version: int) -> tuple[int, str] | None:
+    """The latest version of the Delta table at `uri` at or after `version` and the tag of its commit
+    file, from one listing of its log starting at `version` (None: no commit file from there on)."""
+    log = storage.join(uri, "_delta_log")
+    after = f"{version - 1:020d}.json" if version > 0 else ""
+    newest: tuple[int, str] | None = None
+    for name, tag in storage.list_tagged(log, after=after):
+        match = _COMMIT.match(name)
+        if match and int(match.group(1)) >= version and (newest is None or int(match.group(1)) > newest[0]):
+            newest = (int(match.group(1)), tag)
+    return newest
+
+
+def _noop(spec: Spec, key: str, mark: Watermark) -> PartitionPlan:
+    part = partition_interval(key, spec.granularity)
+    return PartitionPlan(
+        flow=spec.name, partition=key, interval=part, needed=needed_events(spec, part), mode=Mode.NOOP,
+        reason=Reason.NO_NEW_VERSIONS, detail=Reason.NO_NEW_VERSIONS.describe, spec_hash=spec.spec_hash,
+        from_versions=dict(mark.source_versions), to_versions=dict(mark.source_versions),
+        pending_versions={t: 0 for t in mark.source_versions})

@@ -1,0 +1,85 @@
+"""Request budgets on an object store: what a run costs in S3 requests, counted exactly by the local S3
+server's request recorder (bench/request_log.py), never timed.
+
+- a run that finds nothing new makes 3 requests whatever the number of partitions: one listing of the
+  flow's watermarks, one of the source's log from the version they name, the outcome record;
+- a batched incremental run takes each lease with one PUT and frees it with one DELETE, writes one
+  intent and one watermark per partition, and stages each small file with one PUT;
+- a source deleted and recreated at the same path and version is not mistaken for the one the
+  watermarks name."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from bench.request_log import RequestLog
+from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, Tumbling
+from laminar_assets.engine.delta import snapshot_cache
+from tests.conftest import Lake
+
+pytestmark = pytest.mark.spark
+
+PARTS = ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00"]
+FLOW = FlowSpec(name="budget", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                aggregates=(Agg.count(), Agg.sum("px")))
+BASE = [("2024-01-01 00:01:00", "a", 1.0, 1), ("2024-01-01 01:12:00", "b", 2.0, 2), ("2024-01-01 02:12:00", "b", 2.0, 2)]
+DELTA = [("2024-01-01 00:02:00", "a", 4.0, 4), ("2024-01-01 01:06:00", "b", 5.0, 1), ("2024-01-01 02:06:00", "c", 5.0, 1)]
+
+
+def _counted(s3_server, run) -> tuple[list, list]:
+    log = RequestLog(s3_server.endpoint, sinks=(FLOW.name,))
+    log.start()
+    results = run()
+    return results, log.requests()
+
+
+def _by(requests, *, obj: str | None = None) -> Counter:
+    return Counter(r.kind for r in requests if obj is None or r.object == obj)
+
+
+def test_a_run_with_nothing_new_makes_three_requests(spark, s3_server, s3_lake):
+    s3_lake.create("trades", BASE)
+    engine = Engine(spark, s3_lake.root)
+    engine.run_many(FLOW, PARTS)
+    results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
+    assert [(r.mode, r.reason) for r in results] == [(Mode.NOOP, Reason.NO_NEW_VERSIONS)] * 3
+    assert [(r.kind, r.object) for r in requests] == [("LIST", "watermark"), ("LIST", "source log"), ("PUT", "outcome")]
+
+    s3_lake.append("trades", DELTA)  # something new: the full path runs and finds it
+    results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
+    assert [r.reason for r in results] == [Reason.APPEND_ONLY] * 3
+    # each partition's lease and the sweep's: one PUT to take it, one conditional DELETE to free it
+    assert _by(requests, obj="lease") == {"PUT": 4, "DELETE": 4}
+    assert _by(requests, obj="watermark") == {"LIST": 2, "PUT": 6}  # an intent and a watermark each, no GET
+    staged = [r for r in requests if r.object in ("state files", "sink files") and r.client == "boto3"]
+    assert Counter(r.kind for r in staged) == {"PUT": 6}  # files the driver staged: one PUT each, nothing read back
+    assert len(requests) <= 110  # 144 before the leases, staging and watermark reads were cut (docs/PERFORMANCE.md)
+
+    results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
+    assert [r.reason for r in results] == [Reason.NO_NEW_VERSIONS] * 3 and len(requests) == 3
+
+
+def test_a_source_recreated_at_the_same_version_is_noticed(spark, s3_server, s3_lake):
+    s3_lake.create("trades", BASE)
+    s3_lake.append("trades", DELTA)
+    engine = Engine(spark, s3_lake.root)
+    engine.run_many(FLOW, PARTS)
+    results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
+    assert [r.reason for r in results] == [Reason.NO_NEW_VERSIONS] * 3 and len(requests) == 3
+    _recreate(s3_lake, "trades", BASE[:1], [("2024-01-01 00:03:00", "z", 9.0, 9)])  # version 1 again
+    snapshot_cache.clear()
+    results = engine.run_many(FLOW, PARTS)
+    assert all(r.mode is Mode.REFILL for r in results), [r.reason for r in results]
+    sink = Lake(s3_lake.root).read(FLOW.name)
+    assert set(sink["sym"]) == {"a", "z"}
+
+
+def _recreate(lake: Lake, name: str, first, second) -> None:
+    from laminar_assets import storage
+
+    for uri, _size in storage.list_files(lake.path(name)):
+        storage.delete(uri)
+    lake.create(name, first)
+    lake.append(name, second)
