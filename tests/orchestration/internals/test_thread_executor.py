@@ -240,9 +240,12 @@ def test_dagster_log_capture_helpers_do_not_hear_ctrl_c():
     @dg.asset
     def step():
         for child in psutil.Process().children():
+            command = " ".join(child.cmdline()[:2])
+            if "watch_orphans" not in command and not command.startswith("tail"):
+                continue  # a server another test of this process started (a JVM, moto, Redis)
             with open(f"/proc/{child.pid}/status") as status:
                 mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
-            blocked[" ".join(child.cmdline()[:2])] = bool(mask & (1 << (signal.SIGINT - 1)))
+            blocked[command] = bool(mask & (1 << (signal.SIGINT - 1)))
         return dg.MaterializeResult()
 
     result, *_ = _run([step])
