@@ -15,6 +15,15 @@ from laminar_assets.orchestration.assets import COMPONENT_TAG, FORCE_TAG, _failu
 from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.resources import LaminarResource
 
+EXPORT_STEP_PRIORITY = 1
+"""The export step's `dagster/priority` (other steps: 0). A run's executor starts the ready steps highest priority
+first, and among equals in plan order, where a flow's checks come before its export: with every thread taken by the
+flow's contract and equivalence checks (and the next flows), a delivery of a fraction of a second waited for all of
+them (11 s into a sensor-launched run, bench/daemon_freshness.py). With it the export takes the first free thread
+once its flow's step has committed; the checks run beside or after it. A blocking check of the flow is a dependency
+of the export's step (Dagster's), so the export still waits for it, and a failed one still holds that run's
+delivery back (the sensor's next tick runs the export alone, as for any export behind its flow: docs/exports.md)."""
+
 
 def export_pool(export: ExportSpec) -> str:
     return f"laminar_{export.name}"  # deliveries of one export queue behind each other across runs
@@ -69,6 +78,7 @@ def build_export_asset(export: ExportSpec, source: Spec, settings: LaminarSettin
         metadata=_static_metadata(export),
         code_version=export.export_hash,
         pool=export_pool(export),
+        op_tags={"dagster/priority": str(EXPORT_STEP_PRIORITY)},  # right after its flow, before the flow's checks
         owners=list(export.owners),
         tags=dict(export.tags),
         retry_policy=dg.RetryPolicy(max_retries=settings.retries, delay=settings.retry_delay_seconds,

@@ -1,5 +1,6 @@
-"""Exports in the random stateful test (issue #61): the rules and invariants `LakeMachine` gains when the
-test gives it a Postgres server and a Redis server (`LakeMachine.pg_server`, `LakeMachine.redis_server`).
+"""Exports in the random stateful test (issue #61): the rules and invariants `LakeMachine` (and `StageLakeMachine`,
+whose corrections refill the stage's keys, then deliver) gains when the test gives it a Postgres server and a Redis
+server (`LakeMachine.pg_server`, `LakeMachine.redis_server`).
 
 Some specs of an example get a `PostgresExport` (a table in a schema of the example's own, dropped at its end)
 and/or a `RedisExport` (the server's database emptied when the example starts). What users, operators and the

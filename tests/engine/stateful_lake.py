@@ -468,8 +468,10 @@ class StageLakeMachine(LakeMachine):
         self._create(names, bound, partitioned, True, opts, first, plans)
 
     @rule(changes=st.lists(st.tuples(ids_where, st.sampled_from(["correct_price", "move_time", "null_key", "delete"])),
-                           min_size=1, max_size=3), together=st.booleans())
-    def correct_then_run_the_stage(self, changes, together):
+                           min_size=1, max_size=3), together=st.booleans(), data=st.data())
+    def correct_then_run_the_stage(self, changes, together, data):
+        """Rows of an up-to-date stage corrected one change at a time, each followed by a run of the stage (its keys
+        refilled) and its exports' deliveries, as the pipeline sensor's run delivers them after the stage."""
         stage = next(s for s in self.specs if isinstance(s, StageSpec))
         with self._unless_missing(stage):
             self.engine.run_many(stage, list(PARTITIONS))  # watermarks first: the correction is then a run's only change
@@ -484,6 +486,7 @@ class StageLakeMachine(LakeMachine):
                 else:
                     for k in PARTITIONS:
                         self.engine.run(stage, k)
+            self._deliver_exports_of(data, stage)
 
 
 # --- the pandas references: written from each spec's meaning, sharing no code with the engine ---------

@@ -17,7 +17,10 @@ from laminar_assets.engine.export import load_record
 from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.assets import COMPONENT_TAG, build_asset
 from laminar_assets.orchestration.builder import build_definitions
+from laminar_assets.orchestration.checks import build_equivalence_check
 from laminar_assets.orchestration.exports import build_export_asset
+from laminar_assets.orchestration.internals.in_process import execute_job_here
+from laminar_assets.orchestration.internals.thread_executor import thread_executor
 from laminar_assets.orchestration.sensors import build_pipeline_sensor
 from laminar_assets.pipeline.graph import components
 from laminar_assets.pipeline.settings import LaminarSettings
@@ -49,6 +52,25 @@ def test_the_definitions_hold_each_export_downstream_of_its_flow_with_its_partit
     sensor = next(s for s in defs.sensors if s.name == "raw_trades_pipeline")
     assert dg.AssetKey("vwap_1m_pg") in sensor.targets[0].resolvable_to_job.selection.resolve(graph)
     defs.resolve_all_job_defs()  # the sensor's job resolves: its assets share one partitions definition
+
+
+def test_an_export_step_goes_first_among_ready_steps_and_waits_only_for_its_flows_blocking_checks():
+    """In the sensor's run (its assets and checks): the export's step depends on its flow's step and on the flow's
+    blocking checks (Dagster's: a failed one holds the delivery back), not on the others, and carries the priority
+    by which the executor starts it before the ready checks and flows."""
+    from dagster._core.execution.api import create_execution_plan
+
+    hook = WebhookExport(name="normalized_hook", source="normalized_trades", connection="alerts")
+    defs = build_definitions(SPECS, SETTINGS, exports=[VWAP_PG, hook])  # the repository's contracts
+    job = defs.resolve_implicit_global_asset_job_def()
+    wanted = {dg.AssetKey(n) for n in ("normalized_trades", "vwap_1m", "vwap_1m_pg", "normalized_hook")}
+    checks = {c for c in job.asset_layer.asset_graph.asset_check_keys if c.asset_key in wanted}
+    plan = create_execution_plan(job.get_subset(asset_selection=wanted, asset_check_selection=checks))
+    deps = plan.get_executable_step_deps()
+    assert deps["vwap_1m_pg"] == {"vwap_1m"}  # vwap_1m's contract does not block: its checks run beside the delivery
+    assert deps["normalized_hook"] == {"normalized_trades", "normalized_trades_contract"}  # a blocking contract
+    priority = {k: int(plan.get_step_by_key(k).tags.get("dagster/priority", 0)) for k in deps}
+    assert priority["vwap_1m_pg"] > max(p for k, p in priority.items() if k not in ("vwap_1m_pg", "normalized_hook"))
 
 
 def test_the_sensors_run_delivers_an_export_after_its_flow_and_alone_when_it_is_behind(lake, laminar, instance):
@@ -106,12 +128,22 @@ def test_a_materialization_delivers_the_flow_to_postgres_with_its_metadata(spark
         assert isinstance(md[key], (dg.IntMetadataValue, dg.FloatMetadataValue)), key
     assert pg_database in md["target"].value
     assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
-    # a late row, a correction and a delete, merged by the flow's commit; the sensor's run (tagged with the part)
-    # delivers the changes only
+    # a late row, a correction and a delete, merged by the flow's commit; the sensor's run (tagged with the part,
+    # with the flow's equivalence check, through the thread executor) delivers the changes only, and the export's step
+    # starts right after the flow's, before the check's (one step at a time: the order is the executor's choice)
     lake.append("trades", [("2024-01-01 00:14:00", "c", 5.0, 1)])
     lake.update("trades", {"px": "20.0"}, "sym = 'b'")
     lake.delete("trades", "px = 1.0")
-    result = materialize([flow, export], tags={COMPONENT_TAG: "trades"})
+    one_step_at_a_time = thread_executor.configured({"max_concurrent": 1})
+    job = dg.Definitions(assets=[flow, export], asset_checks=[build_equivalence_check(VOL, SETTINGS)],
+                         resources={"laminar": laminar},
+                         jobs=[dg.define_asset_job("sensor_run", executor_def=one_step_at_a_time)]).resolve_job_def("sensor_run")
+    result = execute_job_here(job, instance=instance, partition_key=P0, tags={COMPONENT_TAG: "trades"}, run_config={})
+    assert result.success
+    started = [e.step_key for e in result.all_events if e.event_type_value == "STEP_START"]
+    assert started == ["vol", "vol_pg", "vol_equivalence"], started
+    [evaluation] = result.get_asset_check_evaluations()  # the check still runs, after the delivery
+    assert evaluation.check_name == "equivalence" and evaluation.passed
     md = result.asset_materializations_for_node("vol_pg")[0].metadata
     assert (md["mode"].value, md["reason"].value, md["partitions_replaced"].value) == ("INCREMENTAL", "NEW_VERSIONS", [])
     assert target_rows(pg_server, pg_database, "vol", VOL_COLUMNS) == sink()
