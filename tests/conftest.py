@@ -18,8 +18,8 @@ from laminar_assets.resources import LaminarResource, SparkResource
 TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
 
 # The test files that take longest (seconds in CI, see "slowest files" at the end of a run), longest
-# first. `make test` hands whole files to two processes in collection order, so these go first: a
-# ten-minute file started last would leave one process idle while the other finishes it.
+# first. `make test` hands whole files to its processes in collection order, so these go first: a
+# ten-minute file started last would leave the other processes idle while one finishes it.
 SLOWEST_FILES = (
     "tests/engine/test_stateful.py",
     "tests/deploy/test_daemon_e2e.py",
@@ -102,6 +102,9 @@ def pytest_configure(config):
     from tests import timing
 
     config.pluginmanager.register(timing, "laminar-timing")  # per-file wall and CPU seconds (tests/timing.py)
+    # The processes tests start (the CLI, `dg`, Dagster's run workers) build their Spark from
+    # LAMINAR_SPARK_* (SparkOptions.from_env): C1 only for their JVMs too, as for the session below
+    os.environ.setdefault("LAMINAR_SPARK_JIT", "quick")
 
 
 @pytest.fixture(scope="session")
