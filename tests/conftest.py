@@ -210,13 +210,9 @@ def connect_server(tmp_path_factory):
     options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
                                    spark=SparkOptions(driver_memory="1g", shuffle_partitions=2,
                                                       jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")))
-    before = storage.options()
-    storage.configure(ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
-                                         path_style=True))
-    try:
+    with storage.mounted("s3://", ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
+                                                     path_style=True)):
         server = start_connect_server(options)
-    finally:
-        storage.configure(before)
     with server:
         yield server
     assert not listening(options.port), "the Connect server still listens after stop()"

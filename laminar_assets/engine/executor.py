@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StorageError, StrictRefreshError
-from laminar_assets.storage import ObjectStoreOptions
+from laminar_assets.storage import ObjectStoreOptions, Store
 
 from .delta import integrity
 from .delta.layout import Layout
@@ -73,19 +73,24 @@ class Engine:
     paths); Laminar keeps its state tables and watermarks under `<root>/_laminar/`."""
 
     def __init__(self, spark: SparkSession, root: str, *, hook: Callable[[str], None] | None = None,
-                 options: EngineOptions | None = None, store: ObjectStoreOptions | None = None,
+                 options: EngineOptions | None = None, store: ObjectStoreOptions | Store | None = None,
                  connections: Mapping[str, Connection] | None = None) -> None:
-        """`root`: a local folder or an object-store URI (s3://bucket/prefix). `store`: how this process
-        reaches the object store (default: the AWS environment); an unreachable store, refused
-        credentials or a missing bucket fail here, in one line, before anything is read or written.
+        """`root`: a local folder or an object-store URI (s3://bucket/prefix). `store`: how this engine
+        reaches its root's object store (options, or a `Store`), mounted at the root for this process's
+        file I/O and set as the Spark session's settings for the root's bucket; default: a store mounted
+        there before, else the AWS environment. Two engines with different roots and stores live side by
+        side. An unreachable store, refused credentials or a missing bucket fail here, in one line,
+        before anything is read or written (and the store is not mounted).
         `connections`: the exports' targets by name (else LAMINAR_CONNECTION_<NAME>_URL, see `deliver`)."""
         options = options or EngineOptions()
-        if store is not None:
-            storage.configure(store)
         root = storage.resolve_root(root)
-        if storage.is_object_store(root):
+        if store is not None:
+            storage.mount(root, store, check=True)
+        else:
             storage.check_reachable(root)
-            use_object_store(spark)
+        self.storage: Store = storage.store_for(root)
+        if self.storage.object_store:
+            use_object_store(spark, root)
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
         self.connections = dict(connections or {})

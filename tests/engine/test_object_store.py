@@ -169,22 +169,18 @@ def test_two_processes_racing_on_one_partition_commit_once(spark, s3proxy_server
 
 
 def test_a_store_that_cannot_be_used_fails_before_anything_is_written(spark, s3_server, s3proxy_server):
-    before = storage.options()
-    try:
-        storage.configure(ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s"))
-        started = time.monotonic()
-        with pytest.raises(StorageError, match=r"s3://lake/root: cannot connect to http://127\.0\.0\.1:1"):
-            Engine(spark, "s3://lake/root")
-        assert time.monotonic() - started < 20
-        with using(s3_server):
-            with pytest.raises(StorageError, match="bucket 'missing' does not exist"):
-                Engine(spark, "s3://missing/lake")
-        bucket = s3proxy_server.bucket()
-        storage.configure(ObjectStoreOptions(endpoint=s3proxy_server.endpoint, access_key_id="nobody",
-                                             secret_access_key="nope"))
-        with pytest.raises(StorageError, match="refused the credentials"):
-            Engine(spark, bucket)
-        with using(s3proxy_server):
-            assert storage.list_files(bucket) == []  # nothing was written
-    finally:
-        storage.configure(before)
+    unreachable = ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s")
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"s3://lake/root: cannot connect to http://127\.0\.0\.1:1"):
+        Engine(spark, "s3://lake/root", store=unreachable)
+    assert time.monotonic() - started < 20
+    with using(s3_server):
+        with pytest.raises(StorageError, match="bucket 'missing' does not exist"):
+            Engine(spark, "s3://missing/lake")
+    bucket = s3proxy_server.bucket()
+    with pytest.raises(StorageError, match="refused the credentials"):
+        Engine(spark, bucket, store=ObjectStoreOptions(endpoint=s3proxy_server.endpoint, access_key_id="nobody",
+                                                       secret_access_key="nope"))
+    with using(s3proxy_server):
+        assert storage.list_files(bucket) == []  # nothing was written, and the refused store was not mounted
+
