@@ -228,6 +228,16 @@ def s3_server():
     server.stop()
 
 
+@pytest.fixture
+def second_s3_server():
+    """A second local S3 server (moto) for a test that needs two stores: another endpoint, its own buckets."""
+    from tests.object_store import start_moto
+
+    server = start_moto()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def s3proxy_server():
     """A local S3 server with honest conditional writes (s3proxy), for tests that race writers."""

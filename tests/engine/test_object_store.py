@@ -184,3 +184,32 @@ def test_a_store_that_cannot_be_used_fails_before_anything_is_written(spark, s3_
     with using(s3proxy_server):
         assert storage.list_files(bucket) == []  # nothing was written, and the refused store was not mounted
 
+
+def test_two_engines_on_two_stores_share_one_process_and_one_spark_session(spark, s3_server, second_s3_server):
+    """Each engine mounts its store at its root and sets Spark's per-bucket settings of its root's bucket:
+    with both built before either runs, each run reads, stages and commits on its own server (one process
+    store, or one set of s3a settings, would send one of them to the other's endpoint, which has no such
+    bucket). Object stores Laminar has no `Store` for are refused by name, before anything is done."""
+    lakes = {"one": Lake(s3_server.bucket()), "two": Lake(second_s3_server.bucket())}
+    engines = {"one": Engine(spark, lakes["one"].root, store=s3_server.options),
+               "two": Engine(spark, lakes["two"].root, store=second_s3_server.options)}
+    assert engines["one"].storage is not engines["two"].storage
+    lakes["one"].create("trades", BASE)
+    lakes["two"].create("trades", [("2024-01-01 00:07:00", "z", 9.0, 9)])
+    for name in ("one", "two"):
+        assert [r.reason for r in engines[name].run_many(FLOW, [H0, H1])] == [Reason.NO_WATERMARK] * 2
+    more = {"two": [("2024-01-01 00:08:00", "z", 1.0, 1), ("2024-01-01 01:08:00", "z", 1.5, 1)],
+            "one": [("2024-01-01 00:09:00", "a", 2.0, 2), ("2024-01-01 01:09:00", "b", 2.5, 2)]}
+    for name, rows in more.items():
+        lakes[name].append("trades", rows)
+        assert [r.reason for r in engines[name].run_many(FLOW, [H0, H1])] == [Reason.APPEND_ONLY] * 2
+    for name in ("one", "two"):
+        _matches_recompute(spark, lakes[name], FLOW)
+        assert_lake_intact(lakes[name].root)
+    for server, mine, theirs in ((s3_server, "one", "two"), (second_s3_server, "two", "one")):
+        buckets = [b["Name"] for b in server.options.client().list_buckets()["Buckets"]]
+        assert lakes[mine].root.split("/")[2] in buckets and lakes[theirs].root.split("/")[2] not in buckets
+    for uri in ("gs://bucket/lake", "abfss://lake@account.dfs.core.windows.net/root"):
+        with pytest.raises(StorageError, match=f"{uri.split(':')[0]}:// is not supported yet") as info:
+            Engine(spark, uri)
+        assert uri in str(info.value)
