@@ -89,8 +89,10 @@ class Engine:
         else:
             storage.check_reachable(root)
         self.storage: Store = storage.store_for(root)
+        self._buckets: set[str] = set()  # buckets whose Spark settings this engine set (its root's, its sources')
         if self.storage.object_store:
             use_object_store(spark, root)
+            self._buckets.add(root.split("/", 3)[2])
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
         self.connections = dict(connections or {})
@@ -124,6 +126,16 @@ class Engine:
         return plan, flow_job.state_query(self.ctx, spec, [plan], inputs)
 
     # --- running ------------------------------------------------------------
+    def _reach_sources(self, spec: Spec) -> None:
+        """Spark's settings for the bucket of each source outside the root (its store: `storage.store_for`),
+        once per bucket: the root's bucket got them when the engine was made."""
+        for uri in (self.ctx.layout.table_uri(s) for s in spec.sources):
+            if storage.is_object_store(uri):
+                bucket = storage.normalized(uri).split("/", 3)[2]
+                if bucket not in self._buckets:
+                    use_object_store(self.spark, uri)
+                    self._buckets.add(bucket)
+
     def run(self, spec: Spec, partition: str, *, force: bool = False) -> RunResult:
         """Bring one partition up to date; returns what was done and measured."""
         return self.run_many(spec, [partition], force=force)[0]
@@ -139,6 +151,7 @@ class Engine:
         if found is not None and found.plans is not None:  # nothing moved: no lease, no table opened
             return self._unchanged(spec, keys, found, run_id)
         self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
+        self._reach_sources(spec)
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
         # every staging of the run is tracked: what no commit took is removed when the run ends

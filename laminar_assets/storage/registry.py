@@ -5,8 +5,9 @@
 - Mounts: an engine (or the Dagster resource) mounts the store built from its options at its root,
   so every URI under that root (its tables, watermarks, leases, staged files) is reached with those
   options, and two engines with different roots and credentials live in one process. A URI under no
-  mounted root is reached with its scheme's default store: options from the environment (the AWS
-  variables), read when a client is made. The longest mounted prefix wins; a prefix of just a scheme
+  mounted root (a source in another bucket) is reached with the store mounted for its scheme when
+  every mount of that scheme has the same options, else with its scheme's default store: options from
+  the environment (the AWS variables), read when a client is made. The longest mounted prefix wins; a prefix of just a scheme
   (`s3://`) serves every URI of that scheme that no longer prefix claims (tests, benchmarks). A local
   folder needs no options: every local path has the one `LocalStore`.
 
@@ -117,14 +118,19 @@ def mounted(root: str, store: Store | ObjectStoreOptions | None) -> Iterator[Sto
 
 
 def store_for(uri: str) -> Store:
-    """The store that serves `uri`: the one mounted at its longest mounted prefix, else its scheme's
-    default (options from the environment). Raises a `StorageError` for a scheme Laminar cannot use."""
+    """The store that serves `uri`: the one mounted at its longest mounted prefix; else, when every
+    store mounted for its scheme has the same options, that one (a source in another bucket of the
+    store the lake is on, as with one engine or one resource per process); else its scheme's default
+    (options from the environment). Raises a `StorageError` for a scheme Laminar cannot use."""
     cls = store_class(uri)
     if cls.object_store and _mounts:
         for key in _ancestors(prefix_of(uri), f"{cls.schemes[0]}://"):
             found = _mounts.get(key)
             if found is not None:
                 return found
+        same = {store for store in list(_mounts.values()) if type(store) is cls}
+        if len(same) == 1:
+            return same.pop()
     found = _defaults.get(cls)
     if found is None:
         with _lock:

@@ -213,3 +213,24 @@ def test_two_engines_on_two_stores_share_one_process_and_one_spark_session(spark
         with pytest.raises(StorageError, match=f"{uri.split(':')[0]}:// is not supported yet") as info:
             Engine(spark, uri)
         assert uri in str(info.value)
+
+
+def test_a_source_in_another_bucket_is_reached_with_the_engines_store(spark, s3_server, monkeypatch):
+    """A source named by absolute URI in another bucket of the store the engine was given (options, not
+    the environment, which points nowhere here): deltalake and the file I/O reach it through the one
+    store mounted for s3://, and Spark through the per-bucket settings the run sets for the source's
+    bucket (before, only the root's bucket had them and Spark's read went to AWS)."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    root, elsewhere = s3_server.bucket(), s3_server.bucket("sources")
+    engine = Engine(spark, root, store=s3_server.options)
+    source = Lake(elsewhere)
+    source.create("trades", BASE)
+    flow = FlowSpec(name="per_sym_elsewhere", source=f"{elsewhere}/trades", event_time="ts", window=Tumbling("10m"),
+                    keys=("sym",), aggregates=(Agg.count(), Agg.sum("px")))
+    assert [r.reason for r in engine.run_many(flow, [H0, H1])] == [Reason.NO_WATERMARK] * 2
+    source.append("trades", [("2024-01-01 00:02:00", "a", 4.0, 4)])
+    assert engine.run(flow, H0).reason is Reason.APPEND_ONLY
+    expected = full_recompute(spark, flow, source.table("trades").to_pyarrow_table())
+    expected = expected[expected["window_start"] < "2024-01-01 02:00"]
+    assert_frames_match(Lake(root).read(flow.sink), expected, flow.keys)
