@@ -213,13 +213,9 @@ def connect_server(tmp_path_factory):
     options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
                                    spark=SparkOptions(driver_memory="1g", shuffle_partitions=2,
                                                       jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")))
-    before = storage.options()
-    storage.configure(ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
-                                         path_style=True))
-    try:
+    with storage.mounted("s3://", ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
+                                                     path_style=True)):
         server = start_connect_server(options)
-    finally:
-        storage.configure(before)
     with server:
         yield server
     assert not listening(options.port), "the Connect server still listens after stop()"
@@ -228,6 +224,16 @@ def connect_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def s3_server():
     """One local S3 server (moto) for the test process: started when a test first needs it."""
+    from tests.object_store import start_moto
+
+    server = start_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def second_s3_server():
+    """A second local S3 server (moto) for a test that needs two stores: another endpoint, its own buckets."""
     from tests.object_store import start_moto
 
     server = start_moto()
