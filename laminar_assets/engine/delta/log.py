@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from enum import Enum
 from functools import lru_cache
 from urllib.parse import unquote
@@ -25,6 +26,36 @@ from laminar_assets.errors import SourceError
 from ..windows import Interval
 from .deletion_vectors import DeletedRows, DeletionVector, DvChange
 from .file_ranges import footer_facts, null_count, range_from_stats, stats_interval  # noqa: F401
+
+
+def partition_text(value) -> str | None:
+    """A typed partition value (as `deltalake` returns it from a snapshot's add actions) as the string
+    the Delta log holds for it, the form a commit's partition values are read in (`_file`), so a snapshot
+    read and a commit read give one value. Spark casts it to the column's type (`spark.read.read_files`),
+    as delta-spark casts the log's string: binary as its UTF-8 text (the log is JSON text: `deltalake`
+    gives the bytes of that text), times in UTC (Laminar's sessions run in UTC), decimals without an
+    exponent, floats as Java writes NaN and infinities. `str()` is wrong for bytes (`"b'hello'"`)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+        return value.isoformat(sep=" ", timespec="microseconds")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return repr(value)
+    return str(value)  # integers
 
 
 class CommitKind(str, Enum):

@@ -35,6 +35,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     file_exists,
     log_damage,
     missing_files,
+    partition_text,
     read_commit,
     read_log_entry,
     stats_interval,
@@ -253,6 +254,57 @@ def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:
     return info
 
 
+def collations(delta_schema: str | None) -> dict[str, tuple[str, str]]:
+    """Collated string columns of a Delta schema (JSON): {path: (top-level column, collation)} for every
+    string whose collation is not plain byte order. Writers record a collation in the field metadata
+    `__COLLATIONS` ({path from the field: "provider.name[.version]"}, Delta's `collations` feature; OSS
+    delta-spark 4.4 writes it with `spark.databricks.delta.schema.typeCheck.enabled` off, without the
+    feature in the protocol); Arrow and `deltalake` read such a column as a plain string."""
+    found: dict[str, tuple[str, str]] = {}
+
+    def walk(typ, prefix: str, top: str | None) -> None:
+        if not isinstance(typ, dict):
+            return
+        if typ.get("type") == "struct":
+            for f in typ.get("fields", []):
+                column = top or f["name"]
+                for key, collation in ((f.get("metadata") or {}).get("__COLLATIONS") or {}).items():
+                    if str(collation).split(".")[:2] != ["spark", "UTF8_BINARY"]:
+                        found[prefix + key] = (column, str(collation))
+                walk(f["type"], f"{prefix}{f['name']}.", column)
+        elif typ.get("type") == "array":
+            walk(typ.get("elementType"), f"{prefix}element.", top)
+        elif typ.get("type") == "map":
+            walk(typ.get("keyType"), f"{prefix}key.", top)
+            walk(typ.get("valueType"), f"{prefix}value.", top)
+
+    if delta_schema:
+        walk(json.loads(delta_schema), "", None)
+    return found
+
+
+def refuse_collated(info: TableInfo, columns) -> None:
+    """Raise `UnsupportedTableFeatureError` when a reader of `columns` ("*": all) of the table would read a
+    collated string column (`collations`). Spark with Delta groups, joins and compares such a column by its
+    collation (UTF8_LCASE: 'A' = 'a'; UNICODE: ICU order); Laminar reads the Parquet strings and its state
+    and sinks compare bytes, so its rollups would split or order keys differently: a refusal, never a wrong
+    answer. A collated column the reader does not use is read as it is stored and changes nothing."""
+    columns = set(columns)
+    used = [(path, column, collation) for path, (column, collation) in collations(info.delta_schema).items()
+            if "*" in columns or column in columns]
+    if not used:
+        return
+    path, column, collation = used[0]
+    more = f" (and {', '.join(repr(p) for p, _, _ in used[1:])})" if len(used) > 1 else ""
+    raise UnsupportedTableFeatureError(
+        f"table '{info.name}' at version {info.version} has column {path!r} with collation {collation}{more}, "
+        "which Laminar reads as a plain (byte-ordered, case-sensitive) string while Spark groups and compares "
+        "it by its collation; have the producer write it as plain STRING (for UTF8_LCASE e.g. "
+        f"LOWER({column})), or leave it out of the flow's keys, filters, rules and derived columns",
+        table=info.name, version=info.version, column=path, feature="collations", collation=collation,
+    )
+
+
 def column_fate(info: TableInfo, column: str, *, max_versions: int = 1000) -> str | None:
     """How a logical column the table once had left it: 'renamed to X at version V' (column mapping
     keeps the physical name) or 'dropped at version V'; None if the log does not show it."""
@@ -365,8 +417,8 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
             continue  # all event times null: no window can use these rows
         if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
             continue
-        pv = tuple(sorted((k[len("partition."):], None if v is None else str(v))
-                          for k, v in a.items() if k.startswith("partition.")))
+        pv = tuple(sorted((k[len("partition."):], partition_text(v)) for k, v in a.items()
+                          if k.startswith("partition.")))  # the log's strings, as a commit's files have them
         path = unquote(a["path"])
         uri = path if "://" in path or path.startswith("/") else f"{info.uri}/{path}"
         nulls = a.get(f"null_count.{stat}") if event_time else None

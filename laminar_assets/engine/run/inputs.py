@@ -17,7 +17,15 @@ from laminar_assets.checkpoints import Watermark
 from laminar_assets.errors import LaminarError
 
 from ..delta.layout import Layout
-from ..delta.tables import DataFile, SourceHistory, TableInfo, snapshot_files, source_history, table_info
+from ..delta.tables import (
+    DataFile,
+    SourceHistory,
+    TableInfo,
+    refuse_collated,
+    snapshot_files,
+    source_history,
+    table_info,
+)
 from ..spec.specs import Spec
 from ..windows import Interval, coalesce, partition_interval, share_inside
 from .planner import PlannerInput, needed_events
@@ -89,8 +97,11 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
     marks = list(marks)
     infos, histories, schema, row_schema = {}, {}, {}, None
     dims = {t: table_info(t, layout.table_uri(t)) for t in spec.dimension_tables}
+    for dim, info in dims.items():
+        refuse_collated(info, columns_used(spec, dim))
     for src in spec.sources:
         info = table_info(src, layout.table_uri(src))
+        refuse_collated(info, columns_used(spec, src))  # before anything is read or written
         checked = check_schema(info, dims)
         row_schema = row_schema or checked.row_schema
         for col, typ in checked.types.items():

@@ -1,0 +1,159 @@
+"""Reads that must agree with delta-spark's (#63): partition values of every type, and collated strings.
+
+Tables are written by delta-spark in the tests' own Spark session (its jars are loaded there), tiny ones.
+
+- Partition values: Laminar reads a pinned snapshot's partition values from `deltalake`'s typed add
+  actions (`snapshot_files`) and a commit's from the raw strings of its log entry (`read_commit`); a
+  first run or refill takes the first path and an incremental run the second, so both must give
+  delta-spark's value, for every type a partition column can have.
+- Collated strings (`STRING COLLATE UTF8_LCASE`, `COLLATE UNICODE`): delta-spark groups and compares
+  them by their collation; Laminar reads Parquet strings, which compare byte by byte, so it refuses
+  such a source before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import TimestampType
+
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Mode, Tumbling
+from laminar_assets.engine.delta import snapshot_files, table_info
+from laminar_assets.engine.spark import installed_jars
+from laminar_assets.engine.spark.frames import spark_path
+from laminar_assets.engine.spark.read import read_source
+from laminar_assets.errors import UnsupportedTableFeatureError
+from tests.reference import assert_frames_match, full_recompute
+
+pytestmark = [pytest.mark.spark, pytest.mark.skipif(not installed_jars("delta"), reason="needs delta-spark's jars "
+                                                    "(make install puts them in the venv)")]
+
+PARTITIONS = ("b", "d", "ts", "ntz", "dec", "s", "bo", "i", "f", "by")
+COLUMNS = ("id BIGINT, et TIMESTAMP, qty BIGINT, b BINARY, d DATE, ts TIMESTAMP, ntz TIMESTAMP_NTZ, "
+           "dec DECIMAL(10,3), s STRING, bo BOOLEAN, i INT, f DOUBLE, by TINYINT")
+# One row per partition: special characters in strings and bytes (path escapes, quotes, non-ASCII, a
+# control byte), NULLs and empty values (delta-spark writes both as a null partition value), NaN, a
+# negative zero, dates and times before 1970 and with microseconds.
+FIRST = [
+    "(1, TIMESTAMP'2024-01-01 00:01:00', 1, X'68656C6C6F', DATE'2024-01-02', TIMESTAMP'2024-01-01 01:02:03.123456', "
+    "TIMESTAMP_NTZ'2024-01-01 01:02:03.5', 12.345, 'a/b c=d%e', true, 7, 1.5, 3)",
+    "(2, TIMESTAMP'2024-01-01 00:02:00', 2, X'C3BC0120', DATE'1900-01-01', TIMESTAMP'1960-01-01 00:00:00', "
+    "TIMESTAMP_NTZ'2024-01-01 00:00:00', -0.001, 'ü€\"''x', false, -1, double('NaN'), -1)",
+    "(3, TIMESTAMP'2024-01-01 00:03:00', 4, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "(4, TIMESTAMP'2024-01-01 00:04:00', 8, X'', DATE'2024-01-02', TIMESTAMP'2024-01-01 01:02:03', NULL, 0, '', true, "
+    "0, -0.0, 0)",
+]
+# the same partitions again (an incremental run reads these adds from the commit's log entry), and a new one
+LATER = [row.replace("(1, TIMESTAMP'2024-01-01 00:01:00', 1,", "(11, TIMESTAMP'2024-01-01 00:11:00', 16,")
+         .replace("(2, TIMESTAMP'2024-01-01 00:02:00', 2,", "(12, TIMESTAMP'2024-01-01 00:02:30', 32,")
+         .replace("(3, TIMESTAMP'2024-01-01 00:03:00', 4,", "(13, TIMESTAMP'2024-01-01 00:13:00', 64,")
+         .replace("(4, TIMESTAMP'2024-01-01 00:04:00', 8,", "(14, TIMESTAMP'2024-01-01 00:04:30', 128,")
+         for row in FIRST] + [
+    "(15, TIMESTAMP'2024-01-01 00:05:00', 256, X'7A', DATE'2024-02-29', TIMESTAMP'2024-06-01 12:00:00', "
+    "TIMESTAMP_NTZ'1999-12-31 23:59:59.999999', 99999.999, 'x y', false, 2147483647, -1e300, 127)"]
+KEYED = FlowSpec(name="by_parts", source="typed", event_time="et", window=Tumbling("10m"), keys=PARTITIONS,
+                 aggregates=(Agg.count(), Agg.sum("qty")))
+PART = "2024-01-01-00:00"
+
+
+def _delta_spark(spark, path: str, version: int) -> pd.DataFrame:
+    return spark.read.format("delta").option("versionAsOf", version).load(spark_path(path))
+
+
+def _arrow(df) -> pa.Table:
+    """A DataFrame's rows in Arrow with TIMESTAMP columns as UTC instants (`toArrow` gives them without
+    a zone, which `createDataFrame` would take for TIMESTAMP_NTZ); the session runs in UTC."""
+    table = df.toArrow()
+    for i, field in enumerate(df.schema.fields):
+        if isinstance(field.dataType, TimestampType):
+            table = table.set_column(i, field.name, table.column(i).cast(pa.timestamp("us", "UTC")))
+    return table
+
+
+def _laminar(spark, name: str, path: str, version: int):
+    info = table_info(name, path, version)
+    return read_source(spark, snapshot_files(info, None, keep_null_files=True), info)
+
+
+def _rows(df) -> list[tuple]:
+    """Rows as comparable tuples (NaN as a string: NaN != NaN), in id order."""
+    def plain(v):
+        return "NaN" if isinstance(v, float) and v != v else v
+    return sorted((tuple(plain(v) for v in row) for row in df.collect()), key=lambda r: r[0])
+
+
+def _version(path: str) -> int:
+    return max(int(f.split(".")[0]) for f in os.listdir(os.path.join(path, "_delta_log")) if f.endswith(".json"))
+
+
+def test_partition_values_of_every_type_read_as_delta_spark_reads_them(spark, lake):
+    """Laminar's snapshot reading equals delta-spark's `versionAsOf` at each version, and a flow keyed by
+    every partition column equals a recompute after its first run (snapshot files) and after an
+    incremental run (the commit's files, with the log's partition strings)."""
+    path = lake.path("typed")
+    table = f"delta.`{spark_path(path)}`"
+    spark.sql(f"CREATE TABLE {table} ({COLUMNS}) USING delta PARTITIONED BY ({', '.join(PARTITIONS)})")
+    spark.sql(f"INSERT INTO {table} VALUES {', '.join(FIRST)}")
+    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None))
+    for step, rows in (("first run", None), ("incremental run", LATER)):
+        if rows:
+            spark.sql(f"INSERT INTO {table} VALUES {', '.join(rows)}")
+        version = _version(path)
+        theirs = _delta_spark(spark, path, version)
+        assert _rows(_laminar(spark, "typed", path, version).select(*theirs.columns)) == _rows(theirs), step
+        result = engine.run(KEYED, PART)
+        assert result.mode is (Mode.REFILL if step == "first run" else Mode.INCREMENTAL), (step, result.mode)
+        expected = full_recompute(spark, KEYED, _arrow(theirs))
+        expected["ts"] = expected["ts"].dt.tz_localize("UTC")  # toPandas drops the zone of a TIMESTAMP key
+        assert_frames_match(lake.read(KEYED.sink), expected, KEYED.keys)
+
+
+COLLATED = FlowSpec(name="by_sym", source="collated", event_time="et", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.count(),))
+PLAIN = FlowSpec(name="by_note", source="collated", event_time="et", window=Tumbling("10m"), keys=("note",),
+                 aggregates=(Agg.count(),))
+
+
+@pytest.mark.parametrize("collation,name", [("UTF8_LCASE", "spark.UTF8_LCASE"), ("UNICODE", "icu.UNICODE")])
+def test_collated_string_columns_are_refused_before_anything_is_written(spark, lake, collation, name):
+    """delta-spark groups and filters a collated column by its collation (UTF8_LCASE: 'A' and 'a' are one
+    key; UNICODE: ICU order); Laminar's reads, state and sinks compare bytes, so a flow that uses such a
+    column is refused, naming table, column, version and collation, and writes nothing. A flow that does
+    not use it reads the table as delta-spark does and equals a recompute, first run and incremental run."""
+    path = lake.path("collated")
+    table = f"delta.`{spark_path(path)}`"
+    spark.conf.set("spark.databricks.delta.schema.typeCheck.enabled", "false")  # OSS delta-spark refuses otherwise
+    try:
+        spark.sql(f"CREATE TABLE {table} (et TIMESTAMP, sym STRING COLLATE {collation}, note STRING) USING delta")
+    finally:
+        spark.conf.unset("spark.databricks.delta.schema.typeCheck.enabled")
+    spark.sql(f"INSERT INTO {table} VALUES (TIMESTAMP'2024-01-01 00:01:00', 'A', 'x'), "
+              "(TIMESTAMP'2024-01-01 00:02:00', 'a', 'y'), (TIMESTAMP'2024-01-01 00:03:00', 'B', 'x')")
+    theirs = _delta_spark(spark, path, 1)
+    if collation == "UTF8_LCASE":  # what a plain-string read gets wrong: delta-spark sees 'A' and 'a' as one key
+        assert theirs.groupBy("sym").count().count() == 2 and theirs.where("sym = 'a'").count() == 2
+    else:  # and here an order: 'a' < 'B' in ICU's, not in bytes'
+        assert theirs.where("sym < 'B'").count() == 2
+    with pytest.raises(UnsupportedTableFeatureError) as caught:
+        Engine(spark, lake.root).run(COLLATED, PART)
+    message = str(caught.value)
+    assert "'collated'" in message and "'sym'" in message and "version 1" in message and name in message, message
+    written = [d for d, _, _ in os.walk(lake.root) if d.endswith("_delta_log") and not d.startswith(path)]
+    assert written == [], f"a refused flow must write no table: {written} ({sorted(os.listdir(lake.root))})"
+
+    if collation != "UTF8_LCASE":
+        return  # one collation is enough for what follows
+    engine = Engine(spark, lake.root)
+    for step in ("first run", "incremental run"):
+        if step == "incremental run":
+            spark.sql(f"INSERT INTO {table} VALUES (TIMESTAMP'2024-01-01 00:04:00', 'b', 'y')")
+        version = _version(path)
+        theirs = _delta_spark(spark, path, version)
+        ours = _laminar(spark, "collated", path, version)
+        assert _rows(ours.select("et", "note")) == _rows(theirs.select("et", "note")), step
+        result = engine.run(PLAIN, PART)
+        assert result.mode is (Mode.REFILL if step == "first run" else Mode.INCREMENTAL), (step, result.mode)
+        assert_frames_match(lake.read(PLAIN.sink), full_recompute(spark, PLAIN, _arrow(theirs)), PLAIN.keys)
