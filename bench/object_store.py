@@ -50,24 +50,33 @@ def _total(counts: dict[str, int]) -> int:
 
 
 def s3_variant(spark, profile: Profile, work: str) -> dict:
-    """Run the S3 variant (see the module docstring) once per latency of `profile.s3_latencies_ms`, on one
-    local S3 server, each round in a bucket of its own; returns its section of the report: the first
-    latency's round at the top level, every latency's seconds and request totals in `by_latency`, and
-    whether every request count was the same at every latency (`requests_same_at_every_latency`)."""
+    """Run the S3 variant (see the module docstring) once per latency of `profile.s3_latencies_ms` (in that
+    order; a latency may repeat, to see the noise), on one local S3 server, each round in a bucket of its
+    own, after an untimed warm-up round at `profile.warmup_rows` (the first timed round would otherwise pay
+    the JVM's warm-up on S3 alone); returns its section of the report: the first round at the top level,
+    every round's seconds and requests in `by_latency`, and whether every request count was the same in
+    every round (`requests_same_at_every_latency`)."""
     latencies = tuple(profile.s3_latencies_ms) or (0,)
     os.makedirs(work, exist_ok=True)
-    rounds: dict[float, dict] = {}
+    rounds: dict[str, dict] = {}
     before = storage.options()
     with LocalS3(log=os.path.join(work, "moto.log")) as server:
         storage.configure(server.options)
         try:
+            if profile.warmup_rows:
+                print(f"  S3 variant: warm-up round at {profile.warmup_rows:,} rows (untimed)", flush=True)
+                small = profile.with_(s3_rows=profile.warmup_rows, delta_rows=max(profile.warmup_rows // 10, 100))
+                _round(spark, small, server, os.path.join(work, "warm-up"), 0, "warm-up")
             for ms in latencies:
-                print(f"  S3 variant: {profile.s3_rows:,} rows, timed at {ms:g} ms per request", flush=True)
-                rounds[ms] = _round(spark, profile, server, os.path.join(work, latency_label(ms)), ms)
+                label = latency_label(ms)
+                label = label if label not in rounds else f"{label}-{sum(k.split('-')[0] == label for k in rounds) + 1}"
+                print(f"  S3 variant: {profile.s3_rows:,} rows, timed at {ms:g} ms per request ({label})", flush=True)
+                rounds[label] = _round(spark, profile, server, os.path.join(work, label), ms, label)
         finally:
             storage.configure(before)
-    out = dict(rounds[latencies[0]])
-    out["by_latency"] = {latency_label(ms): _summary(r, rounds[latencies[0]]) for ms, r in rounds.items()}
+    first = next(iter(rounds.values()))
+    out = dict(first)
+    out["by_latency"] = {label: _summary(r, first) for label, r in rounds.items()}
     out["requests_same_at_every_latency"] = _same_requests(rounds)
     out["results_equal"] = all(r["results_equal"] for r in rounds.values())
     return out
@@ -77,7 +86,7 @@ def latency_label(ms: float) -> str:
     return f"{ms:g}ms"
 
 
-def _round(spark, profile: Profile, server: LocalS3, work: str, latency_ms: float) -> dict:
+def _round(spark, profile: Profile, server: LocalS3, work: str, latency_ms: float, label: str) -> dict:
     """One round in a new bucket: the base, Laminar's bootstrap, the stream over the base and Δ are written
     at no latency (untimed); Laminar's runs, their NOOP runs, the full recompute and the streaming
     micro-batch at `latency_ms`; the equality checks at none again."""
@@ -87,7 +96,7 @@ def _round(spark, profile: Profile, server: LocalS3, work: str, latency_ms: floa
     shutil.rmtree(work, ignore_errors=True)  # the stream's checkpoints of an earlier run would skip Δ's files
     os.makedirs(work)
     server.set_latency(0)
-    bucket = server.create_bucket(f"laminar-bench-{latency_label(latency_ms).replace('.', '-')}")
+    bucket = server.create_bucket("laminar-bench-" + "".join(c if c.isalnum() else "-" for c in label.lower()))
     lake = Lake(f"{bucket}/source")
     base = write_base(lake, rows, profile.base_hours, hours_per_commit=profile.hours_per_commit,
                       correction_hours=profile.correction_hours, seed=profile.seed)
@@ -174,6 +183,8 @@ def _summary(r: dict, first: dict) -> dict:
            "seconds_per_flow": {name: f["seconds"] for name, f in flows.items()},
            "noop_seconds_per_flow": {name: f["noop"]["seconds"] for name, f in flows.items() if f.get("noop")},
            "requests_laminar": requests,
+           "requests_per_flow": {name: {"kinds": f["requests"], "by_phase": f["requests_by_phase"],
+                                        "by_object": f["requests_by_object"]} for name, f in flows.items()},
            "requests_noop": sum(f["noop"]["requests_total"] for f in flows.values() if f.get("noop")),
            "requests_full_recompute": _total(r["full_recompute_requests"]),
            "requests_streaming": _total(r["streaming_requests"]),
@@ -192,11 +203,11 @@ def _summary(r: dict, first: dict) -> dict:
     return out
 
 
-def _same_requests(rounds: dict[float, dict]) -> dict:
-    """Whether every latency's round made the same requests as the first one (Laminar's per flow, kind and
-    phase, their NOOP runs', the full recompute's and the streaming micro-batch's by kind), and where not."""
-    first_ms, *rest = rounds
-    first = rounds[first_ms]
+def _same_requests(rounds: dict[str, dict]) -> dict:
+    """Whether every round made the same requests as the first one (Laminar's per flow, kind and phase, their
+    NOOP runs', the full recompute's and the streaming micro-batch's by kind), and where not."""
+    first_label, *rest = rounds
+    first = rounds[first_label]
 
     def shapes(r: dict) -> dict[str, object]:
         flows = r["laminar_batched_per_flow"]
@@ -207,12 +218,12 @@ def _same_requests(rounds: dict[float, dict]) -> dict:
     want = shapes(first)
     out: dict = {k: True for k in want}
     differences = []
-    for ms in rest:
-        got = shapes(rounds[ms])
+    for label in rest:
+        got = shapes(rounds[label])
         for k in want:
             if got[k] != want[k]:
                 out[k] = False
-                differences.append(f"{k} at {ms:g} ms: {got[k]} (at {first_ms:g} ms: {want[k]})")
+                differences.append(f"{k} at {label}: {got[k]} (at {first_label}: {want[k]})")
     out["differences"] = differences
     return out
 

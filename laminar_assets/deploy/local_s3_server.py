@@ -26,6 +26,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from urllib.parse import parse_qs
 
@@ -84,6 +85,21 @@ def _control(environ, start_response, latency: Latency):
     return [body]
 
 
+def _serialize_recorder() -> None:
+    """One request recorded at a time. moto's recorder appends each request (body included) to its file with
+    two writes and no lock; the server's threads interleaved them (seen as a JSON line holding two requests
+    when the benchmark's full recompute uploaded files in parallel), so the counts could not be read."""
+    from moto.moto_api import recorder
+
+    record, lock = recorder._record_request, threading.Lock()
+
+    def locked(*args, **kwargs):
+        with lock:
+            return record(*args, **kwargs)
+
+    recorder._record_request = locked
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -99,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from werkzeug.serving import run_simple
 
     os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto/server.py: moto builds some URLs from it
+    _serialize_recorder()
 
     def stop(*_):
         sys.exit(0)

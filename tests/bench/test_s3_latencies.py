@@ -40,20 +40,20 @@ def test_the_share_of_the_latency_waited_is_100_percent_when_requests_wait_one_a
 def test_requests_that_differ_between_latencies_are_reported_by_what_made_them():
     zero = _round(0, (1.0, 1.0), 5.0, 2.0)
     slow = _round(20, (1.6, 1.6), 6.0, 2.5)
-    assert _same_requests({0: zero, 20: slow}) == {"laminar": True, "laminar_noop": True, "full_recompute": True,
+    assert _same_requests({"0ms": zero, "20ms": slow}) == {"laminar": True, "laminar_noop": True, "full_recompute": True,
                                                    "streaming": True, "differences": []}
     retried = copy.deepcopy(slow)
     retried["laminar_batched_per_flow"]["bench_ohlc_5m"]["requests_by_phase"] = {"pass": 26, "lease": 4}
     retried["streaming_requests"] = {"GET": 51}
-    same = _same_requests({0: zero, 20: retried})
+    same = _same_requests({"0ms": zero, "20ms": retried})
     assert not same["laminar"] and not same["streaming"] and same["full_recompute"] and same["laminar_noop"]
-    assert len(same["differences"]) == 2 and same["differences"][0].startswith("laminar at 20 ms")
+    assert len(same["differences"]) == 2 and same["differences"][0].startswith("laminar at 20ms")
 
 
 def test_the_report_shows_each_latency_and_says_whether_the_requests_were_the_same():
     zero, slow = _round(0, (1.0, 1.0), 5.0, 2.0), _round(20, (1.6, 1.6), 6.0, 2.5)
     section = {**zero, "by_latency": {"0ms": _summary(zero, zero), "20ms": _summary(slow, zero)},
-               "requests_same_at_every_latency": _same_requests({0: zero, 20: slow})}
+               "requests_same_at_every_latency": _same_requests({"0ms": zero, "20ms": slow})}
     text = "\n".join(render._s3_section(section))
     assert "| 0ms | 2.00 | 0.20 | 5.00 | 2.00 |" in text
     assert "| 20ms | 3.20 | 0.32 | 6.00 | 2.50 |" in text

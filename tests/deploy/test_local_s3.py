@@ -71,3 +71,18 @@ def test_a_latency_below_zero_or_not_a_number_is_refused_before_anything_starts(
     with pytest.raises(LaminarError, match="latency"):
         server.set_latency(latency)
     assert server.process is None
+
+
+def test_requests_served_at_once_are_each_recorded_whole():
+    """moto's recorder appended a request in two unlocked writes; parallel uploads interleaved them into lines
+    that hold two requests, and the counts could not be read. The server records one request at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = os.urandom(512 * 1024)  # recorded base64-encoded: large writes, so interleaving would show
+    with LocalS3() as server:
+        server.create_bucket("parallel")
+        client = server.options.client()
+        server.start_counting()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: client.put_object(Bucket="parallel", Key=f"k{i}", Body=body), range(16)))
+        assert server.counts() == {"PUT": 16}
