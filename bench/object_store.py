@@ -20,8 +20,10 @@ full profile), each in a bucket of its own, at the profile's `s3_rows`:
 A local in-memory server answers in a millisecond or less; a real store takes 10-100 ms a request
 (S3 in its region about 20 ms to the first byte). The seconds at 0 ms are the code's own; the seconds
 at 20 ms are what a run would wait on S3 (`by_latency`, with the share of the latency each variant's
-requests added: 100% when each request waits alone, less when they overlap). Every round makes the
-same requests whatever the latency (checked: `requests_same_at_every_latency`).
+requests added: 100% when each request waits alone, less when they overlap). Every round should make
+the same requests whatever the latency (checked: `requests_same_at_every_latency`); Laminar's own
+requests do, Spark's reads of Parquet files through s3a vary by a few GETs from run to run, at any
+latency (a latency repeated, `0,20,0`, shows it).
 """
 
 from __future__ import annotations
