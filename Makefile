@@ -53,8 +53,10 @@ ui: class-archive $(DAGSTER_HOME)/dagster.yaml
 # its fixtures are built once (a long test sharded by tests/conftest.py `shards` goes out shard by shard).
 # TEST_WORKERS=0 runs in one process. Files go out in collection order, which tests/conftest.py starts
 # with the slowest ones. The end of the output lists the slowest files with their wall and CPU seconds
-# against a budget (tests/timing.py, docs/testing.md).
-TEST_WORKERS ?= 2
+# against a budget (tests/timing.py, docs/testing.md). Three processes on two cores: many tests wait on
+# servers and child processes (a cluster's JVMs, `dagster dev`, run workers), and the third process
+# fills those waits (docs/testing.md: the test phase 1965 s with two, 1447 s with three).
+TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: class-archive chromium redis test-jars
 	$(PYTEST) --durations=15

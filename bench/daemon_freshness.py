@@ -192,15 +192,11 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
     from laminar_assets import storage
     from laminar_assets.deploy.local_s3 import LocalS3
 
-    before = storage.options()
-    with LocalS3(log=os.path.join(work, "moto.log"), latency_ms=s3_latency_ms) as server:
-        storage.configure(server.options)  # this process's writes and polls go to the bucket too
-        try:
-            root = f"{server.create_bucket('laminar-daemon-bench')}/lake"
-            result = _measure(commits, work, root, server.options.as_env(), local_spark=local_spark, rows=rows,
-                              seed=seed, cold_launch=cold_launch)
-        finally:
-            storage.configure(before)
+    with LocalS3(log=os.path.join(work, "moto.log"), latency_ms=s3_latency_ms) as server, \
+            storage.mounted("s3://", server.options):  # this process's writes and polls go to the bucket too
+        root = f"{server.create_bucket('laminar-daemon-bench')}/lake"
+        result = _measure(commits, work, root, server.options.as_env(), local_spark=local_spark, rows=rows,
+                          seed=seed, cold_launch=cold_launch)
     return {**result, "store": f"local S3 server (moto, 127.0.0.1), {s3_latency_ms:g} ms per request",
             "s3_latency_ms": s3_latency_ms}
 

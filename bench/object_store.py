@@ -61,9 +61,8 @@ def s3_variant(spark, profile: Profile, work: str) -> dict:
     latencies = tuple(profile.s3_latencies_ms) or (0,)
     os.makedirs(work, exist_ok=True)
     rounds: dict[str, dict] = {}
-    before = storage.options()
     with LocalS3(log=os.path.join(work, "moto.log")) as server:
-        storage.configure(server.options)
+        storage.mount("s3://", server.options)  # every bucket of this server (the bench's lakes)
         try:
             if profile.warmup_rows:
                 print(f"  S3 variant: warm-up round at {profile.warmup_rows:,} rows (untimed)", flush=True)
@@ -75,7 +74,7 @@ def s3_variant(spark, profile: Profile, work: str) -> dict:
                 print(f"  S3 variant: {profile.s3_rows:,} rows, timed at {ms:g} ms per request ({label})", flush=True)
                 rounds[label] = _round(spark, profile, server, os.path.join(work, label), ms, label)
         finally:
-            storage.configure(before)
+            storage.unmount("s3://")
     first = next(iter(rounds.values()))
     out = dict(first)
     out["by_latency"] = {label: _summary(r, first) for label, r in rounds.items()}

@@ -18,8 +18,8 @@ from laminar_assets.resources import LaminarResource, SparkResource
 TRADE_COLUMNS = ["ts", "sym", "px", "qty"]
 
 # The test files that take longest (seconds in CI, see "slowest files" at the end of a run), longest
-# first. `make test` hands whole files to two processes in collection order, so these go first: a
-# ten-minute file started last would leave one process idle while the other finishes it.
+# first. `make test` hands whole files to its processes in collection order, so these go first: a
+# ten-minute file started last would leave the other processes idle while one finishes it.
 SLOWEST_FILES = (
     "tests/engine/test_stateful.py",
     "tests/deploy/test_daemon_e2e.py",
@@ -102,6 +102,9 @@ def pytest_configure(config):
     from tests import timing
 
     config.pluginmanager.register(timing, "laminar-timing")  # per-file wall and CPU seconds (tests/timing.py)
+    # The processes tests start (the CLI, `dg`, Dagster's run workers) build their Spark from
+    # LAMINAR_SPARK_* (SparkOptions.from_env): C1 only for their JVMs too, as for the session below
+    os.environ.setdefault("LAMINAR_SPARK_JIT", "quick")
 
 
 @pytest.fixture(scope="session")
@@ -210,13 +213,9 @@ def connect_server(tmp_path_factory):
     options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
                                    spark=SparkOptions(driver_memory="1g", shuffle_partitions=2,
                                                       jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")))
-    before = storage.options()
-    storage.configure(ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
-                                         path_style=True))
-    try:
+    with storage.mounted("s3://", ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
+                                                     path_style=True)):
         server = start_connect_server(options)
-    finally:
-        storage.configure(before)
     with server:
         yield server
     assert not listening(options.port), "the Connect server still listens after stop()"
@@ -225,6 +224,16 @@ def connect_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def s3_server():
     """One local S3 server (moto) for the test process: started when a test first needs it."""
+    from tests.object_store import start_moto
+
+    server = start_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def second_s3_server():
+    """A second local S3 server (moto) for a test that needs two stores: another endpoint, its own buckets."""
     from tests.object_store import start_moto
 
     server = start_moto()

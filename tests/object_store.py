@@ -94,10 +94,7 @@ def start_s3proxy(timeout: float = 60.0) -> S3Server:
 
 @contextmanager
 def using(server: S3Server):
-    """This process reaches `server` while the block runs (and what it reached before, after)."""
-    before = storage.options()
-    storage.configure(server.options)
-    try:
+    """This process reaches `server` for every s3:// URI no engine mounted a store for, while the block
+    runs (a scheme-wide mount; what was mounted there before, after)."""
+    with storage.mounted("s3://", server.options):
         yield server
-    finally:
-        storage.configure(before)

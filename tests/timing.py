@@ -2,7 +2,7 @@
 JVM and every process a test starts), printed at the end of a run and written as JSON for `.ci/run`.
 
 Wall time tells what a developer waits for; CPU time tells what a file costs the machine whatever else
-runs beside it (on 2 cores shared by two test processes, a file's wall time moves with its neighbour,
+runs beside it (on 2 cores shared by three test processes, a file's wall time moves with its neighbour,
 its CPU time hardly). A file past its budget (`FILE_BUDGET_SECONDS` of wall time, docs/testing.md) is
 marked in the summary, so growth is visible in the run that caused it; nothing fails on time.
 """

@@ -129,7 +129,7 @@ def start_connect_server(options: ConnectServerOptions | None = None) -> Connect
             "port with `--spark-port`", port=options.port)
     os.makedirs(os.path.dirname(os.path.abspath(options.log_path)), exist_ok=True)
     # the object store's credentials reach the server's s3a through its environment (never argv)
-    env = {**os.environ, **storage.options().as_env(), "SPARK_HOME": spark_home(), "SPARK_NO_DAEMONIZE": "1"}
+    env = {**os.environ, **storage.env(), "SPARK_HOME": spark_home(), "SPARK_NO_DAEMONIZE": "1"}
     with open(options.log_path, "ab") as log:
         process = subprocess.Popen(server_command(options), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StorageError, StrictRefreshError
-from laminar_assets.storage import ObjectStoreOptions
+from laminar_assets.storage import ObjectStoreOptions, Store
 
 from .delta import integrity
 from .delta.layout import Layout
@@ -73,19 +73,26 @@ class Engine:
     paths); Laminar keeps its state tables and watermarks under `<root>/_laminar/`."""
 
     def __init__(self, spark: SparkSession, root: str, *, hook: Callable[[str], None] | None = None,
-                 options: EngineOptions | None = None, store: ObjectStoreOptions | None = None,
+                 options: EngineOptions | None = None, store: ObjectStoreOptions | Store | None = None,
                  connections: Mapping[str, Connection] | None = None) -> None:
-        """`root`: a local folder or an object-store URI (s3://bucket/prefix). `store`: how this process
-        reaches the object store (default: the AWS environment); an unreachable store, refused
-        credentials or a missing bucket fail here, in one line, before anything is read or written.
+        """`root`: a local folder or an object-store URI (s3://bucket/prefix). `store`: how this engine
+        reaches its root's object store (options, or a `Store`), mounted at the root for this process's
+        file I/O and set as the Spark session's settings for the root's bucket; default: a store mounted
+        there before, else the AWS environment. Two engines with different roots and stores live side by
+        side. An unreachable store, refused credentials or a missing bucket fail here, in one line,
+        before anything is read or written (and the store is not mounted).
         `connections`: the exports' targets by name (else LAMINAR_CONNECTION_<NAME>_URL, see `deliver`)."""
         options = options or EngineOptions()
-        if store is not None:
-            storage.configure(store)
         root = storage.resolve_root(root)
-        if storage.is_object_store(root):
+        if store is not None:
+            storage.mount(root, store, check=True)
+        else:
             storage.check_reachable(root)
-            use_object_store(spark)
+        self.storage: Store = storage.store_for(root)
+        self._buckets: set[str] = set()  # buckets whose Spark settings this engine set (its root's, its sources')
+        if self.storage.object_store:
+            use_object_store(spark, root)
+            self._buckets.add(root.split("/", 3)[2])
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
         self.connections = dict(connections or {})
@@ -119,6 +126,16 @@ class Engine:
         return plan, flow_job.state_query(self.ctx, spec, [plan], inputs)
 
     # --- running ------------------------------------------------------------
+    def _reach_sources(self, spec: Spec) -> None:
+        """Spark's settings for the bucket of each source outside the root (its store: `storage.store_for`),
+        once per bucket: the root's bucket got them when the engine was made."""
+        for uri in (self.ctx.layout.table_uri(s) for s in spec.sources):
+            if storage.is_object_store(uri):
+                bucket = storage.normalized(uri).split("/", 3)[2]
+                if bucket not in self._buckets:
+                    use_object_store(self.spark, uri)
+                    self._buckets.add(bucket)
+
     def run(self, spec: Spec, partition: str, *, force: bool = False) -> RunResult:
         """Bring one partition up to date; returns what was done and measured."""
         return self.run_many(spec, [partition], force=force)[0]
@@ -134,6 +151,7 @@ class Engine:
         if found is not None and found.plans is not None:  # nothing moved: no lease, no table opened
             return self._unchanged(spec, keys, found, run_id)
         self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
+        self._reach_sources(spec)
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
         # every staging of the run is tracked: what no commit took is removed when the run ends

@@ -40,17 +40,24 @@ class LaminarResource(dg.ConfigurableResource):
     connections: dict[str, str] = {}
 
     def resolved_root(self) -> str:
-        return storage.resolve_root(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
+        """The root, with this resource's store mounted at it (`storage.mount`): every file under it (read by
+        an engine, a sensor, a check or an export) is reached with these options in this process, whatever
+        other roots use."""
+        root = storage.resolve_root(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
+        storage.mount(root, self.store())
+        return root
 
     def store(self) -> ObjectStoreOptions:
+        """How this resource reaches its root's object store (unset fields: the AWS environment)."""
         return ObjectStoreOptions(endpoint=self.s3_endpoint, region=self.s3_region, access_key_id=self.s3_access_key_id,
                                   secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style)
 
     def engine(self, **options) -> Engine:
-        """An engine on this run's Spark session (the store is set before the session starts). `options`:
-        `EngineOptions` the project's settings decide (e.g. `future_horizon`)."""
-        storage.configure(self.store())
-        return Engine(self.spark.get_session(), self.resolved_root(), connections=self.resolved_connections(),
+        """An engine on this run's Spark session (the root's store is mounted before the session starts, so
+        a session started now knows its bucket). `options`: `EngineOptions` the project's settings decide
+        (e.g. `future_horizon`)."""
+        root = self.resolved_root()
+        return Engine(self.spark.get_session(), root, connections=self.resolved_connections(),
                       options=EngineOptions(lease_seconds=self.lease_seconds, **options))
 
     def resolved_connections(self) -> dict[str, Connection]:
@@ -61,10 +68,8 @@ class LaminarResource(dg.ConfigurableResource):
 
     def exporter(self) -> Exporter:
         """Deliveries of exports under this root, without Spark (an export's asset starts no session)."""
-        storage.configure(self.store())
         return Exporter(self.resolved_root(), connections=self.resolved_connections())
 
     def checkpoints(self) -> CheckpointStore:
         """Watermarks, readable without Spark (sensors and checks use this)."""
-        storage.configure(self.store())
         return CheckpointStore(self.resolved_root(), lease_seconds=self.lease_seconds)

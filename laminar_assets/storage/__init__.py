@@ -1,19 +1,21 @@
 """Where the lake lives: a local folder or an object store (S3 and S3-compatible stores).
 
-A plain library below both the engine and the checkpoint store: it imports neither. `files` is
-Laminar's own file I/O by URI, with the conditional writes an object store offers instead of an
-atomic rename; `options` says how to reach a store.
+A plain library below both the engine and the checkpoint store: it imports neither. `store` is the
+protocol a scheme's store offers (conditional writes instead of an atomic rename, listings, and the
+settings deltalake, pyarrow and Spark get); `local` and `s3` are the stores; `registry` says which
+store serves a URI (its scheme's, and the one mounted for its root); `files` is Laminar's file I/O by
+URI on top; `options` says how to reach an S3 store.
 """
 
 from .files import (
     check_reachable,
-    configure,
     copy,
     create,
     create_tagged,
     delete,
     delete_tree,
     delta_options,
+    env,
     exists,
     filesystem,
     is_object_store,
@@ -23,7 +25,6 @@ from .files import (
     list_tagged,
     local_path,
     normalized,
-    options,
     read,
     read_tagged,
     remove_empty_dirs,
@@ -31,14 +32,20 @@ from .files import (
     replace_tagged,
     resolve_root,
     some_files,
+    spark_conf,
     spark_uri,
     write,
 )
+from .local import LocalStore
 from .options import ObjectStoreOptions
+from .registry import SCHEMES, mount, mounted, object_store_classes, store_for, unmount
+from .s3 import S3Store
+from .store import Store
 
 __all__ = [
-    "ObjectStoreOptions", "check_reachable", "configure", "copy", "create", "create_tagged", "delete", "delete_tree",
-    "delta_options", "exists", "filesystem", "is_object_store", "join", "list_dirs", "list_files", "list_tagged",
-    "local_path", "normalized", "options", "read", "read_tagged", "remove_empty_dirs", "replace_if", "replace_tagged",
-    "resolve_root", "some_files", "spark_uri", "write",
+    "SCHEMES", "LocalStore", "ObjectStoreOptions", "S3Store", "Store", "check_reachable", "copy", "create",
+    "create_tagged", "delete", "delete_tree", "delta_options", "env", "exists", "filesystem", "is_object_store",
+    "join", "list_dirs", "list_files", "list_tagged", "local_path", "mount", "mounted", "normalized",
+    "object_store_classes", "read", "read_tagged", "remove_empty_dirs", "replace_if", "replace_tagged",
+    "resolve_root", "some_files", "spark_conf", "spark_uri", "store_for", "unmount", "write",
 ]

@@ -8,18 +8,24 @@ import os
 import pytest
 
 from laminar_assets.deploy import class_archive_writer
+from laminar_assets.engine.spark import archive_path
 from laminar_assets.errors import EnvironmentProblem
 
 
 @pytest.mark.spark
-def test_archive_is_written_and_a_new_jvm_maps_it(tmp_path):
-    path = str(tmp_path / "share" / "spark-classes.jsa")
-    assert class_archive_writer.create(path) == path
-    # create() started a JVM with -Xshare:on on it before moving it in place (that JVM refuses to
-    # start on an archive it cannot map); a second check here, on the installed file
+def test_the_installed_archive_maps_in_a_new_jvm():
+    """`make test` runs `make class-archive` first, which writes this install's archive through `create`:
+    a JVM running Laminar's work dumps it as it exits, and a second JVM must map it before it is moved in
+    place. Writing a second archive here cost the suite about 100 s for the same path, so this checks the
+    one the install wrote, and writes it only where it is missing (pytest run without make). A broken
+    `create` still fails here: the install then leaves no archive (it only warns) and `main` fails."""
+    path = archive_path()
+    if not os.path.isfile(path):
+        assert class_archive_writer.main([]) == 0, "the class archive could not be written (see stderr)"
     class_archive_writer._python(["--check", path], 300, "mapping the installed archive")
     assert os.path.getsize(path) > 50 * 2**20
-    assert [p.name for p in (tmp_path / "share").iterdir()] == ["spark-classes.jsa"]  # no partial left
+    folder = os.path.dirname(path)
+    assert not [n for n in os.listdir(folder) if n.endswith(".partial")], f"a partial archive left in {folder}"
 
 
 def test_an_unwritable_place_gives_a_message_and_leaves_nothing(tmp_path):

@@ -68,8 +68,7 @@ def deployment(tmp_path, monkeypatch, s3_server, postgres):
     logs.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("LAMINAR_SPARK_REMOTE", "LAMINAR_DAGSTER_YAML")}
     env.update(s3_server.options.as_env())
-    before = storage.options()
-    storage.configure(s3_server.options)  # this process reads the lake too
+    storage.mount(root, s3_server.options)  # this process reads the lake too
     monkeypatch.setenv("DAGSTER_PG_URL", postgres)  # this process reads the instance too
     env["DAGSTER_PG_URL"] = postgres
     shutil.copy(REPO / "dagster.postgres.yaml", home / "dagster.yaml")
@@ -86,7 +85,7 @@ def deployment(tmp_path, monkeypatch, s3_server, postgres):
         assert (logs / "dagster.log").exists() and (logs / "spark-connect.log").exists()  # on this machine, also for s3
         yield root, home, f"http://127.0.0.1:{ui}"
     finally:
-        storage.configure(before)
+        storage.unmount(root)
         ignored_sigint = False
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # what Ctrl-C does: serve stops dagster, then Spark

@@ -287,11 +287,14 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         if not hasattr(self, "engine"):
             return
         for spec in self.specs:
+            sink = None  # read once per spec, when a partition is to be compared
             for key in PARTITIONS:
                 mark = self.engine.store.load(spec.name, key)
                 if mark is None or not mark.committed or mark.pending is not None:
                     continue  # nothing materialized, or a killed run's intent the next run settles
-                actual, expected = self._partition(spec, key, mark.source_versions)
+                if sink is None:
+                    sink = open_delta(storage.join(self.root, spec.sink)).to_pandas()
+                actual, expected = self._partition(spec, key, mark.source_versions, sink)
                 try:
                     if isinstance(spec, StageSpec):
                         pd.testing.assert_frame_equal(actual, expected, check_dtype=False)
@@ -409,11 +412,12 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         sinks = [s.sink for s in self.specs]
         return {f for t in laminar_tables(self.root, sinks) for f in orphan_files(t)}
 
-    def _partition(self, spec, key: str, versions: dict[str, int]) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The sink's rows of one partition, and a pandas recompute of them from the inputs at `versions`."""
+    def _partition(self, spec, key: str, versions: dict[str, int],
+                   sink: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The rows of one partition in `sink` (the spec's sink, read by the caller), and a pandas
+        recompute of them from the inputs at `versions`."""
         start = pd.Timestamp(key[:10] + " " + key[11:], tz="UTC")
         end = start + pd.Timedelta(hours=1)
-        sink = open_delta(storage.join(self.root, spec.sink)).to_pandas()
         if isinstance(spec, StageSpec):
             ts = pd.to_datetime(sink["ts"], utc=True)
             actual = sink[(ts >= start) & (ts < end)]

@@ -118,7 +118,7 @@ MORE = [("2024-01-01 00:05:00", "b", 3.0, 2), ("2024-01-01 01:25:00", "a", 4.0, 
 
 def _kill_at(lake, step: str, how: str, server) -> None:
     # the killed process reaches the lake's store through the AWS environment (as a deployed run does)
-    store = storage.options().as_env() if storage.is_object_store(lake.root) else {}
+    store = storage.env(lake.root)
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, lake.root, step, how, server.url],
                           cwd=os.getcwd(), capture_output=True, text=True, timeout=300,
                           env={**os.environ, **store, "PYTHONPATH": os.getcwd()})

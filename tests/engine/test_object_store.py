@@ -169,22 +169,68 @@ def test_two_processes_racing_on_one_partition_commit_once(spark, s3proxy_server
 
 
 def test_a_store_that_cannot_be_used_fails_before_anything_is_written(spark, s3_server, s3proxy_server):
-    before = storage.options()
-    try:
-        storage.configure(ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s"))
-        started = time.monotonic()
-        with pytest.raises(StorageError, match=r"s3://lake/root: cannot connect to http://127\.0\.0\.1:1"):
-            Engine(spark, "s3://lake/root")
-        assert time.monotonic() - started < 20
-        with using(s3_server):
-            with pytest.raises(StorageError, match="bucket 'missing' does not exist"):
-                Engine(spark, "s3://missing/lake")
-        bucket = s3proxy_server.bucket()
-        storage.configure(ObjectStoreOptions(endpoint=s3proxy_server.endpoint, access_key_id="nobody",
-                                             secret_access_key="nope"))
-        with pytest.raises(StorageError, match="refused the credentials"):
-            Engine(spark, bucket)
-        with using(s3proxy_server):
-            assert storage.list_files(bucket) == []  # nothing was written
-    finally:
-        storage.configure(before)
+    unreachable = ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s")
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"s3://lake/root: cannot connect to http://127\.0\.0\.1:1"):
+        Engine(spark, "s3://lake/root", store=unreachable)
+    assert time.monotonic() - started < 20
+    with using(s3_server):
+        with pytest.raises(StorageError, match="bucket 'missing' does not exist"):
+            Engine(spark, "s3://missing/lake")
+    bucket = s3proxy_server.bucket()
+    with pytest.raises(StorageError, match="refused the credentials"):
+        Engine(spark, bucket, store=ObjectStoreOptions(endpoint=s3proxy_server.endpoint, access_key_id="nobody",
+                                                       secret_access_key="nope"))
+    with using(s3proxy_server):
+        assert storage.list_files(bucket) == []  # nothing was written, and the refused store was not mounted
+
+
+def test_two_engines_on_two_stores_share_one_process_and_one_spark_session(spark, s3_server, second_s3_server):
+    """Each engine mounts its store at its root and sets Spark's per-bucket settings of its root's bucket:
+    with both built before either runs, each run reads, stages and commits on its own server (one process
+    store, or one set of s3a settings, would send one of them to the other's endpoint, which has no such
+    bucket). Object stores Laminar has no `Store` for are refused by name, before anything is done."""
+    lakes = {"one": Lake(s3_server.bucket()), "two": Lake(second_s3_server.bucket())}
+    engines = {"one": Engine(spark, lakes["one"].root, store=s3_server.options),
+               "two": Engine(spark, lakes["two"].root, store=second_s3_server.options)}
+    assert engines["one"].storage is not engines["two"].storage
+    lakes["one"].create("trades", BASE)
+    lakes["two"].create("trades", [("2024-01-01 00:07:00", "z", 9.0, 9)])
+    for name in ("one", "two"):
+        assert [r.reason for r in engines[name].run_many(FLOW, [H0, H1])] == [Reason.NO_WATERMARK] * 2
+    more = {"two": [("2024-01-01 00:08:00", "z", 1.0, 1), ("2024-01-01 01:08:00", "z", 1.5, 1)],
+            "one": [("2024-01-01 00:09:00", "a", 2.0, 2), ("2024-01-01 01:09:00", "b", 2.5, 2)]}
+    for name, rows in more.items():
+        lakes[name].append("trades", rows)
+        assert [r.reason for r in engines[name].run_many(FLOW, [H0, H1])] == [Reason.APPEND_ONLY] * 2
+    for name in ("one", "two"):
+        _matches_recompute(spark, lakes[name], FLOW)
+        assert_lake_intact(lakes[name].root)
+    for server, mine, theirs in ((s3_server, "one", "two"), (second_s3_server, "two", "one")):
+        buckets = [b["Name"] for b in server.options.client().list_buckets()["Buckets"]]
+        assert lakes[mine].root.split("/")[2] in buckets and lakes[theirs].root.split("/")[2] not in buckets
+    for uri in ("gs://bucket/lake", "abfss://lake@account.dfs.core.windows.net/root"):
+        with pytest.raises(StorageError, match=f"{uri.split(':')[0]}:// is not supported yet") as info:
+            Engine(spark, uri)
+        assert uri in str(info.value)
+
+
+def test_a_source_in_another_bucket_is_reached_with_the_engines_store(spark, s3_server, monkeypatch):
+    """A source named by absolute URI in another bucket of the store the engine was given (options, not
+    the environment, which points nowhere here): deltalake and the file I/O reach it through the one
+    store mounted for s3://, and Spark through the per-bucket settings the run sets for the source's
+    bucket (before, only the root's bucket had them and Spark's read went to AWS)."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    root, elsewhere = s3_server.bucket(), s3_server.bucket("sources")
+    engine = Engine(spark, root, store=s3_server.options)
+    source = Lake(elsewhere)
+    source.create("trades", BASE)
+    flow = FlowSpec(name="per_sym_elsewhere", source=f"{elsewhere}/trades", event_time="ts", window=Tumbling("10m"),
+                    keys=("sym",), aggregates=(Agg.count(), Agg.sum("px")))
+    assert [r.reason for r in engine.run_many(flow, [H0, H1])] == [Reason.NO_WATERMARK] * 2
+    source.append("trades", [("2024-01-01 00:02:00", "a", 4.0, 4)])
+    assert engine.run(flow, H0).reason is Reason.APPEND_ONLY
+    expected = full_recompute(spark, flow, source.table("trades").to_pyarrow_table())
+    expected = expected[expected["window_start"] < "2024-01-01 02:00"]
+    assert_frames_match(Lake(root).read(flow.sink), expected, flow.keys)

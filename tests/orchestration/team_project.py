@@ -81,6 +81,9 @@ def make_project(folder: Path, lake: str, start: datetime) -> dict[str, str]:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "LAMINAR_"))}
+    # the team's runs start Spark JVMs of their own; C1 only, as every test JVM (tests/conftest.py), through
+    # the setting a team would use (SparkAttributes.jit falls back to LAMINAR_SPARK_JIT)
+    env["LAMINAR_SPARK_JIT"] = os.environ.get("LAMINAR_SPARK_JIT", "quick")
     return {**env, "PYTHONPATH": str(folder / "src"), "DAGSTER_HOME": str(home)}
 
 

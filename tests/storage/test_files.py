@@ -68,30 +68,26 @@ def _failing_within(seconds: float, fn, match: str):
 
 
 def test_an_unreachable_endpoint_is_one_line_within_seconds():
-    before = storage.options()
-    storage.configure(ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s"))
-    try:
+    unreachable = ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="k", secret_access_key="s")
+    with storage.mounted("s3://bucket/lake", unreachable):
         message = _failing_within(15, lambda: storage.check_reachable("s3://bucket/lake"), "cannot connect")
         assert "s3://bucket/lake" in message and "http://127.0.0.1:1" in message and "AWS_ENDPOINT_URL" in message
-    finally:
-        storage.configure(before)
 
 
-def test_an_unreachable_endpoint_from_the_environment_is_named(monkeypatch):
-    """With the endpoint in AWS_ENDPOINT_URL (no options configured), the message said 'AWS S3 (default region)':
-    the store the clients were not asked to reach."""
-    before = storage.options()
+def test_an_unreachable_endpoint_from_the_environment_is_named(monkeypatch, s3_server):
+    """With the endpoint in AWS_ENDPOINT_URL (no store mounted), the message said 'AWS S3 (default region)':
+    the store the clients were not asked to reach. The environment is read when a request is made (not at
+    import, nor once per process): the default store's client follows it."""
     for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    storage.configure(None)
-    try:
-        message = _failing_within(15, lambda: storage.check_reachable("s3://bucket/lake"), "cannot connect")
-        assert "cannot connect to http://127.0.0.1:1:" in message and "AWS S3" not in message
-    finally:
-        storage.configure(before)
+    message = _failing_within(15, lambda: storage.check_reachable("s3://bucket/lake"), "cannot connect")
+    assert "cannot connect to http://127.0.0.1:1:" in message and "AWS S3" not in message
+    bucket = s3_server.bucket()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)  # a client kept from before would still fail
+    storage.check_reachable(bucket)
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     assert ObjectStoreOptions(region="eu-west-1").describe() == "AWS S3 (region eu-west-1)"
 
@@ -106,13 +102,9 @@ def test_wrong_credentials_say_what_to_fix(s3proxy_server):
     """s3proxy checks signatures (moto accepts any key)."""
     bucket = s3proxy_server.bucket()
     wrong = ObjectStoreOptions(endpoint=s3proxy_server.endpoint, access_key_id="nobody", secret_access_key="wrong-secret")
-    before = storage.options()
-    storage.configure(wrong)
-    try:
+    with storage.mounted(bucket, wrong):
         message = _failing_within(15, lambda: storage.check_reachable(bucket), "refused the credentials")
         assert "AWS_ACCESS_KEY_ID" in message and "wrong-secret" not in message  # the secret is never shown
-    finally:
-        storage.configure(before)
 
 
 def test_object_stores_laminar_does_not_support_yet_are_refused_by_name():

@@ -106,10 +106,11 @@ def session_conf(options: SparkOptions) -> dict[str, str]:
 
 def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
     """Settings fixed when the JVM starts (the local driver, or the Connect server Laminar launches).
-    With the s3a jars installed (`jars`), the object store of this process (`laminar_assets.storage`)
-    is reachable as s3a://; with delta-spark's jars installed (and `delta_connector`), Spark knows Delta
-    tables; `secrets=False` leaves its credentials out (a server started as a process
-    of its own gets them in its environment, not on its command line)."""
+    With a connector's jars installed (`jars`: s3a's), the object stores this process knows now are
+    reachable through it (`storage.spark_conf`: the environment's or a scheme-wide mount's settings, and
+    each mounted root's per-bucket ones); with delta-spark's jars installed (and `delta_connector`), Spark
+    knows Delta tables; `secrets=False` leaves the credentials out (a server started as a process of its
+    own gets them in its environment, not on its command line)."""
     log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
     java_options = f"-Dlog4j2.configurationFile=file:{log4j}"
     if options.class_sharing and (archive := class_archive.use_options()):
@@ -124,14 +125,17 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
         # Local files are written by Spark and committed by deltalake: no checksum side files.
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     }
-    s3a = jars.installed("s3")
+    # each object store's connector (s3a: the "s3" group), where its jars are installed
+    connectors = {cls.schemes[0]: jars.installed(cls.jars) for cls in storage.object_store_classes() if cls.jars}
+    stores = tuple(scheme for scheme, found in connectors.items() if found)
+    connector_jars = [jar for found in connectors.values() for jar in found]
     delta = jars.installed("delta") if options.delta_connector else []
-    if s3a or delta:  # the driver ships them to a cluster's executors too
-        conf["spark.jars"] = ",".join([*s3a, *delta])
+    if connector_jars or delta:  # the driver ships them to a cluster's executors too
+        conf["spark.jars"] = ",".join([*connector_jars, *delta])
     if delta:
         conf.update(DELTA_CONF)
-    if s3a:
-        store = storage.options().spark_conf()
+    if stores:
+        store = storage.spark_conf(schemes=stores)
         conf.update({k: v for k, v in store.items() if secrets or not _secret(k)})
         # Spark's commit of a staging folder renames each task's files once (v2), not twice: on an
         # object store a rename is a copy. The folder is the call's own; the Delta commit publishes it.
@@ -156,13 +160,14 @@ def delta_available(spark) -> bool:
     return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
 
 
-def use_object_store(spark) -> None:
-    """Point the session's s3a at this process's object store (`laminar_assets.storage`) for the
-    files Spark reads and writes from now on: set when a run's root is in a bucket, so a session
-    started before the store was known (a long-lived one) still reaches it. Credentials are left to
-    the JVM's environment or its start-up settings when the session is a Spark Connect client."""
+def use_object_store(spark, root: str) -> None:
+    """Point the session's connector at the store of `root` (`laminar_assets.storage`) for the files Spark
+    reads and writes from now on, with the per-bucket settings of `root`'s bucket (`fs.s3a.bucket.<b>.*`):
+    set when a run's root is in a bucket, so a session started before the store was known (a long-lived
+    one) still reaches it, and roots in buckets on different stores share one session. Credentials are left
+    to the JVM's environment or its start-up settings when the session is a Spark Connect client."""
     remote = not hasattr(spark, "sparkContext") or type(spark).__module__.startswith("pyspark.sql.connect")
-    for key, value in storage.options().spark_conf().items():
+    for key, value in storage.spark_conf(root).items():
         if not (remote and _secret(key)):
             spark.conf.set(key.removeprefix("spark.hadoop."), value)
 
