@@ -28,6 +28,7 @@ class Profile:
     warmup_rows: int = 50_000         # an untimed round of every variant first, so the JVM is warm (0: none)
     sdp: str = "largest"              # sizes with the Spark Declarative Pipelines peer: off | largest | all
     s3_rows: int = 0                  # the S3 variant's base size (a local S3 server); 0: not run
+    s3_latencies_ms: tuple[float, ...] = (0,)  # the S3 variant runs once per latency (ms slept per request)
     driver_memory: str = "8g"
     shuffle_partitions: int = 4       # the engine's default (SparkOptions)
     seed: int = 20240102
@@ -44,6 +45,7 @@ FULL = Profile(
     name="full",
     sizes=(1_000_000, 3_000_000, 10_000_000),
     s3_rows=1_000_000,
+    s3_latencies_ms=(0, 20),          # in-memory (~1 ms), and S3's first-byte latency in its region
     base_hours=96,                    # 4 days of hourly partitions
     delta_rows=100_000,               # 1% of the largest B
 )
@@ -52,6 +54,7 @@ SMOKE = Profile(
     name="smoke",
     sizes=(20_000, 40_000),
     s3_rows=20_000,
+    s3_latencies_ms=(0,),             # a second latency repeats the whole S3 round: not in the smoke
     base_hours=2,
     delta_rows=2_000,
     append_minutes=20,                # stays inside the last base hour: fewer runs, a faster smoke
@@ -72,3 +75,16 @@ SMOKE = Profile(
 )
 
 PROFILES = {"full": FULL, "smoke": SMOKE}
+
+
+def parse_latencies(text: str) -> tuple[float, ...]:
+    """`--s3-latency-ms 0,20`: milliseconds, each >= 0, at least one."""
+    import argparse
+
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or any(not v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0 separated by commas (e.g. 0,20), not {text!r}")
+    return values

@@ -1,7 +1,8 @@
 """Freshness through the real deployment: `laminar serve` (Spark Connect + dagster dev with the daemon),
 sensors at their default interval, commits to `raw_trades` of the project's own pipeline.
 
-    python -m bench.daemon_freshness [--commits 10] [--local-spark] [--out bench/results/daemon_freshness.json]
+    python -m bench.daemon_freshness [--commits 10] [--local-spark] [--s3-latency-ms 20]
+                                     [--out bench/results/daemon_freshness.json]
 
 For each commit: wall time from the commit (write_deltalake returned) until every partition of every
 asset it touches has a watermark at the new versions (all sinks updated; the run's contract and
@@ -15,6 +16,13 @@ Each launched run's time splits into launch overhead (queued -> run worker start
 imports, loading the definitions), Spark session (connecting to the Connect server, or starting a JVM
 with --local-spark) and engine time (the assets' own seconds), from the Dagster instance's records.
 Commits arrive 0.5-1.5 sensor intervals after the previous run has finished.
+
+With --s3-latency-ms MS the lake lives in a bucket of a local S3 server (moto on 127.0.0.1,
+laminar_assets.deploy.local_s3) that sleeps MS before every request (20: S3's first-byte latency in
+its region): `laminar serve`, its runs and this process reach it through LAMINAR_ROOT and the AWS
+variables, as `python -m laminar_assets.deploy.local_s3 -- laminar serve` points them. This process
+polls the lake through the same server, so each poll pays the latency too (`mean_poll_s`: how long
+one poll took, the resolution of the samples).
 """
 
 from __future__ import annotations
@@ -72,8 +80,12 @@ class _Delivered:
     EXPORT = "vwap_1m_pg"
 
     def __init__(self, work: str, root: str) -> None:
-        self.pgdata = os.path.join(work, "embedded", "lake", "postgres")
-        self.sink = os.path.join(root, "vwap_1m")
+        from laminar_assets import storage
+        from laminar_assets.deploy.embedded_targets import embedded_folder
+
+        # where `laminar serve --log-dir <work>/logs` keeps its embedded targets, for a local lake or a bucket
+        self.pgdata = os.path.join(embedded_folder(root, machine_folder=work), "postgres")
+        self.sink = storage.join(root, "vwap_1m")
         self._conn = None
 
     def url(self) -> str:
@@ -93,21 +105,24 @@ class _Delivered:
                                  (self.EXPORT,)).fetchone()
         return int(row[0]) if row else -1
 
-    def sink_version(self) -> int:
+    def _table(self, version: int | None = None):
         from deltalake import DeltaTable
 
-        return DeltaTable(self.sink).version()
+        from laminar_assets import storage
+
+        return DeltaTable(self.sink, version=version, storage_options=storage.delta_options(self.sink))
+
+    def sink_version(self) -> int:
+        return self._table().version()
 
     def check(self) -> dict:
         """The Postgres table against `vwap_1m` at the delivered version: every row, in key order."""
-        from deltalake import DeltaTable
-
         from laminar_assets.engine.delta.arrow_reads import read_arrow
 
         version = self.version()
-        names = [f.name for f in DeltaTable(self.sink, version=version).schema().fields]
-        want = sorted(tuple(r[n] for n in names) for r in
-                      read_arrow(self.sink, DeltaTable(self.sink, version=version)).to_pylist())
+        table = self._table(version)
+        names = [f.name for f in table.schema().fields]
+        want = sorted(tuple(r[n] for n in names) for r in read_arrow(self.sink, table).to_pylist())
         got = sorted(self._conn.execute(f"SELECT {', '.join(names)} FROM vwap_1m").fetchall())
         return {"delivered_version": version, "rows_delta": len(want), "rows_postgres": len(got), "equal": want == got}
 
@@ -166,7 +181,28 @@ def _run_breakdown(instance, run_ids: list[str], assets: list[str]) -> list[dict
     return out
 
 
-def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launch: bool = False) -> dict:
+def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launch: bool = False,
+            s3_latency_ms: float | None = None) -> dict:
+    """See the module docstring; `s3_latency_ms` None: the lake on local disk, else in a bucket of a local S3
+    server at that latency."""
+    work = tempfile.mkdtemp(prefix="laminar-daemon-bench-")
+    if s3_latency_ms is None:
+        return _measure(commits, work, os.path.join(work, "lake"), {}, local_spark=local_spark, rows=rows, seed=seed,
+                        cold_launch=cold_launch)
+    from laminar_assets import storage
+    from laminar_assets.deploy.local_s3 import LocalS3
+
+    with LocalS3(log=os.path.join(work, "moto.log"), latency_ms=s3_latency_ms) as server, \
+            storage.mounted("s3://", server.options):  # this process's writes and polls go to the bucket too
+        root = f"{server.create_bucket('laminar-daemon-bench')}/lake"
+        result = _measure(commits, work, root, server.options.as_env(), local_spark=local_spark, rows=rows,
+                          seed=seed, cold_launch=cold_launch)
+    return {**result, "store": f"local S3 server (moto, 127.0.0.1), {s3_latency_ms:g} ms per request",
+            "s3_latency_ms": s3_latency_ms}
+
+
+def _measure(commits: int, work: str, root: str, store_env: dict[str, str], *, local_spark: bool, rows: int, seed: int,
+             cold_launch: bool) -> dict:
     import dagster as dg
 
     from laminar_assets.definitions import specs_with_contracts
@@ -180,8 +216,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
     from laminar_assets.orchestration.internals.instance import SENSOR_LOOP_SECONDS
 
     loop = max(float(SENSOR_LOOP_SECONDS), interval)  # the Laminar instance's sensor daemon loop
-    work = tempfile.mkdtemp(prefix="laminar-daemon-bench-")
-    root, home = os.path.join(work, "lake"), os.path.join(work, "dagster_home")
+    home = os.path.join(work, "dagster_home")
     os.makedirs(home)
     with open(os.path.join(REPO, "dagster.yaml")) as fh:
         instance_yaml = fh.read()
@@ -191,15 +226,16 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
     with open(os.path.join(home, "dagster.yaml"), "w") as fh:
         fh.write(instance_yaml)
     env = {k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}
-    env.update(DAGSTER_HOME=home, LAMINAR_ROOT=root)
+    env.update(store_env, DAGSTER_HOME=home, LAMINAR_ROOT=root)
     ui = _free_port()
     cmd = [sys.executable, "-m", "laminar_assets.cli", "--root", root, "serve", "--ui-port", str(ui),
-           "--spark-port", str(_free_port()), *(["--local-spark"] if local_spark else [])]
+           "--spark-port", str(_free_port()), "--log-dir", os.path.join(work, "logs"),
+           *(["--local-spark"] if local_spark else [])]
     log = open(os.path.join(work, "serve.log"), "wb")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     rng = np.random.default_rng(seed)
     samples, with_checks, runs_per_commit, errors = [], [], [], []
-    pg_samples, pg_check = [], None
+    pg_samples, pg_check, polls = [], None, []
     delivered = _Delivered(work, root)
     try:
         from laminar_assets.deploy.connect_server import port_in_use
@@ -234,10 +270,14 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
             first_delivery: list[tuple[float, int]] = []  # (seconds, version): the first delivery of a newer vwap_1m
 
             def fresh() -> bool:
-                if not first_delivery and delivered.version() > sink_before:  # noqa: B023  (waited for at once)
-                    first_delivery.append((time.monotonic() - at, delivered.version()))  # noqa: B023
-                return bool(set(instance.get_run_ids()) - before  # noqa: B023
-                            and _caught_up(component, root, instance, runs_done=False))
+                t = time.monotonic()
+                try:
+                    if not first_delivery and delivered.version() > sink_before:  # noqa: B023  (waited for at once)
+                        first_delivery.append((time.monotonic() - at, delivered.version()))  # noqa: B023
+                    return bool(set(instance.get_run_ids()) - before  # noqa: B023
+                                and _caught_up(component, root, instance, runs_done=False))
+                finally:
+                    polls.append(time.monotonic() - t)  # how long one poll takes: the samples' resolution
 
             # fresh: a run picked the commit up and every sink it touches is updated (checks may still run)
             if not _wait(fresh, 600):
@@ -276,7 +316,8 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
         vals = [b[key] for b in breakdown]
         return round(float(np.mean(vals)), 2) if vals else None
 
-    return {"spark": "one JVM per run (--local-spark)" if local_spark else "Spark Connect server (laminar serve)",
+    return {"store": "local disk",
+            "spark": "one JVM per run (--local-spark)" if local_spark else "Spark Connect server (laminar serve)",
             "sensor_interval_s": interval, "commits": commits, "commit_rows": max(rows // 20, 20),
             "warm_up_s": round(warm_up_s, 1) if warm_up_s is not None else None,
             "bootstrap_s": round(bootstrap_s, 1), "samples_s": [round(s, 2) for s in samples],
@@ -285,6 +326,7 @@ def measure(commits: int, *, local_spark: bool, rows: int, seed: int, cold_launc
             "postgres_p50_s": round(float(np.percentile(pg_samples, 50)), 2) if pg_samples else None,
             "postgres_p95_s": round(float(np.percentile(pg_samples, 95)), 2) if pg_samples else None,
             "postgres_check": pg_check,
+            "mean_poll_s": round(float(np.mean(polls)), 3) if polls else None,
             "until_checks_done_p50_s": round(float(np.percentile(with_checks, 50)), 2) if with_checks else None,
             "runs_per_commit": [len(r) for r in runs_per_commit],
             "mean_queue_wait_s": mean("queue_wait_s"), "mean_launch_overhead_s": mean("launch_overhead_s"),
@@ -302,13 +344,20 @@ def main() -> None:
     parser.add_argument("--local-spark", action="store_true")
     parser.add_argument("--cold-launch", action="store_true",
                         help="no warm run workers (warm_workers: 0): every run starts a new process")
+    parser.add_argument("--s3-latency-ms", type=float, metavar="MS",
+                        help="the lake in a bucket of a local S3 server sleeping MS before each request (e.g. 20)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "daemon_freshness.json"))
     args = parser.parse_args()
+    if args.s3_latency_ms is not None and not args.s3_latency_ms >= 0:
+        parser.error(f"--s3-latency-ms must be 0 or more, not {args.s3_latency_ms}")
     result = measure(args.commits, local_spark=args.local_spark, rows=args.rows, seed=args.seed,
-                     cold_launch=args.cold_launch)
+                     cold_launch=args.cold_launch, s3_latency_ms=args.s3_latency_ms)
     existing = json.load(open(args.out)) if os.path.exists(args.out) else {}
-    existing[("local_spark" if args.local_spark else "connect") + ("_cold_launch" if args.cold_launch else "")] = result
+    key = ("local_spark" if args.local_spark else "connect") + ("_cold_launch" if args.cold_launch else "")
+    if args.s3_latency_ms is not None:
+        key += f"_s3_{args.s3_latency_ms:g}ms"
+    existing[key] = result
     with open(args.out, "w") as fh:
         json.dump(existing, fh, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))

@@ -62,8 +62,36 @@ def _s3_section(s3: dict | None) -> list[str]:
             lines.append(f"  - run again with nothing new: {f['noop']['requests_total']} requests "
                          f"({kinds(f['noop']['requests'])}); {', '.join(f['noop']['modes'])}")
     lines += ["", f"Most of Laminar's requests: {s3.get('dominant_request')}. Results equal to the full recompute: "
-                  f"{fmt(s3.get('results_equal'))}. A local in-memory server answers in about a millisecond, a real "
-                  "store in 10-100 ms: the request counts, not these seconds, say what a run costs on S3."]
+                  f"{fmt(s3.get('results_equal'))}."]
+    lines += _s3_latencies(s3)
+    return lines
+
+
+def _s3_latencies(s3: dict) -> list[str]:
+    """The S3 variant's seconds at each latency of the server (bench/object_store.py `by_latency`)."""
+    by = s3.get("by_latency") or {}
+    if not any(b.get("latency_ms") for b in by.values()):
+        return ["", f"The server answered at {fmt(s3.get('latency_ms', 0))} ms latency (about a millisecond in "
+                    "memory; a real store takes 10-100 ms): the request counts, not these seconds, say what a run "
+                    "costs on S3."]
+    same = s3.get("requests_same_at_every_latency") or {}
+    lines = ["", "Seconds with the server sleeping a latency before each request (S3 in its region: about 20 ms "
+                 "to the first byte); the same requests at every latency: "
+                 + ", ".join(f"{k} {fmt(v)}" for k, v in same.items() if k != "differences") + ".", "",
+             "| latency | Laminar incremental, batched | its NOOP runs | full recompute | Structured Streaming "
+             "| Laminar / full | Laminar / streaming |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, b in by.items():
+        noop = sum((b.get("noop_seconds_per_flow") or {}).values()) if b.get("noop_seconds_per_flow") else None
+        lines.append(f"| {label} | {fmt(b.get('t_incremental_batched_s'))} | {fmt(noop)} | "
+                     f"{fmt(b.get('t_full_recompute_s'))} | {fmt(b.get('t_structured_streaming_s'))} | "
+                     f"{fmt(b.get('ratio_inc_batched_vs_full'), 3)} | {fmt(b.get('ratio_inc_batched_vs_streaming'), 3)} |")
+    for label, b in by.items():
+        if b.get("added_latency_share_pct"):
+            lines.append(f"\nAt {label}, seconds added per request, as a share of the latency (100 %: every request "
+                         "waited alone, one after another): " + ", ".join(
+                             f"{k} {fmt(v, 1)} % ({b['added_s'][k]:+.2f} s)" for k, v in b["added_latency_share_pct"].items()))
+    for d in same.get("differences") or []:
+        lines.append(f"- requests differed: {d}")
     return lines
 
 

@@ -10,8 +10,9 @@ in order (its recorder). `RequestLog` reads that recording and tells each reques
 - **phase**: the step of the run it happened in. `phases(log)` wraps the engine's steps (lease,
   settle, gather, plan, sweep, intent, pass, watermark, outcome, clean-up) for the block's duration and
   marks each boundary in the recording with a request of its own to a bucket that does not exist
-  (`/laminar-phase/<phase>`, about a millisecond; left out of the counts); the product's code is not
-  changed and pays nothing.
+  (`/laminar-phase/<phase>`, about a millisecond; left out of the counts, and spared the server's
+  latency when it has one: header `X-Laminar-No-Latency`); the product's code is not changed and pays
+  nothing.
 - **client**: which library sent it (Laminar's own boto3 calls, deltalake, pyarrow, Spark's s3a).
 
 Used by the benchmark's S3 variant (bench/object_store.py) and the request-budget tests
@@ -29,6 +30,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from unittest import mock
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from laminar_assets.deploy.local_s3 import NO_LATENCY_HEADER
 
 MARKER = "laminar-phase"  # the bucket of phase markers (never created)
 
@@ -109,8 +112,8 @@ class RequestLog:
     def mark(self, phase: str) -> None:
         """Requests recorded from now on belong to `phase` (a marker request in the recording)."""
         try:
-            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{MARKER}/{quote(phase)}", method="HEAD"),
-                                   timeout=30).read()
+            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{MARKER}/{quote(phase)}", method="HEAD",
+                                                          headers={NO_LATENCY_HEADER: "1"}), timeout=30).read()
         except urllib.error.HTTPError:
             pass  # the bucket does not exist: the server answers 404, and has recorded the request
 

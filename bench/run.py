@@ -32,7 +32,7 @@ import time
 import traceback
 
 from . import environment, render, report, sdp_peer
-from .config import PROFILES, Profile
+from .config import PROFILES, Profile, parse_latencies
 from .equality import all_equal as _all_equal
 from .equality import equal_sinks as _equal
 from .freshness import measure_freshness
@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freshness-commits", type=int)
     parser.add_argument("--skip-freshness", action="store_true")
     parser.add_argument("--skip-s3", action="store_true", help="skip the S3 variant (a local S3 server)")
+    parser.add_argument("--s3-latency-ms", type=parse_latencies, metavar="MS[,MS...]",
+                        help="the S3 variant's round once per latency slept before each request (default: the "
+                             "profile's; full 0,20, smoke 0)")
     parser.add_argument("--driver-memory")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to this long for the 1-minute load average to drop below --quiet-load")
@@ -186,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes=tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None,
         delta_rows=args.delta_rows, base_hours=args.base_hours, late_share=args.late_share,
         late_partitions=args.late_partitions, freshness_commits=args.freshness_commits, rounds=args.rounds,
-        driver_memory=args.driver_memory, sdp=args.sdp, correction_every=args.correction_every)
+        driver_memory=args.driver_memory, sdp=args.sdp, correction_every=args.correction_every,
+        s3_latencies_ms=args.s3_latency_ms)
     work = os.path.abspath(args.work or os.path.join(REPO, ".bench", f"work-{profile.name}"))
     out_dir = os.path.abspath(args.out or (os.path.join(REPO, "bench", "results") if profile.name == "full"
                                            else os.path.join(REPO, ".bench", "results-smoke")))
@@ -241,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             "measured after the warm-up and after the sizes (averaged); jobs x floor is a lower bound of the fixed "
             "per-job latency inside a phase")
         if profile.s3_rows and not args.skip_s3:
-            print(f"bench: the S3 variant at {profile.s3_rows:,} rows (a local S3 server)", flush=True)
+            print(f"bench: the S3 variant at {profile.s3_rows:,} rows (a local S3 server), latency "
+                  + ", ".join(f"{ms:g}" for ms in profile.s3_latencies_ms) + " ms", flush=True)
             try:
                 with sampler.during("s3"):
                     result["s3"] = s3_variant(spark, profile, os.path.join(work, "s3"))

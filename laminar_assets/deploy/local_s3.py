@@ -1,6 +1,6 @@
 """Run a command against a local S3 server: the demo, or the deployment, with the lake in a bucket.
 
-Usage: python -m laminar_assets.deploy.local_s3 [--bucket NAME] [--seconds N] -- COMMAND [ARGS...]
+Usage: python -m laminar_assets.deploy.local_s3 [--bucket NAME] [--seconds N] [--latency-ms MS] -- COMMAND [ARGS...]
 
 Starts moto's S3 server (moto[server], installed with the project's dev extras) on 127.0.0.1,
 creates the bucket, and runs COMMAND with the lake at s3://NAME/lake: LAMINAR_ROOT and the AWS
@@ -8,12 +8,17 @@ variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGIO
 there, as they would point it at a real bucket. The server stops when the command ends, when this
 process gets SIGINT or SIGTERM, or after --seconds (default: no limit); its data lives in memory
 and goes with it. `make demo-s3` and `make ui-s3` use this.
+
+--latency-ms adds that much to every S3 request (default 0): an in-memory server answers in about a
+millisecond, S3 in the same region in about 20 to the first byte (local_s3_server.py does the waiting).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -25,8 +30,12 @@ import time
 import urllib.request
 from urllib.parse import urlsplit
 
-from laminar_assets.errors import EnvironmentProblem
+from laminar_assets.errors import EnvironmentProblem, LaminarError
 from laminar_assets.storage import ObjectStoreOptions
+
+from .local_s3_server import LATENCY_PATH, NO_LATENCY_HEADER
+
+__all__ = ["KEY", "LATENCY_PATH", "NO_LATENCY_HEADER", "SECRET", "LocalS3", "main"]
 
 KEY, SECRET = "laminar-local", "laminar-local-secret"
 
@@ -45,11 +54,15 @@ def _listening(port: int) -> bool:
 
 class LocalS3:
     """moto's S3 server on 127.0.0.1 (started by `start`, stopped by `stop`, also as a context manager),
-    with a count of the requests it serves by kind (its request recorder)."""
+    with a count of the requests it serves by kind (its request recorder) and an optional latency slept
+    before each S3 request (`latency_ms`, changed while it runs by `set_latency`; 0: none). The process
+    is local_s3_server.py: moto's own WSGI application behind the latency."""
 
-    def __init__(self, port: int | None = None, *, log: str | None = None) -> None:
+    def __init__(self, port: int | None = None, *, log: str | None = None, latency_ms: float = 0.0) -> None:
+        _check_latency(latency_ms)
         self.port = port or _free_port()
         self.log = log
+        self.latency_ms = float(latency_ms)
         self.process: subprocess.Popen | None = None
         self._recording_dir: str | None = None
 
@@ -63,24 +76,47 @@ class LocalS3:
                                   secret_access_key=SECRET, path_style=True)
 
     def start(self, timeout: float = 30.0) -> LocalS3:
-        moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
-        if not os.path.exists(moto):
-            raise EnvironmentProblem("moto_server is not installed: `make install` installs it (the project's dev "
-                                     "extras), or `pip install 'moto[server]'`")
+        missing = [m for m in ("moto", "flask", "werkzeug") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise EnvironmentProblem(f"moto's S3 server is not installed (no {', '.join(missing)}): `make install` "
+                                     "installs it (the project's dev extras), or `pip install 'moto[server]'`")
         # the recorder stays off until `start_counting`; its file lives in a temporary folder, not the cwd
         self._recording_dir = tempfile.mkdtemp(prefix="laminar-s3-recording-")
         self._recording = os.path.join(self._recording_dir, "requests.jsonl")
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115  (lives with the server)
-        self.process = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(self.port)], stdout=out,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        env={**os.environ, "MOTO_RECORDER_FILEPATH": self._recording})
+        server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_s3_server.py")
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115  (closed once passed on)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, server, "--host", "127.0.0.1", "--port", str(self.port),
+                 "--latency-ms", repr(self.latency_ms)], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "MOTO_RECORDER_FILEPATH": self._recording})
+        finally:
+            if self.log:
+                out.close()  # the server writes to its own copy
         deadline = time.monotonic() + timeout
         while not _listening(self.port):
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            code = self.process.poll()
+            if code is not None or time.monotonic() > deadline:
                 self.stop()
-                raise EnvironmentProblem(f"moto_server did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s")
+                why = f"it exited with code {code}" if code is not None else f"not within {timeout:.0f} s"
+                see = f"; its output is in {self.log}" if self.log else " (pass log=FILE to LocalS3 to keep its output)"
+                raise EnvironmentProblem(f"the local S3 server (moto) did not listen on 127.0.0.1:{self.port}: "
+                                         f"{why}{see}")
             time.sleep(0.2)
         return self
+
+    def set_latency(self, ms: float) -> None:
+        """From now on, sleep `ms` milliseconds before each S3 request (0: none); the server confirms it."""
+        _check_latency(ms)
+        raw = urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}{LATENCY_PATH}?ms={float(ms)!r}",
+                                                            method="POST"), timeout=30).read()
+        self.latency_ms = float(raw.decode().strip())
+
+    def server_latency_ms(self) -> float:
+        """The latency the running server applies, as it answers it."""
+        raw = urllib.request.urlopen(f"{self.endpoint}{LATENCY_PATH}", timeout=30).read()
+        return float(raw.decode().strip())
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -130,16 +166,27 @@ class LocalS3:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}{path}", method="POST"), timeout=30).read()
 
 
+def _check_latency(ms: float) -> None:
+    if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms >= 0):
+        raise LaminarError(f"the local S3 server's latency must be a number of milliseconds >= 0, not {ms!r}",
+                           latency_ms=ms)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bucket", default="laminar-demo")
     parser.add_argument("--seconds", type=float, default=0.0, help="stop everything after this long (0: no limit)")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="slept before each S3 request, as a real store's latency (default 0; S3 in-region ~20)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
-    server = LocalS3()
+    try:
+        server = LocalS3(latency_ms=args.latency_ms)
+    except LaminarError as exc:
+        parser.error(exc.message)
     child: subprocess.Popen | None = None
 
     def stop(*_):
@@ -154,7 +201,8 @@ def main(argv: list[str]) -> int:
             return 1
         root = f"{server.create_bucket(args.bucket)}/lake"
         env = {**os.environ, **server.options.as_env(), "LAMINAR_ROOT": root}
-        print(f"local S3 server at {server.endpoint}; lake at {root}", flush=True)
+        latency = f" ({server.latency_ms:g} ms per request)" if server.latency_ms else ""
+        print(f"local S3 server at {server.endpoint}{latency}; lake at {root}", flush=True)
         child = subprocess.Popen(command, env=env)
         try:
             return child.wait(timeout=args.seconds or None)
