@@ -17,7 +17,7 @@ from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, StageSpec, Tumbling
 from laminar_assets.errors import ConcurrentRunError, StorageError
-from laminar_assets.storage import ObjectStoreOptions
+from laminar_assets.storage import ObjectStoreOptions, registry
 from tests.conftest import Lake
 from tests.lake_invariants import assert_lake_intact, assert_no_orphans
 from tests.object_store import using
@@ -222,6 +222,9 @@ def test_a_source_in_another_bucket_is_reached_with_the_engines_store(spark, s3_
     bucket (before, only the root's bucket had them and Spark's read went to AWS)."""
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
+    # one lake in this process, as a deployment has: the stores earlier tests of this process mounted
+    # (other servers, other credentials) are out of the table while this one runs
+    monkeypatch.setattr(registry, "_mounts", {})
     root, elsewhere = s3_server.bucket(), s3_server.bucket("sources")
     engine = Engine(spark, root, store=s3_server.options)
     source = Lake(elsewhere)
