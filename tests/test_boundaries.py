@@ -100,3 +100,20 @@ def test_other_layers_use_the_engines_public_api():
 def test_the_pipeline_package_does_not_import_dagster():
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.py") if "dagster" in _imports(p)]
     assert not offenders, offenders
+
+
+def _private_dagster_imports(path: pathlib.Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    found = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+    found += [node.module for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module and node.level == 0]
+    return [name for name in found if name.startswith("dagster._") or name.startswith("dagster_pyspark._")]
+
+
+def test_dagsters_private_modules_are_imported_only_in_the_internals_room():
+    """A Dagster upgrade that moves a private name breaks `orchestration/internals/` only (docs/ARCHITECTURE.md)."""
+    room = ROOT / "orchestration" / "internals"
+    offenders = {str(p.relative_to(ROOT)): names for p in ROOT.rglob("*.py")
+                 if room not in p.parents and (names := _private_dagster_imports(p))}
+    assert not offenders, f"import these through laminar_assets/orchestration/internals/: {offenders}"
+    assert _private_dagster_imports(room / "private_names.py"), "the check itself must see a private import"

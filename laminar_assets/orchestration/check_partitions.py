@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluation,
+from dagster import AssetCheckEvaluation
+
+from laminar_assets.orchestration.internals.private_names import (
     AssetCheckEvaluationTargetMaterializationData,
+    AssetCheckExecutionRecordStatus,
 )
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 # partitions -> {partition: (passed, metadata)}
 Evaluate = Callable[[list[str]], dict[str, tuple[bool, dict]]]

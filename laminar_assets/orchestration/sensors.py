@@ -14,12 +14,11 @@ import json
 from datetime import datetime
 
 import dagster as dg
-from dagster._core.definitions.data_version import DATA_VERSION_TAG
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from laminar_assets.engine import ExportSpec, FlowSpec, LaminarError
 from laminar_assets.engine.report import inspect_partition, is_stale
 from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
+from laminar_assets.orchestration.internals.private_names import DATA_VERSION_TAG, AssetCheckExecutionRecordStatus
 from laminar_assets.orchestration.internals.run_processes import fail_dead_runs
 from laminar_assets.pipeline.graph import Component, Spec, components
 from laminar_assets.pipeline.settings import LaminarSettings

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import dagster as dg
-from dagster._core.definitions.metadata import TableMetadataSet
 
 from laminar_assets.engine import FlowSpec, LaminarError, Spec, partition_interval
 from laminar_assets.engine.delta import snapshot_files, table_info
+from laminar_assets.orchestration.internals.private_names import TableMetadataSet
 
 URI_KEY = "dagster/uri"
 
