@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -131,3 +132,31 @@ def test_each_client_is_held_to_the_call_budget():
     assert short.attempts(short.request_timeout_s) == 2 and short.attempts(S3A_FLOOR_S) == 1
     with pytest.raises(Exception, match="call_timeout_s must be a number of seconds > 0"):
         ObjectStoreOptions(call_timeout_s=0)
+
+
+def test_a_lease_a_frozen_store_kept_is_taken_over_by_this_process_next_run(bounded):
+    """A run that fails because the store stopped answering cannot release its lease either. The lease
+    names this very process, alive, so on main it blocked every later run of the partition here for
+    `lease_seconds` (6 hours); the process knows that run ended, so its next run takes the lease over.
+    A lease a live run of this process holds still excludes."""
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.errors import ConcurrentRunError
+
+    server, root, options = bounded
+    leases, lock = CheckpointStore(root), storage.join(root, "_laminar", "locks", "f", "p.lock")
+    with pytest.raises(RuntimeError, match="the run's own error"):
+        with leases.lease("f", "p", "run-1"):
+            held = storage.read(lock)
+            os.kill(server.process.pid, signal.SIGSTOP)
+            try:
+                raise RuntimeError("the run's own error")  # the release below meets the frozen store
+            finally:
+                threading.Timer(options.call_timeout_s + 1, os.kill, (server.process.pid, signal.SIGCONT)).start()
+    time.sleep(2 * options.call_timeout_s + 1.5)  # resumed, and the store's pause after the failure is over
+    # the frozen server still had the DELETE in its socket and ran it when resumed; a store cut off by the
+    # network never gets it: the lease stays as the failed run wrote it
+    storage.write(lock, held)
+    with leases.lease("f", "p", "run-2"):
+        with pytest.raises(ConcurrentRunError, match="run-2"):
+            with leases.lease("f", "p", "run-3"):
+                pass
