@@ -23,9 +23,11 @@ from laminar_assets.errors import StoreUnavailableError
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 # What each client says when a store does not answer (a timeout) ...
-_TIMEOUT = ("operation timed out", "timed out", "Timeout was reached", "curlCode: 28", "SocketTimeoutException",
-            "ApiCallTimeoutException", "ApiCallAttemptTimeoutException", "AWSApiCallTimeoutException",
-            "Read timeout", "ConnectTimeoutException", "Connect timeout")
+# (specific phrases only: Spark's own "Futures timed out" about a plan over s3a:// paths is no store's)
+_TIMEOUT = ("operation timed out", "Read timed out", "connect timed out", "Timeout was reached", "curlCode: 28",
+            "SocketTimeoutException", "ApiCallTimeoutException", "ApiCallAttemptTimeoutException",
+            "AWSApiCallTimeoutException", "Read timeout on endpoint", "ConnectTimeoutException",
+            "Connect timeout on endpoint")
 # ... and when nobody accepts the connection
 _REFUSED = ("Connection refused", "tcp connect error", "curlCode: 7", "Couldn't connect to server",
             "ConnectException", "NoHttpResponseException", "Could not connect to the endpoint URL",

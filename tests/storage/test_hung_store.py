@@ -160,3 +160,20 @@ def test_a_lease_a_frozen_store_kept_is_taken_over_by_this_process_next_run(boun
         with pytest.raises(ConcurrentRunError, match="run-2"):
             with leases.lease("f", "p", "run-3"):
                 pass
+
+
+def test_what_s3a_says_is_read_as_the_object_and_the_store_it_was_mounted_with():
+    """s3a names the object, not the endpoint: the line takes the endpoint from the store mounted for the
+    object. Spark's own timeouts (a broadcast) about a plan over s3a:// paths are no store's failure."""
+    s3a = ("org.apache.hadoop.fs.s3a.AWSClientIOException: getFileStatus on s3a://b-1/lake/t/part-0.parquet: "
+           "software.amazon.awssdk.core.exception.SdkClientException: Unable to execute HTTP request: Read timed out")
+    with storage.mounted("s3://b-1", ObjectStoreOptions(endpoint="http://127.0.0.1:9", access_key_id="k",
+                                                        secret_access_key="hidden")):
+        found = failures.recognize(["An error occurred while calling o51.collectToPython.", s3a])
+        assert found == failures.StoreFailure("timeout", "s3://b-1/lake/t/part-0.parquet", None)
+        line = str(failures.unavailable(found))
+        _one_clear_line(line, "http://127.0.0.1:9", "s3://b-1/lake/t/part-0.parquet")
+        assert "hidden" not in line
+    assert failures.recognize(["java.util.concurrent.TimeoutException: Futures timed out after [300 seconds] "
+                               "in FileScan parquet [s3a://b-1/lake/t]"]) is None
+    assert failures.plain("a\n  \x1b[31m↳\x1b[0m b") == "a ↳ b"
