@@ -58,7 +58,7 @@ def test_a_frozen_store_fails_the_run_within_its_bounds_and_the_next_run_catches
         if step in freeze_at:
             os.kill(server.process.pid, signal.SIGSTOP)
 
-    with storage.mounted("s3://", options):
+    with storage.mounted("s3://", options), storage.mounted(root, options):  # the engine's mount, undone after
         lake = Lake(root)
         lake.create("trades", BASE)
         engine = Engine(spark, root, store=options, hook=hook)
@@ -98,7 +98,7 @@ def test_a_killed_store_fails_the_run_at_once_in_one_line(spark, second_s3_serve
         if step == "after_intent":
             server.stop()
 
-    with storage.mounted("s3://", options):
+    with storage.mounted("s3://", options), storage.mounted(root, options):  # the engine's mount, undone after
         lake = Lake(root)
         lake.create("trades", BASE)
         engine = Engine(spark, root, store=options, hook=hook)
