@@ -53,6 +53,7 @@ class StoreFailure:
     kind: str
     uri: str | None  # the object (s3://bucket/key), when a client named it
     endpoint: str | None  # http(s)://host:port, when a client named it
+    client: str = "python"  # "s3a" when Spark's connector met it (its timeouts have Hadoop's floor)
 
     def where(self) -> str:
         """The endpoint a client named, else the one the object's store is configured with."""
@@ -94,7 +95,8 @@ def recognize(texts: Iterable[str]) -> StoreFailure | None:
         uri = f"s3://{arrow['bucket']}/{arrow['key']}".rstrip("/")
     if endpoint and endpoint.endswith("amazonaws.com"):
         endpoint = None  # a region's host: the store's own description says it better
-    return StoreFailure(kind, uri, endpoint)
+    client = "s3a" if any("s3a://" in t or "org.apache.hadoop.fs.s3a" in t for t in found) else "python"
+    return StoreFailure(kind, uri, endpoint, client)
 
 
 def unavailable(failure: StoreFailure, *, then: str = "", bounds: str | None = None,

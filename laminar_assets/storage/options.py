@@ -114,8 +114,11 @@ class ObjectStoreOptions:
         fit = int(self.call_timeout_s // max(per_attempt, 0.001))
         return max(1, min(self.max_attempts, fit))
 
-    def budget(self) -> str:
-        """The time bounds in words, for messages."""
+    def budget(self, client: str = "python") -> str:
+        """The time bounds in words, for messages: the Python clients', or s3a's (`client="s3a"`)."""
+        if client == "s3a":
+            attempt = max(self.request_timeout_s, S3A_FLOOR_S)
+            return f"s3a: {self.attempts(attempt)} attempt(s) of {attempt:g} s, Hadoop's floor being {S3A_FLOOR_S:g} s"
         return (f"{self.attempts(self.request_timeout_s)} attempt(s) of {self.request_timeout_s:g} s, "
                 f"{self.call_timeout_s:g} s in all")
 

@@ -170,7 +170,7 @@ def test_what_s3a_says_is_read_as_the_object_and_the_store_it_was_mounted_with()
     with storage.mounted("s3://b-1", ObjectStoreOptions(endpoint="http://127.0.0.1:9", access_key_id="k",
                                                         secret_access_key="hidden")):
         found = failures.recognize(["An error occurred while calling o51.collectToPython.", s3a])
-        assert found == failures.StoreFailure("timeout", "s3://b-1/lake/t/part-0.parquet", None)
+        assert found == failures.StoreFailure("timeout", "s3://b-1/lake/t/part-0.parquet", None, "s3a")
         line = str(failures.unavailable(found))
         _one_clear_line(line, "http://127.0.0.1:9", "s3://b-1/lake/t/part-0.parquet")
         assert "hidden" not in line

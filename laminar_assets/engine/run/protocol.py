@@ -241,4 +241,4 @@ def store_unavailable(exc: BaseException) -> StoreUnavailableError | None:
         options = getattr(storage.store_for(found.uri), "options", None) if found.uri else None
     except LaminarError:
         options = None
-    return failures.unavailable(found, bounds=options.resolved().budget() if options is not None else None)
+    return failures.unavailable(found, bounds=options.resolved().budget(found.client) if options is not None else None)
