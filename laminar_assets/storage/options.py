@@ -30,7 +30,9 @@ at most `max_attempts`), and each client is held to that:
                  (`retry.limit`) for `attempts(max(request_timeout_s, 15))` attempts in all
 
 So with the defaults a call on a store that accepts connections but never answers fails after about
-30 s (boto3: 3 x 10 s; s3a: 2 x 15 s), and an endpoint nobody listens at fails at once. A Spark task
+30 s (boto3: 3 x 10 s; s3a: 2 x 15 s), and an endpoint nobody listens at fails at once. A run may meet
+the hung store in two s3a calls before it fails (Spark's reader checks a path, then reads its status):
+measured 63 s with the defaults (docs/deploying.md, "Time bounds"). A Spark task
 is attempted `spark.task.maxFailures` times (1 in local mode): on a cluster a hung store costs that
 many call budgets (docs/known-limits.md).
 """
