@@ -46,6 +46,18 @@ _abandoned_lock = threading.Lock()
 _abandoned: set[tuple[str, str]] = set()
 
 
+def _abandoned_here(data: bytes, path: str) -> bool:
+    """Whether the lease at `path` names a run of this very process whose release failed (the run has
+    ended here, so nobody holds it)."""
+    try:
+        info = json.loads(data)
+        mine = int(info.get("pid")) == os.getpid() and info.get("process_started") == process_started(os.getpid())
+    except (ValueError, TypeError, AttributeError):
+        return False
+    with _abandoned_lock:
+        return mine and (path, str(info.get("run_id"))) in _abandoned
+
+
 def _safe(key: str) -> str:
     return key.replace(":", "-").replace("/", "_")
 
@@ -197,7 +209,7 @@ class CheckpointStore:
         if tag is not None:
             return tag
         current = storage.read_tagged(path)
-        if current is not None and self._stale(current[0], path):
+        if current is not None and (self._stale(current[0]) or _abandoned_here(current[0], path)):
             tag = storage.replace_tagged(path, body, current[1])  # of several runs finding it stale, one wins
             if tag is not None:
                 return tag
@@ -220,7 +232,7 @@ class CheckpointStore:
         except ValueError:
             return "unknown holder"
 
-    def _stale(self, data: bytes, path: str | None = None) -> bool:
+    def _stale(self, data: bytes) -> bool:
         """A lease older than `lease_seconds`, or whose holder on this host is gone (see the module's
         docstring). A run holding its lease longer than that can lose it; it cannot commit twice with
         the run that took it over (the app-transaction check), it fails and its partition refills."""
@@ -247,12 +259,7 @@ class CheckpointStore:
             return True  # no process can have that pid
         held_by = info.get("process_started")
         now = process_started(pid)
-        if held_by is not None and now is not None and held_by != now:
-            return True
-        if pid == os.getpid() and held_by == now and path is not None:
-            with _abandoned_lock:  # a run of this process that ended without releasing it
-                return (path, str(info.get("run_id"))) in _abandoned
-        return False
+        return held_by is not None and now is not None and held_by != now
 
 
 def process_started(pid: int) -> str | None:
