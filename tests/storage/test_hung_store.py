@@ -132,6 +132,13 @@ def test_each_client_is_held_to_the_call_budget():
     assert short.attempts(short.request_timeout_s) == 2 and short.attempts(S3A_FLOOR_S) == 1
     with pytest.raises(Exception, match="call_timeout_s must be a number of seconds > 0"):
         ObjectStoreOptions(call_timeout_s=0)
+    # the Dagster resource sets them too (unset: the defaults)
+    from laminar_assets.resources import LaminarResource, SparkResource
+
+    store = LaminarResource(root="s3://b/lake", spark=SparkResource(), s3_request_timeout_s=2.0,
+                            s3_call_timeout_s=5.0).store()
+    assert (store.request_timeout_s, store.call_timeout_s) == (2.0, 5.0)
+    assert LaminarResource(root="s3://b/lake", spark=SparkResource()).store() == ObjectStoreOptions()
 
 
 def test_a_lease_a_frozen_store_kept_is_taken_over_by_this_process_next_run(bounded):
