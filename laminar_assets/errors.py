@@ -122,6 +122,14 @@ class StorageError(EnvironmentProblem):
     credentials, a missing bucket, a scheme Laminar does not support."""
 
 
+class StoreUnavailableError(StorageError):
+    """The object store did not answer within its time bounds, or nobody accepted the connection: a
+    store that is down, frozen or cut off. Names the endpoint and the object; a later run may succeed
+    (the run's watermarks did not move, so it picks the work up again)."""
+
+    retryable = True
+
+
 class ContractError(LaminarError):
     """A data contract file is malformed or disagrees with its table."""
 

@@ -14,6 +14,8 @@ No step relies on an atomic rename, which an object store does not have (laminar
   A lease is stale when it is older than `lease_seconds` (on every host), or when its holder on this
   host is gone: no process has its pid, or the process that has it started at another time than the
   holder did (a pid reused after a restart, common in containers). A lease naming no pid expires by age.
+  A lease of this very process is stale when the run it names has ended here: its release failed (a
+  store that stopped answering), and the process itself knows no run of it holds the lease any more.
 A lease that expires under a slow run cannot make two runs commit one partition: every commit
 carries the partition's run sequence as a Delta app transaction and is refused when the table
 already holds that sequence (the engine's protocol).
@@ -22,8 +24,10 @@ already holds that sequence (the engine's protocol).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +37,25 @@ from laminar_assets import storage
 from laminar_assets.errors import CheckpointError, ConcurrentRunError, StorageError
 
 from .watermark import Watermark
+
+log = logging.getLogger(__name__)
+
+# Leases whose release failed in this process, as (lease path, run id): the run has ended here, so
+# such a lease is stale for this process whatever its age (see the module's docstring).
+_abandoned_lock = threading.Lock()
+_abandoned: set[tuple[str, str]] = set()
+
+
+def _abandoned_here(data: bytes, path: str) -> bool:
+    """Whether the lease at `path` names a run of this very process whose release failed (the run has
+    ended here, so nobody holds it)."""
+    try:
+        info = json.loads(data)
+        mine = int(info.get("pid")) == os.getpid() and info.get("process_started") == process_started(os.getpid())
+    except (ValueError, TypeError, AttributeError):
+        return False
+    with _abandoned_lock:
+        return mine and (path, str(info.get("run_id"))) in _abandoned
 
 
 def _safe(key: str) -> str:
@@ -160,12 +183,22 @@ class CheckpointStore:
                 f"cannot take the lease of {flow} {partition}: writing under {folder} failed "
                 f"({exc.strerror or exc}); make that folder writable by this process, then run again",
                 flow=flow, partition=partition, path=path) from exc
+        # only our own lease: the delete is conditional on the tag this run wrote, so a lease another
+        # run took over stays (one request, no read first)
         try:
             yield
-        finally:
-            # only our own lease: the delete is conditional on the tag this run wrote, so a lease another
-            # run took over stays (one request, no read first)
-            storage.delete(path, tag=tag)
+        except BaseException:
+            # the run's own error is what the caller reports: a release that fails too (the store that
+            # failed the run does not answer) leaves a lease this process knows to be stale (`_stale`)
+            try:
+                storage.delete(path, tag=tag)
+            except (StorageError, OSError) as exc:
+                with _abandoned_lock:
+                    _abandoned.add((path, run_id))
+                log.warning("%s %s: the lease %s was not released (%s); this process's next run of it takes "
+                            "it over", flow, partition, path, exc)
+            raise
+        storage.delete(path, tag=tag)
 
     def _acquire(self, path: str, flow: str, partition: str, run_id: str) -> str:
         """Take the lease; returns the tag of the lease object this run wrote (from the write's own
@@ -176,7 +209,7 @@ class CheckpointStore:
         if tag is not None:
             return tag
         current = storage.read_tagged(path)
-        if current is not None and self._stale(current[0]):
+        if current is not None and (self._stale(current[0]) or _abandoned_here(current[0], path)):
             tag = storage.replace_tagged(path, body, current[1])  # of several runs finding it stale, one wins
             if tag is not None:
                 return tag

@@ -26,7 +26,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, Watermark
-from laminar_assets.errors import InjectedCrash, LaminarError, RunFailedError, StorageError, StrictRefreshError
+from laminar_assets.errors import (
+    InjectedCrash,
+    LaminarError,
+    RunFailedError,
+    StorageError,
+    StoreUnavailableError,
+    StrictRefreshError,
+)
 from laminar_assets.storage import ObjectStoreOptions, Store
 
 from .delta import integrity
@@ -144,9 +151,36 @@ class Engine:
         """Bring several partitions of a flow or stage up to date in one pass: each source is read
         once, every file once, and one state commit and one sink commit carry every partition's app
         transaction. Leases, intents, watermarks and recovery stay per partition. A partition with
-        nothing to do is a NOOP without any Spark job. Results come back in the order given."""
+        nothing to do is a NOOP without any Spark job. Results come back in the order given.
+
+        A store that stops answering fails the run within its time bounds (`ObjectStoreOptions`) with
+        one `StoreUnavailableError` naming the endpoint and the object, whichever client met it
+        (boto3, deltalake, pyarrow, Spark's s3a); no watermark moved past what the tables hold, so the
+        next run picks the work up (retryable)."""
         keys = self._keys(spec, partitions)
         run_id = new_run_id()
+        try:
+            return self._run_many(spec, keys, run_id, force)
+        except InjectedCrash:
+            raise
+        except Exception as exc:
+            found = protocol.store_unavailable(exc)
+            if found is None or found is exc:
+                raise
+            raise StoreUnavailableError(
+                f"{found.message}; run {run_id} of '{spec.name}' stopped, and what it did not finish is picked "
+                "up by the next run", **{**found.facts, "flow": spec.name, "run_id": run_id}) from exc
+
+    def _stop_waiting(self, exc: BaseException) -> None:
+        """When `exc` says a store does not answer, fail that store's further calls at once (the run's
+        clean-up: records, leases, staging), so the run ends within one call's time bounds."""
+        found = protocol.store_unavailable(exc)
+        if found is None:
+            return
+        uri = found.facts.get("uri")
+        (storage.store_for(uri) if uri else self.storage).not_answering()
+
+    def _run_many(self, spec: Spec, keys: list[str], run_id: str, force: bool) -> list[RunResult]:
         found = unchanged.check(self.ctx, spec, keys, force)
         if found is not None and found.plans is not None:  # nothing moved: no lease, no table opened
             return self._unchanged(spec, keys, found, run_id)
@@ -179,6 +213,7 @@ class Engine:
             except InjectedCrash:
                 raise  # a simulated kill writes nothing more
             except Exception as exc:  # counted for `laminar status` / `check`, then raised unchanged
+                self._stop_waiting(exc)
                 protocol.record_failed_run(self.ctx, spec, [k for k in keys if k not in results], marks, run_id, exc)
                 raise
         for k in keys:
@@ -244,7 +279,8 @@ class Engine:
         except InjectedCrash:
             raise  # a simulated kill: nothing more is written
         except (LaminarError, *CURABLE) as exc:
-            moved = [k for k in plans if protocol.finished_since(ctx, spec, k, marks[k])]
+            self._stop_waiting(exc)
+            moved = [k for k in plans if _finished(ctx, spec, k, marks[k])]
             stuck = [k for k in plans if k not in moved]
             for k in stuck:
                 protocol.record_failure(ctx, spec, k, marks[k], protocol.short(exc))
@@ -488,6 +524,15 @@ def _window_reach(spec: Spec) -> timedelta:
     partition's end, the window starts before its start (a hopping flow's; zero for a stage)."""
     part = Interval(EPOCH, EPOCH + spec.granularity.step)
     return max(spec.events_needed(part).end - part.end, part.start - spec.output_times_of(part).start)
+
+
+def _finished(ctx: RunContext, spec: Spec, key: str, mark: Watermark | None) -> bool:
+    """`protocol.finished_since`, False when the watermark cannot be read (the store that failed the
+    pass may not answer either): such a partition is reported as not finished, and the next run settles it."""
+    try:
+        return protocol.finished_since(ctx, spec, key, mark)
+    except (LaminarError, OSError):
+        return False
 
 
 def _by_target(plans: dict[str, PartitionPlan], keys: list[str]) -> list[list[str]]:

@@ -37,6 +37,10 @@ class LaminarResource(dg.ConfigurableResource):
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = None
     s3_path_style: bool | None = None
+    # Time bounds of every call on the store (`ObjectStoreOptions`; None: its defaults, 10 s without an
+    # answer abandons an attempt, 30 s in all fails the call and so the run)
+    s3_request_timeout_s: float | None = None
+    s3_call_timeout_s: float | None = None
     connections: dict[str, str] = {}
 
     def resolved_root(self) -> str:
@@ -49,8 +53,11 @@ class LaminarResource(dg.ConfigurableResource):
 
     def store(self) -> ObjectStoreOptions:
         """How this resource reaches its root's object store (unset fields: the AWS environment)."""
+        bounds = {k: v for k, v in (("request_timeout_s", self.s3_request_timeout_s),
+                                    ("call_timeout_s", self.s3_call_timeout_s)) if v is not None}
         return ObjectStoreOptions(endpoint=self.s3_endpoint, region=self.s3_region, access_key_id=self.s3_access_key_id,
-                                  secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style)
+                                  secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style,
+                                  **bounds)
 
     def engine(self, **options) -> Engine:
         """An engine on this run's Spark session (the root's store is mounted before the session starts, so

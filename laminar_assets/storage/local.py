@@ -159,6 +159,9 @@ class LocalStore:
     def check_reachable(self, uri: str) -> None:
         return None  # a missing folder is the caller's to judge (a new lake, or a mistyped root)
 
+    def not_answering(self) -> None:
+        return None  # a local disk's calls are the kernel's to bound
+
     # --- what the other clients are given ------------------------------------------------------
     def delta_options(self, uri: str) -> dict[str, str] | None:
         return None

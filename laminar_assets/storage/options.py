@@ -8,13 +8,51 @@ Unset fields fall back to the usual places when a client is made, never at impor
 environment variables (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_PROFILE`), then the SDKs' own chain (profiles,
 instance roles). Secrets never appear in `repr`, logs or error messages.
+
+Time bounds. A store that stops answering (a frozen server, a dropped network) must fail a call, and
+so the run, within a known time, never hang it: every client gets the same four numbers.
+
+    connect_timeout_s   3 s    to open a connection (s3a: at least 15 s, Hadoop's floor)
+    request_timeout_s   10 s   one attempt with no answer (no byte) for this long is abandoned
+                               (s3a: at least 15 s, Hadoop's floor)
+    max_attempts        3      attempts per call (transient failures, throttling, timeouts)
+    call_timeout_s      30 s   the most one call takes in all: the attempts that fit in it are made
+
+`attempts()` says how many attempts of `per_attempt` seconds fit in `call_timeout_s` (at least one,
+at most `max_attempts`), and each client is held to that:
+
+    boto3        connect/read timeouts, standard retry mode with `attempts(request_timeout_s)` attempts
+    deltalake    object_store's `timeout` (a whole request), `connect_timeout`, `max_retries` and
+                 `retry_timeout` (no retry starts after `call_timeout_s - request_timeout_s`)
+    pyarrow      connect and request (no-progress) timeouts, `attempts(request_timeout_s)` attempts
+    Spark s3a    establish and socket timeouts, `connection.request.timeout` (the whole attempt,
+                 SDK retries included: the SDK itself does not retry), and S3A's own retries
+                 (`retry.limit`) for `attempts(max(request_timeout_s, 15))` attempts in all
+
+So with the defaults a call on a store that accepts connections but never answers fails after about
+30 s (boto3: 3 x 10 s; s3a: 2 x 15 s), and an endpoint nobody listens at fails at once. A run may meet
+the hung store in two s3a calls before it fails (Spark's reader checks a path, then reads its status):
+measured 63 s with the defaults (docs/deploying.md, "Time bounds"). A Spark task
+is attempted `spark.task.maxFailures` times (1 in local mode): on a cluster a hung store costs that
+many call budgets (docs/known-limits.md).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+# Hadoop's floor for every s3a timeout (MINIMUM_NETWORK_OPERATION_DURATION in hadoop-aws 3.4+).
+S3A_FLOOR_S = 15.0
+
+
+def _ms(seconds: float, *, unit: bool = True) -> str:
+    """`seconds` in whole milliseconds: '2500ms' (object_store's duration syntax), or '2500' for Hadoop."""
+    ms = max(int(round(seconds * 1000)), 1)
+    return f"{ms}ms" if unit else str(ms)
+
 
 _ENV = {  # field -> environment variables, first set wins
     "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
@@ -39,10 +77,13 @@ class ObjectStoreOptions:
     # Path-style addressing (http://host/bucket/key): what S3-compatible servers need. None: on
     # exactly when a custom endpoint is set.
     path_style: bool | None = None
-    # Bounds that make an unreachable store fail within seconds instead of minutes of retries.
+    # Time bounds (see "Time bounds" in the module's docstring): how long to wait for a connection, how
+    # long one attempt may go without an answer, how many attempts a call makes, and the most one call
+    # (all its attempts and the waits between them) may take before it fails.
     connect_timeout_s: float = 3.0
-    request_timeout_s: float = 30.0
+    request_timeout_s: float = 10.0
     max_attempts: int = 3
+    call_timeout_s: float = 30.0
 
     def resolved(self) -> ObjectStoreOptions:
         """These options with unset fields taken from the environment (read now, not at import)."""
@@ -59,6 +100,30 @@ class ObjectStoreOptions:
             out = replace(out, path_style=out.endpoint is not None)
         return out
 
+    def __post_init__(self) -> None:
+        from laminar_assets.errors import StorageError
+
+        for name in ("connect_timeout_s", "request_timeout_s", "call_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise StorageError(f"ObjectStoreOptions.{name} must be a number of seconds > 0, not {value!r}")
+        if not (isinstance(self.max_attempts, int) and self.max_attempts >= 1):
+            raise StorageError(f"ObjectStoreOptions.max_attempts must be a whole number >= 1, not {self.max_attempts!r}")
+
+    def attempts(self, per_attempt: float) -> int:
+        """How many attempts of `per_attempt` seconds fit in one call's budget (`call_timeout_s`): at
+        least one, at most `max_attempts`."""
+        fit = int(self.call_timeout_s // max(per_attempt, 0.001))
+        return max(1, min(self.max_attempts, fit))
+
+    def budget(self, client: str = "python") -> str:
+        """The time bounds in words, for messages: the Python clients', or s3a's (`client="s3a"`)."""
+        if client == "s3a":
+            attempt = max(self.request_timeout_s, S3A_FLOOR_S)
+            return f"s3a: {self.attempts(attempt)} attempt(s) of {attempt:g} s, Hadoop's floor being {S3A_FLOOR_S:g} s"
+        return (f"{self.attempts(self.request_timeout_s)} attempt(s) of {self.request_timeout_s:g} s, "
+                f"{self.call_timeout_s:g} s in all")
+
     @property
     def allow_http(self) -> bool:
         return bool(self.endpoint and self.endpoint.startswith("http://"))
@@ -74,8 +139,11 @@ class ObjectStoreOptions:
         """`storage_options` for `deltalake` (delta-rs's object_store)."""
         o = self.resolved()
         out = {"AWS_REGION": o.region, "AWS_EC2_METADATA_DISABLED": "true" if o.endpoint else "false",
-               "timeout": f"{int(o.request_timeout_s)}s", "connect_timeout": f"{int(o.connect_timeout_s)}s",
-               "max_retries": str(max(o.max_attempts - 1, 0)), "retry_timeout": f"{int(o.request_timeout_s)}s"}
+               "timeout": _ms(o.request_timeout_s), "connect_timeout": _ms(o.connect_timeout_s),
+               "max_retries": str(o.attempts(o.request_timeout_s) - 1),
+               # no retry starts once this long has passed since the call began: the last attempt ends
+               # within call_timeout_s
+               "retry_timeout": _ms(max(o.call_timeout_s - o.request_timeout_s, 0.001))}
         if o.endpoint:
             out["AWS_ENDPOINT_URL"] = o.endpoint
         if o.allow_http:
@@ -99,7 +167,8 @@ class ObjectStoreOptions:
         o = self.resolved()
         kw: dict[str, Any] = {"region": o.region, "connect_timeout": o.connect_timeout_s,
                               "request_timeout": o.request_timeout_s,
-                              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=o.max_attempts)}
+                              "retry_strategy": pafs.AwsStandardS3RetryStrategy(
+                                  max_attempts=o.attempts(o.request_timeout_s))}
         if o.endpoint:
             scheme, _, host = o.endpoint.partition("://")
             kw.update(endpoint_override=host.rstrip("/"), scheme=scheme)
@@ -118,7 +187,7 @@ class ObjectStoreOptions:
         o = self.resolved()
         session = boto3.session.Session(profile_name=o.profile) if o.profile and not o.access_key_id else boto3
         config = Config(connect_timeout=o.connect_timeout_s, read_timeout=o.request_timeout_s,
-                        retries={"max_attempts": o.max_attempts, "mode": "standard"},
+                        retries={"total_max_attempts": o.attempts(o.request_timeout_s), "mode": "standard"},
                         s3={"addressing_style": "path" if o.path_style else "auto"})
         return session.client("s3", endpoint_url=o.endpoint, region_name=o.region, aws_access_key_id=o.access_key_id,
                               aws_secret_access_key=o.secret_access_key, aws_session_token=o.session_token,
@@ -129,10 +198,18 @@ class ObjectStoreOptions:
         a Spark Connect server and a cluster's executors."""
         o = self.resolved()
         p = "spark.hadoop.fs.s3a."
+        # Hadoop raises every s3a timeout below 15 s to 15 s (MINIMUM_NETWORK_OPERATION_DURATION): the
+        # attempts are counted at the timeout s3a really uses. Before these settings an s3a call on a
+        # frozen server could take (1 + 3 SDK retries) x (1 + 3 S3A retries) x 30 s, minutes.
+        attempt = max(o.request_timeout_s, S3A_FLOOR_S)
         out = {f"{p}path.style.access": str(bool(o.path_style)).lower(), f"{p}endpoint.region": o.region,
-               f"{p}connection.timeout": str(int(o.request_timeout_s * 1000)),
-               f"{p}connection.establish.timeout": str(int(o.connect_timeout_s * 1000)),
-               f"{p}attempts.maximum": str(o.max_attempts), f"{p}retry.limit": str(o.max_attempts),
+               f"{p}connection.timeout": _ms(attempt, unit=False),
+               f"{p}connection.establish.timeout": _ms(max(o.connect_timeout_s, S3A_FLOOR_S), unit=False),
+               f"{p}connection.request.timeout": _ms(attempt, unit=False),
+               f"{p}connection.acquisition.timeout": _ms(attempt, unit=False),
+               # one layer of retries (S3A's), so the attempts are counted once
+               f"{p}attempts.maximum": "0", f"{p}retry.limit": str(o.attempts(attempt) - 1),
+               f"{p}retry.interval": "500ms",
                # blocks of an upload buffered in the JVM's heap, not on local disk: no local folder is
                # needed (and Spark's local file system here is the raw one, which s3a's disk buffer
                # cannot use)

@@ -13,11 +13,13 @@ credentials live side by side. Unset fields come from the AWS environment when a
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from laminar_assets.errors import StorageError
+from laminar_assets.errors import StorageError, StoreUnavailableError
 
+from .failures import StoreFailure, plain, unavailable
 from .options import ObjectStoreOptions
 
 _HADOOP = "spark.hadoop.fs.s3a."
@@ -27,6 +29,10 @@ def split(uri: str) -> tuple[str, str]:
     """(bucket, key) of an s3:// or s3a:// URI."""
     parts = urlsplit(uri.rstrip("/"))
     return parts.netloc, parts.path.lstrip("/")
+
+
+def _body_and_tag(got) -> tuple[bytes, str]:
+    return got["Body"].read(), got["ETag"]
 
 
 class _Missing(Exception):
@@ -49,6 +55,8 @@ class S3Store:
         self.options = options or ObjectStoreOptions()
         self._lock = threading.Lock()
         self._clients: dict[str, tuple[ObjectStoreOptions, Any]] = {}  # kind -> (resolved options, client)
+        # until when (time.monotonic()) calls fail at once: the store was just found not answering
+        self._silent_until = 0.0
 
     def __eq__(self, other: object) -> bool:
         return type(other) is S3Store and other.options == self.options
@@ -83,10 +91,10 @@ class S3Store:
     def read_tagged(self, uri: str) -> tuple[bytes, str] | None:
         bucket, key = split(uri)
         try:
-            got = self._call(uri, lambda c: c.get_object(Bucket=bucket, Key=key), missing_ok=True)
+            # the body is read within the call: a store that stops answering mid-body is bounded too
+            return self._call(uri, lambda c: _body_and_tag(c.get_object(Bucket=bucket, Key=key)), missing_ok=True)
         except _Missing:
             return None
-        return got["Body"].read(), got["ETag"]
 
     def exists(self, uri: str) -> bool:
         bucket, key = split(uri)
@@ -194,6 +202,9 @@ class S3Store:
         bucket, _ = split(uri)
         self._call(uri, lambda c: c.head_bucket(Bucket=bucket), bucket_request=True)
 
+    def not_answering(self) -> None:
+        self._silent_until = time.monotonic() + self.options.call_timeout_s
+
     # --- what the other clients are given --------------------------------------------------------
     def delta_options(self, uri: str) -> dict[str, str] | None:
         return self.options.delta_options()
@@ -225,11 +236,22 @@ class S3Store:
         """One S3 request, with its failures turned into what a caller can act on: a missing object
         (`_Missing`), a failed precondition (`_PreconditionFailed`) or a `StorageError` naming the URI
         and the fix (unreachable endpoint, refused credentials, missing bucket)."""
-        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            ReadTimeoutError,
+        )
 
         where = self.describe()
+        if time.monotonic() < self._silent_until:
+            raise StoreUnavailableError(
+                f"{uri}: the object store at {where} did not answer a moment ago and is not waited on again "
+                f"for {self.options.call_timeout_s:g} s: check that it runs and is reachable", uri=uri)
         try:
-            return request(self.client())
+            out = request(self.client())
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code, status = str(error.get("Code", "")), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -249,8 +271,15 @@ class S3Store:
         except NoCredentialsError:
             raise StorageError(f"{uri}: no credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                                "AWS_PROFILE, or the resource's credentials", uri=uri) from None
-        except EndpointConnectionError:
-            raise StorageError(f"{uri}: cannot connect to {where}: check that the store runs and that the endpoint "
-                               "(AWS_ENDPOINT_URL, or the resource's endpoint) is right", uri=uri) from None
+        except (ReadTimeoutError, ConnectTimeoutError):  # (ConnectTimeoutError is an EndpointConnectionError)
+            self.not_answering()
+            raise unavailable(StoreFailure("timeout", uri, where),
+                              bounds=self.options.resolved().budget()) from None
+        except EndpointConnectionError:  # refused at once: nothing to wait out
+            raise StoreUnavailableError(
+                f"{uri}: cannot connect to {where}: check that the store runs and that the endpoint "
+                "(AWS_ENDPOINT_URL, or the resource's endpoint) is right", uri=uri) from None
         except BotoCoreError as exc:
-            raise StorageError(f"{uri}: {where}: {exc}", uri=uri) from None
+            raise StorageError(f"{uri}: {where}: {plain(str(exc))}", uri=uri) from None
+        self._silent_until = 0.0
+        return out

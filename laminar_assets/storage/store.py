@@ -11,6 +11,11 @@ exactly these, on URIs of its scheme (`uri` is always a whole URI: s3://bucket/k
     delete           (only the version a tag names, when given)
     list_*           files (with sizes, or with tags from a name on), folders, a few examples
     copy, delete_tree, check_reachable
+    not_answering    fail calls at once for a while: the store was just found not answering
+
+Every call is bounded in time (an object store's options say how: `options.ObjectStoreOptions`):
+a store that stops answering fails the call with a one-line `StoreUnavailableError` naming the
+endpoint and the object, never hangs it.
 
 and the settings the scheme hands to the other clients that read and write the same files: deltalake's
 `storage_options`, a pyarrow `FileSystem` (Parquet files, Delta log entries) and Spark's Hadoop
@@ -83,6 +88,11 @@ class Store(Protocol):
 
     def check_reachable(self, uri: str) -> None:
         """A one-line `StorageError` within seconds when `uri`'s store cannot be used; writes nothing."""
+
+    def not_answering(self) -> None:
+        """Another client found the store not answering: for one call's time budget, fail this store's
+        calls at once (`StoreUnavailableError`) instead of waiting the budget out again on each, so a
+        run on a hung store fails within one budget, not one per clean-up call."""
 
     # --- what the other clients are given ------------------------------------------------------
     def delta_options(self, uri: str) -> dict[str, str] | None:

@@ -26,6 +26,7 @@ Spark gave them (`__p=<id>/part-...`); on a local disk they are moved up into th
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -44,10 +45,12 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 
 from laminar_assets import storage
-from laminar_assets.errors import InjectedCrash
+from laminar_assets.errors import InjectedCrash, LaminarError
 
 from ..delta.log import read_log_entry
 from ..spark.frames import arrow_schema_of, empty_frame, spark_schema
+
+log = logging.getLogger(__name__)
 
 
 def _stat_value(value):
@@ -159,21 +162,32 @@ def scope() -> Iterator[None]:
         return
     current = _Scope(int(time.time() * 1000))
     token = _SCOPE.set(current)
-    crashed = False
+    crashed = failed = False
     try:
         yield
     except InjectedCrash:
         crashed = True
         raise
+    except BaseException:
+        failed = True
+        raise
     finally:
         _SCOPE.reset(token)
         if not crashed:
-            for folder, (table_uri, rel_dir) in current.staged.items():
-                if folder not in current.committed:
-                    _discard_unless_named(table_uri, rel_dir, folder, current.started_ms)
-                elif storage.local_path(folder) is not None and os.path.isdir(folder) and \
-                        not any(names for _, _, names in os.walk(folder)):
-                    _remove(table_uri, folder)  # a commit of no rows took nothing from it
+            try:
+                for folder, (table_uri, rel_dir) in current.staged.items():
+                    if folder not in current.committed:
+                        _discard_unless_named(table_uri, rel_dir, folder, current.started_ms)
+                    elif storage.local_path(folder) is not None and os.path.isdir(folder) and \
+                            not any(names for _, _, names in os.walk(folder)):
+                        _remove(table_uri, folder)  # a commit of no rows took nothing from it
+            except (LaminarError, OSError) as exc:
+                if not failed:
+                    raise
+                # the block's own error is what the caller reports (e.g. a store that stopped answering
+                # fails the clean-up too); what stays is named by no commit, and Delta's VACUUM reclaims it, as a
+                # killed run's
+                log.warning("staged files were not cleaned up after a failure (%s)", exc)
 
 
 def committed(*staged: StagedFiles | None) -> None:

@@ -23,11 +23,13 @@ from datetime import UTC, datetime
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, FailedRuns, PendingRun, Watermark
-from laminar_assets.errors import ConcurrentRunError, LaminarError
+from laminar_assets.errors import ConcurrentRunError, LaminarError, StoreUnavailableError
+from laminar_assets.storage import failures
 
 from ..delta.tables import open_delta
-from ..spark.failures import first_line
+from ..spark.failures import first_line, texts
 from .context import RunContext
 from .plan import PartitionPlan
 
@@ -158,12 +160,13 @@ def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, st
 def record_failure(ctx: RunContext, spec, partition: str, mark: Watermark | None, message: str) -> None:
     """Mark the partition's last attempt as failed, so its next run refills. The intent record stays:
     if the state commit landed, the next run completes it instead."""
-    current = ctx.store.load(spec.name, partition) or mark
-    base = current or Watermark(spec.name, partition, spec.spec_hash, {}, 0)
     try:
+        current = ctx.store.load(spec.name, partition) or mark
+        base = current or Watermark(spec.name, partition, spec.spec_hash, {}, 0)
         ctx.store.save(base.with_(failed_attempt=message))
-    except OSError:
-        pass  # the run's own error is what the caller reports
+    except (LaminarError, OSError) as exc:  # e.g. the store that failed the run does not answer either
+        # the run's own error is what the caller reports; the next run settles the intent as a crash's
+        log.warning("%s %s: the failed attempt was not recorded (%s)", spec.name, partition, exc)
 
 
 def record_failed_run(ctx: RunContext, spec, partitions: list[str], marks: dict[str, Watermark | None],
@@ -213,7 +216,29 @@ def finished_since(ctx: RunContext, spec, partition: str, mark: Watermark | None
 
 
 def short(exc: BaseException) -> str:
-    """The first line of an error, for a failure record or a one-line message."""
+    """The first line of an error, for a failure record or a one-line message: for a store that did
+    not answer, whichever client said so, the line naming the endpoint and the object."""
     if isinstance(exc, LaminarError):
         return exc.message
-    return first_line(exc)
+    found = store_unavailable(exc)
+    return found.message if found is not None else first_line(exc)
+
+
+def store_unavailable(exc: BaseException) -> StoreUnavailableError | None:
+    """The `StoreUnavailableError` behind `exc` (one a Store raised, or one recognized in what
+    deltalake, pyarrow or Spark's s3a said), or None when `exc` is no store's failure to answer."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, StoreUnavailableError):
+            return e
+        e = e.__cause__ or e.__context__
+    found = failures.recognize(texts(exc))
+    if found is None:
+        return None
+    try:
+        options = getattr(storage.store_for(found.uri), "options", None) if found.uri else None
+    except LaminarError:
+        options = None
+    return failures.unavailable(found, bounds=options.resolved().budget(found.client) if options is not None else None)

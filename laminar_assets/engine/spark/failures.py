@@ -8,6 +8,8 @@ import re
 
 from py4j.protocol import Py4JError, Py4JJavaError
 
+from laminar_assets.storage.failures import plain
+
 # A Parquet file's column type differs from the read schema's (Spark 4: FAILED_READ_FILE.<this>;
 # Spark 3: the exception class, "Parquet column cannot be converted in file ...")
 _MISMATCH = ("PARQUET_COLUMN_DATA_TYPE_MISMATCH", "SchemaColumnConvertNotSupportedException",
@@ -48,6 +50,12 @@ def _texts(exc: BaseException) -> list[str]:
     return out
 
 
+def texts(exc: BaseException) -> list[str]:
+    """Every message of `exc`, its Python causes, their Spark conditions and their Java causes (for
+    `laminar_assets.storage.failures.recognize`)."""
+    return _texts(exc)
+
+
 def type_mismatch(exc: BaseException) -> str | None:
     """When a read failed because a file stores a column under another type than the read schema:
     one line naming the file, the column and both types; else None."""
@@ -68,7 +76,7 @@ def first_line(exc: BaseException) -> str:
     condition when there is one) instead of the Py4J call that carried it; followed by the SQL
     fragment Spark names as where it failed (`px > 0` of a rule whose cast failed), which Spark
     prints on the lines after the first."""
-    line = _first_line(exc)
+    line = plain(_first_line(exc))  # deltalake colours its causes (ANSI codes): never in a message
     fragment = query_fragment(exc)
     return f"{line} (in `{fragment}`)" if fragment and fragment not in line else line
 

@@ -1,0 +1,115 @@
+"""A store that stopped answering, as one line: recognized in what any client said about it.
+
+Laminar reaches a bucket through four clients, and each reports a store that does not answer in its
+own words: boto3 (`ReadTimeoutError`, handled where Laminar calls it, `s3.S3Store._call`), deltalake
+(an `OSError` "Generic S3 error" whose message lists the causes on several lines with ANSI colour
+codes), pyarrow ("AWS Error NETWORK_CONNECTION ... curlCode: 28") and Spark's s3a (Java exceptions
+such as `SocketTimeoutException` or `AWSApiCallTimeoutException` about an s3a:// path, behind a
+Py4J or Spark error). `recognize` reads those texts (the caller collects them: this package imports
+no Spark) and finds the object and the endpoint; `unavailable` makes the one-line
+`StoreUnavailableError` the engine raises instead. Nothing here ever prints an option's secret: the
+endpoint comes from a URL in the message or from the store's `describe()`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from laminar_assets.errors import StoreUnavailableError
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+# What each client says when a store does not answer (a timeout) ...
+# (specific phrases only: Spark's own "Futures timed out" about a plan over s3a:// paths is no store's)
+_TIMEOUT = ("operation timed out", "Read timed out", "connect timed out", "Timeout was reached", "curlCode: 28",
+            "SocketTimeoutException", "ApiCallTimeoutException", "ApiCallAttemptTimeoutException",
+            "AWSApiCallTimeoutException", "Read timeout on endpoint", "ConnectTimeoutException",
+            "Connect timeout on endpoint")
+# ... and when nobody accepts the connection
+_REFUSED = ("Connection refused", "tcp connect error", "curlCode: 7", "Couldn't connect to server",
+            "ConnectException", "NoHttpResponseException", "Could not connect to the endpoint URL",
+            "Connection reset by peer", "connection closed before message completed", "dns error")
+# A message must also be about an object store (not, say, a Spark Connect channel)
+_STORE = ("S3 error", "AWS Error", "s3a://", "s3://", "AWSClientIOException", "SdkClientException",
+          "amazonaws", "Error performing")
+
+_HTTP_URL = re.compile(r"https?://[^\s\"'<>,;)]+")
+_S3_URI = re.compile(r"s3a?://[^\s\"'<>,;)]+")
+_ARROW_KEY = re.compile(r"key '(?P<key>[^']*)' in bucket '(?P<bucket>[^']+)'")
+
+
+def plain(text: str) -> str:
+    """`text` without terminal colour codes, on one line."""
+    return " ".join(_ANSI.sub("", text).split())
+
+
+@dataclass(frozen=True)
+class StoreFailure:
+    """A store that did not answer (`kind` 'timeout') or refused the connection ('unreachable')."""
+
+    kind: str
+    uri: str | None  # the object (s3://bucket/key), when a client named it
+    endpoint: str | None  # http(s)://host:port, when a client named it
+    client: str = "python"  # "s3a" when Spark's connector met it (its timeouts have Hadoop's floor)
+
+    def where(self) -> str:
+        """The endpoint a client named, else the one the object's store is configured with."""
+        if self.endpoint:
+            return self.endpoint
+        if self.uri:
+            from .registry import store_for
+
+            try:
+                return store_for(self.uri).describe()
+            except Exception:  # noqa: BLE001  (a message must not fail for want of an endpoint)
+                pass
+        return "the object store"
+
+
+def recognize(texts: Iterable[str]) -> StoreFailure | None:
+    """The store failure the texts (messages of an error and its causes) describe, or None."""
+    texts = [plain(t) for t in texts if t]
+    found = [t for t in texts if any(s in t for s in _STORE) and any(m in t for m in _TIMEOUT + _REFUSED)]
+    if not found:
+        return None
+    text = " ".join(found)
+    kind = "timeout" if any(m in text for m in _TIMEOUT) else "unreachable"
+    uri, endpoint = None, None
+    every = " ".join(texts)
+    for match in _HTTP_URL.finditer(every):
+        parts = urlsplit(match.group(0).rstrip(".:"))
+        if not parts.hostname:
+            continue
+        endpoint = endpoint or f"{parts.scheme}://{parts.netloc}"
+        path = unquote(parts.path.lstrip("/"))
+        if uri is None and "/" in path and not parts.hostname.endswith("amazonaws.com"):
+            uri = f"s3://{path}"  # path-style addressing: /bucket/key
+    s3 = _S3_URI.search(every)
+    if s3 is not None:
+        uri = "s3://" + s3.group(0).split("://", 1)[1].rstrip(".:")
+    arrow = _ARROW_KEY.search(every)
+    if arrow is not None and uri is None:
+        uri = f"s3://{arrow['bucket']}/{arrow['key']}".rstrip("/")
+    if endpoint and endpoint.endswith("amazonaws.com"):
+        endpoint = None  # a region's host: the store's own description says it better
+    client = "s3a" if any("s3a://" in t or "org.apache.hadoop.fs.s3a" in t for t in found) else "python"
+    return StoreFailure(kind, uri, endpoint, client)
+
+
+def unavailable(failure: StoreFailure, *, then: str = "", bounds: str | None = None,
+                **facts) -> StoreUnavailableError:
+    """The one line for `failure`: the object, the endpoint, what happened, what to do, and `then`
+    (what the caller left behind, e.g. that no watermark moved)."""
+    what = failure.uri or "a request"
+    where = failure.where()
+    if failure.kind == "timeout":
+        within = f" within its time bounds ({bounds})" if bounds else " within its time bounds"
+        happened = (f"{what}: the object store at {where} did not answer{within}: check that it runs and is "
+                    "reachable (or raise ObjectStoreOptions.call_timeout_s / the resource's s3_call_timeout_s)")
+    else:
+        happened = (f"{what}: cannot connect to the object store at {where}: check that it runs and that the "
+                    "endpoint (AWS_ENDPOINT_URL, or the resource's endpoint) is right")
+    return StoreUnavailableError(f"{happened}{'; ' + then if then else ''}", uri=failure.uri, **facts)
