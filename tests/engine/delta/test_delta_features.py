@@ -247,8 +247,38 @@ def test_unknown_reader_feature_is_refused_by_name(lake):
     with open(os.path.join(path, "_delta_log", f"{1:020d}.json"), "w") as fh:
         fh.write(json.dumps({"commitInfo": {"timestamp": 0, "operation": "SET TBLPROPERTIES"}}) + "\n")
         fh.write(json.dumps({"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                                          "readerFeatures": ["deletionVectors", "typeWidening"],
-                                          "writerFeatures": ["deletionVectors", "typeWidening"]}}) + "\n")
+                                          "readerFeatures": ["deletionVectors", "variantType"],
+                                          "writerFeatures": ["deletionVectors", "variantType"]}}) + "\n")
     with pytest.raises(UnsupportedTableFeatureError) as info:
         table_info("trades", path)
-    assert "typeWidening" in str(info.value) and "version 1" in str(info.value) and "'trades'" in str(info.value)
+    assert "variantType" in str(info.value) and "version 1" in str(info.value) and "'trades'" in str(info.value)
+
+
+def test_a_type_change_type_widening_does_not_read_exactly_is_refused_naming_it(lake):
+    """Type widening is read (Spark reads a file written before a widening under the wider type); a recorded
+    type change that is no widening (here bigint -> int, which no Delta writer records) is refused, naming
+    table, column, both types and version, before anything reads the files."""
+    lake.create("trades", _rows(0, 3), cdf=False)
+    path = lake.path("trades")
+    entry = [json.loads(line) for line in open(os.path.join(path, "_delta_log", f"{0:020d}.json"))]
+    meta = next(e["metaData"] for e in entry if "metaData" in e)
+    schema = json.loads(meta["schemaString"])
+
+    def commit(version: int, change: dict) -> None:
+        for f in schema["fields"]:
+            if f["name"] == "qty":
+                f["type"], f["metadata"] = change["toType"], {"delta.typeChanges": [change]}
+        with open(os.path.join(path, "_delta_log", f"{version:020d}.json"), "w") as fh:
+            fh.write(json.dumps({"commitInfo": {"timestamp": 0, "operation": "CHANGE COLUMN"}}) + "\n")
+            fh.write(json.dumps({"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                                              "readerFeatures": ["typeWidening"],
+                                              "writerFeatures": ["typeWidening"]}}) + "\n")
+            fh.write(json.dumps({"metaData": {**meta, "schemaString": json.dumps(schema)}}) + "\n")
+
+    commit(1, {"fromType": "integer", "toType": "long"})  # a widening: read
+    assert table_info("trades", path).version == 1
+    commit(2, {"fromType": "decimal(30,2)", "toType": "long", "tableVersion": 2})
+    with pytest.raises(UnsupportedTableFeatureError) as info:
+        table_info("trades", path)
+    message = str(info.value)
+    assert "'trades'" in message and "'qty'" in message and "from decimal(30,2) to long at version 2" in message, message
