@@ -25,7 +25,7 @@ from laminar_assets.errors import LaminarError, SourceNotFoundError, Unsupported
 
 from ..windows import Interval
 from . import snapshot_cache
-from .deletion_vectors import snapshot_deleted_rows
+from .deletion_vectors import log_deleted_rows, snapshot_deleted_rows
 from .file_ranges import key_bounds, may_overlap
 from .log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
     CommitKind,
@@ -465,8 +465,11 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
     dt = info.delta()
     ranges = list(within) if within is not None else None
     deleted = {}
-    if "deletionVectors" in (dt.protocol().reader_features or []):
-        deleted = {_normal(p): rows for p, rows in snapshot_deleted_rows(dt).items()}
+    features = set(dt.protocol().reader_features or [])
+    if "deletionVectors" in features:
+        # deltalake refuses to scan a table with type widening: its vectors are read from the log then
+        found = log_deleted_rows(info.uri, info.version) if features & TYPE_WIDENING else snapshot_deleted_rows(dt)
+        deleted = {_normal(p): rows for p, rows in found.items()}
     if event_time is not None and not temporal(info.schema, event_time):
         event_time = None  # e.g. string times: their statistics do not order like time
     stat = info.physical(event_time)  # statistics are keyed by physical name; partition values are not

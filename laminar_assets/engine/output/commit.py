@@ -127,14 +127,12 @@ def widen_in_place(spark: SparkSession, uri: str, dt: DeltaTable, schema: pa.Sch
     have = set(info.schema.names)
     staged = None
     if files:
-        df = read_source(spark, files, info)
-        target = spark_schema(schema)
+        plain = not any(f.needs_row_positions for f in files)  # file names come with plain reads only
+        df = read_source(spark, files, info, file_name=_SOURCE_FILE if plain else None)
         cols = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) if f.name in have else
-                F.lit(None).cast(f.dataType).alias(f.name) for f in target.fields]
-        by = any(f.needs_row_positions for f in files)
-        df = df.select(*cols, *([] if by else [F.xxhash64(df.metadataColumn("_metadata").getField("file_path"))
-                                                .alias(_SOURCE_FILE)]))
-        staged = write_staged(df, uri, f"{run_id}-widen", by=None if by else _SOURCE_FILE)
+                F.lit(None).cast(f.dataType).alias(f.name) for f in spark_schema(schema).fields]
+        by = [F.xxhash64(_SOURCE_FILE).alias(_SOURCE_FILE)] if plain else []
+        staged = write_staged(df.select(*cols, *by), uri, f"{run_id}-widen", by=_SOURCE_FILE if plain else None)
     props = CommitProperties(custom_metadata=stamp.custom_metadata, max_commit_retries=0)
     try:
         dt.create_write_transaction(list(staged.adds) if staged else [], mode="overwrite", schema=nullable(schema),
@@ -148,7 +146,7 @@ def widen_in_place(spark: SparkSession, uri: str, dt: DeltaTable, schema: pa.Sch
         committed(staged)
 
 
-_SOURCE_FILE = "__widened_from"
+_SOURCE_FILE = "__from"  # the old file a row came from: one new file per old one
 
 
 def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> tuple[list[DataFile], list[DataFile]]:
