@@ -12,19 +12,23 @@ replaces the add (remove + add of the same path) with a larger DV. So:
 Descriptors from the log are decoded here (the Delta protocol's "Deletion Vector
 Format": Z85 names, a `RoaringBitmapArray` in portable format, read with `pyroaring`).
 Snapshots get their vectors from `deltalake` itself (`DeltaTable.deletion_vectors()`),
-so the two decoders check each other in the tests.
+so the two decoders check each other in the tests; a table `deltalake` refuses to scan (type
+widening) gets them from its log (`log_deleted_rows`).
 """
 
 from __future__ import annotations
 
+import json
 import struct
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs  # noqa: F401  (pa.fs)
+import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
 from laminar_assets import storage
@@ -198,3 +202,81 @@ def _flat_lists(column: pa.ChunkedArray):
     for chunk in column.chunks:
         for i in range(len(chunk)):
             yield chunk[i].values
+
+
+def log_deleted_rows(table_uri: str, version: int) -> dict[str, DeletedRows]:
+    """Deleted rows of every file of the snapshot at `version` with a deletion vector, keyed by the file's
+    URI (`table_uri`/its decoded path), from the Delta log itself: the latest checkpoint at or before
+    `version` (classic, multi-part, or v2 with its sidecars) and the JSON commits after it. For tables whose
+    reader features `deltalake` refuses to scan (`DeltaTable.deletion_vectors()` fails on `typeWidening`)."""
+    log = f"{table_uri}/_delta_log"
+    names = sorted(f.rsplit("/", 1)[-1] for f, _ in storage.list_files(log))
+    points = sorted({int(n[:20]) for n in names if n[:20].isdigit() and ".checkpoint" in n and int(n[:20]) <= version})
+    # a logical file is its path and its vector's id: a commit that gives a file a vector adds (path, new)
+    # and removes (path, old), in either order in its entry
+    live: dict[tuple[str, str | None], dict | None] = {}
+    start = 0
+    if points:
+        start = points[-1] + 1
+        for add in _checkpoint_adds(log, [n for n in names if n.startswith(f"{points[-1]:020d}.checkpoint")]):
+            live[_file_id(add)] = add.get("deletionVector")
+    for v in range(start, version + 1):
+        data = storage.read(f"{log}/{v:020d}.json")
+        if data is None:
+            raise SourceError(f"commit {v} of the Delta table at {table_uri} is gone from its log, so the deletion "
+                              f"vectors of its snapshot at version {version} cannot be read", version=v)
+        for line in data.decode("utf-8").splitlines():
+            if '"add"' not in line and '"remove"' not in line:
+                continue
+            action = json.loads(line)
+            if action.get("add"):
+                live[_file_id(action["add"])] = action["add"].get("deletionVector")
+            elif action.get("remove"):
+                live.pop(_file_id(action["remove"]), None)
+    out = {}
+    for (path, _id), dv in live.items():
+        vector = DeletionVector.from_action(table_uri, dv)
+        if vector is not None and vector.cardinality:
+            plain = unquote(path)
+            out[plain if "://" in plain or plain.startswith("/") else f"{table_uri}/{plain}"] = DeletedRows(vector)
+    return out
+
+
+def _file_id(action: dict) -> tuple[str, str | None]:
+    """An add or remove action's logical file: its path and its deletion vector's unique id (the protocol's
+    storage type + path or inline data + @offset), None without a vector."""
+    dv = action.get("deletionVector")
+    if not dv:
+        return action["path"], None
+    offset = dv.get("offset")
+    return action["path"], f"{dv['storageType']}{dv['pathOrInlineDv']}" + (f"@{offset}" if offset is not None else "")
+
+
+def _checkpoint_adds(log: str, names: list[str]) -> list[dict]:
+    """The add actions of one checkpoint's files (the parts of a multi-part one; a v2 checkpoint's own file,
+    Parquet or JSON, and the sidecar files it names)."""
+    adds: list[dict] = []
+    sidecars: list[str] = []
+    for name in names:
+        if name.endswith(".json"):
+            for line in (storage.read(f"{log}/{name}") or b"").decode("utf-8").splitlines():
+                action = json.loads(line) if line.strip() else {}
+                if action.get("add"):
+                    adds.append(action["add"])
+                if action.get("sidecar"):
+                    sidecars.append(action["sidecar"]["path"])
+            continue
+        adds += [r for r in _parquet_column(f"{log}/{name}", "add") if r]
+        sidecars += [r["path"] for r in _parquet_column(f"{log}/{name}", "sidecar") if r]
+    for path in sidecars:
+        uri = path if "://" in path or path.startswith("/") else f"{log}/_sidecars/{path}"
+        adds += [r for r in _parquet_column(uri, "add") if r]
+    return adds
+
+
+def _parquet_column(uri: str, column: str) -> list:
+    """A top-level column of a Parquet file of the log as Python values ([] when the file lacks it)."""
+    fs, path = storage.filesystem(uri)
+    if column not in pq.read_schema(path, filesystem=fs).names:
+        return []
+    return pq.read_table(path, filesystem=fs, columns=[column]).column(column).to_pylist()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 
+import pyarrow as pa
+
 from laminar_assets.errors import LaminarError
 
 from .log import CommitSummary, read_log_entry
@@ -124,6 +126,133 @@ def foreign_versions(commits: Collection[CommitSummary], now_schema: str | None,
     wanted = _wanted(now, columns)
     return tuple(c.version for c, then in _in_effect(commits, start_schema) if then is not None
                  and any(col in then and type_family(then[col]) != type_family(now[col]) for col in wanted))
+
+
+def widened_commits(table: str, commits: Collection[CommitSummary], columns: Collection[str],
+                    start_schema) -> tuple[tuple[int, str], ...]:
+    """(version, why) of each commit in `commits` (in version order) whose metaData changed the type of a
+    column in `columns` ("*": all) in place, to a type Delta's type widening allows (`widens`: int ->
+    bigint, float -> double, a wider decimal, ...), from the schema in effect before it (the previous
+    commit's, else `start_schema()`'s, asked once and only when needed). Such a column reads the same
+    values under the new type, but the state a partition built before the change holds what the spec's
+    expressions computed with the old one (float arithmetic, an int's range): the planner refills it
+    (SCHEMA_CHANGED) instead of merging rows read with the new type into it."""
+    if not any(c.schema for c in commits):
+        return ()
+    out = []
+    then: dict[str, str] | None = None
+    asked = False
+    for c in commits:
+        if not c.schema:
+            continue
+        now = column_types(c.schema)
+        if then is None and not asked:
+            asked = True
+            try:
+                start = start_schema()
+            except LaminarError:  # that snapshot cannot be opened (log cleaned up): the history says so
+                start = None
+            then = column_types(start) if start else None
+        if then is not None:
+            for col in sorted(_wanted(now, columns)):
+                if col in then and then[col] != now[col] and _widened(then[col], now[col]):
+                    out.append((c.version, f"column {col!r} of '{table}' was widened from {short_type(then[col])} "
+                                           f"to {short_type(now[col])} at version {c.version}"))
+                    break
+        then = now
+    return tuple(out)
+
+
+def _widened(old: str, new: str) -> bool:
+    """`widens` for types as `column_types` gives them, nested ones too (a struct field, an array's elements
+    or a map's values widened, nothing else changed)."""
+    if not (old.startswith("{") and new.startswith("{")):
+        return widens(old, new)
+
+    def walk(a, b) -> bool | None:  # None: the same; True: only widened; False: another change
+        if isinstance(a, str) and isinstance(b, str):
+            return None if a == b else (True if widens(a, b) else False)
+        if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+            found = [walk(a[k], b[k]) for k in a]
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            found = [walk(x, y) for x, y in zip(a, b)]
+        else:
+            return False
+        return False if False in found else (True if True in found else None)
+
+    return walk(json.loads(old), json.loads(new)) is True
+
+
+_INTEGERS = ("byte", "short", "integer", "long")
+_DECIMAL_DIGITS = {"byte": 3, "short": 5, "integer": 10, "long": 20}  # an integer type's digits as a decimal
+
+
+def _decimal(text: str) -> tuple[int, int] | None:
+    text = text.replace(" ", "").lower()
+    if not (text.startswith("decimal(") and text.endswith(")")):
+        return None
+    precision, _, scale = text[len("decimal("):-1].partition(",")
+    try:
+        return int(precision), int(scale or 0)
+    except ValueError:
+        return None
+
+
+def widens(old: str, new: str) -> bool:
+    """Whether Delta's type widening allows a column of Delta type `old` to become `new` (primitive types
+    as `column_types` gives them): an integer to a wider integer, to a double, or to a decimal with at
+    least its digits before the point; float to double; a decimal to one with no fewer digits before and
+    after the point; date to timestamp_ntz. Every such change keeps each value exactly."""
+    old, new = old.strip().lower(), new.strip().lower()
+    if old == new:
+        return False
+    if old in _INTEGERS:
+        if new in _INTEGERS:
+            return _INTEGERS.index(new) > _INTEGERS.index(old)
+        if new == "double":
+            return old != "long"
+        wide = _decimal(new)
+        return wide is not None and wide[0] - wide[1] >= _DECIMAL_DIGITS[old]
+    if old == "float":
+        return new == "double"
+    if old == "date":
+        return new == "timestamp_ntz"
+    narrow, wide = _decimal(old), _decimal(new)
+    if narrow is not None and wide is not None:
+        return wide[1] >= narrow[1] and wide[0] - wide[1] >= narrow[0] - narrow[1]
+    return False
+
+
+def delta_type_name(t: pa.DataType) -> str | None:
+    """The Delta name of a primitive Arrow type as `column_types` gives it (int32 -> "integer", a naive
+    timestamp -> "timestamp_ntz", decimal128(10, 2) -> "decimal(10,2)"), None for another type."""
+    names = {pa.int8(): "byte", pa.int16(): "short", pa.int32(): "integer", pa.int64(): "long",
+             pa.float32(): "float", pa.float64(): "double", pa.date32(): "date"}
+    if t in names:
+        return names[t]
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t) and t.tz is None:
+        return "timestamp_ntz"
+    return None
+
+
+def widens_only(current: pa.Schema, wanted: pa.Schema) -> bool:
+    """Whether a table of schema `current` holds rows of `wanted` once some of its columns are widened
+    (`widens`) and new ones added: every column of `current` is in `wanted`, with its type or a wider one,
+    and at least one is wider."""
+    wider = False
+    for f in current:
+        if f.name not in wanted.names:
+            return False
+        new = wanted.field(f.name).type
+        if new == f.type:
+            continue
+        old_name, new_name = delta_type_name(f.type), delta_type_name(new)
+        if old_name is None or new_name is None or not widens(old_name, new_name):
+            return False
+        wider = True
+    return wider
 
 
 # How far back `restored` reads the log (entries are small; this bounds a refused run's reads).

@@ -25,7 +25,7 @@ from laminar_assets.errors import LaminarError, SourceNotFoundError, Unsupported
 
 from ..windows import Interval
 from . import snapshot_cache
-from .deletion_vectors import snapshot_deleted_rows
+from .deletion_vectors import log_deleted_rows, snapshot_deleted_rows
 from .file_ranges import key_bounds, may_overlap
 from .log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
     CommitKind,
@@ -40,7 +40,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     read_log_entry,
     stats_interval,
 )
-from .schema_history import foreign_versions, retyped_commits
+from .schema_history import foreign_versions, retyped_commits, widened_commits, widens
 
 # Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
 SUPPORTED_READER_FEATURES = frozenset({
@@ -48,7 +48,11 @@ SUPPORTED_READER_FEATURES = frozenset({
     "columnMapping",  # Parquet columns read by physical name, exposed by logical name
     "timestampNtz",  # Spark reads TIMESTAMP_NTZ natively
     "v2Checkpoint", "vacuumProtocolCheck",  # log-level features: deltalake reads the log
+    # files written before a column was widened hold the old Parquet type: Spark's Parquet reader reads
+    # them under the new one (`type_changes` refuses the changes it does not read exactly)
+    "typeWidening", "typeWidening-preview",
 })
+TYPE_WIDENING = frozenset({"typeWidening", "typeWidening-preview"})
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ class SourceHistory:
     # versions at which a column the reader reads had another type family than the table has now
     # (`with_retyped`): a bounded run does not stop at one (the planner's `_bound`)
     foreign: tuple[int, ...] = field(default=(), compare=False)
+    # (version, why) of commits that widened a column the reader reads (`with_retyped`: int -> bigint, ...):
+    # state built before them is refilled (SCHEMA_CHANGED), not merged with rows read under the new type
+    widened: tuple[tuple[int, str], ...] = field(default=(), compare=False)
 
     def with_retyped(self, now: TableInfo, columns) -> SourceHistory:
         """This history with `retyped` and `foreign` found for a reader of `columns` ("*": all) with
@@ -82,7 +89,8 @@ class SourceHistory:
         def start() -> str:
             return open_table(self.table, self.uri, self.from_version).schema().to_json()
         return replace(self, retyped=retyped_commits(self.table, self.commits, now.delta_schema, columns, start),
-                       foreign=foreign_versions(self.commits, now.delta_schema, columns, start))
+                       foreign=foreign_versions(self.commits, now.delta_schema, columns, start),
+                       widened=widened_commits(self.table, self.commits, columns, start))
 
     def schema_at(self, version: int) -> tuple[int, str] | None:
         """(v, Delta schema JSON) of the schema in effect at `version` as the log tells it (v ==
@@ -139,7 +147,8 @@ class SourceHistory:
                              tuple(c for c in self.commits if c.version > version),
                              _expired(self.table, version, gone, vacuumed), self.cdf_enabled, gone, vacuumed,
                              snapshot_gone, tuple((v, why) for v, why in self.retyped if v > version),
-                             tuple(v for v in self.foreign if v > version))
+                             tuple(v for v in self.foreign if v > version),
+                             tuple((v, why) for v, why in self.widened if v > version))
 
 
 @dataclass(frozen=True)
@@ -251,7 +260,66 @@ def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:
             f"which Laminar cannot read correctly yet (supported: {', '.join(sorted(SUPPORTED_READER_FEATURES))}); "
             "use a source without them", table=name, version=info.version, feature=",".join(unsupported),
         )
+    if TYPE_WIDENING & set(dt.protocol().reader_features or []):
+        refuse_unreadable_widening(info)
     return info
+
+
+def type_changes(delta_schema: str | None) -> list[tuple[str, str, str, int | None]]:
+    """The type changes a Delta schema (JSON) records (type widening: field metadata `delta.typeChanges`,
+    a list of {fromType, toType[, fieldPath][, tableVersion]}), each as (column path, from type, the
+    column's type now, version or None). Data files written before a change hold the column under its
+    from type; a reader reads them under the type the column has now (the last change's `toType`)."""
+    found: list[tuple[str, str, str, int | None]] = []
+
+    def leaf(typ, path: str):
+        """The type at `path` ("element", "key", "value" steps) under `typ`."""
+        for step in [s for s in path.split(".") if s]:
+            if not isinstance(typ, dict):
+                return None
+            typ = typ.get({"element": "elementType", "key": "keyType", "value": "valueType"}.get(step, step))
+        return typ
+
+    def walk(typ, prefix: str) -> None:
+        if not isinstance(typ, dict):
+            return
+        if typ.get("type") == "struct":
+            for f in typ.get("fields", []):
+                for change in (f.get("metadata") or {}).get("delta.typeChanges") or []:
+                    sub = str(change.get("fieldPath") or "")
+                    now = leaf(f["type"], sub)
+                    version = change.get("tableVersion")
+                    found.append((prefix + f["name"] + (f".{sub}" if sub else ""), str(change.get("fromType")),
+                                  now if isinstance(now, str) else json.dumps(now),
+                                  int(version) if version is not None else None))
+                walk(f["type"], f"{prefix}{f['name']}.")
+        elif typ.get("type") == "array":
+            walk(typ.get("elementType"), f"{prefix}element.")
+        elif typ.get("type") == "map":
+            walk(typ.get("keyType"), f"{prefix}key.")
+            walk(typ.get("valueType"), f"{prefix}value.")
+
+    if delta_schema:
+        walk(json.loads(delta_schema), "")
+    return found
+
+
+def refuse_unreadable_widening(info: TableInfo) -> None:
+    """Raise `UnsupportedTableFeatureError` when a column of a table with type widening was widened in a way
+    Laminar does not read exactly (`widens`: every widening Delta allows is read by Spark's Parquet reader,
+    which casts an old file's values to the column's new type as delta-spark does), naming the table, the
+    column, both types and the version."""
+    for path, old, now, version in type_changes(info.delta_schema):
+        if widens(old, now):
+            continue
+        at = f"at version {version}" if version is not None else f"at or before version {info.version}"
+        raise UnsupportedTableFeatureError(
+            f"table '{info.name}' at version {info.version} has column {path!r} changed from {old} to {now} {at} "
+            "(type widening), which Laminar cannot read correctly from the files written before the change; "
+            "have the producer rewrite those files (delta-spark: REORG TABLE ... APPLY (UPGRADE UNIFORM(...)) or "
+            "ALTER TABLE ... DROP FEATURE 'typeWidening') or use a source without it",
+            table=info.name, version=info.version, column=path, feature="typeWidening", from_type=old, to_type=now,
+        )
 
 
 def collations(delta_schema: str | None) -> dict[str, tuple[str, str]]:
@@ -397,8 +465,11 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
     dt = info.delta()
     ranges = list(within) if within is not None else None
     deleted = {}
-    if "deletionVectors" in (dt.protocol().reader_features or []):
-        deleted = {_normal(p): rows for p, rows in snapshot_deleted_rows(dt).items()}
+    features = set(dt.protocol().reader_features or [])
+    if "deletionVectors" in features:
+        # deltalake refuses to scan a table with type widening: its vectors are read from the log then
+        found = log_deleted_rows(info.uri, info.version) if features & TYPE_WIDENING else snapshot_deleted_rows(dt)
+        deleted = {_normal(p): rows for p, rows in found.items()}
     if event_time is not None and not temporal(info.schema, event_time):
         event_time = None  # e.g. string times: their statistics do not order like time
     stat = info.physical(event_time)  # statistics are keyed by physical name; partition values are not

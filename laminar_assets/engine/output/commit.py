@@ -34,8 +34,9 @@ from laminar_assets import storage
 from laminar_assets.errors import CommitConflictError, ConcurrentRunError
 
 from ..delta.log import DataFile
+from ..delta.schema_history import widens_only
 from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, snapshot_files, table_info
-from ..spark.frames import nullable, schema_change
+from ..spark.frames import nullable, schema_change, spark_schema
 from ..spark.read import read_source
 from ..windows import Interval
 from .owner import OWNER_PROPERTY, check_owner, needs_stamp
@@ -51,12 +52,17 @@ CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 
 def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, owner: str,
                  change_data: bool = False, opened: DeltaTable | None = None,
-                 apps: Sequence[str] = ()) -> tuple[bool, DeltaTable | None]:
+                 apps: Sequence[str] = (), spark: SparkSession | None = None,
+                 run_id: str = "widen") -> tuple[bool, DeltaTable | None]:
     """Create the table if needed, or add the new columns of `schema` to it. Returns whether an
     existing table was reset to a new schema (a column's type changed or a column went: with
     `reset_on_schema_change`, else an error), and the table as opened when it existed already with
     this schema (None otherwise). `opened`: the
     table as the caller opened it earlier (not opened again).
+
+    With `reset_on_schema_change` and `spark`, a table whose columns `schema` only widens (a source
+    column widened: max(quantity) int -> bigint, a wider decimal sum) is widened in place instead of
+    reset (`widen_in_place`): its rows stay, each value as it was under the wider type.
 
     Every table Laminar creates has its change data feed on (`delta.enableChangeDataFeed`), so a
     delta-spark user can `readChangeFeed` it: a commit that writes change data (`change_data`) says
@@ -101,9 +107,46 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, o
         return False, None
     if not reset_on_schema_change:
         raise CommitConflictError(f"table at {uri} has schema {current} but this run writes {schema}", table=uri)
+    if spark is not None and widens_only(current, schema):
+        widen_in_place(spark, uri, dt, schema, stamp, run_id)
+        return False, None
     write_deltalake(uri, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
                     storage_options=storage.delta_options(uri), commit_properties=stamp)
     return True, None
+
+
+def widen_in_place(spark: SparkSession, uri: str, dt: DeltaTable, schema: pa.Schema, stamp: CommitProperties,
+                   run_id: str) -> None:
+    """Rewrite every file of the table at `uri` (as `dt` holds it) with its columns cast to the wider types of
+    `schema` (new columns NULL), in one commit that also sets `schema`: a reader sees the old rows under the
+    old schema or the same rows under the new one, never a mix, and deltalake's readers (exports) never meet
+    a file whose type differs from the table's. Each old file becomes one new file (its rows stay together,
+    as the per-partition layout wants). A concurrent commit fails it (the run fails; the next one widens)."""
+    info = info_of(os.path.basename(uri), uri, dt)
+    files = snapshot_files(info, None, keep_null_files=True)
+    have = set(info.schema.names)
+    staged = None
+    if files:
+        plain = not any(f.needs_row_positions for f in files)  # file names come with plain reads only
+        df = read_source(spark, files, info, file_name=_SOURCE_FILE if plain else None)
+        cols = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) if f.name in have else
+                F.lit(None).cast(f.dataType).alias(f.name) for f in spark_schema(schema).fields]
+        by = [F.xxhash64(_SOURCE_FILE).alias(_SOURCE_FILE)] if plain else []
+        staged = write_staged(df.select(*cols, *by), uri, f"{run_id}-widen", by=_SOURCE_FILE if plain else None)
+    props = CommitProperties(custom_metadata=stamp.custom_metadata, max_commit_retries=0)
+    try:
+        dt.create_write_transaction(list(staged.adds) if staged else [], mode="overwrite", schema=nullable(schema),
+                                    commit_properties=props)
+    except CommitFailedError as exc:
+        if staged is not None:
+            staged.discard()
+        raise CommitConflictError(f"widening the columns of {uri} to {schema} conflicted with a concurrent commit; "
+                                  "the next run widens them", table=uri) from exc
+    if staged is not None:
+        committed(staged)
+
+
+_SOURCE_FILE = "__from"  # the old file a row came from: one new file per old one
 
 
 def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> tuple[list[DataFile], list[DataFile]]:
@@ -136,7 +179,8 @@ def replace_ranges(
     that snapshot, so a commit by anyone since then conflicts and is listed again. `owner`: the flow
     writing; a table it did not create is refused before anything is committed (`ensure_table`)."""
     reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change, owner=owner,
-                                 change_data=change_data is not None, opened=opened, apps=[a for a, _ in transactions])
+                                 change_data=change_data is not None, opened=opened, apps=[a for a, _ in transactions],
+                                 spark=spark, run_id=run_id)
     metadata = with_user_metadata(metadata)
     for attempt in range(1, ATTEMPTS + 1):
         # The commit is based on the snapshot the file list comes from: a concurrent commit in

@@ -295,6 +295,9 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
     if changed_cols:
         detail = ", ".join(f"{c}: {mark.input_schema[c]} -> {inp.input_schema[c]}" for c in changed_cols)
         return refill_all(Reason.SCHEMA_CHANGED, f"source column types changed ({detail})")
+    widened = next((why for h in inp.histories.values() for _v, why in h.widened), None)
+    if widened and not _frozen(spec, part, inp.histories):
+        return refill_all(Reason.SCHEMA_CHANGED, f"{widened} (type widening): recomputing from the latest snapshot")
     retyped = _retyped(inp.histories, needed)
     if retyped and not _frozen(spec, part, inp.histories):
         return refill_all(Reason.SCHEMA_CHANGED_HISTORY, f"{retyped}: recomputing from the latest snapshot")

@@ -14,13 +14,14 @@ Tables are written by delta-spark in the tests' own Spark session (its jars are 
 from __future__ import annotations
 
 import os
+from decimal import Decimal
 
 import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import TimestampType
 
-from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Mode, Tumbling
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Mode, Reason, Tumbling
 from laminar_assets.engine.delta import snapshot_files, table_info
 from laminar_assets.engine.spark import installed_jars
 from laminar_assets.engine.spark.frames import spark_path
@@ -157,3 +158,82 @@ def test_collated_string_columns_are_refused_before_anything_is_written(spark, l
         result = engine.run(PLAIN, PART)
         assert result.mode is (Mode.REFILL if step == "first run" else Mode.INCREMENTAL), (step, result.mode)
         assert_frames_match(lake.read(PLAIN.sink), full_recompute(spark, PLAIN, _arrow(theirs)), PLAIN.keys)
+
+
+# Type widening (`delta.enableTypeWidening`): files written before `ALTER COLUMN ... TYPE` hold the old Parquet
+# type (INT32, FLOAT, a narrower decimal), the log holds their old-typed statistics, and delta-spark reads them
+# under the new type. Deletion vectors on: an UPDATE or DELETE of a row written before the widening marks it in
+# its old file, which an incremental run then reads by row position to retract it.
+WIDE = FlowSpec(name="widened", source="widening", event_time="et", window=Tumbling("10m"), keys=("sym",),
+                aggregates=(Agg.count(), Agg.sum("quantity"), Agg.sum("px"), Agg.avg("px"), Agg.sum("amt"),
+                            Agg.max("quantity"), Agg.min("amt")))  # in the sink: int -> bigint, decimal(7,2) -> (14,4)
+NEXT = "2024-01-01-01:00"
+
+
+def _hour(df: pd.DataFrame, part: str) -> pd.DataFrame:
+    """The rows of `df` whose window starts in partition `part` (an hour, "2024-01-01-00:00")."""
+    start = pd.Timestamp(f"{part[:10]} {part[11:]}", tz="UTC")
+    at = pd.to_datetime(df.window_start, utc=True)
+    return df[(at >= start) & (at < start + pd.Timedelta("1h"))]
+
+
+def _widen_rows(*rows) -> str:
+    return ", ".join(f"({i}, TIMESTAMP'{ts}', '{sym}', {qty}, {px}, {amt}, {small})"
+                     for i, ts, sym, qty, px, amt, small in rows)
+
+
+def test_widened_columns_read_with_their_new_type_first_incremental_and_retracting_runs(spark, lake):
+    """int -> bigint, float -> double, decimal(7,2) -> decimal(14,4) and smallint -> int, widened by delta-spark
+    after rows were written: Laminar's snapshot read equals delta-spark's at every version, and a flow (first
+    run, the run after the widening, an update and appends, an incremental run retracting a deleted row of a
+    file written before it) equals a recompute from delta-spark's read after each step. The run after the widening refills
+    with SCHEMA_CHANGED, and the sink rows of a partition it did not run are widened in place, not dropped."""
+    path = lake.path("widening")
+    table = f"delta.`{spark_path(path)}`"
+    spark.sql(f"CREATE TABLE {table} (id BIGINT, et TIMESTAMP, sym STRING, quantity INT, px FLOAT, amt DECIMAL(7,2), "
+              "small SMALLINT) USING delta TBLPROPERTIES ('delta.enableTypeWidening' = 'true', "
+              "'delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"INSERT INTO {table} VALUES " + _widen_rows(
+        (1, "2024-01-01 00:01:00", "a", 2147483647, 1.1, "99999.99", 32767),
+        (2, "2024-01-01 00:02:00", "a", -5, 2.5, "-0.01", -3),
+        (10, "2024-01-01 00:06:00", "b", 4, 0.75, "3.00", 7),  # three rows a file (two tasks): an UPDATE or
+        (3, "2024-01-01 00:12:00", "b", 7, -1.25, "12.34", 1),  # DELETE of one of them marks it with a
+        (11, "2024-01-01 00:16:00", "c", 12, 2.0, "7.77", 8),  # deletion vector, not a rewrite of the file
+        (5, "2024-01-01 00:03:00", "a", 11, 0.1, "0.10", 5),
+        (4, "2024-01-01 01:05:00", "a", 9, 3.3, "1.00", 2)))
+    # the run that retracts a deleted row merges (and recomputes a group that lost its extreme) instead of
+    # recomputing its windows up front
+    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None, extreme_refill_share=None))
+
+    def check(step: str, part: str, mode: Mode, reason: Reason | None = None) -> None:
+        version = _version(path)
+        theirs = _delta_spark(spark, path, version)
+        assert _rows(_laminar(spark, "widening", path, version).select(*theirs.columns)) == _rows(theirs), step
+        result = engine.run(WIDE, part)
+        assert result.mode is mode and (reason is None or result.reason is reason), (step, result.mode, result.detail)
+        assert_frames_match(_hour(lake.read(WIDE.sink), part), _hour(full_recompute(spark, WIDE, _arrow(theirs)), part),
+                            WIDE.keys)
+
+    check("first run", PART, Mode.REFILL)
+    engine.run(WIDE, NEXT)
+
+    for column, wider in (("quantity", "BIGINT"), ("px", "DOUBLE"), ("amt", "DECIMAL(14,4)"), ("small", "INT")):
+        spark.sql(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {wider}")
+    sink = lake.table(WIDE.sink)
+    spark.sql(f"INSERT INTO {table} VALUES " + _widen_rows(  # values beyond the old types' ranges
+        (7, "2024-01-01 00:04:00", "a", 5_000_000_000, 1e300, "1234567890.1234", 2_000_000_000),
+        (8, "2024-01-01 00:15:00", "b", -9_000_000_000, 0.1, "-0.0001", -70000)))
+    spark.sql(f"UPDATE {table} SET quantity = quantity + 3000000000, amt = amt + 0.0005 WHERE id = 3")  # a pre-widening row
+    check("run after the widening", PART, Mode.REFILL, Reason.SCHEMA_CHANGED)
+    widened = lake.table(WIDE.sink)
+    assert widened.schema().to_arrow() != sink.schema().to_arrow()
+    left = _hour(widened.to_pandas(), NEXT)
+    assert len(left) == 1 and left.max_quantity.tolist() == [9] and left.min_amt.tolist() == [Decimal("1.0000")], \
+        "the partition not run keeps its rows, widened"
+
+    # a row written before the widening, beside others in its file: the deletion vector marks it there, and the
+    # incremental run retracts it reading the old (INT32, FLOAT, DECIMAL(7,2)) file by row position
+    spark.sql(f"DELETE FROM {table} WHERE id = 1")
+    spark.sql(f"INSERT INTO {table} VALUES " + _widen_rows((9, "2024-01-01 00:05:00", "b", 3, 0.5, "5.5", 1)))
+    check("incremental run retracting pre-widening rows", PART, Mode.INCREMENTAL)
+    check("the other partition", NEXT, Mode.REFILL, Reason.SCHEMA_CHANGED)

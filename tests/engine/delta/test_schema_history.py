@@ -72,3 +72,50 @@ def test_a_spark_read_of_a_retyped_file_is_told_from_other_failures():
     except ValueError as exc:
         assert type_mismatch(exc) == "file file:///l/t/part-0.parquet stores column px as BINARY, read as double"
     assert type_mismatch(RuntimeError("[CAST_INVALID_INPUT] The value '3.0' cannot be cast")) is None
+
+
+def test_widenings_delta_allows_and_nothing_else():
+    from laminar_assets.engine.delta.schema_history import widens
+    allowed = [("byte", "short"), ("short", "integer"), ("integer", "long"), ("byte", "long"), ("integer", "double"),
+               ("short", "double"), ("float", "double"), ("integer", "decimal(10,0)"), ("integer", "decimal(12,2)"),
+               ("long", "decimal(20,0)"), ("byte", "decimal(3,0)"), ("decimal(5,2)", "decimal(10,2)"),
+               ("decimal(5,2)", "decimal(7,4)"), ("date", "timestamp_ntz")]
+    refused = [("long", "integer"), ("long", "double"), ("double", "float"), ("integer", "decimal(10,1)"),
+               ("long", "decimal(19,0)"), ("decimal(10,2)", "decimal(10,3)"), ("decimal(10,2)", "decimal(12,1)"),
+               ("date", "timestamp"), ("integer", "integer"), ("string", "long"), ("integer", "string")]
+    assert [p for p in allowed if not widens(*p)] == []
+    assert [p for p in refused if widens(*p)] == []
+
+
+def test_commits_that_widened_a_read_column_are_named():
+    from laminar_assets.engine.delta.schema_history import widened_commits
+    ints, longs = schema(ts="timestamp", qty="integer", px="float"), schema(ts="timestamp", qty="long", px="float")
+    commits = [commit(1), commit(2, schema_json=longs, files=False), commit(3)]
+    found = widened_commits("t", commits, {"qty"}, lambda: ints)
+    assert found == ((2, "column 'qty' of 't' was widened from integer to long at version 2"),)
+    assert widened_commits("t", commits, {"px"}, lambda: ints) == ()  # not a column the reader reads
+    assert widened_commits("t", [commit(1, schema_json=ints)], {"*"}, lambda: longs) == ()  # narrowed: no widening
+
+
+def test_a_table_whose_columns_a_schema_only_widens():
+    import pyarrow as pa
+
+    from laminar_assets.engine.delta.schema_history import widens_only
+    now = pa.schema([("k", pa.string()), ("n", pa.int32()), ("x", pa.float32()), ("d", pa.decimal128(10, 2))])
+    assert widens_only(now, pa.schema([("k", pa.string()), ("n", pa.int64()), ("x", pa.float64()),
+                                       ("d", pa.decimal128(12, 2)), ("new", pa.int64())]))
+    assert not widens_only(now, now)  # nothing wider
+    assert not widens_only(now, pa.schema([("k", pa.string()), ("n", pa.int64()), ("x", pa.float32())]))  # d went
+    assert not widens_only(now, pa.schema([("k", pa.string()), ("n", pa.int16()), ("x", pa.float32()),
+                                           ("d", pa.decimal128(10, 2))]))  # narrowed
+
+
+def test_a_nested_field_widened_is_a_widening():
+    from laminar_assets.engine.delta.schema_history import widened_commits
+
+    def nested(inner: str, name: str = "q") -> str:
+        return json.dumps({"type": "struct", "fields": [{"name": "s", "nullable": True, "metadata": {}, "type": {
+            "type": "struct", "fields": [{"name": name, "type": inner, "nullable": True, "metadata": {}}]}}]})
+    assert [v for v, _ in widened_commits("t", [commit(1, schema_json=nested("long"))], {"s"},
+                                          lambda: nested("integer"))] == [1]
+    assert widened_commits("t", [commit(1, schema_json=nested("long", "r"))], {"s"}, lambda: nested("integer")) == ()

@@ -340,3 +340,17 @@ def test_a_stage_change_whose_rows_it_leaves_out_recomputes_nothing():
     hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22)))
     p = plan(STAGE, mark(STAGE), hist, changed_groups=(), group_refill_share=0.5, state_groups=40)
     assert (p.refill, p.refill_groups, p.refill_all) == ((), (), False) and "nothing is recomputed" in p.detail
+
+
+def test_a_commit_that_widened_a_read_column_refills_with_schema_changed():
+    """Delta type widening (`SourceHistory.widened`): state built before the widening is recomputed, not
+    merged with rows read under the new type, even when the column is not one whose type the input schema
+    holds (a filter's); a watermark after the widening merges as usual."""
+    filtered = replace(RETRACT, filter="q > 0")
+    why = "column 'q' of 'src' was widened from integer to long at version 4"
+    hist = replace(history(commit(4, CommitKind.METADATA), commit(5, CommitKind.APPEND, file(1, 2))),
+                   widened=((4, why),))
+    p = plan(filtered, mark(filtered), hist)
+    assert (p.mode, p.reason, p.refill_all) == (Mode.REFILL, Reason.SCHEMA_CHANGED, True) and why in p.detail
+    p = plan(filtered, mark(filtered, version=4), hist.after(4))
+    assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.APPEND_ONLY)
