@@ -77,12 +77,18 @@ def _in_effect(commits: Collection[CommitSummary], start_schema):
             then = column_types(c.schema)
         elif then is None and not asked:
             asked = True
-            try:
-                start = start_schema()
-            except LaminarError:  # that snapshot cannot be opened (log cleaned up): the history says so
-                start = None
-            then = column_types(start) if start else None
+            then = _start_types(start_schema)
         yield c, then
+
+
+def _start_types(start_schema) -> dict[str, str] | None:
+    """The column types of `start_schema()` (the schema before a range of commits), or None when unknown
+    (that snapshot cannot be opened, e.g. its log was cleaned up: the history then says so)."""
+    try:
+        start = start_schema()
+    except LaminarError:
+        return None
+    return column_types(start) if start else None
 
 
 def _wanted(now: Mapping[str, str], columns: Collection[str]) -> set[str]:
@@ -148,11 +154,7 @@ def widened_commits(table: str, commits: Collection[CommitSummary], columns: Col
         now = column_types(c.schema)
         if then is None and not asked:
             asked = True
-            try:
-                start = start_schema()
-            except LaminarError:  # that snapshot cannot be opened (log cleaned up): the history says so
-                start = None
-            then = column_types(start) if start else None
+            then = _start_types(start_schema)
         if then is not None:
             for col in sorted(_wanted(now, columns)):
                 if col in then and then[col] != now[col] and _widened(then[col], now[col]):
