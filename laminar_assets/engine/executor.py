@@ -103,9 +103,10 @@ class Engine:
     layout = property(lambda self: self.ctx.layout)
 
     # --- what a run would do ----------------------------------------------
-    def gather(self, spec: Spec, marks: list[Watermark | None]) -> RunInputs:
-        """The run's inputs: every source opened once, its schema checked, its log read once."""
-        return gather(self.ctx.layout, spec, marks, lambda info, dims: self._check(spec, info, dims))
+    def gather(self, spec: Spec, marks: list[Watermark | None], *, pooled: bool = False) -> RunInputs:
+        """The run's inputs: every source opened once, its schema checked, its log read once. `pooled`: the
+        snapshots come from the process's pool on an object store (give them back: `RunInputs.release`)."""
+        return gather(self.ctx.layout, spec, marks, lambda info, dims: self._check(spec, info, dims), pooled=pooled)
 
     def plan(self, spec: Spec, partition: str, *, force: bool = False) -> PartitionPlan:
         """What a run would do now; reads, never writes."""
@@ -154,12 +155,13 @@ class Engine:
         self._reach_sources(spec)
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
+        inputs: RunInputs | None = None
         # every staging of the run is tracked: what no commit took is removed when the run ends
         with protocol.leases(self.ctx, spec, keys, run_id), staging.scope():
             try:
                 started = time.perf_counter()
                 marks.update(self._settle(spec, keys, run_id))
-                inputs = self.gather(spec, list(marks.values()))
+                inputs = self.gather(spec, list(marks.values()), pooled=True)
                 inputs.limit_to(spec, keys)
                 plans = self._plan_all(spec, marks, inputs, force)
                 self._refuse_strict(spec, plans)
@@ -181,6 +183,9 @@ class Engine:
             except Exception as exc:  # counted for `laminar status` / `check`, then raised unchanged
                 protocol.record_failed_run(self.ctx, spec, [k for k in keys if k not in results], marks, run_id, exc)
                 raise
+            finally:
+                if inputs is not None:
+                    inputs.release()  # the sources' snapshots: the next run moves them forward
         for k in keys:
             results[k].seconds["plan"] = plan_s
         # The sweep belongs to no partition: credit it to the first partition that did work, so a NOOP
@@ -406,7 +411,7 @@ class Engine:
 
     def _sweep(self, spec: Spec, plan: PartitionPlan, run_id: str, inputs: RunInputs) -> SweepResult:
         try:
-            return sweep(self.ctx, spec, plan, run_id, opened=inputs.infos)
+            return sweep(self.ctx, spec, plan, run_id, opened=inputs.infos, histories=inputs.histories)
         except CURABLE as exc:
             raise RunFailedError(f"quarantine sweep of '{spec.name}' failed: {protocol.short(exc)}; nothing was "
                                  "written to the partition", flow=spec.name, partition=plan.partition,

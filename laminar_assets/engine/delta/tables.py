@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
@@ -199,20 +199,18 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
     """Open a Delta table for reading or raise `SourceNotFoundError` naming it. Readers of the same
     snapshot in one process share one open table (`snapshot_cache`): never commit through it."""
     try:
-        return snapshot_cache.open_snapshot(uri, version, _open)
-    except TableNotFoundError as exc:
-        raise SourceNotFoundError(
-            f"source table '{name}' does not exist: expected a Delta table at {uri}; "
-            "create it or fix the flow's source", table=name, version=version,
-        ) from exc
+        return snapshot_cache.open_snapshot(uri, version, _open_named(name))
     except (DeltaError, OSError, ValueError) as exc:  # e.g. a version whose log entry is gone
-        damage = log_damage(name, uri, version)  # deltalake's error names neither the version nor the file
-        if damage is not None:
-            raise damage from exc
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # not its backtrace
-        raise SourceNotFoundError(
-            f"cannot open Delta table '{name}' at {uri}: {first_line}", table=name, version=version,
-        ) from exc
+        raise _open_error(name, uri, version, exc) from exc
+
+
+def _open_error(name: str, uri: str, version: int | None, exc: Exception) -> LaminarError:
+    """The error of a failed open: the damaged file when one is the cause, else deltalake's first line."""
+    damage = log_damage(name, uri, version)  # deltalake's error names neither the version nor the file
+    if damage is not None:
+        return damage
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # not its backtrace
+    return SourceNotFoundError(f"cannot open Delta table '{name}' at {uri}: {first_line}", table=name, version=version)
 
 
 def _open(uri: str, version: int | None) -> DeltaTable:
@@ -233,6 +231,41 @@ def is_delta_table(uri: str) -> bool:
 def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
     """Snapshot facts at `version` (latest if None); refuses features a Parquet read gets wrong."""
     return info_of(name, uri, open_table(name, uri, version))
+
+
+def checkout_info(name: str, uri: str) -> tuple[TableInfo, Callable[[], None]]:
+    """`table_info` at the latest version, for one run: on an object store the snapshot comes from the
+    process's pool (`snapshot_cache.checkout`: the last run's handle moved forward, reading only the commits
+    since), and the returned `release` gives it back; call it when the run is done with the snapshot (the
+    `TableInfo` must not be read after). Elsewhere `table_info` as it is, and `release` does nothing."""
+    if not storage.is_object_store(uri):
+        return table_info(name, uri), _nothing
+    try:
+        dt, tag = snapshot_cache.checkout(uri, _open_named(name))
+    except (DeltaError, OSError, ValueError) as exc:  # opened as `open_table` does, for its errors
+        raise _open_error(name, uri, None, exc) from exc
+    try:
+        info = info_of(name, uri, dt)
+    except BaseException:
+        snapshot_cache.give_back(uri, dt, tag)
+        raise
+    return info, lambda: snapshot_cache.give_back(uri, dt, tag)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _open_named(name: str) -> Callable[[str, int | None], DeltaTable]:
+    def opener(uri: str, version: int | None) -> DeltaTable:
+        try:
+            return _open(uri, version)
+        except TableNotFoundError as exc:
+            raise SourceNotFoundError(
+                f"source table '{name}' does not exist: expected a Delta table at {uri}; "
+                "create it or fix the flow's source", table=name, version=version,
+            ) from exc
+    return opener
 
 
 def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:

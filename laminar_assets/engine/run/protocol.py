@@ -27,6 +27,7 @@ from laminar_assets.checkpoints import CheckpointStore, FailedRuns, PendingRun, 
 from laminar_assets.errors import ConcurrentRunError, LaminarError
 
 from ..delta.tables import open_delta
+from ..delta.transactions import txn_versions_of
 from ..spark.failures import first_line
 from .context import RunContext
 from .plan import PartitionPlan
@@ -59,7 +60,7 @@ def txn_versions(uri: str, apps: list[str], *, opened: dict[str, DeltaTable] | N
         return {a: None for a in apps}
     if opened is not None:
         opened[uri] = table
-    return {a: table.transaction_version(a) for a in apps}
+    return txn_versions_of(table, uri, apps)
 
 
 @dataclass(frozen=True)
