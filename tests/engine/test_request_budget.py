@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from bench.request_log import RequestLog
+from bench.request_log import RequestLog, phases, table
 from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, Tumbling
 from laminar_assets.engine.delta import snapshot_cache
 from tests.conftest import Lake
@@ -83,3 +83,44 @@ def _recreate(lake: Lake, name: str, first, second) -> None:
         storage.delete(uri)
     lake.create(name, first)
     lake.append(name, second)
+
+
+@pytest.mark.parametrize("age", [4, 40])
+def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sources_age(spark, s3_server, s3_lake,
+                                                                                          age):
+    """A batched incremental run over N partitions after a small change, on a source `age` commits past its last
+    checkpoint (deltalake checkpoints every 100): the source's log is read from the version the watermarks name
+    (the process's snapshot moved forward), the state table's app transactions of all partitions from one read,
+    and the sweep reuses the commits the run read. Budgets by phase; the same counts at every age."""
+    n = 6
+    parts = [f"2024-01-01-{h:02d}:00" for h in range(n)]
+    s3_lake.create("trades", [(f"2024-01-01 {h:02d}:01:00", "a", 1.0, 1) for h in range(n)])
+    for i in range(age - 1):  # the table's age: commits to one partition
+        s3_lake.append("trades", [(f"2024-01-01 00:{10 + i % 40:02d}:00", "b", 1.0, 1)])
+    engine = Engine(spark, s3_lake.root)
+    engine.run_many(FLOW, parts)
+    engine.run_many(FLOW, parts)  # nothing new: the process has run the flow up to these versions
+    for h in range(n):  # Δ: one commit per partition
+        s3_lake.append("trades", [(f"2024-01-01 {h:02d}:07:00", "c", 2.0, 1)])
+    log = RequestLog(s3_server.endpoint, sinks=(FLOW.name,))
+    log.start()
+    with phases(log):
+        results = engine.run_many(FLOW, parts)
+    requests = log.requests()
+    assert [r.reason for r in results] == [Reason.APPEND_ONLY] * n
+    by_phase = {p: sum(c.values()) for p, c in table(requests, "phase").items()}
+    # the source's log: a listing from the handle's version, deltalake's listing and its two reads of each new
+    # commit, our own read of each; one HEAD per file a new commit adds (is it still there?)
+    assert by_phase["gather"] <= 2 + 3 * n + n, by_phase
+    # the state table opened once (its log since its checkpoint), the app transactions of all partitions from
+    # one read of it; an intent per partition
+    assert by_phase["intent"] <= n + 12, by_phase
+    assert by_phase["sweep"] <= 5, by_phase  # its progress (read under its lease), its lease, no commit re-read
+    assert len(requests) <= BATCH_BUDGET(n), (len(requests), by_phase)
+    results = engine.run_many(FLOW, parts)
+    sink = Lake(s3_lake.root).read(FLOW.name)
+    assert sink["count"].sum() == n + (age - 1) + n
+
+
+def BATCH_BUDGET(n: int) -> int:  # noqa: N802
+    return 10 ** 6

@@ -149,7 +149,9 @@ def _first_commit(log: str) -> tuple | None:
 # reading only the commits in (V, L] (`DeltaTable.load_as_version`), but moving a handle changes it for everyone
 # holding it, and `deltalake` cannot copy one. So the handles here are held by one run at a time: `checkout`
 # takes a handle out of the pool (or opens one), `give_back` returns it when the run is done with it. A run
-# that finds none free (another run holds it) opens its own, and the pool keeps both afterwards.
+# that finds none free (another run holds it) opens its own, and the pool keeps both afterwards. Sources and
+# Laminar's own tables (state, sink) alike: a commit through a handle leaves it at its version (`deltalake`),
+# and the next checkout moves it over that commit too.
 #
 # Why a handle moved forward is the table's latest snapshot: the handle was opened (or moved) to version V when
 # the log's commit file of V had the tag (ETag) kept with it. `checkout` lists the log from V (one request,
@@ -163,17 +165,21 @@ _pool: OrderedDict[int, tuple[str, DeltaTable, int, str]] = OrderedDict()  # id 
 _pool_stats = {"moved": 0, "opened": 0, "reused": 0}
 
 
-def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable]) -> tuple[DeltaTable, str | None]:
-    """A handle of the object-store table at `uri` at its latest version that the caller holds alone (it may
-    commit nothing through it; hand it back with `give_back`), and the tag of that version's commit file
+def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
+             listed: dict[int, str] | None = None) -> tuple[DeltaTable, str | None]:
+    """A handle of the object-store table at `uri` at its latest version that the caller holds alone (hand it
+    back with `give_back`), and the tag of that version's commit file
     (None: not known). A pooled handle of the table is moved forward (the commits since its version are read);
-    else the table is opened with `opener(uri, None)`."""
+    else the table is opened with `opener(uri, None)`. `listed`: {version: tag} of every commit file from
+    some version on, as the caller listed them just before (`log_tail`): not listed again when they reach
+    back to the pooled handle's version."""
     with _lock:
         mine = [k for k, (u, *_rest) in _pool.items() if u == uri]
         entry = _pool.pop(max(mine, key=lambda k: _pool[k][2])) if mine else None
     if entry is not None:
         _, table, version, tag = entry
-        listed = log_tail(uri, version)
+        if not listed or min(listed) > version:
+            listed = log_tail(uri, version)
         if listed.get(version) == tag:
             latest = max(listed)
             try:
@@ -188,16 +194,20 @@ def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable]) -> tuple
     table = opener(uri, None)
     with _lock:
         _pool_stats["opened"] += 1
-    return table, log_tail(uri, table.version()).get(table.version())
+    if not listed or min(listed) > table.version() or max(listed) < table.version():
+        listed = log_tail(uri, table.version())
+    return table, listed.get(table.version())
 
 
-def give_back(uri: str, table: DeltaTable, tag: str | None) -> None:
-    """Return a handle from `checkout` (at the version whose commit file has `tag`): the next run of this
-    process moves it forward instead of opening the table again. The caller must not use it any more."""
-    if tag is None:
+def give_back(uri: str, table: DeltaTable, version: int, tag: str | None) -> None:
+    """Return a handle from `checkout` (at `version`, whose commit file has `tag`): the next run of this
+    process moves it forward instead of opening the table again. The caller must not use it any more. A commit
+    through the handle leaves it where it was (`deltalake` does not move it); a handle that moved anyway (an
+    operation that reloads it) is dropped, since `tag` names another version's file."""
+    if tag is None or table.version() != version:
         return
     with _lock:
-        _pool[id(table)] = (uri, table, table.version(), tag)
+        _pool[id(table)] = (uri, table, version, tag)
         _pool.move_to_end(id(table))
         while len(_pool) > MAX_POOLED:
             _pool.popitem(last=False)

@@ -233,23 +233,36 @@ def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
     return info_of(name, uri, open_table(name, uri, version))
 
 
-def checkout_info(name: str, uri: str) -> tuple[TableInfo, Callable[[], None]]:
+def checkout_info(name: str, uri: str, *, listed: dict[int, str] | None = None) -> tuple[TableInfo, Callable[[], None]]:
     """`table_info` at the latest version, for one run: on an object store the snapshot comes from the
     process's pool (`snapshot_cache.checkout`: the last run's handle moved forward, reading only the commits
     since), and the returned `release` gives it back; call it when the run is done with the snapshot (the
-    `TableInfo` must not be read after). Elsewhere `table_info` as it is, and `release` does nothing."""
+    `TableInfo` must not be read after). Elsewhere `table_info` as it is, and `release` does nothing.
+    `listed`: the log's commit files as the caller listed them just before (`snapshot_cache.checkout`)."""
     if not storage.is_object_store(uri):
         return table_info(name, uri), _nothing
     try:
-        dt, tag = snapshot_cache.checkout(uri, _open_named(name))
+        dt, tag = snapshot_cache.checkout(uri, _open_named(name), listed=listed)
     except (DeltaError, OSError, ValueError) as exc:  # opened as `open_table` does, for its errors
         raise _open_error(name, uri, None, exc) from exc
+    version = dt.version()
     try:
         info = info_of(name, uri, dt)
     except BaseException:
-        snapshot_cache.give_back(uri, dt, tag)
+        snapshot_cache.give_back(uri, dt, version, tag)
         raise
-    return info, lambda: snapshot_cache.give_back(uri, dt, tag)
+    return info, lambda: snapshot_cache.give_back(uri, dt, version, tag)
+
+
+def checkout_table(uri: str) -> tuple[DeltaTable, Callable[[], None]]:
+    """A table Laminar writes (state, sink) at its latest version, for one run: on an object store from the
+    process's pool like `checkout_info` (the run may commit through it: that leaves the handle where it was);
+    `release` gives it back. Raises `TableNotFoundError` when there is no table yet."""
+    if not storage.is_object_store(uri):
+        return open_delta(uri), _nothing
+    dt, tag = snapshot_cache.checkout(uri, _open)
+    version = dt.version()
+    return dt, lambda: snapshot_cache.give_back(uri, dt, version, tag)
 
 
 def _nothing() -> None:

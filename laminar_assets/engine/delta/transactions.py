@@ -10,8 +10,8 @@ Here the log segment of the snapshot is read once for all apps, as the Delta pro
     C.checkpoint.parquet            its `txn` column: each app's version at C
     C+1.json ... V.json             `txn` actions of the commits since (a later one replaces an earlier one)
 
-and the answer is kept with the open table (the same handle at the same version is not read again: a commit
-through it moves its version). Where the log is not laid out like that (a multi-part or V2 checkpoint, a
+and the answer is kept with the open table: the same handle at the same version is not read again, and a
+handle moved forward (`snapshot_cache.checkout`) reads only the commits since. Where the log is not laid out like that (a multi-part or V2 checkpoint, a
 checkpoint newer than the snapshot, a commit file gone), `transaction_version` answers, per app.
 """
 
@@ -40,7 +40,12 @@ def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, i
     if kept is not None and kept[0]() is table and kept[1] == version:
         found = kept[2]
     else:
-        found = _app_versions(uri, version)
+        found = None
+        if kept is not None and kept[0]() is table and kept[1] < version:
+            # the same handle moved forward (`snapshot_cache.checkout`): the commits since are read, no more
+            found = _commits_since(uri, kept[1], version, dict(kept[2]))
+        if found is None:
+            found = _app_versions(uri, version)
         if found is None:  # a log laid out otherwise: deltalake reads it, per app
             return {a: table.transaction_version(a) for a in apps}
         with _lock:
@@ -74,7 +79,14 @@ def _app_versions(uri: str, version: int) -> dict[str, int] | None:
                 if txn and txn.get("appId") is not None:
                     found[txn["appId"]] = int(txn["version"])
         start = checkpoint + 1
-    for v in range(start, version + 1):
+    return _commits_since(uri, start - 1, version, found)
+
+
+def _commits_since(uri: str, since: int, version: int, found: dict[str, int]) -> dict[str, int] | None:
+    """`found` (every app's version at `since`) with the `txn` actions of commits `since`+1 .. `version`;
+    None when one of those commit files is gone or damaged."""
+    log = storage.join(uri, "_delta_log")
+    for v in range(since + 1, version + 1):
         text = storage.read(storage.join(log, f"{v:020d}.json"))
         if text is None:
             return None

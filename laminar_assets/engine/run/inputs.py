@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql.types import StructType
 
 from laminar_assets.checkpoints import Watermark
@@ -22,6 +23,7 @@ from ..delta.tables import (
     SourceHistory,
     TableInfo,
     checkout_info,
+    checkout_table,
     refuse_collated,
     snapshot_files,
     source_history,
@@ -53,6 +55,16 @@ class RunInputs:
     opened: dict[str, DeltaTable] = field(default_factory=dict, repr=False)
     # gives back the pooled snapshots of the sources and dimensions (`tables.checkout_info`), once
     _releases: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def own_table(self, uri: str) -> DeltaTable | None:
+        """A table this run writes (state, sink) at its latest version, from the process's pool on an object
+        store (`tables.checkout_table`), given back by `release`; None when there is no table yet."""
+        try:
+            table, release = checkout_table(uri)
+        except TableNotFoundError:
+            return None
+        self._releases.append(release)
+        return table
 
     def release(self) -> None:
         """The run is done with its snapshots of the sources and dimensions: on an object store they go back
@@ -106,19 +118,21 @@ class RunInputs:
 
 
 def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema, *,
-           pooled: bool = False) -> RunInputs:
+           pooled: bool = False, listed: dict[str, dict[int, str]] | None = None) -> RunInputs:
     """Open every source and dimension once at its latest version, check the spec against each
     source's schema (`check_schema(info, dims) -> CheckedSource`) and read the log once from the oldest
     watermark among `marks` (partitions without one refill from the snapshot). `pooled`: on an object
     store, take the snapshots from the process's pool (`tables.checkout_info`: the commits since the last
-    run's are read, not the log since the checkpoint); the caller gives them back with `RunInputs.release`."""
+    run's are read, not the log since the checkpoint); the caller gives them back with `RunInputs.release`.
+    `listed`: {table uri: {version: tag}} of the commit files the caller listed just before (not listed again)."""
     marks = list(marks)
     releases: list[Callable[[], None]] = []
 
     def latest(name: str) -> TableInfo:
         if not pooled:
             return table_info(name, layout.table_uri(name))
-        info, release = checkout_info(name, layout.table_uri(name))
+        uri = layout.table_uri(name)
+        info, release = checkout_info(name, uri, listed=(listed or {}).get(uri))
         releases.append(release)
         return info
 

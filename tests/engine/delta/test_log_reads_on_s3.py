@@ -18,7 +18,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from bench.request_log import RequestLog
 from laminar_assets import storage
 from laminar_assets.engine.delta import snapshot_cache
-from laminar_assets.engine.delta.tables import checkout_info, info_of, snapshot_files
+from laminar_assets.engine.delta.tables import checkout_info, checkout_table, info_of, snapshot_files
 from laminar_assets.engine.delta.transactions import txn_versions_of
 
 
@@ -128,3 +128,21 @@ def test_app_transactions_of_a_local_table_match_deltalakes(tmp_path):
     dt = DeltaTable(uri)
     apps = ["a0", "a1", "a2", "nope"]
     assert txn_versions_of(dt, uri, apps) == {a: dt.transaction_version(a) for a in apps}
+
+
+def test_a_written_tables_handle_is_moved_over_its_own_commits_and_its_app_transactions_read_from_there(
+        s3_server, s3_lake):
+    uri = s3_lake.path("state")
+    apps = ["laminar/f/a", "laminar/f/b"]
+    _append(uri, [0], config={"delta.checkpointInterval": "100"})
+    for i in range(1, 8):
+        _append(uri, [i], txn=(apps[i % 2], i))
+    table, release = checkout_table(uri)
+    assert txn_versions_of(table, uri, apps) == {apps[0]: 6, apps[1]: 7}
+    release()
+    _append(uri, [8], txn=(apps[0], 8))  # the run's own commit (a commit through a handle leaves it where it was)
+    (table, release), moved = _counted(s3_server, lambda: checkout_table(uri))
+    assert table.version() == 8 and moved == {"LIST": 2, "GET": 2}
+    got, requests = _counted(s3_server, lambda: txn_versions_of(table, uri, apps))
+    assert got == {apps[0]: 8, apps[1]: 7} and requests == {"GET": 1}  # the one new commit
+    release()
