@@ -403,12 +403,15 @@ def _expired(table: str, since: int | None, gone: tuple[int, ...], vacuumed: tup
 
 
 def source_history(table: str, uri: str, from_version: int | None, latest: int, event_time: str,
-                   *, info: TableInfo | None = None, check_snapshots: bool = False) -> SourceHistory:
+                   *, info: TableInfo | None = None, check_snapshots: bool = False,
+                   at_latest: bool = False) -> SourceHistory:
     """Commits in (from_version, latest]; `expired` says why the range is unreadable, if it is.
     `info`: the snapshot at `latest` if the caller already opened it. Log entries are parsed once
     per process; whether their files still exist is checked on every call. `check_snapshots`: also
     look whether the files each commit removed still exist (`snapshot_gone`), for runs that may read
-    a snapshot older than `latest` (a spec that bounds its work per run)."""
+    a snapshot older than `latest` (a spec that bounds its work per run). `at_latest`: `latest` is the
+    table's latest version (as just listed): a file a commit added that no later commit removed is in the
+    latest snapshot, which no vacuum deletes from, so it is not looked for (`missing_files`)."""
     info = info if info is not None and info.version == latest else table_info(table, uri, latest)
     if from_version is not None and from_version > latest:
         return _recreated(table, uri, from_version, latest, info.cdf_enabled)
@@ -424,12 +427,18 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
         if summary is None:
             gone.append(version)
             continue
-        lost = missing_files(summary)
-        if lost:
-            vacuumed.append((version, lost[0]))
-        if check_snapshots:
-            snapshot_gone += [(version, f) for f in summary.removed if not file_exists(f)][:1]
         commits.append(summary)
+    # Files removed after each commit, up to `latest` (when every commit since was read): a file a commit
+    # added that no later one removed is in the latest snapshot, which no vacuum deletes from
+    later: set[str] = set()
+    for summary in reversed(commits):  # newest first: `later` holds what the commits after this one removed
+        lost = missing_files(summary, removed_since=later if at_latest and not gone else None)
+        if lost:
+            vacuumed.insert(0, (summary.version, lost[0]))
+        later.update(summary.removed)
+    if check_snapshots:
+        for summary in commits:
+            snapshot_gone += [(summary.version, f) for f in summary.removed if not file_exists(f)][:1]
     return SourceHistory(table, uri, from_version, latest, tuple(commits),
                          _expired(table, from_version, tuple(gone), tuple(vacuumed)), info.cdf_enabled,
                          tuple(gone), tuple(vacuumed), tuple(snapshot_gone))

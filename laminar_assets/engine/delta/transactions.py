@@ -11,8 +11,9 @@ Here the log segment of the snapshot is read once for all apps, as the Delta pro
     C+1.json ... V.json             `txn` actions of the commits since (a later one replaces an earlier one)
 
 and the answer is kept with the open table: the same handle at the same version is not read again, and a
-handle moved forward (`snapshot_cache.checkout`) reads only the commits since. Where the log is not laid out like that (a multi-part or V2 checkpoint, a
-checkpoint newer than the snapshot, a commit file gone), `transaction_version` answers, per app.
+handle moved forward (`snapshot_cache.checkout`) reads only the commits since. Where the log is not laid out
+like that (a multi-part or V2 checkpoint, a checkpoint newer than the snapshot, a commit file gone),
+`transaction_version` answers, per app.
 """
 
 from __future__ import annotations

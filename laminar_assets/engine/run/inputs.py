@@ -168,7 +168,7 @@ def _gather(spec: Spec, marks: list[Watermark | None], check_schema, latest, rel
             oldest = info.version
         bounded = bool(spec.max_versions_per_run or spec.max_rows_per_run)  # may read a snapshot before the latest
         history = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info,
-                                 check_snapshots=bounded)
+                                 check_snapshots=bounded, at_latest=True)
         histories[src] = history.with_retyped(info, columns_used(spec, src))
     return RunInputs(infos, histories, dims, schema, row_schema, _releases=releases)
 

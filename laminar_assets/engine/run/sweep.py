@@ -145,7 +145,8 @@ def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None, target:
     if history.expired:
         return snapshot(Reason.CHECKPOINT_EXPIRED, history.expired)
     reads = [(commit, [f for f in _inserted_files(commit) if may_hold(f)]) for commit in history.commits]
-    # the history found every file an incremental read of its commits opens (`readable`): only the others
+    # the history found every file an incremental read of its commits opens (`readable`: looked for, or in
+    # the latest snapshot, see `source_history`): only the others
     checked = {f.uri for c in history.commits for f in c.readable}
     gone = next(((c, f) for c, files in reads for f in files if f.uri not in checked and not file_exists(f.uri)),
                 None)
