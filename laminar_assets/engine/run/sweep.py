@@ -46,8 +46,13 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
     has not swept yet (a snapshot sweep: up to the latest version, `opened`); returns what it did.
     Idempotent; one sweeper per flow at a time. `opened`: sources the run opened (`RunInputs.infos`);
     `histories`: the commits the run read (`RunInputs.histories`), not read again when they cover the sweep's."""
-    done = ctx.store.load_sweep(spec.name, spec.spec_hash)
-    todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
+    # the progress this process last read or wrote: when it leaves versions to sweep, the lease is taken
+    # straight away (the progress is read again under it); else the progress is read first, without it
+    known = ctx.store.swept(spec.name, spec.spec_hash)
+    todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and (known or {}).get(s, -1) < v}
+    if known is None or not todo:
+        done = ctx.store.load_sweep(spec.name, spec.spec_hash)
+        todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
     if not todo:
         return SweepResult()
     try:
