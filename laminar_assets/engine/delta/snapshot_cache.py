@@ -160,7 +160,7 @@ def _first_commit(log: str) -> tuple | None:
 # their time in milliseconds; the same argument as `_key`'s for local tables), and the newest commit listed is
 # the latest version. Commit files are never rewritten, so the commits up to V the handle holds are the table's.
 
-MAX_POOLED = 8  # handles kept, over all tables (least recently given back dropped first)
+MAX_POOLED = 32  # handles kept, over all tables (least recently given back dropped first): a run holds three or so
 _pool: OrderedDict[int, tuple[str, DeltaTable, int, str]] = OrderedDict()  # id -> (uri, table, version, tag)
 _pool_stats = {"moved": 0, "opened": 0, "reused": 0}
 
@@ -178,7 +178,7 @@ def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
         entry = _pool.pop(max(mine, key=lambda k: _pool[k][2])) if mine else None
     if entry is not None:
         _, table, version, tag = entry
-        if not listed or min(listed) > version:
+        if not listed or not min(listed) <= version <= max(listed):
             listed = log_tail(uri, version)
         if listed.get(version) == tag:
             latest = max(listed)
@@ -194,7 +194,7 @@ def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
     table = opener(uri, None)
     with _lock:
         _pool_stats["opened"] += 1
-    if not listed or min(listed) > table.version() or max(listed) < table.version():
+    if not listed or not min(listed) <= table.version() <= max(listed):
         listed = log_tail(uri, table.version())
     return table, listed.get(table.version())
 
