@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -39,6 +39,7 @@ from laminar_assets.storage import ObjectStoreOptions, Store
 from .delta import integrity
 from .delta.layout import Layout
 from .delta.log import CommitKind
+from .delta.tables import checkout_table
 from .export import Connection, DeliveryResult, Exporter
 from .flow import job as flow_job
 from .flow import state as flow_state
@@ -110,9 +111,13 @@ class Engine:
     layout = property(lambda self: self.ctx.layout)
 
     # --- what a run would do ----------------------------------------------
-    def gather(self, spec: Spec, marks: list[Watermark | None]) -> RunInputs:
-        """The run's inputs: every source opened once, its schema checked, its log read once."""
-        return gather(self.ctx.layout, spec, marks, lambda info, dims: self._check(spec, info, dims))
+    def gather(self, spec: Spec, marks: list[Watermark | None], *, pooled: bool = False,
+               listed: dict[str, dict[int, str]] | None = None) -> RunInputs:
+        """The run's inputs: every source opened once, its schema checked, its log read once. `pooled`: the
+        snapshots come from the process's pool on an object store (give them back: `RunInputs.release`);
+        `listed`: the logs' commit files as `unchanged.check` listed them."""
+        return gather(self.ctx.layout, spec, marks, lambda info, dims: self._check(spec, info, dims), pooled=pooled,
+                      listed=listed)
 
     def plan(self, spec: Spec, partition: str, *, force: bool = False) -> PartitionPlan:
         """What a run would do now; reads, never writes."""
@@ -188,12 +193,13 @@ class Engine:
         self._reach_sources(spec)
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
+        inputs: RunInputs | None = None
         # every staging of the run is tracked: what no commit took is removed when the run ends
         with protocol.leases(self.ctx, spec, keys, run_id), staging.scope():
             try:
                 started = time.perf_counter()
                 marks.update(self._settle(spec, keys, run_id))
-                inputs = self.gather(spec, list(marks.values()))
+                inputs = self.gather(spec, list(marks.values()), pooled=True, listed=found.listed if found else None)
                 inputs.limit_to(spec, keys)
                 plans = self._plan_all(spec, marks, inputs, force)
                 self._refuse_strict(spec, plans)
@@ -216,6 +222,9 @@ class Engine:
                 self._stop_waiting(exc)
                 protocol.record_failed_run(self.ctx, spec, [k for k in keys if k not in results], marks, run_id, exc)
                 raise
+            finally:
+                if inputs is not None:
+                    inputs.release()  # the sources' snapshots: the next run moves them forward
         for k in keys:
             results[k].seconds["plan"] = plan_s
         # The sweep belongs to no partition: credit it to the first partition that did work, so a NOOP
@@ -243,8 +252,18 @@ class Engine:
 
     def check_sink(self, spec: Spec, partitions: list[str] = ()) -> None:
         """Refuse (`SpecError`) a sink that is not this spec's output: an existing table it did not
-        create (a source, a dimension, another flow's output) or a folder of other files. Reads only."""
-        check_owner(self.ctx.layout.sink_uri(spec), spec.name, apps=[self.ctx.layout.app_id(spec, k) for k in partitions])
+        create (a source, a dimension, another flow's output) or a folder of other files. Reads only (on an
+        object store the process's handle of the sink, moved forward: `tables.checkout_table`)."""
+        uri = self.ctx.layout.sink_uri(spec)
+        try:
+            table, release = checkout_table(uri)
+        except TableNotFoundError:
+            table, release = None, None
+        try:
+            check_owner(uri, spec.name, apps=[self.ctx.layout.app_id(spec, k) for k in partitions], table=table)
+        finally:
+            if release is not None:
+                release()
 
     def _record_outcomes(self, spec: Spec, run_id: str, results: list[RunResult], marks: dict, inputs: RunInputs) -> None:
         """Keep what the run did for the hit and fallback rates; a record that cannot be written costs a
@@ -265,7 +284,7 @@ class Engine:
         ctx = self.ctx
         try:
             seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, run_id, opened=inputs.opened,
-                                      source_ids=inputs.source_ids())
+                                      source_ids=inputs.source_ids(), open_table=inputs.own_table)
             ctx.hook("after_intent")
             t0 = time.perf_counter()
             outcome = self._pass(spec, plans, marks, inputs, seqs, run_id, force)
@@ -442,7 +461,7 @@ class Engine:
 
     def _sweep(self, spec: Spec, plan: PartitionPlan, run_id: str, inputs: RunInputs) -> SweepResult:
         try:
-            return sweep(self.ctx, spec, plan, run_id, opened=inputs.infos)
+            return sweep(self.ctx, spec, plan, run_id, opened=inputs.infos, histories=inputs.histories)
         except CURABLE as exc:
             raise RunFailedError(f"quarantine sweep of '{spec.name}' failed: {protocol.short(exc)}; nothing was "
                                  "written to the partition", flow=spec.name, partition=plan.partition,

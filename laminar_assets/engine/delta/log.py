@@ -341,10 +341,13 @@ def commit_summary(table: str, uri: str, version: int, event_time: str | None,
     return _cached_commit(table, uri, version, event_time, names, _entry_stamp(local))
 
 
-def missing_files(commit: CommitSummary) -> list[str]:
+def missing_files(commit: CommitSummary, *, removed_since: set[str] | None = None) -> list[str]:
     """Files the commit's incremental read needs that no longer exist (vacuumed). Never cached:
-    a vacuum removes files without touching the log, so a long-lived process must look again."""
-    needed = [f.uri for f in commit.readable]
+    a vacuum removes files without touching the log, so a long-lived process must look again.
+    `removed_since`: every file the commits after this one up to the latest version removed, when the
+    caller read them all: a data file none of them removed is in the latest snapshot, and a vacuum never
+    deletes a file the latest snapshot names, so it is not looked for (a request each on an object store)."""
+    needed = [f.uri for f in commit.readable if removed_since is None or f.uri in removed_since]
     for f in commit.readable:  # a change read of a deletion vector needs both vectors
         if f.dv_change is not None:
             needed += [dv.file_uri for dv in (f.dv_change.old, f.dv_change.new) if dv is not None and dv.file_uri]

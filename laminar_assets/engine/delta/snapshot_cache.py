@@ -97,9 +97,11 @@ def stats() -> dict[str, int]:
 
 
 def clear() -> None:
-    """Forget every snapshot (tests; a process that deleted tables it will recreate need not)."""
+    """Forget every snapshot and pooled handle (tests; a process that deleted tables it will recreate need
+    not)."""
     with _lock:
         _entries.clear()
+        _pool.clear()
 
 
 def _key(uri: str, version: int | None) -> tuple | None:
@@ -137,3 +139,93 @@ def _first_commit(log: str) -> tuple | None:
             continue
         return (name, st.st_ino, st.st_size, st.st_mtime_ns)
     return None
+
+
+# --- object stores: a run's handle at the latest version, moved forward from the last run's -----------------
+#
+# On an object store, opening a table at its latest version replays (with `deltalake`) every commit since the
+# last checkpoint, reading each commit file twice: about 80 requests for a source 40 commits past its checkpoint,
+# on every run, though a run's change is a few commits. A handle at version V moves to the latest version L by
+# reading only the commits in (V, L] (`DeltaTable.load_as_version`), but moving a handle changes it for everyone
+# holding it, and `deltalake` cannot copy one. So the handles here are held by one run at a time: `checkout`
+# takes a handle out of the pool (or opens one), `give_back` returns it when the run is done with it. A run
+# that finds none free (another run holds it) opens its own, and the pool keeps both afterwards. Sources and
+# Laminar's own tables (state, sink) alike: a commit through a handle leaves it at its version (`deltalake`),
+# and the next checkout moves it over that commit too.
+#
+# Why a handle moved forward is the table's latest snapshot: the handle was opened (or moved) to version V when
+# the log's commit file of V had the tag (ETag) kept with it. `checkout` lists the log from V (one request,
+# StartAfter): V's commit file still there with that tag means the same table (a table deleted and recreated at
+# the path has another commit file at V: its commits name the data files they add, whose names carry UUIDs, and
+# their time in milliseconds; the same argument as `_key`'s for local tables), and the newest commit listed is
+# the latest version. Commit files are never rewritten, so the commits up to V the handle holds are the table's.
+
+MAX_POOLED = 32  # handles kept, over all tables (least recently given back dropped first): a run holds three or so
+_pool: OrderedDict[int, tuple[str, DeltaTable, int, str]] = OrderedDict()  # id -> (uri, table, version, tag)
+_pool_stats = {"moved": 0, "opened": 0, "reused": 0}
+
+
+def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
+             listed: dict[int, str] | None = None) -> tuple[DeltaTable, str | None]:
+    """A handle of the object-store table at `uri` at its latest version that the caller holds alone (hand it
+    back with `give_back`), and the tag of that version's commit file
+    (None: not known). A pooled handle of the table is moved forward (the commits since its version are read);
+    else the table is opened with `opener(uri, None)`. `listed`: {version: tag} of every commit file from
+    some version on, as the caller listed them just before (`log_tail`): not listed again when they reach
+    back to the pooled handle's version."""
+    with _lock:
+        mine = [k for k, (u, *_rest) in _pool.items() if u == uri]
+        entry = _pool.pop(max(mine, key=lambda k: _pool[k][2])) if mine else None
+    if entry is not None:
+        _, table, version, tag = entry
+        if not listed or not min(listed) <= version <= max(listed):
+            listed = log_tail(uri, version)
+        if listed.get(version) == tag:
+            latest = max(listed)
+            try:
+                if latest > version:
+                    table.load_as_version(latest)
+            except Exception:  # noqa: BLE001  (e.g. log clean-up raced the move: open as usual below)
+                entry = None
+            else:
+                with _lock:
+                    _pool_stats["moved" if latest > version else "reused"] += 1
+                return table, listed[latest]
+    table = opener(uri, None)
+    with _lock:
+        _pool_stats["opened"] += 1
+    if not listed or not min(listed) <= table.version() <= max(listed):
+        listed = log_tail(uri, table.version())
+    return table, listed.get(table.version())
+
+
+def give_back(uri: str, table: DeltaTable, version: int, tag: str | None) -> None:
+    """Return a handle from `checkout` (at `version`, whose commit file has `tag`): the next run of this
+    process moves it forward instead of opening the table again. The caller must not use it any more. A commit
+    through the handle leaves it where it was (`deltalake` does not move it); a handle that moved anyway (an
+    operation that reloads it) is dropped, since `tag` names another version's file."""
+    if tag is None or table.version() != version:
+        return
+    with _lock:
+        _pool[id(table)] = (uri, table, version, tag)
+        _pool.move_to_end(id(table))
+        while len(_pool) > MAX_POOLED:
+            _pool.popitem(last=False)
+
+
+def pool_stats() -> dict[str, int]:
+    """Pooled handles opened, moved forward and reused as they were (for tests and the benchmark)."""
+    with _lock:
+        return dict(_pool_stats)
+
+
+def log_tail(uri: str, version: int) -> dict[int, str]:
+    """{version: tag} of the commit files of the table at `uri` from `version` on, from one listing of its log
+    that starts there (S3: StartAfter; what the log holds before costs nothing)."""
+    after = f"{version - 1:020d}.json" if version > 0 else ""
+    found = {}
+    for name, tag in storage.list_tagged(storage.join(uri, "_delta_log"), after=after):
+        match = _COMMIT.match(name)
+        if match and int(match.group(1)) >= version:
+            found[int(match.group(1))] = tag
+    return found

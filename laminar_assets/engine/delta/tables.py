@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
@@ -208,20 +208,18 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
     """Open a Delta table for reading or raise `SourceNotFoundError` naming it. Readers of the same
     snapshot in one process share one open table (`snapshot_cache`): never commit through it."""
     try:
-        return snapshot_cache.open_snapshot(uri, version, _open)
-    except TableNotFoundError as exc:
-        raise SourceNotFoundError(
-            f"source table '{name}' does not exist: expected a Delta table at {uri}; "
-            "create it or fix the flow's source", table=name, version=version,
-        ) from exc
+        return snapshot_cache.open_snapshot(uri, version, _open_named(name))
     except (DeltaError, OSError, ValueError) as exc:  # e.g. a version whose log entry is gone
-        damage = log_damage(name, uri, version)  # deltalake's error names neither the version nor the file
-        if damage is not None:
-            raise damage from exc
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # not its backtrace
-        raise SourceNotFoundError(
-            f"cannot open Delta table '{name}' at {uri}: {first_line}", table=name, version=version,
-        ) from exc
+        raise _open_error(name, uri, version, exc) from exc
+
+
+def _open_error(name: str, uri: str, version: int | None, exc: Exception) -> LaminarError:
+    """The error of a failed open: the damaged file when one is the cause, else deltalake's first line."""
+    damage = log_damage(name, uri, version)  # deltalake's error names neither the version nor the file
+    if damage is not None:
+        return damage
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # not its backtrace
+    return SourceNotFoundError(f"cannot open Delta table '{name}' at {uri}: {first_line}", table=name, version=version)
 
 
 def _open(uri: str, version: int | None) -> DeltaTable:
@@ -242,6 +240,54 @@ def is_delta_table(uri: str) -> bool:
 def table_info(name: str, uri: str, version: int | None = None) -> TableInfo:
     """Snapshot facts at `version` (latest if None); refuses features a Parquet read gets wrong."""
     return info_of(name, uri, open_table(name, uri, version))
+
+
+def checkout_info(name: str, uri: str, *, listed: dict[int, str] | None = None) -> tuple[TableInfo, Callable[[], None]]:
+    """`table_info` at the latest version, for one run: on an object store the snapshot comes from the
+    process's pool (`snapshot_cache.checkout`: the last run's handle moved forward, reading only the commits
+    since), and the returned `release` gives it back; call it when the run is done with the snapshot (the
+    `TableInfo` must not be read after). Elsewhere `table_info` as it is, and `release` does nothing.
+    `listed`: the log's commit files as the caller listed them just before (`snapshot_cache.checkout`)."""
+    if not storage.is_object_store(uri):
+        return table_info(name, uri), _nothing
+    try:
+        dt, tag = snapshot_cache.checkout(uri, _open_named(name), listed=listed)
+    except (DeltaError, OSError, ValueError) as exc:  # opened as `open_table` does, for its errors
+        raise _open_error(name, uri, None, exc) from exc
+    version = dt.version()
+    try:
+        info = info_of(name, uri, dt)
+    except BaseException:
+        snapshot_cache.give_back(uri, dt, version, tag)
+        raise
+    return info, lambda: snapshot_cache.give_back(uri, dt, version, tag)
+
+
+def checkout_table(uri: str) -> tuple[DeltaTable, Callable[[], None]]:
+    """A table Laminar writes (state, sink) at its latest version, for one run: on an object store from the
+    process's pool like `checkout_info` (the run may commit through it: that leaves the handle where it was);
+    `release` gives it back. Raises `TableNotFoundError` when there is no table yet."""
+    if not storage.is_object_store(uri):
+        return open_delta(uri), _nothing
+    dt, tag = snapshot_cache.checkout(uri, _open)
+    version = dt.version()
+    return dt, lambda: snapshot_cache.give_back(uri, dt, version, tag)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _open_named(name: str) -> Callable[[str, int | None], DeltaTable]:
+    def opener(uri: str, version: int | None) -> DeltaTable:
+        try:
+            return _open(uri, version)
+        except TableNotFoundError as exc:
+            raise SourceNotFoundError(
+                f"source table '{name}' does not exist: expected a Delta table at {uri}; "
+                "create it or fix the flow's source", table=name, version=version,
+            ) from exc
+    return opener
 
 
 def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:
@@ -425,12 +471,15 @@ def _expired(table: str, since: int | None, gone: tuple[int, ...], vacuumed: tup
 
 
 def source_history(table: str, uri: str, from_version: int | None, latest: int, event_time: str,
-                   *, info: TableInfo | None = None, check_snapshots: bool = False) -> SourceHistory:
+                   *, info: TableInfo | None = None, check_snapshots: bool = False,
+                   at_latest: bool = False) -> SourceHistory:
     """Commits in (from_version, latest]; `expired` says why the range is unreadable, if it is.
     `info`: the snapshot at `latest` if the caller already opened it. Log entries are parsed once
     per process; whether their files still exist is checked on every call. `check_snapshots`: also
     look whether the files each commit removed still exist (`snapshot_gone`), for runs that may read
-    a snapshot older than `latest` (a spec that bounds its work per run)."""
+    a snapshot older than `latest` (a spec that bounds its work per run). `at_latest`: `latest` is the
+    table's latest version (as just listed): a file a commit added that no later commit removed is in the
+    latest snapshot, which no vacuum deletes from, so it is not looked for (`missing_files`)."""
     info = info if info is not None and info.version == latest else table_info(table, uri, latest)
     if from_version is not None and from_version > latest:
         return _recreated(table, uri, from_version, latest, info.cdf_enabled)
@@ -446,12 +495,18 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
         if summary is None:
             gone.append(version)
             continue
-        lost = missing_files(summary)
-        if lost:
-            vacuumed.append((version, lost[0]))
-        if check_snapshots:
-            snapshot_gone += [(version, f) for f in summary.removed if not file_exists(f)][:1]
         commits.append(summary)
+    # Files removed after each commit, up to `latest` (when every commit since was read): a file a commit
+    # added that no later one removed is in the latest snapshot, which no vacuum deletes from
+    later: set[str] = set()
+    for summary in reversed(commits):  # newest first: `later` holds what the commits after this one removed
+        lost = missing_files(summary, removed_since=later if at_latest and not gone else None)
+        if lost:
+            vacuumed.insert(0, (summary.version, lost[0]))
+        later.update(summary.removed)
+    if check_snapshots:
+        for summary in commits:
+            snapshot_gone += [(summary.version, f) for f in summary.removed if not file_exists(f)][:1]
     return SourceHistory(table, uri, from_version, latest, tuple(commits),
                          _expired(table, from_version, tuple(gone), tuple(vacuumed)), info.cdf_enabled,
                          tuple(gone), tuple(vacuumed), tuple(snapshot_gone))

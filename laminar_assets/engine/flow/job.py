@@ -178,7 +178,8 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
                                        transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
-                                       run_id=run_id + "-sink", reset_on_schema_change=True, owner=spec.name)
+                                       run_id=run_id + "-sink", reset_on_schema_change=True, owner=spec.name,
+                                       opened=inputs.own_table(ctx.layout.sink_uri(spec)))
         out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
         ctx.hook("after_sink_commit")
     return out

@@ -13,7 +13,8 @@ executors, possibly remote), and the driver never collects them. `bench/commit_p
 measures both (docs/PERFORMANCE.md): they commit faster, but they pull every row through the
 driver and write one file for all replaced partitions, so replacing one of those partitions
 later rewrites every row of all of them instead of its own.
-`DeltaTable.transaction_version` is used for the app-transaction guard (`protocol`).
+The app-transaction guard (`protocol`, `_refuse_if_taken`) reads the app transactions of all of a commit's
+partitions from one read of the log (`delta.transactions`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from laminar_assets.errors import CommitConflictError, ConcurrentRunError
 from ..delta.log import DataFile
 from ..delta.schema_history import widens_only
 from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, snapshot_files, table_info
+from ..delta.transactions import txn_versions_of
 from ..spark.frames import nullable, schema_change, spark_schema
 from ..spark.read import read_source
 from ..windows import Interval
@@ -245,8 +247,9 @@ def _refuse_if_taken(dt: DeltaTable, table_uri: str, transactions: Sequence[tupl
     """Refuse to commit a partition's run `seq` when the table already holds it or a later one: another
     run committed that partition meanwhile (its lease expired, or two processes raced). Checked on the
     snapshot each attempt commits on, so of two runs with one seq only the first commit lands."""
+    done_by_app = txn_versions_of(dt, table_uri, [app for app, _seq in transactions])
     for app, seq in transactions:
-        done = dt.transaction_version(app)
+        done = done_by_app[app]
         if done is not None and done >= seq:
             raise ConcurrentRunError(
                 f"another run committed run {done} of {app} to {table_uri} while this run was about to commit "

@@ -27,6 +27,7 @@ from laminar_assets import storage
 from laminar_assets.errors import SpecError
 
 from ..delta.tables import open_delta
+from ..delta.transactions import txn_versions_of
 
 OWNER_PROPERTY = "laminar.flow"
 HISTORY_LOOKED_AT = 20  # recent commits searched for this flow's commit info in a table without the property
@@ -55,7 +56,7 @@ def check_owner(uri: str, flow: str, *, what: str = "sink", apps: Sequence[str] 
         return table
     if owner is not None:
         _refuse(flow, what, uri, f"a Delta table created by flow '{owner}' (table property {OWNER_PROPERTY})")
-    if any(table.transaction_version(a) is not None for a in apps):
+    if apps and any(v is not None for v in txn_versions_of(table, uri, list(apps)).values()):
         return table
     writers = _recent_writers(table)
     if flow in writers:

@@ -7,10 +7,11 @@ from the oldest and every partition plans from its own slice (`SourceHistory.aft
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql.types import StructType
 
 from laminar_assets.checkpoints import Watermark
@@ -21,6 +22,8 @@ from ..delta.tables import (
     DataFile,
     SourceHistory,
     TableInfo,
+    checkout_info,
+    checkout_table,
     refuse_collated,
     snapshot_files,
     source_history,
@@ -50,6 +53,30 @@ class RunInputs:
     # state's read and the state commit share one open (an open replays the log); a commit to a table
     # takes it out, so nothing reads a snapshot older than the run's own last commit.
     opened: dict[str, DeltaTable] = field(default_factory=dict, repr=False)
+    # gives back the pooled snapshots of the sources and dimensions (`tables.checkout_info`), once
+    _releases: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def own_table(self, uri: str) -> DeltaTable | None:
+        """A table this run writes (state, sink) at its latest version, from the process's pool on an object
+        store (`tables.checkout_table`), given back by `release`; None when there is no table yet."""
+        try:
+            table, release = checkout_table(uri)
+        except TableNotFoundError:
+            return None
+        self._releases.append(release)
+        return table
+
+    def release(self) -> None:
+        """The run is done with its snapshots of the sources and dimensions: on an object store they go back
+        to the process's pool, and the next run moves them forward instead of opening the tables again.
+        A later read of `infos` or `dims` opens its own snapshot."""
+        releases, self._releases = self._releases, []
+        if not releases:
+            return
+        self.infos = {k: replace(v, table=None) for k, v in self.infos.items()}
+        self.dims = {k: replace(v, table=None) for k, v in self.dims.items()}
+        for give_back in releases:
+            give_back()
 
     def histories_after(self, mark: Watermark | None) -> dict[str, SourceHistory]:
         """Each source's history after the watermark's version of it; a source recreated since then
@@ -90,17 +117,40 @@ class RunInputs:
         return self._snapshots[key]
 
 
-def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema) -> RunInputs:
+def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_schema, *,
+           pooled: bool = False, listed: dict[str, dict[int, str]] | None = None) -> RunInputs:
     """Open every source and dimension once at its latest version, check the spec against each
     source's schema (`check_schema(info, dims) -> CheckedSource`) and read the log once from the oldest
-    watermark among `marks` (partitions without one refill from the snapshot)."""
+    watermark among `marks` (partitions without one refill from the snapshot). `pooled`: on an object
+    store, take the snapshots from the process's pool (`tables.checkout_info`: the commits since the last
+    run's are read, not the log since the checkpoint); the caller gives them back with `RunInputs.release`.
+    `listed`: {table uri: {version: tag}} of the commit files the caller listed just before (not listed again)."""
     marks = list(marks)
+    releases: list[Callable[[], None]] = []
+
+    def latest(name: str) -> TableInfo:
+        if not pooled:
+            return table_info(name, layout.table_uri(name))
+        uri = layout.table_uri(name)
+        info, release = checkout_info(name, uri, listed=(listed or {}).get(uri))
+        releases.append(release)
+        return info
+
+    try:
+        return _gather(spec, marks, check_schema, latest, releases)
+    except BaseException:
+        for give_back in releases:
+            give_back()
+        raise
+
+
+def _gather(spec: Spec, marks: list[Watermark | None], check_schema, latest, releases) -> RunInputs:
     infos, histories, schema, row_schema = {}, {}, {}, None
-    dims = {t: table_info(t, layout.table_uri(t)) for t in spec.dimension_tables}
+    dims = {t: latest(t) for t in spec.dimension_tables}
     for dim, info in dims.items():
         refuse_collated(info, columns_used(spec, dim))
     for src in spec.sources:
-        info = table_info(src, layout.table_uri(src))
+        info = latest(src)
         refuse_collated(info, columns_used(spec, src))  # before anything is read or written
         checked = check_schema(info, dims)
         row_schema = row_schema or checked.row_schema
@@ -118,9 +168,9 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
             oldest = info.version
         bounded = bool(spec.max_versions_per_run or spec.max_rows_per_run)  # may read a snapshot before the latest
         history = source_history(src, info.uri, oldest, info.version, spec.event_time, info=info,
-                                 check_snapshots=bounded)
+                                 check_snapshots=bounded, at_latest=True)
         histories[src] = history.with_retyped(info, columns_used(spec, src))
-    return RunInputs(infos, histories, dims, schema, row_schema)
+    return RunInputs(infos, histories, dims, schema, row_schema, _releases=releases)
 
 
 def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: RunInputs, *, force: bool = False,

@@ -15,7 +15,7 @@ nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +29,7 @@ from laminar_assets.errors import ConcurrentRunError, LaminarError, StoreUnavail
 from laminar_assets.storage import failures
 
 from ..delta.tables import open_delta
+from ..delta.transactions import txn_versions_of
 from ..spark.failures import first_line, texts
 from .context import RunContext
 from .plan import PartitionPlan
@@ -52,16 +53,20 @@ def txn_version(uri: str, app: str) -> int | None:
     return txn_versions(uri, [app])[app]
 
 
-def txn_versions(uri: str, apps: list[str], *, opened: dict[str, DeltaTable] | None = None) -> dict[str, int | None]:
+def txn_versions(uri: str, apps: list[str], *, opened: dict[str, DeltaTable] | None = None,
+                 open_table: Callable[[str], DeltaTable | None] | None = None) -> dict[str, int | None]:
     """`txn_version` of several apps from one open of the table. `opened`: the run's open tables
-    (`RunInputs.opened`); the table opened here is kept there for the run's later reads."""
+    (`RunInputs.opened`); the table opened here is kept there for the run's later reads. `open_table`: how
+    the run opens a table it writes (`RunInputs.own_table`; None: no table yet)."""
     try:
-        table = open_delta(uri)
+        table = open_table(uri) if open_table is not None else open_delta(uri)
     except TableNotFoundError:
+        table = None
+    if table is None:
         return {a: None for a in apps}
     if opened is not None:
         opened[uri] = table
-    return {a: table.transaction_version(a) for a in apps}
+    return txn_versions_of(table, uri, apps)
 
 
 @dataclass(frozen=True)
@@ -97,11 +102,12 @@ _UNREAD = object()
 
 def begin_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], marks: dict[str, Watermark | None],
               input_schema: dict[str, str], run_id: str, *, opened: dict | None = None,
-              source_ids: dict[str, str] | None = None) -> dict[str, int]:
+              source_ids: dict[str, str] | None = None,
+              open_table: Callable[[str], DeltaTable | None] | None = None) -> dict[str, int]:
     """`begin` for every partition of a pass, reading the guard table's transactions once (and
     keeping the table in `opened`, see `txn_versions`)."""
     guard = ctx.layout.guard_uri(spec, input_schema)
-    committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans], opened=opened)
+    committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans], opened=opened, open_table=open_table)
     return {k: begin(ctx, spec, p, marks[k], input_schema, run_id, committed=committed[ctx.layout.app_id(spec, k)],
                      source_ids=source_ids)
             for k, p in plans.items()}

@@ -26,7 +26,7 @@ from laminar_assets.errors import ConcurrentRunError
 
 from ..aggregates.algebra import EVENT_TS, SIGN
 from ..delta.log import CommitSummary, DataFile, file_exists
-from ..delta.tables import TableInfo, snapshot_files, source_history, table_info, temporal
+from ..delta.tables import SourceHistory, TableInfo, snapshot_files, source_history, table_info, temporal
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..spark.failures import type_mismatch
@@ -41,12 +41,18 @@ from .row_prep import prepare
 
 
 def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
-          opened: dict[str, TableInfo] | None = None) -> SweepResult:
+          opened: dict[str, TableInfo] | None = None, histories: dict[str, SourceHistory] | None = None) -> SweepResult:
     """Quarantine the partition-less rows of the source versions up to `plan.to_versions` the flow
     has not swept yet (a snapshot sweep: up to the latest version, `opened`); returns what it did.
-    Idempotent; one sweeper per flow at a time. `opened`: sources the run opened (`RunInputs.infos`)."""
-    done = ctx.store.load_sweep(spec.name, spec.spec_hash)
-    todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
+    Idempotent; one sweeper per flow at a time. `opened`: sources the run opened (`RunInputs.infos`);
+    `histories`: the commits the run read (`RunInputs.histories`), not read again when they cover the sweep's."""
+    # the progress this process last read or wrote: when it leaves versions to sweep, the lease is taken
+    # straight away (the progress is read again under it); else the progress is read first, without it
+    known = ctx.store.swept(spec.name, spec.spec_hash)
+    todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and (known or {}).get(s, -1) < v}
+    if known is None or not todo:
+        done = ctx.store.load_sweep(spec.name, spec.spec_hash)
+        todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
     if not todo:
         return SweepResult()
     try:
@@ -64,7 +70,8 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
             if done.get(src, -1) >= target:
                 continue
             latest = (opened or {}).get(src) or table_info(src, ctx.layout.table_uri(src))
-            frame, size, swept, how, why = _unswept(ctx, spec, latest, done.get(src), target, offered)
+            frame, size, swept, how, why = _unswept(ctx, spec, latest, done.get(src), target, offered,
+                                                    read=(histories or {}).get(src))
             try:
                 new = _record(ctx, spec, src, frame, size, run_id, offered)
             except (PySparkException, Py4JError) as exc:
@@ -102,11 +109,13 @@ def _record(ctx: RunContext, spec, src: str, frame: DataFrame | None, size: int,
 
 
 def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None, target: int, offered: Interval, *,
-             unreadable: str | None = None) -> tuple[DataFrame | None, int, int, str, Reason | None]:
+             unreadable: str | None = None,
+             read: SourceHistory | None = None) -> tuple[DataFrame | None, int, int, str, Reason | None]:
     """Rows of a source added after version `done` up to `target` that may lack a usable event time
     (or have one outside the bounds or `offered`), the bytes of the files they come from, the version
     swept up to, how, and why a snapshot was read. `latest`: the source at its latest version, swept
-    whole when the commits cannot be read (or when `unreadable` says why a read of them failed)."""
+    whole when the commits cannot be read (or when `unreadable` says why a read of them failed). `read`:
+    the run's history of the source, used when it holds every commit in (done, target]."""
     src, uri = latest.name, latest.uri
     provable = temporal(latest.schema, spec.event_time)
     inside = offered.intersect(spec.bounds) if spec.bounds is not None else offered
@@ -133,11 +142,19 @@ def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None, target:
     if done is None:
         return snapshot(Reason.NO_WATERMARK, "first sweep of this flow")
     info = latest if latest.version == target else table_info(src, uri, target)
-    history = source_history(src, uri, done, target, spec.event_time, info=info)
+    if read is not None and read.from_version is not None and read.from_version <= done \
+            and read.latest_version == target:
+        history = read.after(done)  # read by this run moments ago: its commits and their files' existence
+    else:
+        history = source_history(src, uri, done, target, spec.event_time, info=info)
     if history.expired:
         return snapshot(Reason.CHECKPOINT_EXPIRED, history.expired)
     reads = [(commit, [f for f in _inserted_files(commit) if may_hold(f)]) for commit in history.commits]
-    gone = next(((c, f) for c, files in reads for f in files if not file_exists(f.uri)), None)
+    # the history found every file an incremental read of its commits opens (`readable`: looked for, or in
+    # the latest snapshot, see `source_history`): only the others
+    checked = {f.uri for c in history.commits for f in c.readable}
+    gone = next(((c, f) for c, files in reads for f in files if f.uri not in checked and not file_exists(f.uri)),
+                None)
     if gone is not None:
         return snapshot(Reason.CHECKPOINT_EXPIRED,
                         f"commit {gone[0].version} of '{src}' refers to files that were vacuumed ({gone[1].uri})")

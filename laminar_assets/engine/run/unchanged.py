@@ -29,20 +29,18 @@ watermark (its intent) before it commits anything, and a later listing sees the 
 
 from __future__ import annotations
 
-import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from laminar_assets import storage
 from laminar_assets.checkpoints import Watermark
 
+from ..delta.snapshot_cache import log_tail
 from ..spec.specs import RefreshPolicy, Spec
 from ..windows import partition_interval
 from .context import RunContext
 from .plan import Mode, PartitionPlan, Reason
 from .planner import needed_events
 
-_COMMIT = re.compile(r"^(\d{20})\.json$")
 _lock = threading.Lock()
 # (root, flow, spec hash) -> {table: (version, tag of its commit file)}: what this process ran the flow up to
 _seen: dict[tuple[str, str, str], dict[str, tuple[int, str]]] = {}
@@ -56,6 +54,9 @@ class Check:
     marks: dict[str, Watermark | None]
     latest: dict[str, tuple[int, str]] | None
     plans: dict[str, PartitionPlan] | None  # the NOOP plans, when the run has nothing to do
+    # {table uri: {version: tag}} of the commit files listed (from the watermarks' versions on): the run's
+    # snapshots start from them instead of listing again (`snapshot_cache.checkout`)
+    listed: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | None:
@@ -67,12 +68,13 @@ def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | 
     first = marks[keys[0]]
     if any(not _settled(m, spec) or m.source_versions != first.source_versions for m in marks.values()):
         return Check(marks, None, None)
-    latest = {}
+    latest, listed = {}, {}
     for table, version in first.source_versions.items():
-        found = _log_tail(ctx.layout.table_uri(table), version)
-        if found is None:
-            return Check(marks, None, None)
-        latest[table] = found
+        uri = ctx.layout.table_uri(table)
+        listed[uri] = log_tail(uri, version)
+        if not listed[uri]:
+            return Check(marks, None, None, listed)
+        latest[table] = max(listed[uri].items())
     with _lock:
         seen = _seen.get((ctx.layout.root, spec.name, spec.spec_hash))
     swept = ctx.store.swept(spec.name, spec.spec_hash)
@@ -80,8 +82,8 @@ def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | 
                  and all(latest[t][0] == v for t, v in first.source_versions.items())
                  and all(swept.get(src, -1) >= first.source_versions[src] for src in spec.sources))
     if not unchanged:
-        return Check(marks, latest, None)
-    return Check(marks, latest, {k: _noop(spec, k, marks[k]) for k in keys})
+        return Check(marks, latest, None, listed)
+    return Check(marks, latest, {k: _noop(spec, k, marks[k]) for k in keys}, listed)
 
 
 def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[PartitionPlan]) -> None:
@@ -98,10 +100,10 @@ def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[Parti
             return  # the run stopped short of the latest versions (bounded): the next run has work
         latest = {}
         for table, version in versions.items():
-            tail = _log_tail(ctx.layout.table_uri(table), version)
-            if tail is None or tail[0] != version:
+            listed = log_tail(ctx.layout.table_uri(table), version)
+            if not listed or max(listed) != version:
                 return
-            latest[table] = tail
+            latest[table] = (version, listed[version])
     with _lock:
         _seen[(ctx.layout.root, spec.name, spec.spec_hash)] = dict(latest)
 
@@ -110,18 +112,6 @@ def _settled(mark: Watermark | None, spec: Spec) -> bool:
     return (mark is not None and mark.committed and mark.pending is None and not mark.failed_attempt
             and mark.failed_runs is None and mark.spec_hash == spec.spec_hash and bool(mark.source_versions))
 
-
-def _log_tail(uri: str, version: int) -> tuple[int, str] | None:
-    """The latest version of the Delta table at `uri` at or after `version` and the tag of its commit
-    file, from one listing of its log starting at `version` (None: no commit file from there on)."""
-    log = storage.join(uri, "_delta_log")
-    after = f"{version - 1:020d}.json" if version > 0 else ""
-    newest: tuple[int, str] | None = None
-    for name, tag in storage.list_tagged(log, after=after):
-        match = _COMMIT.match(name)
-        if match and int(match.group(1)) >= version and (newest is None or int(match.group(1)) > newest[0]):
-            newest = (int(match.group(1)), tag)
-    return newest
 
 
 def _noop(spec: Spec, key: str, mark: Watermark) -> PartitionPlan:

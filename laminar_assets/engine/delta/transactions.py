@@ -1,0 +1,103 @@
+"""The app transactions of a table's snapshot, for all of a run's partitions from one read of its log.
+
+A run proves which of its commits landed by app transactions (`laminar/<flow>/<partition>` = the run's
+sequence number, docs/ARCHITECTURE.md), and checks them before it writes an intent and again on the snapshot
+each commit is based on. `DeltaTable.transaction_version(app)` answers one app and reads the log for it every
+time: on an object store that is the checkpoint and every commit file after it, per partition, twice a run.
+Here the log segment of the snapshot is read once for all apps, as the Delta protocol lays it out:
+
+    _last_checkpoint                the checkpoint's version C
+    C.checkpoint.parquet            its `txn` column: each app's version at C
+    C+1.json ... V.json             `txn` actions of the commits since (a later one replaces an earlier one)
+
+and the answer is kept with the open table: the same handle at the same version is not read again, and a
+handle moved forward (`snapshot_cache.checkout`) reads only the commits since. Where the log is not laid out
+like that (a multi-part or V2 checkpoint, a checkpoint newer than the snapshot, a commit file gone),
+`transaction_version` answers, per app.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import weakref
+
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from laminar_assets import storage
+
+_lock = threading.Lock()
+_read: dict[int, tuple[weakref.ref, int, dict[str, int]]] = {}  # id(table) -> (table, version, app -> version)
+
+
+def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, int | None]:
+    """The version each of `apps` committed to `table`'s snapshot (None: none), from one read of its log.
+    `uri`: the table's location as Laminar names it (a path or an object-store URI)."""
+    version = table.version()
+    with _lock:
+        kept = _read.get(id(table))
+    if kept is not None and kept[0]() is table and kept[1] == version:
+        found = kept[2]
+    else:
+        found = None
+        if kept is not None and kept[0]() is table and kept[1] < version:
+            # the same handle moved forward (`snapshot_cache.checkout`): the commits since are read, no more
+            found = _commits_since(uri, kept[1], version, dict(kept[2]))
+        if found is None:
+            found = _app_versions(uri, version)
+        if found is None:  # a log laid out otherwise: deltalake reads it, per app
+            return {a: table.transaction_version(a) for a in apps}
+        with _lock:
+            for key in [k for k, (ref, *_rest) in _read.items() if ref() is None]:
+                del _read[key]
+            _read[id(table)] = (weakref.ref(table), version, found)
+    return {a: found.get(a) for a in apps}
+
+
+def _app_versions(uri: str, version: int) -> dict[str, int] | None:
+    """Every app's transaction version at `version` of the table at `uri`, or None when the log is not laid
+    out as this reader reads it (see the module docstring)."""
+    log = storage.join(uri, "_delta_log")
+    found: dict[str, int] = {}
+    start = 0
+    hint = storage.read(storage.join(log, "_last_checkpoint"))
+    if hint is not None:
+        try:
+            last = json.loads(hint)
+            checkpoint = int(last["version"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if checkpoint > version or last.get("parts") or last.get("v2Checkpoint"):
+            return None
+        data = storage.read(storage.join(log, f"{checkpoint:020d}.checkpoint.parquet"))
+        if data is None:
+            return None
+        checkpoint_file = pq.ParquetFile(io.BytesIO(data))
+        if "txn" in checkpoint_file.schema_arrow.names:
+            for txn in checkpoint_file.read(columns=["txn"]).column("txn").to_pylist():
+                if txn and txn.get("appId") is not None:
+                    found[txn["appId"]] = int(txn["version"])
+        start = checkpoint + 1
+    return _commits_since(uri, start - 1, version, found)
+
+
+def _commits_since(uri: str, since: int, version: int, found: dict[str, int]) -> dict[str, int] | None:
+    """`found` (every app's version at `since`) with the `txn` actions of commits `since`+1 .. `version`;
+    None when one of those commit files is gone or damaged."""
+    log = storage.join(uri, "_delta_log")
+    for v in range(since + 1, version + 1):
+        text = storage.read(storage.join(log, f"{v:020d}.json"))
+        if text is None:
+            return None
+        for line in text.decode("utf-8").splitlines():
+            if '"txn"' not in line:
+                continue
+            try:
+                txn = json.loads(line).get("txn")
+            except ValueError:
+                return None  # a damaged entry: deltalake's own reader says what is wrong
+            if txn and txn.get("appId") is not None:
+                found[txn["appId"]] = int(txn["version"])
+    return found

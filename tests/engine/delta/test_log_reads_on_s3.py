@@ -1,0 +1,148 @@
+"""Reads of a Delta log on an object store cost requests in proportion to what changed, not to the table's age
+(issue #62), counted exactly by the local S3 server's request recorder (bench/request_log.py):
+
+- a run's snapshot of a source is the last run's handle moved forward (`snapshot_cache.checkout`): the commits
+  since it are read, not every commit since the checkpoint, and a table deleted and recreated at the same path
+  is never served from the old handle;
+- the app transactions of all of a run's partitions come from one read of the log (`transactions`), and give
+  what `DeltaTable.transaction_version` gives, across checkpoints."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from bench.request_log import RequestLog
+from laminar_assets import storage
+from laminar_assets.engine.delta import snapshot_cache
+from laminar_assets.engine.delta.tables import checkout_info, checkout_table, info_of, snapshot_files
+from laminar_assets.engine.delta.transactions import txn_versions_of
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    snapshot_cache.clear()
+    yield
+    snapshot_cache.clear()
+
+
+def _append(uri: str, values, *, txn: tuple[str, int] | None = None, config: dict | None = None) -> None:
+    props = CommitProperties(app_transactions=[Transaction(*txn)]) if txn else None
+    write_deltalake(uri, pa.table({"v": pa.array(values, pa.int64())}), mode="append", commit_properties=props,
+                    storage_options=storage.delta_options(uri), configuration=config)
+
+
+def _counted(server, fn):
+    log = RequestLog(server.endpoint)
+    log.start()
+    out = fn()
+    return out, Counter(r.kind for r in log.requests())
+
+
+def _files(info) -> list[str]:
+    return sorted(f.uri for f in snapshot_files(info, None, keep_null_files=True))
+
+
+def _fresh_files(uri: str) -> list[str]:
+    return _files(info_of("src", uri, DeltaTable(uri, storage_options=storage.delta_options(uri))))
+
+
+@pytest.mark.parametrize("age", [10, 40])
+def test_a_runs_snapshot_reads_the_new_commits_only_whatever_the_tables_age(s3_server, s3_lake, age):
+    uri = s3_lake.path("src")
+    for i in range(age):
+        _append(uri, [i])
+    (info, release), first = _counted(s3_server, lambda: checkout_info("src", uri))
+    assert info.version == age - 1
+    assert first["GET"] >= 2 * age  # the first open of the process replays the log (deltalake reads each commit twice)
+    release()
+    _append(uri, [100])
+    _append(uri, [101])
+    (info, release), moved = _counted(s3_server, lambda: checkout_info("src", uri))
+    # one listing from the handle's version, deltalake's listing and its two reads of each new commit
+    assert info.version == age + 1 and moved == {"LIST": 2, "GET": 4}
+    assert _files(info) == _fresh_files(uri)
+    release()
+    (info, release), again = _counted(s3_server, lambda: checkout_info("src", uri))
+    assert info.version == age + 1 and again == {"LIST": 1}  # nothing new: one listing
+    release()
+
+
+def test_two_runs_at_once_hold_handles_of_their_own(s3_server, s3_lake):
+    uri = s3_lake.path("src")
+    _append(uri, [1])
+    (a, release_a), (b, release_b) = checkout_info("src", uri), checkout_info("src", uri)
+    assert a.table is not b.table
+    release_a()
+    _append(uri, [2])
+    c, release_c = checkout_info("src", uri)  # moves the handle given back, never the one `b` holds
+    assert c.table is a.table and c.version == 1 and b.table.version() == 0
+    release_b()
+    release_c()
+
+
+def test_a_table_recreated_at_the_same_path_is_not_served_from_the_pooled_handle(s3_server, s3_lake):
+    uri = s3_lake.path("src")
+    _append(uri, [1])
+    _append(uri, [2])
+    info, release = checkout_info("src", uri)
+    release()
+    for found, _size in storage.list_files(uri):
+        storage.delete(found)
+    _append(uri, [7])
+    _append(uri, [8])  # version 1 again, another table
+    info, release = checkout_info("src", uri)
+    assert info.version == 1 and sorted(info.delta().to_pyarrow_table()["v"].to_pylist()) == [7, 8]
+    release()
+
+
+@pytest.mark.parametrize("commits", [4, 13])
+def test_app_transactions_of_all_partitions_come_from_one_read_of_the_log(s3_server, s3_lake, commits):
+    uri = s3_lake.path("state")
+    apps = [f"laminar/f/p{i}" for i in range(6)]
+    _append(uri, [0], config={"delta.checkpointInterval": "5"})
+    for i in range(1, commits):
+        _append(uri, [i], txn=(apps[i % 5], i))  # apps[5] never commits
+    if commits > 10:
+        DeltaTable(uri, storage_options=storage.delta_options(uri)).create_checkpoint()
+    dt = DeltaTable(uri, storage_options=storage.delta_options(uri))
+    want = {a: dt.transaction_version(a) for a in apps}
+    got, requests = _counted(s3_server, lambda: txn_versions_of(dt, uri, apps))
+    assert got == want and got[apps[5]] is None and got[apps[1]] is not None
+    checkpoint = dt.version() if commits > 10 else -1
+    # _last_checkpoint (+ the checkpoint) and each commit after it, once for all six apps
+    assert sum(requests.values()) == (2 if checkpoint >= 0 else 1) + dt.version() - checkpoint
+    again, requests = _counted(s3_server, lambda: txn_versions_of(dt, uri, apps))
+    assert again == want and not requests  # the same handle at the same version: kept
+
+
+def test_app_transactions_of_a_local_table_match_deltalakes(tmp_path):
+    uri = str(tmp_path / "state")
+    write_deltalake(uri, pa.table({"v": [0]}), configuration={"delta.checkpointInterval": "3"})
+    for i in range(1, 9):
+        write_deltalake(uri, pa.table({"v": [i]}), mode="append",
+                        commit_properties=CommitProperties(app_transactions=[Transaction(f"a{i % 3}", i)]))
+    dt = DeltaTable(uri)
+    apps = ["a0", "a1", "a2", "nope"]
+    assert txn_versions_of(dt, uri, apps) == {a: dt.transaction_version(a) for a in apps}
+
+
+def test_a_written_tables_handle_is_moved_over_its_own_commits_and_its_app_transactions_read_from_there(
+        s3_server, s3_lake):
+    uri = s3_lake.path("state")
+    apps = ["laminar/f/a", "laminar/f/b"]
+    _append(uri, [0], config={"delta.checkpointInterval": "100"})
+    for i in range(1, 8):
+        _append(uri, [i], txn=(apps[i % 2], i))
+    table, release = checkout_table(uri)
+    assert txn_versions_of(table, uri, apps) == {apps[0]: 6, apps[1]: 7}
+    release()
+    _append(uri, [8], txn=(apps[0], 8))  # the run's own commit (a commit through a handle leaves it where it was)
+    (table, release), moved = _counted(s3_server, lambda: checkout_table(uri))
+    assert table.version() == 8 and moved == {"LIST": 2, "GET": 2}
+    got, requests = _counted(s3_server, lambda: txn_versions_of(table, uri, apps))
+    assert got == {apps[0]: 8, apps[1]: 7} and requests == {"GET": 1}  # the one new commit
+    release()
