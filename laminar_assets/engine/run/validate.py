@@ -17,7 +17,7 @@ from ..aggregates.base import EVENT_TS
 from ..aggregates.column_types import check_aggregation, spark_message
 from ..delta.tables import TableInfo, column_fate
 from ..quarantine.records import rule_kept_sql
-from ..spark.frames import has_variant, spark_schema
+from ..spark.frames import has_variant, spark_schema, variant_fields
 from ..spec.kinds import KINDS
 from ..spec.reads import expression_columns
 from ..spec.specs import FlowSpec, Spec, StageSpec
@@ -71,7 +71,7 @@ def checked_source(spark: SparkSession, spec: Spec, info: TableInfo,
     asked again on every run (a new Engine per Dagster step, many runs per `laminar demo` or
     `laminar serve` process).
     A failed check is not remembered: it raises again, with the versions of that run."""
-    key = (id(spark), spec.name, spec.spec_hash, info.name, info.schema,
+    key = (id(spark), spec.name, spec.spec_hash, info.name, info.schema, bool(variant_fields(info.delta_schema)),
            *sorted((name, t.schema) for name, t in (joined or {}).items()))
     with _CHECKED_LOCK:
         found = _CHECKED.get(key)
