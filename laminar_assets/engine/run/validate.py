@@ -135,7 +135,8 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
             f"event time column {spec.event_time!r} of '{info.name}' must be a timestamp, date or string, "
             f"found {ts_type.simpleString()} at version {info.version}", column=spec.event_time, **facts,
         )
-    _refuse_variants(spec, info, df, facts)
+    if variant_fields(info.delta_schema):  # a variant computed from other columns: `check_aggregation` says why
+        _refuse_variants(spec, info, df, facts)
     if isinstance(spec, FlowSpec):
         _check_shadowed(spec, df.columns, facts)
         for agg in spec.aggregates:
@@ -161,37 +162,39 @@ def _refuse_variants(spec: Spec, info: TableInfo, df: DataFrame, facts: dict) ->
     writes from Arrow, which has no variant type, and Spark cannot group or order by a variant. Fields
     extracted with their type (`variant_get(payload, '$.price', 'double')`, `payload:price::double`) are
     plain columns and work everywhere; a variant column nothing uses is read by no one."""
-    def fail(column: str, role: str, dtype: DataType) -> None:
-        example = column if column in info.schema.names else "payload"
+    def fail(column: str, role: str, dtype: DataType, field: str) -> None:
+        sources = variant_fields(info.delta_schema)  # the source's variant columns (this runs only when it has one)
+        example = column if column in sources else next(iter(sources))
         raise UnsupportedTableFeatureError(
             f"{spec.kind} '{spec.name}' uses {column!r} of source '{info.name}' at version {info.version}, a "
             f"{dtype.simpleString()} value (Delta feature variantType), as {role}; Laminar can only read a variant's "
             "fields with their types: extract one and use that, e.g. derived "
             f"{{'price': \"variant_get({example}, '$.price', 'double')\"}} (in SQL: {example}:price::double)",
-            column=column, feature="variantType", **facts)
+            column=column, feature="variantType", field=field, **facts)
 
-    def used(column: str | None, role: str) -> None:
+    def used(column: str | None, role: str, field: str) -> None:
         if column and column in df.columns and has_variant(df.schema[column].dataType):
-            fail(column, role, df.schema[column].dataType)
+            fail(column, role, df.schema[column].dataType, field)
 
     if isinstance(spec, FlowSpec):
         for key in spec.keys:
-            used(key, "a group key")
+            used(key, "a group key", "keys")
         for agg in spec.aggregates:
-            used(agg.column, f"the input of aggregate {agg.name!r}")
-            used(agg.by, f"the ordering column of aggregate {agg.name!r}")
+            used(agg.column, f"the input of aggregate {agg.name!r}", f"aggregates.{agg.name}")
+            used(agg.by, f"the ordering column of aggregate {agg.name!r}", f"aggregates.{agg.name}")
             if agg.expr:
                 try:
                     dtype = df.groupBy().agg(F.expr(agg.expr)).schema[0].dataType
                 except (AnalysisException, PySparkException):
                     continue  # `_check_expression` names what does not compile
                 if has_variant(dtype):
-                    fail(agg.expr, f"aggregate {agg.name!r}, whose result would be a sink column", dtype)
+                    fail(agg.expr, f"aggregate {agg.name!r}, whose result would be a sink column", dtype,
+                         f"aggregates.{agg.name}")
     else:
         for key in spec.key_columns:
-            used(key, "its dedup key")
+            used(key, "its dedup key", "dedup_key")
         for column in spec.columns or df.columns:
-            used(column, "an output column (the stage's table cannot hold a variant)")
+            used(column, "an output column (the stage's table cannot hold a variant)", "columns")
 
 
 def _with_joined_columns(spark: SparkSession, spec: FlowSpec, base: DataFrame,
