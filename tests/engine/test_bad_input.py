@@ -241,9 +241,9 @@ def test_unsupported_reader_feature_names_feature_table_and_version(lake, engine
     lake.create("trades", [("2024-01-01 00:01:00", "a", 1.0, 1)], cdf=False)
     with open(os.path.join(lake.path("trades"), "_delta_log", f"{1:020d}.json"), "w") as fh:
         fh.write('{"commitInfo":{"timestamp":0,"operation":"SET TBLPROPERTIES"}}\n')
-        fh.write('{"protocol":{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["variantType"],'
-                 '"writerFeatures":["variantType"]}}\n')
-    with pytest.raises(UnsupportedTableFeatureError, match="reader feature.*variantType") as info:
+        fh.write('{"protocol":{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["variantShredding-preview"],'
+                 '"writerFeatures":["variantShredding-preview"]}}\n')
+    with pytest.raises(UnsupportedTableFeatureError, match="reader feature.*variantShredding-preview") as info:
         engine.run(FLOW, PART)
     assert info.value.facts["table"] == "trades" and info.value.facts["version"] == 1
     no_trace(info.value)

@@ -51,6 +51,9 @@ SUPPORTED_READER_FEATURES = frozenset({
     # files written before a column was widened hold the old Parquet type: Spark's Parquet reader reads
     # them under the new one (`type_changes` refuses the changes it does not read exactly)
     "typeWidening", "typeWidening-preview",
+    # VARIANT columns: Spark reads them as variants when the read asks for one (`spark_schema` with the
+    # Delta schema); `check_source` refuses a variant as a key, an aggregate or a sink column
+    "variantType", "variantType-preview",
 })
 TYPE_WIDENING = frozenset({"typeWidening", "typeWidening-preview"})
 

@@ -10,14 +10,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DateType, StringType, StructType, TimestampNTZType, TimestampType
 
-from laminar_assets.errors import SchemaMismatchError, SpecError
+from laminar_assets.errors import SchemaMismatchError, SpecError, UnsupportedTableFeatureError
 
 from ..aggregates.algebra import is_numeric
 from ..aggregates.base import EVENT_TS
 from ..aggregates.column_types import check_aggregation, spark_message
 from ..delta.tables import TableInfo, column_fate
 from ..quarantine.records import rule_kept_sql
-from ..spark.frames import spark_schema
+from ..spark.frames import has_variant, spark_schema, variant_fields
 from ..spec.kinds import KINDS
 from ..spec.reads import expression_columns
 from ..spec.specs import FlowSpec, Spec, StageSpec
@@ -71,7 +71,7 @@ def checked_source(spark: SparkSession, spec: Spec, info: TableInfo,
     asked again on every run (a new Engine per Dagster step, many runs per `laminar demo` or
     `laminar serve` process).
     A failed check is not remembered: it raises again, with the versions of that run."""
-    key = (id(spark), spec.name, spec.spec_hash, info.name, info.schema,
+    key = (id(spark), spec.name, spec.spec_hash, info.name, info.schema, bool(variant_fields(info.delta_schema)),
            *sorted((name, t.schema) for name, t in (joined or {}).items()))
     with _CHECKED_LOCK:
         found = _CHECKED.get(key)
@@ -97,7 +97,7 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
                         f"the source column of that name in '{info.name}' (its file statistics would locate rows "
                         "wrongly); derive a new name and use it as event_time",
                         field=f"derived.{spec.event_time}", **facts)
-    base = spark.createDataFrame([], spark_schema(info.schema))
+    base = spark.createDataFrame([], spark_schema(info.schema, info.delta_schema))
     if spec.fact_joins:
         base = _with_joined_columns(spark, spec, base, joined or {})
     for rule in spec.rules_for(info.name):
@@ -135,6 +135,8 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
             f"event time column {spec.event_time!r} of '{info.name}' must be a timestamp, date or string, "
             f"found {ts_type.simpleString()} at version {info.version}", column=spec.event_time, **facts,
         )
+    if variant_fields(info.delta_schema):  # a variant computed from other columns: `check_aggregation` says why
+        _refuse_variants(spec, info, df, facts)
     if isinstance(spec, FlowSpec):
         _check_shadowed(spec, df.columns, facts)
         for agg in spec.aggregates:
@@ -153,13 +155,55 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
     return CheckedSource({c: schema[c].dataType.simpleString() for c in spec.input_columns}, schema)
 
 
+def _refuse_variants(spec: Spec, info: TableInfo, df: DataFrame, facts: dict) -> None:
+    """Raise `UnsupportedTableFeatureError` when a VARIANT value (a source column, or a derived column
+    that is one, e.g. `payload:price` without a cast) would be a flow's key, an aggregate's input or
+    result, or a stage's key or output column: state and sinks are typed Delta columns that Laminar
+    writes from Arrow, which has no variant type, and Spark cannot group or order by a variant. Fields
+    extracted with their type (`variant_get(payload, '$.price', 'double')`, `payload:price::double`) are
+    plain columns and work everywhere; a variant column nothing uses is read by no one."""
+    def fail(column: str, role: str, dtype: DataType, field: str) -> None:
+        sources = variant_fields(info.delta_schema)  # the source's variant columns (this runs only when it has one)
+        example = column if column in sources else next(iter(sources))
+        raise UnsupportedTableFeatureError(
+            f"{spec.kind} '{spec.name}' uses {column!r} of source '{info.name}' at version {info.version}, a "
+            f"{dtype.simpleString()} value (Delta feature variantType), as {role}; Laminar can only read a variant's "
+            "fields with their types: extract one and use that, e.g. derived "
+            f"{{'price': \"variant_get({example}, '$.price', 'double')\"}} (in SQL: {example}:price::double)",
+            column=column, feature="variantType", field=field, **facts)
+
+    def used(column: str | None, role: str, field: str) -> None:
+        if column and column in df.columns and has_variant(df.schema[column].dataType):
+            fail(column, role, df.schema[column].dataType, field)
+
+    if isinstance(spec, FlowSpec):
+        for key in spec.keys:
+            used(key, "a group key", "keys")
+        for agg in spec.aggregates:
+            used(agg.column, f"the input of aggregate {agg.name!r}", f"aggregates.{agg.name}")
+            used(agg.by, f"the ordering column of aggregate {agg.name!r}", f"aggregates.{agg.name}")
+            if agg.expr:
+                try:
+                    dtype = df.groupBy().agg(F.expr(agg.expr)).schema[0].dataType
+                except (AnalysisException, PySparkException):
+                    continue  # `_check_expression` names what does not compile
+                if has_variant(dtype):
+                    fail(agg.expr, f"aggregate {agg.name!r}, whose result would be a sink column", dtype,
+                         f"aggregates.{agg.name}")
+    else:
+        for key in spec.key_columns:
+            used(key, "its dedup key", "dedup_key")
+        for column in spec.columns or df.columns:
+            used(column, "an output column (the stage's table cannot hold a variant)", "columns")
+
+
 def _with_joined_columns(spark: SparkSession, spec: FlowSpec, base: DataFrame,
                          joined: dict[str, TableInfo]) -> DataFrame:
     """`base` with the joined tables' columns (typed, empty) under their flow-side names, and the
     join conditions checked against them."""
     for join in spec.joins:
         info = joined[join.table]
-        other = spark.createDataFrame([], spark_schema(info.schema))
+        other = spark.createDataFrame([], spark_schema(info.schema, info.delta_schema))
         missing = [c for c in join.columns if c not in other.columns]
         if missing:
             _renamed_or_dropped(spec, info, missing[0])

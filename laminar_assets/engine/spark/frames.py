@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import threading
 import uuid
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, MapType, StructField, StructType, VariantType
 
 from laminar_assets import storage
 
@@ -23,8 +24,38 @@ def spark_path(uri: str) -> str:
     return storage.spark_uri(uri)
 
 
-def spark_schema(schema: pa.Schema) -> StructType:
-    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+def spark_schema(schema: pa.Schema, delta_schema: str | None = None) -> StructType:
+    """The Spark schema of an Arrow one. `delta_schema`: the table's Delta schema (JSON), whose VARIANT
+    columns (top level or nested) take Spark's VARIANT type: Arrow has no variant type (`deltalake` gives
+    the stored struct<metadata, value> of binaries), and Spark reads the Parquet column as a variant only
+    when asked for one (`variant_get`, `payload:price` need it)."""
+    out = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+    variants = variant_fields(delta_schema)
+    if not variants:
+        return out
+    return StructType([StructField(f.name, variants[f.name].dataType, f.nullable) if f.name in variants else f
+                       for f in out.fields])
+
+
+def variant_fields(delta_schema: str | None) -> dict[str, StructField]:
+    """Top-level fields of a Delta schema (JSON) that are or hold a VARIANT, as Spark fields (by logical name)."""
+    if not delta_schema or '"variant"' not in delta_schema:
+        return {}
+    schema = StructType.fromJson(json.loads(delta_schema))
+    return {f.name: f for f in schema.fields if has_variant(f.dataType)}
+
+
+def has_variant(t) -> bool:
+    """Whether a Spark type is or holds a VARIANT."""
+    if isinstance(t, VariantType):
+        return True
+    if isinstance(t, StructType):
+        return any(has_variant(f.dataType) for f in t.fields)
+    if isinstance(t, ArrayType):
+        return has_variant(t.elementType)
+    if isinstance(t, MapType):
+        return has_variant(t.keyType) or has_variant(t.valueType)
+    return False
 
 
 def arrow_schema_of(df: DataFrame) -> pa.Schema:

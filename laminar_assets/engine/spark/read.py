@@ -25,6 +25,7 @@ CHANGE_TYPE = "_change_type"
 def read_files(
     spark: SparkSession, files: Sequence[DataFile], schema: pa.Schema, partition_columns: Sequence[str] = (),
     *, change_data: bool = False, delta_schema: str | None = None, file_name: str | None = None,
+    delta_types: str | None = None,
 ) -> DataFrame:
     """Rows of `files` with the table's schema; partition values come from the Delta log.
 
@@ -32,8 +33,9 @@ def read_files(
     by their physical names and renamed to the logical ones. A file with a deletion vector loses
     its deleted rows; a file whose vector a commit changed (`DataFile.dv_change`) yields only the
     rows that commit deleted (`_change_type` 'delete') or restored ('insert').
-    `file_name`: also a column of this name holding each row's file name (plain reads only)."""
-    full = spark_schema(schema)
+    `file_name`: also a column of this name holding each row's file name (plain reads only).
+    `delta_types`: the table's Delta schema (JSON) when it has VARIANT columns: they are read as variants."""
+    full = spark_schema(schema, delta_types or delta_schema)
     physical = _physical_fields(delta_schema) if delta_schema else {}
     file_fields = [physical.get(f.name, f) for f in full.fields if f.name not in partition_columns]
     if change_data:
@@ -82,7 +84,7 @@ def read_source(spark: SparkSession, files: Sequence[DataFile], info, *, change_
     """`read_files` with a source's schema, partition columns and column mapping (`info`: a TableInfo)."""
     return read_files(spark, files, info.schema, info.partition_columns, change_data=change_data,
                       delta_schema=info.delta_schema if info.column_mapping != "none" else None,
-                      file_name=file_name)
+                      file_name=file_name, delta_types=info.delta_schema)
 
 
 _FILE, _ROW = "__file", "__row"

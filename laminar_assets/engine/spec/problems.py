@@ -208,6 +208,8 @@ def expression_problem(spec) -> tuple[str, str] | None:
     import sqlglot
     from sqlglot import exp
 
+    from .sql_dialect import DIALECT
+
     fields = [*[(f"derived.{c}", e) for c, e in spec.derived], *[(f"post.{c}", e) for c, e in getattr(spec, "post", ())],
               *[(f"rules.{r.name}", r.check) for r in spec.rules], *([("filter", spec.filter)] if spec.filter else [])]
     sql_aggs = [(f"aggregates.{a.name}", a.expr) for a in getattr(spec, "aggregates", ()) if getattr(a, "expr", None)]
@@ -219,7 +221,7 @@ def expression_problem(spec) -> tuple[str, str] | None:
         if not isinstance(expr, str) or not re.search(r"\bas\b", expr, re.IGNORECASE):
             continue  # no `AS` anywhere: nothing to parse
         try:
-            tree = sqlglot.parse_one(expr, read="spark")
+            tree = sqlglot.parse_one(expr, read=DIALECT)
         except sqlglot.errors.SqlglotError:
             continue
         if isinstance(tree, exp.Alias):

@@ -62,8 +62,10 @@ def expression_columns(expr: str) -> set[str]:
     import sqlglot
     from sqlglot import exp
 
+    from .sql_dialect import DIALECT
+
     try:
-        tree = sqlglot.parse_one(expr, read="spark")
+        tree = sqlglot.parse_one(expr, read=DIALECT)
     except sqlglot.errors.SqlglotError:
         return _identifiers(expr)
     return {part.name for col in tree.find_all(exp.Column) for part in col.parts if part.name}
@@ -73,8 +75,10 @@ def _identifiers(expr: str) -> set[str]:
     import sqlglot
     from sqlglot.tokens import TokenType
 
+    from .sql_dialect import DIALECT
+
     try:
-        tokens = sqlglot.Dialect.get_or_raise("spark").tokenize(expr)
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(expr)
     except sqlglot.errors.SqlglotError:
         tokens = []
     skip = {TokenType.STRING, TokenType.NUMBER}

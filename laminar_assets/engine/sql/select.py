@@ -22,9 +22,9 @@ from typing import Any
 from sqlglot import exp
 
 from ..spec.parts import Agg, FactJoin
+from ..spec.sql_dialect import DIALECT
 from .window_calls import Fail, is_window, same_window, window_of
 
-DIALECT = "spark"
 WINDOW_COLUMNS = ("window_start", "window_end")
 
 
@@ -37,6 +37,8 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     source, joins = _sources(select, fail)
     _unqualify(select)
     window, event_time, keys, grouped = None, None, [], None
+    named = {sql(i.this): i.alias for i in select.expressions if isinstance(i, exp.Alias) and not _top_aggregate(i.this)}
+    key_derived: dict[str, str] = {}  # a GROUP BY expression the select list names: a derived key column
     for g in select.args["group"].expressions:
         if is_window(g):
             if window is not None:
@@ -45,9 +47,13 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
             grouped = g
         elif isinstance(g, exp.Column):
             keys.append(g.name)
+        elif sql(g) in named and not g.find(exp.AggFunc):  # e.g. payload:sym::string AS sym (#63)
+            key_derived[named[sql(g)]] = sql(g)
+            keys.append(named[sql(g)])
         else:
-            fail(g, "GROUP BY takes columns and one TUMBLE(...) or HOP(...); compute this key in a stage "
-                    "(a view without GROUP BY) and group by its column")
+            fail(g, "GROUP BY takes columns, expressions the select list names (expr AS name) and one TUMBLE(...) "
+                    "or HOP(...); name this key in the select list, or compute it in a stage (a view without "
+                    "GROUP BY) and group by its column")
     if window is None:
         fail(select.args["group"], "a flow groups by a window: add TUMBLE(ts, INTERVAL '1' MINUTE) or "
                                    "HOP(ts, slide, size) to GROUP BY")
@@ -68,6 +74,8 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
             fail(node, f"column {node.name!r} is neither in GROUP BY nor inside an aggregate")
         if is_window(node):
             continue  # the window is written as window_start and window_end
+        if name in key_derived and sql(node) == key_derived[name]:
+            continue  # a derived key: written as its column
         if not name:
             fail(node, f"give {sql(node)!r} a name (AS name)")
         if _top_aggregate(node):
@@ -78,7 +86,7 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     if where is not None and where.find(exp.AggFunc):
         fail(where, "WHERE filters rows before aggregation and cannot use an aggregate")
     return dict(source=source, joins=joins, event_time=event_time, window=window, keys=tuple(keys),
-                aggregates=tuple(builder.aggs), derived=tuple(builder.derived.items()), post=tuple(post),
+                aggregates=tuple(builder.aggs), derived=(*key_derived.items(), *builder.derived.items()), post=tuple(post),
                 hidden=tuple(builder.hidden), filter=sql(where.this) if where is not None else None)
 
 

@@ -21,11 +21,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import TimestampType
 
-from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Mode, Reason, Tumbling
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Mode, Reason, StageSpec, Tumbling
 from laminar_assets.engine.delta import snapshot_files, table_info
 from laminar_assets.engine.spark import installed_jars
 from laminar_assets.engine.spark.frames import spark_path
 from laminar_assets.engine.spark.read import read_source
+from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import UnsupportedTableFeatureError
 from tests.reference import assert_frames_match, full_recompute
 
@@ -237,3 +238,98 @@ def test_widened_columns_read_with_their_new_type_first_incremental_and_retracti
     spark.sql(f"INSERT INTO {table} VALUES " + _widen_rows((9, "2024-01-01 00:05:00", "b", 3, 0.5, "5.5", 1)))
     check("incremental run retracting pre-widening rows", PART, Mode.INCREMENTAL)
     check("the other partition", NEXT, Mode.REFILL, Reason.SCHEMA_CHANGED)
+
+
+# VARIANT columns (`variantType`): delta-spark stores a variant as a Parquet group of two binaries (metadata,
+# value); Arrow and `deltalake` see that struct, Spark reads it as a VARIANT when asked for one. A flow reads a
+# variant's fields with their types (`payload:price::double`, `variant_get(payload, '$.price', 'double')`) in its
+# filter, derived columns and keys; a variant itself is never a key, an aggregate or a sink column.
+BUY_BY_VENUE = """
+CREATE MATERIALIZED VIEW buys_sql AS
+SELECT TUMBLE(et, INTERVAL '10' MINUTE), payload:venue::string AS venue, COUNT(*) AS n,
+       SUM(payload:price::double) AS notional, MAX(variant_get(payload, '$.price', 'double')) AS top
+FROM variants WHERE payload:side::string = 'buy'
+GROUP BY TUMBLE(et, INTERVAL '10' MINUTE), payload:venue::string
+"""
+BUYS = FlowSpec(name="buys_py", source="variants", event_time="et", window=Tumbling("10m"), keys=("venue",),
+                derived={"venue": "payload:venue::string", "price": "variant_get(payload, '$.price', 'double')"},
+                filter="payload:side::string = 'buy'",
+                aggregates=(Agg.count(name="n"), Agg.sum("price", name="notional"), Agg.max("price", name="top")))
+BY_SYM = FlowSpec(name="by_sym_plain", source="variants", event_time="et", window=Tumbling("10m"), keys=("sym",),
+                  aggregates=(Agg.count(name="n"), Agg.sum("id", name="ids")))  # reads no variant column
+# what a flow cannot do with a variant: hold one as a key or aggregate one unextracted
+RAW_KEY = FlowSpec(name="raw_key", source="variants", event_time="et", window=Tumbling("10m"), keys=("payload",),
+                   aggregates=(Agg.count(),))
+RAW_STAGE = StageSpec(name="all_columns", source="variants", event_time="et")  # would write the variants out
+RAW_AGG = FlowSpec(name="raw_agg", source="variants", event_time="et", window=Tumbling("10m"), keys=("sym",),
+                   derived={"p": "payload:price"}, aggregates=(Agg.count("p"),))
+
+
+def _variant_rows(*rows) -> str:
+    return ", ".join(f"({i}, TIMESTAMP'{ts}', '{sym}', parse_json('{payload}'), parse_json('{{\"n\": {i}}}'))"
+                     for i, ts, sym, payload in rows)
+
+
+def _variant_expected(theirs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What the buy flows and the plain flow must hold, from delta-spark's read with Spark's own variant
+    syntax (one Spark job; the windows and groups in pandas, no Laminar code involved)."""
+    rows = theirs.selectExpr("id", "et", "sym", "payload:venue::string AS venue", "payload:price::double AS price",
+                             "payload:side::string AS side").toPandas()
+    rows["window_start"] = pd.to_datetime(rows.et, utc=True).dt.floor("10min")
+    rows["window_end"] = rows.window_start + pd.Timedelta("10min")
+    buys = rows[(rows.side == "buy") & rows.venue.notna()].groupby(["window_start", "window_end", "venue"]).agg(
+        n=("id", "size"), notional=("price", lambda p: p.sum(min_count=1)), top=("price", "max")).reset_index()
+    plain = rows.groupby(["window_start", "window_end", "sym"]).agg(n=("id", "size"), ids=("id", "sum")).reset_index()
+    return buys, plain
+
+
+def test_variant_fields_in_filters_derived_columns_and_keys_first_and_incremental_runs(spark, lake):
+    """A source with VARIANT columns: a Python and a SQL flow that filter on, derive from and group by its
+    fields equal Spark's own query over delta-spark's read after the first run and after an incremental run
+    (an append and a delete of an older row, marked by a deletion vector in a file written before); a flow
+    that reads no variant column ignores them; a variant used as a key or aggregated unextracted is refused,
+    naming table, column and version, before anything is written."""
+    (buys_sql,) = compile_sql(BUY_BY_VENUE, origin="variants.sql")
+    path = lake.path("variants")
+    table = f"delta.`{spark_path(path)}`"
+    spark.sql(f"CREATE TABLE {table} (id BIGINT, et TIMESTAMP, sym STRING, payload VARIANT, extra VARIANT) "
+              "USING delta TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"INSERT INTO {table} SELECT /*+ REPARTITION(1) */ * FROM VALUES " + _variant_rows(  # one file
+        (1, "2024-01-01 00:01:00", "a", '{"price": 1.5, "side": "buy", "venue": "x"}'),
+        (2, "2024-01-01 00:02:00", "a", '{"price": 2, "side": "buy", "venue": "y", "more": [1, {"k": null}]}'),
+        (3, "2024-01-01 00:03:00", "b", '{"price": 100, "side": "sell", "venue": "x"}'),
+        (4, "2024-01-01 00:04:00", "b", '{"price": "3.25", "side": "buy", "venue": "x"}'),  # a string, cast
+        (5, "2024-01-01 00:12:00", "a", '{"price": 7.5, "side": "buy", "venue": "y"}'),
+        (6, "2024-01-01 00:13:00", "b", '{"side": "buy", "venue": "y"}'),  # no price: a NULL one
+        (9, "2024-01-01 00:14:00", "b", '{"price": 5, "side": "buy"}')))  # no venue: quarantined (key missing)
+    for spec, column in ((RAW_KEY, "'payload'"), (RAW_AGG, "'p'"), (RAW_STAGE, "'payload'")):
+        with pytest.raises(UnsupportedTableFeatureError) as caught:
+            Engine(spark, lake.root).run(spec, PART)
+        message = str(caught.value)
+        assert "'variants'" in message and "version 1" in message and "variantType" in message, message
+        assert column in message and "variant_get(" in message, message
+    written = [d for d, _, _ in os.walk(lake.root) if d.endswith("_delta_log") and not d.startswith(path)]
+    assert written == [], f"a refused flow must write no table: {written}"
+
+    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None, extreme_refill_share=None))
+    for step in ("first run", "incremental run"):
+        if step == "incremental run":
+            spark.sql(f"INSERT INTO {table} SELECT * FROM VALUES " + _variant_rows(
+                (7, "2024-01-01 00:05:00", "a", '{"price": 4, "side": "buy", "venue": "x"}'),
+                (8, "2024-01-01 00:15:00", "c", '{"price": 9, "side": "buy", "venue": "z"}')))
+            spark.sql(f"DELETE FROM {table} WHERE id = 2")  # an older row beside others: a deletion vector
+        version = _version(path)
+        theirs = _delta_spark(spark, path, version)
+        if step == "incremental run":  # the snapshot read (the first run reads it too), deletion vector included
+            cols = ("id", "payload:venue::string", "to_json(payload)", "to_json(extra)")
+            assert _rows(_laminar(spark, "variants", path, version).selectExpr(*cols)) == \
+                _rows(theirs.selectExpr(*cols)), step
+        buys, plain = _variant_expected(theirs)
+        for spec in (BUYS, buys_sql):
+            result = engine.run(spec, PART)
+            assert result.mode is (Mode.REFILL if step == "first run" else Mode.INCREMENTAL), (spec.name, step, result)
+            assert_frames_match(lake.read(spec.sink), buys, ["venue"])
+        result = engine.run(BY_SYM, PART)
+        assert result.mode is (Mode.REFILL if step == "first run" else Mode.INCREMENTAL), (step, result.mode)
+        assert_frames_match(lake.read(BY_SYM.sink), plain, ["sym"])
+        assert "payload" not in lake.read(BY_SYM.sink).columns

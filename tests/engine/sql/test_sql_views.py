@@ -201,3 +201,21 @@ def test_a_window_or_freeze_after_out_of_range_in_with_names_the_view():
     with pytest.raises(SqlDefinitionError, match=r"t.sql:1: view 'f': .*expected a duration of at most 999999999 days"):
         compile_sql("CREATE MATERIALIZED VIEW f WITH (freeze_after = '99999999999d') AS SELECT TUMBLE(ts, INTERVAL '1' "
                     "MINUTE), COUNT(*) AS n FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)", origin="t.sql")
+
+
+def test_variant_paths_compile_to_variant_get_and_a_named_group_by_expression_is_a_derived_key():
+    """Spark 4's `payload:price::double` (#63): sqlglot's Spark dialect fails on it and reads `SELECT payload:price`
+    as the alias placeholder `payload AS :price`; Laminar's dialect makes both a `variant_get` of the path. A GROUP
+    BY expression the select list names becomes a derived key column; an unnamed one is still refused."""
+    (spec,) = compile_sql("CREATE MATERIALIZED VIEW v AS SELECT TUMBLE(et, INTERVAL '10' MINUTE), "
+                          "payload:venue::string AS venue, SUM(payload:price::double) AS notional, "
+                          "COUNT(payload:a.b[0]) AS n FROM orders WHERE payload:side::string = 'buy' "
+                          "GROUP BY TUMBLE(et, INTERVAL '10' MINUTE), payload:venue::string", origin="v.sql")
+    derived = dict(spec.derived)
+    assert spec.keys == ("venue",) and derived["venue"] == "CAST(VARIANT_GET(payload, '$.venue') AS STRING)"
+    assert derived[spec.aggregates[0].column] == "CAST(VARIANT_GET(payload, '$.price') AS DOUBLE)"
+    assert derived[spec.aggregates[1].column] == "VARIANT_GET(payload, '$.a.b[0]')"
+    assert spec.filter == "CAST(VARIANT_GET(payload, '$.side') AS STRING) = 'buy'"
+    with pytest.raises(SqlDefinitionError, match="name this key in the select list"):
+        compile_sql("CREATE MATERIALIZED VIEW w AS SELECT TUMBLE(et, INTERVAL '10' MINUTE), COUNT(*) AS n FROM orders "
+                    "GROUP BY TUMBLE(et, INTERVAL '10' MINUTE), payload:venue::string", origin="w.sql")
