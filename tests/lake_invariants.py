@@ -6,10 +6,53 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from urllib.parse import unquote
+
+from deltalake import DeltaTable
 
 from laminar_assets import storage
 from laminar_assets.engine.delta import open_delta
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_snapshots: dict[str, tuple[tuple[int, str], DeltaTable, dict]] = {}  # uri -> (newest commit, table, facts)
+
+
+def latest_snapshot(uri: str) -> tuple[DeltaTable, dict]:
+    """The latest snapshot of the Delta table at `uri` (only to be read) and a dict for facts derived from
+    it, opened again only when the log has a newer commit file than last time: the invariants after every
+    step read each table several times, and an open replays the log since its checkpoint (on S3 two GETs
+    per commit). One listing of the log tells: Delta never rewrites a commit file, so the same newest
+    commit file (version and tag: S3's ETag, locally inode, size and modification time) is the same
+    snapshot; a table recreated at the path writes other commit files (their contents carry UUIDs and
+    times)."""
+    newest = max(((int(m.group(1)), tag) for name, tag in storage.list_tagged(storage.join(uri, "_delta_log"))
+                  if (m := _COMMIT.match(name))), default=None)
+    kept = _snapshots.get(uri)
+    if newest is not None and kept is not None and kept[0] == newest:
+        return kept[1], kept[2]
+    table = open_delta(uri)
+    if newest is not None and table.version() == newest[0]:
+        _snapshots[uri] = (newest, table, {})
+        return table, _snapshots[uri][2]
+    return table, {}  # a commit landed between the listing and the open: not kept
+
+
+def writers(uri: str) -> set:
+    """The `laminar.flow` of every commit of the table at `uri` (None for commits without one)."""
+    table, facts = latest_snapshot(uri)
+    if "writers" not in facts:
+        facts["writers"] = {c.get("laminar.flow") for c in table.history()}
+    return facts["writers"]
+
+
+def latest_frame(uri: str):
+    """The latest snapshot of the table at `uri` as a pandas frame (read again only when the log moved;
+    the caller must not change it)."""
+    table, facts = latest_snapshot(uri)
+    if "frame" not in facts:
+        facts["frame"] = table.to_pandas()
+    return facts["frame"]
 
 
 def _files(root: str) -> list[str]:
@@ -37,7 +80,10 @@ def laminar_tables(root: str, sinks) -> list[str]:
 
 def missing_files(table: str) -> list[str]:
     """Files the latest snapshot of `table` names that do not exist."""
-    named = [u.removeprefix("file://") for u in open_delta(table).file_uris()]
+    dt, facts = latest_snapshot(table)
+    if "file_uris" not in facts:
+        facts["file_uris"] = [u.removeprefix("file://") for u in dt.file_uris()]
+    named = facts["file_uris"]
     if storage.local_path(table) is not None:
         return [u for u in named if not os.path.exists(u)]
     present = set(_files(table))

@@ -50,7 +50,7 @@ from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import InjectedCrash, RunFailedError, SchemaMismatchError, SourceNotFoundError
 from tests.engine.stateful_exports import PARTITIONS, ExportRules, export_plans
-from tests.lake_invariants import assert_lake_intact, laminar_tables, orphan_files
+from tests.lake_invariants import assert_lake_intact, laminar_tables, latest_frame, orphan_files, writers
 from tests.reference import assert_frames_match
 
 DAY = pd.Timestamp("2024-01-01", tz="UTC")
@@ -293,7 +293,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
                 if mark is None or not mark.committed or mark.pending is not None:
                     continue  # nothing materialized, or a killed run's intent the next run settles
                 if sink is None:
-                    sink = open_delta(storage.join(self.root, spec.sink)).to_pandas()
+                    sink = latest_frame(storage.join(self.root, spec.sink))
                 actual, expected = self._partition(spec, key, mark.source_versions, sink)
                 try:
                     if isinstance(spec, StageSpec):
@@ -327,11 +327,11 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
     def no_table_is_written_by_another_flow(self):
         if not hasattr(self, "engine"):
             return
-        written = [c.get("laminar.flow") for c in open_delta(self.source).history()]
+        written = writers(self.source)
         assert not any(written), f"the source was written by {sorted({w for w in written if w})}"
         for spec in self.specs:
             for uri in self._tables_of(spec):
-                others = {c.get("laminar.flow") for c in open_delta(uri).history()} - {spec.name}
+                others = writers(uri) - {spec.name}
                 assert not others, f"{uri} ({spec.name}'s) was written by {sorted(map(str, others))}"
 
     # --- helpers ------------------------------------------------------------------------
