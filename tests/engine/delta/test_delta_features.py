@@ -269,11 +269,11 @@ def test_unknown_reader_feature_is_refused_by_name(lake):
     with open(os.path.join(path, "_delta_log", f"{1:020d}.json"), "w") as fh:
         fh.write(json.dumps({"commitInfo": {"timestamp": 0, "operation": "SET TBLPROPERTIES"}}) + "\n")
         fh.write(json.dumps({"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                                          "readerFeatures": ["deletionVectors", "variantType"],
-                                          "writerFeatures": ["deletionVectors", "variantType"]}}) + "\n")
+                                          "readerFeatures": ["deletionVectors", "variantShredding-preview"],
+                                          "writerFeatures": ["deletionVectors", "variantShredding-preview"]}}) + "\n")
     with pytest.raises(UnsupportedTableFeatureError) as info:
         table_info("trades", path)
-    assert "variantType" in str(info.value) and "version 1" in str(info.value) and "'trades'" in str(info.value)
+    assert "variantShredding-preview" in str(info.value) and "version 1" in str(info.value) and "'trades'" in str(info.value)
 
 
 def test_a_type_change_type_widening_does_not_read_exactly_is_refused_naming_it(lake):
