@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -76,12 +77,18 @@ def deployment(tmp_path, monkeypatch, s3_server, postgres):
     env.update(DAGSTER_HOME=str(home), LAMINAR_ROOT=root)
     ui, spark = free_port(), free_port()
     log = open(logs / "serve.log", "wb")
+    # --no-warm-up: serve's warm-up sends three batches of the demo graph and the checks through the new
+    # Connect server (87 s beside batch 1's runs on a loaded machine), more work than this test's own two
+    # batches, and nothing here needs a warm JVM; the warm-up itself is tested on a Connect server in
+    # tests/deploy/test_connect.py
     proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", root, "serve",
                              "--ui-port", str(ui), "--spark-port", str(spark), "--driver-memory", "2g",
-                             "--jit", "quick", "--log-dir", str(logs)],
+                             "--jit", "quick", "--no-warm-up", "--log-dir", str(logs)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        started = time.monotonic()
         wait_for(lambda: listening(ui), 300, "the Dagster UI", alive=lambda: proc.poll() is None)
+        print(f"{time.monotonic() - started:7.1f} s  the Dagster UI listens")
         assert (logs / "dagster.log").exists() and (logs / "spark-connect.log").exists()  # on this machine, also for s3
         yield root, home, f"http://127.0.0.1:{ui}"
     finally:
@@ -111,6 +118,11 @@ def caught_up(root: str, instance: dg.DagsterInstance) -> bool:
 
 
 def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, spark):
+    started = time.monotonic()
+
+    def mark(what: str) -> None:  # where the test's time goes (-s shows it)
+        print(f"{time.monotonic() - started:7.1f} s  {what}")
+
     root, home, ui = deployment
     instance = dg.DagsterInstance.from_config(str(home))
     assert type(instance.run_storage).__name__ == "PostgresRunStorage"
@@ -118,11 +130,13 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
     write_batch(root, BatchOptions(rows=200, seed=3, start=recent_start()), batch=0)
     wait_for(lambda: caught_up(root, instance) and is_delta_table(storage.join(root, "vwap_1m")), 600,
              "batch 1 to reach every sink", every=3)
+    mark("batch 1 in every sink")
     first_runs = len(instance.get_run_ids())
     write_batch(root, BatchOptions(rows=60, seed=3, late_share=0.2, update_share=0.05, delete_share=0.05),
                 batch=1)
     wait_for(lambda: len(instance.get_run_ids()) > first_runs and caught_up(root, instance), 600,
              "batch 2 to reach every sink", every=3)
+    mark("batch 2 in every sink")
 
     runs = instance.get_runs()
     assert runs and all(r.status is dg.DagsterRunStatus.SUCCESS for r in runs), \
@@ -148,6 +162,7 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
         if isinstance(spec, FlowSpec):
             expected = full_recompute(spark, spec, stage)
             assert_frames_match(open_delta(storage.join(root, spec.sink)).to_pandas(), expected, spec.keys)
+    mark("runs, checks and sinks checked")
 
     # the same deployment in a real browser (headless Chromium): graph, partition page, checks, plots
     browser = Browser(ui, REPO / ".laminar" / "ui-test")
@@ -165,3 +180,4 @@ def test_sensors_keep_every_flow_fresh_through_daemon_launched_runs(deployment, 
                               "recent_refill_share")
     finally:
         browser.close()
+    mark("the UI checked in Chromium")

@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 # Chromium as root in a sandbox with no internet: no sandbox, no GPU, no background connections
 # (the closed network refuses them, many at a time).
+SETTLE_SECONDS = 30  # what a page's later queries may take to show what a check looks for
+
 CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
@@ -63,15 +67,22 @@ class Browser:
         finally:
             self._pw.stop()
 
-    def open(self, path: str, name: str, *, wait_for: str) -> str:
+    def open(self, path: str, name: str, *, wait_for: str, shows: Callable[[str], bool] | None = None) -> str:
         """Load `path`, wait until `wait_for` is on the page, dismiss Dagster's first-visit modal,
-        save a screenshot and the page text as `name`, and return the text."""
+        save a screenshot and the page text as `name`, and return the text. With `shows`, wait until
+        the page's text satisfies it (at most `SETTLE_SECONDS`; the caller's check then names what is
+        missing) instead of a fixed 1.5 s for the page's remaining queries to settle."""
         self.page.goto(self.base + path)
         try:
             self.page.get_by_text(wait_for, exact=True).first.wait_for(timeout=60_000)
         finally:
             self.save(name)
-        self.page.wait_for_timeout(1500)  # let the remaining queries of the page settle
+        if shows is None:
+            self.page.wait_for_timeout(1500)  # let the remaining queries of the page settle
+        else:
+            deadline = time.monotonic() + SETTLE_SECONDS
+            while not shows(self.page.inner_text("body")) and time.monotonic() < deadline:
+                self.page.wait_for_timeout(200)
         return self.save(name)
 
     def save(self, name: str) -> str:
@@ -110,26 +121,38 @@ def check_partition_page(browser: Browser, facts: PartitionFacts) -> None:
     """The asset's Partitions view, with one partition selected, shows its mode, reason and versions."""
     name = f"partition_{facts.asset}"
     text = browser.open(f"/assets/{facts.asset}?view=partitions&partition={facts.partition}", name,
-                        wait_for="Latest materialization")
+                        wait_for="Latest materialization", shows=lambda text: not _partition_missing(text, facts))
+    missing = _partition_missing(text, facts)
+    if missing:
+        raise browser.fail(name, f"{facts.asset} {facts.partition}: the page does not show {missing}")
+
+
+def _partition_missing(text: str, facts: PartitionFacts) -> str | None:
+    """The first of the partition's facts the page's text does not show, or None."""
     for key, value in (("mode", facts.mode), ("reason", facts.reason)):
         if not re.search(rf"^{key}\s*\n\s*{value}\s*$", text, re.M):
-            raise browser.fail(name, f"{facts.asset} {facts.partition}: the page does not show {key} = {value}")
+            return f"{key} = {value}"
     if "versions_to" not in text or any(f'"{table}": {version}' not in text
                                         for table, version in facts.versions_to.items()):
-        raise browser.fail(name, f"{facts.asset} {facts.partition}: the page does not show versions_to "
-                                 f"{facts.versions_to}")
+        return f"versions_to {facts.versions_to}"
+    return None
 
 
 def check_asset_checks(browser: Browser, asset: str, checks: list[str]) -> None:
     """The asset's Checks view lists each of `checks` as Succeeded."""
     name = f"checks_{asset}"
-    text = browser.open(f"/assets/{asset}?view=checks", name, wait_for=checks[0])
+    text = browser.open(f"/assets/{asset}?view=checks", name, wait_for=checks[0],
+                        shows=lambda text: all(_check_status(text, c) == "Succeeded" for c in checks))
     for check in checks:
-        # the list shows each check's name (twice: label and tooltip) and then its latest status
-        match = re.search(rf"^{check}\s*\n(?:{check}\s*\n)?(\w[\w ]*)$", text, re.M)
-        status = match.group(1).strip() if match else "not listed"
+        status = _check_status(text, check)
         if status != "Succeeded":
             raise browser.fail(name, f"{asset}: check `{check}` shows '{status}', expected 'Succeeded'")
+
+
+def _check_status(text: str, check: str) -> str:
+    # the list shows each check's name (twice: label and tooltip) and then its latest status
+    match = re.search(rf"^{check}\s*\n(?:{check}\s*\n)?(\w[\w ]*)$", text, re.M)
+    return match.group(1).strip() if match else "not listed"
 
 
 def check_partition_plots(browser: Browser, asset: str, *metrics: str) -> None:
