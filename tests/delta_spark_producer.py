@@ -108,6 +108,19 @@ def _jsonable(value):
     return value
 
 
+def _jvm_options() -> dict[str, str]:
+    """How the JVM starts, as the suite's own JVMs start (tests/conftest.py): the class archive `make
+    class-archive` wrote, and C1 only (LAMINAR_SPARK_JIT, default quick). A short-lived JVM on two cores spends
+    most of its CPU in the C2 compiler (docs/PERFORMANCE.md). Only the JVM's options: the session stays a plain
+    delta-spark one (Hadoop's checksummed local file system, no Laminar setting)."""
+    from laminar_assets.engine import SparkOptions
+    from laminar_assets.engine.spark.session import jvm_conf
+
+    conf = jvm_conf(SparkOptions(master="local[1]", driver_memory="1g",
+                                 jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")), secrets=False)
+    return {key: conf[key] for key in ("spark.driver.memory", "spark.driver.extraJavaOptions")}
+
+
 def _serve() -> None:
     from pyspark.sql import SparkSession
 
@@ -122,7 +135,7 @@ def _serve() -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # Spark's chatter never mixes with the answers
     builder = SparkSession.builder.master("local[1]").appName("upstream-delta-job").config("spark.jars", ",".join(jars))
-    for key, value in {**DELTA_CONF, **DELTA_SQL_CONF}.items():
+    for key, value in {**DELTA_CONF, **DELTA_SQL_CONF, **_jvm_options()}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
@@ -91,6 +92,38 @@ def full_recompute(spark, spec: FlowSpec, source) -> pd.DataFrame:
     for name, expr in spec.post:
         out = out.withColumn(name, F.expr(expr))
     return out.drop(*spec.hidden).toPandas()
+
+
+class Recomputes:
+    """`full_recompute` of each flow over a table's successive snapshots, run again only when the rows changed.
+
+    A commit that changes no row (OPTIMIZE, a REORG purge, VACUUM, a property set) leaves the same rows, whose
+    recompute is the same frame: tests that compare a sink after every commit take it from here instead of
+    running Spark's job again. The comparison with the sink is still made after every commit."""
+
+    def __init__(self, spark) -> None:
+        self.spark = spark
+        self._last: dict[str, tuple[pa.Table, pd.DataFrame]] = {}
+
+    def __call__(self, spec: FlowSpec, source: pa.Table) -> pd.DataFrame:
+        last = self._last.get(spec.name)
+        if last is not None and same_rows(last[0], source):
+            return last[1].copy()
+        expected = full_recompute(self.spark, spec, source)
+        self._last[spec.name] = (source, expected)
+        return expected.copy()
+
+
+def same_rows(a: pa.Table, b: pa.Table) -> bool:
+    """The same rows in any order (and the same schema). False when the columns cannot be sorted (nested
+    types): the caller then recomputes."""
+    if a.schema != b.schema or a.num_rows != b.num_rows:
+        return False
+    order = [(name, "ascending") for name in a.column_names]
+    try:
+        return a.sort_by(order).equals(b.sort_by(order))
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
 
 
 def normalise(df: pd.DataFrame, keys) -> pd.DataFrame:

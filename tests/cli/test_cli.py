@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from laminar_assets.cli import app
 from laminar_assets.flows import load_specs
+from tests.cli_in_process import run_in_process
 from tests.reference import assert_frames_match, full_recompute, sql_recompute
 
 SPECS = {s.name: s for s in load_specs()}
@@ -39,10 +40,19 @@ def test_dag_json_shape(tmp_path):
 
 
 def run_cli(*args, home):
-    """`laminar ARGS` in a fresh process (through `main()`, as the installed command runs)."""
+    """`laminar ARGS` in a fresh process (through `main()`, as the installed command runs): its exit code is the
+    process's, after `run_then_exit`. Each such process imports the CLI (Dagster, PySpark) again, seconds of CPU:
+    tests of what a command says use `cli(...)`, and these child processes stay where the process itself is
+    what is tested (its exit code, a command that runs Dagster or writes tables and then exits, a kill)."""
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "laminar_assets.cli", *args],
                           capture_output=True, text=True, env=env, timeout=120)
+
+
+def cli(*args, home) -> subprocess.CompletedProcess:
+    """`laminar ARGS` in this process, through the entry point's own error handling (tests/cli_in_process.py):
+    the code it would exit with, and what it wrote to stdout and stderr, without a child's seconds of imports."""
+    return run_in_process(list(args), {"DAGSTER_HOME": str(home)})
 
 
 def one_error_line(proc) -> str:
@@ -83,7 +93,8 @@ def test_errors_are_one_red_line_and_nonzero(tmp_path):
                         "bad partition in --partition-range"),
                        (["status", "--bogus"], "No such option"),
                        (["serve", "--jit", "fast"], "jit must be one of hot, quick, tiered, got 'fast'")]:
-        proc = run_cli("--root", str(tmp_path), *args, home=tmp_path / "dh")
+        # `serve` in a process of its own: a check that moved after its servers start must not start them here
+        proc = (run_cli if args[0] == "serve" else cli)("--root", str(tmp_path), *args, home=tmp_path / "dh")
         assert proc.returncode != 0, args
         assert text in one_error_line(proc), (args, proc.stderr)
 
@@ -203,13 +214,13 @@ def test_quarantine_example_rows_keep_brackets(tmp_path, monkeypatch):
     assert '"[b]ad"' in out.output, out.output
 
 
-@pytest.mark.process
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["explain", "vwap_1m"], ["quarantine"],
                                   ["refill", "vwap_1m"], ["check"]])
 def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
-    """Commands that read a lake fail on a root that does not exist instead of reporting an empty lake."""
+    """Commands that read a lake fail on a root that does not exist instead of reporting an empty lake
+    (`check` in a process of its own: the process's exit code too)."""
     missing = tmp_path / "nowhere"
-    proc = run_cli("--root", str(missing), *args, home=tmp_path / "dh")
+    proc = (run_cli if args == ["check"] else cli)("--root", str(missing), *args, home=tmp_path / "dh")
     assert proc.returncode == 1, (args, proc.stdout)
     line = one_error_line(proc)
     assert str(missing) in line and "does not exist" in line and "laminar demo" in line and "--root" in line, line
@@ -217,15 +228,15 @@ def test_missing_root_is_one_line_naming_it_and_the_fix(tmp_path, args):
     assert not missing.exists()
 
 
-@pytest.mark.process
 @pytest.mark.parametrize("args", [["status"], ["check"], ["refill", "vwap_1m"]])
 def test_a_root_that_is_some_other_folder_is_refused(tmp_path, args):
     """`--root` pointing at a folder that is not a lake (a file in it, folders without a Delta log): `check`
-    said every check passed and `status` showed every source missing, with exit code 0."""
+    said every check passed and `status` showed every source missing, with exit code 0 (`check` in a process
+    of its own: the process's exit code too)."""
     other = tmp_path / "project"
     (other / "src").mkdir(parents=True)
     (other / "notes.txt").write_text("hi")
-    proc = run_cli("--root", str(other), *args, home=tmp_path / "dh")
+    proc = (run_cli if args == ["check"] else cli)("--root", str(other), *args, home=tmp_path / "dh")
     assert proc.returncode == 1, (args, proc.stdout)
     line = one_error_line(proc)
     assert str(other) in line and "holds no Delta table and no _laminar/ folder" in line and "--root" in line, line
@@ -235,7 +246,8 @@ def test_a_root_that_is_some_other_folder_is_refused(tmp_path, args):
 @pytest.mark.process
 def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
     new = tmp_path / "new" / "lake"
-    assert run_cli("--root", str(new), "dag", home=tmp_path / "dh").returncode == 0
+    assert cli("--root", str(new), "dag", home=tmp_path / "dh").returncode == 0
+    # `generate` in a process of its own: it writes Delta tables, then the process must end with code 0
     proc = run_cli("--root", str(new), "generate", "--rows", "50", "--batch", "0", home=tmp_path / "dh")
     assert proc.returncode == 0, proc.stderr
     assert "broken " in proc.stdout and "new versions [0]" in proc.stdout, proc.stdout  # what it wrote, counted
@@ -252,7 +264,8 @@ def test_commands_that_create_or_need_no_lake_work_on_a_new_root(tmp_path):
     (["nosuchcommand"], "'nosuchcommand'"),
 ])
 def test_usage_errors_exit_2_naming_the_option(tmp_path, args, named):
-    proc = run_cli(*args, home=tmp_path / "dh")
+    # one in a process of its own: the process's exit code is 2 too
+    proc = (run_cli if args == ["nosuchcommand"] else cli)(*args, home=tmp_path / "dh")
     assert proc.returncode == 2, (args, proc.stderr)
     line = one_error_line(proc)
     assert line.startswith("error: ") and named in line, (args, line)
@@ -260,7 +273,7 @@ def test_usage_errors_exit_2_naming_the_option(tmp_path, args, named):
 
 
 def test_no_arguments_shows_help_without_an_error_line(tmp_path):
-    proc = run_cli(home=tmp_path / "dh")
+    proc = cli(home=tmp_path / "dh")
     assert proc.returncode == 2
     assert "Usage" in proc.stdout + proc.stderr and "error:" not in proc.stdout + proc.stderr
 
@@ -425,11 +438,11 @@ def test_demo_then_status_explain_refill_generate(spark, demo_base):
     sink = DeltaTable(str(root / "vwap_1m"))
     lost = sink.file_uris()[0]
     os.remove(lost.removeprefix("file://"))
-    broken = run_cli("--root", str(root), "check", "--json", home=home)
+    broken = cli("--root", str(root), "check", "--json", home=home)  # this process's Spark, not a JVM of its own
     assert broken.returncode == 1
     [bad] = [r for r in json.loads(broken.stdout) if r["check"] == "integrity" and not r["passed"]]
     assert bad["asset"] == "vwap_1m" and bad["partition"] == "vwap_1m"
     assert f"vwap_1m at {root / 'vwap_1m'}, version {sink.version()}: 1 of the" in bad["details"]
     assert os.path.basename(lost) in bad["details"]
-    last = broken.stderr.strip().splitlines()[-1]  # after the Spark JVM's own start-up lines
+    last = broken.stderr.strip().splitlines()[-1]
     assert "checks failed" in last and "integrity on vwap_1m" in last and "Traceback" not in broken.stderr

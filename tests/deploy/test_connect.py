@@ -83,27 +83,33 @@ def test_laminar_sql_over_the_connect_server_reads_delta_tables_by_path(server, 
     rows = snapshot(table)
     assert rows.num_rows == 2
     env = {**os.environ, "LAMINAR_SPARK_REMOTE": server.url, "LAMINAR_ROOT": str(root)}
-
-    def laminar_sql(query):
-        proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "sql", query, "--json"], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout)
-
-    assert laminar_sql(f"SELECT count(*) AS n FROM delta.`{table}`") == [{"n": rows.num_rows}]
-    history = laminar_sql(f"DESCRIBE HISTORY delta.`{table}`")
-    assert [h["version"] for h in history] == list(range(len(history) - 1, -1, -1)) and len(history) > 1, history
+    files = sorted(p.relative_to(table) for p in Path(table).rglob("*"))
     # read-only over Connect too: judged by the server's EXPLAIN (a multi-insert overwriting the table's
     # folder) or by the first word delta-spark's lexer reads (a RESTORE hidden from Spark's lexer by a
     # comment that delta-spark's does not nest); the table keeps every file and its version
-    files = sorted(p.relative_to(table) for p in Path(table).rglob("*"))
-    for query, found in [(f"FROM (SELECT 1 AS a) INSERT OVERWRITE DIRECTORY '{table}' USING parquet SELECT *",
-                          "INSERT OVERWRITE DIRECTORY"),
-                         (f"/* /* */ RESTORE TABLE delta.`{table}` TO VERSION AS OF 0 -- */ SELECT 1", "RESTORE")]:
-        proc = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "sql", query], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 1 and "reads only: it runs one SELECT" in proc.stderr, proc.stderr[-3000:]
-        assert f"found {found}" in proc.stderr, proc.stderr[-3000:]
+    refused = [(f"FROM (SELECT 1 AS a) INSERT OVERWRITE DIRECTORY '{table}' USING parquet SELECT *",
+                "INSERT OVERWRITE DIRECTORY"),
+               (f"/* /* */ RESTORE TABLE delta.`{table}` TO VERSION AS OF 0 -- */ SELECT 1", "RESTORE")]
+    # One process runs the reads and the first refusal (a `laminar` process each was an import of Dagster and
+    # PySpark and a Connect session each, for the same command); the second refusal is a `laminar` process of
+    # its own, whose exit code is the process's
+    batch = subprocess.run([sys.executable, "-m", "tests.cli_in_process", json.dumps([
+        ["sql", f"SELECT count(*) AS n FROM delta.`{table}`", "--json"],
+        ["sql", f"DESCRIBE HISTORY delta.`{table}`", "--json"],
+        ["sql", refused[0][0]]])], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert batch.returncode == 0, batch.stderr[-3000:]
+    count, described, first = json.loads(batch.stdout.strip().splitlines()[-1])
+    for done in (count, described):
+        assert done["code"] == 0, done["stderr"][-3000:]
+    assert json.loads(count["stdout"]) == [{"n": rows.num_rows}]
+    history = json.loads(described["stdout"])
+    assert [h["version"] for h in history] == list(range(len(history) - 1, -1, -1)) and len(history) > 1, history
+    second = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "sql", refused[1][0]], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    for (_, found), code, stderr in ((refused[0], first["code"], first["stderr"]),
+                                     (refused[1], second.returncode, second.stderr)):
+        assert code == 1 and "reads only: it runs one SELECT" in stderr, stderr[-3000:]
+        assert f"found {found}" in stderr, stderr[-3000:]
     assert sorted(p.relative_to(table) for p in Path(table).rglob("*")) == files
     assert DeltaTable(table).version() == len(history) - 1
 

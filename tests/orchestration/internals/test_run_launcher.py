@@ -44,22 +44,50 @@ def probe_job():
 '''
 
 
+def _open(folder: Path) -> dg.DagsterInstance:
+    """An instance under `folder`/home built from the project's own dagster.yaml (its run_launcher section is
+    what this test is about), and the probe job beside it."""
+    home = folder / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    (folder / "probe_job.py").write_text(PROBE)
+    return dg.DagsterInstance.from_config(str(home))
+
+
+def _close(inst: dg.DagsterInstance) -> None:
+    """Dispose of the launcher, and end the workers it still had: a worker released while it imports
+    finishes its imports before it reads that it was released, seconds of CPU for nothing (that idle workers
+    exit on their own is `test_without_a_warm_worker_...`'s)."""
+    launcher = inst.run_launcher
+    workers = list(getattr(launcher, "_workers", []))
+    launcher.dispose()
+    for worker in workers:
+        worker.process.kill()
+        worker.process.wait()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Iterator[tuple[dg.DagsterInstance, Path]]:
+    """One instance and its warm pool for the tests that launch runs: each run takes a warm worker and the
+    launcher warms the next, as on a daemon (a pool per test started two workers, each seconds of imports, to
+    use one). The probe's pool has one slot: each test's run has finished before the next launches."""
+    folder = tmp_path_factory.mktemp("launcher")
+    with _open(folder) as inst:
+        yield inst, folder
+        _close(inst)
+
+
 @pytest.fixture
 def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
-    home = tmp_path / "home"
-    home.mkdir()
-    # the project's own dagster.yaml: its run_launcher section is what this test is about
-    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
-    (tmp_path / "probe_job.py").write_text(PROBE)
-    with dg.DagsterInstance.from_config(str(home)) as inst:
+    """An instance of its own, for the tests of a launcher that has not started its pool yet or is disposed."""
+    with _open(tmp_path) as inst:
         yield inst
-        inst.run_launcher.dispose()
+        _close(inst)
 
 
-def _run(instance: dg.DagsterInstance, tmp_path: Path, *, sleep: float = 0.0, exit_code: int = 0):
-    recon = ReconstructableJob.for_file(str(tmp_path / "probe_job.py"), "probe_job")
-    config = {"ops": {"probe": {"config": {"out": str(tmp_path / "probe.json"), "sleep": sleep,
-                                           "exit_code": exit_code}}}}
+def _run(instance: dg.DagsterInstance, job_dir: Path, out: Path, *, sleep: float = 0.0, exit_code: int = 0):
+    recon = ReconstructableJob.for_file(str(job_dir / "probe_job.py"), "probe_job")
+    config = {"ops": {"probe": {"config": {"out": str(out), "sleep": sleep, "exit_code": exit_code}}}}
     return instance.create_run_for_job(job_def=recon.get_definition(), run_config=config,
                                        job_code_origin=recon.get_python_origin())
 
@@ -87,9 +115,10 @@ def _finished(instance: dg.DagsterInstance, run_id: str, timeout: float = 120) -
                  f"run {run_id} to finish")
 
 
-def test_run_executes_in_a_warm_worker(instance, tmp_path):
+def test_run_executes_in_a_warm_worker(shared, tmp_path):
+    instance, job_dir = shared
     _warm(instance)
-    run = _run(instance, tmp_path)
+    run = _run(instance, job_dir, tmp_path / "probe.json")
     instance.launch_run(run.run_id, workspace=None)  # the warm path needs no code server
     done = _finished(instance, run.run_id)
     assert done.status == dg.DagsterRunStatus.SUCCESS
@@ -101,9 +130,10 @@ def test_run_executes_in_a_warm_worker(instance, tmp_path):
     assert started == [f"Started process for run (pid: {worker['pid']})."]
 
 
-def test_terminate_cancels_the_run(instance, tmp_path):
+def test_terminate_cancels_the_run(shared, tmp_path):
+    instance, job_dir = shared
     _warm(instance)
-    run = _run(instance, tmp_path, sleep=120)
+    run = _run(instance, job_dir, tmp_path / "probe.json", sleep=120)
     instance.launch_run(run.run_id, workspace=None)
     _wait(lambda: (tmp_path / "probe.json").exists(), 60, "the step to start")
     # the UI terminates from another process: a launcher built from the same dagster.yaml
@@ -113,9 +143,10 @@ def test_terminate_cancels_the_run(instance, tmp_path):
     assert done.status == dg.DagsterRunStatus.CANCELED
 
 
-def test_a_worker_that_dies_fails_its_run(instance, tmp_path):
+def test_a_worker_that_dies_fails_its_run(shared, tmp_path):
+    instance, job_dir = shared
     _warm(instance)
-    run = _run(instance, tmp_path, exit_code=3)
+    run = _run(instance, job_dir, tmp_path / "probe.json", exit_code=3)
     instance.launch_run(run.run_id, workspace=None)
     done = _finished(instance, run.run_id, timeout=60)
     assert done.status == dg.DagsterRunStatus.FAILURE
@@ -126,29 +157,28 @@ def test_a_worker_that_dies_fails_its_run(instance, tmp_path):
     assert instance.event_log_storage.get_concurrency_info("laminar_probe").claimed_slots == []
 
 
-def test_without_a_warm_worker_the_run_goes_the_default_way(instance, tmp_path):
+def test_without_a_warm_worker_the_run_goes_the_default_way_and_idle_workers_exit_with_the_launcher(instance, tmp_path):
+    """The first launch starts the pool and goes through the code server, as Dagster's own launcher does; the
+    workers it started, once warm and idle, exit when the launcher is disposed (they never outlive it)."""
     launcher = instance.run_launcher
-    run = _run(instance, tmp_path)
-    # the first launch starts the workers and goes through the code server, as Dagster's own
-    # launcher does: without a workspace that is DefaultRunLauncher's own error
+    run = _run(instance, tmp_path, tmp_path / "probe.json")
+    # without a workspace that is DefaultRunLauncher's own error
     with pytest.raises(dg.DagsterInvariantViolationError, match="requires a workspace"):
         launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
     assert WORKER_TAG not in instance.get_run_by_id(run.run_id).tags
-
-
-def test_idle_workers_exit_with_the_launcher(instance):
-    launcher = _warm(instance)
+    _wait(lambda: launcher.idle_workers() == launcher.warm_workers == 2, 120, "the pool the first launch started")
     workers = list(launcher._workers)
     launcher.dispose()
     _wait(lambda: all(w.process.poll() is not None for w in workers), 30,
           f"workers {[w.process.pid for w in workers]} to exit")
 
 
-def test_a_run_on_another_host_is_stopped_by_its_cancellation_thread(instance, tmp_path):
+def test_a_run_on_another_host_is_stopped_by_its_cancellation_thread(shared, tmp_path):
     """No signal reaches a worker on another host: the run's own cancellation thread sees CANCELING
     (polled every 10 s, Dagster's default) and interrupts it."""
+    instance, job_dir = shared
     _warm(instance)
-    run = _run(instance, tmp_path, sleep=120)
+    run = _run(instance, job_dir, tmp_path / "probe.json", sleep=120)
     instance.launch_run(run.run_id, workspace=None)
     _wait(lambda: (tmp_path / "probe.json").exists(), 60, "the step to start")
     info = json.loads(instance.get_run_by_id(run.run_id).tags[WORKER_TAG])
@@ -157,12 +187,13 @@ def test_a_run_on_another_host_is_stopped_by_its_cancellation_thread(instance, t
     assert _finished(instance, run.run_id, timeout=60).status == dg.DagsterRunStatus.CANCELED
 
 
-def test_a_re_executions_copied_tag_never_signals_its_parents_worker(instance, tmp_path):
+def test_a_re_executions_copied_tag_never_signals_its_parents_worker(shared, tmp_path):
     """Dagster copies a run's tags to its re-executions; one that went the default way must not
     signal the pid its parent's tag names (by then, possibly another process)."""
+    instance, job_dir = shared
     bystander = subprocess.Popen(["sleep", "60"])
     try:
-        run = _run(instance, tmp_path)
+        run = _run(instance, job_dir, tmp_path / "probe.json")
         instance.add_run_tags(run.run_id, {WORKER_TAG: json.dumps(
             {"pid": bystander.pid, "host": __import__("socket").gethostname(), "run_id": "the-parent-run"})})
         instance.run_launcher.terminate(run.run_id)  # the default way: no code server to ask here
