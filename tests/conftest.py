@@ -107,6 +107,13 @@ def pytest_configure(config):
     os.environ.setdefault("LAMINAR_SPARK_JIT", "quick")
 
 
+# The serial collector in the tests' JVMs (the session, the shared Connect server): on two cores and a
+# heap of 1-2 GB, G1's concurrent threads cost CPU the tests' small queries never earn back; measured on
+# tests/engine/test_reasons.py alone, alternating runs on a loaded machine: 33-40 CPU s with G1, 29-35
+# with the serial collector (docs/testing.md).
+TEST_JAVA_OPTIONS = "-XX:+UseSerialGC"
+
+
 @pytest.fixture(scope="session")
 def spark():
     # tests/deploy/test_cluster.py runs engine tests against a standalone cluster through this variable
@@ -114,7 +121,8 @@ def spark():
     # C1 only ("quick"): the tests' queries run on tiny tables, and C2 compiling Spark's lukewarm planner
     # code was a fifth of the suite's CPU (docs/testing.md); LAMINAR_SPARK_JIT=tiered measures the default
     session = build_session(SparkOptions(master=master, shuffle_partitions=2, driver_memory="2g",
-                                         jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")))
+                                         jit=os.environ.get("LAMINAR_SPARK_JIT", "quick"),
+                                         java_options=TEST_JAVA_OPTIONS))
     yield session
     session.stop()
 
@@ -212,7 +220,8 @@ def connect_server(tmp_path_factory):
     logs = tmp_path_factory.mktemp("connect")
     options = ConnectServerOptions(port=free_port(), log_path=str(logs / "connect.log"),
                                    spark=SparkOptions(driver_memory="1g", shuffle_partitions=2,
-                                                      jit=os.environ.get("LAMINAR_SPARK_JIT", "quick")))
+                                                      jit=os.environ.get("LAMINAR_SPARK_JIT", "quick"),
+                                                      java_options=TEST_JAVA_OPTIONS))
     with storage.mounted("s3://", ObjectStoreOptions(region="us-east-1", access_key_id=KEY, secret_access_key=SECRET,
                                                      path_style=True)):
         server = start_connect_server(options)
