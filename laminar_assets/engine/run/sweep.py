@@ -30,6 +30,7 @@ from ..delta.tables import SourceHistory, TableInfo, snapshot_files, source_hist
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..spark.failures import type_mismatch
+from ..spark.frames import interpreted
 from ..spark.read import CHANGE_TYPE, read_source
 from ..windows import Interval
 from .context import RunContext
@@ -102,9 +103,12 @@ def _record(ctx: RunContext, spec, src: str, frame: DataFrame | None, size: int,
     rows = prepare(spec, without_joins(spec, frame)).where(qr.swept(spec, offered))
     rows = rows.withColumn(RULE, F.coalesce(F.col(RULE), qr.unassigned_rule(spec, offered)))
     rows = rows.withColumn(PARTITION_KEY, F.lit(None).cast("string"))
-    new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
-                    uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
-                    through_driver=size < ctx.options.driver_write_below_bytes)
+    # small reads: interpreted expressions, as a pass's (flow/job.py): the sweep's job reads, groups and
+    # anti-joins a few rows, and compiling its new code cost more JVM time than the job itself
+    with interpreted(ctx.spark, size < ctx.options.interpreted_below_bytes):
+        new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
+                        uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
+                        through_driver=size < ctx.options.driver_write_below_bytes)
     return dict(new.get(None, {}))
 
 

@@ -245,3 +245,40 @@ def test_rows_no_offered_partition_holds_are_quarantined_by_the_sweep(spark, lak
     assert sorted(json.loads(r["row"])["px"] for r in quarantine(lake)) == [2.0, 3.0, 4.0]
     assert {r["partition"] for r in quarantine(lake)} == {None}
     assert lake.read("o")["count"].tolist() == [1]
+
+
+def test_a_small_sweep_records_interpreted_a_large_one_compiled_and_both_agree(spark, lake, tmp_path, monkeypatch):
+    """The sweep's job over a few kB (below `interpreted_below_bytes`) evaluates expressions without generated
+    code, as a small pass does (compiling each query's new code cost the tiny job more than it saved); the
+    session's settings are restored after it, and a sweep that compiles records the same rows."""
+    import shutil
+
+    from laminar_assets.engine.quarantine import records
+
+    modes = []
+    real = records.record
+
+    def record(*args, **kwargs):
+        modes.append(spark.conf.get("spark.sql.codegen.factoryMode", None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(records, "record", record)
+    lake.create("trades", BASE)
+    compiled_root = str(tmp_path / "compiled")
+    shutil.copytree(lake.path("trades"), os.path.join(compiled_root, "trades"))
+    before = spark.conf.get("spark.sql.codegen.factoryMode", None)
+    small = Engine(spark, lake.root).run(FLOW, PART)
+    assert modes == ["NO_CODEGEN", "NO_CODEGEN"]  # the sweep's, then the pass's rejects
+    assert spark.conf.get("spark.sql.codegen.factoryMode", None) == before != "NO_CODEGEN"
+    modes.clear()
+    large = Engine(spark, compiled_root, options=EngineOptions(interpreted_below_bytes=0)).run(FLOW, PART)
+    assert "NO_CODEGEN" not in modes and len(modes) == 2
+    assert small.quarantined == large.quarantined == {"positive_qty": 1, "known_sym": 2, "event_time_missing": 1,
+                                                      "event_time_out_of_bounds": 1}
+
+    def recorded(root):
+        path = os.path.join(root, "_laminar", "quarantine", "trades")
+        return sorted((r["flow"], r["rule"], r["partition"], r["source_version"], r["row"], r["event_time"])
+                      for r in DeltaTable(path).to_pyarrow_table().to_pylist())
+
+    assert recorded(lake.root) == recorded(compiled_root)
