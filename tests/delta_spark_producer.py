@@ -110,9 +110,10 @@ def _jsonable(value):
 
 def _jvm_options() -> dict[str, str]:
     """How the JVM starts, as the suite's own JVMs start (tests/conftest.py): the class archive `make
-    class-archive` wrote, C1 only (LAMINAR_SPARK_JIT, default quick) and the serial collector. A short-lived JVM on two cores spends
-    most of its CPU in the C2 compiler (docs/PERFORMANCE.md). Only the JVM's options: the session stays a plain
-    delta-spark one (Hadoop's checksummed local file system, no Laminar setting)."""
+    class-archive` wrote, C1 only (LAMINAR_SPARK_JIT, default quick) and the serial collector. A
+    short-lived JVM on two cores spends most of its CPU in the C2 compiler (docs/PERFORMANCE.md).
+    Only the JVM's options: the session stays a plain delta-spark one (Hadoop's checksummed local
+    file system, no Laminar setting)."""
     from laminar_assets.engine import SparkOptions
     from laminar_assets.engine.spark.session import jvm_conf
     from tests.conftest import TEST_JAVA_OPTIONS
