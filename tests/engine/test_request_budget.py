@@ -11,13 +11,16 @@ server's request recorder (bench/request_log.py), never timed.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 
 from bench.request_log import RequestLog, phases, table
 from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, Tumbling
 from laminar_assets.engine.delta import snapshot_cache
+from laminar_assets.engine.delta.deletion_vectors import DeletedRows
 from laminar_assets.engine.delta.tables import snapshot_files, table_info
 from laminar_assets.engine.spark.read import read_source
 from laminar_assets.engine.spark.session import use_object_store
@@ -88,7 +91,8 @@ def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, 
     """Spark's scan of the files a Delta log names (`spark.read.scan_files`): their index is built from the log's
     paths and sizes, so each file costs the task's HEAD and GET only (five through `spark.read.parquet`: a HEAD for
     the path's existence, a LIST and a HEAD for its index); the rows are the files' own. A file whose size the
-    log leaves out is listed by Spark: an index that took it as empty would skip it (Spark reads no empty file)."""
+    log leaves out is listed by Spark: an index that took it as empty would skip it (Spark reads no empty file). The
+    scan's metadata columns (row positions for deleted rows, file names) come through as from Spark's own index."""
     s3_lake.create("trades", BASE)
     s3_lake.append("trades", DELTA)
     use_object_store(spark, s3_lake.root)  # as an engine on this root does: s3a reaches the bucket
@@ -107,6 +111,12 @@ def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, 
     assert Counter(r.kind for r in requests if r.client == "s3a") == {"HEAD": 2, "GET": 2}, requests
     unsized = [dataclasses.replace(f, size=0) for f in files]
     assert read(unsized) == rows
+    # the scan's metadata columns: row positions (a file's deleted rows) and file names
+    first_dropped = [dataclasses.replace(f, deleted=DeletedRows(positions_from_selection=pa.array([0], pa.int64())))
+                     for f in files]
+    assert read(first_dropped) == sorted((r[1], r[2]) for r in BASE[1:] + DELTA[1:])
+    named = read_source(spark, files, info, file_name="f").select("f").distinct().collect()
+    assert sorted(r.f for r in named) == sorted(posixpath.basename(f.uri) for f in files)
 
 
 def _recreate(lake: Lake, name: str, first, second) -> None:
