@@ -16,12 +16,14 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from py4j.protocol import Py4JError
 
 from bench.request_log import RequestLog, phases, table
 from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, Tumbling
 from laminar_assets.engine.delta import snapshot_cache
 from laminar_assets.engine.delta.deletion_vectors import DeletedRows
 from laminar_assets.engine.delta.tables import snapshot_files, table_info
+from laminar_assets.engine.spark import read as spark_read
 from laminar_assets.engine.spark.read import read_source
 from laminar_assets.engine.spark.session import use_object_store
 from tests.conftest import Lake
@@ -87,7 +89,7 @@ def test_a_source_recreated_at_the_same_version_is_noticed(spark, s3_server, s3_
     assert set(sink["sym"]) == {"a", "z"}
 
 
-def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, s3_server, s3_lake):
+def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, s3_server, s3_lake, monkeypatch):
     """Spark's scan of the files a Delta log names (`spark.read.scan_files`): their index is built from the log's
     paths and sizes, so each file costs the task's HEAD and GET only (five through `spark.read.parquet`: a HEAD for
     the path's existence, a LIST and a HEAD for its index); the rows are the files' own. A file whose size the
@@ -117,6 +119,15 @@ def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, 
     assert read(first_dropped) == sorted((r[1], r[2]) for r in BASE[1:] + DELTA[1:])
     named = read_source(spark, files, info, file_name="f").select("f").distinct().collect()
     assert sorted(r.f for r in named) == sorted(posixpath.basename(f.uri) for f in files)
+
+    def other_spark(*_args):  # a Spark whose internal classes differ: Spark lists the files, as before
+        raise Py4JError("no such constructor")
+
+    monkeypatch.setattr(spark_read, "_known_files", other_spark)
+    log.start()
+    assert read(files) == rows
+    listed = Counter(r.kind for r in log.requests() if r.client == "s3a")
+    assert (listed["HEAD"], listed["LIST"]) == (6, 2), listed  # exists, its index's listing (LIST, HEAD), the task
 
 
 def _recreate(lake: Lake, name: str, first, second) -> None:

@@ -8,6 +8,7 @@ file's vector yields only the changed rows, picked by row position.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 
@@ -23,6 +24,7 @@ from ..delta.log import DataFile
 from .frames import spark_path, spark_schema
 
 CHANGE_TYPE = "_change_type"
+log = logging.getLogger(__name__)
 
 
 def read_files(
@@ -106,8 +108,9 @@ def scan_files(spark: SparkSession, file_schema: StructType, files: Sequence[Dat
             and _classic(spark)):
         try:
             return _known_files(spark, file_schema, paths, [f.size for f in files])
-        except Py4JError:  # a Spark whose internals differ (the JVM classes below): Spark lists the files
-            pass
+        except Py4JError as exc:  # a Spark whose internals differ (the JVM classes below): Spark lists the files
+            log.debug("Spark's file index from the log's statuses failed (%s): Spark lists the %d files",
+                      str(exc).splitlines()[0][:200], len(files))
     return spark.read.schema(file_schema).parquet(*paths)
 
 
