@@ -90,7 +90,7 @@ def test_a_source_recreated_at_the_same_version_is_noticed(spark, s3_server, s3_
 
 
 def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, s3_server, s3_lake, monkeypatch):
-    """Spark's scan of the files a Delta log names (`spark.read.scan_files`): their index is built from the log's
+    """Spark's scan of the files a Delta log names (`engine.spark.read.scan_files`): their index is built from the log's
     paths and sizes, so each file costs the task's HEAD and GET only (five through `spark.read.parquet`: a HEAD for
     the path's existence, a LIST and a HEAD for its index); the rows are the files' own. A file whose size the
     log leaves out is listed by Spark: an index that took it as empty would skip it (Spark reads no empty file). The
