@@ -8,18 +8,23 @@ file's vector yields only the changed rows, picked by row position.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 
 import pyarrow as pa
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
+
+from laminar_assets import storage
 
 from ..delta.log import DataFile
 from .frames import spark_path, spark_schema
 
 CHANGE_TYPE = "_change_type"
+log = logging.getLogger(__name__)
 
 
 def read_files(
@@ -64,7 +69,7 @@ def read_files(
         if by_position:
             df = _select_positions(spark, file_schema, group, change_data)
         else:
-            df = spark.read.schema(file_schema).parquet(*[spark_path(f.uri) for f in group])
+            df = scan_files(spark, file_schema, group)
             if file_name:  # straight off the scan (the file relation's metadata, even beside a data column `_metadata`)
                 df = df.withColumn(file_name, df.metadataColumn("_metadata").getField("file_name"))
             if change_data and not cdf_file:  # data files read as change data (e.g. adds of a DV commit)
@@ -87,6 +92,62 @@ def read_source(spark: SparkSession, files: Sequence[DataFile], info, *, change_
                       file_name=file_name, delta_types=info.delta_schema)
 
 
+def scan_files(spark: SparkSession, file_schema: StructType, files: Sequence[DataFile]) -> DataFrame:
+    """Spark's scan of exactly the Parquet files `files`, with `file_schema`.
+
+    On an object store, Spark's `spark.read.parquet(paths)` costs three requests per file before any task
+    reads it: a HEAD to check the path exists, then its file index lists the path (a LIST, then a HEAD
+    that finds it is a file); the task's read adds a HEAD and a GET. The Delta log already says what the
+    index looks for, each file's path and size (the `size` Delta requires of every add, which delta-spark's
+    own file index takes too), so here the index is built from those statuses (`_known_files`) and
+    Spark's requests per file are the read's two (issue #62). Local files, a Spark Connect session (no
+    JVM here) and a file whose size the log does not give are read with `spark.read.parquet`: the same
+    relation, listed by Spark."""
+    paths = [spark_path(f.uri) for f in files]
+    if (files and all(f.size > 0 for f in files) and all(storage.is_object_store(f.uri) for f in files)
+            and _classic(spark)):
+        try:
+            return _known_files(spark, file_schema, paths, [f.size for f in files])
+        except Py4JError as exc:  # a Spark whose internals differ (the JVM classes below): Spark lists the files
+            log.debug("Spark's file index from the log's statuses failed (%s): Spark lists the %d files",
+                      str(exc).splitlines()[0][:200], len(files))
+    return spark.read.schema(file_schema).parquet(*paths)
+
+
+def _classic(spark) -> bool:
+    return getattr(spark, "_jsparkSession", None) is not None and getattr(spark, "_jvm", None) is not None
+
+
+def _known_files(spark: SparkSession, file_schema: StructType, paths: list[str], sizes: list[int]) -> DataFrame:
+    """The relation `spark.read.schema(file_schema).parquet(*paths)` builds (an `InMemoryFileIndex` of
+    the paths, Parquet, no partition columns, the schema made nullable, no options), with the index's
+    listing answered from a file-status cache of its own holding each path's status: no request. The
+    cache is this read's alone (not the session's shared one) and goes with the index."""
+    jvm, jspark = spark._jvm, spark._jsparkSession
+    ds = jvm.org.apache.spark.sql.execution.datasources
+    cache = ds.SharedInMemoryCache(_CACHE_BYTES, -1).createForNewClient()  # -1: no time-to-live
+    status_class = jvm.org.apache.hadoop.fs.FileStatus
+    roots = []
+    for path, size in zip(paths, sizes):
+        jpath = jvm.org.apache.hadoop.fs.Path(path)
+        leaf = spark._sc._gateway.new_array(status_class, 1)
+        # length, not a folder, one replica, a block of the file's size, modification time unknown (0)
+        leaf[0] = status_class(size, False, 1, size, 0, jpath)
+        cache.putLeafFiles(jpath, leaf)
+        roots.append(jpath)
+    none = jvm.scala.Option.empty()
+    schema = jspark.parseDataType(file_schema.json())
+    options = jvm.PythonUtils.toScalaMap({})
+    index = ds.InMemoryFileIndex(jspark, jvm.PythonUtils.toSeq(roots), options, jvm.scala.Option.apply(schema),
+                                 cache, none, none)
+    relation = ds.HadoopFsRelation(index, index.partitionSchema(), schema.asNullable(), none,
+                                   ds.parquet.ParquetFileFormat(), options, jspark)
+    return DataFrame(jspark.baseRelationToDataFrame(relation), spark)
+
+
+_CACHE_BYTES = 1 << 30  # a bound on the read's own cache: its statuses only (about 1 kB each)
+
+
 _FILE, _ROW = "__file", "__row"
 
 
@@ -101,7 +162,7 @@ def _select_positions(spark: SparkSession, file_schema: StructType, files: Seque
         for p in parts[1:]:
             out = out.unionByName(p)
         return out
-    df = spark.read.schema(file_schema).parquet(*[spark_path(f.uri) for f in files])
+    df = scan_files(spark, file_schema, files)
     meta = df.metadataColumn("_metadata")  # the file relation's, even beside a data column `_metadata`
     df = df.select("*", meta.getField("file_name").alias(_FILE), meta.getField("row_index").alias(_ROW))
     dropped, changed = [], []
