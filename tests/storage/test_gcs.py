@@ -111,6 +111,22 @@ def test_settings_each_client_is_given():
     assert GcsStore(ObjectStoreOptions(call_timeout_s=5)).options.call_timeout_s == 5  # a resource's bounds
 
 
+def test_the_resource_mounts_its_gs_root_with_its_gcs_fields(gcs_server):
+    from laminar_assets.resources import LaminarResource, SparkResource
+
+    bucket = gcs_server.bucket()
+    resource = LaminarResource(root=bucket, spark=SparkResource(), gcs_endpoint=gcs_server.endpoint,
+                               gcs_project="p", s3_call_timeout_s=5.0)
+    assert resource.store(bucket) == GcsOptions(endpoint=gcs_server.endpoint, project="p", call_timeout_s=5.0)
+    try:
+        assert resource.resolved_root() == bucket
+        mounted = storage.store_for(storage.join(bucket, "x.json"))
+        assert isinstance(mounted, GcsStore) and mounted.options.endpoint == gcs_server.endpoint
+        assert resource.checkpoints().partitions("nothing") == []  # reaches the bucket with those options
+    finally:
+        storage.unmount(bucket)
+
+
 def _one_line_within(seconds: float, fn, error=StorageError, match: str = ""):
     started = time.monotonic()
     with pytest.raises(error, match=match) as info:

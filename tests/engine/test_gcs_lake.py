@@ -1,0 +1,119 @@
+"""The engine with the whole lake in a gs:// bucket of a GCS emulator (fake-gcs-server, tests/gcs_server.py):
+Spark reads and writes the bucket through Google's GCS connector for Hadoop, deltalake commits through
+object_store, Laminar's own files (leases, watermarks, staged files) through google-cloud-storage.
+
+The S3 tests' histories run here as they are (tests/engine/test_object_store.py: a short history with
+appends, deletes, updates, a stage and a retracting flow, equal to a recompute; a run whose lease was taken
+over never commits twice), then two runs racing on one partition, and a few random histories of the
+stateful test (its shortest setting: the object-store matrix runs on few, short histories)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from laminar_assets import storage
+from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.engine import Engine, Mode
+from laminar_assets.errors import ConcurrentRunError
+from tests.conftest import Lake
+from tests.engine import test_object_store as on_s3
+from tests.engine.stateful_lake import LakeMachine
+from tests.engine.test_stateful import run_shard
+from tests.gcs_server import using_gcs
+from tests.lake_invariants import assert_lake_intact
+
+pytestmark = pytest.mark.spark
+
+EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_GCS_EXAMPLES", "3"))
+
+
+@pytest.fixture
+def gcs_lake(gcs_server) -> Lake:
+    """A lake in a new bucket of the emulator (this process reaches it while the test runs)."""
+    with using_gcs(gcs_server):
+        yield Lake(gcs_server.bucket())
+
+
+def test_spark_reads_and_writes_the_bucket_through_the_connector(spark, gcs_lake):
+    """The session an engine on a gs:// root set up reads a Delta table's Parquet files and writes Parquet
+    files in the bucket itself (the GCS connector: gs:// paths, the emulator's root URL, no credentials)."""
+    gcs_lake.create("trades", on_s3.BASE)
+    Engine(spark, gcs_lake.root)  # points the session's connector at the root's store
+    files = [u for u, _ in storage.list_files(gcs_lake.path("trades")) if u.endswith(".parquet")]
+    assert files and all(u.startswith("gs://") for u in files)
+    assert spark.read.parquet(*[storage.spark_uri(u) for u in files]).count() == len(on_s3.BASE)
+    out = storage.join(gcs_lake.root, "spark-out")
+    spark.range(5).repartition(2).write.parquet(storage.spark_uri(out))
+    written = [u for u, _ in storage.list_files(out)]
+    assert sum(u.endswith(".parquet") for u in written) == 2 and all(u.startswith(out + "/") for u in written)
+    assert spark.read.parquet(storage.spark_uri(out)).count() == 5
+
+
+def test_a_lake_in_a_gcs_bucket_runs_incrementally_and_equals_a_recompute(spark, gcs_lake, tmp_path):
+    on_s3.test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute(spark, gcs_lake, tmp_path)
+
+
+def test_a_run_whose_lease_was_taken_over_does_not_commit_twice_on_gcs(spark, gcs_lake, monkeypatch):
+    on_s3.test_a_run_whose_lease_was_taken_over_does_not_commit_twice(spark, gcs_lake, monkeypatch)
+
+
+def test_two_runs_racing_on_one_partition_commit_once(spark, gcs_lake):
+    """Two engines start the same partition's run at the same moment: exactly one commits, the other fails
+    with a retryable ConcurrentRunError. A run that holds the lease waits (at most 60 s) until the other run
+    has failed or has come as far, so a store whose put-if-absent let both in makes both commit (and the
+    test fail) instead of passing because one finished before the other began."""
+    lake = gcs_lake
+    lake.create("trades", on_s3.BASE)
+    barrier, arrived, done = threading.Barrier(2), threading.Semaphore(0), [threading.Event(), threading.Event()]
+    outcomes: list = [None, None]
+
+    def hook_of(i: int):
+        def hook(step: str) -> None:
+            if step == "after_intent":  # this run holds the partition's lease
+                arrived.release()
+                done[1 - i].wait(60)  # the other run failed, or came this far too (see watch)
+        return hook
+
+    engines = [Engine(spark, lake.root, hook=hook_of(i)) for i in range(2)]
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[i] = engines[i].run(on_s3.FLOW, on_s3.H0)
+        except ConcurrentRunError as exc:
+            outcomes[i] = exc
+        finally:
+            done[i].set()
+
+    def watch() -> None:  # both past the lease: let both go on (a broken store shows as two commits)
+        arrived.acquire()
+        if arrived.acquire(timeout=60):
+            for event in done:
+                event.set()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)] + [threading.Thread(target=watch,
+                                                                                             daemon=True)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(300)
+    committed = [o for o in outcomes if not isinstance(o, Exception)]
+    failed = [o for o in outcomes if isinstance(o, ConcurrentRunError)]
+    assert len(committed) == 1 and len(failed) == 1, outcomes
+    assert committed[0].mode is Mode.REFILL and failed[0].retryable
+    assert "per_sym" in str(failed[0]) and "another run" in str(failed[0])
+    assert CheckpointStore(lake.root).load("per_sym", on_s3.H0).seq == 1
+    on_s3._matches_recompute(spark, lake, on_s3.FLOW, until="2024-01-01 01:00")
+    assert_lake_intact(lake.root)
+
+
+def test_random_histories_on_gcs_keep_every_invariant(spark, gcs_server):
+    LakeMachine.spark, LakeMachine.s3 = spark, gcs_server
+    try:
+        with using_gcs(gcs_server):
+            run_shard(LakeMachine, 300, EXAMPLES)
+    finally:
+        LakeMachine.s3 = None
