@@ -15,21 +15,26 @@ What it does and does not do (fake-gcs-server 1.54, the wheel's; tests/storage/t
   Laminar sends it.
 - It has no XML API upload (`PUT /<bucket>/<object>`, the request object_store, so deltalake, writes
   every file and commit with, `x-goog-if-generation-match: 0` for a commit): it answers 400 "invalid
-  uploadType". So the tests reach it through `_XmlShim`, a small proxy on 127.0.0.1 that turns exactly
-  that request into the JSON API's media upload with the same precondition (and an XML copy,
-  `x-goog-copy-source`, into a rewrite) and passes every other request through unchanged.
+  uploadType". And its XML API listing ignores `start-after` (deltalake lists a log from its last
+  version on, and takes an earlier entry in the answer for a broken log: "Invalid table version").
+  So the tests reach it through `_XmlShim`, a small proxy on 127.0.0.1 that turns exactly that upload
+  into the JSON API's media upload with the same precondition (and an XML copy, `x-goog-copy-source`,
+  into a rewrite), drops the entries up to `start-after` from an XML listing, and passes every other
+  request through unchanged.
 It checks no credentials.
 """
 
 from __future__ import annotations
 
+import html
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import tempfile
-import threading
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,8 +42,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from laminar_assets import storage
-from laminar_assets.storage.gcs import GcsOptions
 from tests.deploy.processes import free_port, listening, wait_for
 
 
@@ -55,6 +58,17 @@ def binary() -> str:
     if not os.access(found, os.X_OK):
         found.chmod(0o755)
     return str(found)
+
+
+_CONTENTS = re.compile(rb"<Contents><Key>(.*?)</Key>.*?</Contents>", re.S)
+
+
+def _after(listing: bytes, after: str) -> bytes:
+    """An XML API listing without the objects named up to `after` (start-after, which the emulator ignores)."""
+    kept = [m.group(0) for m in _CONTENTS.finditer(listing) if html.unescape(m.group(1).decode()) > after]
+    head = listing[:listing.find(b"<Contents>")] if b"<Contents>" in listing else listing[:-len(b"</ListBucketResult>")]
+    head = re.sub(rb"<KeyCount>\d+</KeyCount>", b"<KeyCount>%d</KeyCount>" % len(kept), head)
+    return head + b"".join(kept) + b"</ListBucketResult>"
 
 
 _API_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/", "/_internal/")
@@ -115,6 +129,13 @@ class _XmlShim(BaseHTTPRequestHandler):
                 self._reply(412, [("Content-Type", "application/json")],
                             b'{"error":{"code":412,"message":"Precondition Failed"}}')
                 return
+        after = parse_qs(parts.query).get("start-after")
+        if self.command == "GET" and after and not parts.path.startswith(_API_PREFIXES):  # an XML API listing
+            status, answer_headers, data = self._forward(self.command, self.path, body, headers)
+            if status == 200:
+                data = _after(data, after[0])
+            self._reply(status, answer_headers, data)
+            return
         xml_object = (self.command == "PUT" and not parts.path.startswith(_API_PREFIXES)
                       and "uploadType" not in parts.query and parts.path.count("/") >= 2)
         if not xml_object:
@@ -148,17 +169,39 @@ class _XmlShim(BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 
 
+def serve_shim(port: int, upstream: int) -> None:
+    """The shim on 127.0.0.1:`port` in front of the emulator on `upstream`, until the process is stopped.
+    A process of its own: in the tests' process its threads would wait for the GIL, which deltalake holds
+    while it waits for the shim's answer."""
+    shim = ThreadingHTTPServer(("127.0.0.1", port), _XmlShim)
+    shim.daemon_threads = True
+    shim.upstream = ("127.0.0.1", upstream)
+    shim.serve_forever(poll_interval=0.5)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
 @dataclass
 class GcsServer:
     """A running fake-gcs-server behind its shim; `options` reach it, `bucket()` makes a new bucket."""
 
     endpoint: str
-    process: subprocess.Popen
+    process: subprocess.Popen  # the emulator
     log: str
-    shim: ThreadingHTTPServer | None = None
+    shim: subprocess.Popen | None = None
 
     @property
-    def options(self) -> GcsOptions:
+    def options(self):
+        from laminar_assets.storage.gcs import GcsOptions
+
         return GcsOptions(endpoint=self.endpoint, project="laminar-tests")
 
     def bucket(self, prefix: str = "lake") -> str:
@@ -173,41 +216,35 @@ class GcsServer:
         return f"gs://{name}/{prefix}"
 
     def stop(self) -> None:
-        if self.shim is not None:
-            self.shim.shutdown()
-            self.shim.server_close()
-            self.shim = None
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        for process in (self.shim, self.process):
+            if process is not None:
+                _stop(process)
         if os.path.exists(self.log):
             os.remove(self.log)
 
 
 def start_fake_gcs(timeout: float = 30.0) -> GcsServer:
-    """fake-gcs-server on a free port of 127.0.0.1, and its shim on another: `endpoint` is the shim's (the
-    emulator names it in the upload URLs it hands out, and takes it as its public host for the XML API)."""
-    port = free_port()
-    shim = ThreadingHTTPServer(("127.0.0.1", free_port()), _XmlShim)
-    shim.daemon_threads = True
-    shim.upstream = ("127.0.0.1", port)
-    endpoint = f"http://127.0.0.1:{shim.server_address[1]}"
+    """fake-gcs-server on a free port of 127.0.0.1, and its shim (a process of its own) on another: `endpoint`
+    is the shim's (the emulator names it in the upload URLs it hands out, and takes it as its public host
+    for the XML API)."""
+    port, shim_port = free_port(), free_port()
+    endpoint = f"http://127.0.0.1:{shim_port}"
     log = os.path.join(tempfile.gettempdir(), f"laminar-fake-gcs-{port}-{uuid.uuid4().hex[:6]}.log")
     with open(log, "w") as out:
         process = subprocess.Popen(
             [binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",
              "-external-url", endpoint, "-public-host", endpoint.split("://")[1], "-log-level", "warn"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    server = GcsServer(endpoint, process, log, shim)
-    threading.Thread(target=shim.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
-                     name="fake-gcs-shim").start()
+        server = GcsServer(endpoint, process, log)
+        root = str(Path(__file__).resolve().parent.parent)
+        server.shim = subprocess.Popen(
+            [sys.executable, "-m", "tests.gcs_server", str(shim_port), str(port)], cwd=root,
+            env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_for(lambda: listening(port), timeout, f"fake-gcs-server on 127.0.0.1:{port}", every=0.05,
-                 alive=lambda: process.poll() is None)
+        for p, what in ((port, "fake-gcs-server"), (shim_port, "its shim")):
+            wait_for(lambda p=p: listening(p), timeout, f"{what} on 127.0.0.1:{p}", every=0.05,
+                     alive=lambda: process.poll() is None and server.shim.poll() is None)
     except BaseException:
         server.stop()
         raise
@@ -217,5 +254,11 @@ def start_fake_gcs(timeout: float = 30.0) -> GcsServer:
 @contextmanager
 def using_gcs(server: GcsServer):
     """This process reaches `server` for every gs:// URI no engine mounted a store for, while the block runs."""
+    from laminar_assets import storage
+
     with storage.mounted("gs://", server.options):
         yield server
+
+
+if __name__ == "__main__":  # the shim's process (start_fake_gcs)
+    serve_shim(int(sys.argv[1]), int(sys.argv[2]))

@@ -49,6 +49,10 @@ _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _HADOOP = "spark.hadoop.fs.gs."
 _CONNECTOR = "com.google.cloud.hadoop.fs.gcs"
 
+MIB = 1 << 20
+_SIZES = {"block.size": 64 * MIB, "rewrite.max.chunk.size": 512 * MIB, "outputstream.buffer.size": 8 * MIB,
+          "inputstream.inplace.seek.limit": 8 * MIB, "inputstream.min.range.request.size": 2 * MIB}
+
 _ENV = {  # field -> environment variables, first set wins (read when a client is made, never at import)
     "endpoint": ("STORAGE_EMULATOR_HOST",),  # the Google libraries' own emulator variable
     "project": ("GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT"),
@@ -430,9 +434,15 @@ class GcsStore:
                "spark.hadoop.fs.AbstractFileSystem.gs.impl": f"{_CONNECTOR}.GoogleHadoopFS",
                f"{_HADOOP}http.connect-timeout": _ms(o.connect_timeout_s),
                f"{_HADOOP}http.read-timeout": _ms(o.request_timeout_s),
-               f"{_HADOOP}http.max.retry": str(o.attempts(o.request_timeout_s) - 1)}
+               f"{_HADOOP}http.max.retry": str(o.attempts(o.request_timeout_s) - 1),
+               # Hadoop 3.5's core-default.xml sets these for its own GCS module with size suffixes ("64m"),
+               # which this connector reads as plain numbers (NumberFormatException): the same sizes in bytes
+               **{f"{_HADOOP}{k}": str(v) for k, v in _SIZES.items()}}
         if o.endpoint:
             out[f"{_HADOOP}storage.root.url"] = o.endpoint + "/"
+            # a rename by copy and delete (rewrite), not GCS's newer objects.move request, which
+            # emulators lack (fake-gcs-server answers it 404)
+            out[f"{_HADOOP}operation.move.enable"] = "false"
         if o.project:
             out[f"{_HADOOP}project.id"] = o.project
         if o.anonymous:
