@@ -27,7 +27,7 @@ from tests.lake_invariants import assert_lake_intact
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_GCS_EXAMPLES", "3"))
+EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_GCS_EXAMPLES", "2"))
 
 
 @pytest.fixture
@@ -62,9 +62,10 @@ def test_a_run_whose_lease_was_taken_over_does_not_commit_twice_on_gcs(spark, gc
 
 def test_two_runs_racing_on_one_partition_commit_once(spark, gcs_lake):
     """Two engines start the same partition's run at the same moment: exactly one commits, the other fails
-    with a retryable ConcurrentRunError. A run that holds the lease waits (at most 60 s) until the other run
-    has failed or has come as far, so a store whose put-if-absent let both in makes both commit (and the
-    test fail) instead of passing because one finished before the other began."""
+    at the partition's lease (GCS's create-if-absent) with a retryable ConcurrentRunError. A run that holds
+    the lease waits (at most 60 s) until the other has failed or come as far, so that a store whose
+    put-if-absent let both in shows (both pass the lease; the commit's run sequence then stops the second
+    with "another run committed") instead of passing because one run finished before the other began."""
     lake = gcs_lake
     lake.create("trades", on_s3.BASE)
     barrier, arrived, done = threading.Barrier(2), threading.Semaphore(0), [threading.Event(), threading.Event()]
@@ -104,7 +105,9 @@ def test_two_runs_racing_on_one_partition_commit_once(spark, gcs_lake):
     failed = [o for o in outcomes if isinstance(o, ConcurrentRunError)]
     assert len(committed) == 1 and len(failed) == 1, outcomes
     assert committed[0].mode is Mode.REFILL and failed[0].retryable
-    assert "per_sym" in str(failed[0]) and "another run" in str(failed[0])
+    # the lease stopped it (a put-if-absent that let both in would leave only the commit's run sequence
+    # to stop the second: "another run committed run 1")
+    assert "being processed by another run" in str(failed[0]) and "per_sym" in str(failed[0])
     assert CheckpointStore(lake.root).load("per_sym", on_s3.H0).seq == 1
     on_s3._matches_recompute(spark, lake, on_s3.FLOW, until="2024-01-01 01:00")
     assert_lake_intact(lake.root)
