@@ -279,6 +279,15 @@ def s3_lake(s3_server, tmp_path) -> Lake:
         yield Lake(s3_server.bucket())
 
 
+@pytest.fixture
+def gcs_lake(gcs_server) -> Lake:
+    """A lake in a new bucket of the GCS emulator (this process reaches it while the test runs)."""
+    from tests.gcs_server import using_gcs
+
+    with using_gcs(gcs_server):
+        yield Lake(gcs_server.bucket())
+
+
 
 @pytest.fixture(scope="session")
 def pg_server():

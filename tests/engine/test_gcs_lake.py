@@ -18,7 +18,6 @@ from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Engine, Mode
 from laminar_assets.errors import ConcurrentRunError
-from tests.conftest import Lake
 from tests.engine import test_object_store as on_s3
 from tests.engine.stateful_lake import LakeMachine
 from tests.engine.test_stateful import run_shard
@@ -28,13 +27,6 @@ from tests.lake_invariants import assert_lake_intact
 pytestmark = pytest.mark.spark
 
 EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_GCS_EXAMPLES", "2"))
-
-
-@pytest.fixture
-def gcs_lake(gcs_server) -> Lake:
-    """A lake in a new bucket of the emulator (this process reaches it while the test runs)."""
-    with using_gcs(gcs_server):
-        yield Lake(gcs_server.bucket())
 
 
 def test_spark_reads_and_writes_the_bucket_through_the_connector(spark, gcs_lake):
