@@ -44,6 +44,20 @@ def test_spark_reads_and_writes_the_bucket_through_the_connector(spark, gcs_lake
     assert spark.read.parquet(storage.spark_uri(out)).count() == 5
 
 
+def test_an_engine_on_a_gs_root_it_cannot_use_fails_in_one_line_before_anything_is_written(spark, gcs_server,
+                                                                                         tmp_path):
+    """Nobody at the endpoint; a key file that is not there: the engine is not built, the store not mounted."""
+    from laminar_assets.errors import StorageError, StoreUnavailableError
+    from laminar_assets.storage.gcs import GcsOptions
+
+    bucket = gcs_server.bucket()
+    with pytest.raises(StoreUnavailableError, match="cannot connect to the object store at http://127.0.0.1:1"):
+        Engine(spark, bucket, store=GcsOptions(endpoint="http://127.0.0.1:1"))
+    with pytest.raises(StorageError, match="no usable credentials") as info:
+        Engine(spark, bucket, store=GcsOptions(endpoint=gcs_server.endpoint, credentials=str(tmp_path / "k.json")))
+    assert "\n" not in str(info.value) and bucket not in storage.registry.mounts()
+
+
 def test_a_lake_in_a_gcs_bucket_runs_incrementally_and_equals_a_recompute(spark, gcs_lake, tmp_path):
     on_s3.test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute(spark, gcs_lake, tmp_path)
 

@@ -201,3 +201,20 @@ def test_a_missing_bucket_says_what_to_fix(gcs_server):
         message = _one_line_within(10, lambda: storage.check_reachable("gs://no-such-bucket/lake"),
                                    match="does not exist")
         assert "'no-such-bucket'" in message and "create it" in message
+
+
+def test_a_timeout_deltalake_or_spark_met_on_gcs_is_recognized_with_its_gs_uri():
+    """The texts deltalake (object_store) and Spark's connector give for a GCS that does not answer become
+    the one-line failure about the gs:// object (not an s3:// one)."""
+    from laminar_assets.storage.failures import recognize
+
+    delta = ("Generic GCS error\n \x1b[31m↳\x1b[0m Error performing GET http://127.0.0.1:4443/b/lake%2Ft%2F_delta_log"
+             "%2F00000000000000000003.json in 10.0s - HTTP error\n  ↳ operation timed out")
+    found = recognize([delta])
+    assert found is not None and found.kind == "timeout"
+    assert found.uri == "gs://b/lake/t/_delta_log/00000000000000000003.json" and found.endpoint == "http://127.0.0.1:4443"
+    spark = ("java.net.SocketTimeoutException: Read timed out while reading gs://b/lake/t/part-0.parquet "
+             "(com.google.cloud.hadoop.repackaged.gcs...)")
+    found = recognize(["Job aborted", spark])
+    assert found is not None and found.kind == "timeout" and found.uri == "gs://b/lake/t/part-0.parquet"
+
