@@ -124,7 +124,9 @@ class GcsOptions:
         fit = int(self.call_timeout_s // max(per_attempt, 0.001))
         return max(1, min(self.max_attempts, fit))
 
-    def budget(self) -> str:
+    def budget(self, client: str = "python") -> str:
+        """The time bounds in words, for messages (the same for every GCS client: `client` is ignored)."""
+        del client
         return (f"{self.attempts(self.request_timeout_s)} attempt(s) of {self.request_timeout_s:g} s, "
                 f"{self.call_timeout_s:g} s in all")
 

@@ -18,6 +18,7 @@ from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Engine, Mode
 from laminar_assets.errors import ConcurrentRunError
+from tests.conftest import Lake
 from tests.engine import test_object_store as on_s3
 from tests.engine.stateful_lake import LakeMachine
 from tests.engine.test_stateful import run_shard
@@ -126,3 +127,46 @@ def test_random_histories_on_gcs_keep_every_invariant(spark, gcs_server):
             run_shard(LakeMachine, 300, EXAMPLES)
     finally:
         LakeMachine.s3 = None
+
+
+def test_a_gcs_that_stops_answering_mid_run_fails_the_run_within_its_bounds(spark):
+    """The emulator frozen (SIGSTOP) once a run holds its leases: the run fails in one line naming a gs://
+    object within a few of its budgets (1 s attempts, 2 s a call: 6.6 s measured), not in minutes; thawed,
+    the next run settles the failed one and the sink equals a recompute."""
+    import signal
+    import time
+    from dataclasses import replace
+
+    from laminar_assets.errors import StoreUnavailableError
+    from tests.gcs_server import start_fake_gcs
+
+    server = start_fake_gcs()  # an emulator of its own: it is frozen
+    try:
+        quick = replace(server.options, request_timeout_s=1.0, call_timeout_s=2.0)
+        lake = Lake(server.bucket())
+        with storage.mounted(lake.root, quick):
+            lake.create("trades", on_s3.BASE)
+            Engine(spark, lake.root, store=quick).run(on_s3.FLOW, on_s3.H0)
+            lake.append("trades", [("2024-01-01 00:02:00", "a", 4.0, 4)])
+            frozen = [0.0]
+
+            def freeze(step: str) -> None:
+                if step == "after_intent":
+                    os.kill(server.process.pid, signal.SIGSTOP)
+                    frozen[0] = time.monotonic()
+
+            try:
+                with pytest.raises(StoreUnavailableError, match="did not answer within its time bounds") as info:
+                    Engine(spark, lake.root, store=quick, hook=freeze).run(on_s3.FLOW, on_s3.H0)
+                assert time.monotonic() - frozen[0] < 30
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            message = str(info.value)
+            assert "\n" not in message and f"{lake.root}/" in message and server.endpoint in message
+            time.sleep(quick.call_timeout_s + 0.5)  # the store's calls fail at once for one call's budget
+            again = Engine(spark, lake.root, store=quick).run(on_s3.FLOW, on_s3.H0)
+            assert again.mode is Mode.REFILL
+            on_s3._matches_recompute(spark, lake, on_s3.FLOW, until="2024-01-01 01:00")
+            assert_lake_intact(lake.root)
+    finally:
+        server.stop()
