@@ -259,7 +259,9 @@ class GcsStore:
             from google.auth.transport.requests import Request
 
             credentials, _ = self._credentials(o)
-            self._call(o.credentials, lambda _c: credentials.refresh(Request()), raw=True)
+            token_request = Request()
+            bounded = lambda **kw: token_request(timeout=o.call_timeout_s, **kw)  # noqa: E731  (google-auth: 120 s)
+            self._call(o.credentials, lambda _c: credentials.refresh(bounded), raw=True)
             kw.update(access_token=credentials.token, credential_token_expiration=credentials.expiry)
             expires = credentials.expiry.timestamp() if credentials.expiry else None
         made = pafs.GcsFileSystem(**kw)
@@ -395,9 +397,12 @@ class GcsStore:
                 pass
 
     def check_reachable(self, uri: str) -> None:
-        """One bucket GET: the endpoint answers, the credentials are taken and the bucket exists."""
-        bucket, _ = split(uri)
-        self._call(uri, lambda c: c.bucket(bucket).reload(**self._kw()), bucket_request=True)
+        """One listing of at most one object under `uri`: the endpoint answers, the credentials are taken
+        and the bucket exists. (A listing, not a bucket GET: a key that may read and write objects, such as
+        roles/storage.objectAdmin, need not have storage.buckets.get.)"""
+        bucket, key = split(uri)
+        self._call(uri, lambda c: list(c.list_blobs(bucket, prefix=_prefix(key), max_results=1, **self._kw())),
+                   bucket_request=True)
 
     def not_answering(self) -> None:
         self._silent_until = time.monotonic() + self.options.call_timeout_s
