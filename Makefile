@@ -16,6 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # once, into the venv: the check returns at once when they are there.
 install: $(VENV)/.installed
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3 delta
+	@$(BIN)/python -m laminar_assets.deploy.jar_installer gcs  # Spark's GCS connector (gs:// lakes)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -260,6 +260,16 @@ def s3proxy_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A local GCS emulator (fake-gcs-server, tests/gcs_server.py) for the test process."""
+    from tests.gcs_server import start_fake_gcs
+
+    server = start_fake_gcs()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def s3_lake(s3_server, tmp_path) -> Lake:
     """A lake in a new bucket of the local S3 server (this process reaches it while the test runs)."""
@@ -267,6 +277,15 @@ def s3_lake(s3_server, tmp_path) -> Lake:
 
     with using(s3_server):
         yield Lake(s3_server.bucket())
+
+
+@pytest.fixture
+def gcs_lake(gcs_server) -> Lake:
+    """A lake in a new bucket of the GCS emulator (this process reaches it while the test runs)."""
+    from tests.gcs_server import using_gcs
+
+    with using_gcs(gcs_server):
+        yield Lake(gcs_server.bucket())
 
 
 

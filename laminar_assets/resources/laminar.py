@@ -10,6 +10,7 @@ from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Connection, Engine, EngineOptions, Exporter
 from laminar_assets.engine.export import ENV_OPTIONS, env_name
 from laminar_assets.storage import ObjectStoreOptions
+from laminar_assets.storage.gcs import GcsOptions
 
 from .spark import SparkResource
 
@@ -18,7 +19,8 @@ class LaminarResource(dg.ConfigurableResource):
     """Storage root of the Delta tables (sources, stages, sinks, and Laminar's state and watermarks).
 
     `root` is a local path (relative paths are taken from the working directory) or an object-store
-    URI (`s3://bucket/prefix`, reached with the `s3_*` fields, else the AWS environment). When it is
+    URI (`s3://bucket/prefix`, reached with the `s3_*` fields, else the AWS environment; `gs://bucket/prefix`,
+    reached with the `gcs_*` fields, else the Google environment). When it is
     not configured, `LAMINAR_ROOT` (read when a run or sensor starts) or `.laminar/lake`.
 
     `connections`: the exports' targets, name -> URL (`{"analytics": dg.EnvVar("ANALYTICS_PG_URL")}`: an
@@ -41,6 +43,12 @@ class LaminarResource(dg.ConfigurableResource):
     # answer abandons an attempt, 30 s in all fails the call and so the run)
     s3_request_timeout_s: float | None = None
     s3_call_timeout_s: float | None = None
+    # A Google Cloud Storage bucket (a root gs://bucket/prefix): an endpoint (an emulator; else
+    # STORAGE_EMULATOR_HOST, else GCS itself), a JSON key file's path (else GOOGLE_APPLICATION_CREDENTIALS,
+    # else Google's default chain) and a project. The s3_*_timeout_s bounds apply to it too.
+    gcs_endpoint: str | None = None
+    gcs_credentials: str | None = None
+    gcs_project: str | None = None
     connections: dict[str, str] = {}
 
     def resolved_root(self) -> str:
@@ -48,13 +56,17 @@ class LaminarResource(dg.ConfigurableResource):
         an engine, a sensor, a check or an export) is reached with these options in this process, whatever
         other roots use."""
         root = storage.resolve_root(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
-        storage.mount(root, self.store())
+        storage.mount(root, self.store(root))
         return root
 
-    def store(self) -> ObjectStoreOptions:
-        """How this resource reaches its root's object store (unset fields: the AWS environment)."""
+    def store(self, root: str | None = None) -> ObjectStoreOptions | GcsOptions:
+        """How this resource reaches its root's object store (unset fields: the AWS environment, or for a
+        gs:// root the Google one)."""
         bounds = {k: v for k, v in (("request_timeout_s", self.s3_request_timeout_s),
                                     ("call_timeout_s", self.s3_call_timeout_s)) if v is not None}
+        if root is not None and root.startswith("gs://"):
+            return GcsOptions(endpoint=self.gcs_endpoint, credentials=self.gcs_credentials, project=self.gcs_project,
+                              **bounds)
         return ObjectStoreOptions(endpoint=self.s3_endpoint, region=self.s3_region, access_key_id=self.s3_access_key_id,
                                   secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style,
                                   **bounds)

@@ -1,4 +1,4 @@
-"""Where the lake lives: a local folder or an object store (S3 and S3-compatible stores).
+"""Where the lake lives: a local folder or an object store (S3 and S3-compatible stores, GCS: `gcs.GcsStore`).
 
 A plain library below both the engine and the checkpoint store: it imports neither. `store` is the
 protocol a scheme's store offers (conditional writes instead of an atomic rename, listings, and the

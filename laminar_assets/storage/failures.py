@@ -35,9 +35,11 @@ _REFUSED = ("Connection refused", "tcp connect error", "curlCode: 7", "Couldn't 
 # A message must also be about an object store (not, say, a Spark Connect channel)
 _STORE = ("S3 error", "AWS Error", "s3a://", "s3://", "AWSClientIOException", "SdkClientException",
           "amazonaws", "Error performing")
+_STORE += ("GCS error", "gs://", "com.google.cloud.hadoop", "google::cloud")  # GCS (gcs.py)
 
 _HTTP_URL = re.compile(r"https?://[^\s\"'<>,;)]+")
 _S3_URI = re.compile(r"s3a?://[^\s\"'<>,;)]+")
+_GS_URI = re.compile(r"gs://[^\s\"'<>,;)]+")
 _ARROW_KEY = re.compile(r"key '(?P<key>[^']*)' in bucket '(?P<bucket>[^']+)'")
 
 
@@ -90,6 +92,11 @@ def recognize(texts: Iterable[str]) -> StoreFailure | None:
     s3 = _S3_URI.search(every)
     if s3 is not None:
         uri = "s3://" + s3.group(0).split("://", 1)[1].rstrip(".:")
+    gs = _GS_URI.search(every)
+    if gs is not None:
+        uri = gs.group(0).rstrip(".:")
+    elif uri is not None and "GCS error" in text:
+        uri = "gs://" + uri.split("://", 1)[1]  # deltalake on GCS: the XML API's /bucket/key
     arrow = _ARROW_KEY.search(every)
     if arrow is not None and uri is None:
         uri = f"s3://{arrow['bucket']}/{arrow['key']}".rstrip("/")

@@ -34,8 +34,8 @@ __all__ = ["Store", "local_path", "mount", "mounted", "scheme", "store_for", "un
 
 # --- which store -----------------------------------------------------------------------------
 def is_object_store(uri: str) -> bool:
-    """True for an object-store URI (s3://, s3a://); raises a clear `StorageError` naming the URI for
-    object stores Laminar has no `Store` for (gs://, abfss://, ...). Any other scheme is not an object
+    """True for an object-store URI (s3://, s3a://, gs://); raises a clear `StorageError` naming the URI for
+    object stores Laminar has no `Store` for (abfss://, ...). Any other scheme is not an object
     store (False): a URI another library resolves (a deletion vector stored by absolute URI)."""
     if scheme(uri) not in SCHEMES and scheme(uri) not in UNSUPPORTED:
         return False

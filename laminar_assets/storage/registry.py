@@ -23,12 +23,14 @@ from contextlib import contextmanager
 
 from laminar_assets.errors import StorageError
 
+from .gcs import GcsStore
 from .local import LocalStore
 from .options import ObjectStoreOptions
 from .s3 import S3Store
 from .store import Store
 
 SCHEMES: dict[str, type] = {"file": LocalStore, "s3": S3Store, "s3a": S3Store}
+SCHEMES["gs"] = GcsStore  # Google Cloud Storage (gcs.py)
 # Object stores Laminar knows of but has no `Store` for yet: refused by name, never taken for a local path.
 UNSUPPORTED = ("gs", "gcs", "abfs", "abfss", "az", "adl", "wasb", "wasbs")
 

@@ -4,9 +4,12 @@ Laminar never renames a file to publish it and never relies on a disk shared by 
 executors: it coordinates through a store's conditional writes and Delta commits. So a store offers
 exactly these, on URIs of its scheme (`uri` is always a whole URI: s3://bucket/key, or a local path):
 
-    read_tagged      the bytes and a tag of this version (an ETag; inode, size and mtime locally)
-    create_tagged    write only if absent (put-if-absent): S3 `If-None-Match: *`, O_EXCL locally
-    replace_tagged   write only if still the version a tag names (compare-and-swap): S3 `If-Match`
+    read_tagged      the bytes and a tag of this version (an ETag; GCS's generation; inode, size and
+                     mtime locally)
+    create_tagged    write only if absent (put-if-absent): S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`,
+                     O_EXCL locally
+    replace_tagged   write only if still the version a tag names (compare-and-swap): S3 `If-Match`, GCS
+                     `ifGenerationMatch=<generation>`
     write            replace unconditionally, atomically (a reader sees the old bytes or the new)
     delete           (only the version a tag names, when given)
     list_*           files (with sizes, or with tags from a name on), folders, a few examples

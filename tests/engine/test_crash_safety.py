@@ -45,7 +45,10 @@ def _check(spark, lake, flow):
 
 @pytest.fixture(params=["local", "s3"])
 def any_lake(request, lake):
-    """A lake in a local folder, or in a bucket of the local S3 server."""
+    """A lake in a local folder, or in a bucket of the local S3 server (or of the GCS emulator, where a test
+    asks for it by name: the commit steps below)."""
+    if request.param == "gcs":
+        return request.getfixturevalue("gcs_lake")
     return lake if request.param == "local" else request.getfixturevalue("s3_lake")
 
 
@@ -57,6 +60,8 @@ CRASHES = [pytest.param(step, where, flow, id=f"{step}-{where}-{kind}")
            for where, flow, kind in [("local", RETRACTING, "retracting"), ("local", EXTREMES, "extremes"),
                                      ("s3", RETRACTING, "retracting")]
            for step in STEPS if not (where == "s3" and step in KILLED_IN_A_BUCKET)]
+# On gs:// (fake-gcs-server), the commit steps only: the protocol is the store's own there.
+CRASHES += [pytest.param(step, "gcs", RETRACTING, id=f"{step}-gcs-retracting") for step in KILLED_IN_A_BUCKET]
 
 
 @pytest.mark.parametrize("step,any_lake,flow", CRASHES, indirect=["any_lake"])

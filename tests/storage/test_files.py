@@ -14,10 +14,16 @@ from laminar_assets.storage import ObjectStoreOptions
 from tests.object_store import using
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "gcs"])
 def root(request, tmp_path):
     if request.param == "local":
         yield str(tmp_path / "lake")
+        return
+    if request.param == "gcs":  # fake-gcs-server (tests/gcs_server.py)
+        from tests.gcs_server import using_gcs
+
+        with using_gcs(request.getfixturevalue("gcs_server")) as server:
+            yield server.bucket()
         return
     server = request.getfixturevalue("s3_server")
     with using(server):
@@ -108,8 +114,8 @@ def test_wrong_credentials_say_what_to_fix(s3proxy_server):
 
 
 def test_object_stores_laminar_does_not_support_yet_are_refused_by_name():
-    with pytest.raises(StorageError, match="gs:// is not supported yet"):
-        storage.is_object_store("gs://bucket/lake")
+    with pytest.raises(StorageError, match="gcs:// is not supported yet"):  # gs:// is
+        storage.is_object_store("gcs://bucket/lake")
     assert storage.resolve_root("s3a://bucket/lake/") == "s3://bucket/lake"
     assert storage.resolve_root("lake") == os.path.abspath("lake")
     assert storage.spark_uri("s3://bucket/t/f.parquet") == "s3a://bucket/t/f.parquet"

@@ -15,15 +15,22 @@ from deltalake import DeltaTable, write_deltalake
 from laminar_assets import storage
 from laminar_assets.errors import StorageError
 from laminar_assets.storage import LocalStore, ObjectStoreOptions, S3Store, Store
+from laminar_assets.storage.gcs import GcsStore
 
 A = ObjectStoreOptions(endpoint="http://127.0.0.1:1", access_key_id="key-a", secret_access_key="secret-a")
 B = ObjectStoreOptions(endpoint="http://127.0.0.1:2", access_key_id="key-b", secret_access_key="secret-b")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "gcs"])
 def root(request, tmp_path):
     if request.param == "local":
         yield str(tmp_path / "lake")
+        return
+    if request.param == "gcs":  # fake-gcs-server (tests/gcs_server.py)
+        server = request.getfixturevalue("gcs_server")
+        bucket = server.bucket()
+        with storage.mounted(bucket, server.options):
+            yield bucket
         return
     server = request.getfixturevalue("s3_server")
     bucket = server.bucket()
@@ -39,6 +46,7 @@ def test_every_scheme_has_a_store_with_the_whole_protocol():
         assert (cls.jars is not None) == cls.object_store  # an object store's Spark connector has its jars
     assert isinstance(storage.store_for("/tmp/lake"), LocalStore)
     assert isinstance(storage.store_for("s3a://bucket/lake"), S3Store)
+    assert isinstance(storage.store_for("gs://bucket/lake"), GcsStore)
 
 
 def test_listing_by_tag_copy_and_examples_through_the_protocol(root):
@@ -86,7 +94,7 @@ def test_each_mounted_bucket_gets_its_own_spark_settings():
     assert storage.spark_conf("/tmp/lake") == {}
 
 
-@pytest.mark.parametrize("uri", ["gs://bucket/lake", "abfss://lake@account.dfs.core.windows.net/root",
+@pytest.mark.parametrize("uri", ["gcs://bucket/lake", "abfss://lake@account.dfs.core.windows.net/root",
                                  "az://container/lake"])
 def test_object_stores_without_a_store_are_refused_by_name(uri):
     scheme = uri.split("://")[0]

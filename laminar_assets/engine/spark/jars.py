@@ -94,6 +94,13 @@ GROUPS: dict[str, tuple[Jar, ...]] = {
     "s3proxy": (
         Jar("org.gaul:s3proxy:4.1.0", "0a0b89e982bc1b1b5757d45b61109e05a840dd87", 54955934, "jar-with-dependencies"),
     ),
+    # Google's GCS connector for Hadoop 3 (gs://), its shaded jar (its Google client libraries relocated,
+    # so nothing on Spark's class path clashes): 4.0.x is built on Hadoop 3.4 for Java 17, and runs on
+    # pyspark's Hadoop 3.5.0 (4.0.4 is the newest 4.0 release with a shaded jar on Maven Central).
+    "gcs": (
+        Jar("com.google.cloud.bigdataoss:gcs-connector:4.0.4", "7ffdc04d1cc08c742916c696805761044e36b919", 40521713,
+            "shaded"),
+    ),
 }
 
 
