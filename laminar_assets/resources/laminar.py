@@ -9,7 +9,7 @@ from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Connection, Engine, EngineOptions, Exporter
 from laminar_assets.engine.export import ENV_OPTIONS, env_name
-from laminar_assets.storage import ObjectStoreOptions
+from laminar_assets.storage import AzureOptions, AzureStore, ObjectStoreOptions
 
 from .spark import SparkResource
 
@@ -41,6 +41,12 @@ class LaminarResource(dg.ConfigurableResource):
     # answer abandons an attempt, 30 s in all fails the call and so the run)
     s3_request_timeout_s: float | None = None
     s3_call_timeout_s: float | None = None
+    # An Azure root (abfss://container@account.dfs.core.windows.net/prefix): the account's key or a SAS
+    # token, and an endpoint for an emulator or a private endpoint (unset: AZURE_STORAGE_ACCOUNT_KEY,
+    # AZURE_STORAGE_SAS_TOKEN, AZURE_STORAGE_ENDPOINT). The s3_*_timeout_s bounds apply to it too.
+    azure_endpoint: str | None = None
+    azure_account_key: str | None = None
+    azure_sas_token: str | None = None
     connections: dict[str, str] = {}
 
     def resolved_root(self) -> str:
@@ -48,13 +54,18 @@ class LaminarResource(dg.ConfigurableResource):
         an engine, a sensor, a check or an export) is reached with these options in this process, whatever
         other roots use."""
         root = storage.resolve_root(self.root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
-        storage.mount(root, self.store())
+        storage.mount(root, self.store(root))
         return root
 
-    def store(self) -> ObjectStoreOptions:
-        """How this resource reaches its root's object store (unset fields: the AWS environment)."""
+    def store(self, root: str | None = None) -> ObjectStoreOptions | AzureOptions:
+        """How this resource reaches its root's object store (`root`: the resolved root; unset fields: the AWS
+        or, for an Azure root, the Azure environment)."""
         bounds = {k: v for k, v in (("request_timeout_s", self.s3_request_timeout_s),
                                     ("call_timeout_s", self.s3_call_timeout_s)) if v is not None}
+        root = root or self.root or ""
+        if "://" in root and root.split("://", 1)[0].lower() in AzureStore.schemes:
+            return AzureOptions(endpoint=self.azure_endpoint, account_key=self.azure_account_key,
+                                sas_token=self.azure_sas_token, **bounds)
         return ObjectStoreOptions(endpoint=self.s3_endpoint, region=self.s3_region, access_key_id=self.s3_access_key_id,
                                   secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style,
                                   **bounds)

@@ -7,6 +7,7 @@ store serves a URI (its scheme's, and the one mounted for its root); `files` is 
 URI on top; `options` says how to reach an S3 store.
 """
 
+from .azure import AzureOptions, AzureStore
 from .files import (
     check_reachable,
     copy,
@@ -43,6 +44,7 @@ from .s3 import S3Store
 from .store import Store
 
 __all__ = [
+    "AzureOptions", "AzureStore",
     "SCHEMES", "LocalStore", "ObjectStoreOptions", "S3Store", "Store", "check_reachable", "copy", "create",
     "create_tagged", "delete", "delete_tree", "delta_options", "env", "exists", "filesystem", "is_object_store",
     "join", "list_dirs", "list_files", "list_tagged", "local_path", "mount", "mounted", "normalized",

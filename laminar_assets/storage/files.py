@@ -48,6 +48,8 @@ def normalized(uri: str) -> str:
     cls = SCHEMES.get(scheme(uri))
     if cls is None or not cls.object_store:
         return uri
+    if hasattr(cls, "canonical"):  # a scheme whose URIs have more than one spelling (Azure's hosts)
+        return cls.canonical(uri)
     return f"{cls.schemes[0]}://{uri.split('://', 1)[1]}"
 
 
@@ -72,6 +74,9 @@ def spark_uri(uri: str) -> str:
     cls = SCHEMES.get(scheme(uri))
     if cls is None or not cls.spark_scheme:
         return uri
+    store = store_for(uri)
+    if hasattr(store, "spark_uri"):  # the store decides (Azure: abfs:// on an emulator's blob host)
+        return store.spark_uri(uri)
     return f"{cls.spark_scheme}://{uri.split('://', 1)[1]}"
 
 

@@ -23,12 +23,14 @@ from contextlib import contextmanager
 
 from laminar_assets.errors import StorageError
 
+from .azure import AzureStore
 from .local import LocalStore
 from .options import ObjectStoreOptions
 from .s3 import S3Store
 from .store import Store
 
 SCHEMES: dict[str, type] = {"file": LocalStore, "s3": S3Store, "s3a": S3Store}
+SCHEMES.update(dict.fromkeys(AzureStore.schemes, AzureStore))  # abfss:// (abfs, az, wasbs, wasb: taken to abfss)
 # Object stores Laminar knows of but has no `Store` for yet: refused by name, never taken for a local path.
 UNSUPPORTED = ("gs", "gcs", "abfs", "abfss", "az", "adl", "wasb", "wasbs")
 
@@ -62,6 +64,8 @@ def prefix_of(uri: str) -> str:
     if not cls.object_store:
         path = uri[len("file://"):] if uri.startswith("file://") else uri
         return os.path.abspath(path)
+    if hasattr(cls, "canonical"):  # a scheme whose URIs have more than one spelling (Azure's hosts)
+        return cls.canonical(uri)
     rest = uri.split("://", 1)[1].rstrip("/")
     return f"{cls.schemes[0]}://{rest}"
 

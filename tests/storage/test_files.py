@@ -14,10 +14,16 @@ from laminar_assets.storage import ObjectStoreOptions
 from tests.object_store import using
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "azure"])
 def root(request, tmp_path):
     if request.param == "local":
         yield str(tmp_path / "lake")
+        return
+    if request.param == "azure":  # Azurite (tests/conftest.py), the Azure store's emulator
+        server = request.getfixturevalue("azurite_server")
+        container = server.container()
+        with storage.mounted(container, server.options):
+            yield container
         return
     server = request.getfixturevalue("s3_server")
     with using(server):
