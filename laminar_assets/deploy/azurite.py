@@ -124,7 +124,7 @@ class Azurite:
         try:
             self.process = subprocess.Popen(
                 ["node", script, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--inMemoryPersistence",
-                 "--location", self.workspace, "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
+                 "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 cwd=self.workspace)
         finally:

@@ -51,7 +51,7 @@ from .options import ObjectStoreOptions, _ms
 DFS, BLOB = ".dfs.core.windows.net", ".blob.core.windows.net"
 EMULATOR_ACCOUNT = "devstoreaccount1"
 # Azurite's well-known development key (documented by Microsoft; not a secret)
-EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IDsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 _HADOOP = "spark.hadoop.fs.azure."
 # Put Blob takes up to 5000 MiB in one request: every object Laminar writes itself is one atomic request
 _ONE_REQUEST = 256 * 1024 * 1024
@@ -241,7 +241,7 @@ class AzureStore:
 
         def get(_):
             download = blob.download_blob()
-            return download.readall(), download.properties.etag
+            return download.readall(), _tag(download.properties.etag)
 
         try:
             return self._call(uri, get, missing_ok=True)
@@ -286,7 +286,7 @@ class AzureStore:
                 continue
             if until is not None and name > until:
                 break
-            out.append((name, b.etag))
+            out.append((name, _tag(b.etag)))
         return out
 
     def some_files(self, uri: str, limit: int) -> list[str]:
@@ -314,7 +314,7 @@ class AzureStore:
     # --- writing ---------------------------------------------------------------------------------
     def write(self, uri: str, data: bytes) -> str:
         blob = self.blob(uri)
-        return self._call(uri, lambda _: blob.upload_blob(data, overwrite=True, length=len(data)))["etag"]
+        return _tag(self._call(uri, lambda _: blob.upload_blob(data, overwrite=True, length=len(data)))["etag"])
 
     def create_tagged(self, uri: str, data: bytes) -> str | None:
         """`If-None-Match: *`: the service refuses the write when the blob exists (409 or 412)."""
@@ -327,7 +327,7 @@ class AzureStore:
                              precondition=True)
         except _PreconditionFailed:
             return None
-        return put["etag"]
+        return _tag(put["etag"])
 
     def replace_tagged(self, uri: str, data: bytes, tag: str) -> str | None:
         """`If-Match: <etag>`: the write happens only on the version the tag names."""
@@ -340,7 +340,7 @@ class AzureStore:
                              precondition=True, missing_ok=True)
         except (_PreconditionFailed, _Missing):
             return None
-        return put["etag"]
+        return _tag(put["etag"])
 
     def delete(self, uri: str, *, tag: str | None = None) -> bool:
         """Without a tag, a blob already gone counts as deleted (True), as on S3."""
@@ -543,6 +543,11 @@ def _code(exc) -> str:
     return plain(str(code))
 
 
+def _tag(etag: str) -> str:
+    """An ETag as the service sends it in headers (quoted): listings give it bare, reads and writes quoted."""
+    return etag if etag.startswith('"') else f'"{etag}"'
+
+
 def _is_folder(blob) -> bool:
     """An ABFS / ADLS Gen2 folder marker (a blob with metadata hdi_isfolder=true), not a file."""
     return str((getattr(blob, "metadata", None) or {}).get("hdi_isfolder", "")).lower() == "true"
@@ -561,14 +566,16 @@ def _credential(o: AzureOptions, account: str):
 def _service_client(o: AzureOptions, account: str):
     """A BlobServiceClient of `account`: connect and read timeouts per attempt, the attempts that fit the
     call's budget, one Put Blob per write. Without a key or SAS token every call is refused at once."""
-    from azure.storage.blob import BlobServiceClient
+    from azure.storage.blob import BlobServiceClient, LinearRetry
 
     credential = _credential(o, account)
-    attempts = o.attempts(o.request_timeout_s)
+    retries = o.attempts(o.request_timeout_s) - 1
+    # the SDK's default policy waits 15 s, then 45 s, between attempts: half a second here, so the
+    # attempts fit in call_timeout_s and a refused connection fails within a second or two
+    policy = LinearRetry(backoff=0.5, random_jitter_range=0, retry_total=retries, retry_connect=retries,
+                         retry_read=retries, retry_status=retries)
     client = BlobServiceClient(o.blob_url(account), credential=credential, connection_timeout=o.connect_timeout_s,
-                               read_timeout=o.request_timeout_s, retry_total=attempts - 1,
-                               retry_connect=attempts - 1, retry_read=attempts - 1, retry_status=attempts - 1,
-                               retry_backoff_factor=0.5, retry_backoff_max=2,
+                               read_timeout=o.request_timeout_s, retry_policy=policy,
                                max_single_put_size=_ONE_REQUEST, max_single_get_size=_ONE_REQUEST)
     if credential is None:
         return _Unauthenticated()

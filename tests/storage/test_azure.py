@@ -75,7 +75,8 @@ def test_an_unreachable_endpoint_is_one_line_within_seconds():
     with storage.mounted(root, AzureOptions(endpoint="http://127.0.0.1:1", account_key="a2V5")):
         message = _failing_within(15, lambda: storage.check_reachable(root), StoreUnavailableError, "cannot connect")
         assert root in message and "http://127.0.0.1:1/devstoreaccount1" in message and "AZURE_STORAGE_ENDPOINT" in message
-        _failing_within(15, lambda: storage.write(storage.join(root, "x.json"), b"{}"), StoreUnavailableError)
+        _failing_within(15, lambda: storage.write(storage.join(root, "x.json"), b"{}"), StoreUnavailableError,
+                        "cannot connect")
 
 
 def test_a_wrong_key_a_missing_container_and_no_key_say_what_to_fix(azurite_server, monkeypatch):
