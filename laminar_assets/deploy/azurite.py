@@ -8,8 +8,12 @@ service on 127.0.0.1 (a free port), in memory, as a process group of its own, st
 (also as a context manager, and on failure to start); `options` reach it as an `AzureOptions` with
 the emulator's well-known account (`devstoreaccount1`) and key.
 
-Azurite 3.35.0 is the newest release that runs on Node.js 20 (3.36 needs 21, 3.37 needs 22). It
-serves the Blob API only: no DFS (ADLS Gen2) endpoint, see docs/known-limits.md.
+Azurite 3.37.0 is the first release that honours List Blobs' `startFrom` (service version 2026-02-06),
+which deltalake's Azure client (object_store) sends to read a Delta log from a version on: on 3.35
+the listing came back whole and the third commit of any table failed ("Invalid table version: 1").
+Its package asks for Node.js 22; npm installs it on 20 with a warning, and the blob service runs
+there (the tests run it on this machine's Node.js 20). It serves the Blob API only: no DFS (ADLS
+Gen2) endpoint, see docs/known-limits.md.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import uuid
 from laminar_assets.errors import EnvironmentProblem
 from laminar_assets.storage.azure import EMULATOR_ACCOUNT, EMULATOR_KEY, AzureOptions
 
-VERSION = "3.35.0"
+VERSION = "3.37.0"
 
 
 def folder(prefix: str | None = None) -> str:
@@ -50,6 +54,7 @@ def installed(prefix: str | None = None) -> str | None:
         return None
     script = main_script(prefix)
     return script if os.path.isfile(script) else None
+
 
 
 def install(prefix: str | None = None, timeout: float = 600.0) -> str:
@@ -120,11 +125,13 @@ class Azurite:
             raise EnvironmentProblem(f"Azurite {VERSION} is not installed: run `make test-azurite` "
                                      "(python -m laminar_assets.deploy.azurite install)")
         self.workspace = tempfile.mkdtemp(prefix="laminar-azurite-")
+        # LAMINAR_AZURITE_DEBUG=<file>: Azurite's own log of every request (what a client sent)
+        debug = ["--debug", os.environ["LAMINAR_AZURITE_DEBUG"]] if os.environ.get("LAMINAR_AZURITE_DEBUG") else []
         out = open(self.log or os.devnull, "w")  # noqa: SIM115  (closed below; the child keeps its copy)
         try:
             self.process = subprocess.Popen(
                 ["node", script, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--inMemoryPersistence",
-                 "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
+                 *debug, "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 cwd=self.workspace)
         finally:

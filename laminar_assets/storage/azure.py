@@ -422,12 +422,11 @@ class AzureStore:
         return self._made("arrow", account, _arrow_filesystem), f"{container}/{path}".rstrip("/")
 
     def spark_uri(self, uri: str) -> str:
-        """The URI Spark reads: the abfss:// URI on Azure; on an emulator (`endpoint`), abfs:// on the blob
-        host (Azurite has no DFS endpoint: ABFS's blob-endpoint client, `spark_conf`)."""
-        account, container, path = split(uri)
+        """The URI Spark reads: the abfss:// URI on Azure; on an emulator (`endpoint`, plain http), abfs://
+        (Azurite has no DFS endpoint: `spark_conf` points ABFS's blob-endpoint client at it)."""
         if not self.options.resolved().endpoint:
             return canonical(uri)
-        return f"abfs://{container}@{account}{BLOB}" + (f"/{path}" if path else "")
+        return "abfs://" + canonical(uri).split("://", 1)[1]
 
     def spark_conf(self, uri: str | None = None) -> dict[str, str]:
         """hadoop-azure's ABFS settings: the time bounds scheme-wide, and with a URI its account's own keys
@@ -447,19 +446,26 @@ class AzureStore:
                 conf[f"{_HADOOP}account.key"] = o.account_key
             return conf
         account = split(uri)[0]
-        host = f"{account}{BLOB}" if o.endpoint else _dfs_host(uri) if "@" in uri else f"{account}{DFS}"
+        # the DFS host also on an emulator: ABFS finds the account (the emulator's path) only in a DFS host name
+        host = _dfs_host(uri) if "@" in uri else f"{account}{DFS}"
         own: dict[str, str] = {}
         if o.endpoint:
             authority = o.endpoint.split("://", 1)[1].rstrip("/")
             own.update({"abfs.endpoint": authority, "always.use.https": str(not o.allow_http).lower(),
                         # Azurite speaks the blob API only: ABFS's blob-endpoint client, flat namespace
                         "account.hns.enabled": "false", "fns.account.service.type": "BLOB",
-                        "ingress.service.type": "BLOB"})
+                        "ingress.service.type": "BLOB",
+                        # ABFS's Apache HTTP client needs a TLS socket factory even for http://: the JDK's
+                        "networking.library": "JDK_HTTP_URL_CONNECTION"})
         if o.account_key:
             own.update({"account.auth.type": "SharedKey", "account.key": o.account_key})
         elif o.sas_token:
             own.update({"account.auth.type": "SAS", "sas.fixed.token": o.sas_token.lstrip("?")})
         conf.update({f"{_HADOOP}{k}.{host}": v for k, v in own.items()})
+        if o.allow_http:
+            # ABFS reads this one for the whole scheme only (no per-account key); it concerns abfs:// URIs
+            # alone (abfss:// is always TLS), which Laminar gives Spark only on an emulator
+            conf[f"{_HADOOP}always.use.https"] = "false"
         return conf
 
     def env(self) -> dict[str, str]:

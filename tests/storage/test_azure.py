@@ -51,9 +51,9 @@ def test_spark_settings_are_the_accounts_own_and_keep_the_key_out_of_sight():
     assert "real-key" not in repr(real) and "real-key" not in real.describe()
     # an emulator: ABFS's blob-endpoint client on the blob host, reached through fs.azure.abfs.endpoint
     emulator = AzureStore(AzureOptions(endpoint="http://127.0.0.1:10000", account_key="k"))
-    assert emulator.spark_uri(ROOT + "/t") == "abfs://lake@acct.blob.core.windows.net/root/t"
+    assert emulator.spark_uri(ROOT + "/t") == "abfs://lake@acct.dfs.core.windows.net/root/t"
     conf = emulator.spark_conf(ROOT)
-    host = "acct.blob.core.windows.net"
+    host = "acct.dfs.core.windows.net"
     assert conf[f"spark.hadoop.fs.azure.abfs.endpoint.{host}"] == "127.0.0.1:10000"
     assert conf[f"spark.hadoop.fs.azure.fns.account.service.type.{host}"] == "BLOB"
     assert conf[f"spark.hadoop.fs.azure.always.use.https.{host}"] == "false"
