@@ -525,7 +525,7 @@ class AzureStore:
             raise StoreUnavailableError(
                 f"{uri}: the object store at {where} did not answer within its time bounds "
                 f"({self.options.budget()}): check that it runs and is reachable (or raise "
-                "AzureOptions.call_timeout_s / the resource's azure_call_timeout_s)", uri=uri) from None
+                "AzureOptions.call_timeout_s / the resource's s3_call_timeout_s)", uri=uri) from None
         except ServiceRequestError as exc:  # refused, or no connection within connect_timeout_s
             if "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower():
                 self.not_answering()
@@ -546,7 +546,7 @@ class _NoCredentials(Exception):
 
 def _code(exc) -> str:
     code = getattr(exc, "error_code", None) or getattr(exc, "status_code", None) or type(exc).__name__
-    return plain(str(code))
+    return plain(str(getattr(code, "value", code)))  # the service's own word (AuthorizationFailure), not an enum
 
 
 def _tag(etag: str) -> str:

@@ -53,7 +53,7 @@ def test_a_lake_on_azure_runs_incrementally_and_equals_a_recompute(spark, azure_
 def test_two_runs_racing_on_one_partition_commit_once(spark, azure_lake):
     """Two engines start the same partition's run at the same moment: the lease is a put-if-absent
     (If-None-Match: *) that Azurite checks with the write, so exactly one commits and the other gets a
-    retryable ConcurrentRunError."""
+    retryable ConcurrentRunError from the lease, before it computes anything."""
     lake = azure_lake
     lake.create("trades", BASE)
     engines = [Engine(spark, lake.root) for _ in range(2)]
@@ -75,6 +75,9 @@ def test_two_runs_racing_on_one_partition_commit_once(spark, azure_lake):
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     assert len(outcomes) == 2 and len(failed) == 1, outcomes
     assert isinstance(failed[0], ConcurrentRunError) and failed[0].retryable, failed
+    # stopped by the lease (put-if-absent), not only by the Delta commit's run sequence behind it: with
+    # the lease's precondition dropped, both runs computed and the second one's commit was refused
+    assert "being processed by another run" in str(failed[0]), failed
     assert CheckpointStore(lake.root).load("per_sym", H0).seq == 1
     _matches_recompute(spark, lake, FLOW, until="2024-01-01 01:00")
     assert_lake_intact(lake.root)

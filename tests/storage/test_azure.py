@@ -84,7 +84,8 @@ def test_a_wrong_key_a_missing_container_and_no_key_say_what_to_fix(azurite_serv
     wrong = replace(azurite_server.options, account_key="d3Jvbmcta2V5LXdyb25nLWtleQ==")
     with storage.mounted(root, wrong):
         message = _failing_within(15, lambda: storage.check_reachable(root), match="refused the credentials")
-        assert "AZURE_STORAGE_ACCOUNT_KEY" in message and wrong.account_key not in message
+        assert "(AuthorizationFailure)" in message and "AZURE_STORAGE_ACCOUNT_KEY" in message
+        assert wrong.account_key not in message
         _failing_within(15, lambda: storage.write(storage.join(root, "x.json"), b"{}"), match="refused")
     missing = root.replace(root.split("://")[1].split("@")[0], "no-such-container", 1)
     with storage.mounted(missing, azurite_server.options):
@@ -154,3 +155,36 @@ def test_deltalake_and_pyarrow_reach_the_lake_with_the_stores_settings(azure_lak
     assert pq.read_table(path, filesystem=fs).column("y").to_pylist() == ["a"]
     names = [u.rsplit("/", 1)[-1] for u, _ in storage.list_files(root)]
     assert "f.parquet" in names and "00000000000000000001.json" in names
+
+
+def test_a_frozen_emulator_fails_each_python_client_within_its_bounds(tmp_path):
+    """Azurite stopped (SIGSTOP) after a table was written: the Azure SDK's calls and deltalake's give up
+    within the options' bounds with one line naming the endpoint; then the store's calls fail at once."""
+    import os
+    import signal
+
+    from laminar_assets.deploy.azurite import Azurite
+    from laminar_assets.engine.run.protocol import store_unavailable
+
+    with Azurite(log=str(tmp_path / "azurite.log")) as server:
+        root = server.container()
+        bounds = replace(server.options, connect_timeout_s=1, request_timeout_s=1, max_attempts=2, call_timeout_s=2)
+        with storage.mounted(root, bounds):
+            table = storage.join(root, "t")
+            write_deltalake(table, pa.table({"x": [1]}), storage_options=storage.delta_options(table))
+            storage.write(storage.join(root, "w.json"), b"{}")
+            os.killpg(server.process.pid, signal.SIGSTOP)
+            try:
+                message = _failing_within(8, lambda: storage.read(storage.join(root, "w.json")), StoreUnavailableError,
+                                          "did not answer within its time bounds")
+                assert "http://127.0.0.1:" in message and "w.json" in message
+                _failing_within(1, lambda: storage.read(storage.join(root, "w.json")), StoreUnavailableError,
+                                "did not answer a moment ago")  # the next calls do not wait again
+                started = time.monotonic()
+                with pytest.raises(Exception) as info:  # noqa: B017  (deltalake's own error, recognized below)
+                    DeltaTable(table, storage_options=storage.delta_options(table)).to_pyarrow_table()
+                assert time.monotonic() - started < 10
+                found = store_unavailable(info.value)
+                assert found is not None and "\n" not in found.message and "_delta_log" in found.message, info.value
+            finally:
+                os.killpg(server.process.pid, signal.SIGCONT)
