@@ -188,3 +188,26 @@ def test_a_frozen_emulator_fails_each_python_client_within_its_bounds(tmp_path):
                 assert found is not None and "\n" not in found.message and "_delta_log" in found.message, info.value
             finally:
                 os.killpg(server.process.pid, signal.SIGCONT)
+
+
+def test_the_resource_reaches_an_azure_root_with_its_azure_fields():
+    from laminar_assets.resources import LaminarResource, SparkResource
+
+    resource = LaminarResource(root="abfs://lake@acct.blob.core.windows.net/root", spark=SparkResource(),
+                               azure_endpoint="http://127.0.0.1:1", azure_account_key="k", s3_call_timeout_s=5.0)
+    expected = AzureOptions(endpoint="http://127.0.0.1:1", account_key="k", call_timeout_s=5.0)
+    try:
+        assert resource.resolved_root() == ROOT
+        assert storage.store_for(storage.join(ROOT, "t")) == AzureStore(expected)
+    finally:
+        storage.unmount(ROOT)
+
+
+def test_a_spark_started_as_a_process_gets_no_azure_key_on_its_command_line():
+    """jvm_conf(secrets=False) is what a Connect server is started with: ABFS's account keys stay out."""
+    from laminar_assets.engine import SparkOptions
+    from laminar_assets.engine.spark.session import jvm_conf
+
+    with storage.mounted(ROOT, AzureOptions(account_key="the-key", sas_token="the-sas")):
+        assert "the-key" in str(storage.spark_conf())
+        assert "the-key" not in str(jvm_conf(SparkOptions(), secrets=False))
