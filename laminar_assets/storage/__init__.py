@@ -2,7 +2,7 @@
 
 A plain library below both the engine and the checkpoint store: it imports neither. `store` is the
 protocol a scheme's store offers (conditional writes instead of an atomic rename, listings, and the
-settings deltalake, pyarrow and Spark get); `local` and `s3` are the stores; `registry` says which
+settings deltalake, pyarrow and Spark get); `local`, `s3` and `azure` are the stores; `registry` says which
 store serves a URI (its scheme's, and the one mounted for its root); `files` is Laminar's file I/O by
 URI on top; `options` says how to reach an S3 store.
 """

@@ -8,6 +8,8 @@ a local lake and a lake in a bucket. Each function hands its URI to the `Store` 
     local path or file://...   `LocalStore`: atomic replace by rename, put-if-absent by a hard link (O_EXCL)
     s3://bucket/key (s3a://)   `S3Store`: put-if-absent by `If-None-Match: *`, compare-and-swap by
                                `If-Match: <ETag>` (an object store has no atomic rename)
+    abfss://c@acct.dfs.core.windows.net/key   `AzureStore`: the same with Azure's ETags (abfs://, az://,
+                               wasb(s):// and the blob host are taken to this form)
 
 `read_tagged` returns a content tag (the ETag, or the file's inode, size and modification time)
 that `replace_if` and `delete` take: the write happens only if nobody changed the object since.
