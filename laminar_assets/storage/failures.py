@@ -70,6 +70,12 @@ class StoreFailure:
                 return store_for(self.uri).describe()
             except Exception:  # noqa: BLE001  (a message must not fail for want of an endpoint)
                 pass
+        if self.client == "abfs":  # ABFS names no path nor host: the Azure store mounted, when just one is
+            from .registry import mounts
+
+            found = {s.describe() for s in mounts().values() if type(s).__name__ == "AzureStore"}
+            if len(found) == 1:
+                return found.pop()
         return "the object store"
 
 
@@ -102,6 +108,8 @@ def recognize(texts: Iterable[str]) -> StoreFailure | None:
     if endpoint and endpoint.endswith("amazonaws.com"):
         endpoint = None  # a region's host: the store's own description says it better
     client = "s3a" if any("s3a://" in t or "org.apache.hadoop.fs.s3a" in t for t in found) else "python"
+    if client == "python" and any("org.apache.hadoop.fs.azurebfs" in t for t in found):
+        client = "abfs"
     return StoreFailure(kind, uri, endpoint, client)
 
 

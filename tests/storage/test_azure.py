@@ -211,3 +211,22 @@ def test_a_spark_started_as_a_process_gets_no_azure_key_on_its_command_line():
     with storage.mounted(ROOT, AzureOptions(account_key="the-key", sas_token="the-sas")):
         assert "the-key" in str(storage.spark_conf())
         assert "the-key" not in str(jvm_conf(SparkOptions(), secrets=False))
+
+
+def test_what_abfs_and_deltalake_say_of_a_silent_azure_store_is_read_as_one_line():
+    """ABFS names neither the path nor the host (the Azure store mounted is named); deltalake names the
+    blob's URL (the emulator's path style: account, container, blob), read back as the abfss:// object."""
+    from laminar_assets.storage import failures
+
+    abfs = ("An error occurred while calling o112.parquet.\n: Status code: -1 error code: null error message: "
+            "java.net.SocketTimeoutException: Read timed out\n\tat org.apache.hadoop.fs.azurebfs.services."
+            "AbfsRestOperation.executeHttpOperation(AbfsRestOperation.java:547)")
+    delta = ("Generic MicrosoftAzure error: Error performing GET http://127.0.0.1:5/acct/lake/root/t/_delta_log/"
+             "_last_checkpoint in 1ms: error sending request\n  tcp connect error: Connection refused")
+    with storage.mounted(ROOT, AzureOptions(endpoint="http://127.0.0.1:5", account_key="k")):
+        found = failures.recognize([abfs])
+        assert found.kind == "timeout" and found.where() == "http://127.0.0.1:5"
+        found = failures.recognize([delta])
+        assert found.kind == "unreachable" and found.uri == ROOT + "/t/_delta_log/_last_checkpoint"
+        message = failures.unavailable(found).message
+        assert "AZURE_STORAGE_ENDPOINT" in message and "\n" not in message
