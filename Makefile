@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive test-jars chromium redis demo demo-s3 ui-s3 test test-fast test-quick quality lint ui clean bench bench-smoke soak
+.PHONY: install class-archive test-jars test-azurite chromium redis demo demo-s3 ui-s3 test test-fast test-quick quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The s3a jars (hadoop-aws and the AWS SDK modules it uses) and delta-spark's jars from Maven Central,
@@ -17,6 +17,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 install: $(VENV)/.installed
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3 delta
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer gcs  # Spark's GCS connector (gs:// lakes)
+	@$(BIN)/python -m laminar_assets.deploy.jar_installer azure  # ABFS (abfss://): hadoop-azure, engine/spark/jars.py
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +66,11 @@ test: class-archive chromium redis test-jars
 # s3proxy, a local S3 server with honest conditional writes, for the tests that race two writers.
 test-jars: install
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3proxy
+	@$(BIN)/python -m laminar_assets.deploy.azurite install  # Azurite (npm), the Azure tests' emulator, once
+
+# Azurite alone (the Azure tests' emulator, from npm into the venv); `test-jars` installs it too.
+test-azurite:
+	@$(BIN)/python -m laminar_assets.deploy.azurite install
 
 # The deployment test checks the Dagster UI in headless Chromium (Debian's package): install it if missing.
 chromium:

@@ -270,6 +270,27 @@ def gcs_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory):
+    """One Azurite (Azure's blob emulator, `make test-azurite`) for the test process, on 127.0.0.1, in memory:
+    started when a test first needs it, stopped at the end, also on failure."""
+    from laminar_assets.deploy.azurite import Azurite
+
+    server = Azurite(log=str(tmp_path_factory.mktemp("azurite") / "azurite.log")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def azure_lake(azurite_server) -> Lake:
+    """A lake in a new container of Azurite, its store mounted at the lake's root while the test runs."""
+    root = azurite_server.container()
+    with storage.mounted(root, azurite_server.options):
+        yield Lake(root)
+
+
 @pytest.fixture
 def s3_lake(s3_server, tmp_path) -> Lake:
     """A lake in a new bucket of the local S3 server (this process reaches it while the test runs)."""

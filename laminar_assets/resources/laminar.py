@@ -9,7 +9,7 @@ from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Connection, Engine, EngineOptions, Exporter
 from laminar_assets.engine.export import ENV_OPTIONS, env_name
-from laminar_assets.storage import ObjectStoreOptions
+from laminar_assets.storage import AzureOptions, AzureStore, ObjectStoreOptions
 from laminar_assets.storage.gcs import GcsOptions
 
 from .spark import SparkResource
@@ -49,6 +49,12 @@ class LaminarResource(dg.ConfigurableResource):
     gcs_endpoint: str | None = None
     gcs_credentials: str | None = None
     gcs_project: str | None = None
+    # An Azure root (abfss://container@account.dfs.core.windows.net/prefix): the account's key or a SAS
+    # token, and an endpoint for an emulator or a private endpoint (unset: AZURE_STORAGE_ACCOUNT_KEY,
+    # AZURE_STORAGE_SAS_TOKEN, AZURE_STORAGE_ENDPOINT). The s3_*_timeout_s bounds apply to it too.
+    azure_endpoint: str | None = None
+    azure_account_key: str | None = None
+    azure_sas_token: str | None = None
     connections: dict[str, str] = {}
 
     def resolved_root(self) -> str:
@@ -59,14 +65,18 @@ class LaminarResource(dg.ConfigurableResource):
         storage.mount(root, self.store(root))
         return root
 
-    def store(self, root: str | None = None) -> ObjectStoreOptions | GcsOptions:
-        """How this resource reaches its root's object store (unset fields: the AWS environment, or for a
-        gs:// root the Google one)."""
+    def store(self, root: str | None = None) -> ObjectStoreOptions | GcsOptions | AzureOptions:
+        """How this resource reaches its root's object store (`root`: the resolved root; unset fields: the AWS
+        environment, or for a gs:// root the Google one, for an Azure root the Azure one)."""
         bounds = {k: v for k, v in (("request_timeout_s", self.s3_request_timeout_s),
                                     ("call_timeout_s", self.s3_call_timeout_s)) if v is not None}
-        if root is not None and root.startswith("gs://"):
+        root = root or self.root or ""
+        if root.startswith("gs://"):
             return GcsOptions(endpoint=self.gcs_endpoint, credentials=self.gcs_credentials, project=self.gcs_project,
                               **bounds)
+        if "://" in root and root.split("://", 1)[0].lower() in AzureStore.schemes:
+            return AzureOptions(endpoint=self.azure_endpoint, account_key=self.azure_account_key,
+                                sas_token=self.azure_sas_token, **bounds)
         return ObjectStoreOptions(endpoint=self.s3_endpoint, region=self.s3_region, access_key_id=self.s3_access_key_id,
                                   secret_access_key=self.s3_secret_access_key, path_style=self.s3_path_style,
                                   **bounds)

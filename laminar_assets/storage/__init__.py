@@ -2,11 +2,12 @@
 
 A plain library below both the engine and the checkpoint store: it imports neither. `store` is the
 protocol a scheme's store offers (conditional writes instead of an atomic rename, listings, and the
-settings deltalake, pyarrow and Spark get); `local` and `s3` are the stores; `registry` says which
+settings deltalake, pyarrow and Spark get); `local`, `s3` and `azure` are the stores; `registry` says which
 store serves a URI (its scheme's, and the one mounted for its root); `files` is Laminar's file I/O by
 URI on top; `options` says how to reach an S3 store.
 """
 
+from .azure import AzureOptions, AzureStore
 from .files import (
     check_reachable,
     copy,
@@ -43,6 +44,7 @@ from .s3 import S3Store
 from .store import Store
 
 __all__ = [
+    "AzureOptions", "AzureStore",
     "SCHEMES", "LocalStore", "ObjectStoreOptions", "S3Store", "Store", "check_reachable", "copy", "create",
     "create_tagged", "delete", "delete_tree", "delta_options", "env", "exists", "filesystem", "is_object_store",
     "join", "list_dirs", "list_files", "list_tagged", "local_path", "mount", "mounted", "normalized",

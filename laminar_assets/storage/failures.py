@@ -37,6 +37,10 @@ _STORE = ("S3 error", "AWS Error", "s3a://", "s3://", "AWSClientIOException", "S
           "amazonaws", "Error performing")
 _STORE += ("GCS error", "gs://", "com.google.cloud.hadoop", "google::cloud")  # GCS (gcs.py)
 
+# Azure's clients: deltalake ("Generic MicrosoftAzure error" with the blob's URL), Spark's ABFS (abfs[s]:// paths)
+_AZURE = ("MicrosoftAzure", "abfs://", "abfss://", ".core.windows.net", "AbfsRestOperation", "AzureBlobFileSystem")
+_STORE += _AZURE
+_AZURE_URI = re.compile(r"abfss?://[^\s\"'<>,;)]+")
 _HTTP_URL = re.compile(r"https?://[^\s\"'<>,;)]+")
 _S3_URI = re.compile(r"s3a?://[^\s\"'<>,;)]+")
 _GS_URI = re.compile(r"gs://[^\s\"'<>,;)]+")
@@ -68,6 +72,12 @@ class StoreFailure:
                 return store_for(self.uri).describe()
             except Exception:  # noqa: BLE001  (a message must not fail for want of an endpoint)
                 pass
+        if self.client == "abfs":  # ABFS names no path nor host: the Azure store mounted, when just one is
+            from .registry import mounts
+
+            found = {s.describe() for s in mounts().values() if type(s).__name__ == "AzureStore"}
+            if len(found) == 1:
+                return found.pop()
         return "the object store"
 
 
@@ -100,10 +110,37 @@ def recognize(texts: Iterable[str]) -> StoreFailure | None:
     arrow = _ARROW_KEY.search(every)
     if arrow is not None and uri is None:
         uri = f"s3://{arrow['bucket']}/{arrow['key']}".rstrip("/")
+    if any(a in every for a in _AZURE):
+        uri = _azure_uri(every) or uri
     if endpoint and endpoint.endswith("amazonaws.com"):
         endpoint = None  # a region's host: the store's own description says it better
     client = "s3a" if any("s3a://" in t or "org.apache.hadoop.fs.s3a" in t for t in found) else "python"
+    if client == "python" and any("org.apache.hadoop.fs.azurebfs" in t for t in found):
+        client = "abfs"
     return StoreFailure(kind, uri, endpoint, client)
+
+
+def _azure_uri(text: str) -> str | None:
+    """The Azure object a client's text names: an abfs[s]:// path (Spark), else a blob URL (deltalake:
+    `https://<account>.blob.core.windows.net/<container>/<blob>`, or an emulator's `<endpoint>/<account>/...`)."""
+    from .azure import canonical
+
+    found = _AZURE_URI.search(text)
+    if found is not None:
+        return canonical(found.group(0).rstrip(".:"))
+    for match in _HTTP_URL.finditer(text):
+        parts = urlsplit(match.group(0).rstrip(".:"))
+        segments = [s for s in unquote(parts.path).split("/") if s]
+        host = parts.hostname or ""
+        if ".blob." in host or ".dfs." in host:
+            account, segments = host.split(".", 1)[0], segments
+        elif len(segments) >= 2:
+            account, segments = segments[0], segments[1:]
+        else:
+            continue
+        if segments:
+            return canonical(f"abfss://{segments[0]}@{account}.dfs.core.windows.net/" + "/".join(segments[1:]))
+    return None
 
 
 def unavailable(failure: StoreFailure, *, then: str = "", bounds: str | None = None,
@@ -118,5 +155,10 @@ def unavailable(failure: StoreFailure, *, then: str = "", bounds: str | None = N
                     "reachable (or raise ObjectStoreOptions.call_timeout_s / the resource's s3_call_timeout_s)")
     else:
         happened = (f"{what}: cannot connect to the object store at {where}: check that it runs and that the "
-                    "endpoint (AWS_ENDPOINT_URL, or the resource's endpoint) is right")
+                    f"endpoint ({_endpoint_variable(failure.uri)}, or the resource's endpoint) is right")
     return StoreUnavailableError(f"{happened}{'; ' + then if then else ''}", uri=failure.uri, **facts)
+
+
+def _endpoint_variable(uri: str | None) -> str:
+    """The environment variable that sets the endpoint of `uri`'s store."""
+    return "AZURE_STORAGE_ENDPOINT" if (uri or "").startswith(("abfs", "az://", "wasb")) else "AWS_ENDPOINT_URL"

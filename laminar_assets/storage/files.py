@@ -8,6 +8,8 @@ a local lake and a lake in a bucket. Each function hands its URI to the `Store` 
     local path or file://...   `LocalStore`: atomic replace by rename, put-if-absent by a hard link (O_EXCL)
     s3://bucket/key (s3a://)   `S3Store`: put-if-absent by `If-None-Match: *`, compare-and-swap by
                                `If-Match: <ETag>` (an object store has no atomic rename)
+    abfss://c@acct.dfs.core.windows.net/key   `AzureStore`: the same with Azure's ETags (abfs://, az://,
+                               wasb(s):// and the blob host are taken to this form)
 
 `read_tagged` returns a content tag (the ETag, or the file's inode, size and modification time)
 that `replace_if` and `delete` take: the write happens only if nobody changed the object since.
@@ -48,6 +50,8 @@ def normalized(uri: str) -> str:
     cls = SCHEMES.get(scheme(uri))
     if cls is None or not cls.object_store:
         return uri
+    if hasattr(cls, "canonical"):  # a scheme whose URIs have more than one spelling (Azure's hosts)
+        return cls.canonical(uri)
     return f"{cls.schemes[0]}://{uri.split('://', 1)[1]}"
 
 
@@ -72,6 +76,9 @@ def spark_uri(uri: str) -> str:
     cls = SCHEMES.get(scheme(uri))
     if cls is None or not cls.spark_scheme:
         return uri
+    store = store_for(uri)
+    if hasattr(store, "spark_uri"):  # the store decides (Azure: abfs:// on an emulator's blob host)
+        return store.spark_uri(uri)
     return f"{cls.spark_scheme}://{uri.split('://', 1)[1]}"
 
 

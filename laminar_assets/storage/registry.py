@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 from laminar_assets.errors import StorageError
 
+from .azure import AzureStore
 from .gcs import GcsStore
 from .local import LocalStore
 from .options import ObjectStoreOptions
@@ -31,8 +32,10 @@ from .store import Store
 
 SCHEMES: dict[str, type] = {"file": LocalStore, "s3": S3Store, "s3a": S3Store}
 SCHEMES["gs"] = GcsStore  # Google Cloud Storage (gcs.py)
-# Object stores Laminar knows of but has no `Store` for yet: refused by name, never taken for a local path.
-UNSUPPORTED = ("gs", "gcs", "abfs", "abfss", "az", "adl", "wasb", "wasbs")
+SCHEMES.update(dict.fromkeys(AzureStore.schemes, AzureStore))  # abfss:// (abfs, az, wasbs, wasb: taken to abfss)
+# Object-store schemes Laminar knows of but has no `Store` for: refused by name, never taken for a local
+# path (gcs://: Google's libraries name the scheme gs://; adl://: Data Lake Storage Gen1, retired).
+UNSUPPORTED = ("gcs", "adl")
 
 _lock = threading.Lock()
 _mounts: dict[str, Store] = {}  # normalized root prefix -> the store mounted there
@@ -64,6 +67,8 @@ def prefix_of(uri: str) -> str:
     if not cls.object_store:
         path = uri[len("file://"):] if uri.startswith("file://") else uri
         return os.path.abspath(path)
+    if hasattr(cls, "canonical"):  # a scheme whose URIs have more than one spelling (Azure's hosts)
+        return cls.canonical(uri)
     rest = uri.split("://", 1)[1].rstrip("/")
     return f"{cls.schemes[0]}://{rest}"
 

@@ -14,7 +14,7 @@ from laminar_assets.storage import ObjectStoreOptions
 from tests.object_store import using
 
 
-@pytest.fixture(params=["local", "s3", "gcs"])
+@pytest.fixture(params=["local", "s3", "gcs", "azure"])
 def root(request, tmp_path):
     if request.param == "local":
         yield str(tmp_path / "lake")
@@ -24,6 +24,11 @@ def root(request, tmp_path):
 
         with using_gcs(request.getfixturevalue("gcs_server")) as server:
             yield server.bucket()
+    if request.param == "azure":  # Azurite (tests/conftest.py), the Azure store's emulator
+        server = request.getfixturevalue("azurite_server")
+        container = server.container()
+        with storage.mounted(container, server.options):
+            yield container
         return
     server = request.getfixturevalue("s3_server")
     with using(server):

@@ -103,6 +103,15 @@ GROUPS: dict[str, tuple[Jar, ...]] = {
     ),
 }
 
+# ABFS (abfss://) for lakes on Azure: hadoop-azure of the pinned pyspark's Hadoop (3.5.0, whose WASB driver is
+# only a stub that says so: ABFS is the one connector) and HdrHistogram, its one dependency Spark's jars lack
+# (httpclient, commons-lang3, Jackson and the shaded Guava are there); its azure-storage and wildfly-openssl
+# dependencies served only WASB and native TLS, which ABFS over the JDK's TLS does not need.
+GROUPS["azure"] = (
+    Jar("org.apache.hadoop:hadoop-azure:3.5.0", "2431fc47c5a47c4299f0db5829a7af5c9b774340", 643815),
+    Jar("org.hdrhistogram:HdrHistogram:2.1.12", "6eb7552156e0d517ae80cc2247be1427c8d90452", 173763),
+)
+
 
 def jar_dir(group: str, prefix: str | None = None) -> str:
     """Where the jars of `group` live in this interpreter's environment."""

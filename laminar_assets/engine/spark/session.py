@@ -173,7 +173,9 @@ def use_object_store(spark, root: str) -> None:
 
 
 def _secret(key: str) -> bool:
-    return key.endswith((".access.key", ".secret.key", ".session.token"))
+    # s3a's keys end with their name; ABFS's per-account ones (fs.azure.account.key.<host>) with the host
+    return key.endswith((".access.key", ".secret.key", ".session.token")) or any(
+        part in key for part in (".azure.account.key", ".azure.sas.fixed.token"))
 
 
 def check_endpoint(remote: str, timeout: float = 5.0) -> None:
