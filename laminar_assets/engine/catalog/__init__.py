@@ -1,0 +1,15 @@
+"""Catalogs Laminar registers its tables in and resolves sources' names with (`base`: the seam; `hive`:
+Spark's own Hive metastore)."""
+
+from .base import (
+    DEFAULT_SCHEMA,
+    CatalogOptions,
+    CatalogReport,
+    CatalogTable,
+    TableCatalog,
+    looks_like_name,
+    make_catalog,
+)
+
+__all__ = ["DEFAULT_SCHEMA", "CatalogOptions", "CatalogReport", "CatalogTable", "TableCatalog", "looks_like_name",
+           "make_catalog"]
