@@ -10,6 +10,7 @@ from .base import (
     looks_like_name,
     make_catalog,
 )
+from .hive import busy_metastore
 
-__all__ = ["DEFAULT_SCHEMA", "CatalogOptions", "CatalogReport", "CatalogTable", "TableCatalog", "looks_like_name",
-           "make_catalog"]
+__all__ = ["busy_metastore", "DEFAULT_SCHEMA", "CatalogOptions", "CatalogReport", "CatalogTable", "TableCatalog",
+           "looks_like_name", "make_catalog"]

@@ -160,16 +160,24 @@ class HiveCatalog:
         except CatalogError:
             raise
         except Exception as exc:  # Spark's errors, local (Py4J) or over Spark Connect (gRPC)
+            if (busy := busy_metastore(self.spark, exc, self.schema)) is not None:
+                raise busy from exc
             text = str(exc)
-            if _DERBY_BUSY.search(text):
-                raise CatalogError(
-                    f"the Hive metastore ({metastore_of(self.spark)}) is open in another process: an embedded "
-                    "Derby metastore serves one process at a time. Run through the process that holds it (the "
-                    "Spark Connect server of `laminar serve`: set LAMINAR_SPARK_REMOTE), wait for the other "
-                    "command to end, or use a metastore database (docs/catalog.md)", schema=self.schema) from exc
             first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
             raise CatalogError(f"the catalog ({self.description}) refused `{statement}`: {first}",
                                schema=self.schema) from exc
+
+
+def busy_metastore(spark, exc: BaseException, schema: str | None = None) -> CatalogError | None:
+    """The one-line error for Spark's failure to open a metastore another process holds (embedded Derby), or
+    None when `exc` is something else."""
+    if not _DERBY_BUSY.search(str(exc)):
+        return None
+    return CatalogError(
+        f"the Hive metastore ({metastore_of(spark)}) is open in another process: an embedded Derby metastore "
+        "serves one process at a time. Run through the process that holds it (the Spark Connect server of "
+        "`laminar serve`: set LAMINAR_SPARK_REMOTE), wait for the other command to end, or use a metastore "
+        "database (docs/catalog.md)", schema=schema)
 
 
 def check_hive(spark) -> None:

@@ -45,6 +45,7 @@ from pyspark.sql.types import (
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.errors import LaminarError
 
+from ..catalog import busy_metastore
 from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_files, table_info
 from ..export import dead_letters
 from ..spark.frames import spark_path
@@ -382,6 +383,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
             kinds = [f.dataType for f in df.schema.fields]
             rows = [tuple(_utc(v, k) for v, k in zip(r, kinds)) for r in df.limit(limit + 1).collect()]
         except Exception as exc:  # Spark's errors, local (Py4J) or over Spark Connect (gRPC)
+            if catalog and (busy := busy_metastore(spark, exc, catalog)) is not None:
+                raise busy from exc  # the embedded metastore, open in another process
             raise LaminarError(_one_line(exc, known, data)) from exc
         return QueryResult(list(df.columns), rows[:limit], len(rows) > limit)
     finally:

@@ -103,6 +103,9 @@ def metastore_conf(metastore: str) -> dict[str, str]:
     conf.update({
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={folder}/metastore_db;create=true",
         "spark.sql.warehouse.dir": f"{folder}/warehouse",
+        # a Derby database another JVM holds stays held until that one ends: fail the first time, not after
+        # Hive's ten attempts two seconds apart (and DataNucleus's own) took most of a minute
+        "spark.hadoop.hive.hmshandler.retry.attempts": "1",
     })
     return conf
 
