@@ -5,6 +5,9 @@ embedded Derby metastore: the test session's, tests/conftest.py), sources are fo
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -16,6 +19,8 @@ from laminar_assets.engine.spark.session import SparkOptions, jvm_conf
 from laminar_assets.errors import CatalogNameError
 
 pytestmark = pytest.mark.spark
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 PART = "2024-01-01-00:00"
 ROWS = [("2024-01-01 00:01:00", "a", 10.0, 1), ("2024-01-01 00:12:00", "a", 12.0, 2),
@@ -141,3 +146,27 @@ def test_the_documented_settings_name_the_metastore(tmp_path):
     assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"] == \
         f"jdbc:derby:;databaseName={tmp_path}/ms/metastore_db;create=true"
     assert "spark.sql.catalogImplementation" not in jvm_conf(SparkOptions())
+
+
+def test_a_second_process_on_the_embedded_metastore_gets_one_clear_line(spark, tmp_path):
+    """Derby's one-process rule (docs/catalog.md): while this session holds the metastore, another JVM's first
+    catalog statement fails at once with a CatalogError naming the metastore and the way out."""
+    spark.sql("SHOW SCHEMAS").collect()  # this process holds the metastore from here on
+    url = spark.conf.get("spark.hadoop.javax.jdo.option.ConnectionURL")
+    folder = os.path.dirname(url.split("databaseName=", 1)[1].split(";", 1)[0])
+    code = ("import sys\n"
+            "from laminar_assets.engine import SparkOptions, build_session\n"
+            "from laminar_assets.engine.catalog.hive import HiveCatalog\n"
+            "from laminar_assets.errors import CatalogError\n"
+            f"spark = build_session(SparkOptions(master='local[1]', jit='quick', metastore={folder!r}))\n"
+            "try:\n"
+            "    HiveCatalog(spark, 'laminar').register([])\n"
+            "except CatalogError as exc:\n"
+            "    print('CatalogError:', exc)\n"
+            "    sys.exit(3)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert out.returncode == 3, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert f"Derby at {folder}/metastore_db" in line and "open in another process" in line
+    assert "LAMINAR_SPARK_REMOTE" in line
