@@ -40,7 +40,7 @@ from laminar_assets.errors import (
 from laminar_assets.storage import ObjectStoreOptions, Store
 
 from .catalog import CatalogOptions, CatalogReport, CatalogTable, TableCatalog, looks_like_name, make_catalog
-from .delta import integrity
+from .delta import catalog_names, integrity
 from .delta.layout import Layout
 from .delta.log import CommitKind
 from .delta.tables import checkout_table
@@ -212,6 +212,8 @@ class Engine:
                                        "there, or name the source by its path", flow=spec.name, source=name)
             found[name] = where
         self.ctx.layout = replace(self.ctx.layout, names=found)
+        # for the readers that have no catalog (sensors, status): where each name was found
+        catalog_names.record(self.root, {n: found[n] for n in names})
 
     def catalog_tables(self, spec: Spec, input_schema: dict[str, str] | None = None) -> list[CatalogTable]:
         """The tables Laminar writes for `spec`, as a catalog registers them: its sink (a stage's output) by the

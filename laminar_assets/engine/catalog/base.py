@@ -19,10 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..delta.catalog_names import looks_like_name  # noqa: F401  (re-exported: a source's catalog name)
+
 DEFAULT_SCHEMA = "laminar"
-# How a catalog name looks: `schema.table` (or `catalog.schema.table`), plain identifiers. A source
-# name with a slash or a scheme is a path; with a catalog configured, one matching this is a name.
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){1,2}$")
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Table properties Laminar sets on the tables it registers (in the Delta log: Delta's catalogs show a
 # Delta table's properties from there)
@@ -104,11 +103,6 @@ class TableCatalog(Protocol):
 
     def resolve(self, name: str) -> str | None:
         """The location of the table `name` (`schema.table`), None when the catalog has no such table."""
-
-
-def looks_like_name(source: str) -> bool:
-    """Whether a source is written as a catalog name (`raw.trades`), not a path."""
-    return bool(NAME.match(source))
 
 
 def make_catalog(spark, options: CatalogOptions) -> TableCatalog:

@@ -17,6 +17,7 @@ from laminar_assets.engine.delta import open_delta
 from laminar_assets.engine.report import run_query
 from laminar_assets.engine.spark.session import SparkOptions, jvm_conf
 from laminar_assets.errors import CatalogNameError
+from laminar_assets.pipeline.tick import table_versions
 
 pytestmark = pytest.mark.spark
 
@@ -121,6 +122,9 @@ def test_a_source_by_catalog_name_is_read_at_its_location_and_an_unknown_name_fa
     result = engine.run(sums(source=f"{raw}.trades"), PART)
     assert result.metrics["rows_read"] == 3
     assert sorted(lake.read("sums")["count"].tolist()) == [1, 1, 1]
+    # the Spark-free readers (the sensors' version reads) find it where the run found it
+    lake.append("landing/trades_v2", [("2024-01-01 00:02:00", "b", 1.0, 5)])
+    assert table_versions(lake.root, (f"{raw}.trades",))[0] == {f"{raw}.trades": 1}
     missing = sums(name="nope", source=f"{raw}.missing")
     with pytest.raises(CatalogNameError) as err:
         engine.run(missing, PART)
