@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from laminar_assets.engine import Agg, CatalogOptions, Engine, FlowSpec, LaminarError, Tumbling
+from laminar_assets.engine import Agg, CatalogOptions, Engine, FlowSpec, LaminarError, Tumbling, WebhookExport
 from laminar_assets.engine.catalog.hive import HiveCatalog
 from laminar_assets.engine.delta import open_delta
+from laminar_assets.engine.export import dead_letters
 from laminar_assets.engine.report import run_query
 from laminar_assets.engine.spark.session import SparkOptions, jvm_conf
 from laminar_assets.errors import CatalogNameError
@@ -106,7 +107,14 @@ def test_a_renamed_flow_renames_its_entry_and_a_removed_ones_are_left_and_report
     found = entries(spark, schema)
     assert found["totals"] == os.path.normpath(lake.path("sums_out")) and "sums" not in found
     assert spark.table(f"{schema}.totals").count() == len(lake.read("sums_out"))
-    report = engine.sync_catalog([totals])
+    # a webhook export's dead letters are registered too (by a sync: deliveries have no Spark)
+    hook = WebhookExport(name="alerts", source="totals", connection="hook")
+    dead_letters.write(lake.root, "alerts", [dict(export="alerts", source="totals", idempotency_key="k1", op="insert",
+                                                  version=1, partition=PART, status=500, error="no", attempts=5,
+                                                  row="{}")])
+    report = engine.sync_catalog([totals], [hook])
+    assert "alerts__dead_letters" in report.created
+    assert spark.table(f"{schema}.alerts__dead_letters").count() == 1
     assert report.left == ["sums__state"]  # the old flow's state: reported, left in place, never dropped
     assert entries(spark, schema)["sums__state"] == os.path.normpath(old_state)
     assert open_delta(old_state).version() >= 0
