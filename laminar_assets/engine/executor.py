@@ -136,14 +136,14 @@ class Engine:
     def plans(self, spec: Spec, partitions: list[str], *, force: bool = False) -> list[PartitionPlan]:
         """What a run of these partitions would do now; reads, never writes."""
         keys = self._keys(spec, partitions)
-        self._resolve_sources(spec)
+        self._resolve_sources(spec, record=False)
         marks = {k: self._settled_view(spec, k) for k in keys}
         inputs = self.gather(spec, list(marks.values()))
         return list(self._plan_all(spec, marks, inputs, force).values())
 
     def state_query(self, spec: FlowSpec, partition: str) -> tuple[PartitionPlan, DataFrame]:
         """The plan and the (lazy) Spark query of the state a run would write now (for `explain`)."""
-        self._resolve_sources(spec)
+        self._resolve_sources(spec, record=False)
         mark = self._settled_view(spec, partition)
         inputs = self.gather(spec, [mark])
         plan = self._plan_all(spec, {partition: mark}, inputs, False)[partition]
@@ -194,26 +194,27 @@ class Engine:
         return results
 
     # --- the catalog -----------------------------------------------------------------
-    def _resolve_sources(self, spec: Spec) -> None:
+    def _resolve_sources(self, spec: Spec, *, record: bool = True) -> None:
         """With a catalog, each source written as a catalog name (`raw.trades`) is read at the location the
         catalog gives it (resolved once per engine); one it does not know is refused before anything is read
-        or written. Without a catalog such a source is a path under the root, as before."""
+        or written. Without a catalog such a source is a path under the root, as before. `record`: keep where
+        each name was found in the lake (`catalog_names`), for the readers without a catalog; False for what
+        only reads (plans, explain)."""
         if self.catalog is None:
             return
-        names = [s for s in spec.sources if looks_like_name(s) and s not in self.ctx.layout.names]
-        if not names:
-            return
+        named = [s for s in spec.sources if looks_like_name(s)]
         found = dict(self.ctx.layout.names)
-        for name in names:
+        for name in (n for n in named if n not in found):
             where = self.catalog.resolve(name)
             if where is None:
                 raise CatalogNameError(f"source '{name}' of '{spec.name}' is not a table of the catalog "
                                        f"({self.catalog.description}); nothing was read or written: register it "
                                        "there, or name the source by its path", flow=spec.name, source=name)
             found[name] = where
-        self.ctx.layout = replace(self.ctx.layout, names=found)
-        # for the readers that have no catalog (sensors, status): where each name was found
-        catalog_names.record(self.root, {n: found[n] for n in names})
+        if found != self.ctx.layout.names:
+            self.ctx.layout = replace(self.ctx.layout, names=found)
+        if record and named:  # for the readers that have no catalog (sensors, status): where each name was found
+            catalog_names.record(self.root, {n: found[n] for n in named})
 
     def catalog_tables(self, spec: Spec, input_schema: dict[str, str] | None = None) -> list[CatalogTable]:
         """The tables Laminar writes for `spec`, as a catalog registers them: its sink (a stage's output) by the
