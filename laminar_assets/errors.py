@@ -164,3 +164,12 @@ class ConcurrentDeliveryError(ExportError):
     """Another delivery of the same export moved its delivered version first; this one rolled back."""
 
     retryable = True
+
+
+class CatalogError(EnvironmentProblem):
+    """The catalog Laminar registers its tables in cannot be used as asked: a session without a metastore, a
+    metastore another process holds (embedded Derby), an entry of the schema that is not Laminar's."""
+
+
+class CatalogNameError(SourceNotFoundError):
+    """A source named by its catalog name (`raw.trades`) that the catalog does not know; nothing was written."""

@@ -115,14 +115,17 @@ TEST_JAVA_OPTIONS = "-XX:+UseSerialGC"
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     # tests/deploy/test_cluster.py runs engine tests against a standalone cluster through this variable
     master = os.environ.get("LAMINAR_TEST_SPARK_MASTER", "local[2]")
     # C1 only ("quick"): the tests' queries run on tiny tables, and C2 compiling Spark's lukewarm planner
     # code was a fifth of the suite's CPU (docs/testing.md); LAMINAR_SPARK_JIT=tiered measures the default
     session = build_session(SparkOptions(master=master, shuffle_partitions=2, driver_memory="2g",
                                          jit=os.environ.get("LAMINAR_SPARK_JIT", "quick"),
-                                         java_options=TEST_JAVA_OPTIONS))
+                                         java_options=TEST_JAVA_OPTIONS,
+                                         # a Hive metastore of the process's own (embedded Derby), opened only
+                                         # when a test first uses the catalog (tests/engine/catalog)
+                                         metastore=str(tmp_path_factory.mktemp("metastore"))))
     yield session
     session.stop()
 

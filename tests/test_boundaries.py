@@ -40,7 +40,7 @@ ENGINE = ROOT / "engine"
 # The engine's packages (and top-level modules) from the bottom up: a module may import from its own
 # package and from packages on a lower level, never from one on its level or above.
 LEVELS = {"windows": 0, "spec": 1, "aggregates": 2, "sql": 2, "delta": 3, "spark": 4, "output": 5, "quarantine": 6,
-          "run": 7, "flow": 8, "stage": 8, "export": 9, "report": 10, "executor": 11, "registry": 11}
+          "catalog": 6, "run": 7, "flow": 8, "stage": 8, "export": 9, "report": 10, "executor": 11, "registry": 11}
 
 
 def _engine_part(module: str) -> str | None:

@@ -99,9 +99,11 @@ class CliContext:
         return specs[name]
 
     def engine(self):
-        from laminar_assets.engine import Engine, SparkOptions, build_session
+        from laminar_assets.engine import CatalogOptions, Engine, SparkOptions, build_session
 
-        return Engine(build_session(SparkOptions.from_env()), self.root)
+        schema = catalog_schema()
+        return Engine(build_session(SparkOptions.from_env()), self.root,
+                      catalog=CatalogOptions(schema=schema) if schema else None)
 
     def instance(self):
         """The Dagster instance under DAGSTER_HOME, its dagster.yaml kept in step with the project's
@@ -191,6 +193,12 @@ INTERRUPTED = ("what was committed is kept and nothing is half-applied; a run cu
 def interrupted() -> None:
     """The one line a Ctrl-C ends a command with (exit code 130): that it was interrupted, and the state it left."""
     err_console.print(f"[red]interrupted:[/red] {INTERRUPTED}", soft_wrap=True)
+
+
+def catalog_schema() -> str | None:
+    """The catalog schema the CLI's engines register tables in and `laminar sql` reads `<schema>.<table>` from:
+    LAMINAR_CATALOG (read when a command runs); None: no catalog (docs/catalog.md)."""
+    return os.environ.get("LAMINAR_CATALOG") or None
 
 
 def main() -> NoReturn:

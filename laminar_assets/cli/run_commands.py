@@ -234,6 +234,7 @@ def serve(
     from laminar_assets.deploy.serve import ServeOptions
     from laminar_assets.deploy.serve import serve as run_serve
     from laminar_assets.engine import SparkOptions
+    from laminar_assets.engine.spark import metastore_from_env
 
     c: CliContext = ctx.obj
     c.instance()  # DAGSTER_HOME with the project's dagster.yaml
@@ -243,7 +244,8 @@ def serve(
     options = ServeOptions(root=c.root, dagster_home=c.dagster_home, ui_port=ui_port, spark_remote=spark_remote,
                            local_spark=local_spark, log_dir=logs, warm_up=warm_up, spark=ConnectServerOptions(
                                port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),
-                               spark=SparkOptions(driver_memory=driver_memory, jit=jit)))
+                               spark=SparkOptions(driver_memory=driver_memory, jit=jit,
+                                                  metastore=metastore_from_env())))
 
     def ready(d, embedded: str) -> None:
         spark = f"Spark Connect server {d.remote} (log {logs}/spark-connect.log)" if d.spark else \

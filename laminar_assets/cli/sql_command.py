@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from .app import CliContext, add_row, app, console, emit_json, err_console
+from .app import CliContext, add_row, app, catalog_schema, console, emit_json, err_console
 
 
 def _cell(value) -> str:
@@ -29,7 +29,8 @@ def sql(
     as_json: bool = typer.Option(False, "--json", help="A JSON list of row objects."),
 ) -> None:
     """Spark SQL over the lake: every sink and stage table by its name, the raw sources, and
-    laminar_system.dag_topology / .partitions / .runs / .flow_outcomes / .flow_stats / .exports / .dead_letters. Reads
+    laminar_system.dag_topology / .partitions / .runs / .flow_outcomes / .flow_stats / .exports / .dead_letters; with
+    LAMINAR_CATALOG set, the tables registered in that catalog schema too (`laminar.vwap_1m`). Reads
     only: one query, SHOW, DESCRIBE or EXPLAIN; any other statement is refused before anything runs."""
     from laminar_assets.engine import SparkOptions, build_session
     from laminar_assets.engine.report import jsonable, run_query
@@ -39,7 +40,7 @@ def sql(
     specs = c.specs()
     with nullcontext() if as_json else console.status("running the query..."):
         result = run_query(lambda: build_session(SparkOptions.from_env()), c.root, specs, query, limit=limit,
-                           exports=c.exports())
+                           exports=c.exports(), catalog=catalog_schema())
     more = f"showing the first {limit} rows; the query returned more (raise --limit)" if result.truncated else None
     if as_json:
         emit_json(result.records())

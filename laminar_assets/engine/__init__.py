@@ -33,6 +33,7 @@ from laminar_assets.errors import (
     UnsupportedTableFeatureError,
 )
 
+from .catalog import CatalogOptions, CatalogReport, CatalogTable
 from .delta import TableIntegrity
 from .executor import Engine, checked_keys
 from .export import Connection, DeliveryResult, Exporter
@@ -79,7 +80,7 @@ from .windows import (
 __all__ = [
     # running
     "Engine", "EngineOptions", "checked_keys", "RunResult", "SweepResult", "Mode", "Reason", "PartitionPlan", "TableIntegrity",
-    "record_refused_run",
+    "record_refused_run", "CatalogOptions", "CatalogReport", "CatalogTable",
     # declaring
     "Agg", "BUILTIN_RULES", "BaseSpec", "DimensionJoin", "FactJoin", "FlowSpec", "Hopping", "LatePolicy",
     "RefreshPolicy", "RowRule", "Spec", "StageSpec", "Tumbling", "check_tables", "collect_specs", "compile_sql",

@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -27,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import (
+    CatalogNameError,
     InjectedCrash,
     LaminarError,
     RunFailedError,
@@ -36,11 +39,12 @@ from laminar_assets.errors import (
 )
 from laminar_assets.storage import ObjectStoreOptions, Store
 
-from .delta import integrity
+from .catalog import CatalogOptions, CatalogReport, CatalogTable, TableCatalog, looks_like_name, make_catalog
+from .delta import catalog_names, integrity
 from .delta.layout import Layout
 from .delta.log import CommitKind
 from .delta.tables import checkout_table
-from .export import Connection, DeliveryResult, Exporter
+from .export import Connection, DeliveryResult, Exporter, dead_letters
 from .flow import job as flow_job
 from .flow import state as flow_state
 from .output import staged_files as staging
@@ -82,14 +86,18 @@ class Engine:
 
     def __init__(self, spark: SparkSession, root: str, *, hook: Callable[[str], None] | None = None,
                  options: EngineOptions | None = None, store: ObjectStoreOptions | Store | None = None,
-                 connections: Mapping[str, Connection] | None = None) -> None:
+                 connections: Mapping[str, Connection] | None = None,
+                 catalog: CatalogOptions | TableCatalog | None = None) -> None:
         """`root`: a local folder or an object-store URI (s3://bucket/prefix). `store`: how this engine
         reaches its root's object store (options, or a `Store`), mounted at the root for this process's
         file I/O and set as the Spark session's settings for the root's bucket; default: a store mounted
         there before, else the AWS environment. Two engines with different roots and stores live side by
         side. An unreachable store, refused credentials or a missing bucket fail here, in one line,
         before anything is read or written (and the store is not mounted).
-        `connections`: the exports' targets by name (else LAMINAR_CONNECTION_<NAME>_URL, see `deliver`)."""
+        `connections`: the exports' targets by name (else LAMINAR_CONNECTION_<NAME>_URL, see `deliver`).
+        `catalog`: where the tables this engine writes are registered after each run (`CatalogOptions`, e.g.
+        the schema of the session's Hive metastore), and where sources named `schema.table` are found; None:
+        no catalog (sources are paths)."""
         options = options or EngineOptions()
         root = storage.resolve_root(root)
         if store is not None:
@@ -104,6 +112,8 @@ class Engine:
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),
                               options, hook or (lambda step: None))
         self.connections = dict(connections or {})
+        self.catalog: TableCatalog | None = make_catalog(spark, catalog) if isinstance(catalog, CatalogOptions) \
+            else catalog
 
     spark = property(lambda self: self.ctx.spark)
     root = property(lambda self: self.ctx.layout.root)
@@ -126,12 +136,14 @@ class Engine:
     def plans(self, spec: Spec, partitions: list[str], *, force: bool = False) -> list[PartitionPlan]:
         """What a run of these partitions would do now; reads, never writes."""
         keys = self._keys(spec, partitions)
+        self._resolve_sources(spec, record=False)
         marks = {k: self._settled_view(spec, k) for k in keys}
         inputs = self.gather(spec, list(marks.values()))
         return list(self._plan_all(spec, marks, inputs, force).values())
 
     def state_query(self, spec: FlowSpec, partition: str) -> tuple[PartitionPlan, DataFrame]:
         """The plan and the (lazy) Spark query of the state a run would write now (for `explain`)."""
+        self._resolve_sources(spec, record=False)
         mark = self._settled_view(spec, partition)
         inputs = self.gather(spec, [mark])
         plan = self._plan_all(spec, {partition: mark}, inputs, False)[partition]
@@ -163,9 +175,10 @@ class Engine:
         (boto3, deltalake, pyarrow, Spark's s3a); no watermark moved past what the tables hold, so the
         next run picks the work up (retryable)."""
         keys = self._keys(spec, partitions)
+        self._resolve_sources(spec)  # a source's catalog name that does not resolve: refused, nothing written
         run_id = new_run_id()
         try:
-            return self._run_many(spec, keys, run_id, force)
+            results = self._run_many(spec, keys, run_id, force)
         except InjectedCrash:
             raise
         except Exception as exc:
@@ -175,6 +188,85 @@ class Engine:
             raise StoreUnavailableError(
                 f"{found.message}; run {run_id} of '{spec.name}' stopped, and what it did not finish is picked "
                 "up by the next run", **{**found.facts, "flow": spec.name, "run_id": run_id}) from exc
+        if self.catalog is not None:
+            mark = self.ctx.store.load(spec.name, keys[0])
+            self.catalog.register(self.catalog_tables(spec, mark.input_schema if mark else None))
+        return results
+
+    # --- the catalog -----------------------------------------------------------------
+    def _resolve_sources(self, spec: Spec, *, record: bool = True) -> None:
+        """With a catalog, each source written as a catalog name (`raw.trades`) is read at the location the
+        catalog gives it (resolved once per engine); one it does not know is refused before anything is read
+        or written. Without a catalog such a source is a path under the root, as before. `record`: keep where
+        each name was found in the lake (`catalog_names`), for the readers without a catalog; False for what
+        only reads (plans, explain)."""
+        if self.catalog is None:
+            return
+        named = [s for s in spec.sources if looks_like_name(s)]
+        found = dict(self.ctx.layout.names)
+        for name in (n for n in named if n not in found):
+            where = self.catalog.resolve(name)
+            if where is None:
+                raise CatalogNameError(f"source '{name}' of '{spec.name}' is not a table of the catalog "
+                                       f"({self.catalog.description}); nothing was read or written: register it "
+                                       "there, or name the source by its path", flow=spec.name, source=name)
+            found[name] = where
+        if found != self.ctx.layout.names:
+            self.ctx.layout = replace(self.ctx.layout, names=found)
+        if record and named:  # for the readers that have no catalog (sensors, status): where each name was found
+            catalog_names.record(self.root, {n: found[n] for n in named})
+
+    def catalog_tables(self, spec: Spec, input_schema: dict[str, str] | None = None) -> list[CatalogTable]:
+        """The tables Laminar writes for `spec`, as a catalog registers them: its sink (a stage's output) by the
+        spec's name (a flow renamed, its sink kept, renames the entry), a flow's current state table as
+        `<flow>__state` (`input_schema`: the run's; None: a watermark's) and its sources' quarantine tables as
+        `<source>__quarantine`."""
+        layout, tags = self.ctx.layout, dict(spec.tags)
+        kind = "sink" if spec.kind == "flow" else "stage"
+        about = spec.description or f"{'time-window rollup' if spec.kind == 'flow' else 'shared stage'} " \
+                                    f"'{spec.name}' over {', '.join(spec.sources)}, kept up to date by Laminar"
+        out = [CatalogTable(_catalog_name(spec.name), layout.sink_uri(spec), kind,
+                            about, spec.owners, tags, spec.name)]
+        if spec.kind == "flow":
+            if input_schema is None:
+                marks = (self.ctx.store.load(spec.name, k) for k in self.ctx.store.partitions(spec.name))
+                input_schema = next((m.input_schema for m in marks if m is not None and m.input_schema), None)
+            if input_schema is not None:
+                out.append(CatalogTable(_catalog_name(f"{spec.name}__state"), layout.state_uri(spec, input_schema),
+                                        "state", f"Laminar's partial aggregates of flow '{spec.name}' (its own "
+                                        f"bookkeeping: read {spec.sink} instead)", spec.owners, tags, spec.name))
+        for src in spec.sources:
+            uri = layout.quarantine_uri(src)
+            out.append(CatalogTable(_catalog_name(f"{os.path.basename(uri)}__quarantine"), uri, "quarantine",
+                                    f"rows of source '{src}' that broke a rule of a flow reading it (column `flow`)"))
+        return out
+
+    def catalog_name(self, spec: Spec) -> str | None:
+        """The name a query engine finds `spec`'s sink by (`laminar.vwap_1m`); None without a catalog."""
+        if self.catalog is None:
+            return None
+        return f"{self.catalog.schema}.{_catalog_name(spec.name)}"
+
+    def sync_catalog(self, specs: list[Spec], exports: list[ExportSpec] = ()) -> CatalogReport:
+        """Register every table Laminar wrote for `specs` and `exports` (a webhook export's dead letters as
+        `<export>__dead_letters`), and report the schema's entries none of them claims (a removed flow's
+        tables: left in place, never dropped). Tables not written yet are skipped."""
+        if self.catalog is None:
+            raise LaminarError("this engine has no catalog: give it one (Engine(catalog=CatalogOptions(...)), "
+                               "LaminarResource.catalog_schema or LAMINAR_CATALOG)")
+        for spec in specs:
+            self._resolve_sources(spec)
+        tables: dict[str, CatalogTable] = {}
+        for spec in specs:
+            for t in self.catalog_tables(spec):
+                tables.setdefault(t.name, t)
+        for export in exports:
+            if export.kind == "webhook":
+                uri = dead_letters.table_uri(self.root, export.name)
+                tables.setdefault(_catalog_name(f"{export.name}__dead_letters"), CatalogTable(
+                    _catalog_name(f"{export.name}__dead_letters"), uri, "dead_letters",
+                    f"rows webhook export '{export.name}' could not deliver"))
+        return self.catalog.sync(list(tables.values()))
 
     def _stop_waiting(self, exc: BaseException) -> None:
         """When `exc` says a store does not answer, fail that store's further calls at once (the run's
@@ -506,6 +598,11 @@ class Engine:
         df, size = sink_read.sink_frame(self.ctx, spec, [partition])
         with interpreted(self.spark, size < self.ctx.options.interpreted_below_bytes):
             return df.orderBy(sink_read.time_column(spec)).limit(limit).toPandas()
+
+
+def _catalog_name(name: str) -> str:
+    """A table's name in a catalog schema: lower case, anything but letters, digits and _ as _."""
+    return re.sub(r"[^a-z0-9_]", "_", name.lower())
 
 
 def checked_keys(spec: Spec, partitions: list[str], *, first: datetime | None = None,

@@ -190,7 +190,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
             lines.append(f"{spec.name}: {len(keys) - len(lines)} other partition(s) of the range had nothing to do "
                          "(NOOP, no Spark job)")
         context.log.info("\n".join(lines))
-        table, by_partition = table_metadata(spec, engine.layout.sink_uri(spec), keys)
+        table, by_partition = table_metadata(spec, engine.layout.sink_uri(spec), keys, table_name=engine.catalog_name(spec))
         table.update(recent_rates(context.instance, spec, results))
         if len(results) == 1:
             md = {**run_metadata(results[0]), **table, **by_partition.get(keys[0], {})}

@@ -75,6 +75,9 @@ class SparkAttributes(dg.Model):
     driver_memory: str = "2g"
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
     jit: str | None = Field(default=None, description="'tiered', 'hot' or 'quick' for a JVM Laminar starts.")
+    metastore: str | None = Field(default=None, description=(
+        "The Hive metastore of a JVM Laminar starts: a folder (embedded Derby) or a jdbc: URL; unset: "
+        "LAMINAR_METASTORE, or .laminar/metastore with a catalog schema (docs/catalog.md)."))
 
 
 class S3Attributes(dg.Model):
@@ -110,6 +113,9 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
     s3: S3Attributes = Field(default_factory=S3Attributes, description=(
         "Object-store fields (endpoint, region, access_key_id, secret_access_key, path_style) for an s3:// "
         "root; unset ones come from the AWS environment."))
+    catalog_schema: str | None = Field(default=None, description=(
+        "The catalog schema every table a run writes is registered in (Spark's Hive metastore), e.g. 'laminar'; "
+        "sources named schema.table are found there. None: LAMINAR_CATALOG, else no catalog."))
     partitions_start: str | None = Field(default=None, description=(
         "First partition of every flow without its own `start`: an ISO date or 'today - N days'."))
     future_horizon: str | None = Field(default=None, description=(
@@ -164,6 +170,7 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
             raise LaminarError(f"contracts folder {self.contracts!r} does not exist: expected a folder of contract "
                                "YAML files; create it, or drop `contracts` for no contract checks", field="contracts")
         laminar = LaminarResource(root=root, spark=SparkResource(**self.spark.model_dump()),
+                                  catalog_schema=self.catalog_schema,
                                   **{f"s3_{k}": v for k, v in self.s3.model_dump().items()})
         catalog = collect(self.flows)
         return build_definitions(catalog.specs, settings, resources={"laminar": laminar}, contracts_dir=self.contracts,

@@ -18,10 +18,12 @@ from laminar_assets.orchestration.internals.private_names import TableMetadataSe
 URI_KEY = "dagster/uri"
 
 
-def table_metadata(spec: Spec, sink_uri: str, partitions: Sequence[str] = ()) -> tuple[dict, dict]:
+def table_metadata(spec: Spec, sink_uri: str, partitions: Sequence[str] = (), *,
+                   table_name: str | None = None) -> tuple[dict, dict]:
     """Schema, row count, name and URI of the spec's sink, and `dagster/partition_row_count` for each of
     `partitions`: (table metadata, {partition: its metadata}). Both empty when the sink does not exist
-    yet (nothing was ever written)."""
+    yet (nothing was ever written). `table_name`: the sink's name in the catalog its engine registers it in
+    (`laminar.vwap_1m`, which a query engine resolves); default its name under the root."""
     try:
         info = table_info(spec.sink, sink_uri)
     except LaminarError:
@@ -29,7 +31,8 @@ def table_metadata(spec: Spec, sink_uri: str, partitions: Sequence[str] = ()) ->
     columns = [dg.TableColumn(name=f.name, type=str(f.type), description=_describe(spec, f.name))
                for f in info.schema]
     rows = sum(f.rows or 0 for f in snapshot_files(info, None))
-    md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows, table_name=spec.sink))
+    md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows,
+                                      table_name=table_name or spec.sink))
     md[URI_KEY] = dg.MetadataValue.path(sink_uri)
     # flow sinks are laid out by window start, stage outputs by event time: one file per partition
     column = spec.output_time_column

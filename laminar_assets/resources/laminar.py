@@ -7,7 +7,7 @@ import dagster as dg
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import Connection, Engine, EngineOptions, Exporter
+from laminar_assets.engine import CatalogOptions, Connection, Engine, EngineOptions, Exporter
 from laminar_assets.engine.export import ENV_OPTIONS, env_name
 from laminar_assets.storage import AzureOptions, AzureStore, ObjectStoreOptions
 from laminar_assets.storage.gcs import GcsOptions
@@ -56,6 +56,10 @@ class LaminarResource(dg.ConfigurableResource):
     azure_account_key: str | None = None
     azure_sas_token: str | None = None
     connections: dict[str, str] = {}
+    # The catalog schema every table a run writes is registered in (the Hive metastore of the run's Spark:
+    # SparkResource.metastore, or the Connect server's), and where sources named `schema.table` are found.
+    # None: LAMINAR_CATALOG when set, else no catalog (docs/catalog.md).
+    catalog_schema: str | None = None
 
     def resolved_root(self) -> str:
         """The root, with this resource's store mounted at it (`storage.mount`): every file under it (read by
@@ -86,8 +90,10 @@ class LaminarResource(dg.ConfigurableResource):
         a session started now knows its bucket). `options`: `EngineOptions` the project's settings decide
         (e.g. `future_horizon`)."""
         root = self.resolved_root()
+        schema = self.catalog_schema or os.environ.get("LAMINAR_CATALOG") or None
         return Engine(self.spark.get_session(), root, connections=self.resolved_connections(),
-                      options=EngineOptions(lease_seconds=self.lease_seconds, **options))
+                      options=EngineOptions(lease_seconds=self.lease_seconds, **options),
+                      catalog=CatalogOptions(schema=schema) if schema else None)
 
     def resolved_connections(self) -> dict[str, Connection]:
         """The connections named in `connections`, with the options the environment gives them (a password)."""

@@ -24,6 +24,9 @@ class SparkResource(dg.ConfigurableResource):
     driver_memory: str = "2g"
     conf: dict[str, str] = {}
     jit: str | None = None
+    # The Hive metastore of a JVM this resource starts (`SparkOptions.metastore`: a folder for embedded Derby,
+    # or a jdbc: URL); unset: LAMINAR_METASTORE, or `.laminar/metastore` when LAMINAR_CATALOG is set.
+    metastore: str | None = None
     stop_at_end: bool = True
 
     _session: Any = PrivateAttr(default=None)
@@ -31,7 +34,8 @@ class SparkResource(dg.ConfigurableResource):
 
     def options(self) -> SparkOptions:
         return SparkOptions.from_env(master=self.master, remote=self.remote, shuffle_partitions=self.shuffle_partitions,
-                                     driver_memory=self.driver_memory, conf=dict(self.conf), jit=self.jit)
+                                     driver_memory=self.driver_memory, conf=dict(self.conf), jit=self.jit,
+                                     metastore=self.metastore)
 
     def get_session(self):
         """The run's session, started on first use."""

@@ -15,7 +15,8 @@ import hashlib
 import json
 import os
 import posixpath
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from .tables import resolve_uri
 
@@ -24,12 +25,14 @@ SYSTEM_FOLDER = "_laminar"  # every table and file Laminar keeps for itself live
 
 @dataclass(frozen=True)
 class Layout:
-    """Paths and Delta app-transaction ids under one storage root."""
+    """Paths and Delta app-transaction ids under one storage root. `names`: sources named by their catalog
+    name (`raw.trades`) -> their location, as a run resolved them (`Engine`, `engine.catalog`)."""
 
     root: str
+    names: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def table_uri(self, name: str) -> str:
-        return resolve_uri(self.root, name)
+        return self.names.get(name) or resolve_uri(self.root, name)
 
     def sink_uri(self, spec) -> str:
         return self.table_uri(spec.sink)

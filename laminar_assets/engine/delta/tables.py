@@ -24,7 +24,7 @@ from laminar_assets import storage
 from laminar_assets.errors import LaminarError, SourceNotFoundError, UnsupportedTableFeatureError
 
 from ..windows import Interval
-from . import snapshot_cache
+from . import catalog_names, snapshot_cache
 from .deletion_vectors import log_deleted_rows, snapshot_deleted_rows
 from .file_ranges import key_bounds, may_overlap
 from .log import (  # noqa: F401  (re-exported: the planner and tests use them from here)
@@ -201,9 +201,12 @@ class TableInfo:
 
 
 def resolve_uri(root: str, name: str) -> str:
-    """A table name relative to the storage root, or an absolute path / URI as given."""
+    """A table name relative to the storage root, or an absolute path / URI as given; a source's catalog name
+    (`raw.trades`) at the location a run recorded for it (`catalog_names`)."""
     if "://" in name or name.startswith("/"):
         return name.rstrip("/")
+    if catalog_names.looks_like_name(name) and (found := catalog_names.recorded(root, name)) is not None:
+        return found
     return os.path.join(root, name).rstrip("/")
 
 

@@ -155,12 +155,14 @@ def check_text(text: str, *, anywhere: bool = False) -> None:
         raise refuse(f"function {name}, which {FUNCTIONS[name]}")
 
 
-def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda line: f"query failed: {line}") -> str:
+def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda line: f"query failed: {line}",
+                    schemas: frozenset[str] = frozenset()) -> str:
     """Raise a one-line LaminarError unless `text` is one statement of an allowed kind that reads only
     tables by name or Delta tables by path and calls none of `FUNCTIONS`; run nothing. A syntax error
     is Spark's own message, first line, through `shown` (positions as in `text`). Return the statement
     to run: `text`, or over Spark Connect an EXPLAIN / DESCRIBE QUERY rebuilt around the statement it
-    judged (`_wrapped`), as long as `text`, so Spark's positions still point into it."""
+    judged (`_wrapped`), as long as `text`, so Spark's positions still point into it. `schemas`: catalog
+    schemas whose tables a query may name (`laminar.vwap_1m`: the lake's own tables, registered by Laminar)."""
     remote = getattr(spark, "_jsparkSession", None) is None  # a Spark Connect session: no JVM handle
     check_text(text, anywhere=remote)
     if remote:
@@ -179,10 +181,11 @@ def check_read_only(spark, text: str, *, shown: Callable[[str], str] = lambda li
         if first not in STARTS:
             raise refuse(_unparsed(first)) from None
         raise LaminarError(shown(spark_error_line(exc, lines_before=1 if remote else 0))) from None
-    return judge(spark, text, tree, plan=plan, shown=shown)
+    return judge(spark, text, tree, plan=plan, shown=shown, schemas=schemas)
 
 
-def judge(spark, text: str, tree: str, *, plan=None, shown: Callable[[str], str]) -> str:
+def judge(spark, text: str, tree: str, *, plan=None, shown: Callable[[str], str],
+          schemas: frozenset[str] = frozenset()) -> str:
     """Judge a parsed plan as Spark prints it (`treeString`: one node a line, children under `+- `/`:- `);
     `plan` is the local parser's plan itself (None over Spark Connect). Return the statement to run."""
     if _TRUNCATED.search(tree):
@@ -191,7 +194,7 @@ def judge(spark, text: str, tree: str, *, plan=None, shown: Callable[[str], str]
     root = _FIRST.match(lines[0])
     root = root.group(1) if root else lines[0][:40]
     if root in WRAPPERS:
-        return _wrapped(spark, text, root, plan, shown=shown)
+        return _wrapped(spark, text, root, plan, shown=shown, schemas=schemas)
     if root not in QUERY_NODES | SHOW_DESCRIBE:
         raise refuse(_kind(root))
     for line in lines[1:]:
@@ -203,24 +206,26 @@ def judge(spark, text: str, tree: str, *, plan=None, shown: Callable[[str], str]
         name = (call.group(1) or call.group(2)).lower()
         raise refuse(f"function {name}, which {FUNCTIONS[name]}")
     for parts in (m.group(1).split(", ") for m in _RELATION.finditer(tree)):
-        if len(parts) > 1 and not (len(parts) == 2 and parts[0].lower() == "delta"):  # delta.`/path`: its snapshot
+        if len(parts) > 1 and not (len(parts) == 2 and parts[0].lower() == "delta") and \
+                not (len(parts) == 2 and parts[0].lower() in schemas):  # delta.`/path`: its snapshot
             raise refuse_name(parts)
     return text
 
 
-def _wrapped(spark, text: str, root: str, plan, *, shown: Callable[[str], str]) -> str:
+def _wrapped(spark, text: str, root: str, plan, *, shown: Callable[[str], str],
+             schemas: frozenset[str] = frozenset()) -> str:
     """EXPLAIN / DESCRIBE QUERY only plans or analyzes the statement it wraps: judge that one. Locally the
     plan holds it as Spark parsed it. Over Spark Connect it is cut from the text after the keywords, and
     what runs is the keywords (at their places, the rest of the head blanked) and the statement judged:
     a comment that Spark's lexer ends elsewhere than `_TRIVIA` can only break the statement, not hide one."""
     if plan is not None:
         inner = plan.logicalPlan() if root == "ExplainCommand" else plan.plan()
-        judge(spark, "", _tree(inner), plan=inner, shown=shown)
+        judge(spark, "", _tree(inner), plan=inner, shown=shown, schemas=schemas)
         return text
     head = WRAPPERS[root].match(text)
     if head is None:
         raise refuse(f"{_kind(root)} whose statement the guard could not find")
-    statement = check_read_only(spark, text[head.end():], shown=shown)
+    statement = check_read_only(spark, text[head.end():], shown=shown, schemas=schemas)
     rebuilt = [c if c in "\r\n" else " " for c in text[:head.end()]]
     for group in ("keyword", "mode"):
         if head.group(group):

@@ -45,6 +45,7 @@ from pyspark.sql.types import (
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.errors import LaminarError
 
+from ..catalog import busy_metastore
 from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_files, table_info
 from ..export import dead_letters
 from ..spark.frames import spark_path
@@ -324,12 +325,14 @@ def jsonable(value):
 
 
 def run_query(session: SparkSession | Callable[[], SparkSession], root: str, specs, query: str, *,
-              limit: int = 100, exports=()) -> QueryResult:
+              limit: int = 100, exports=(), catalog: str | None = None) -> QueryResult:
     """Run one Spark SQL query over the lake and return at most `limit` rows (the driver collects no
     more). `session` may be a function that builds one: it is called only after the query's tables were
     found (an unknown table fails without starting Spark). An unknown table, and Spark's parse, analysis
     and runtime errors, are one-line LaminarErrors. Only a statement that reads runs (`sql_guard`: judged by
-    Spark's own parse before any table is registered); anything else is refused, and nothing runs."""
+    Spark's own parse before any table is registered); anything else is refused, and nothing runs.
+    `catalog`: the schema Laminar registers the lake's tables in (`laminar`): `<catalog>.<table>` is read
+    through the session's metastore (its Delta table at the registered location), not as a view."""
     data = lake_tables(root, specs)
     system = {f"{SYSTEM}.dag_topology": lambda: dag_topology(spark, specs),
               f"{SYSTEM}.partitions": lambda: partitions(spark, root, specs),
@@ -338,7 +341,7 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
               f"{SYSTEM}.flow_stats": lambda: flow_stats_table(spark, root, specs),
               f"{SYSTEM}.exports": lambda: exports_table(spark, root, specs, exports),
               f"{SYSTEM}.dead_letters": lambda: dead_letters_table(spark, root, exports)}
-    known = sorted(data) + sorted(system)
+    known = sorted(data) + sorted(system) + ([f"{catalog}.<table>"] if catalog else [])
     if (log := _LOG.fullmatch(query)) and log.group("name").lower() in data:  # a lake table's log: by its path
         query = f"{log.group('kind')} delta.`{spark_path(data[log.group('name').lower()])}`{log.group('limit') or ''}"
     check_text(query)  # a refused function by its name: no need to start Spark to refuse it
@@ -347,11 +350,14 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
     for name in sorted((tables or set()) - by_path):
         if name.split(".", 1)[0] in FILE_FORMATS and "." in name:
             raise refuse_name(name.split(".", 1))  # e.g. parquet.`/path`
+        if catalog and name.count(".") == 1 and name.split(".", 1)[0] == catalog.lower():
+            continue  # a table of the catalog: the session's metastore resolves it (or Spark says it has none)
         if name not in data and name not in system:
             raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
     spark = session if hasattr(session, "sql") else session()  # a session (local or Connect), or its factory
     try:
-        sql = check_read_only(spark, sql, shown=lambda line: _shown(line, known))  # what it judged, to run
+        sql = check_read_only(spark, sql, shown=lambda line: _shown(line, known),  # what it judged, to run
+                              schemas=frozenset({catalog.lower()}) if catalog else frozenset())
     except LaminarError:
         raise
     except Exception as exc:  # Spark's errors while parsing, local (Py4J) or over Spark Connect (gRPC)
@@ -364,6 +370,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
     views = []
     try:
         for name in sorted(tables if tables is not None else candidates):
+            if catalog and name.startswith(f"{catalog.lower()}."):
+                continue
             if name in system:
                 system[name]().createOrReplaceTempView(_view(name.split(".", 1)[1]))
                 views.append(_view(name.split(".", 1)[1]))
@@ -375,6 +383,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
             kinds = [f.dataType for f in df.schema.fields]
             rows = [tuple(_utc(v, k) for v, k in zip(r, kinds)) for r in df.limit(limit + 1).collect()]
         except Exception as exc:  # Spark's errors, local (Py4J) or over Spark Connect (gRPC)
+            if catalog and (busy := busy_metastore(spark, exc, catalog)) is not None:
+                raise busy from exc  # the embedded metastore, open in another process
             raise LaminarError(_one_line(exc, known, data)) from exc
         return QueryResult(list(df.columns), rows[:limit], len(rows) > limit)
     finally:

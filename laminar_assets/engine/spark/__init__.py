@@ -6,10 +6,18 @@ from .jars import GROUPS as JAR_GROUPS
 from .jars import Jar, jar_dir
 from .jars import installed as installed_jars
 from .java import MIN_JAVA, check_java, java_major_version
-from .session import SparkOptions, build_session, jvm_conf, session_conf, start_session
+from .session import (
+    SparkOptions,
+    build_session,
+    jvm_conf,
+    metastore_conf,
+    metastore_from_env,
+    session_conf,
+    start_session,
+)
 
 __all__ = [
     "archive_path", "build_session", "check_java", "dump_options", "installed_jars", "Jar", "jar_dir",
     "JAR_GROUPS", "java_major_version", "jvm_conf", "MIN_JAVA", "session_conf", "SparkOptions",
-    "stale_archives", "start_session",
+    "stale_archives", "start_session", "metastore_conf", "metastore_from_env",
 ]

@@ -52,6 +52,10 @@ class SparkOptions:
     # Load delta-spark (the `delta` jar group) when it is installed: Spark SQL and DataFrame reads then
     # know Delta tables (`delta.`path``, `format("delta")`). Laminar's own runs do not need it.
     delta_connector: bool = True
+    # The Hive metastore the session's catalog lives in (fixed when the JVM starts): None, Spark's in-memory
+    # catalog (nothing outlives the session); a folder, an embedded Derby database there (one JVM at a
+    # time: docs/catalog.md); a `jdbc:` URL, that metastore database. See `metastore_conf`.
+    metastore: str | None = None
 
     def __post_init__(self) -> None:
         if self.jit not in JIT_OPTIONS:
@@ -60,12 +64,50 @@ class SparkOptions:
 
     @classmethod
     def from_env(cls, *, master: str | None = None, remote: str | None = None, jit: str | None = None,
-                 **kw) -> SparkOptions:
-        """Options where an unset master/remote/jit comes from LAMINAR_SPARK_MASTER / LAMINAR_SPARK_REMOTE /
-        LAMINAR_SPARK_JIT."""
+                 metastore: str | None = None, **kw) -> SparkOptions:
+        """Options where an unset master/remote/jit/metastore comes from LAMINAR_SPARK_MASTER /
+        LAMINAR_SPARK_REMOTE / LAMINAR_SPARK_JIT / LAMINAR_METASTORE; with LAMINAR_CATALOG set (the catalog
+        schema) and no metastore named, the embedded one under `.laminar/metastore` (`DEFAULT_METASTORE`)."""
         return cls(master=master or os.environ.get("LAMINAR_SPARK_MASTER") or "local[*]",
                    remote=remote or os.environ.get("LAMINAR_SPARK_REMOTE") or None,
-                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "tiered", **kw)
+                   jit=jit or os.environ.get("LAMINAR_SPARK_JIT") or "tiered",
+                   metastore=metastore or metastore_from_env(), **kw)
+
+
+DEFAULT_METASTORE = ".laminar/metastore"  # the project's embedded metastore (Derby), beside its lake
+# JDBC drivers of the metastore databases Laminar knows, by URL prefix
+METASTORE_DRIVERS = {"jdbc:postgresql:": "org.postgresql.Driver", "jdbc:derby:": "org.apache.derby.iapi.jdbc.AutoloadedDriver"}
+
+
+def metastore_from_env() -> str | None:
+    """LAMINAR_METASTORE; else, with LAMINAR_CATALOG set, the project's embedded one; else None."""
+    return os.environ.get("LAMINAR_METASTORE") or (DEFAULT_METASTORE if os.environ.get("LAMINAR_CATALOG") else None)
+
+
+def metastore_conf(metastore: str) -> dict[str, str]:
+    """The JVM settings of a Hive metastore: a folder holds an embedded Derby database (`metastore_db`, its
+    log `derby.log`, and the warehouse of managed tables, which Laminar never makes: its tables are external);
+    a `jdbc:` URL names a metastore database (its schema created on first use). Spark's own Hive client (the
+    spark-hive jars in the pyspark wheel) talks to it."""
+    conf = {"spark.sql.catalogImplementation": "hive",
+            # the metastore's tables made on first use, in Derby and in an empty database alike
+            "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
+            "spark.hadoop.hive.metastore.schema.verification": "false"}
+    if metastore.startswith("jdbc:"):
+        conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = metastore
+        driver = next((d for prefix, d in METASTORE_DRIVERS.items() if metastore.startswith(prefix)), None)
+        if driver:
+            conf["spark.hadoop.javax.jdo.option.ConnectionDriverName"] = driver
+        return conf
+    folder = os.path.abspath(metastore)
+    conf.update({
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={folder}/metastore_db;create=true",
+        "spark.sql.warehouse.dir": f"{folder}/warehouse",
+        # a Derby database another JVM holds stays held until that one ends: fail the first time, not after
+        # Hive's ten attempts two seconds apart (and DataNucleus's own) took most of a minute
+        "spark.hadoop.hive.hmshandler.retry.attempts": "1",
+    })
+    return conf
 
 
 def _quiet_python_loggers() -> None:
@@ -119,6 +161,8 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
         java_options += f" {JIT_OPTIONS[options.jit]}"
     if options.java_options:
         java_options += f" {options.java_options}"
+    if options.metastore and not options.metastore.startswith("jdbc:"):
+        java_options += f" -Dderby.stream.error.file={os.path.abspath(options.metastore)}/derby.log"
     conf = {
         "spark.driver.memory": options.driver_memory,
         "spark.driver.extraJavaOptions": java_options,
@@ -140,6 +184,8 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
         # Spark's commit of a staging folder renames each task's files once (v2), not twice: on an
         # object store a rename is a copy. The folder is the call's own; the Delta commit publishes it.
         conf["spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version"] = "2"
+    if options.metastore:
+        conf.update(metastore_conf(options.metastore))
     if options.master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
         # Python workers on this machine run this interpreter (the project's venv), not whatever
         # `python3` is first on PATH; a cluster's executors take PYSPARK_PYTHON instead.

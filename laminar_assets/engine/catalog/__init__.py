@@ -1,0 +1,16 @@
+"""Catalogs Laminar registers its tables in and resolves sources' names with (`base`: the seam; `hive`:
+Spark's own Hive metastore)."""
+
+from .base import (
+    DEFAULT_SCHEMA,
+    CatalogOptions,
+    CatalogReport,
+    CatalogTable,
+    TableCatalog,
+    looks_like_name,
+    make_catalog,
+)
+from .hive import busy_metastore
+
+__all__ = ["busy_metastore", "DEFAULT_SCHEMA", "CatalogOptions", "CatalogReport", "CatalogTable", "TableCatalog",
+           "looks_like_name", "make_catalog"]
