@@ -209,7 +209,7 @@ def test_two_engines_on_two_stores_share_one_process_and_one_spark_session(spark
     for server, mine, theirs in ((s3_server, "one", "two"), (second_s3_server, "two", "one")):
         buckets = [b["Name"] for b in server.options.client().list_buckets()["Buckets"]]
         assert lakes[mine].root.split("/")[2] in buckets and lakes[theirs].root.split("/")[2] not in buckets
-    for uri in ("gcs://bucket/lake", "abfss://lake@account.dfs.core.windows.net/root"):  # (gs:// is served)
+    for uri in ("gcs://bucket/lake", "adl://account.azuredatalakestore.net/lake"):  # (gs://, abfss:// served)
         with pytest.raises(StorageError, match=f"{uri.split(':')[0]}:// is not supported yet") as info:
             Engine(spark, uri)
         assert uri in str(info.value)

@@ -24,6 +24,7 @@ def root(request, tmp_path):
 
         with using_gcs(request.getfixturevalue("gcs_server")) as server:
             yield server.bucket()
+        return
     if request.param == "azure":  # Azurite (tests/conftest.py), the Azure store's emulator
         server = request.getfixturevalue("azurite_server")
         container = server.container()

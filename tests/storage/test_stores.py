@@ -31,6 +31,7 @@ def root(request, tmp_path):
         bucket = server.bucket()
         with storage.mounted(bucket, server.options):
             yield bucket
+        return
     if request.param == "azure":  # Azurite (tests/conftest.py), the Azure store's emulator
         server = request.getfixturevalue("azurite_server")
         container = server.container()
