@@ -35,17 +35,16 @@ What the other clients get:
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from laminar_assets.errors import StorageError, StoreUnavailableError
 
 from .failures import plain
-from .options import ObjectStoreOptions, _ms
+from .options import ObjectStoreOptions, TimeBounds, _ms
 
 # The hosts of Azure's public cloud; sovereign clouds (…core.chinacloudapi.cn, …) keep their own suffix.
 DFS, BLOB = ".dfs.core.windows.net", ".blob.core.windows.net"
@@ -64,26 +63,13 @@ _ENV = {  # field -> environment variables, first set wins
 
 
 @dataclass(frozen=True)
-class AzureOptions:
+class AzureOptions(TimeBounds):
     """How to reach Azure Blob Storage (or an emulator); the account is the URI's. All optional."""
 
     endpoint: str | None = None  # an emulator's or private endpoint: http://127.0.0.1:10000 (URLs endpoint/account/...)
     account_key: str | None = field(default=None, repr=False)
     sas_token: str | None = field(default=None, repr=False)
-    # Time bounds, as `ObjectStoreOptions`'s: a connection, one attempt without an answer, attempts per
-    # call, and the most one call may take in all.
-    connect_timeout_s: float = 3.0
-    request_timeout_s: float = 10.0
-    max_attempts: int = 3
-    call_timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("connect_timeout_s", "request_timeout_s", "call_timeout_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise StorageError(f"AzureOptions.{name} must be a number of seconds > 0, not {value!r}")
-        if not (isinstance(self.max_attempts, int) and self.max_attempts >= 1):
-            raise StorageError(f"AzureOptions.max_attempts must be a whole number >= 1, not {self.max_attempts!r}")
+    # and the time bounds of `TimeBounds`, as `ObjectStoreOptions`'s
 
     @classmethod
     def of(cls, options: AzureOptions | ObjectStoreOptions | None) -> AzureOptions:
@@ -92,30 +78,12 @@ class AzureOptions:
         if isinstance(options, AzureOptions):
             return options
         if isinstance(options, ObjectStoreOptions):
-            return cls(connect_timeout_s=options.connect_timeout_s, request_timeout_s=options.request_timeout_s,
-                       max_attempts=options.max_attempts, call_timeout_s=options.call_timeout_s)
+            return cls(**options.bounds())
         return cls()
 
     def resolved(self) -> AzureOptions:
         """Unset fields from the environment (read now, not at import)."""
-        found: dict[str, Any] = {}
-        for name, variables in _ENV.items():
-            if getattr(self, name) is None:
-                value = next((os.environ[v] for v in variables if os.environ.get(v)), None)
-                if value is not None:
-                    found[name] = value
-        return replace(self, **found) if found else self
-
-    def attempts(self, per_attempt: float) -> int:
-        fit = int(self.call_timeout_s // max(per_attempt, 0.001))
-        return max(1, min(self.max_attempts, fit))
-
-    def budget(self, client: str = "python") -> str:
-        """The time bounds in words, for messages (`client`: as `ObjectStoreOptions.budget`'s; ABFS's
-        timeouts have no floor, so every client has the same)."""
-        del client
-        return (f"{self.attempts(self.request_timeout_s)} attempt(s) of {self.request_timeout_s:g} s, "
-                f"{self.call_timeout_s:g} s in all")
+        return self._from_env(_ENV)
 
     @property
     def allow_http(self) -> bool:

@@ -31,8 +31,6 @@ path is named in messages, never its content.
 from __future__ import annotations
 
 import json
-import math
-import os
 import threading
 import time
 from dataclasses import dataclass, fields, replace
@@ -43,7 +41,7 @@ from urllib.parse import urlsplit
 from laminar_assets.errors import StorageError, StoreUnavailableError
 
 from .failures import plain
-from .options import ObjectStoreOptions, _ms
+from .options import ObjectStoreOptions, TimeBounds, _ms
 
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _HADOOP = "spark.hadoop.fs.gs."
@@ -61,7 +59,7 @@ _ENV = {  # field -> environment variables, first set wins (read when a client i
 
 
 @dataclass(frozen=True)
-class GcsOptions:
+class GcsOptions(TimeBounds):
     """Where a GCS store is and how to talk to it (keyword options; all optional)."""
 
     endpoint: str | None = None  # e.g. http://127.0.0.1:4443 for an emulator; None: Google Cloud Storage
@@ -70,19 +68,7 @@ class GcsOptions:
     # No credentials at all (an emulator, a public bucket). None: on exactly when an endpoint is set and
     # no key file is.
     anonymous: bool | None = None
-    # Time bounds, as `ObjectStoreOptions`'s (see laminar_assets/storage/options.py)
-    connect_timeout_s: float = 3.0
-    request_timeout_s: float = 10.0
-    max_attempts: int = 3
-    call_timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("connect_timeout_s", "request_timeout_s", "call_timeout_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise StorageError(f"GcsOptions.{name} must be a number of seconds > 0, not {value!r}")
-        if not (isinstance(self.max_attempts, int) and self.max_attempts >= 1):
-            raise StorageError(f"GcsOptions.max_attempts must be a whole number >= 1, not {self.max_attempts!r}")
+    # and the time bounds of `TimeBounds`, as `ObjectStoreOptions`'s
 
     @classmethod
     def of(cls, options: GcsOptions | ObjectStoreOptions | None) -> GcsOptions:
@@ -98,19 +84,12 @@ class GcsOptions:
             if s3_only:
                 raise StorageError(f"a gs:// root was given S3 options ({', '.join(s3_only)}): give it GcsOptions "
                                    "(endpoint, credentials, project) or the resource's gcs_* fields")
-            return cls(**{f: getattr(options, f) for f in ("connect_timeout_s", "request_timeout_s",
-                                                           "max_attempts", "call_timeout_s")})
+            return cls(**options.bounds())
         raise StorageError(f"a gs:// store takes GcsOptions, not {type(options).__name__}")
 
     def resolved(self) -> GcsOptions:
         """These options with unset fields taken from the environment (read now, not at import)."""
-        found: dict[str, Any] = {}
-        for name, variables in _ENV.items():
-            if getattr(self, name) is None:
-                value = next((os.environ[v] for v in variables if os.environ.get(v)), None)
-                if value is not None:
-                    found[name] = value
-        out = replace(self, **found)
+        out = self._from_env(_ENV)
         if out.endpoint and "://" not in out.endpoint:
             out = replace(out, endpoint=f"http://{out.endpoint}")  # STORAGE_EMULATOR_HOST=host:port
         if out.endpoint:
@@ -118,17 +97,6 @@ class GcsOptions:
         if out.anonymous is None:
             out = replace(out, anonymous=bool(out.endpoint) and not out.credentials)
         return out
-
-    def attempts(self, per_attempt: float) -> int:
-        """How many attempts of `per_attempt` seconds fit in one call's budget (1 to `max_attempts`)."""
-        fit = int(self.call_timeout_s // max(per_attempt, 0.001))
-        return max(1, min(self.max_attempts, fit))
-
-    def budget(self, client: str = "python") -> str:
-        """The time bounds in words, for messages (the same for every GCS client: `client` is ignored)."""
-        del client
-        return (f"{self.attempts(self.request_timeout_s)} attempt(s) of {self.request_timeout_s:g} s, "
-                f"{self.call_timeout_s:g} s in all")
 
     def describe(self) -> str:
         """Where the store is, for messages (no secrets)."""

@@ -64,8 +64,61 @@ _ENV = {  # field -> environment variables, first set wins
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class TimeBounds:
+    """The time bounds every object store's options share (see "Time bounds" in the module's docstring):
+    how long to wait for a connection, how long one attempt may go without an answer, how many attempts
+    a call makes, and the most one call (all its attempts and the waits between them) may take before
+    it fails. Keyword-only, so each store's own fields keep their places."""
+
+    connect_timeout_s: float = 3.0
+    request_timeout_s: float = 10.0
+    max_attempts: int = 3
+    call_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        from laminar_assets.errors import StorageError
+
+        kind = type(self).__name__
+        for name in ("connect_timeout_s", "request_timeout_s", "call_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise StorageError(f"{kind}.{name} must be a number of seconds > 0, not {value!r}")
+        if not (isinstance(self.max_attempts, int) and self.max_attempts >= 1):
+            raise StorageError(f"{kind}.max_attempts must be a whole number >= 1, not {self.max_attempts!r}")
+
+    def bounds(self) -> dict[str, Any]:
+        """The four bounds by name (to build another store's options with the same ones)."""
+        return {f: getattr(self, f) for f in ("connect_timeout_s", "request_timeout_s", "max_attempts",
+                                              "call_timeout_s")}
+
+    def attempts(self, per_attempt: float) -> int:
+        """How many attempts of `per_attempt` seconds fit in one call's budget (`call_timeout_s`): at
+        least one, at most `max_attempts`."""
+        fit = int(self.call_timeout_s // max(per_attempt, 0.001))
+        return max(1, min(self.max_attempts, fit))
+
+    def budget(self, client: str = "python") -> str:
+        """The time bounds in words, for messages (`client`: which client's; a store whose clients have
+        other floors, s3a's, says so in its own)."""
+        del client
+        return (f"{self.attempts(self.request_timeout_s)} attempt(s) of {self.request_timeout_s:g} s, "
+                f"{self.call_timeout_s:g} s in all")
+
+    def _from_env(self, variables: dict[str, tuple[str, ...]]):
+        """These options with each unset field of `variables` (field -> environment variables, the first
+        set wins) taken from the environment, read now (never at import)."""
+        found: dict[str, Any] = {}
+        for name, names in variables.items():
+            if getattr(self, name) is None:
+                value = next((os.environ[v] for v in names if os.environ.get(v)), None)
+                if value is not None:
+                    found[name] = value
+        return replace(self, **found) if found else self
+
+
 @dataclass(frozen=True)
-class ObjectStoreOptions:
+class ObjectStoreOptions(TimeBounds):
     """Where an S3-compatible store is and how to talk to it (keyword options; all optional)."""
 
     endpoint: str | None = None  # e.g. http://127.0.0.1:9000 for a local or S3-compatible store
@@ -77,52 +130,23 @@ class ObjectStoreOptions:
     # Path-style addressing (http://host/bucket/key): what S3-compatible servers need. None: on
     # exactly when a custom endpoint is set.
     path_style: bool | None = None
-    # Time bounds (see "Time bounds" in the module's docstring): how long to wait for a connection, how
-    # long one attempt may go without an answer, how many attempts a call makes, and the most one call
-    # (all its attempts and the waits between them) may take before it fails.
-    connect_timeout_s: float = 3.0
-    request_timeout_s: float = 10.0
-    max_attempts: int = 3
-    call_timeout_s: float = 30.0
+    # and the time bounds of `TimeBounds` (connect_timeout_s, request_timeout_s, max_attempts, call_timeout_s)
 
     def resolved(self) -> ObjectStoreOptions:
         """These options with unset fields taken from the environment (read now, not at import)."""
-        found: dict[str, Any] = {}
-        for name, variables in _ENV.items():
-            if getattr(self, name) is None:
-                value = next((os.environ[v] for v in variables if os.environ.get(v)), None)
-                if value is not None:
-                    found[name] = value
-        out = replace(self, **found)
+        out = self._from_env(_ENV)
         if out.region is None:
             out = replace(out, region="us-east-1")  # what S3-compatible servers accept; AWS redirects
         if out.path_style is None:
             out = replace(out, path_style=out.endpoint is not None)
         return out
 
-    def __post_init__(self) -> None:
-        from laminar_assets.errors import StorageError
-
-        for name in ("connect_timeout_s", "request_timeout_s", "call_timeout_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise StorageError(f"ObjectStoreOptions.{name} must be a number of seconds > 0, not {value!r}")
-        if not (isinstance(self.max_attempts, int) and self.max_attempts >= 1):
-            raise StorageError(f"ObjectStoreOptions.max_attempts must be a whole number >= 1, not {self.max_attempts!r}")
-
-    def attempts(self, per_attempt: float) -> int:
-        """How many attempts of `per_attempt` seconds fit in one call's budget (`call_timeout_s`): at
-        least one, at most `max_attempts`."""
-        fit = int(self.call_timeout_s // max(per_attempt, 0.001))
-        return max(1, min(self.max_attempts, fit))
-
     def budget(self, client: str = "python") -> str:
         """The time bounds in words, for messages: the Python clients', or s3a's (`client="s3a"`)."""
         if client == "s3a":
             attempt = max(self.request_timeout_s, S3A_FLOOR_S)
             return f"s3a: {self.attempts(attempt)} attempt(s) of {attempt:g} s, Hadoop's floor being {S3A_FLOOR_S:g} s"
-        return (f"{self.attempts(self.request_timeout_s)} attempt(s) of {self.request_timeout_s:g} s, "
-                f"{self.call_timeout_s:g} s in all")
+        return super().budget(client)
 
     @property
     def allow_http(self) -> bool:
