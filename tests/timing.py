@@ -66,11 +66,29 @@ class FileTimes:
         self.wall: dict[str, float] = defaultdict(float)
         self.cpu: dict[str, float] = defaultdict(float)
         self.started = time.monotonic()
+        self.started_epoch = time.time()
+        self.worker_of: dict[str, str] = {}
+        self.span: dict[str, list[float]] = {}  # scope -> [first start, last stop], epoch seconds
 
     def pytest_runtest_logreport(self, report) -> None:
         path = scope(report.nodeid)
         self.wall[path] += report.duration
         self.cpu[path] += sum(v for k, v in report.user_properties if k == CPU_KEY)
+        gateway = getattr(getattr(report, "node", None), "gateway", None)  # xdist's worker, in the controller
+        self.worker_of[path] = getattr(gateway, "id", "main")
+        start, stop = getattr(report, "start", 0.0) or 0.0, getattr(report, "stop", 0.0) or 0.0
+        if start and stop:
+            first, last = self.span.get(path, (start, stop))
+            self.span[path] = [min(first, start), max(last, stop)]
+
+    def worker_ends(self) -> dict[str, float]:
+        """Seconds from the session's start to each test process's last test: the spread is the tail
+        where fewer processes than cores had work left."""
+        ends: dict[str, float] = {}
+        for path, (_, stop) in self.span.items():
+            worker = self.worker_of.get(path, "main")
+            ends[worker] = max(ends.get(worker, 0.0), stop - self.started_epoch)
+        return dict(sorted(ends.items()))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.wall:
@@ -86,6 +104,10 @@ class FileTimes:
         terminalreporter.write_line(
             f"tests: {elapsed:.0f} s wall; {sum(self.wall.values()):.0f} s in test files, "
             f"{sum(self.cpu.values()):.0f} CPU s; {len(over)} file(s) over budget")
+        ends = self.worker_ends()
+        if len(ends) > 1:
+            terminalreporter.write_line("test processes' last test ended at: "
+                                        + ", ".join(f"{w} {t:.0f} s" for w, t in ends.items()))
         if over:
             terminalreporter.write_line("over budget: " + ", ".join(f"{p} ({self.wall[p]:.0f} s)" for p in over),
                                         red=True)
@@ -94,7 +116,10 @@ class FileTimes:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).write_text(json.dumps({
                 "wall_seconds": round(elapsed, 1), "budget_seconds": FILE_BUDGET_SECONDS,
-                "files": [{"file": p, "wall_seconds": round(self.wall[p], 1), "cpu_seconds": round(self.cpu[p], 1)}
+                "worker_ends_seconds": {w: round(t, 1) for w, t in self.worker_ends().items()},
+                "files": [{"file": p, "wall_seconds": round(self.wall[p], 1), "cpu_seconds": round(self.cpu[p], 1),
+                           "worker": self.worker_of.get(p, "main"),
+                           "started_seconds": round(self.span[p][0] - self.started_epoch, 1) if p in self.span else None}
                           for p in ranked]}, indent=1))
 
 
@@ -110,6 +135,9 @@ def print_report(path: str, shown: int = SHOWN) -> None:
     files = data["files"]
     over = [f for f in files if f["wall_seconds"] > budget]
     print(f"test phase: {data['wall_seconds']:.0f} s wall; {len(over)} file(s) over the {budget:.0f} s budget")
+    ends = data.get("worker_ends_seconds", {})
+    if len(ends) > 1:
+        print("test processes' last test ended at: " + ", ".join(f"{w} {t:.0f} s" for w, t in ends.items()))
     print(f"{'wall s':>8} {'cpu s':>8}  slowest files")
     for f in files[:shown]:
         flag = "  OVER BUDGET" if f in over else ""
