@@ -174,13 +174,17 @@ def _file(root: str, action: dict, column: str | None, *, change_data: bool = Fa
                     time_range=rng, change_data=change_data, time_nulls=nulls, deleted=deleted)
 
 
+action_file = _file  # one add action's file, for a snapshot derived from its base and appended commits (tables.py)
+
+
 def read_commit(table: str, uri: str, version: int, event_time: str | None,
-                names: tuple[tuple[str, str], ...] = ()) -> CommitSummary | None:
+                names: tuple[tuple[str, str], ...] = (), *, entry: bytes | None = None) -> CommitSummary | None:
     """Summarise commit `version`, or None if its log entry no longer exists (log clean-up).
     `event_time` None: the column's statistics cannot locate rows (every range is unknown); else its
     physical name. `names`: (physical, logical) column names of a table with column mapping.
+    `entry`: the commit file's bytes when the caller read them already (not read again).
     Whether the commit's files still exist is not part of the summary: see `missing_files`."""
-    text = read_log_entry(table, uri, version)
+    text = entry.decode("utf-8") if entry is not None else read_log_entry(table, uri, version)
     if text is None:
         return None
     mapping = dict(names)
@@ -331,13 +335,14 @@ def _cached_commit(table: str, uri: str, version: int, event_time: str | None, n
 
 
 def commit_summary(table: str, uri: str, version: int, event_time: str | None,
-                   names: tuple[tuple[str, str], ...] = ()) -> CommitSummary | None:
+                   names: tuple[tuple[str, str], ...] = (), *, entry: bytes | None = None) -> CommitSummary | None:
     """`read_commit`, cached while a local log entry is unchanged (entries are immutable once written;
     a table recreated at the same path writes new ones). On an object store knowing whether an entry
-    changed costs a request as reading it does, so it is read."""
+    changed costs a request as reading it does, so it is read, unless the caller read it just before
+    (`entry`: the run's snapshot did, `snapshot_cache.checkout_appended`)."""
     local = storage.local_path(f"{uri}/_delta_log/{version:020d}.json")
     if local is None:
-        return read_commit(table, uri, version, event_time, names)
+        return read_commit(table, uri, version, event_time, names, entry=entry)
     return _cached_commit(table, uri, version, event_time, names, _entry_stamp(local))
 
 

@@ -28,6 +28,7 @@ which parses that file and more.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import threading
@@ -35,6 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
 
@@ -159,10 +161,61 @@ def _first_commit(log: str) -> tuple | None:
 # the path has another commit file at V: its commits name the data files they add, whose names carry UUIDs, and
 # their time in milliseconds; the same argument as `_key`'s for local tables), and the newest commit listed is
 # the latest version. Commit files are never rewritten, so the commits up to V the handle holds are the table's.
+#
+# A source is not moved at all over commits that only appended files (`checkout_appended`), the common change:
+# moving costs `deltalake` a listing and two reads of each new commit, and the run reads each of them anyway for
+# its history (`tables.source_history`). Read once here, a commit of only add actions (no remove, change data,
+# metadata, protocol or domain action, no deletion vector) leaves the schema, configuration, protocol and id of
+# the table as they were, and its snapshot is the one before plus the files it added: the run's snapshot is the
+# handle's (at its version, the base) and the add actions since (`Held.appended`, listed by
+# `tables.snapshot_files` as a commit's files are read). The chain of appended commits is kept with the handle in
+# the pool; a commit of another kind moves the handle over all of them (the cost deferred, paid once), and a
+# checkpoint among the new commits opens the table afresh from it (its commits since, read twice), which ends
+# the chain, as `MAX_APPENDED` does for a table that never checkpoints.
 
 MAX_POOLED = 32  # handles kept, over all tables (least recently given back dropped first): a run holds three or so
-_pool: OrderedDict[int, tuple[str, DeltaTable, int, str]] = OrderedDict()  # id -> (uri, table, version, tag)
-_pool_stats = {"moved": 0, "opened": 0, "reused": 0}
+# Appended commits a source's snapshot derives from the handle's (`checkout_appended`) before the handle is moved
+# over them: a bound on the memory and the parsing of the files they add, for a source that never checkpoints.
+MAX_APPENDED = 200
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d{10}\.\d{10})?(\.[^.]+)?\.parquet$")
+
+
+@dataclass
+class Held:
+    """A snapshot of an object-store table at its latest version, `version`, as one run holds it: the handle
+    `table` at version `base`, and when `base` < `version` the add actions of the commits in (`base`,
+    `version`] (`appended`), each commit only adding files (`checkout_appended`). `tag`: of `version`'s commit
+    file (None: not known). `entries`: the commit files this checkout read ({version: bytes}), for the run's
+    own reader of the log (not read again)."""
+
+    table: DeltaTable
+    base: int
+    version: int
+    tag: str | None
+    appended: tuple[tuple[int, dict], ...] = ()
+    entries: dict[int, bytes] = field(default_factory=dict)
+
+
+class Listed(dict):
+    """{version: tag} of a log's commit files from one listing (`log_tail`), and the versions of the
+    checkpoints it listed (`checkpoints`)."""
+
+    checkpoints: frozenset[int] = frozenset()
+
+
+_pool: OrderedDict[int, tuple[str, Held]] = OrderedDict()  # id -> (uri, held)
+_pool_stats = {"moved": 0, "opened": 0, "reused": 0, "appended": 0}
+
+
+def _take(uri: str) -> Held | None:
+    with _lock:
+        mine = [k for k, (u, _held) in _pool.items() if u == uri]
+        return _pool.pop(max(mine, key=lambda k: _pool[k][1].version))[1] if mine else None
+
+
+def _count(what: str) -> None:
+    with _lock:
+        _pool_stats[what] += 1
 
 
 def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
@@ -173,30 +226,80 @@ def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
     else the table is opened with `opener(uri, None)`. `listed`: {version: tag} of every commit file from
     some version on, as the caller listed them just before (`log_tail`): not listed again when they reach
     back to the pooled handle's version."""
-    with _lock:
-        mine = [k for k, (u, *_rest) in _pool.items() if u == uri]
-        entry = _pool.pop(max(mine, key=lambda k: _pool[k][2])) if mine else None
-    if entry is not None:
-        _, table, version, tag = entry
-        if not listed or not min(listed) <= version <= max(listed):
-            listed = log_tail(uri, version)
-        if listed.get(version) == tag:
+    held = _checkout(uri, opener, listed, derive=False)
+    return held.table, held.tag
+
+
+def checkout_appended(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
+                      listed: dict[int, str] | None = None) -> Held:
+    """`checkout` for a table the run only reads (a source): when every commit since the pooled snapshot only
+    added files (an append: commit info, add actions without a deletion vector, app transactions), the handle is
+    not moved over them (`deltalake` reads each commit twice to move it); the snapshot at the latest version is
+    the handle's and the files those commits added, read once here (a GET each, which the run's reader of the
+    log then uses: `Held.entries`). Another kind of commit, or more than `MAX_APPENDED` of them, moves the
+    handle as `checkout` does; a checkpoint listed among the new commits opens the table afresh from it (that
+    costs the commits since the checkpoint, and ends the chain of appended commits). Give it back with
+    `give_back_held`."""
+    return _checkout(uri, opener, listed, derive=True)
+
+
+def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool) -> Held:
+    held = _take(uri)
+    entries: dict[int, bytes] = {}
+    if held is not None:
+        if not listed or not min(listed) <= held.version <= max(listed):
+            listed = log_tail(uri, held.version)
+        if listed.get(held.version) == held.tag:
             latest = max(listed)
-            try:
-                if latest > version:
-                    table.load_as_version(latest)
-            except Exception:  # noqa: BLE001  (e.g. log clean-up raced the move: open as usual below)
-                entry = None
-            else:
-                with _lock:
-                    _pool_stats["moved" if latest > version else "reused"] += 1
-                return table, listed[latest]
+            if latest == held.version and (derive or held.base == held.version):
+                _count("reused")
+                return held
+            checkpointed = derive and any(held.base < c <= latest for c in getattr(listed, "checkpoints", ()))
+            if derive and not checkpointed and latest - held.base <= MAX_APPENDED:
+                actions, entries = _appends(uri, held.version, latest)
+                if actions is not None:
+                    _count("appended")
+                    return Held(held.table, held.base, latest, listed[latest], held.appended + actions, entries)
+            if not checkpointed:
+                try:
+                    held.table.load_as_version(latest)
+                except Exception:  # noqa: BLE001  (e.g. log clean-up raced the move: open as usual below)
+                    pass
+                else:
+                    _count("moved")
+                    return Held(held.table, latest, latest, listed[latest], (), entries)
     table = opener(uri, None)
-    with _lock:
-        _pool_stats["opened"] += 1
+    _count("opened")
     if not listed or not min(listed) <= table.version() <= max(listed):
         listed = log_tail(uri, table.version())
-    return table, listed.get(table.version())
+    return Held(table, table.version(), table.version(), listed.get(table.version()), (), entries)
+
+
+def _appends(uri: str, since: int, latest: int) -> tuple[tuple[tuple[int, dict], ...] | None, dict[int, bytes]]:
+    """The add actions of the commits in (`since`, `latest`] when each of them only added files (None as soon as
+    one did more, or is gone), and the commit files read."""
+    actions: list[tuple[int, dict]] = []
+    entries: dict[int, bytes] = {}
+    for version in range(since + 1, latest + 1):
+        data = storage.read(storage.join(uri, "_delta_log", f"{version:020d}.json"))
+        if data is None:
+            return None, entries
+        entries[version] = data
+        for line in data.decode("utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                action = json.loads(line)
+            except ValueError:
+                return None, entries  # a damaged entry: deltalake's own reader says what is wrong
+            if not isinstance(action, dict) or len(action) != 1:
+                return None, entries
+            kind, body = next(iter(action.items()))
+            if kind == "add" and isinstance(body, dict) and not body.get("deletionVector") and body.get("path"):
+                actions.append((version, body))
+            elif kind not in ("commitInfo", "txn"):
+                return None, entries  # a remove, change data, metadata, protocol, domain metadata, ...
+    return tuple(actions), entries
 
 
 def give_back(uri: str, table: DeltaTable, version: int, tag: str | None) -> None:
@@ -204,11 +307,16 @@ def give_back(uri: str, table: DeltaTable, version: int, tag: str | None) -> Non
     process moves it forward instead of opening the table again. The caller must not use it any more. A commit
     through the handle leaves it where it was (`deltalake` does not move it); a handle that moved anyway (an
     operation that reloads it) is dropped, since `tag` names another version's file."""
-    if tag is None or table.version() != version:
+    give_back_held(uri, Held(table, version, version, tag))
+
+
+def give_back_held(uri: str, held: Held) -> None:
+    """Return a snapshot from `checkout_appended` (or `checkout`); see `give_back`."""
+    if held.tag is None or held.table.version() != held.base:
         return
     with _lock:
-        _pool[id(table)] = (uri, table, version, tag)
-        _pool.move_to_end(id(table))
+        _pool[id(held.table)] = (uri, replace(held, entries={}))
+        _pool.move_to_end(id(held.table))
         while len(_pool) > MAX_POOLED:
             _pool.popitem(last=False)
 
@@ -219,13 +327,17 @@ def pool_stats() -> dict[str, int]:
         return dict(_pool_stats)
 
 
-def log_tail(uri: str, version: int) -> dict[int, str]:
+def log_tail(uri: str, version: int) -> Listed:
     """{version: tag} of the commit files of the table at `uri` from `version` on, from one listing of its log
-    that starts there (S3: StartAfter; what the log holds before costs nothing)."""
+    that starts there (S3: StartAfter; what the log holds before costs nothing), and the checkpoints listed."""
     after = f"{version - 1:020d}.json" if version > 0 else ""
-    found = {}
+    found = Listed()
+    checkpoints = set()
     for name, tag in storage.list_tagged(storage.join(uri, "_delta_log"), after=after):
         match = _COMMIT.match(name)
         if match and int(match.group(1)) >= version:
             found[int(match.group(1))] = tag
+        elif (point := _CHECKPOINT.match(name)) and int(point.group(1)) >= version:
+            checkpoints.add(int(point.group(1)))
+    found.checkpoints = frozenset(checkpoints)
     return found

@@ -31,6 +31,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     CommitKind,
     CommitSummary,
     DataFile,
+    action_file,
     commit_summary,
     file_exists,
     log_damage,
@@ -169,6 +170,13 @@ class TableInfo:
     delta_schema: str | None = field(default=None, hash=False, compare=False, repr=False)
     # the table's Delta id (its first commit's metaData.id): a table recreated at the same path has another
     table_id: str | None = field(default=None, hash=False, compare=False)
+    # A snapshot derived from an earlier one (`snapshot_cache.checkout_appended`): `table` is the snapshot at
+    # `base_version`, and `appended` the add actions (version, action) of the commits since, which only added
+    # files (so schema, configuration, protocol and id are `table`'s); `snapshot_files` lists both
+    base_version: int | None = field(default=None, hash=False, compare=False)
+    appended: tuple[tuple[int, dict], ...] = field(default=(), hash=False, compare=False, repr=False)
+    # commit files the snapshot's checkout read ({version: bytes}): the run's history does not read them again
+    log_entries: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     @property
     def column_mapping(self) -> str:
@@ -197,7 +205,17 @@ class TableInfo:
         return str(self.configuration.get("delta.enableChangeDataFeed", "false")).lower() == "true"
 
     def delta(self) -> DeltaTable:
+        """The `deltalake` table at `version` (a derived snapshot's is opened at that version: its `table` is
+        at `base_version`)."""
+        if self.base_version is not None and self.base_version != self.version:
+            return open_table(self.name, self.uri, self.version)
         return self.table if self.table is not None else open_table(self.name, self.uri, self.version)
+
+    def at_base(self) -> TableInfo:
+        """A derived snapshot's base (itself when it is not derived)."""
+        if self.base_version is None or self.base_version == self.version:
+            return self
+        return replace(self, version=self.base_version, base_version=None, appended=(), log_entries={})
 
 
 def resolve_uri(root: str, name: str) -> str:
@@ -257,16 +275,18 @@ def checkout_info(name: str, uri: str, *, listed: dict[int, str] | None = None) 
     if not storage.is_object_store(uri):
         return table_info(name, uri), _nothing
     try:
-        dt, tag = snapshot_cache.checkout(uri, _open_named(name), listed=listed)
+        held = snapshot_cache.checkout_appended(uri, _open_named(name), listed=listed)
     except (DeltaError, OSError, ValueError) as exc:  # opened as `open_table` does, for its errors
         raise _open_error(name, uri, None, exc) from exc
-    version = dt.version()
     try:
-        info = info_of(name, uri, dt)
+        info = info_of(name, uri, held.table)
     except BaseException:
-        snapshot_cache.give_back(uri, dt, version, tag)
+        snapshot_cache.give_back_held(uri, held)
         raise
-    return info, lambda: snapshot_cache.give_back(uri, dt, version, tag)
+    if held.version != held.base:  # the commits since only added files (`snapshot_cache.checkout_appended`)
+        info = replace(info, version=held.version, base_version=held.base, appended=held.appended)
+    info = replace(info, log_entries=held.entries)
+    return info, lambda: snapshot_cache.give_back_held(uri, held)
 
 
 def checkout_table(uri: str) -> tuple[DeltaTable, Callable[[], None]]:
@@ -497,7 +517,8 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
     vacuumed: list[tuple[int, str]] = []
     snapshot_gone: list[tuple[int, str]] = []
     for version in range(from_version + 1, latest + 1):
-        summary = commit_summary(table, uri, version, stats_column, info.name_pairs)
+        summary = commit_summary(table, uri, version, stats_column, info.name_pairs,
+                                 entry=info.log_entries.get(version))
         if summary is None:
             gone.append(version)
             continue
@@ -523,6 +544,9 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
     """Data files of the pinned snapshot, pruned to those whose statistics overlap `within`.
     Files whose event times are all null are left out unless `keep_null_files`. `bounds_of`: columns
     whose min/max statistics each file keeps (`DataFile.bounds`), for refills of some keys."""
+    if info.at_base() is not info:  # a derived snapshot: its base's files and the files appended since
+        return [*snapshot_files(info.at_base(), event_time, within, keep_null_files=keep_null_files,
+                                bounds_of=bounds_of), *_appended_files(info, event_time, within, keep_null_files)]
     dt = info.delta()
     ranges = list(within) if within is not None else None
     deleted = {}
@@ -558,6 +582,30 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
                               partition_values=pv, time_range=rng,
                               time_nulls=int(nulls) if nulls is not None else None,
                               deleted=deleted.get(_normal(uri)), bounds=b))
+    return files
+
+
+def _appended_files(info: TableInfo, event_time: str | None, within: Iterable[Interval] | None,
+                    keep_null_files: bool) -> list[DataFile]:
+    """`snapshot_files` of the files a derived snapshot's appended commits added, from their add actions (as a
+    commit's files are read, `log._file`), pruned as `snapshot_files` prunes: no key bounds (a refill of some
+    keys reads them, `KeyProbe.may_hold`), no deletion vector (an appended commit adds none)."""
+    if event_time is not None and not temporal(info.schema, event_time):
+        event_time = None
+    stat = info.physical(event_time)
+    ranges = list(within) if within is not None else None
+    names = dict(info.name_pairs)
+    files = []
+    for _version, action in info.appended:
+        f = action_file(info.uri, action, stat, names=names)
+        if event_time and f.rows is not None and f.time_nulls == f.rows:  # all event times null
+            if not keep_null_files:
+                continue
+            f = replace(f, time_range=None)
+        rng = f.time_range if event_time else None
+        if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
+            continue
+        files.append(f)
     return files
 
 
