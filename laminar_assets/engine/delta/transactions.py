@@ -14,6 +14,13 @@ and the answer is kept with the open table: the same handle at the same version 
 handle moved forward (`snapshot_cache.checkout`) reads only the commits since. Where the log is not laid out
 like that (a multi-part or V2 checkpoint, a checkpoint newer than the snapshot, a commit file gone),
 `transaction_version` answers, per app.
+
+A commit this process made through a handle is not read back either (`committed`): `deltalake` leaves the handle
+at the version it committed on, V, and the commit, made with no retry (`max_commit_retries=0`), is version V+1
+exactly: had anyone taken V+1 first, it would have failed. So V+1's app transactions are the ones it carried, and
+when the handle is moved over V+1 (the next run's `checkout`, after checking that V's commit file is still the one
+it read) they are taken from here instead of a GET of V+1's file (a request each for the state and the sink, every
+run).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from laminar_assets import storage
 
 _lock = threading.Lock()
 _read: dict[int, tuple[weakref.ref, int, dict[str, int]]] = {}  # id(table) -> (table, version, app -> version)
+# id(table) -> (table, V, every app's version at V+1): the commit this process made on the handle at V (`committed`)
+_made: dict[int, tuple[weakref.ref, int, dict[str, int]]] = {}
 
 
 def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, int | None]:
@@ -43,8 +52,14 @@ def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, i
     else:
         found = None
         if kept is not None and kept[0]() is table and kept[1] < version:
-            # the same handle moved forward (`snapshot_cache.checkout`): the commits since are read, no more
-            found = _commits_since(uri, kept[1], version, dict(kept[2]))
+            # the same handle moved forward (`snapshot_cache.checkout`): the commits since are read, no more;
+            # the one this process made on it is known (`committed`)
+            since, found = kept[1], dict(kept[2])
+            with _lock:
+                made = _made.pop(id(table), None)
+            if made is not None and made[0]() is table and made[1] == since:
+                since, found = since + 1, dict(made[2])
+            found = _commits_since(uri, since, version, found)
         if found is None:
             found = _app_versions(uri, version)
         if found is None:  # a log laid out otherwise: deltalake reads it, per app
@@ -54,6 +69,22 @@ def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, i
                 del _read[key]
             _read[id(table)] = (weakref.ref(table), version, found)
     return {a: found.get(a) for a in apps}
+
+
+def committed(table: DeltaTable, read_version: int, transactions: dict[str, int]) -> None:
+    """`table` (a handle at `read_version`, which `deltalake` leaves there) committed version `read_version` + 1
+    with `transactions` (app -> version) and no retry: that commit's app transactions need not be read back when
+    the handle moves over it. Known only when this module read the handle's apps at `read_version` (the guard
+    before every commit does); else nothing is kept and the commit is read as any other."""
+    if table.version() != read_version:
+        return
+    with _lock:
+        kept = _read.get(id(table))
+        if kept is None or kept[0]() is not table or kept[1] != read_version:
+            return
+        for key in [k for k, (ref, *_rest) in _made.items() if ref() is None]:
+            del _made[key]
+        _made[id(table)] = (weakref.ref(table), read_version, {**kept[2], **transactions})
 
 
 def _app_versions(uri: str, version: int) -> dict[str, int] | None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import RemoveAction
 from pyspark.sql import SparkSession
@@ -37,6 +37,7 @@ from laminar_assets.errors import CommitConflictError, ConcurrentRunError
 from ..delta.log import DataFile
 from ..delta.schema_history import widens_only
 from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, snapshot_files, table_info
+from ..delta.transactions import committed as made_commit
 from ..delta.transactions import txn_versions_of
 from ..spark.frames import nullable, schema_change, spark_schema
 from ..spark.read import read_source
@@ -207,7 +208,8 @@ def replace_ranges(
                                      custom_metadata=metadata, max_commit_retries=0)
             try:
                 dt.create_write_transaction(adds + removes, mode="append", schema=nullable(staged.schema),
-                                            commit_properties=props)
+                                            commit_properties=props, post_commithook_properties=_hooks(dt))
+                made_commit(dt, read_version, dict(transactions))
                 committed(staged, *extra)
                 return staged.rows
             except CommitFailedError:
@@ -273,6 +275,18 @@ def _outside(spark: SparkSession, table_uri: str, files: Iterable[DataFile], col
     for r in ranges:
         inside = inside | ((c >= F.lit(r.start)) & (c < F.lit(r.end)))
     return df.where(c.isNull() | ~inside)
+
+
+def _hooks(dt: DeltaTable) -> PostCommitHookProperties:
+    """What `deltalake` does after a commit on `dt` (made with no retry: it is version `dt.version()` + 1): the
+    checkpoint when the interval says so, as always, and the log clean-up only with that checkpoint. The clean-up
+    lists the whole log (a request per 1,000 files) after every commit otherwise, and deletes only expired files
+    before a checkpoint: skipped between checkpoints, the files that expired meanwhile wait for the next one (at
+    most `delta.checkpointInterval` commits), as in delta-spark, which cleans up only after a checkpoint
+    (`doLogCleanup`). `None` keeps the table's own setting (`delta.enableExpiredLogCleanup`) for that commit."""
+    interval = int(dt.metadata().configuration.get("delta.checkpointInterval") or 100)
+    due = (dt.version() + 2) % interval == 0  # the commit is version v = dt.version() + 1; due when (v + 1) % interval
+    return PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=None if due else False)
 
 
 def _checkpoint_if_due(dt: DeltaTable, version: int) -> None:

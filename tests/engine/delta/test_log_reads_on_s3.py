@@ -3,7 +3,9 @@
 
 - a run's snapshot of a source is the last run's handle moved forward (`snapshot_cache.checkout`): the commits
   since it are read, not every commit since the checkpoint, and a table deleted and recreated at the same path
-  is never served from the old handle;
+  is never served from the old handle; commits that only appended files are read once and not moved over
+  (`checkout_appended`: the snapshot is the handle's files and theirs), any other commit moves the handle;
+- a commit this process made through a handle is not read back for its app transactions;
 - the app transactions of all of a run's partitions come from one read of the log (`transactions`), and give
   what `DeltaTable.transaction_version` gives, across checkpoints."""
 
@@ -19,7 +21,7 @@ from bench.request_log import RequestLog
 from laminar_assets import storage
 from laminar_assets.engine.delta import snapshot_cache
 from laminar_assets.engine.delta.tables import checkout_info, checkout_table, info_of, snapshot_files
-from laminar_assets.engine.delta.transactions import txn_versions_of
+from laminar_assets.engine.delta.transactions import committed, txn_versions_of
 
 
 @pytest.fixture(autouse=True)
@@ -62,12 +64,47 @@ def test_a_runs_snapshot_reads_the_new_commits_only_whatever_the_tables_age(s3_s
     _append(uri, [100])
     _append(uri, [101])
     (info, release), moved = _counted(s3_server, lambda: checkout_info("src", uri))
-    # one listing from the handle's version, deltalake's listing and its two reads of each new commit
-    assert info.version == age + 1 and moved == {"LIST": 2, "GET": 4}
+    # one listing from the handle's version and one read of each new commit (appends: the handle is not moved,
+    # which cost deltalake's listing and its two reads of each commit)
+    assert info.version == age + 1 and moved == {"LIST": 1, "GET": 2}
+    assert info.table.version() == age - 1 and sorted(info.log_entries) == [age, age + 1]
     assert _files(info) == _fresh_files(uri)
     release()
     (info, release), again = _counted(s3_server, lambda: checkout_info("src", uri))
     assert info.version == age + 1 and again == {"LIST": 1}  # nothing new: one listing
+    assert _files(info) == _fresh_files(uri)
+    release()
+
+
+def test_a_snapshot_derived_from_appends_equals_the_tables_and_any_other_commit_moves_the_handle(s3_server, s3_lake):
+    uri = s3_lake.path("src")
+    write_deltalake(uri, pa.table({"p": ["a", "b"], "v": pa.array([1, 2], pa.int64())}), partition_by=["p"],
+                    storage_options=storage.delta_options(uri))
+    info, release = checkout_info("src", uri)
+    release()
+    for values in ([3], [4]):  # appends, one of them to a partition of its own
+        write_deltalake(uri, pa.table({"p": ["a" if values == [3] else "c"], "v": pa.array(values, pa.int64())}),
+                        mode="append", storage_options=storage.delta_options(uri))
+    info, release = checkout_info("src", uri)
+    assert (info.version, info.base_version, info.table.version()) == (2, 0, 0)
+    fresh = info_of("src", uri, DeltaTable(uri, storage_options=storage.delta_options(uri)))
+    assert info.schema == fresh.schema and info.table_id == fresh.table_id
+    assert sorted((f.uri, f.rows, f.size, f.partition_values) for f in snapshot_files(info, None)) == \
+        sorted((f.uri, f.rows, f.size, f.partition_values) for f in snapshot_files(fresh, None))
+    assert sorted(info.delta().to_pyarrow_table()["v"].to_pylist()) == [1, 2, 3, 4]  # opened at its version
+    release()
+    DeltaTable(uri, storage_options=storage.delta_options(uri)).delete("v = 1")  # removes a file: not an append
+    (info, release), moved = _counted(s3_server, lambda: checkout_info("src", uri))
+    # its own listing, deltalake's; the new commit read once here, then deltalake's reads of the commits since 0
+    assert (info.version, info.base_version, info.table.version()) == (3, None, 3) and moved["LIST"] == 2
+    assert _files(info) == _fresh_files(uri)
+    release()
+    write_deltalake(uri, pa.table({"p": ["a"], "v": pa.array([5], pa.int64())}), mode="append",
+                    storage_options=storage.delta_options(uri))
+    DeltaTable(uri, storage_options=storage.delta_options(uri)).create_checkpoint()
+    info, release = checkout_info("src", uri)  # a checkpoint listed among the new commits: opened afresh from it
+    assert (info.version, info.base_version, info.table.version()) == (4, None, 4)
+    assert _files(info) == _fresh_files(uri)
     release()
 
 
@@ -145,4 +182,14 @@ def test_a_written_tables_handle_is_moved_over_its_own_commits_and_its_app_trans
     assert table.version() == 8 and moved == {"LIST": 2, "GET": 2}
     got, requests = _counted(s3_server, lambda: txn_versions_of(table, uri, apps))
     assert got == {apps[0]: 8, apps[1]: 7} and requests == {"GET": 1}  # the one new commit
+    # a commit through the handle, as a run's (no retry): its app transactions are known, not read back
+    props = CommitProperties(app_transactions=[Transaction(apps[1], 9)], max_commit_retries=0)
+    table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
+    committed(table, 8, {apps[1]: 9})
+    release()
+    _append(uri, [10], txn=(apps[0], 10))  # and someone else's after it: read
+    table, release = checkout_table(uri)
+    got, requests = _counted(s3_server, lambda: txn_versions_of(table, uri, apps))
+    assert table.version() == 10 and got == {apps[0]: 10, apps[1]: 9} and requests == {"GET": 1}
+    assert got == {a: table.transaction_version(a) for a in apps}
     release()
