@@ -185,8 +185,8 @@ class Held:
     """A snapshot of an object-store table at its latest version, `version`, as one run holds it: the handle
     `table` at version `base`, and when `base` < `version` the add actions of the commits in (`base`,
     `version`] (`appended`), each commit only adding files (`checkout_appended`). `tag`: of `version`'s commit
-    file (None: not known). `entries`: the commit files this checkout read ({version: bytes}), for the run's
-    own reader of the log (not read again)."""
+    file (None: not known). `entries`: commit files read ({version: bytes}) for the run's own reader of the log
+    (not read again): those this checkout read, and those of the appended commits, kept with the chain."""
 
     table: DeltaTable
     base: int
@@ -259,7 +259,8 @@ def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool) 
                 actions, entries = _appends(uri, held.version, latest)
                 if actions is not None:
                     _count("appended")
-                    return Held(held.table, held.base, latest, listed[latest], held.appended + actions, entries)
+                    return Held(held.table, held.base, latest, listed[latest], held.appended + actions,
+                                {**held.entries, **entries})
             if not checkpointed:
                 try:
                     held.table.load_as_version(latest)
@@ -315,7 +316,9 @@ def give_back_held(uri: str, held: Held) -> None:
     if held.tag is None or held.table.version() != held.base:
         return
     with _lock:
-        _pool[id(held.table)] = (uri, replace(held, entries={}))
+        # the appended commits' files stay with the chain (immutable files of this table, as the tag of its
+        # newest says): the next run of another flow reads none of them again
+        _pool[id(held.table)] = (uri, replace(held, entries={v: b for v, b in held.entries.items() if v > held.base}))
         _pool.move_to_end(id(held.table))
         while len(_pool) > MAX_POOLED:
             _pool.popitem(last=False)

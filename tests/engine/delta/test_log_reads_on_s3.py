@@ -72,6 +72,7 @@ def test_a_runs_snapshot_reads_the_new_commits_only_whatever_the_tables_age(s3_s
     release()
     (info, release), again = _counted(s3_server, lambda: checkout_info("src", uri))
     assert info.version == age + 1 and again == {"LIST": 1}  # nothing new: one listing
+    assert sorted(info.log_entries) == [age, age + 1]  # the appended commits' files stay with the chain
     assert _files(info) == _fresh_files(uri)
     release()
 
