@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from laminar_assets.errors import CatalogError, EnvironmentProblem
 
@@ -34,7 +34,18 @@ SCHEMES = ("postgresql", "postgres")
 # and psycopg's for the check before a JVM starts. pgjdbc's own defaults wait 10 s to connect and forever to log in.
 CONNECT_TIMEOUT = 5
 LOGIN_TIMEOUT = 10
+LOCK_TIMEOUT = 30
 WAREHOUSE = ".laminar/warehouse"
+# Hive's persistent classes (the metastore jar's package.jdo): their tables are all created when a JVM's Hive client
+# starts (DataNucleus's auto-start), before any transaction. Created one by one as Hive first touches each class, a
+# table's foreign key to TBLS waits for the lock that the same client's open transaction (a CREATE TABLE's) holds on
+# TBLS, on another connection: on Postgres that wait never ends.
+HIVE_MODEL = tuple(f"org.apache.hadoop.hive.metastore.model.{name}" for name in (
+    "MDatabase MFieldSchema MType MTable MConstraint MSerDeInfo MOrder MColumnDescriptor MStringList MStorageDescriptor "
+    "MPartition MIndex MRole MRoleMap MGlobalPrivilege MDBPrivilege MTablePrivilege MPartitionPrivilege "
+    "MTableColumnPrivilege MPartitionColumnPrivilege MPartitionEvent MMasterKey MDelegationToken "
+    "MTableColumnStatistics MPartitionColumnStatistics MVersionTable MResourceUri MFunction MNotificationLog "
+    "MNotificationNextId").split())
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,9 @@ class MetastoreDatabase:
         options = dict(self.params)
         options.setdefault("connectTimeout", str(CONNECT_TIMEOUT))
         options.setdefault("loginTimeout", str(LOGIN_TIMEOUT))
-        return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}?{urlencode(options)}"
+        # a statement waiting on a lock fails after LOCK_TIMEOUT instead of waiting for ever
+        options.setdefault("options", f"-c lock_timeout={LOCK_TIMEOUT * 1000}")
+        return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}?{urlencode(options, quote_via=quote)}"
 
 
 def postgres_metastore(metastore: str | None) -> MetastoreDatabase | None:
@@ -104,6 +117,8 @@ def postgres_conf(db: MetastoreDatabase, *, secrets: bool = True) -> dict[str, s
         # a database that refuses or does not answer fails the statement once, not after Hive's ten attempts two
         # seconds apart (each a pgjdbc connect of up to CONNECT_TIMEOUT)
         "spark.hadoop.hive.hmshandler.retry.attempts": "1",
+        "spark.hadoop.datanucleus.autoStartMechanism": "Classes",
+        "spark.hadoop.datanucleus.autoStartClassNames": ",".join(HIVE_MODEL),
         # where a schema's folder goes when it is created (Laminar's tables are external: nothing is written there
         # but the empty folder), beside the project's lake rather than Spark's `./spark-warehouse`
         "spark.sql.warehouse.dir": os.path.abspath(WAREHOUSE),
