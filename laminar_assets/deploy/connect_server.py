@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 from laminar_assets import storage
 from laminar_assets.engine import SparkOptions
-from laminar_assets.engine.spark import check_java, jvm_conf, session_conf
-from laminar_assets.engine.spark.metastore import check_metastore, metastore_env
+from laminar_assets.engine.spark import check_java, check_metastore, jvm_conf, metastore_env, session_conf
 from laminar_assets.errors import EnvironmentProblem
 
 

@@ -181,8 +181,9 @@ def busy_metastore(spark, exc: BaseException, schema: str | None = None) -> Cata
         return CatalogError(f"the Hive metastore ({metastore_of(spark)}) refused: {said}; check the database, its "
                             "server and the credentials in LAMINAR_METASTORE (docs/catalog.md)", schema=schema)
     where = metastore_of(spark)
-    if not _DERBY_BUSY.search(text) or not (where.startswith("Derby") or where == "its default location"):
-        return None
+    if not _DERBY_BUSY.search(text) or "postgresql" in text.lower() or \
+            not (where.startswith("Derby") or where == "its default location"):
+        return None  # not Derby's one-process rule (a Connect client may not see the server's settings)
     return CatalogError(
         f"the Hive metastore ({metastore_of(spark)}) is open in another process: an embedded Derby metastore "
         "serves one process at a time. Run through the process that holds it (the Spark Connect server of "
