@@ -107,13 +107,15 @@ def postgres_metastore(metastore: str | None) -> MetastoreDatabase | None:
 
 
 def postgres_conf(db: MetastoreDatabase, *, secrets: bool = True) -> dict[str, str]:
-    """Spark's settings for Hive's client on `db`. `secrets=False`: the password setting refers to the JVM's
-    environment (`metastore_env`) instead of holding it."""
+    """Spark's settings for Hive's client on `db`. The password setting refers to the JVM's environment instead of
+    holding it with `secrets=False` (a JVM given `metastore_env`), and when this process's environment holds it already
+    (LAMINAR_METASTORE_PASSWORD: a JVM pyspark starts inherits it), so it is on no command line."""
+    referred = not secrets or (bool(db.password) and os.environ.get(PASSWORD_ENV) == db.password)
     return {
         "spark.hadoop.javax.jdo.option.ConnectionURL": db.jdbc_url,
         "spark.hadoop.javax.jdo.option.ConnectionDriverName": DRIVER,
         "spark.hadoop.javax.jdo.option.ConnectionUserName": db.user,
-        "spark.hadoop.javax.jdo.option.ConnectionPassword": db.password if secrets else "${env." + PASSWORD_ENV + "}",
+        "spark.hadoop.javax.jdo.option.ConnectionPassword": "${env." + PASSWORD_ENV + "}" if referred else db.password,
         # a database that refuses or does not answer fails the statement once, not after Hive's ten attempts two
         # seconds apart (each a pgjdbc connect of up to CONNECT_TIMEOUT)
         "spark.hadoop.hive.hmshandler.retry.attempts": "1",

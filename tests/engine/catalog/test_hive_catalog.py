@@ -188,7 +188,7 @@ def test_a_second_process_on_the_embedded_metastore_gets_one_clear_line(spark, t
 
 # --- a metastore database on Postgres ----------------------------------------------------------------------------
 
-def test_a_postgres_url_names_the_metastore_database_and_its_password_stays_off_command_lines():
+def test_a_postgres_url_names_the_metastore_database_and_its_password_stays_off_command_lines(monkeypatch):
     """`postgresql://` (Dagster's form) and `jdbc:postgresql:` URLs: Hive's settings with the credentials apart, bounded
     waits, pgjdbc on the driver's class path; a JVM started as a process of its own reads the password from its
     environment. A socket directory (which pgjdbc cannot reach) is refused in one line."""
@@ -211,6 +211,10 @@ def test_a_postgres_url_names_the_metastore_database_and_its_password_stays_off_
     command = " ".join(server_command(ConnectServerOptions(spark=SparkOptions(metastore=url))))
     assert "s3cr" not in command and "ConnectionPassword=${env.LAMINAR_METASTORE_PASSWORD}" in command
     assert metastore_env(url) == {"LAMINAR_METASTORE_PASSWORD": "s3cr@t-pw"}
+    # given in the environment, the password is only referred to by a local session's settings too
+    monkeypatch.setenv("LAMINAR_METASTORE_PASSWORD", "s3cr@t-pw")
+    conf = jvm_conf(SparkOptions(metastore="postgresql://hive@db.example:5433/metastore"))
+    assert conf["spark.hadoop.javax.jdo.option.ConnectionPassword"] == "${env.LAMINAR_METASTORE_PASSWORD}"
     with pytest.raises(EnvironmentProblem, match="TCP") as err:
         jvm_conf(SparkOptions(metastore="postgresql://hive:s3cr%40t-pw@/metastore?host=/run/postgresql"))
     assert "s3cr" not in str(err.value)
@@ -284,7 +288,7 @@ print("registered", catalog.register([CatalogTable(name="extra", location=sys.ar
 
 def test_processes_share_a_postgres_metastore_database(lake, pg_server, pg_database, tmp_path):
     """What embedded Derby cannot do: while the Spark Connect server of `laminar serve` holds the metastore (a flow's
-    run through it registered its sink there), a JVM of its own (`laminar sql`'s, from LAMINAR_METASTORE) reads that
+    run through it registered its sink there), a JVM of its own (as `laminar sql`'s, from LAMINAR_METASTORE) reads that
     sink by its name and registers a table, which the server sees at once. Hive's tables are created in the empty
     database on first use; the password reaches neither a command line nor the server's log."""
     import psycopg
@@ -309,8 +313,11 @@ def test_processes_share_a_postgres_metastore_database(lake, pg_server, pg_datab
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
         try:
             assert client.stdout.readline().strip() == "ran", client.stderr.read()[-3000:]
+            # its password in LAMINAR_METASTORE_PASSWORD, as docs/catalog.md advises: no command line holds it
             local = subprocess.run([sys.executable, "-c", LOCAL, lake.root, lake.path("extra")], capture_output=True,
-                                   text=True, timeout=300, env=env, cwd=tmp_path)
+                                   text=True, timeout=300, cwd=tmp_path, env={
+                                       **env, "LAMINAR_METASTORE": url.replace(f":{PASSWORD}@", "@"),
+                                       "LAMINAR_METASTORE_PASSWORD": PASSWORD})
             assert local.returncode == 0, local.stderr[-3000:]
             client.stdin.write("go\n")
             client.stdin.flush()
