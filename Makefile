@@ -18,6 +18,7 @@ install: $(VENV)/.installed
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer s3 delta
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer gcs  # Spark's GCS connector (gs:// lakes)
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer azure  # ABFS (abfss://): hadoop-azure, engine/spark/jars.py
+	@$(BIN)/python -m laminar_assets.deploy.jar_installer postgres  # pgjdbc: a Hive metastore on Postgres (docs/catalog.md)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -168,7 +168,8 @@ class ConcurrentDeliveryError(ExportError):
 
 class CatalogError(EnvironmentProblem):
     """The catalog Laminar registers its tables in cannot be used as asked: a session without a metastore, a
-    metastore another process holds (embedded Derby), an entry of the schema that is not Laminar's."""
+    metastore another process holds (embedded Derby), a metastore database that refuses (a wrong password, an
+    unreachable server), an entry of the schema that is not Laminar's."""
 
 
 class CatalogNameError(SourceNotFoundError):

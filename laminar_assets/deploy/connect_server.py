@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from laminar_assets import storage
 from laminar_assets.engine import SparkOptions
-from laminar_assets.engine.spark import check_java, jvm_conf, session_conf
+from laminar_assets.engine.spark import check_java, check_metastore, jvm_conf, metastore_env, session_conf
 from laminar_assets.errors import EnvironmentProblem
 
 
@@ -122,14 +122,17 @@ def start_connect_server(options: ConnectServerOptions | None = None) -> Connect
     """Start a server and wait until it accepts connections; a clear error if it cannot."""
     options = options or ConnectServerOptions()
     check_java()
+    check_metastore(options.spark.metastore)  # a metastore database that refuses: one line, before the JVM
     if port_in_use(options.host, options.port):
         raise EnvironmentProblem(
             f"port {options.port} on {options.host} is already in use, so the Spark Connect server cannot "
             f"start there: stop what listens on it (`ss -ltnp | grep {options.port}`) or choose another "
             "port with `--spark-port`", port=options.port)
     os.makedirs(os.path.dirname(os.path.abspath(options.log_path)), exist_ok=True)
-    # the object store's credentials reach the server's s3a through its environment (never argv)
-    env = {**os.environ, **storage.env(), "SPARK_HOME": spark_home(), "SPARK_NO_DAEMONIZE": "1"}
+    # the object store's credentials reach the server's s3a through its environment (never argv), and so does
+    # a metastore database's password (its Hive setting refers to it: engine/spark/metastore.py)
+    env = {**os.environ, **storage.env(), **metastore_env(options.spark.metastore), "SPARK_HOME": spark_home(),
+           "SPARK_NO_DAEMONIZE": "1"}
     with open(options.log_path, "ab") as log:
         process = subprocess.Popen(server_command(options), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)

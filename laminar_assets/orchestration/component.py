@@ -76,7 +76,8 @@ class SparkAttributes(dg.Model):
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
     jit: str | None = Field(default=None, description="'tiered', 'hot' or 'quick' for a JVM Laminar starts.")
     metastore: str | None = Field(default=None, description=(
-        "The Hive metastore of a JVM Laminar starts: a folder (embedded Derby) or a jdbc: URL; unset: "
+        "The Hive metastore of a JVM Laminar starts: a folder (embedded Derby), a postgresql:// URL (a database "
+        "on Postgres, shared by every process) or a jdbc: URL; unset: "
         "LAMINAR_METASTORE, or .laminar/metastore with a catalog schema (docs/catalog.md)."))
 
 

@@ -25,7 +25,8 @@ class SparkResource(dg.ConfigurableResource):
     conf: dict[str, str] = {}
     jit: str | None = None
     # The Hive metastore of a JVM this resource starts (`SparkOptions.metastore`: a folder for embedded Derby,
-    # or a jdbc: URL); unset: LAMINAR_METASTORE, or `.laminar/metastore` when LAMINAR_CATALOG is set.
+    # a postgresql:// URL for a database on Postgres, or a jdbc: URL); unset: LAMINAR_METASTORE, or
+    # `.laminar/metastore` when LAMINAR_CATALOG is set.
     metastore: str | None = None
     stop_at_end: bool = True
 

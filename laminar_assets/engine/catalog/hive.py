@@ -14,7 +14,8 @@ log read) once per catalog object; every change made through it is kept in step.
 
 Derby, the metastore's embedded database, lets one JVM open it at a time: the first catalog statement of
 a second JVM fails, and is reported as `CatalogError` naming the metastore and what to do
-(docs/catalog.md, "One process at a time").
+(docs/catalog.md, "One process at a time"). A metastore database on Postgres serves any number of JVMs; its
+refusal (pgjdbc's `PSQLException`) is one `CatalogError` line too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from .base import CatalogReport, CatalogTable
 # What a JVM says when another one has the embedded metastore open (Derby's XSDB6, through DataNucleus)
 _DERBY_BUSY = re.compile(r"XSDB6|Another instance of Derby|Failed to start database|Unable to instantiate "
                          r"org\.apache\.hadoop\.hive\.ql\.metadata\.SessionHiveMetaStoreClient", re.IGNORECASE)
+# pgjdbc's own words, the root cause in the chain of Hive's and DataNucleus's exceptions
+_PSQL = re.compile(r"org\.postgresql\.util\.PSQLException: ([^\n]*)")
 _INFO = re.compile(r"^(?P<key>[A-Za-z ]+): (?P<value>.*)$")
 
 
@@ -169,10 +172,18 @@ class HiveCatalog:
 
 
 def busy_metastore(spark, exc: BaseException, schema: str | None = None) -> CatalogError | None:
-    """The one-line error for Spark's failure to open a metastore another process holds (embedded Derby), or
-    None when `exc` is something else."""
-    if not _DERBY_BUSY.search(str(exc)):
-        return None
+    """The one-line error for Spark's failure to open its metastore: an embedded Derby another process holds, or
+    a metastore database on Postgres that refused (a password changed, the server gone since the session
+    started); None when `exc` is something else."""
+    text = str(exc)
+    if (refused := _PSQL.search(text)) is not None:
+        said = " ".join(refused.group(1).split())
+        return CatalogError(f"the Hive metastore ({metastore_of(spark)}) refused: {said}; check the database, its "
+                            "server and the credentials in LAMINAR_METASTORE (docs/catalog.md)", schema=schema)
+    where = metastore_of(spark)
+    if not _DERBY_BUSY.search(text) or "postgresql" in text.lower() or \
+            not (where.startswith("Derby") or where == "its default location"):
+        return None  # not Derby's one-process rule (a Connect client may not see the server's settings)
     return CatalogError(
         f"the Hive metastore ({metastore_of(spark)}) is open in another process: an embedded Derby metastore "
         "serves one process at a time. Run through the process that holds it (the Spark Connect server of "

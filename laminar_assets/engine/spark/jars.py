@@ -1,7 +1,8 @@
 """The JVM libraries Spark needs beyond the pyspark wheel, pinned: s3a (hadoop-aws with the AWS SDK
 v2 modules it uses, instead of the SDK's ~650 MB bundle) for lakes on S3; delta-spark (Delta Lake's
 Spark connector and its storage layer), so that Spark SQL, `spark.read.format("delta")` and a Spark
-Connect client can read and write the lake's tables as Delta tables; and s3proxy, a local S3 server
+Connect client can read and write the lake's tables as Delta tables; PostgreSQL's JDBC driver, for a Hive
+metastore database on Postgres; and s3proxy, a local S3 server
 with honest conditional writes, for the tests.
 
 `python -m laminar_assets.deploy.jar_installer` (run by `make install`) downloads them once from
@@ -110,6 +111,15 @@ GROUPS: dict[str, tuple[Jar, ...]] = {
 GROUPS["azure"] = (
     Jar("org.apache.hadoop:hadoop-azure:3.5.0", "2431fc47c5a47c4299f0db5829a7af5c9b774340", 643815),
     Jar("org.hdrhistogram:HdrHistogram:2.1.12", "6eb7552156e0d517ae80cc2247be1427c8d90452", 173763),
+)
+
+# PostgreSQL's JDBC driver (pgjdbc, no dependencies: one jar) for a Hive metastore database on Postgres
+# (`SparkOptions.metastore = "postgresql://..."`, docs/catalog.md): Spark's Hive client (the Hive 2.3 jars of the
+# pyspark wheel) reaches its database through DataNucleus over JDBC, and the wheel ships Derby's driver only.
+# A session with such a metastore puts it on the driver's class path (`spark.driver.extraClassPath`, where
+# DataNucleus and java.sql.DriverManager find it), nothing else needs it.
+GROUPS["postgres"] = (
+    Jar("org.postgresql:postgresql:42.7.14", "0e7c94ce80cb1dd9875ff44ffe6a40a8aaa3eefd", 1221004),
 )
 
 

@@ -13,6 +13,7 @@ from laminar_assets.errors import EnvironmentProblem
 
 from . import class_archive, jars
 from .java import MIN_JAVA, check_java, java_major_version  # noqa: F401  (re-exported: the engine's API)
+from .metastore import check_metastore, postgres_conf, postgres_metastore
 
 # How a JVM Laminar starts compiles hot code (SparkOptions.jit).
 JIT_OPTIONS = {
@@ -54,7 +55,9 @@ class SparkOptions:
     delta_connector: bool = True
     # The Hive metastore the session's catalog lives in (fixed when the JVM starts): None, Spark's in-memory
     # catalog (nothing outlives the session); a folder, an embedded Derby database there (one JVM at a
-    # time: docs/catalog.md); a `jdbc:` URL, that metastore database. See `metastore_conf`.
+    # time: docs/catalog.md); a Postgres database (`postgresql://user:password@host:5432/metastore`, or its
+    # `jdbc:postgresql:` URL: metastore.py), shared by any number of processes; another `jdbc:` URL, that
+    # metastore database (its driver on the class path is yours to arrange). See `metastore_conf`.
     metastore: str | None = None
 
     def __post_init__(self) -> None:
@@ -84,15 +87,19 @@ def metastore_from_env() -> str | None:
     return os.environ.get("LAMINAR_METASTORE") or (DEFAULT_METASTORE if os.environ.get("LAMINAR_CATALOG") else None)
 
 
-def metastore_conf(metastore: str) -> dict[str, str]:
+def metastore_conf(metastore: str, *, secrets: bool = True) -> dict[str, str]:
     """The JVM settings of a Hive metastore: a folder holds an embedded Derby database (`metastore_db`, its
     log `derby.log`, and the warehouse of managed tables, which Laminar never makes: its tables are external);
-    a `jdbc:` URL names a metastore database (its schema created on first use). Spark's own Hive client (the
-    spark-hive jars in the pyspark wheel) talks to it."""
+    a Postgres URL names a metastore database on Postgres (`metastore.py`; `secrets=False`: its password is
+    taken from the JVM's environment); another `jdbc:` URL names that metastore database. A database's Hive
+    tables are created on first use. Spark's own Hive client (the spark-hive jars in the pyspark wheel) talks
+    to it."""
     conf = {"spark.sql.catalogImplementation": "hive",
             # the metastore's tables made on first use, in Derby and in an empty database alike
             "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
             "spark.hadoop.hive.metastore.schema.verification": "false"}
+    if (db := postgres_metastore(metastore)) is not None:
+        return {**conf, **postgres_conf(db, secrets=secrets)}
     if metastore.startswith("jdbc:"):
         conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = metastore
         driver = next((d for prefix, d in METASTORE_DRIVERS.items() if metastore.startswith(prefix)), None)
@@ -161,7 +168,8 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
         java_options += f" {JIT_OPTIONS[options.jit]}"
     if options.java_options:
         java_options += f" {options.java_options}"
-    if options.metastore and not options.metastore.startswith("jdbc:"):
+    database = postgres_metastore(options.metastore)
+    if options.metastore and database is None and not options.metastore.startswith("jdbc:"):
         java_options += f" -Dderby.stream.error.file={os.path.abspath(options.metastore)}/derby.log"
     conf = {
         "spark.driver.memory": options.driver_memory,
@@ -185,7 +193,15 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
         # object store a rename is a copy. The folder is the call's own; the Delta commit publishes it.
         conf["spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version"] = "2"
     if options.metastore:
-        conf.update(metastore_conf(options.metastore))
+        conf.update(metastore_conf(options.metastore, secrets=secrets))
+    if database is not None:
+        # Hive's DataNucleus loads the JDBC driver through the driver's own class path: `spark.jars` is too late
+        if not (driver := jars.installed("postgres")):
+            raise EnvironmentProblem(
+                f"the Hive metastore database {database.where} needs PostgreSQL's JDBC driver, which is not "
+                "installed: run `make install` (or `python -m laminar_assets.deploy.jar_installer postgres`)",
+                field="metastore")
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(driver)
     if options.master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
         # Python workers on this machine run this interpreter (the project's venv), not whatever
         # `python3` is first on PATH; a cluster's executors take PYSPARK_PYTHON instead.
@@ -256,6 +272,8 @@ def build_session(options: SparkOptions | None = None):
         conf = {k: v for k, v in session_conf(options).items() if k.startswith("spark.sql.")}
     else:
         check_java()
+        if _no_local_session():
+            check_metastore(options.metastore)  # a wrong password: one line now, not a Hive trace later
         builder = SparkSession.builder.master(options.master)
         conf = {**jvm_conf(options), **session_conf(options)}
     for key, value in conf.items():
@@ -264,6 +282,12 @@ def build_session(options: SparkOptions | None = None):
     if not options.remote:
         spark.sparkContext.setLogLevel(options.log_level)
     return spark
+
+
+def _no_local_session() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is None
 
 
 def start_session(options: SparkOptions) -> threading.Thread:

@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from laminar_assets.engine.catalog.hive import HiveCatalog
 from laminar_assets.engine.delta import open_delta
 from laminar_assets.engine.export import dead_letters
 from laminar_assets.engine.report import run_query
+from laminar_assets.engine.spark.metastore import check_metastore
 from laminar_assets.engine.spark.session import SparkOptions, jvm_conf
 from laminar_assets.errors import CatalogNameError
 from laminar_assets.pipeline.tick import table_versions
@@ -182,3 +184,172 @@ def test_a_second_process_on_the_embedded_metastore_gets_one_clear_line(spark, t
     line = out.stdout.strip().splitlines()[-1]
     assert f"Derby at {folder}/metastore_db" in line and "open in another process" in line
     assert "LAMINAR_SPARK_REMOTE" in line
+
+
+# --- a metastore database on Postgres ----------------------------------------------------------------------------
+
+def test_a_postgres_url_names_the_metastore_database_and_its_password_stays_off_command_lines(monkeypatch):
+    """`postgresql://` (Dagster's form) and `jdbc:postgresql:` URLs: Hive's settings with the credentials apart, bounded
+    waits, pgjdbc on the driver's class path; a JVM started as a process of its own reads the password from its
+    environment. A socket directory (which pgjdbc cannot reach) is refused in one line."""
+    from laminar_assets.deploy.connect_server import ConnectServerOptions, server_command
+    from laminar_assets.engine.spark.metastore import metastore_env
+    from laminar_assets.errors import EnvironmentProblem
+
+    url = "postgresql+psycopg2://hive:s3cr%40t-pw@db.example:5433/metastore?sslmode=require"
+    conf = jvm_conf(SparkOptions(metastore=url))
+    assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"] == \
+        "jdbc:postgresql://db.example:5433/metastore?sslmode=require&connectTimeout=5&loginTimeout=10" \
+        "&options=-c%20lock_timeout%3D30000"
+    assert (conf["spark.hadoop.javax.jdo.option.ConnectionUserName"],
+            conf["spark.hadoop.javax.jdo.option.ConnectionPassword"]) == ("hive", "s3cr@t-pw")
+    assert conf["spark.driver.extraClassPath"].endswith("postgresql-42.7.14.jar")
+    assert "derby" not in conf["spark.driver.extraJavaOptions"]
+    jdbc = jvm_conf(SparkOptions(metastore="jdbc:postgresql://db.example/metastore?user=hive&password=s3cr%40t-pw"))
+    assert jdbc["spark.hadoop.javax.jdo.option.ConnectionURL"].startswith("jdbc:postgresql://db.example:5432/metastore?")
+    assert "s3cr" not in jdbc["spark.hadoop.javax.jdo.option.ConnectionURL"]
+    command = " ".join(server_command(ConnectServerOptions(spark=SparkOptions(metastore=url))))
+    assert "s3cr" not in command and "ConnectionPassword=${env.LAMINAR_METASTORE_PASSWORD}" in command
+    assert metastore_env(url) == {"LAMINAR_METASTORE_PASSWORD": "s3cr@t-pw"}
+    # given in the environment, the password is only referred to by a local session's settings too
+    monkeypatch.setenv("LAMINAR_METASTORE_PASSWORD", "s3cr@t-pw")
+    conf = jvm_conf(SparkOptions(metastore="postgresql://hive@db.example:5433/metastore"))
+    assert conf["spark.hadoop.javax.jdo.option.ConnectionPassword"] == "${env.LAMINAR_METASTORE_PASSWORD}"
+    with pytest.raises(EnvironmentProblem, match="TCP") as err:
+        jvm_conf(SparkOptions(metastore="postgresql://hive:s3cr%40t-pw@/metastore?host=/run/postgresql"))
+    assert "s3cr" not in str(err.value)
+
+
+def test_a_wrong_password_or_an_unreachable_metastore_database_is_one_line_before_any_jvm(pg_server, pg_database,
+                                                                                         lake):
+    """Checked with psycopg before a JVM starts (a local session's, a Connect server's): one CatalogError line within
+    seconds naming the database and what to do, never the password, instead of Hive's retries and a Py4J trace."""
+    from laminar_assets.deploy.connect_server import ConnectServerOptions, start_connect_server
+    from laminar_assets.errors import CatalogError
+    from tests.deploy.processes import free_port
+    from tests.postgres import PASSWORD, PASSWORD_ROLE
+
+    port = pg_server.tcp_port()
+    wrong = f"postgresql://{PASSWORD_ROLE}:not-{PASSWORD}@127.0.0.1:{port}/{pg_database}"
+    cases = {wrong: f'password authentication failed for user "{PASSWORD_ROLE}"',
+             f"postgresql://{PASSWORD_ROLE}:{PASSWORD}@127.0.0.1:{free_port()}/{pg_database}": "Connection refused",
+             f"postgresql://{PASSWORD_ROLE}:{PASSWORD}@127.0.0.1:{port}/nodb": 'database "nodb" does not exist'}
+    for url, said in cases.items():
+        started = time.monotonic()
+        with pytest.raises(CatalogError) as err:
+            check_metastore(url)
+        message = str(err.value)
+        assert said in message and "\n" not in message and PASSWORD not in message, message
+        assert f"{PASSWORD_ROLE}@127.0.0.1:" in message and time.monotonic() - started < 5
+    # the user's path: `laminar sql` with LAMINAR_METASTORE set fails in one line, before its JVM starts
+    lake.create("trades", ROWS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LAMINAR_CATALOG": "laminar", "LAMINAR_METASTORE": wrong}
+    env.pop("LAMINAR_SPARK_REMOTE", None)
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "laminar_assets.cli", "--root", lake.root, "sql",
+                          "SELECT * FROM laminar.sums"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert out.returncode == 1 and time.monotonic() - started < 30, out.stderr[-2000:]
+    said = [line for line in (out.stdout + out.stderr).splitlines() if "error" in line.lower()]
+    assert len(said) == 1 and "password authentication failed" in said[0], out.stderr[-2000:]
+    assert PASSWORD not in out.stdout + out.stderr and "Traceback" not in out.stderr and "Py4J" not in out.stderr
+    # and the start of a Connect server (`laminar serve`)
+    with pytest.raises(CatalogError, match="password authentication failed"):
+        start_connect_server(ConnectServerOptions(port=free_port(), spark=SparkOptions(metastore=wrong)))
+
+
+CLIENT = """
+import sys
+from laminar_assets.engine import CatalogOptions, Engine, SparkOptions, build_session
+from tests.engine.catalog.test_hive_catalog import PART, sums
+spark = build_session(SparkOptions(remote=sys.argv[1]))
+engine = Engine(spark, sys.argv[2], catalog=CatalogOptions(schema="laminar"))
+engine.run(sums(), PART)
+print("ran", flush=True)
+sys.stdin.readline()  # the other JVM registers meanwhile
+print("seen", sorted(r[1] for r in spark.sql("SHOW TABLES IN laminar").collect()),
+      spark.sql("SELECT count(*) FROM laminar.extra").first()[0], flush=True)
+"""
+
+LOCAL = """
+import sys
+from laminar_assets.engine import SparkOptions, build_session
+from laminar_assets.engine.catalog import CatalogTable
+from laminar_assets.engine.catalog.hive import HiveCatalog
+from laminar_assets.engine.report import run_query
+spark = build_session(SparkOptions.from_env(master="local[1]", shuffle_partitions=1, java_options="-XX:+UseSerialGC"))
+catalog = HiveCatalog(spark, "laminar")
+print("resolved", catalog.resolve("laminar.sums"), flush=True)
+print("rows", run_query(spark, sys.argv[1], [], "SELECT sym, sum(count) AS n FROM laminar.sums GROUP BY sym ORDER BY sym",
+                        catalog="laminar").rows, flush=True)
+print("registered", catalog.register([CatalogTable(name="extra", location=sys.argv[2], kind="sink")]).created,
+      flush=True)
+"""
+
+
+def test_processes_share_a_postgres_metastore_database(lake, pg_server, pg_database, tmp_path):
+    """What embedded Derby cannot do: while the Spark Connect server of `laminar serve` holds the metastore (a flow's
+    run through it registered its sink there), a JVM of its own (as `laminar sql`'s, from LAMINAR_METASTORE) reads that
+    sink by its name and registers a table, which the server sees at once. Hive's tables are created in the empty
+    database on first use; the password reaches neither a command line nor the server's log."""
+    import psycopg
+
+    from laminar_assets.deploy import ConnectServerOptions, start_connect_server
+    from tests.conftest import TEST_JAVA_OPTIONS
+    from tests.deploy.processes import free_port
+    from tests.postgres import PASSWORD, PASSWORD_ROLE
+
+    url = f"postgresql://{PASSWORD_ROLE}:{PASSWORD}@127.0.0.1:{pg_server.tcp_port()}/{pg_database}"
+    lake.create("trades", ROWS)
+    lake.create("extra", ROWS[:2])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LAMINAR_CATALOG": "laminar", "LAMINAR_METASTORE": url,
+           "LAMINAR_SPARK_JIT": "quick"}
+    env.pop("LAMINAR_SPARK_REMOTE", None)
+    log = tmp_path / "connect.log"
+    options = ConnectServerOptions(port=free_port(), log_path=str(log), spark=SparkOptions(
+        master="local[1]", driver_memory="1g", shuffle_partitions=1, jit="quick", java_options=TEST_JAVA_OPTIONS,
+        metastore=url, conf={"spark.sql.warehouse.dir": str(tmp_path / "warehouse")}))
+    with start_connect_server(options) as server:
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, server.url, lake.root], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+        try:
+            assert client.stdout.readline().strip() == "ran", client.stderr.read()[-3000:]
+            # its password in LAMINAR_METASTORE_PASSWORD, as docs/catalog.md advises: no command line holds it
+            local = subprocess.run([sys.executable, "-c", LOCAL, lake.root, lake.path("extra")], capture_output=True,
+                                   text=True, timeout=300, cwd=tmp_path, env={
+                                       **env, "LAMINAR_METASTORE": url.replace(f":{PASSWORD}@", "@"),
+                                       "LAMINAR_METASTORE_PASSWORD": PASSWORD})
+            assert local.returncode == 0, local.stderr[-3000:]
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            seen = client.stdout.readline().strip()
+            assert client.wait(timeout=120) == 0, client.stderr.read()[-3000:]
+        finally:
+            if client.poll() is None:
+                client.kill()
+        command = " ".join(open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+                           for pid in _group(server.process.pid))
+    lines = dict(line.split(" ", 1) for line in local.stdout.strip().splitlines())
+    assert os.path.normpath(lines["resolved"]) == os.path.normpath(lake.path("sums"))
+    assert lines["rows"] == "[('a', 2), ('b', 1)]" and lines["registered"] == "['extra']"
+    assert seen == "seen ['extra', 'sums', 'sums__state'] 2"
+    # the entries are in Postgres (Hive's own tables, made on first use), not in a Derby anywhere
+    with psycopg.connect(pg_server.url(pg_database)) as conn:
+        names = sorted(r[0] for r in conn.execute(
+            'SELECT t."TBL_NAME" FROM "TBLS" t JOIN "DBS" d ON t."DB_ID" = d."DB_ID" WHERE d."NAME" = \'laminar\''))
+    assert names == ["extra", "sums", "sums__state"]
+    assert not list(tmp_path.rglob("metastore_db"))
+    assert PASSWORD not in command and "javax.jdo.option.ConnectionURL" in command
+    assert PASSWORD not in log.read_text(errors="replace")
+
+
+def _group(pid: int) -> list[int]:
+    """The processes of `pid`'s process group (the Connect server's launcher and its JVM)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pid:
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
