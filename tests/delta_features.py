@@ -15,6 +15,7 @@ import struct
 import time
 import uuid
 import zlib
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,13 +59,14 @@ def _commit(path: str, actions: list[dict], operation: str) -> int:
     return version
 
 
-def enable_deletion_vectors(path: str) -> int:
-    """Upgrade the protocol to reader 3 / writer 7 with the deletionVectors feature."""
+def enable_deletion_vectors(path: str, *, also: tuple[str, ...] = ()) -> int:
+    """Upgrade the protocol to reader 3 / writer 7 with the deletionVectors feature (and the reader-writer
+    features `also`, e.g. vacuumProtocolCheck)."""
     dt = DeltaTable(path)
     meta = _latest(path, "metaData")
     meta["configuration"] = {**meta.get("configuration", {}), "delta.enableDeletionVectors": "true"}
-    writer = ["deletionVectors"]
-    readers = ["deletionVectors"]
+    writer = ["deletionVectors", *also]
+    readers = ["deletionVectors", *also]
     conf = meta["configuration"]
     if conf.get("delta.enableChangeDataFeed") == "true":
         writer.append("changeDataFeed")
@@ -121,7 +123,7 @@ def delete_where(path: str, predicate, *, column_names: dict[str, str] | None = 
     actions, deleted = [], 0
     physical = {v: k for k, v in (column_names or {}).items()}  # physical -> logical
     for rel, add in live.items():
-        table = pq.read_table(os.path.join(path, rel))
+        table = pq.read_table(os.path.join(path, unquote(rel)))  # the log's paths are URL-encoded
         table = table.rename_columns([physical.get(n, n) for n in table.column_names])
         for col, value in (add.get("partitionValues") or {}).items():
             name = physical.get(col, col)

@@ -2,8 +2,9 @@
 
 Tests drive it as a producer: `DeltaSparkProducer.sql(...)` sends one statement (INSERT, MERGE,
 UPDATE, DELETE, OPTIMIZE, REORG, VACUUM, ALTER TABLE ...) to a plain Spark session with Delta's
-extension, as a user's job would run it, and returns the rows it produced and the table's version
-after it. The process is not Laminar's and shares no JVM with the tests' session.
+extension, as a user's job would run it, and returns the rows it produced; `script([...])` sends
+many in one round trip (each one's rows or error), `version(path)` a table's version. The
+process is not Laminar's and shares no JVM with the tests' session.
 
 Run as `python -m tests.delta_spark_producer`: one JSON request per line on stdin, one JSON answer
 per line on stdout.
@@ -55,6 +56,12 @@ class DeltaSparkProducer:
     def sql(self, statement: str) -> list[list]:
         """Run one statement; its result rows (as lists)."""
         return self._request({"sql": statement})["rows"]
+
+    def script(self, statements: list[str]) -> list[list[list] | ProducerError]:
+        """Run statements in order in one round trip; each one's result rows, or the `ProducerError` Spark
+        raised for it (the next ones still run: a test decides which refusals it expects)."""
+        answers = self._request({"script": list(statements)})["results"]
+        return [ProducerError(a["error"]) if "error" in a else a["rows"] for a in answers]
 
     def version(self, path: str) -> int:
         return int(self._request({"version": path})["version"])
@@ -108,6 +115,15 @@ def _jsonable(value):
     return value
 
 
+def _error(exc: Exception) -> str:
+    """Spark's message in one line: a Py4J error's first line only says which call failed, the JVM's
+    exception (`: org.apache....Exception: message`) follows it."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
+        return lines[1].lstrip(": ")
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
 def _jvm_options() -> dict[str, str]:
     """How the JVM starts, as the suite's own JVMs start (tests/conftest.py): the class archive `make
     class-archive` wrote, C1 only (LAMINAR_SPARK_JIT, default quick) and the serial collector. A
@@ -143,10 +159,18 @@ def _serve() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
+    def rows(statement: str) -> dict:
+        try:
+            return {"rows": [_jsonable(list(r)) for r in spark.sql(statement).collect()]}
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
+            return {"error": _error(exc)}
+
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            if "sql" in request:
+            if "script" in request:
+                answer = {"results": [rows(s) for s in request["script"]]}
+            elif "sql" in request:
                 answer = {"rows": [_jsonable(list(r)) for r in spark.sql(request["sql"]).collect()]}
             elif "read" not in request:
                 history = spark.sql(f"DESCRIBE HISTORY delta.`{request['version']}` LIMIT 1").collect()
@@ -159,7 +183,7 @@ def _serve() -> None:
                     reader = reader.option("versionAsOf", request["version"])
                 answer = {"rows": [_jsonable(r.asDict()) for r in reader.load(request["read"]).collect()]}
         except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
-            answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            answer = {"error": _error(exc)}
         out.write(json.dumps(answer) + "\n")
         out.flush()
     spark.stop()

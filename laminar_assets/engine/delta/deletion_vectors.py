@@ -13,7 +13,7 @@ Descriptors from the log are decoded here (the Delta protocol's "Deletion Vector
 Format": Z85 names, a `RoaringBitmapArray` in portable format, read with `pyroaring`).
 Snapshots get their vectors from `deltalake` itself (`DeltaTable.deletion_vectors()`),
 so the two decoders check each other in the tests; a table `deltalake` refuses to scan (type
-widening) gets them from its log (`log_deleted_rows`).
+widening, the vacuum protocol check) gets them from its log (`log_deleted_rows`).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class DvChange:
 
 def snapshot_deleted_rows(dt) -> dict[str, DeletedRows]:
     """Deleted rows of every file of a pinned snapshot with a deletion vector, keyed by file path as
-    `deltalake` reports it (a URI)."""
+    `deltalake` reports it: a URL, percent-encoded (`file:///t/p=a%20b/...` for the folder `p=a b`)."""
     table = pa.table(dt.deletion_vectors())
     out = {}
     for path, selection in zip(table.column("filepath").to_pylist(), _flat_lists(table.column("selection_vector"))):
@@ -208,9 +208,13 @@ def log_deleted_rows(table_uri: str, version: int) -> dict[str, DeletedRows]:
     """Deleted rows of every file of the snapshot at `version` with a deletion vector, keyed by the file's
     URI (`table_uri`/its decoded path), from the Delta log itself: the latest checkpoint at or before
     `version` (classic, multi-part, or v2 with its sidecars) and the JSON commits after it. For tables whose
-    reader features `deltalake` refuses to scan (`DeltaTable.deletion_vectors()` fails on `typeWidening`)."""
+    reader features `deltalake` refuses to scan (`DeltaTable.deletion_vectors()` fails on `typeWidening` and
+    `vacuumProtocolCheck`: `tables.UNSCANNED_BY_DELTALAKE`)."""
     log = f"{table_uri}/_delta_log"
-    names = sorted(f.rsplit("/", 1)[-1] for f, _ in storage.list_files(log))
+    # the log's own files: the listing goes into `_sidecars/` too, whose files a v2 checkpoint names (delta-spark
+    # calls them `<version>.checkpoint.0000000001.0000000001.<uuid>.parquet`: taken for the log's, they were
+    # opened in the wrong folder, #63)
+    names = sorted(f.rsplit("/", 1)[-1] for f, _ in storage.list_files(log) if f.rsplit("/", 2)[-2] == "_delta_log")
     points = sorted({int(n[:20]) for n in names if n[:20].isdigit() and ".checkpoint" in n and int(n[:20]) <= version})
     # a logical file is its path and its vector's id: a commit that gives a file a vector adds (path, new)
     # and removes (path, old), in either order in its entry

@@ -290,7 +290,7 @@ def log_damage(table: str, uri: str, version: int | None = None) -> SourceError 
     For the error of a failed open (`deltalake` names neither the version nor the file); None when
     neither is the cause. Lists the log: only called after an open failed."""
     log = f"{uri}/_delta_log"
-    names = {f.rsplit("/", 1)[-1]: f for f, _ in storage.list_files(log)}
+    names = {f.rsplit("/", 1)[-1]: f for f, _ in storage.list_files(log) if f.rsplit("/", 2)[-2] == "_delta_log"}
     hint_path = f"{log}/_last_checkpoint"
     checkpoint = -1
     if "_last_checkpoint" in names:

@@ -57,6 +57,11 @@ SUPPORTED_READER_FEATURES = frozenset({
     "variantType", "variantType-preview",
 })
 TYPE_WIDENING = frozenset({"typeWidening", "typeWidening-preview"})
+# Reader features Laminar reads that `deltalake`'s scans refuse ("Unsupported table features required", from
+# `DeltaTable.deletion_vectors()` too): a snapshot's deletion vectors are then read from the log itself. The
+# delta-spark feature matrix found vacuumProtocolCheck (Databricks and delta-spark 4.4 write it) beside deletion
+# vectors failing every run that read a snapshot (#63).
+UNSCANNED_BY_DELTALAKE = TYPE_WIDENING | {"vacuumProtocolCheck"}
 
 
 @dataclass(frozen=True)
@@ -552,8 +557,13 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
     deleted = {}
     features = set(dt.protocol().reader_features or [])
     if "deletionVectors" in features:
-        # deltalake refuses to scan a table with type widening: its vectors are read from the log then
-        found = log_deleted_rows(info.uri, info.version) if features & TYPE_WIDENING else snapshot_deleted_rows(dt)
+        # deltalake refuses to scan a table with type widening or the vacuum protocol check: its vectors
+        # are read from the log then (keyed by path). deltalake keys them by URL, percent-encoded: a partition
+        # folder with an escaped character (`pts=2024-01-01 00%3A00%3A00`, any timestamp) is `%20` and `%253A`
+        # there, so the URL is decoded once before it is matched with the path below. Matched undecoded, the
+        # vector was never found and a refill read the deleted rows again (the feature matrix, #63).
+        found = log_deleted_rows(info.uri, info.version) if features & UNSCANNED_BY_DELTALAKE \
+            else {unquote(url): rows for url, rows in snapshot_deleted_rows(dt).items()}
         deleted = {_normal(p): rows for p, rows in found.items()}
     if event_time is not None and not temporal(info.schema, event_time):
         event_time = None  # e.g. string times: their statistics do not order like time
