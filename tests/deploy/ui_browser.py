@@ -75,8 +75,9 @@ class Browser:
         self.page.goto(self.base + path)
         try:
             self.page.get_by_text(wait_for, exact=True).first.wait_for(timeout=60_000)
-        finally:
-            self.save(name)
+        except BaseException:
+            self.save(name)  # what the page showed instead
+            raise
         if shows is None:
             self.page.wait_for_timeout(1500)  # let the remaining queries of the page settle
         else:
