@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, Reason, Tumbling
+from laminar_assets.engine.spec.kinds import KINDS
 from laminar_assets.engine.sql.views import compile_sql
 from tests.conftest import Lake, shard_size, shards
 from tests.lake_invariants import assert_lake_intact, assert_no_orphans
@@ -18,12 +19,17 @@ from tests.reference import assert_frames_match, full_recompute
 
 pytestmark = pytest.mark.spark
 
-ALL_KINDS = (
-    Agg.count(), Agg.count("px", name="n_px"), Agg.sum("qty"), Agg.sum("px"), Agg.avg("px"),
-    Agg.var_samp("px"), Agg.stddev_samp("px"), Agg.min("px"), Agg.max("qty"), Agg.first("px"),
-    Agg.last("px"), Agg.approx_count_distinct("qty"), Agg.approx_percentile("px", 0.5),
-    Agg.count_distinct("qty"), Agg.min_by("px", "qty"), Agg.max_by("qty", "px"), Agg.top_k("px", 2),
-)
+# One aggregate of each kind the engine knows (`spec.kinds.KINDS`), so a new kind is in this test from its first
+# day (test_the_flows_cover_every_aggregate_kind); `sql` (any other Spark aggregate, refill-only) is the SQL flow's.
+ONE_OF_EACH_KIND = {
+    "count": Agg.count(), "sum": Agg.sum("qty"), "avg": Agg.avg("px"), "var_samp": Agg.var_samp("px"),
+    "stddev_samp": Agg.stddev_samp("px"), "min": Agg.min("px"), "max": Agg.max("qty"), "first": Agg.first("px"),
+    "last": Agg.last("px"), "approx_count_distinct": Agg.approx_count_distinct("qty"),
+    "approx_percentile": Agg.approx_percentile("px", 0.5), "count_distinct": Agg.count_distinct("qty"),
+    "min_by": Agg.min_by("px", "qty"), "max_by": Agg.max_by("qty", "px"), "top_k": Agg.top_k("px", 2),
+    "approx_top_k": Agg.approx_top_k("sym", 2),
+}
+ALL_KINDS = (*ONE_OF_EACH_KIND.values(), Agg.count("px", name="n_px"), Agg.sum("px"))
 RETRACTABLE = (
     Agg.count(), Agg.count("px", name="n_px"), Agg.sum("qty"), Agg.sum("px"), Agg.avg("px"),
     Agg.var_samp("px"), Agg.stddev_samp("px"),
@@ -148,6 +154,11 @@ def _run_history(spark, cdf: bool, first_rows, ops, options: EngineOptions | Non
 
 
 SHARDS = 2
+
+
+def test_the_flows_cover_every_aggregate_kind():
+    covered = {a.kind for flow in FLOWS for a in flow.aggregates}
+    assert covered == set(KINDS), f"aggregate kinds no flow here computes: {sorted(set(KINDS) - covered)}"
 
 
 @shards(SHARDS)

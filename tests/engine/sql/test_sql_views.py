@@ -219,3 +219,27 @@ def test_variant_paths_compile_to_variant_get_and_a_named_group_by_expression_is
     with pytest.raises(SqlDefinitionError, match="name this key in the select list"):
         compile_sql("CREATE MATERIALIZED VIEW w AS SELECT TUMBLE(et, INTERVAL '10' MINUTE), COUNT(*) AS n FROM orders "
                     "GROUP BY TUMBLE(et, INTERVAL '10' MINUTE), payload:venue::string", origin="w.sql")
+
+
+# One SQL call per aggregate kind of `spec.kinds.KINDS`: a kind added to the table without a way to write it in
+# SQL (or a refusal listed here) fails the test below, instead of SQL flows silently computing it refill-only.
+SQL_OF_KIND = {
+    "count": "COUNT(*)", "sum": "SUM(px)", "avg": "AVG(px)", "var_samp": "VAR_SAMP(px)",
+    "stddev_samp": "STDDEV_SAMP(px)", "min": "MIN(px)", "max": "MAX(px)", "first": "FIRST(px)", "last": "LAST(px)",
+    "approx_count_distinct": "APPROX_COUNT_DISTINCT(qty)", "approx_percentile": "APPROX_PERCENTILE(px, 0.5)",
+    "count_distinct": "COUNT(DISTINCT qty)", "min_by": "MIN_BY(px, qty)", "max_by": "MAX_BY(qty, px)",
+    "top_k": "TOP_K(px, 2)", "approx_top_k": "APPROX_TOP_K(px, 2)",
+    "sql": "PERCENTILE(px, 0.5)",  # any aggregate the algebra does not know: kept per window, refill-only
+}
+NO_SQL_FORM: dict[str, str] = {}  # kind -> why SQL flows cannot name it (none today)
+
+
+def test_every_aggregate_kind_has_a_sql_form_that_compiles_to_it():
+    from laminar_assets.engine.spec.kinds import KINDS
+
+    assert set(SQL_OF_KIND) | set(NO_SQL_FORM) == set(KINDS), \
+        f"kinds without a SQL form or a listed refusal: {sorted(set(KINDS) - set(SQL_OF_KIND) - set(NO_SQL_FORM))}"
+    select = ", ".join(f"{call} AS a_{kind}" for kind, call in SQL_OF_KIND.items())
+    spec = one(f"CREATE MATERIALIZED VIEW k AS SELECT sym, TUMBLE(ts, INTERVAL '1' MINUTE), {select} "
+               "FROM trades GROUP BY sym, TUMBLE(ts, INTERVAL '1' MINUTE)")
+    assert {a.name: a.kind for a in spec.aggregates} == {f"a_{kind}": kind for kind in SQL_OF_KIND}
