@@ -382,10 +382,12 @@ class Engine:
             outcome = self._pass(spec, plans, marks, inputs, seqs, run_id, force)
             pass_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            for i, (k, p) in enumerate(plans.items()):
-                protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k], source_ids=inputs.source_ids())
-                if i == 0:
-                    ctx.hook("after_first_watermark")
+            finishes = [lambda k=k, p=p: protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k],
+                                                         source_ids=inputs.source_ids()) for k, p in plans.items()]
+            if finishes:
+                finishes[0]()
+                ctx.hook("after_first_watermark")
+                protocol.side_by_side(ctx, finishes[1:])  # on an object store, the others' requests side by side
             ctx.hook("after_watermark")
         except InjectedCrash:
             raise  # a simulated kill: nothing more is written
