@@ -50,7 +50,7 @@ from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import InjectedCrash, RunFailedError, SchemaMismatchError, SourceNotFoundError
 from tests.engine.stateful_exports import PARTITIONS, ExportRules, export_plans
-from tests.lake_invariants import assert_lake_intact, laminar_tables, latest_frame, orphan_files, writers
+from tests.lake_invariants import LakeView, assert_lake_intact, laminar_tables, latest_frame, orphan_files, writers
 from tests.reference import assert_frames_match
 
 DAY = pd.Timestamp("2024-01-01", tz="UTC")
@@ -283,9 +283,19 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
 
     # --- invariants -------------------------------------------------------------------
     @invariant()
-    def every_partition_equals_a_recompute_at_its_watermark(self):
+    def the_lake_keeps_every_invariant(self):
+        """The checks that read the lake's tables, from one listing of it (`LakeView`): on a bucket each
+        check listing the folders it looks at again was most of a step's requests."""
         if not hasattr(self, "engine"):
             return
+        view = LakeView(self.root)
+        self.every_partition_equals_a_recompute_at_its_watermark(view)
+        self.every_file_a_table_names_exists(view)
+        self.no_run_leaves_staged_files_behind(view)
+        self.no_table_is_written_by_another_flow(view)
+        self.no_quarantine_row_is_recorded_twice(view)
+
+    def every_partition_equals_a_recompute_at_its_watermark(self, view: LakeView | None = None):
         for spec in self.specs:
             sink = None  # read once per spec, when a partition is to be compared
             for key in PARTITIONS:
@@ -293,7 +303,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
                 if mark is None or not mark.committed or mark.pending is not None:
                     continue  # nothing materialized, or a killed run's intent the next run settles
                 if sink is None:
-                    sink = latest_frame(storage.join(self.root, spec.sink))
+                    sink = latest_frame(storage.join(self.root, spec.sink), view)
                 actual, expected = self._partition(spec, key, mark.source_versions, sink)
                 try:
                     if isinstance(spec, StageSpec):
@@ -304,34 +314,26 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
                     raise AssertionError(f"{spec.name} {key} at {mark.source_versions} ({mark.last_mode} "
                                          f"{mark.last_reason}) differs from a recompute: {exc}") from None
 
-    @invariant()
-    def every_file_a_table_names_exists(self):
-        if hasattr(self, "engine"):
-            assert_lake_intact(self.root)
+    def every_file_a_table_names_exists(self, view: LakeView | None = None):
+        assert_lake_intact(self.root, view)
 
-    @invariant()
-    def no_run_leaves_staged_files_behind(self):
-        if hasattr(self, "engine"):
-            left = self._orphans() - self.allowed_orphans
-            assert not left, f"staged files no commit took: {sorted(left)}"
+    def no_run_leaves_staged_files_behind(self, view: LakeView | None = None):
+        left = self._orphans(view) - self.allowed_orphans
+        assert not left, f"staged files no commit took: {sorted(left)}"
 
-    @invariant()
-    def no_quarantine_row_is_recorded_twice(self):
+    def no_quarantine_row_is_recorded_twice(self, view: LakeView):
         path = storage.join(self.root, "_laminar", "quarantine", "trades")
-        if is_delta_table(path):
-            rows = open_delta(path).to_pandas(columns=["flow", "partition", "rule", "row"])
+        if view.newest_commit(path) is not None:
+            rows = latest_frame(path, view)[["flow", "partition", "rule", "row"]]
             twice = rows[rows.duplicated(keep=False)]
             assert twice.empty, f"quarantine rows recorded twice:\n{twice}"
 
-    @invariant()
-    def no_table_is_written_by_another_flow(self):
-        if not hasattr(self, "engine"):
-            return
-        written = writers(self.source)
+    def no_table_is_written_by_another_flow(self, view: LakeView | None = None):
+        written = writers(self.source, view)
         assert not any(written), f"the source was written by {sorted({w for w in written if w})}"
         for spec in self.specs:
-            for uri in self._tables_of(spec):
-                others = writers(uri) - {spec.name}
+            for uri in self._tables_of(spec, view):
+                others = writers(uri, view) - {spec.name}
                 assert not others, f"{uri} ({spec.name}'s) was written by {sorted(map(str, others))}"
 
     # --- helpers ------------------------------------------------------------------------
@@ -363,9 +365,13 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
     def _exists(self, spec) -> bool:
         return all(is_delta_table(storage.join(self.root, s)) for s in spec.sources)
 
-    def _tables_of(self, spec) -> list[str]:
+    def _tables_of(self, spec, view: LakeView | None = None) -> list[str]:
         """The Delta tables Laminar writes for `spec` that exist: its sink, and a flow's state tables."""
         state = storage.join(self.root, "_laminar", "state", spec.name)
+        if view is not None:  # folders holding a commit
+            names = {n.split("/", 1)[0] for n, _ in view.names(state) if "/_delta_log/" in n and n.endswith(".json")}
+            uris = [storage.join(state, n) for n in sorted(names)]
+            return [u for u in [storage.join(self.root, spec.sink)] if view.newest_commit(u) is not None] + uris
         uris = [storage.join(self.root, spec.sink)] + [storage.join(state, n) for n in storage.list_dirs(state)]
         return [u for u in uris if is_delta_table(u)]
 
@@ -408,9 +414,9 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         for v in range(max(self.snapshots, default=-1) + 1, dt.version() + 1):
             self.snapshots[v] = rows
 
-    def _orphans(self) -> set[str]:
+    def _orphans(self, view: LakeView | None = None) -> set[str]:
         sinks = [s.sink for s in self.specs]
-        return {f for t in laminar_tables(self.root, sinks) for f in orphan_files(t)}
+        return {f for t in laminar_tables(self.root, sinks, view) for f in orphan_files(t, view)}
 
     def _partition(self, spec, key: str, versions: dict[str, int],
                    sink: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
