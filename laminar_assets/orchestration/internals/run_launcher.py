@@ -6,19 +6,24 @@ Expectations (seconds of imports, docs/PERFORMANCE.md), before the run's first s
 that keeps sinks fresh, those seconds are most of the time from a commit to its run.
 
 `WarmRunLauncher` keeps `warm_workers` processes started ahead of time, each with those libraries
-already imported and its Dagster instance open, waiting on a pipe for a run id. A run goes to an
-idle one, which executes it exactly as `dagster api execute_run` does (the same Dagster function,
-the run's own code origin loaded from disk then, so user code is never older than the run), and
-exits; a new worker is warmed once it has. When no worker is idle, the run goes the default way,
-through the code server. Every run is an ordinary Dagster run in the UI either way.
+already imported, waiting on a pipe for run ids. A worker handed a run forks: the child opens the Dagster
+instance and executes the run exactly as `dagster api execute_run` does (the same Dagster function, the
+run's own code origin loaded from disk then, so user code is never older than the run), then exits; the
+worker itself stays warm for the next run. A fork of a process that has imported everything costs
+milliseconds and no imports, so a run never waits for a worker to warm up again, and a burst of runs all
+start warm. When no worker is ready (the first launch starts them), the run goes the default way, through
+the code server. Every run is an ordinary Dagster run in the UI either way.
 
 Only third-party libraries are imported ahead of time: Laminar's engine and the flows load with
-the run, so an edited flow or engine module is what the next run executes.
+the run (in the child), so an edited flow or engine module is what the next run executes. The worker
+stays single-threaded (it forks; no Dagster instance, Spark session or gRPC channel is opened in it), so
+each child starts from a clean copy.
 
-A worker is a child of the process that launches runs (the daemon); an idle one exits when its pipe
-closes, so it never outlives the daemon (one executing a run finishes the run first). Terminating a
-run from the same host sends its worker SIGTERM, which Dagster turns into an interrupt: the run ends
-CANCELED; from another host, the run's cancellation thread sees CANCELING and does the same.
+A worker is a child of the process that launches runs (the daemon); it exits when its pipe closes, so it
+never outlives the daemon (a run it forked finishes first). It reports each child's exit, and the launcher
+fails a run whose process ended before the run did and frees its pool slots. Terminating a run from the
+same host sends its process SIGTERM, which Dagster turns into an interrupt: the run ends CANCELED; from
+another host, the run's cancellation thread sees CANCELING and does the same.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dagster._core.launcher import LaunchRunContext
@@ -52,14 +57,19 @@ WARM_IMPORTS = ("dagster._cli.api", "pandas", "pyarrow.dataset", "pyspark.sql", 
 imports. Laminar's own modules are not among them (see the module docstring)."""
 
 _READY = "ready"
-_ACCEPTED = "accepted"
+_ACCEPTED = "accepted"  # + run id and the pid of the process executing it
+_EXITED = "exited"  # + that pid and its exit code (negative: the signal that ended it)
 
 
 class _Worker:
-    """One warm process and a thread reading its control lines (`ready`, then `accepted`)."""
+    """One warm process, which forks a process per run it is handed, and a thread reading its control
+    lines (`ready`; per run `accepted <run id> <pid>`, then `exited <pid> <code>`)."""
 
-    def __init__(self, instance_ref_json: str, env: Mapping[str, str]) -> None:
-        self.lines: queue.Queue[str | None] = queue.Queue()
+    def __init__(self, instance_ref_json: str, env: Mapping[str, str],
+                 on_exit: Callable[[int, int], None], on_gone: Callable[[], None]) -> None:
+        self._accepts: queue.Queue[tuple[str, int] | None] = queue.Queue()
+        self._hand_lock = threading.Lock()  # one hand-off at a time: accepts come back in order
+        self._on_exit, self._on_gone = on_exit, on_gone
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=dict(env), bufsize=1)
@@ -67,37 +77,46 @@ class _Worker:
         self.process.stdin.write(instance_ref_json + "\n")
         self.process.stdin.flush()
         self._ready = threading.Event()
+        self.gone = False
         threading.Thread(target=self._read, name=f"laminar-warm-worker-{self.process.pid}", daemon=True).start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            line = line.strip()
-            if line == _READY:
+            word, *rest = line.split()
+            if word == _READY:
                 self._ready.set()
-            else:
-                self.lines.put(line)
-        self.lines.put(None)  # the worker closed its control pipe: it exited or started the run
+            elif word == _ACCEPTED and len(rest) == 2:
+                self._accepts.put((rest[0], int(rest[1])))
+            elif word == _EXITED and len(rest) == 2:
+                self._on_exit(int(rest[0]), int(rest[1]))
+        self.gone = True  # the worker closed its control pipe: it exited (poll() may not say so yet)
+        self._ready.clear()
+        self._accepts.put(None)
+        self._on_gone()
 
     @property
     def idle(self) -> bool:
-        return self._ready.is_set() and self.process.poll() is None
+        """Ready for a run (a worker takes any number, one after the other)."""
+        return self._ready.is_set() and not self.gone and self.process.poll() is None
 
-    def hand(self, run_id: str, timeout: float) -> bool:
-        """Send the run id; True once the worker confirms it took it."""
+    def hand(self, run_id: str, timeout: float) -> int | None:
+        """Send the run id; the pid of the process executing the run once the worker confirms, else None."""
         assert self.process.stdin is not None
-        try:
-            self.process.stdin.write(run_id + "\n")
-            self.process.stdin.close()
-        except (BrokenPipeError, OSError):
-            return False
-        try:
-            return self.lines.get(timeout=timeout) == _ACCEPTED
-        except queue.Empty:
-            return False
+        with self._hand_lock:
+            try:
+                self.process.stdin.write(run_id + "\n")
+                self.process.stdin.flush()
+            except (BrokenPipeError, OSError):
+                return None
+            try:
+                accepted = self._accepts.get(timeout=timeout)
+            except queue.Empty:
+                return None
+        return accepted[1] if accepted is not None and accepted[0] == run_id else None
 
     def release(self) -> None:
-        """Let an idle worker go: it reads end of input and exits."""
+        """Let the worker go: it reads end of input and exits (the runs it forked go on)."""
         try:
             if self.process.stdin is not None:
                 self.process.stdin.close()
@@ -113,6 +132,9 @@ class WarmRunLauncher(DefaultRunLauncher):
         super().__init__(inst_data=inst_data)
         self.warm_workers = warm_workers
         self._workers: list[_Worker] = []
+        self._runs: dict[int, str] = {}  # pid of a process a worker forked -> the run it executes
+        self._early_exits: dict[int, int] = {}  # pid -> exit code, of a process that ended before its pid was recorded
+        self._runs_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = False
         self._started = False
@@ -122,7 +144,7 @@ class WarmRunLauncher(DefaultRunLauncher):
         from dagster import Field, IntSource
 
         return {"warm_workers": Field(IntSource, is_required=False, default_value=2,
-                                      description="Processes kept warm for the next runs (0: launch every run the default way).")}
+                                      description="Warm processes that fork each run (0: launch every run the default way).")}
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]):
@@ -134,10 +156,10 @@ class WarmRunLauncher(DefaultRunLauncher):
         """Start workers until `warm_workers` are alive and not yet handed a run (lock held)."""
         if self._closed:
             return
-        self._workers = [w for w in self._workers if w.process.poll() is None]
+        self._workers = [w for w in self._workers if not w.gone and w.process.poll() is None]
         ref = serialize_value(self._instance.get_ref())
         while len(self._workers) < self.warm_workers:
-            self._workers.append(_Worker(ref, os.environ))
+            self._workers.append(_Worker(ref, os.environ, self._exited, self._worker_gone))
 
     def prepare(self) -> None:
         """Start the warm workers now rather than at the first launch (which then goes the default way)."""
@@ -160,34 +182,45 @@ class WarmRunLauncher(DefaultRunLauncher):
                 # the webserver builds this launcher too, but only to terminate runs.
                 self._started = True
                 atexit.register(self.dispose)
-            self._top_up()  # also replaces an idle worker that died
+            self._top_up()  # also replaces a worker that died
             if first:
                 return None
-            worker = next((w for w in self._workers if w.idle), None)
-            if worker is not None:
-                self._workers.remove(worker)
-            return worker
+            return next((w for w in self._workers if w.idle), None)
 
-    def _replace_after(self, worker: _Worker, run_id: str) -> None:
-        """Once the worker has exited: free the pool slots its run still holds (a killed worker frees
-        nothing, and every step of the run was in that process), fail the run if it did not end (as the
-        code server does for a run process that dies), then warm the next worker; warming never
-        competes with the run."""
-        def wait_then_top_up() -> None:
+    def _exited(self, pid: int, code: int) -> None:
+        """A process a worker forked for a run ended: free the pool slots its run still holds (a killed
+        process frees nothing, and every step of the run was in that process), and fail the run if it did
+        not end (as the code server does for a run process that dies). Off the worker's reading thread."""
+        with self._runs_lock:
+            run_id = self._runs.pop(pid, None)
+            if run_id is None:  # its launch has not recorded the pid yet (the worker's lines came first)
+                self._early_exits[pid] = code
+                return
+        self._report_exit(pid, run_id, code)
+
+    def _report_exit(self, pid: int, run_id: str, code: int) -> None:
+        if self._closed:
+            return  # the instance is going away (the daemon stops): nothing to report on
+
+        def report() -> None:
             from laminar_assets.orchestration.internals.run_processes import free_slots
 
-            code = worker.process.wait()
-            if self._closed:
-                return  # the instance is going away (the daemon stops): nothing to report on or warm
             free_slots(self._instance, run_id)
             run = self._instance.get_run_by_id(run_id)
             if run is not None and not run.is_finished:
                 self._instance.report_run_failed(
-                    run, f"Laminar's warm run worker (pid {worker.process.pid}) exited with code {code} "
+                    run, f"Laminar's warm run worker's process for the run (pid {pid}) exited with code {code} "
                          "before the run finished.")
+        threading.Thread(target=report, name=f"laminar-run-exit-{pid}", daemon=True).start()
+
+    def _worker_gone(self) -> None:
+        """A worker exited (released, or killed): warm another in its place, off its reading thread. The
+        runs it had forked go on; their processes' ends are then met by run monitoring or a pool's waiter
+        (run_processes.py), not by this launcher."""
+        def top_up() -> None:
             with self._lock:
                 self._top_up()
-        threading.Thread(target=wait_then_top_up, name="laminar-warm-worker-replace", daemon=True).start()
+        threading.Thread(target=top_up, name="laminar-warm-worker-replace", daemon=True).start()
 
     def dispose(self) -> None:
         with self._lock:
@@ -204,17 +237,23 @@ class WarmRunLauncher(DefaultRunLauncher):
         if worker is None:
             super().launch_run(context)
             return
-        self._instance.add_run_tags(run.run_id, {WORKER_TAG: json.dumps(
-            {"pid": worker.process.pid, "host": socket.gethostname(), "run_id": run.run_id})})
-        accepted = worker.hand(run.run_id, ACCEPT_SECONDS)
-        self._replace_after(worker, run.run_id)
-        if not accepted:
+        pid = worker.hand(run.run_id, ACCEPT_SECONDS)
+        if pid is not None:
+            with self._runs_lock:
+                code = self._early_exits.pop(pid, None)
+                if code is None:
+                    self._runs[pid] = run.run_id
+            if code is not None:
+                self._report_exit(pid, run.run_id, code)
+        if pid is None:
             worker.process.kill()
             from dagster._core.errors import DagsterLaunchFailedError
 
             raise DagsterLaunchFailedError(
                 f"warm run worker (pid {worker.process.pid}) did not take run {run.run_id} within "
                 f"{ACCEPT_SECONDS:.0f} s (exit code {worker.process.poll()}); its output is in the daemon's log")
+        self._instance.add_run_tags(run.run_id, {WORKER_TAG: json.dumps(
+            {"pid": pid, "host": socket.gethostname(), "run_id": run.run_id})})
 
     def _worker_of(self, run_id: str) -> int | None:
         run = self._instance.get_run_by_id(run_id)
@@ -249,30 +288,82 @@ class WarmRunLauncher(DefaultRunLauncher):
 
 # -- the worker process ------------------------------------------------------------------------
 
-def _serve_one_run() -> int:
-    """Warm up, say ready, take one run id from stdin, confirm, execute the run, exit."""
+def _serve_runs() -> int:
+    """Warm up, say ready, then for each run id read from stdin fork a process that executes the run, and
+    report each such process's pid and, once it ends, its exit code; exit at the end of stdin."""
+    import functools
     import importlib
     import logging
 
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # as laminar_assets.contracts does before its import
-    control = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # the run's own prints go where the daemon's go; stdout carries control lines only
+    control = os.dup(1)  # control lines, each one os.write (atomic on a pipe): no buffer a fork could copy half-written
+    os.dup2(2, 1)  # the runs' own prints go where the daemon's go; stdout carries control lines only
 
-    from dagster._core.instance import DagsterInstance, InstanceRef
+    from dagster._core.instance import InstanceRef
     from dagster._utils.interrupts import setup_interrupt_handlers
 
     setup_interrupt_handlers()  # SIGTERM (terminate) becomes an interrupt, as in `dagster api execute_run`
     for module in WARM_IMPORTS:
         importlib.import_module(module)
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
-    instance_ref = deserialize_value(sys.stdin.readline(), InstanceRef)
+    lines = _Lines(0)
+    instance_ref = deserialize_value(lines.next(timeout=None) or "", InstanceRef)
+    _say(control, _READY)
+    running: set[int] = set()
+    while True:
+        run_id = lines.next(timeout=1.0)  # also wakes up to reap the runs that ended
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                running.discard(pid)
+                _say(control, f"{_EXITED} {pid} {os.waitstatus_to_exitcode(status)}")
+        if run_id is None:
+            if lines.ended:
+                return 0  # released: the launcher is gone or closed (the runs go on)
+            continue
+        pid = os.fork()
+        if pid == 0:  # the run's process: nothing of the worker's pipes, then the run
+            os.close(control)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            from laminar_assets.process_exit import run_then_exit
+
+            run_then_exit(functools.partial(_execute_opened, run_id, instance_ref))
+        running.add(pid)
+        _say(control, f"{_ACCEPTED} {run_id} {pid}")
+
+
+def _say(fd: int, line: str) -> None:
+    os.write(fd, (line + "\n").encode())
+
+
+class _Lines:
+    """Lines of a file descriptor, read with `os.read` (a buffered reader's data would be copied into each fork)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.ended, self._buffer = fd, False, b""
+
+    def next(self, timeout: float | None) -> str | None:
+        """The next line (without its end), or None when none came within `timeout` or the input ended."""
+        import select
+
+        while b"\n" not in self._buffer:
+            if self.ended or not select.select([self.fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                self.ended = True
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode().strip()
+
+
+def _execute_opened(run_id: str, instance_ref) -> int:
+    from dagster._core.instance import DagsterInstance
+
     with DagsterInstance.from_ref(instance_ref) as instance:
-        control.write(_READY + "\n")
-        run_id = sys.stdin.readline().strip()
-        if not run_id:
-            return 0  # released: the launcher is gone or closed
-        control.write(_ACCEPTED + "\n")
-        control.close()
         return _execute(run_id, instance)
 
 
@@ -305,7 +396,7 @@ def _execute(run_id: str, instance) -> int:
 
 def main() -> int:
     try:
-        return _serve_one_run()
+        return _serve_runs()
     except KeyboardInterrupt:  # Ctrl-C to `dagster dev` reaches its whole process group; a run interrupted
         return 0               # mid-way has already been marked CANCELED by Dagster's own handling
 

@@ -33,7 +33,7 @@ def probe(context):
     # what this process had imported when the run's first step began
     warm = {m: m in sys.modules for m in ("great_expectations", "pandas", "pyspark.sql")}
     with open(cfg["out"], "w") as f:
-        json.dump({"pid": os.getpid(), "warm": warm}, f)
+        json.dump({"pid": os.getpid(), "parent": os.getppid(), "warm": warm}, f)
     if cfg["exit_code"]:
         os._exit(cfg["exit_code"])
     time.sleep(cfg["sleep"])
@@ -115,19 +115,28 @@ def _finished(instance: dg.DagsterInstance, run_id: str, timeout: float = 120) -
                  f"run {run_id} to finish")
 
 
-def test_run_executes_in_a_warm_worker(shared, tmp_path):
+def test_runs_execute_in_processes_a_warm_worker_forks(shared, tmp_path):
+    """Two runs launched back to back: each in a process of its own, forked by one warm worker, which stays
+    warm for the next (no worker warms up again between runs)."""
     instance, job_dir = shared
-    _warm(instance)
-    run = _run(instance, job_dir, tmp_path / "probe.json")
-    instance.launch_run(run.run_id, workspace=None)  # the warm path needs no code server
-    done = _finished(instance, run.run_id)
-    assert done.status == dg.DagsterRunStatus.SUCCESS
-    probe = json.loads((tmp_path / "probe.json").read_text())
-    worker = json.loads(done.tags[WORKER_TAG])
-    assert probe["pid"] == worker["pid"] != os.getpid()
-    assert probe["warm"] == {"great_expectations": True, "pandas": True, "pyspark.sql": True}, probe
-    started = [e.message for e in instance.all_logs(run.run_id) if "Started process for run" in (e.message or "")]
-    assert started == [f"Started process for run (pid: {worker['pid']})."]
+    launcher = _warm(instance)
+    runs = [_run(instance, job_dir, tmp_path / f"probe{i}.json") for i in range(2)]
+    for run in runs:
+        instance.launch_run(run.run_id, workspace=None)  # the warm path needs no code server
+    workers = {w.process.pid for w in launcher._workers}
+    pids = []
+    for i, run in enumerate(runs):
+        done = _finished(instance, run.run_id)
+        assert done.status == dg.DagsterRunStatus.SUCCESS
+        probe = json.loads((tmp_path / f"probe{i}.json").read_text())
+        worker = json.loads(done.tags[WORKER_TAG])
+        assert probe["pid"] == worker["pid"] != os.getpid() and probe["parent"] in workers, (probe, workers)
+        assert probe["warm"] == {"great_expectations": True, "pandas": True, "pyspark.sql": True}, probe
+        started = [e.message for e in instance.all_logs(run.run_id) if "Started process for run" in (e.message or "")]
+        assert started == [f"Started process for run (pid: {worker['pid']})."]
+        pids.append(probe["pid"])
+    assert len(set(pids)) == 2
+    assert {w.process.pid for w in launcher._workers} == workers and launcher.idle_workers() == 2
 
 
 def test_terminate_cancels_the_run(shared, tmp_path):
@@ -155,6 +164,22 @@ def test_a_worker_that_dies_fails_its_run(shared, tmp_path):
     assert any("exited with code 3" in m for m in failure), failure
     # the step died holding its pool's slot: the launcher freed it, or the probe's asset would wedge
     assert instance.event_log_storage.get_concurrency_info("laminar_probe").claimed_slots == []
+
+
+def test_a_worker_killed_is_replaced_and_the_next_run_is_warm(shared, tmp_path):
+    """kill -9 of a warm worker (an operator, the OOM killer): the launcher warms another in its place."""
+    instance, job_dir = shared
+    launcher = _warm(instance)
+    _wait(lambda: launcher.idle_workers() == 2, 120, "both warm workers")
+    victim = launcher._workers[0].process
+    victim.kill()
+    victim.wait()
+    _wait(lambda: launcher.idle_workers() == 2 and victim.pid not in {w.process.pid for w in launcher._workers}, 120,
+          "a new warm worker in place of the killed one")
+    run = _run(instance, job_dir, tmp_path / "probe.json")
+    instance.launch_run(run.run_id, workspace=None)
+    done = _finished(instance, run.run_id)
+    assert done.status == dg.DagsterRunStatus.SUCCESS and WORKER_TAG in done.tags
 
 
 def test_without_a_warm_worker_the_run_goes_the_default_way_and_idle_workers_exit_with_the_launcher(instance, tmp_path):
