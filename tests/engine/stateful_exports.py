@@ -454,7 +454,10 @@ class ExportRules:
             return
         if any(t.kind == "redis" for t in self.targets):
             self.lease_runs_out()
+        caught_up = {s.name for s in self.caught_up}
         for target in self.targets:
+            if target.source.name not in caught_up:  # never run: `_deliver_exports` found its sink unwritten
+                continue
             how = "full" if target.edited else "changes"
             for _ in range(2):  # a second one only after a table altered for a new column
                 result = self._deliver(_NoDraws(), target, how)
