@@ -1,7 +1,7 @@
 """A scratch `dg` project of a team that adds Laminar beside its own assets (tests/orchestration/test_component.py).
 
 Its own asset `busiest_symbol` is downstream of Laminar's `trades_1m`, hourly like it, and materialized by
-Declarative Automation (`AutomationCondition.eager()`), not by Laminar's sensors.
+Declarative Automation (`AutomationCondition.eager()` over its latest two hours), not by Laminar's sensors.
 """
 
 from __future__ import annotations
@@ -44,14 +44,19 @@ def defs():
 """
 
 # The team's own asset: the busiest symbol of each hour of Laminar's per-minute rollup.
-DOWNSTREAM = '''import dagster as dg
+DOWNSTREAM = '''from datetime import timedelta
+
+import dagster as dg
 from deltalake import DeltaTable
 
 HOURS = dg.HourlyPartitionsDefinition(start_date="{start}", end_offset=1)  # the flow's own partitions
+# eager() looks at the latest hour only; the team also wants the hour before it, so a run that straddles the
+# top of the hour still reports the hour its data landed in.
+EAGER = dg.AutomationCondition.eager().replace(
+    "in_latest_time_window", dg.AutomationCondition.in_latest_time_window(timedelta(hours=2)))
 
 
-@dg.asset(deps=["trades_1m"], partitions_def=HOURS, automation_condition=dg.AutomationCondition.eager(),
-          group_name="reports")
+@dg.asset(deps=["trades_1m"], partitions_def=HOURS, automation_condition=EAGER, group_name="reports")
 def busiest_symbol(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     window = context.partition_time_window
     rows = DeltaTable("{lake}/trades_1m").to_pandas()

@@ -24,14 +24,6 @@ from tests.orchestration.team_project import dg as run_dg
 pytestmark = [pytest.mark.spark, pytest.mark.deployment, pytest.mark.timeout(1200)]
 
 
-def current_hour() -> datetime:
-    """The hour now, after waiting out its last minutes: eager() looks at the latest partition only."""
-    now = datetime.now(UTC)
-    if now.minute >= 57:  # the test takes about 90 s
-        time.sleep((60 - now.minute) * 60 - now.second + 5)
-    return datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-
-
 def sink_matches(lake: str, raw: pd.DataFrame) -> None:
     got = DeltaTable(f"{lake}/trades_1m").to_pandas()[["window_start", "symbol", "volume", "trades"]]
     got = got.sort_values(["window_start", "symbol"]).reset_index(drop=True)
@@ -52,12 +44,15 @@ def test_a_team_project_scaffolds_lists_runs_and_automates_downstream(tmp_path):
     def stage(what: str) -> None:  # where the test's time goes (-s shows it)
         print(f"{time.monotonic() - started:7.1f} s  {what}")
 
-    hour = current_hour()
-    previous = f"{hour - timedelta(hours=1):%Y-%m-%d-%H}:00"
+    # new rows land in this hour, older ones two hours back: the team's asset automates the latest two hours
+    # (team_project.EAGER), so a test that crosses the top of the hour still sees this hour automated, and
+    # the hour of the one-off launch is never automated.
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    older = f"{hour - timedelta(hours=2):%Y-%m-%d-%H}:00"
     latest = f"{hour:%Y-%m-%d-%H}:00"
     project, lake = tmp_path / "teamproj", str(tmp_path / "lake")
     env = make_project(project, lake, hour - timedelta(days=1))
-    raw = pd.concat([trades(hour - timedelta(hours=1), 60, 1, seed=1), trades(hour, 40, 61, seed=2)], ignore_index=True)
+    raw = pd.concat([trades(hour - timedelta(hours=2), 60, 1, seed=1), trades(hour, 40, 61, seed=2)], ignore_index=True)
     write_deltalake(f"{lake}/raw_trades", raw)
 
     # scaffold: defs.yaml with the lake and the partition start, an example flow, a contracts folder
@@ -81,7 +76,7 @@ def test_a_team_project_scaffolds_lists_runs_and_automates_downstream(tmp_path):
 
     stage("listed")
     # a one-off materialization from the command line
-    proc = run_dg(project, env, "launch", "--assets", "trades_1m", "--partition", previous, timeout=600)
+    proc = run_dg(project, env, "launch", "--assets", "trades_1m", "--partition", older, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     sink_matches(lake, raw[raw["event_time"] < hour])
 
