@@ -20,12 +20,14 @@ install: $(VENV)/.installed
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer azure  # ABFS (abfss://): hadoop-azure, engine/spark/jars.py
 	@$(BIN)/python -m laminar_assets.deploy.jar_installer postgres  # pgjdbc: a Hive metastore on Postgres (docs/catalog.md)
 
-# uv (from PyPI) installs the same packages as pip in half the time: 28-31 s against 60 s for pip with a
-# warm cache (docs/testing.md); the venv keeps its pip for users' own installs.
+# uv (from PyPI) installs the same packages as pip, faster: 44 s against 60 s for pip with a warm cache
+# (docs/testing.md); the venv keeps its pip for users' own installs. --compile-bytecode as pip does: where
+# PYTHONDONTWRITEBYTECODE is set, a venv without .pyc files compiles Dagster's modules in every process
+# (the tests that start processes took 2-3x the CPU).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[dev]"
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev]"
 	@$(BIN)/python -c "from laminar_assets.engine import check_java; check_java()" || \
 		(echo "Laminar needs Java 17+ for Spark (see the message above)"; exit 1)
 	touch $@
