@@ -72,6 +72,15 @@ def pytest_collection_modifyitems(config, items):
 
 SHARD = "[shard-"  # the id of a test parametrized by `shards()`: each shard is a scope of its own
 
+# Files whose tests use a session-scoped server that is dear to start, by that fixture: `make test` hands
+# each group to one test process as one unit, so one process starts the server, not one per file (a Connect
+# server costs about 20 CPU s to start and warm up). tests/test_tiers.py keeps the lists complete.
+SHARED_SERVERS = {
+    "connect_server": ("tests/engine/test_crash_safety.py", "tests/deploy/test_connect.py",
+                       "tests/engine/test_object_store.py"),
+}
+_GROUP_OF = {path: fixture for fixture, paths in SHARED_SERVERS.items() for path in paths}
+
 
 def shards(count: int):
     """Parametrize a long test into `count` shards (`shard` = 0..count-1) that `make test` hands to the
@@ -85,15 +94,19 @@ def shard_size(total: int, count: int, shard: int) -> int:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, except that each shard of a sharded test is a unit of its own: the random
-    stateful test's 200 histories would otherwise keep one process busy for a quarter of an hour."""
+    """`--dist loadfile`, except that each shard of a sharded test is a unit of its own (the random
+    stateful test's 200 histories would otherwise keep one process busy for a quarter of an hour), and
+    the files sharing a dear server (`SHARED_SERVERS`) are one unit, placed where the first of them is."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class FileOrShardScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid if SHARD in nodeid else super()._split_scope(nodeid)
+            if SHARD in nodeid:
+                return nodeid
+            path = super()._split_scope(nodeid)
+            return _GROUP_OF.get(path, path)
 
     return FileOrShardScheduling(config, log)
 
