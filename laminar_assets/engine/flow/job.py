@@ -257,7 +257,8 @@ def _quarantine(ctx: RunContext, spec: FlowSpec, copies: DataFrame, run_id: str,
     for src in spec.sources:
         mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
         for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
-                                       run_id=run_id, through_driver=small, within=within).items():
+                                       run_id=run_id, through_driver=small, within=within,
+                                       driver_below_bytes=ctx.options.driver_write_below_bytes).items():
             for rule, n in by_rule.items():
                 counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
     return counts

@@ -268,6 +268,15 @@ def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None =
     return _staged(target, rel_dir, partition_values, lambda: arrow_schema_of(df.drop(by) if by else df))
 
 
+def write_staged_table(table: pa.Table, table_uri: str, run_id: str, *, folder: str = "laminar",
+                       partition_values: dict[str, str] | None = None) -> StagedFiles:
+    """Rows the driver holds as Arrow staged as `write_staged(..., through_driver=True)` stages the rows it
+    collects: one file in a new folder `<table>/<folder>/<run_id>-<token>/` (none when there are no rows)."""
+    rel_dir, target = _target(table_uri, folder, run_id)
+    written = _write_table(table, target, None)
+    return _staged(target, rel_dir, partition_values, lambda: _plain_types(table.schema), written)
+
+
 def collect_rows(df: DataFrame) -> pa.Table:
     """The rows of a small output, sent to the driver as Arrow batches (one Spark job)."""
     return df.toArrow()

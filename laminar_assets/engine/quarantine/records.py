@@ -37,7 +37,7 @@ from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
 from ..delta.arrow_reads import read_arrow
 from ..delta.tables import is_delta_table, open_delta, snapshot_files, table_info
 from ..output.commit import CHECKPOINT_EVERY, with_user_metadata
-from ..output.staged_files import committed, write_staged
+from ..output.staged_files import committed, write_staged, write_staged_table
 from ..spark.read import read_source
 from ..spec.specs import Spec
 from ..windows import PARTITION_SPAN, Interval, later, partition_span, sql_timestamp
@@ -170,35 +170,88 @@ def _without_null_partition(info) -> set[str]:
     return {unquote(p.rsplit("/", 1)[-1]) for p, n in zip(actions.column("path").to_pylist(), nulls) if n == 0}
 
 
-def _existing(spark: SparkSession, uri: str, flow: str, within: Sequence[Interval] | None) -> DataFrame | None:
-    info, files = recorded_files(uri, flow, within)
+def _existing(spark: SparkSession, info, files: list) -> DataFrame | None:
     if not files:
         return None
     return read_source(spark, files, info).select("partition", "rule", "row")
 
 
 def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_id: str,
-           through_driver: bool = False, within: Sequence[Interval] | None = None) -> dict[str | None, dict[str, int]]:
+           through_driver: bool = False, driver_below_bytes: int = 8 * 1024 * 1024,
+           within: Sequence[Interval] | None = None) -> dict[str | None, dict[str, int]]:
     """Append the rows of `rejects` (PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS; a NULL partition for
     the sweep's rows) not yet recorded for (flow, partition); returns the number of new rows by
     partition and rule. One Spark job, one commit. `through_driver`: the caller read few enough
-    bytes that the rejects (a subset of those rows) are written by the driver (`output.staged_files.write_staged`).
+    bytes that the rejects (a subset of those rows) are written by the driver (`output.staged_files.write_staged`);
+    then, when the recorded rows to check against are in fewer than `driver_below_bytes` of plain files,
+    the driver also groups the rejects and skips the recorded ones (`_new_in_driver`), so the Spark job is
+    a plain read with no shuffle and no join.
     `within`: event-time intervals holding every reject's event time (a run's partitions); only
     recorded rows there are read to skip what is recorded already (`recorded_files`)."""
+    info, files = recorded_files(uri, flow, within)
+    now = datetime.now(UTC)
+    if through_driver and sum(f.size for f in files) < driver_below_bytes and \
+            not any(f.needs_row_positions for f in files) and (info is None or info.column_mapping == "none"):
+        new = _new_in_driver(rejects, files, run_id, now)
+        staged = write_staged_table(new, uri, run_id, folder=f"flow={flow}/laminar", partition_values={"flow": flow})
+    else:
+        staged = write_staged(_new_in_spark(spark, rejects, info, files, run_id, now), uri, run_id, max_files=1,
+                              folder=f"flow={flow}/laminar", partition_values={"flow": flow},
+                              through_driver=through_driver)
+    return _commit(uri, flow, run_id, staged)
+
+
+def _new_in_spark(spark: SparkSession, rejects: DataFrame, info, files: list, run_id: str,
+                  now: datetime) -> DataFrame:
+    """The rows of the quarantine to append, as one Spark query: the rejects grouped, less the recorded ones."""
     rows = (rejects.groupBy(F.col(PARTITION_KEY).alias("partition"), F.col(RULE).alias("rule"), F.col(ROW).alias("row"))
             .agg(F.min(VERSION).alias("source_version"), F.min(EVENT_TS).alias("event_time")))
-    old = _existing(spark, uri, flow, within)
+    old = _existing(spark, info, files)
     if old is not None:
         same = rows["partition"].eqNullSafe(old["partition"]) & (rows["rule"] == old["rule"]) & \
             (rows["row"] == old["row"])
         rows = rows.join(old, same, "left_anti")
-    now = datetime.now(UTC)
-    out = rows.select(
+    return rows.select(
         F.col("partition").cast("string").alias("partition"), "rule", F.col("source_version").cast("long"),
         "event_time", "row", F.lit(run_id).alias("run_id"), F.lit(now).alias("quarantined_at"),
     )
-    staged = write_staged(out, uri, run_id, max_files=1, folder=f"flow={flow}/laminar",
-                   partition_values={"flow": flow}, through_driver=through_driver)
+
+
+_NULL_KEY = "\x00"  # stands for a NULL partition in the driver's join: no partition key starts with it
+
+
+def _new_in_driver(rejects: DataFrame, files: list, run_id: str, now: datetime) -> pa.Table:
+    """`_new_in_spark`'s rows, computed in the driver: the rejects (few: the caller read few bytes) sent as
+    Arrow by a Spark job without a shuffle, grouped by pyarrow, less the recorded rows of `files` (plain
+    Parquet files, read by pyarrow). The same rows: a NULL partition matches a NULL one, as `eqNullSafe`."""
+    rows = rejects.select(F.col(PARTITION_KEY).cast("string").alias("partition"), F.col(RULE).alias("rule"),
+                          F.col(ROW).alias("row"), F.col(VERSION).cast("long").alias("source_version"),
+                          F.col(EVENT_TS).alias("event_time")).toArrow()
+    rows = rows.cast(pa.schema([("partition", pa.string()), ("rule", pa.string()), ("row", pa.string()),
+                                ("source_version", pa.int64()), ("event_time", pa.timestamp("us", tz="UTC"))]))
+    grouped = rows.group_by(["partition", "rule", "row"], use_threads=False).aggregate(
+        [("source_version", "min"), ("event_time", "min")])
+    grouped = grouped.append_column("_key", pa.compute.fill_null(grouped["partition"], _NULL_KEY))
+    if files and grouped.num_rows:
+        old = []
+        for f in files:
+            fs, path = storage.filesystem(f.uri)
+            old.append(pq.read_table(path, columns=["partition", "rule", "row"], filesystem=fs))
+        old_rows = pa.concat_tables(old)
+        old_rows = pa.table({"_key": pa.compute.fill_null(old_rows["partition"].cast(pa.string()), _NULL_KEY),
+                             "rule": old_rows["rule"].cast(pa.string()), "row": old_rows["row"].cast(pa.string())})
+        grouped = grouped.join(old_rows, keys=["_key", "rule", "row"], join_type="left anti", use_threads=False)
+    n = grouped.num_rows
+    return pa.table({
+        "partition": grouped["partition"], "rule": grouped["rule"], "source_version": grouped["source_version_min"],
+        "event_time": grouped["event_time_min"], "row": grouped["row"],
+        "run_id": pa.array([run_id] * n, pa.string()),
+        "quarantined_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+    })
+
+
+def _commit(uri: str, flow: str, run_id: str, staged) -> dict[str | None, dict[str, int]]:
+    """Commit the staged rows to the quarantine table (created when absent); the new rows by partition and rule."""
     if not staged.rows:
         return {}
     if not is_delta_table(uri):

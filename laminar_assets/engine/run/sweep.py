@@ -108,7 +108,8 @@ def _record(ctx: RunContext, spec, src: str, frame: DataFrame | None, size: int,
     with interpreted(ctx.spark, size < ctx.options.interpreted_below_bytes):
         new = qr.record(ctx.spark, rows.select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS),
                         uri=ctx.layout.quarantine_uri(src), flow=spec.name, run_id=run_id,
-                        through_driver=size < ctx.options.driver_write_below_bytes)
+                        through_driver=size < ctx.options.driver_write_below_bytes,
+                        driver_below_bytes=ctx.options.driver_write_below_bytes)
     return dict(new.get(None, {}))
 
 

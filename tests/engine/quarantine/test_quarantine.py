@@ -282,3 +282,35 @@ def test_a_small_sweep_records_interpreted_a_large_one_compiled_and_both_agree(s
                       for r in DeltaTable(path).to_pyarrow_table().to_pylist())
 
     assert recorded(lake.root) == recorded(compiled_root)
+
+
+def test_the_driver_and_spark_record_the_same_new_rows_and_nothing_twice(spark, lake):
+    """`record` in the driver (pyarrow groups the rejects and skips the recorded ones) and in Spark (a grouped,
+    anti-joined query) append the same rows: duplicates within a batch once with their first version and event
+    time, a NULL partition matching a NULL one, a row recorded for another partition or flow still new."""
+    from laminar_assets.engine.quarantine import records as qr
+
+    def rejects(rows):
+        return spark.createDataFrame(rows, f"{qr.PARTITION_KEY} string, {qr.RULE} string, {qr.ROW} string, "
+                                           f"{qr.VERSION} long, {qr.EVENT_TS} timestamp")
+
+    from datetime import datetime as dt
+    first = [(None, "event_time_missing", '{"id":1}', 3, None), (PART, "positive_qty", '{"id":2}', 4, dt(2024, 1, 1, 0, 5)),
+             (PART, "positive_qty", '{"id":2}', 2, dt(2024, 1, 1, 0, 4))]  # the same row twice: once, version 2
+    second = [(None, "event_time_missing", '{"id":1}', 5, None),  # recorded (NULL partition): skipped
+              (None, "event_time_missing", '{"id":9}', 5, None),  # new
+              (PART, "positive_qty", '{"id":2}', 6, dt(2024, 1, 1, 0, 5)),  # recorded: skipped
+              (NEXT, "positive_qty", '{"id":2}', 6, dt(2024, 1, 1, 1, 5))]  # another partition: new
+    found = {}
+    for how, driver in (("driver", True), ("spark", False)):
+        uri = os.path.join(lake.root, how)
+        counts = [qr.record(spark, rejects(rows), uri=uri, flow="f", run_id=f"r{i}", through_driver=driver)
+                  for i, rows in enumerate((first, second, second))]
+        assert counts == [{None: {"event_time_missing": 1}, PART: {"positive_qty": 1}},
+                          {None: {"event_time_missing": 1}, NEXT: {"positive_qty": 1}}, {}], (how, counts)
+        assert qr.record(spark, rejects(first), uri=uri, flow="other", run_id="r3", through_driver=driver) == \
+            {None: {"event_time_missing": 1}, PART: {"positive_qty": 1}}  # another flow's record is its own
+        found[how] = sorted((r["flow"], r["partition"] or "", r["rule"], r["row"], r["source_version"],
+                             str(r["event_time"])) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
+    assert found["driver"] == found["spark"]
+    assert ("f", PART, "positive_qty", '{"id":2}', 2, "2024-01-01 00:04:00+00:00") in found["driver"]
