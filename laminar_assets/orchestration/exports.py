@@ -12,6 +12,7 @@ import dagster as dg
 
 from laminar_assets.engine import DeliveryResult, ExportSpec, LaminarError, Spec
 from laminar_assets.orchestration.assets import COMPONENT_TAG, FORCE_TAG, _failure, partitions_def
+from laminar_assets.orchestration.internals.thread_executor import WITHOUT_SPARK_TAG
 from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.resources import LaminarResource
 
@@ -78,7 +79,8 @@ def build_export_asset(export: ExportSpec, source: Spec, settings: LaminarSettin
         metadata=_static_metadata(export),
         code_version=export.export_hash,
         pool=export_pool(export),
-        op_tags={"dagster/priority": str(EXPORT_STEP_PRIORITY)},  # right after its flow, before the flow's checks
+        # right after its flow, before the flow's checks; beside the Spark steps, not in one of their threads
+        op_tags={"dagster/priority": str(EXPORT_STEP_PRIORITY), WITHOUT_SPARK_TAG: "true"},
         owners=list(export.owners),
         tags=dict(export.tags),
         retry_policy=dg.RetryPolicy(max_retries=settings.retries, delay=settings.retry_delay_seconds,

@@ -41,6 +41,11 @@ from laminar_assets.orchestration.internals.pool_wait import SLEEP_SECONDS, Pool
 from laminar_assets.orchestration.internals.run_processes import RunProcess, free_slots
 
 MAX_DEFAULT_THREADS = 4
+# An op tag: the step does no Spark work (an export waiting on its target, at its rate limit), so it runs beside
+# the `max_concurrent` steps that do, in a lane of its own as wide, instead of holding one of their threads while
+# it waits: in the demo a webhook export at 500 rows/s held one of two threads for 3.6 s while four flows queued
+# for the other (docs/PERFORMANCE.md, "The demo").
+WITHOUT_SPARK_TAG = "laminar/without_spark"
 POLL_SECONDS = 0.25  # how often the loop looks for interrupts and ready steps while steps run
 _DONE = object()
 
@@ -59,8 +64,14 @@ def default_threads() -> int:
     return max(1, min(MAX_DEFAULT_THREADS, os.cpu_count() or 1))
 
 
+def uses_spark(step) -> bool:
+    """Whether a step counts against `max_concurrent` (every step but those tagged `WITHOUT_SPARK_TAG`)."""
+    return (step.tags or {}).get(WITHOUT_SPARK_TAG) != "true"
+
+
 class ThreadExecutor(Executor):
-    """Runs ready steps in up to `max_concurrent` threads of the run worker's process."""
+    """Runs ready steps in up to `max_concurrent` threads of the run worker's process, and the steps that
+    do no Spark work (`WITHOUT_SPARK_TAG`) in up to as many more."""
 
     def __init__(self, *, max_concurrent: int, retries: RetryMode):
         if max_concurrent < 1:
@@ -158,9 +169,12 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
             events: queue.Queue = queue.Queue()
             running: dict[str, tuple] = {}  # step key -> (step context, its events so far)
             waiting: dict[str, object] = {}  # a retry Dagster re-queued before its last attempt's worker ended
+            # steps Dagster handed over for a free thread of the other lane while their own lane was full: they
+            # start first when a thread of theirs frees, the highest priority first (Dagster's order)
+            held: list = []
             stopping = False
             waiter = PoolWaiter(job_context.instance, job_context.run_id, job_context.log.info)
-            pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="laminar-step")
+            pool = ThreadPoolExecutor(max_workers=2 * max_concurrent, thread_name_prefix="laminar-step")  # both lanes
 
             def launch(step) -> None:
                 context = job_context.for_step(step, active.get_known_state())
@@ -178,12 +192,23 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
                             job_context, f"Termination requested: no new steps start; waiting for {sorted(running)}",
                             EngineEventData.interrupted(sorted(running)))
                     if not stopping:
-                        free = max_concurrent - len(running) - len(waiting)
-                        for step in active.get_steps_to_execute(limit=max(free, 0)):
+                        busy = [uses_spark(c.step) for c, _ in running.values()] + \
+                            [uses_spark(s) for s in waiting.values()]
+                        free = {True: max_concurrent - sum(busy), False: max_concurrent - busy.count(False)}
+                        held.sort(key=_priority, reverse=True)
+                        for step in list(held):
+                            if free[uses_spark(step)] > 0:
+                                held.remove(step)
+                                launch(step)
+                            free[uses_spark(step)] -= 1  # a held step keeps its lane's next thread
+                        for step in active.get_steps_to_execute(limit=max(free[True], 0) + max(free[False], 0)):
                             if step.key in running:
                                 waiting[step.key] = step
-                            else:
+                            elif free[uses_spark(step)] > 0:
+                                free[uses_spark(step)] -= 1
                                 launch(step)
+                            else:
+                                held.append(step)
                         yield from active.concurrency_event_iterator(job_context)
                         # steps waiting for a pool slot: frees a dead holder's, says who holds it, may give up
                         waiter.check(_pool_of(active.get_step_by_key(key))
@@ -223,6 +248,13 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
                 # every step has ended: a slot still claimed is one whose step's end the loop did not
                 # see (it stopped early), and nothing of this run can use it any more
                 free_slots(job_context.instance, job_context.run_id)
+
+
+def _priority(step) -> int:
+    try:
+        return int((step.tags or {}).get("dagster/priority", 0))
+    except ValueError:
+        return 0
 
 
 def _pool_of(step) -> str:

@@ -9,7 +9,12 @@ import dagster as dg
 import pytest
 
 from laminar_assets.orchestration.internals.in_process import execute_job_here
-from laminar_assets.orchestration.internals.thread_executor import ThreadExecutor, default_threads, thread_executor
+from laminar_assets.orchestration.internals.thread_executor import (
+    WITHOUT_SPARK_TAG,
+    ThreadExecutor,
+    default_threads,
+    thread_executor,
+)
 
 pytestmark = pytest.mark.process
 
@@ -102,6 +107,51 @@ def test_max_concurrent_bounds_the_steps_in_flight():
     state.update(most=0, peers=2)
     result, *_ = _run(assets, max_concurrent=3)
     assert result.success and 2 <= state["most"] <= 3
+
+
+def test_steps_without_spark_run_beside_the_spark_steps_without_taking_their_thread():
+    """An export waiting on its target (tagged WITHOUT_SPARK_TAG) runs beside `max_concurrent` Spark steps; the
+    Spark steps stay bounded while it runs, and a Spark step Dagster handed over early still starts."""
+    lock, state = threading.Lock(), {"spark": 0, "most_spark": 0}
+    meet = threading.Barrier(2, timeout=BARRIER_SECONDS)  # an export and a Spark step, at once
+
+    def spark_work():
+        with lock:
+            state["spark"] += 1
+            state["most_spark"] = max(state["most_spark"], state["spark"])
+        time.sleep(0.2)
+        with lock:
+            state["spark"] -= 1
+
+    @dg.asset(op_tags={WITHOUT_SPARK_TAG: "true"}, deps=["flow_a"])
+    def export_a():
+        meet.wait()  # breaks unless flow_b runs meanwhile, with one thread for Spark steps
+        return dg.MaterializeResult()
+
+    @dg.asset(op_tags={WITHOUT_SPARK_TAG: "true"})
+    def export_b():
+        return dg.MaterializeResult()
+
+    @dg.asset
+    def flow_a():
+        spark_work()
+        return dg.MaterializeResult()
+
+    @dg.asset(deps=["flow_a"])
+    def flow_b():
+        meet.wait()
+        spark_work()
+        return dg.MaterializeResult()
+
+    @dg.asset(deps=["flow_a"])
+    def flow_c():
+        spark_work()
+        return dg.MaterializeResult()
+
+    result, events, *_ = _run([export_a, export_b, flow_a, flow_b, flow_c], max_concurrent=1)
+    assert result.success, events
+    assert state["most_spark"] == 1  # never two Spark steps at once
+    assert set(_order(events, "STEP_SUCCESS")) == {"export_a", "export_b", "flow_a", "flow_b", "flow_c"}
 
 
 def test_a_failed_step_skips_its_dependents_and_not_the_other_branch():
