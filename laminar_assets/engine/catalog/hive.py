@@ -9,8 +9,8 @@ to the table. The description, owners and tags are table properties in the Delta
 table's properties from (`SHOW TBLPROPERTIES`, `DESCRIBE TABLE EXTENDED`): one metadata commit when they
 change, none otherwise.
 
-The schema's entries are read in one statement (`SHOW TABLE EXTENDED`: the metastore's records, no Delta
-log read) once per catalog object; every change made through it is kept in step.
+The schema's entries are read in two statements (their names, then `SHOW TABLE EXTENDED` of those: the
+metastore's records, no Delta log read) once per catalog object; every change made through it is kept in step.
 
 Derby, the metastore's embedded database, lets one JVM open it at a time: the first catalog statement of
 a second JVM fails, and is reported as `CatalogError` naming the metastore and what to do
@@ -143,8 +143,16 @@ class HiveCatalog:
         schema does not exist."""
         if not self._sql(f"SHOW SCHEMAS LIKE '{schema}'").collect():
             return {}
+        # The schema's tables by name first, then only those described: SHOW TABLE EXTENDED describes the
+        # session's temporary views too, and pyspark's `spark.sql(query, df=...)` in another thread of the
+        # session makes and drops one (`_pyspark_<id>`) per DataFrame argument: one dropped between that
+        # statement's listing and its describing failed it (TABLE_OR_VIEW_NOT_FOUND), and with it a run.
+        names = [r["tableName"] for r in self._sql(f"SHOW TABLES IN `{schema}` LIKE '{like}'").collect()
+                 if not r["isTemporary"]]
+        if not names:
+            return {}
         out = {}
-        for row in self._sql(f"SHOW TABLE EXTENDED IN `{schema}` LIKE '{like}'").collect():
+        for row in self._sql(f"SHOW TABLE EXTENDED IN `{schema}` LIKE '{'|'.join(names)}'").collect():
             if row["isTemporary"]:
                 continue
             info = {m["key"]: m["value"] for line in (row["information"] or "").splitlines()

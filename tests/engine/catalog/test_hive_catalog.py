@@ -96,6 +96,29 @@ def test_registration_is_idempotent_and_writes_nothing_when_nothing_changed(spar
     assert HiveCatalog(spark, schema).register(changed).updated == [] and lake.table("sums").version() == version + 3
 
 
+def test_the_listing_never_describes_the_sessions_temporary_views(spark, lake, catalog_engine, monkeypatch):
+    """pyspark's `spark.sql(query, df=...)` makes and drops a temporary view per DataFrame argument; one dropped
+    by another thread while SHOW TABLE EXTENDED described it failed the statement, and a demo run with it. The
+    catalog describes only the schema's own tables, named."""
+    engine, schema = catalog_engine, catalog_engine.catalog.schema
+    lake.create("trades", ROWS)
+    engine.run(sums(), PART)
+    statements = []
+    real = HiveCatalog._sql
+    monkeypatch.setattr(HiveCatalog, "_sql", lambda self, statement: statements.append(statement) or real(self, statement))
+    spark.range(1).createOrReplaceTempView("_pyspark_listing_test")
+    try:
+        assert set(HiveCatalog(spark, schema)._listed()) == {"sums", "sums__state"}
+        described = [s for s in statements if s.startswith("SHOW TABLE EXTENDED")]
+        assert described
+        for statement in described:  # what each would describe: never a temporary view
+            pattern = statement.rsplit(" LIKE ", 1)[1]
+            listed = spark.sql(f"SHOW TABLES IN `{schema}` LIKE {pattern}").collect()
+            assert not [r for r in listed if r["isTemporary"]], (statement, listed)
+    finally:
+        spark.catalog.dropTempView("_pyspark_listing_test")
+
+
 def test_a_renamed_flow_renames_its_entry_and_a_removed_ones_are_left_and_reported(spark, lake, catalog_engine):
     engine, schema = catalog_engine, catalog_engine.catalog.schema
     lake.create("trades", ROWS)
