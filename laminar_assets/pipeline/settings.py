@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pydantic import BaseModel, Field, field_validator
 
 from laminar_assets.engine import parse_duration
+from laminar_assets.errors import EnvironmentProblem
 
 FUTURE_HORIZON = timedelta(days=1)  # the default of `future_horizon`
 _RELATIVE = re.compile(r"^today(?:\s*-\s*(\d+)\s*days?)?$")
@@ -70,8 +71,37 @@ class LaminarSettings(BaseModel):
 
 
 def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:
-    path = pathlib.Path(path) if path else pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
-    if not path.exists():
+    """The settings of `[tool.laminar]` in `path`, or in the project's pyproject.toml (`project_file`);
+    the defaults when there is none."""
+    path = pathlib.Path(path) if path else project_file()
+    if path is None or not path.exists():
         return LaminarSettings()
-    data = tomllib.loads(path.read_text()).get("tool", {}).get("laminar", {})
-    return LaminarSettings(**data)
+    return LaminarSettings(**(_laminar_table(path) or {}))
+
+
+def project_file(package: pathlib.Path | None = None, cwd: pathlib.Path | None = None) -> pathlib.Path | None:
+    """The pyproject.toml whose `[tool.laminar]` configures this process: the checkout's, beside the package
+    (`laminar_assets/`), when the package runs from a checkout (an editable install, `make install`); else,
+    for an installed package (in site-packages, where no project file lies beside it), the nearest one with
+    a `[tool.laminar]` table in the current directory or above it (where `dagster dev` and `laminar` run);
+    None when there is none."""
+    package = package or pathlib.Path(__file__).resolve().parents[1]
+    beside = package.parent / "pyproject.toml"
+    if beside.exists():
+        return beside
+    start = (cwd or pathlib.Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file() and _laminar_table(candidate) is not None:
+            return candidate
+    return None
+
+
+def _laminar_table(path: pathlib.Path) -> dict | None:
+    """`[tool.laminar]` of a pyproject.toml; None when it has none."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise EnvironmentProblem(f"{path} is not valid TOML ({exc}): Laminar reads its [tool.laminar] settings "
+                                 "there; fix the file", file=str(path)) from None
+    return data.get("tool", {}).get("laminar")

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from laminar_assets.pipeline.settings import LaminarSettings, load_settings, resolve_start
+from laminar_assets.errors import EnvironmentProblem
+from laminar_assets.pipeline.settings import LaminarSettings, load_settings, project_file, resolve_start
 
 NOW = datetime(2026, 11, 28, 15, 40, tzinfo=UTC)
 
@@ -44,3 +45,25 @@ def test_the_future_horizon_is_a_duration():
     assert LaminarSettings(future_horizon="6h").future_horizon == timedelta(hours=6)
     with pytest.raises(ValidationError, match="expected a duration like '1m', '15 minutes', '1h' or '1d', found 'soon'"):
         LaminarSettings(future_horizon="soon")
+
+
+def test_an_installed_package_reads_the_project_file_of_the_folder_it_runs_in(tmp_path):
+    """A checkout reads the pyproject.toml beside the package; an installed package (nothing beside it in
+    site-packages) the nearest one with [tool.laminar] from the current folder up, or none."""
+    checkout = tmp_path / "checkout"
+    (checkout / "laminar_assets").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text('[tool.laminar]\npartitions_start = "2025-01-01"\n')
+    assert project_file(checkout / "laminar_assets", cwd=tmp_path) == checkout / "pyproject.toml"
+    installed = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "laminar_assets"
+    installed.mkdir(parents=True)
+    project = tmp_path / "team"
+    (project / "defs" / "flows").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[tool.laminar]\npartitions_start = "2025-06-01"\n')
+    (project / "defs" / "pyproject.toml").write_text('[project]\nname = "not-laminar-settings"\n')  # no table: skipped
+    assert project_file(installed, cwd=project / "defs" / "flows") == project / "pyproject.toml"
+    assert load_settings(project_file(installed, cwd=project / "defs")).partitions_start == \
+        datetime(2025, 6, 1, tzinfo=UTC)
+    assert project_file(installed, cwd=installed) is None  # no project: the defaults
+    (project / "pyproject.toml").write_text("[tool.laminar\n")
+    with pytest.raises(EnvironmentProblem, match="pyproject.toml is not valid TOML"):
+        project_file(installed, cwd=project)
