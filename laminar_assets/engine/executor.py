@@ -195,21 +195,22 @@ class Engine:
 
     # --- the catalog -----------------------------------------------------------------
     def _resolve_sources(self, spec: Spec, *, record: bool = True) -> None:
-        """With a catalog, each source written as a catalog name (`raw.trades`) is read at the location the
-        catalog gives it (resolved once per engine); one it does not know is refused before anything is read
-        or written. Without a catalog such a source is a path under the root, as before. `record`: keep where
-        each name was found in the lake (`catalog_names`), for the readers without a catalog; False for what
-        only reads (plans, explain)."""
+        """With a catalog, each source or joined table (a dimension, a joined fact table) written as a catalog
+        name (`raw.trades`) is read at the location the catalog gives it (resolved once per engine); one it does
+        not know is refused before anything is read or written. Without a catalog such a name is a path under
+        the root, as before. `record`: keep where each name was found in the lake (`catalog_names`), for the
+        readers without a catalog; False for what only reads (plans, explain)."""
         if self.catalog is None:
             return
-        named = [s for s in spec.sources if looks_like_name(s)]
+        roles = {**{t: "joined table" for t in spec.dimension_tables}, **{s: "source" for s in spec.sources}}
+        named = [t for t in roles if looks_like_name(t)]
         found = dict(self.ctx.layout.names)
         for name in (n for n in named if n not in found):
             where = self.catalog.resolve(name)
             if where is None:
-                raise CatalogNameError(f"source '{name}' of '{spec.name}' is not a table of the catalog "
+                raise CatalogNameError(f"{roles[name]} '{name}' of '{spec.name}' is not a table of the catalog "
                                        f"({self.catalog.description}); nothing was read or written: register it "
-                                       "there, or name the source by its path", flow=spec.name, source=name)
+                                       f"there, or name the {roles[name]} by its path", flow=spec.name, source=name)
             found[name] = where
         if found != self.ctx.layout.names:
             self.ctx.layout = replace(self.ctx.layout, names=found)

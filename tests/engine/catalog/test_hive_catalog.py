@@ -10,9 +10,20 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import pytest
 
-from laminar_assets.engine import Agg, CatalogOptions, Engine, FlowSpec, LaminarError, Tumbling, WebhookExport
+from laminar_assets.engine import (
+    Agg,
+    CatalogOptions,
+    DimensionJoin,
+    Engine,
+    FlowSpec,
+    LaminarError,
+    StageSpec,
+    Tumbling,
+    WebhookExport,
+)
 from laminar_assets.engine.catalog.hive import HiveCatalog
 from laminar_assets.engine.delta import open_delta
 from laminar_assets.engine.export import dead_letters
@@ -163,6 +174,30 @@ def test_a_source_by_catalog_name_is_read_at_its_location_and_an_unknown_name_fa
         engine.run(missing, PART)
     message = str(err.value)
     assert f"'{raw}.missing'" in message and "Hive metastore" in message and "\n" not in message
+    assert not os.path.exists(lake.path("nope")) and not os.path.exists(lake.path("_laminar/checkpoints/nope"))
+
+
+def test_a_dimension_by_catalog_name_is_joined_at_its_location_and_an_unknown_one_fails_first(spark, lake,
+                                                                                            catalog_engine):
+    engine = catalog_engine
+    ref = f"{engine.catalog.schema}_ref"
+    lake.create("trades", ROWS)
+    lake.create("reference/symbols_v3", frame=pd.DataFrame({"sym": ["a", "b"], "sector": ["tech", "energy"]}))
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {ref}")
+    spark.sql(f"CREATE TABLE {ref}.symbols USING delta LOCATION '{lake.path('reference/symbols_v3')}'")
+    stage = StageSpec(name="sectors", source="trades", event_time="ts",
+                      joins=(DimensionJoin(f"{ref}.symbols", on=("sym",), columns=("sector",)),))
+    assert engine.run(stage, PART).mode.value == "REFILL"
+    out = lake.read("sectors").sort_values("ts")
+    assert out["sector"].tolist() == ["tech", "tech", "energy"][:len(out)] and len(out) == 3
+    # a new version of the dimension, found where the run found it by the Spark-free readers (the sensors)
+    lake.append("reference/symbols_v3", frame=pd.DataFrame({"sym": ["c"], "sector": ["retail"]}))
+    assert table_versions(lake.root, (f"{ref}.symbols",))[0] == {f"{ref}.symbols": 1}
+    missing = StageSpec(name="nope", source="trades", event_time="ts",
+                        joins=(DimensionJoin(f"{ref}.missing", on=("sym",), columns=("sector",)),))
+    with pytest.raises(CatalogNameError) as err:
+        engine.run(missing, PART)
+    assert str(err.value).startswith(f"joined table '{ref}.missing' of 'nope' is not a table of the catalog")
     assert not os.path.exists(lake.path("nope")) and not os.path.exists(lake.path("_laminar/checkpoints/nope"))
 
 
