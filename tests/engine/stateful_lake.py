@@ -5,8 +5,9 @@ duplicates, updates that move event times or null a key, deletes, compaction, va
 with log clean-up, a new column, a column retyped and then restored, rows with event times
 centuries away) with what the scheduler does (`run` and `run_many` over any partitions, some at
 other watermarks or brand new, under work bounds, `force`, a kill at any step of a run followed
-by more runs, the kill leaving its leases behind as kill -9 does), on a source partitioned by a
-column or not, with change data on or off. After every step:
+by more runs, the kill leaving its leases behind as kill -9 does, runs of partitions another live run
+holds, in this process or on another machine, refused without writing anything), on a source
+partitioned by a column or not, with change data on or off. After every step:
 
 - every materialized partition of every spec equals a recompute, by pandas and without the
   engine, of its input at the versions its watermark names (flows on the stage: the stage
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
 import pandas as pd
@@ -48,11 +49,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, RowRule, StageSpec, Tumbling
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, RowRule, StageSpec, Tumbling
 from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
-from laminar_assets.errors import InjectedCrash, RunFailedError, SchemaMismatchError, SourceNotFoundError
+from laminar_assets.errors import ConcurrentRunError, InjectedCrash, RunFailedError, SchemaMismatchError, SourceNotFoundError
 from tests.engine.stateful_exports import PARTITIONS, ExportRules, export_plans
 from tests.lake_invariants import LakeView, assert_lake_intact, laminar_tables, latest_frame, orphan_files, writers
 from tests.reference import assert_frames_match
@@ -286,6 +287,29 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
             if lease != "released":
                 self._leave_leases(spec, keys, lease)
 
+    @rule(data=st.data(), held=partition_sets, also=partition_sets, where=st.sampled_from(["this_host", "another_host"]))
+    def run_while_another_run_holds(self, data, held, also, where):
+        """Another run is live on some partitions (in this process, or on another machine, whose lease only
+        its age ends) while the scheduler runs them, alone or with others: the run is refused with
+        `ConcurrentRunError` naming a held partition and writes nothing (no watermark, no commit, no lease
+        left behind), or it finds nothing new and answers NOOP without a lease. The other run then ends."""
+        spec = self._spec(data)
+        keys = list(dict.fromkeys(held + also))
+        store = CheckpointStore(self.root)
+        locks = {k: store._lock_path(spec.name, k) for k in keys}
+        left_before = {k for k in keys if k not in held and storage.exists(locks[k])}  # a kill's, taken over later
+        before = self._written(spec, keys)
+        with self._live_leases(store, spec, held, where):
+            try:
+                with self._unless_missing(spec):
+                    results = self.engine.run_many(spec, keys)
+                    assert all(r.mode is Mode.NOOP for r in results), [(r.plan.partition, r.mode) for r in results]
+            except ConcurrentRunError as exc:
+                assert exc.facts["partition"] in held, exc
+            assert self._written(spec, keys) == before, f"a run of {keys} wrote while {held} were held"
+            left = {k for k in keys if k not in held and storage.exists(locks[k])}
+            assert left <= left_before, f"the refused run left its leases of {sorted(left - left_before)}"
+
     # --- invariants -------------------------------------------------------------------
     @invariant()
     def the_lake_keeps_every_invariant(self):
@@ -413,6 +437,32 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         for key in keys:
             path = store._lock_path(spec.name, key)
             assert storage.create(path, json.dumps(holder).encode()) or storage.exists(path)
+
+    @contextmanager
+    def _live_leases(self, store: CheckpointStore, spec, keys, where: str):
+        """Leases of `keys` a live run holds: one of this process (`CheckpointStore.lease`, as a run in another
+        thread holds them), or one of another machine, written fresh (its pid means nothing here)."""
+        if where == "this_host":
+            with ExitStack() as stack:
+                for key in keys:
+                    stack.enter_context(store.lease(spec.name, key, "live-run"))
+                yield
+            return
+        holder = json.dumps({"run_id": "live-run", "host": "another-host", "pid": 1, "started": time.time()})
+        paths = [store._lock_path(spec.name, key) for key in keys]
+        for path in paths:
+            storage.write(path, holder.encode())  # over a lease a kill left: the other run took it over
+        try:
+            yield
+        finally:
+            for path in paths:
+                storage.delete(path)
+
+    def _written(self, spec, keys) -> tuple:
+        """What a run of `keys` writes: their watermarks and the versions of the spec's tables."""
+        store = CheckpointStore(self.root)
+        return ({k: store.load(spec.name, k) for k in keys},
+                {uri: open_delta(uri).version() for uri in self._tables_of(spec)})
 
     def _rows(self, rows) -> pd.DataFrame:
         out = []
