@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DAGSTER_YAML ?= dagster.yaml
 export LAMINAR_DAGSTER_YAML := $(abspath $(DAGSTER_YAML))
 
-.PHONY: install class-archive test-jars test-azurite chromium redis demo demo-s3 ui-s3 test test-fast test-quick quality lint ui clean bench bench-smoke soak
+.PHONY: install class-archive test-jars test-azurite chromium redis demo demo-s3 ui-s3 demo-gcs demo-azure test test-fast test-quick quality lint ui clean bench bench-smoke soak
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The s3a jars (hadoop-aws and the AWS SDK modules it uses) and delta-spark's jars from Maven Central,
@@ -44,13 +44,20 @@ $(DAGSTER_HOME)/dagster.yaml: $(DAGSTER_YAML)
 demo: class-archive $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/laminar demo
 
-# The demo and the deployment with the lake in a bucket of a local S3 server (moto, on 127.0.0.1, in
-# memory): the same commands, pointed at s3://laminar-demo/lake through LAMINAR_ROOT and the AWS variables.
+# The demo and the deployment with the lake in a bucket of a local emulator (on 127.0.0.1, in memory):
+# the same commands, pointed at the bucket through LAMINAR_ROOT and the store's usual variables
+# (laminar_assets/deploy/local_store.py). S3: moto; GCS: fake-gcs-server; Azure: Azurite (Node.js).
 demo-s3: class-archive $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/python -m laminar_assets.deploy.local_s3 -- $(BIN)/laminar demo
+	$(BIN)/python -m laminar_assets.deploy.local_store s3 -- $(BIN)/laminar demo
 
 ui-s3: class-archive $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/python -m laminar_assets.deploy.local_s3 -- $(BIN)/laminar serve
+	$(BIN)/python -m laminar_assets.deploy.local_store s3 -- $(BIN)/laminar serve
+
+demo-gcs: class-archive $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m laminar_assets.deploy.local_store gcs -- $(BIN)/laminar demo
+
+demo-azure: class-archive test-azurite $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m laminar_assets.deploy.local_store azure -- $(BIN)/laminar demo
 
 # The local deployment: a Spark Connect server + `dagster dev` (UI and daemon) on 127.0.0.1; Ctrl-C stops both.
 ui: class-archive $(DAGSTER_HOME)/dagster.yaml

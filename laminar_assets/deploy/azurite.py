@@ -111,11 +111,12 @@ class Azurite:
     def options(self) -> AzureOptions:
         return AzureOptions(endpoint=self.endpoint, account_key=EMULATOR_KEY)
 
-    def container(self, prefix: str = "lake") -> str:
-        """A new container; returns its abfss:// URI with `prefix` (`AzureStore` normalises the emulator's account)."""
+    def container(self, prefix: str = "lake", *, name: str | None = None) -> str:
+        """A new container (`name`, or a random one); returns its abfss:// URI with `prefix` (`AzureStore`
+        normalises the emulator's account)."""
         from laminar_assets.storage.azure import AzureStore
 
-        name = f"t{uuid.uuid4().hex[:12]}"
+        name = name or f"t{uuid.uuid4().hex[:12]}"
         AzureStore(self.options).service(EMULATOR_ACCOUNT).create_container(name)
         return f"abfss://{name}@{EMULATOR_ACCOUNT}.dfs.core.windows.net/{prefix}"
 

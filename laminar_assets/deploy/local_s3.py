@@ -1,21 +1,15 @@
-"""Run a command against a local S3 server: the demo, or the deployment, with the lake in a bucket.
+"""The local S3 server: moto's, on 127.0.0.1, in memory, with a request recorder and a latency.
 
-Usage: python -m laminar_assets.deploy.local_s3 [--bucket NAME] [--seconds N] [--latency-ms MS] -- COMMAND [ARGS...]
-
-Starts moto's S3 server (moto[server], installed with the project's dev extras) on 127.0.0.1,
-creates the bucket, and runs COMMAND with the lake at s3://NAME/lake: LAMINAR_ROOT and the AWS
-variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION) point it
-there, as they would point it at a real bucket. The server stops when the command ends, when this
-process gets SIGINT or SIGTERM, or after --seconds (default: no limit); its data lives in memory
-and goes with it. `make demo-s3` and `make ui-s3` use this.
-
---latency-ms adds that much to every S3 request (default 0): an in-memory server answers in about a
-millisecond, S3 in the same region in about 20 to the first byte (local_s3_server.py does the waiting).
+`LocalS3` is what the tests, the benchmark and `make demo-s3` / `make ui-s3` run
+(`python -m laminar_assets.deploy.local_store s3 -- COMMAND`, deploy/local_store.py; this module's own
+`python -m laminar_assets.deploy.local_s3 [--bucket NAME] [--seconds N] [--latency-ms MS] -- COMMAND` is the same).
+moto[server] comes with the project's dev extras. A latency (`latency_ms`) is slept before each S3
+request: an in-memory server answers in about a millisecond, S3 in the same region in about 20 to the
+first byte (local_s3_server.py does the waiting).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -173,50 +167,10 @@ def _check_latency(ms: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bucket", default="laminar-demo")
-    parser.add_argument("--seconds", type=float, default=0.0, help="stop everything after this long (0: no limit)")
-    parser.add_argument("--latency-ms", type=float, default=0.0,
-                        help="slept before each S3 request, as a real store's latency (default 0; S3 in-region ~20)")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("give the command to run after --")
-    try:
-        server = LocalS3(latency_ms=args.latency_ms)
-    except LaminarError as exc:
-        parser.error(exc.message)
-    child: subprocess.Popen | None = None
+    """`python -m laminar_assets.deploy.local_store s3 ...` (this module's usage, kept for scripts that use it)."""
+    from .local_store import main as run
 
-    def stop(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        try:
-            server.start()
-        except EnvironmentProblem as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        root = f"{server.create_bucket(args.bucket)}/lake"
-        env = {**os.environ, **server.options.as_env(), "LAMINAR_ROOT": root}
-        latency = f" ({server.latency_ms:g} ms per request)" if server.latency_ms else ""
-        print(f"local S3 server at {server.endpoint}{latency}; lake at {root}", flush=True)
-        child = subprocess.Popen(command, env=env)
-        try:
-            return child.wait(timeout=args.seconds or None)
-        except subprocess.TimeoutExpired:
-            print(f"stopping after {args.seconds:.0f} s", file=sys.stderr)
-            child.send_signal(signal.SIGINT)
-            return child.wait(60)
-    except KeyboardInterrupt:
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGINT)
-            child.wait(120)
-        return 130
-    finally:
-        server.stop()
+    return run(["s3", *argv])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""Run a command against a local object store: the demo, or the deployment, with the lake in a bucket.
+
+Usage: python -m laminar_assets.deploy.local_store {s3,gcs,azure} [--bucket NAME] [--seconds N]
+       [--latency-ms MS] -- COMMAND [ARGS...]
+
+Starts the store's emulator on 127.0.0.1, in memory, makes a bucket (a container on Azure) and runs
+COMMAND with the lake in it: LAMINAR_ROOT and the store's usual environment variables point there, as
+they would point it at a real bucket, so nothing else changes.
+
+- `s3`: moto's S3 server (deploy/local_s3.py); AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+  AWS_REGION; the lake at s3://NAME/lake. `--latency-ms` makes it sleep that long before each request
+  (S3 in-region: about 20 ms to the first byte).
+- `gcs`: fake-gcs-server behind its shim (deploy/local_gcs.py); STORAGE_EMULATOR_HOST,
+  GOOGLE_CLOUD_PROJECT; the lake at gs://NAME/lake.
+- `azure`: Azurite's blob service (deploy/azurite.py; `make test-azurite` installs it, Node.js needed);
+  AZURE_STORAGE_ENDPOINT, AZURE_STORAGE_ACCOUNT_KEY (the emulator's published development key); the lake
+  at abfss://NAME@devstoreaccount1.dfs.core.windows.net/lake.
+
+The emulator stops when the command ends, when this process gets SIGINT or SIGTERM, or after --seconds
+(default: no limit); its data goes with it. The exit code is the command's. `make demo-s3`, `make ui-s3`,
+`make demo-gcs` and `make demo-azure` use this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from laminar_assets.errors import EnvironmentProblem, LaminarError
+
+__all__ = ["STORES", "Started", "main"]
+
+
+@dataclass
+class Started:
+    """A running emulator: the lake's root in it, the environment that reaches it, and how to stop it."""
+
+    root: str
+    env: dict[str, str]
+    endpoint: str
+    stop: Callable[[], None]
+
+
+def _s3(bucket: str, latency_ms: float) -> Started:
+    from .local_s3 import LocalS3
+
+    server = LocalS3(latency_ms=latency_ms).start()
+    try:
+        root = f"{server.create_bucket(bucket)}/lake"
+    except BaseException:
+        server.stop()
+        raise
+    return Started(root, server.options.as_env(), server.endpoint, server.stop)
+
+
+def _gcs(bucket: str, latency_ms: float) -> Started:
+    from .local_gcs import start_fake_gcs
+
+    server = start_fake_gcs()
+    try:
+        root = server.bucket("lake", name=bucket)
+    except BaseException:
+        server.stop()
+        raise
+    return Started(root, server.options.as_env(), server.endpoint, server.stop)
+
+
+def _azure(bucket: str, latency_ms: float) -> Started:
+    from laminar_assets.storage.azure import AzureStore
+
+    from .azurite import Azurite
+
+    server = Azurite().start()
+    try:
+        root = server.container("lake", name=bucket)
+    except BaseException:
+        server.stop()
+        raise
+    return Started(root, AzureStore(server.options).env(), server.endpoint, server.stop)
+
+
+STORES: dict[str, Callable[[str, float], Started]] = {"s3": _s3, "gcs": _gcs, "azure": _azure}
+"""Each scheme's emulator: started with a bucket name and a latency (S3 only), in memory on 127.0.0.1."""
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m laminar_assets.deploy.local_store",
+                                     usage="%(prog)s {s3,gcs,azure} [options] -- COMMAND [ARGS...]",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("store", choices=sorted(STORES), help="which emulator: s3 (moto), gcs (fake-gcs-server), "
+                                                              "azure (Azurite)")
+    parser.add_argument("--bucket", default="laminar-demo", help="the bucket (an Azure container) to make")
+    parser.add_argument("--seconds", type=float, default=0.0, help="stop everything after this long (0: no limit)")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="s3 only: slept before each request, as a real store's latency (S3 in-region ~20)")
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, command = parser.parse_args(argv[:split]), argv[split + 1:]
+    if not command:
+        parser.error("give the command to run after --")
+    if args.latency_ms and args.store != "s3":
+        parser.error(f"--latency-ms is the S3 server's only; {args.store}'s emulator has none")
+    child: subprocess.Popen | None = None
+    started: Started | None = None
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        try:
+            started = STORES[args.store](args.bucket, args.latency_ms)
+        except EnvironmentProblem as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except LaminarError as exc:
+            parser.error(exc.message)
+        latency = f" ({args.latency_ms:g} ms per request)" if args.latency_ms else ""
+        print(f"local {args.store} store at {started.endpoint}{latency}; lake at {started.root}", flush=True)
+        env = {**os.environ, **started.env, "LAMINAR_ROOT": started.root}
+        child = subprocess.Popen(command, env=env)
+        try:
+            return child.wait(timeout=args.seconds or None)
+        except subprocess.TimeoutExpired:
+            print(f"stopping after {args.seconds:.0f} s", file=sys.stderr)
+            child.send_signal(signal.SIGINT)
+            return child.wait(60)
+    except KeyboardInterrupt:
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGINT)
+            child.wait(120)
+        return 130
+    finally:
+        if started is not None:
+            started.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
