@@ -16,8 +16,8 @@ large_trades = StageSpec(
     partitioning="hourly",
 )
 
-# Each large trade POSTed as an alert; `laminar demo` and `laminar serve` start a local receiver for connection
-# 'alerts' when LAMINAR_CONNECTION_ALERTS_URL is not set (docs/exports.md). initial="all": the first delivery
-# sends the rows already there too (the demo's first batch), not only the ones that come after it.
+# Each large trade POSTed as an alert, 20 to a request; `laminar demo` and `laminar serve` start a local receiver
+# for connection 'alerts' when LAMINAR_CONNECTION_ALERTS_URL is not set (docs/exports.md). initial="all": the first
+# delivery sends the rows already there too (the demo's first batch), not only the ones that come after it.
 large_trades_hook = WebhookExport(name="large_trades_hook", source="large_trades", connection="alerts",
-                                  retractions="skip", initial="all", max_rows_per_second=500)
+                                  retractions="skip", initial="all", max_rows_per_second=500, rows_per_request=20)
