@@ -38,7 +38,7 @@ from .delta import TableIntegrity
 from .executor import Engine, checked_keys
 from .export import Connection, DeliveryResult, Exporter
 from .registry import Catalog, check_exports, check_tables, collect, collect_specs, order_specs
-from .run import EngineOptions, Mode, PartitionPlan, Reason, RunResult, SweepResult
+from .run import EngineOptions, Mode, PartitionPlan, Reason, RunMetrics, RunResult, SweepResult
 from .run.protocol import record_refused_run
 from .spark import SparkOptions, build_session, check_java, start_session
 from .spec import (
@@ -79,7 +79,8 @@ from .windows import (
 
 __all__ = [
     # running
-    "Engine", "EngineOptions", "checked_keys", "RunResult", "SweepResult", "Mode", "Reason", "PartitionPlan", "TableIntegrity",
+    "Engine", "EngineOptions", "checked_keys", "RunMetrics", "RunResult", "SweepResult", "Mode", "Reason",
+    "PartitionPlan", "TableIntegrity",
     "record_refused_run", "CatalogOptions", "CatalogReport", "CatalogTable",
     # declaring
     "Agg", "BUILTIN_RULES", "BaseSpec", "DimensionJoin", "FactJoin", "FlowSpec", "Hopping", "LatePolicy",

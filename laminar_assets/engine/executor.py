@@ -53,6 +53,7 @@ from .report import sink_read
 from .run import outcomes, protocol, unchanged
 from .run.context import STEPS, EngineOptions, RunContext  # noqa: F401  (STEPS: tests crash at each)
 from .run.inputs import RunInputs, gather, partition_bytes, partition_rows, planner_input
+from .run.metrics import RunMetrics
 from .run.plan import Mode, PartitionPlan, Reason
 from .run.planner import MAX_REFILL_GROUPS, plan_partition
 from .run.result import RunResult
@@ -303,7 +304,7 @@ class Engine:
                     if plans[k].mode is Mode.NOOP:
                         protocol.record_noop(self.ctx, plans[k], marks[k], source_ids=inputs.source_ids())
                         results[k] = RunResult(plans[k], run_id,
-                                               {"pending_versions": sum(plans[k].pending_versions.values())},
+                                               RunMetrics(pending_versions=sum(plans[k].pending_versions.values())),
                                                {"plan": plan_s})
                     else:
                         todo.append(k)
@@ -329,7 +330,7 @@ class Engine:
         for rule, n in swept.counts.items():
             results[first].quarantined[rule] = results[first].quarantined.get(rule, 0) + n
         for r in results.values():
-            r.metrics["rows_quarantined"] = sum(r.quarantined.values())
+            r.metrics.rows_quarantined = sum(r.quarantined.values())
         self._record_outcomes(spec, run_id, [results[k] for k in keys], marks, inputs)
         unchanged.remember(self.ctx, spec, found, [results[k].plan for k in keys])
         return [results[k] for k in keys]
@@ -337,7 +338,7 @@ class Engine:
     def _unchanged(self, spec: Spec, keys: list[str], found: unchanged.Check, run_id: str) -> list[RunResult]:
         """The results of a run that found nothing moved (`run.unchanged`): NOOPs, and their outcome record."""
         started = time.perf_counter()
-        results = [RunResult(found.plans[k], run_id, {"pending_versions": 0, "rows_quarantined": 0}) for k in keys]
+        results = [RunResult(found.plans[k], run_id, RunMetrics(pending_versions=0, rows_quarantined=0)) for k in keys]
         for r in results:
             r.seconds["plan"] = (time.perf_counter() - started) / len(keys)
         self._record_outcomes(spec, run_id, results, found.marks, RunInputs({}, {}, {}, {}))
@@ -363,9 +364,8 @@ class Engine:
         sample of the statistics, not the run (its results are committed)."""
         done = [outcomes.outcome_of(spec, r, inputs.histories_after(marks.get(r.plan.partition))) for r in results]
         for r, o in zip(results, done):  # the run's own numbers, for its asset metadata
-            r.metrics.update(refilled_share=o.refilled_share, **({"refilled_windows": o.refilled_windows}
-                             if o.refilled_windows is not None else {}),
-                             **({"change_rows": o.change_rows} if o.change_rows is not None else {}))
+            r.metrics.refilled_share = o.refilled_share
+            r.metrics.refilled_windows, r.metrics.change_rows = o.refilled_windows, o.change_rows  # None: not known
         try:
             outcomes.record(self.ctx.store.root, spec, run_id, done)
         except (StorageError, OSError) as exc:
@@ -410,7 +410,7 @@ class Engine:
                        watermark=(time.perf_counter() - t1) / n)
         out = {}
         for i, (k, p) in enumerate(plans.items()):
-            metrics = dict(outcome.metrics.get(k, {}))
+            metrics = RunMetrics.of(outcome.metrics.get(k, {}))
             metrics.update(versions_read=_versions_read(p), pending_versions=sum(p.pending_versions.values()),
                            batch_partitions=n, **({_REFILLED[spec.kind]: len(p.refill_groups)} if p.refill_groups else {}))
             if isinstance(outcome, flow_job.PassResult):  # shared commits: their row counts once

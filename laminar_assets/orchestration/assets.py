@@ -96,13 +96,7 @@ def run_metadata(result: RunResult) -> dict:
                                                           for r in p.group_windows])
     for src, version in p.to_versions.items():
         md[f"source_version_{src}"] = int(version)
-    for key in ("versions_read", "files_read", "bytes_read", "rows_read", "rows_rejected", "rows_quarantined",
-                "rows_retracted", "windows_touched", "state_rows", "sink_rows", "rows_inserted", "rows_deleted",
-                "refilled_windows", "refilled_groups", "refilled_keys", "change_rows"):
-        if key in m:
-            md[key] = int(m[key])
-    if "refilled_share" in m:
-        md["refilled_share"] = float(m["refilled_share"])
+    md.update(m.shown_values())  # the measured ones (docs/dagster.md lists them)
     if m.get("change_rows"):
         md["rows_read_per_change"] = float(round(m.get("rows_read", 0) / m["change_rows"], 4))
     md["quarantined_by_rule"] = dg.MetadataValue.json(dict(result.quarantined))

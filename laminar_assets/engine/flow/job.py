@@ -30,6 +30,7 @@ from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
+from ..run.metrics import RunMetrics
 from ..run.plan import ChangedGroups, PartitionPlan, Reason
 from ..run.reading import PART, ReadSet, change_markers, read_set, with_partition
 from ..run.row_prep import key_values
@@ -73,7 +74,7 @@ class WindowsToRecompute(Exception):
 class PassResult:
     """What one pass measured, per partition; `state_rows`/`sink_rows` are the pass's totals."""
 
-    metrics: dict[str, dict] = field(default_factory=dict)
+    metrics: dict[str, RunMetrics] = field(default_factory=dict)
     quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
     state_rows: int = 0
     sink_rows: int = 0
@@ -232,7 +233,7 @@ def _collect_metrics(out: PassResult, row: dict, plans: list[PartitionPlan], per
         # element 0: the pass's total; element i + 1: partition i's slot. Without a breakdown (too
         # many partitions) the pass's totals go on the first partition.
         at = i + 1 if per_part else (0 if i == 0 else None)
-        out.metrics[p.partition] = {v: _element(row.get(k), at) for k, v in names.items()}
+        out.metrics[p.partition] = RunMetrics.of({v: _element(row.get(k), at) for k, v in names.items()})
 
 
 def _element(values: list | None, at: int | None) -> int:

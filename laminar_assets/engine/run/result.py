@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .metrics import RunMetrics
 from .plan import Mode, PartitionPlan, Reason
 
 
@@ -27,14 +28,18 @@ class SweepResult:
 
 @dataclass(frozen=True)
 class RunResult:
-    """The plan a partition ran, the run's id, and its numbers (see the README's metadata list)."""
+    """The plan a partition ran, the run's id, and its numbers (`RunMetrics`; docs/dagster.md lists them)."""
 
     plan: PartitionPlan
     run_id: str
-    metrics: dict[str, float | int] = field(default_factory=dict, hash=False)
+    metrics: RunMetrics = field(default_factory=RunMetrics, hash=False)
     seconds: dict[str, float] = field(default_factory=dict, hash=False)
     quarantined: dict[str, int] = field(default_factory=dict, hash=False)  # new quarantine rows by rule
     sweep: SweepResult | None = field(default=None, hash=False)  # the flow's sweep, on the run's first partition
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metrics, RunMetrics):  # given by name: checked against the fields
+            object.__setattr__(self, "metrics", RunMetrics.of(self.metrics))
 
     @property
     def mode(self) -> Mode:
@@ -49,5 +54,5 @@ class RunResult:
         return self.plan.detail
 
     def to_json(self) -> dict:
-        return {"run_id": self.run_id, **self.plan.to_json(), "metrics": self.metrics, "seconds": self.seconds,
+        return {"run_id": self.run_id, **self.plan.to_json(), "metrics": self.metrics.as_dict(), "seconds": self.seconds,
                 "quarantined": self.quarantined, **({"sweep": self.sweep.to_json()} if self.sweep else {})}

@@ -30,6 +30,7 @@ from ..delta.tables import is_delta_table, open_delta
 from ..output.commit import replace_ranges
 from ..output.staged_files import StagedFiles, collect_rows, write_staged, write_staged_rows
 from ..run.context import RunContext
+from ..run.metrics import RunMetrics
 from ..run.plan import PartitionPlan, Reason
 from ..run.reading import PART
 from ..spark.frames import arrow_schema_of, named, observe, schema_change
@@ -68,7 +69,7 @@ def schema_matches(uri: str, out: DataFrame) -> bool:
 
 
 def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new_ref: DataFrame,
-                  new_inc: DataFrame, seqs: dict[str, int], run_id: str, metrics: dict[str, dict], *,
+                  new_inc: DataFrame, seqs: dict[str, int], run_id: str, metrics: dict[str, RunMetrics], *,
                   small: bool, in_bytes: int, single: bool) -> None:
     """Commit a run with refilled partitions: `new_ref` holds their recomputed rows, `new_inc` the
     new rows of its incremental ones (both with `__p` and the event time). `metrics`: per

@@ -25,6 +25,7 @@ from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
+from ..run.metrics import RunMetrics
 from ..run.plan import Mode, PartitionPlan
 from ..run.reading import PART, group_values_sql, read_set, rows_query
 from ..run.row_prep import keep_sql, prepare_query
@@ -40,7 +41,7 @@ from .keys import in_keys_sql, key_hash_sql
 
 @dataclass
 class PassResult:
-    metrics: dict[str, dict] = field(default_factory=dict)
+    metrics: dict[str, RunMetrics] = field(default_factory=dict)
     quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # read (rows cached), write (diff and commit)
 
@@ -116,8 +117,8 @@ def _row_counts(spec: StageSpec, plans: list[PartitionPlan]) -> list:
 def _count_metrics(out: PassResult, counts: dict, plans: list[PartitionPlan]) -> None:
     rows, rejected = counts.get("rows") or [], counts.get("rejected") or []
     for i, p in enumerate(plans):
-        out.metrics[p.partition] = {"rows_read": int(rows[i] or 0) if i < len(rows) else 0,
-                                    "rows_rejected": int(rejected[i] or 0) if i < len(rejected) else 0}
+        out.metrics[p.partition] = RunMetrics(rows_read=int(rows[i] or 0) if i < len(rows) else 0,
+                                              rows_rejected=int(rejected[i] or 0) if i < len(rejected) else 0)
 
 
 def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joined: DataFrame, obs: Observation,
