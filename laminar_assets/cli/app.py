@@ -99,10 +99,12 @@ class CliContext:
         return specs[name]
 
     def engine(self):
-        from laminar_assets.engine import CatalogOptions, Engine, SparkOptions, build_session
+        from laminar_assets.engine import CatalogOptions, Engine, EngineOptions, SparkOptions, build_session
+        from laminar_assets.pipeline.settings import load_settings
 
+        options = EngineOptions.of(load_settings().engine_options(), where="[tool.laminar]")  # as Dagster's runs
         schema = catalog_schema()
-        return Engine(build_session(SparkOptions.from_env()), self.root,
+        return Engine(build_session(SparkOptions.from_env()), self.root, options=options,
                       catalog=CatalogOptions(schema=schema) if schema else None)
 
     def instance(self):

@@ -166,7 +166,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
             raise _failure(exc, {}, last=context.retry_number >= settings.retries) from None
         session_started = time.perf_counter()
         # the run's Spark: a Connect client in a deployment, else a local JVM
-        engine = laminar.engine(future_horizon=settings.future_horizon)
+        engine = laminar.engine(**settings.engine_options())
         session_s = time.perf_counter() - session_started
         keys = list(context.partition_keys)
         force = context.run.tags.get(FORCE_TAG) == "true"

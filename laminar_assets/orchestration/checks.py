@@ -173,7 +173,7 @@ def build_contract_check(spec: Spec, contract: Contract, settings: LaminarSettin
                     description=f"Great Expectations suite from {contract.path or 'data_contracts/'} on each "
                                 "partition the run changed.")
     def _check(context: dg.AssetCheckExecutionContext, laminar: LaminarResource) -> dg.AssetCheckResult:
-        engine = laminar.engine()
+        engine = laminar.engine(**settings.engine_options())
         return evaluate_range(context, dg.AssetKey(spec.name),
                               lambda keys: contract_outcomes(engine, spec, contract, keys),
                               severity=contract_severity(contract), blocking=contract.blocking)
@@ -216,7 +216,7 @@ def build_equivalence_check(spec: FlowSpec, settings: LaminarSettings) -> dg.Ass
                     description="Recomputes a sample of each changed partition's windows from the source snapshot "
                                 "at the watermark version and compares them with the sink.")
     def _check(context: dg.AssetCheckExecutionContext, laminar: LaminarResource) -> dg.AssetCheckResult:
-        engine = laminar.engine()
+        engine = laminar.engine(**settings.engine_options())
         return evaluate_range(context, dg.AssetKey(spec.name),
                               lambda keys: equivalence_outcomes(engine, spec, keys),
                               severity=dg.AssetCheckSeverity.ERROR, blocking=False)

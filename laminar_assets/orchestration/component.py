@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import dagster as dg
 from pydantic import BaseModel, Field, field_validator
@@ -130,6 +130,9 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         "Retries of a step that failed for a transient reason (default 2)."))
     alert: str | None = Field(default=None, description=(
         "Where failed runs are reported: 'log', a webhook URL, or 'package.module:function'."))
+    engine: dict[str, Any] = Field(default_factory=dict, description=(
+        "Engine options by name (refill_ratio, key_refill_min_bytes, ...; any EngineOptions field but "
+        "future_horizon): over the project's [tool.laminar.engine] for every run and check of this component."))
     thread_executor: bool = Field(default=True, description=(
         "Run a run's steps as threads of one process sharing one Spark session (Laminar's executor). It "
         "becomes the code location's default executor, so set false when the project's own jobs need "
@@ -153,6 +156,20 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
             parse_duration(value)  # a ValueError here names the field, the file and the line
         return value
 
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from laminar_assets.engine import EngineOptions
+        from laminar_assets.errors import EnvironmentProblem
+
+        if "future_horizon" in value:
+            raise ValueError("future_horizon is this component's own attribute, not one of its engine options")
+        try:
+            EngineOptions.of(value, where="engine")  # a name or a value it refuses: the field, the file and the line
+        except EnvironmentProblem as exc:
+            raise ValueError(exc.message) from None
+        return value
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from laminar_assets.engine import LaminarError, collect
         from laminar_assets.orchestration.builder import build_definitions
@@ -163,7 +180,7 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
             "partitions_start": self.partitions_start, "future_horizon": self.future_horizon,
             "schedules": self.schedules or None,
             "sensor_interval_seconds": self.sensor_interval_seconds, "retries": self.retries,
-            "alert": self.alert}.items() if v is not None})
+            "alert": self.alert, "engine": self.engine or None}.items() if v is not None})
         root = self.lake_root
         if root and "://" not in root and not os.path.isabs(root):
             root = str(context.project_root / root)  # runs and the daemon may start elsewhere

@@ -10,10 +10,11 @@ import pathlib
 import re
 import tomllib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from laminar_assets.engine import parse_duration
+from laminar_assets.engine import EngineOptions, parse_duration
 from laminar_assets.errors import EnvironmentProblem
 
 FUTURE_HORIZON = timedelta(days=1)  # the default of `future_horizon`
@@ -55,6 +56,25 @@ class LaminarSettings(BaseModel):
     retry_delay_seconds: float = Field(default=10.0, ge=0, description="Wait before the first retry; doubles after.")
     alert: str = Field(default="log", description="Where failed runs are reported: 'log', a webhook URL "
                        "(http:// or https://, a JSON POST), or 'package.module:function' called with the alert.")
+    engine: dict[str, Any] = Field(default_factory=dict, description=(
+        "`[tool.laminar.engine]`: any `EngineOptions` field (refill_ratio, key_refill_min_bytes, ...) for every "
+        "run of the project, Dagster's and the CLI's; a resource's `engine_options` override it. future_horizon "
+        "is set on [tool.laminar] itself."))
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value):
+        if "future_horizon" in value:
+            raise ValueError("future_horizon is set on [tool.laminar] itself, not in [tool.laminar.engine]")
+        try:
+            EngineOptions.of(value, where="[tool.laminar.engine]")  # a name or a value it refuses: one line
+        except EnvironmentProblem as exc:
+            raise ValueError(exc.message) from None
+        return dict(value)
+
+    def engine_options(self) -> dict[str, Any]:
+        """The `EngineOptions` these settings decide, by name (what `LaminarResource.engine` and the CLI take)."""
+        return {"future_horizon": self.future_horizon, **self.engine}
 
     @field_validator("partitions_start", mode="before")
     @classmethod

@@ -2,6 +2,7 @@
 
 
 import os
+from typing import Any
 
 import dagster as dg
 
@@ -56,6 +57,9 @@ class LaminarResource(dg.ConfigurableResource):
     azure_account_key: str | None = None
     azure_sas_token: str | None = None
     connections: dict[str, str] = {}
+    # Any `EngineOptions` field by name ({"refill_ratio": 0.3, "key_refill_min_bytes": 1048576}): over the
+    # project's [tool.laminar.engine] and its defaults (docs/dagster.md, "Engine options").
+    engine_options: dict[str, Any] = {}
     # The catalog schema every table a run writes is registered in (the Hive metastore of the run's Spark:
     # SparkResource.metastore, or the Connect server's), and where sources named `schema.table` are found.
     # None: LAMINAR_CATALOG when set, else no catalog (docs/catalog.md).
@@ -88,11 +92,13 @@ class LaminarResource(dg.ConfigurableResource):
     def engine(self, **options) -> Engine:
         """An engine on this run's Spark session (the root's store is mounted before the session starts, so
         a session started now knows its bucket). `options`: `EngineOptions` the project's settings decide
-        (e.g. `future_horizon`)."""
+        (`LaminarSettings.engine_options()`); this resource's `lease_seconds` and `engine_options` override them."""
+        chosen = EngineOptions.of({**options, "lease_seconds": self.lease_seconds, **self.engine_options},
+                                  where="LaminarResource.engine_options")
         root = self.resolved_root()
         schema = self.catalog_schema or os.environ.get("LAMINAR_CATALOG") or None
         return Engine(self.spark.get_session(), root, connections=self.resolved_connections(),
-                      options=EngineOptions(lease_seconds=self.lease_seconds, **options),
+                      options=chosen,
                       catalog=CatalogOptions(schema=schema) if schema else None)
 
     def resolved_connections(self) -> dict[str, Connection]:

@@ -20,6 +20,9 @@ from laminar_assets.pipeline.settings import LaminarSettings
     ({"s3": {"endpont": "http://127.0.0.1:9000"}}, "endpont"),
     ({"partitions_start": "2026-13-01"}, "expected an ISO date"),
     ({"partition_start": "2026-11-01"}, "partition_start"),
+    ({"engine": {"refil_ratio": 0.3}}, "engine: 'refil_ratio' is not an engine option; the options are refill_ratio"),
+    ({"engine": {"refill_ratio": "most"}}, "engine: refill_ratio: Input should be a valid number"),
+    ({"engine": {"future_horizon": "2d"}}, "future_horizon is this component's own attribute"),
 ])
 def test_a_misspelled_or_bad_attribute_is_an_error_naming_it(attributes, where):
     with pytest.raises(ValidationError, match=where):
@@ -60,3 +63,12 @@ def test_the_docs_snippet_that_creates_raw_trades_writes_what_the_example_flow_r
     [flow] = compile_sql(EXAMPLE_FLOW, origin="trades_1m.sql")
     columns = {f.name for f in table.schema().fields}
     assert {flow.event_time, *flow.keys, "price", "quantity"} <= columns and table.to_pandas().shape[0] == 2
+
+
+def test_the_engine_attribute_becomes_the_settings_engine_options():
+    from laminar_assets.engine import EngineOptions
+
+    component = LaminarComponent(engine={"refill_ratio": 0.3, "precision_guard": False}, future_horizon="6h")
+    settings = LaminarSettings(engine=component.engine, future_horizon=component.future_horizon)
+    options = EngineOptions.of(settings.engine_options())
+    assert (options.refill_ratio, options.precision_guard, options.future_horizon.total_seconds()) == (0.3, False, 21600)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -67,3 +68,42 @@ def test_an_installed_package_reads_the_project_file_of_the_folder_it_runs_in(tm
     (project / "pyproject.toml").write_text("[tool.laminar\n")
     with pytest.raises(EnvironmentProblem, match="pyproject.toml is not valid TOML"):
         project_file(installed, cwd=project)
+
+
+def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(tmp_path):
+    from laminar_assets.engine import EngineOptions
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.laminar]\nfuture_horizon = "6h"\n[tool.laminar.engine]\nrefill_ratio = 0.25\n'
+                    'key_refill_min_bytes = 1024\nextreme_refill_share = "0.75"\n')
+    options = EngineOptions.of(load_settings(path).engine_options())
+    assert (options.refill_ratio, options.key_refill_min_bytes, options.extreme_refill_share) == (0.25, 1024, 0.75)
+    assert options.future_horizon == timedelta(hours=6) and options.lease_seconds == EngineOptions().lease_seconds
+    for table, found in (("refil_ratio = 0.25", "'refil_ratio' is not an engine option; the options are refill_ratio"),
+                         ("refill_ratio = 'lots'", "refill_ratio: Input should be a valid number"),
+                         ("future_horizon = '1d'", "future_horizon is set on [tool.laminar] itself")):
+        path.write_text(f"[tool.laminar.engine]\n{table}\n")
+        with pytest.raises(ValidationError, match=re.escape(found)):
+            load_settings(path)
+
+
+def test_a_resources_engine_options_override_the_project_files():
+    from laminar_assets.engine import EngineOptions
+
+    settings = LaminarSettings(engine={"refill_ratio": 0.25, "metrics_partitions": 8})
+    chosen = EngineOptions.of({**settings.engine_options(), **{"refill_ratio": None, "future_horizon": "2d"}})
+    assert (chosen.refill_ratio, chosen.metrics_partitions, chosen.future_horizon) == (None, 8, timedelta(days=2))
+    with pytest.raises(EnvironmentProblem, match="LaminarResource.engine_options: 'refill' is not an engine option"):
+        EngineOptions.of({"refill": 1}, where="LaminarResource.engine_options")
+
+
+def test_the_docs_list_every_engine_option():
+    from dataclasses import fields
+    from pathlib import Path
+
+    from laminar_assets.engine import EngineOptions
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "dagster.md").read_text()
+    section = doc[doc.index("## Engine options"):doc.index("## Alerts")]
+    missing = [f.name for f in fields(EngineOptions) if f"`{f.name}`" not in section]
+    assert not missing, f"docs/dagster.md, 'Engine options', does not name {missing}"

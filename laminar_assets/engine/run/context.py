@@ -4,7 +4,7 @@ context every module of a run's data path shares (`RunContext`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -77,6 +77,35 @@ class EngineOptions:
     # times their Parquet bytes. For a few thousand rows a Spark write job costs more than the collect.
     # 0: Spark always writes.
     driver_write_below_bytes: int = 8 * 1024 * 1024
+
+    @classmethod
+    def of(cls, values: dict, *, where: str = "the engine options") -> EngineOptions:
+        """Options from names and values as settings files and Dagster config give them (numbers as numbers or
+        text, `future_horizon` as a duration such as '6h' or '1d', None for the options that take it); a name
+        that is no option or a value of the wrong type is one `EnvironmentProblem` naming it and `where`."""
+        from pydantic import TypeAdapter, ValidationError
+
+        from laminar_assets.errors import EnvironmentProblem
+
+        from ..windows import parse_duration
+
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise EnvironmentProblem(f"{where}: {', '.join(map(repr, unknown))} is not an engine option; the options "
+                                     f"are {', '.join(names)} (docs/dagster.md, 'Engine options')", options=unknown)
+        given = dict(values)
+        if isinstance(given.get("future_horizon"), str):
+            try:
+                given["future_horizon"] = parse_duration(given["future_horizon"])
+            except ValueError as exc:
+                raise EnvironmentProblem(f"{where}: future_horizon: {exc}", options=["future_horizon"]) from None
+        try:
+            return TypeAdapter(cls).validate_python(given)
+        except ValidationError as exc:
+            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (found {e.get('input')!r})"
+                              for e in exc.errors())
+            raise EnvironmentProblem(f"{where}: {wrong}", options=sorted(given)) from None
 
 
 @dataclass
