@@ -111,6 +111,8 @@ def main(argv: list[str]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    # started from a background job, this process inherits SIGINT ignored: Ctrl-C would then leave the emulator
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
             started = STORES[args.store](args.bucket, args.latency_ms)
@@ -124,11 +126,11 @@ def main(argv: list[str]) -> int:
         env = {**os.environ, **started.env, "LAMINAR_ROOT": started.root}
         child = subprocess.Popen(command, env=env)
         try:
-            return child.wait(timeout=args.seconds or None)
+            return _exit_code(child.wait(timeout=args.seconds or None))
         except subprocess.TimeoutExpired:
             print(f"stopping after {args.seconds:.0f} s", file=sys.stderr)
             child.send_signal(signal.SIGINT)
-            return child.wait(60)
+            return _exit_code(child.wait(60))
     except KeyboardInterrupt:
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGINT)
@@ -137,6 +139,11 @@ def main(argv: list[str]) -> int:
     finally:
         if started is not None:
             started.stop()
+
+
+def _exit_code(returncode: int) -> int:
+    """The command's exit code as a shell gives it: 128 + N for a command a signal N ended."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 if __name__ == "__main__":

@@ -64,3 +64,22 @@ def test_what_the_runner_refuses_it_says_before_starting_anything():
     assert done.returncode == 2 and "invalid choice: 'hdfs'" in done.stderr, done.stderr
     done = _run("s3", "--latency-ms", "-5", "--", "true")
     assert done.returncode == 2 and "latency must be a number of milliseconds >= 0" in done.stderr, done.stderr
+
+
+def test_a_time_limit_or_a_signal_stops_the_command_and_the_emulator_with_a_shells_exit_code():
+    import signal
+    import time
+
+    done = _run("s3", "--seconds", "2", "--", sys.executable, "-c", "import time; time.sleep(60)")
+    assert done.returncode == 128 + signal.SIGINT and "stopping after 2 s" in done.stderr, done.stderr
+    started = re.search(r"store at (http://\S+);", done.stdout)
+    assert started and _closed(started.group(1))
+    # SIGTERM (a service manager, `kill`): the command is told to stop and the emulator goes with it
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.deploy.local_store", "s3", "--", sys.executable,
+                             "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 130
+    proc.stdout.close()
+    assert _closed(re.search(r"store at (http://\S+);", line).group(1))
