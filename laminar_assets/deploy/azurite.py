@@ -21,16 +21,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 from laminar_assets.errors import EnvironmentProblem
 from laminar_assets.storage.azure import EMULATOR_ACCOUNT, EMULATOR_KEY, AzureOptions
+
+from .ports import free_port, stop_group, wait_listening
 
 VERSION = "3.37.0"
 
@@ -82,23 +81,11 @@ def install(prefix: str | None = None, timeout: float = 600.0) -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 class Azurite:
     """Azurite's blob service on 127.0.0.1, in memory (`start`, `stop`, or a context manager)."""
 
     def __init__(self, port: int | None = None, *, log: str | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log = log
         self.process: subprocess.Popen | None = None
         self.workspace: str | None = None
@@ -137,15 +124,9 @@ class Azurite:
                 cwd=self.workspace)
         finally:
             out.close()
-        deadline = time.monotonic() + timeout
         try:
-            while not _listening(self.port):
-                if self.process.poll() is not None:
-                    raise EnvironmentProblem(f"Azurite exited ({self.process.returncode}) before listening on "
-                                             f"127.0.0.1:{self.port}" + (f"; its log: {self.log}" if self.log else ""))
-                if time.monotonic() > deadline:
-                    raise EnvironmentProblem(f"Azurite did not listen on 127.0.0.1:{self.port} within {timeout:g} s")
-                time.sleep(0.1)
+            wait_listening(self.port, "Azurite", timeout=timeout, exited=self.process.poll,
+                           see=f"; its log: {self.log}" if self.log else "")
         except BaseException:
             self.stop()
             raise
@@ -153,13 +134,8 @@ class Azurite:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+        if process is not None:
+            stop_group(process)
         if self.workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
             self.workspace = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,8 @@ from laminar_assets import storage
 from laminar_assets.engine import SparkOptions
 from laminar_assets.engine.spark import check_java, check_metastore, jvm_conf, metastore_env, session_conf
 from laminar_assets.errors import EnvironmentProblem
+
+from .ports import port_in_use
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,6 @@ class ConnectServerOptions:
 
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on (host, port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex((host, port)) == 0
 
 
 def spark_home() -> str:

@@ -32,12 +32,9 @@ import http.client
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +42,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from laminar_assets.errors import EnvironmentProblem
+
+from .ports import free_port, stop_group, wait_listening
 
 
 def binary() -> str:
@@ -181,16 +180,6 @@ def serve_shim(port: int, upstream: int) -> None:
     shim.serve_forever(poll_interval=0.5)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-
-
 @dataclass
 class GcsServer:
     """A running fake-gcs-server behind its shim; `options` reach it, `bucket()` makes a new bucket."""
@@ -220,28 +209,16 @@ class GcsServer:
     def stop(self) -> None:
         for process in (self.shim, self.process):
             if process is not None:
-                _stop(process)
+                stop_group(process)
         if os.path.exists(self.log):
             os.remove(self.log)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def start_fake_gcs(timeout: float = 30.0, *, ports: tuple[int, int] | None = None) -> GcsServer:
     """fake-gcs-server on a free port of 127.0.0.1, and its shim (a process of its own) on another: `endpoint`
     is the shim's (the emulator names it in the upload URLs it hands out, and takes it as its public host
     for the XML API). `ports`: the emulator's and the shim's (default: two free ones)."""
-    port, shim_port = ports or (_free_port(), _free_port())
+    port, shim_port = ports or (free_port(), free_port())
     endpoint = f"http://127.0.0.1:{shim_port}"
     log = os.path.join(tempfile.gettempdir(), f"laminar-fake-gcs-{port}-{uuid.uuid4().hex[:6]}.log")
     with open(log, "w") as out:
@@ -254,14 +231,11 @@ def start_fake_gcs(timeout: float = 30.0, *, ports: tuple[int, int] | None = Non
             [sys.executable, "-m", "laminar_assets.deploy.local_gcs", str(shim_port), str(port)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
+        def exited() -> int | None:
+            return next((c for c in (process.poll(), server.shim.poll()) if c is not None), None)
+
         for p, what in ((port, "fake-gcs-server"), (shim_port, "its shim")):
-            deadline = time.monotonic() + timeout
-            while not _listening(p):
-                if process.poll() is not None or server.shim.poll() is not None:
-                    raise EnvironmentProblem(f"{what} exited before listening on 127.0.0.1:{p}; its log: {log}")
-                if time.monotonic() > deadline:
-                    raise EnvironmentProblem(f"{what} did not listen on 127.0.0.1:{p} within {timeout:g} s")
-                time.sleep(0.05)
+            wait_listening(p, what, timeout=timeout, exited=exited, see=f"; its log: {log}", every=0.05)
     except BaseException:
         server.stop()
         raise

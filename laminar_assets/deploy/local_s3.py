@@ -15,12 +15,9 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from urllib.parse import urlsplit
 
@@ -28,22 +25,11 @@ from laminar_assets.errors import EnvironmentProblem, LaminarError
 from laminar_assets.storage import ObjectStoreOptions
 
 from .local_s3_server import LATENCY_PATH, NO_LATENCY_HEADER
+from .ports import free_port, stop_group, wait_listening
 
 __all__ = ["KEY", "LATENCY_PATH", "NO_LATENCY_HEADER", "SECRET", "LocalS3", "main"]
 
 KEY, SECRET = "laminar-local", "laminar-local-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 class LocalS3:
@@ -54,7 +40,7 @@ class LocalS3:
 
     def __init__(self, port: int | None = None, *, log: str | None = None, latency_ms: float = 0.0) -> None:
         _check_latency(latency_ms)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log = log
         self.latency_ms = float(latency_ms)
         self.process: subprocess.Popen | None = None
@@ -88,16 +74,13 @@ class LocalS3:
         finally:
             if self.log:
                 out.close()  # the server writes to its own copy
-        deadline = time.monotonic() + timeout
-        while not _listening(self.port):
-            code = self.process.poll()
-            if code is not None or time.monotonic() > deadline:
-                self.stop()
-                why = f"it exited with code {code}" if code is not None else f"not within {timeout:.0f} s"
-                see = f"; its output is in {self.log}" if self.log else " (pass log=FILE to LocalS3 to keep its output)"
-                raise EnvironmentProblem(f"the local S3 server (moto) did not listen on 127.0.0.1:{self.port}: "
-                                         f"{why}{see}")
-            time.sleep(0.2)
+        see = f"; its output is in {self.log}" if self.log else " (pass log=FILE to LocalS3 to keep its output)"
+        try:
+            wait_listening(self.port, "the local S3 server (moto)", timeout=timeout, exited=self.process.poll, see=see,
+                           every=0.2)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def set_latency(self, ms: float) -> None:
@@ -113,13 +96,8 @@ class LocalS3:
         return float(raw.decode().strip())
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(15)
+        if self.process is not None:
+            stop_group(self.process, timeout=15)
         if self._recording_dir:
             shutil.rmtree(self._recording_dir, ignore_errors=True)
 

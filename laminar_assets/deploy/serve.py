@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from laminar_assets.errors import EnvironmentProblem
 
-from .connect_server import ConnectServer, ConnectServerOptions, port_in_use, start_connect_server
+from .connect_server import ConnectServer, ConnectServerOptions, start_connect_server
+from .ports import port_in_use
 
 
 @dataclass(frozen=True)
