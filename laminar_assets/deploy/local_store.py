@@ -17,7 +17,9 @@ they would point it at a real bucket, so nothing else changes.
   at abfss://NAME@devstoreaccount1.dfs.core.windows.net/lake.
 
 The emulator stops when the command ends, when this process gets SIGINT or SIGTERM, or after --seconds
-(default: no limit); its data goes with it. The exit code is the command's. `make demo-s3`, `make ui-s3`,
+(default: no limit); its data goes with it. The exit code is the command's (128 + N when a signal N ended it;
+127 when it cannot be found, 126 when it cannot be run; 124 when --seconds ended it; 130 on Ctrl-C). A bucket
+name the store would refuse is refused before anything starts. `make demo-s3`, `make ui-s3`,
 `make demo-gcs` and `make demo-azure` use this.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +90,18 @@ def _azure(bucket: str, latency_ms: float) -> Started:
 STORES: dict[str, Callable[[str, float], Started]] = {"s3": _s3, "gcs": _gcs, "azure": _azure}
 """Each scheme's emulator: started with a bucket name and a latency (S3 only), in memory on 127.0.0.1."""
 
+# What each store takes as a bucket (an Azure container) name, checked before its emulator starts; the real
+# stores' rules, which the emulators enforce only in part (moto takes upper case)
+BUCKET_NAMES = {
+    "s3": (re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"),
+           "3-63 lower-case letters, digits, dots and hyphens, starting and ending with a letter or a digit"),
+    "gcs": (re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$"),
+            "3-63 lower-case letters, digits, dots, hyphens and underscores, starting and ending with a letter or "
+            "a digit"),
+    "azure": (re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"),
+              "3-63 lower-case letters, digits and single hyphens, starting and ending with a letter or a digit"),
+}
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m laminar_assets.deploy.local_store",
@@ -104,6 +119,11 @@ def main(argv: list[str]) -> int:
         parser.error("give the command to run after --")
     if args.latency_ms and args.store != "s3":
         parser.error(f"--latency-ms is the S3 server's only; {args.store}'s emulator has none")
+    if args.seconds < 0:
+        parser.error(f"--seconds must be 0 (no limit) or more, not {args.seconds:g}")
+    pattern, rule = BUCKET_NAMES[args.store]
+    if not pattern.match(args.bucket):
+        parser.error(f"--bucket {args.bucket!r} is not a {args.store} bucket name: {rule}")
     child: subprocess.Popen | None = None
     started: Started | None = None
 
@@ -124,13 +144,18 @@ def main(argv: list[str]) -> int:
         latency = f" ({args.latency_ms:g} ms per request)" if args.latency_ms else ""
         print(f"local {args.store} store at {started.endpoint}{latency}; lake at {started.root}", flush=True)
         env = {**os.environ, **started.env, "LAMINAR_ROOT": started.root}
-        child = subprocess.Popen(command, env=env)
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as exc:  # as a shell says it: 127 not found, 126 found but not runnable
+            print(f"error: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
         try:
             return _exit_code(child.wait(timeout=args.seconds or None))
         except subprocess.TimeoutExpired:
-            print(f"stopping after {args.seconds:.0f} s", file=sys.stderr)
+            print(f"stopping after {args.seconds:g} s", file=sys.stderr)
             child.send_signal(signal.SIGINT)
-            return _exit_code(child.wait(60))
+            child.wait(60)
+            return 124  # as timeout(1): the time limit ended it
     except KeyboardInterrupt:
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGINT)

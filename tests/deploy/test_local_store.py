@@ -64,6 +64,20 @@ def test_what_the_runner_refuses_it_says_before_starting_anything():
     assert done.returncode == 2 and "invalid choice: 'hdfs'" in done.stderr, done.stderr
     done = _run("s3", "--latency-ms", "-5", "--", "true")
     assert done.returncode == 2 and "latency must be a number of milliseconds >= 0" in done.stderr, done.stderr
+    done = _run("s3", "--seconds", "-1", "--", "true")
+    assert done.returncode == 2 and "--seconds must be 0 (no limit) or more" in done.stderr, done.stderr
+    for store, bucket in (("s3", "UPPER_case"), ("gcs", "a"), ("azure", "two--hyphens"), ("gcs", "")):
+        done = _run(store, "--bucket", bucket, "--", "true")
+        assert done.returncode == 2 and f"--bucket {bucket!r} is not a {store} bucket name" in done.stderr, done.stderr
+
+
+def test_a_command_that_cannot_run_is_one_line_with_a_shells_exit_code(tmp_path):
+    done = _run("s3", "--", "no-such-command-here")
+    assert done.returncode == 127 and done.stderr.strip().splitlines()[-1].startswith(
+        "error: cannot run 'no-such-command-here'"), done.stderr
+    assert "Traceback" not in done.stderr
+    done = _run("s3", "--", str(tmp_path))
+    assert done.returncode == 126 and "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_time_limit_or_a_signal_stops_the_command_and_the_emulator_with_a_shells_exit_code():
@@ -71,7 +85,7 @@ def test_a_time_limit_or_a_signal_stops_the_command_and_the_emulator_with_a_shel
     import time
 
     done = _run("s3", "--seconds", "2", "--", sys.executable, "-c", "import time; time.sleep(60)")
-    assert done.returncode == 128 + signal.SIGINT and "stopping after 2 s" in done.stderr, done.stderr
+    assert done.returncode == 124 and "stopping after 2 s" in done.stderr, done.stderr
     started = re.search(r"store at (http://\S+);", done.stdout)
     assert started and _closed(started.group(1))
     # SIGTERM (a service manager, `kill`): the command is told to stop and the emulator goes with it
