@@ -12,7 +12,7 @@ import tomllib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from laminar_assets.engine import EngineOptions, parse_duration
 from laminar_assets.errors import EnvironmentProblem
@@ -38,7 +38,10 @@ def resolve_start(value: datetime | str, now: datetime | None = None) -> datetim
 
 
 class LaminarSettings(BaseModel):
-    """Definition-time settings; defaults suit the demo."""
+    """Definition-time settings; defaults suit the demo. A key that is no setting is refused (a misspelt one would
+    otherwise leave its default in place without a word)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     partitions_start: datetime = Field(default=datetime(2024, 1, 1, tzinfo=UTC), description=(
         "First partition of every flow that sets no `start` of its own: an ISO date, or 'today - N days' "
@@ -96,7 +99,20 @@ def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:
     path = pathlib.Path(path) if path else project_file()
     if path is None or not path.exists():
         return LaminarSettings()
-    return LaminarSettings(**(_laminar_table(path) or {}))
+    table = _laminar_table(path) or {}
+    if not isinstance(table, dict):
+        raise EnvironmentProblem(f"{path}: [tool.laminar] must be a table of settings, found {table!r}", file=str(path))
+    try:
+        return LaminarSettings(**table)
+    except ValidationError as exc:  # one line per wrong setting, naming the file and the key
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'tool.laminar'}: {_message(e)}" for e in exc.errors())
+        raise EnvironmentProblem(f"{path} [tool.laminar]: {wrong}", file=str(path)) from None
+
+
+def _message(error: dict) -> str:
+    if error["type"] == "extra_forbidden":
+        return f"not a setting (the settings: {', '.join(LaminarSettings.model_fields)})"
+    return error["msg"].removeprefix("Value error, ")
 
 
 def project_file(package: pathlib.Path | None = None, cwd: pathlib.Path | None = None) -> pathlib.Path | None:

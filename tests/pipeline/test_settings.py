@@ -79,12 +79,22 @@ def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(t
     options = EngineOptions.of(load_settings(path).engine_options())
     assert (options.refill_ratio, options.key_refill_min_bytes, options.extreme_refill_share) == (0.25, 1024, 0.75)
     assert options.future_horizon == timedelta(hours=6) and options.lease_seconds == EngineOptions().lease_seconds
-    for table, found in (("refil_ratio = 0.25", "'refil_ratio' is not an engine option; the options are refill_ratio"),
-                         ("refill_ratio = 'lots'", "refill_ratio: Input should be a valid number"),
-                         ("future_horizon = '1d'", "future_horizon is set on [tool.laminar] itself")):
-        path.write_text(f"[tool.laminar.engine]\n{table}\n")
-        with pytest.raises(ValidationError, match=re.escape(found)):
+    for table, found in (("[tool.laminar.engine]\nrefil_ratio = 0.25", "engine: [tool.laminar.engine]: 'refil_ratio' is "
+                                                                        "not an engine option; the options are refill_ratio"),
+                         ("[tool.laminar.engine]\nrefill_ratio = 'lots'", "refill_ratio: Input should be a valid number"),
+                         ("[tool.laminar.engine]\nrefill_ratio = -0.5", "refill_ratio: expected 0 or more (found -0.5)"),
+                         ("[tool.laminar.engine]\nrefill_ratio = nan", "refill_ratio: expected a finite number"),
+                         ("[tool.laminar.engine]\nrefill_ratio = true", "refill_ratio: expected float or none, found a boolean"),
+                         ("[tool.laminar.engine]\nmetrics_partitions = 0", "metrics_partitions: expected 1 or more"),
+                         ("[tool.laminar.engine]\nlease_seconds = 0", "lease_seconds: expected more than 0 seconds"),
+                         ("[tool.laminar.engine]\nfuture_horizon = '1d'", "future_horizon is set on [tool.laminar] itself"),
+                         ("[tool.laminar.engin]\nrefill_ratio = 0.2", "engin: not a setting (the settings: partitions_start"),
+                         ("[tool.laminar]\nfuture_horizont = '2d'", "future_horizont: not a setting"),
+                         ("[tool]\nlaminar = 1", "[tool.laminar] must be a table of settings, found 1")):
+        path.write_text(f"{table}\n")
+        with pytest.raises(EnvironmentProblem, match=re.escape(found)) as caught:
             load_settings(path)
+        assert str(path) in caught.value.message and "\n" not in caught.value.message
 
 
 def test_a_resources_engine_options_override_the_project_files():

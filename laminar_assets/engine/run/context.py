@@ -3,7 +3,7 @@ context every module of a run's data path shares (`RunContext`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -89,23 +89,53 @@ class EngineOptions:
 
         from ..windows import parse_duration
 
+        if not isinstance(values, Mapping):
+            raise EnvironmentProblem(f"{where}: expected a table of engine options by name, found {values!r}")
         names = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(names))
+        unknown = sorted(map(repr, set(values) - set(names)))
         if unknown:
-            raise EnvironmentProblem(f"{where}: {', '.join(map(repr, unknown))} is not an engine option; the options "
+            raise EnvironmentProblem(f"{where}: {', '.join(unknown)} is not an engine option; the options "
                                      f"are {', '.join(names)} (docs/dagster.md, 'Engine options')", options=unknown)
         given = dict(values)
+        if isinstance(given.get("future_horizon"), (int, float)):  # seconds? days? say which
+            raise EnvironmentProblem(f"{where}: future_horizon: expected a duration such as '6h' or '1d', found "
+                                     f"{given['future_horizon']!r}", options=["future_horizon"])
         if isinstance(given.get("future_horizon"), str):
             try:
                 given["future_horizon"] = parse_duration(given["future_horizon"])
             except ValueError as exc:
                 raise EnvironmentProblem(f"{where}: future_horizon: {exc}", options=["future_horizon"]) from None
-        try:
-            return TypeAdapter(cls).validate_python(given)
-        except ValidationError as exc:
-            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (found {e.get('input')!r})"
-                              for e in exc.errors())
-            raise EnvironmentProblem(f"{where}: {wrong}", options=sorted(given)) from None
+        kinds = {f.name: str(f.type) for f in fields(cls)}
+        wrong = [f"{name}: expected {kinds[name].replace(' | None', ' or none')}, found a boolean ({value!r})"
+                 for name, value in given.items() if isinstance(value, bool) and not kinds[name].startswith("bool")]
+        if not wrong:
+            try:
+                chosen = TypeAdapter(cls).validate_python(given)
+            except ValidationError as exc:
+                wrong = [f"{'.'.join(map(str, e['loc']))}: {e['msg']} (found {e.get('input')!r})" for e in exc.errors()]
+        if not wrong:
+            wrong = [f"{name}: {why} (found {getattr(chosen, name)!r})" for name in given
+                     if (why := _out_of_range(name, getattr(chosen, name)))]
+        if wrong:
+            raise EnvironmentProblem(f"{where}: {'; '.join(wrong)}", options=sorted(given))
+        return chosen
+
+
+def _out_of_range(name: str, value) -> str | None:
+    """Why an engine option's value makes no sense (None: it does)."""
+    if value is None:
+        return None
+    if name == "future_horizon":
+        return "expected a duration of 0 or more" if value < timedelta(0) else None
+    if isinstance(value, bool):
+        return None
+    if value != value or value in (float("inf"), float("-inf")):
+        return "expected a finite number"
+    if name == "lease_seconds" and value <= 0:
+        return "expected more than 0 seconds"
+    if name == "metrics_partitions" and value < 1:
+        return "expected 1 or more"
+    return "expected 0 or more" if value < 0 else None
 
 
 @dataclass
