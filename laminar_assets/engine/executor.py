@@ -680,7 +680,9 @@ def _at_target(spec: Spec, plan: PartitionPlan, target: dict[str, int], inputs: 
 
 
 def _versions_read(plan: PartitionPlan) -> int:
-    return sum((to - plan.from_versions[s]) if plan.from_versions.get(s) is not None else 0
+    """Source versions the run moved past its watermark; a source that went back (recreated, restored) counts 0,
+    not a negative number (its refill reads the snapshot at the new version)."""
+    return sum(max(to - plan.from_versions[s], 0) if plan.from_versions.get(s) is not None else 0
                for s, to in plan.to_versions.items())
 
 

@@ -6,17 +6,19 @@ table of metadata names them (a test keeps it in step with `RunMetrics.shown`). 
 is None and is left out of the metadata (a NOOP reads no files; a stage has no windows).
 
 For code that reads metrics by name (`result.metrics["rows_read"]`, `.get`, `in`, `.items()`), `RunMetrics`
-reads like the dict it replaced; reading or writing a name that is not a field is an error, so a misspelt
-metric fails where it is used instead of vanishing from the UI or reading as 0.
+reads like the dict it replaced; reading, testing or writing a name that is not a field is a `KeyError`, so a
+misspelt metric fails where it is used instead of vanishing from the UI or reading as 0. Every write is checked:
+a count is an int, a share a number, neither negative nor NaN (numpy's and Arrow's numbers become Python's).
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 
-@dataclass
+@dataclass(slots=True)
 class RunMetrics:
     """One partition's run metrics (None: not measured by this run)."""
 
@@ -46,6 +48,9 @@ class RunMetrics:
              "rows_retracted", "windows_touched", "state_rows", "sink_rows", "rows_inserted", "rows_deleted",
              "refilled_windows", "refilled_share", "refilled_groups", "refilled_keys", "change_rows")
 
+    def __setattr__(self, name: str, value) -> None:  # every write checked: the constructor's, `m.x = ...`, by name
+        object.__setattr__(self, name, _check(name, value) if name in _NAMES else value)
+
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
@@ -58,9 +63,12 @@ class RunMetrics:
         return out
 
     def update(self, values: dict | RunMetrics | None = None, **more) -> None:
-        """Set the metrics named in `values` and `more` (None leaves a metric unmeasured)."""
-        for name, value in {**dict(values.items() if values is not None else ()), **more}.items():
-            self[name] = value
+        """Set the metrics named in `values` and `more` (None leaves a metric unmeasured); all or none of them."""
+        given = {**dict(values.items() if values is not None else ()), **more}
+        for name, value in given.items():
+            _check(_known(name), value)
+        for name, value in given.items():
+            setattr(self, name, value)  # checked again, cheaply
 
     def shown_values(self) -> dict[str, int | float]:
         """The measured metrics of `shown`, each as its field's type (what the Dagster asset's metadata holds)."""
@@ -86,7 +94,7 @@ class RunMetrics:
         return default if value is None else value
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in _NAMES and getattr(self, name) is not None
+        return getattr(self, _known(name)) is not None  # a name that is no metric: KeyError, not False
 
     def __iter__(self) -> Iterator[str]:
         return (name for name in _NAMES if getattr(self, name) is not None)
@@ -94,20 +102,36 @@ class RunMetrics:
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def keys(self) -> Iterator[str]:
-        return iter(self)
+    def keys(self) -> list[str]:
+        return list(self)
 
-    def items(self) -> Iterator[tuple[str, int | float]]:
-        return ((name, getattr(self, name)) for name in self)
+    def values(self) -> list[int | float]:
+        return [getattr(self, name) for name in self]
+
+    def items(self) -> list[tuple[str, int | float]]:
+        return [(name, getattr(self, name)) for name in self]
 
 
 _NAMES = RunMetrics.names()
-
-
-def _known(name: str) -> str:
-    if name not in _NAMES:
-        raise KeyError(f"'{name}' is not a run metric (RunMetrics: {', '.join(_NAMES)})")
-    return name
-
-
 _FLOATS = {f.name for f in fields(RunMetrics) if str(f.type).startswith("float")}
+
+
+def _known(name: object) -> str:
+    if name not in _NAMES:
+        raise KeyError(f"{name!r} is not a run metric (RunMetrics: {', '.join(_NAMES)})")
+    return name  # type: ignore[return-value]
+
+
+def _check(name: str, value):
+    """`value` if it can be metric `name`: None (not measured), or a count (an int) or a share (a number), never
+    negative or NaN; else a `TypeError`/`ValueError` naming the metric, where it is written."""
+    if value is None:
+        return value
+    floats = name in _FLOATS
+    if isinstance(value, bool) or not isinstance(value, numbers.Real if floats else numbers.Integral):
+        raise TypeError(f"run metric {name!r} is {'a number' if floats else 'a count (an int)'}, not {value!r}")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"run metric {name!r} is 0 or more and finite, not {value!r}")
+    return float(value) if floats else int(value)  # numpy's and Arrow's numbers as Python's
+
+
