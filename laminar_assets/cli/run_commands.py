@@ -74,10 +74,7 @@ def _print_demo(c: CliContext, targets, steps) -> None:
         console.print(table)
     if c.exports():
         _print_deliveries(c, targets, steps)
-    console.print(f"\nDelta tables: {c.root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
-                  "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
-                  "re-running anything. Then `laminar generate --batch 2` commits new data and the sensors bring "
-                  "every flow up to date.", markup=False)
+    console.print(next_steps(c.root, os.environ.get("LAMINAR_LOCAL_STORE")), markup=False)
     if failed:
         raise LaminarError(f"{failed} run(s) failed; see the table above")
 
@@ -271,3 +268,19 @@ def serve(
                       + (" (and the exports' embedded targets)" if embedded else ""))
     if code:
         raise LaminarError(f"a process of the deployment exited unexpectedly (code {code}); see {logs}/")
+
+
+def next_steps(root: str, local_store: str | None = None) -> str:
+    """What the demo's last lines say: where its tables are and what to run next. `local_store`: the emulator
+    `python -m laminar_assets.deploy.local_store` started for this command (`LAMINAR_LOCAL_STORE`), whose lake
+    lives in its memory and goes when the command ends, so `make ui` would not find it."""
+    if local_store:
+        deploy = "`make ui-s3` runs the deployment on an emulator of its own" if local_store == "s3" else \
+            "`make ui-s3` runs the deployment on a local S3 emulator"
+        return (f"\nDelta tables: {root}, in the local {local_store} emulator's memory: they go when this command "
+                f"ends. Next: {deploy}; against a real bucket, `laminar --root <bucket URI> serve` with the "
+                "store's usual variables (docs/deploying.md).")
+    return (f"\nDelta tables: {root}\nNext: `make ui` (or `laminar serve`) starts Spark Connect and the Dagster "
+            "UI + daemon on http://127.0.0.1:3000 with the sensors on; they continue from here without "
+            "re-running anything. Then `laminar generate --batch 2` commits new data and the sensors bring "
+            "every flow up to date.")

@@ -5,7 +5,8 @@ Usage: python -m laminar_assets.deploy.local_store {s3,gcs,azure} [--bucket NAME
 
 Starts the store's emulator on 127.0.0.1, in memory, makes a bucket (a container on Azure) and runs
 COMMAND with the lake in it: LAMINAR_ROOT and the store's usual environment variables point there, as
-they would point it at a real bucket, so nothing else changes.
+they would point it at a real bucket, so nothing else changes (LAMINAR_LOCAL_STORE names the emulator, so
+`laminar demo` does not send you to `make ui` for a lake that goes with it).
 
 - `s3`: moto's S3 server (deploy/local_s3.py); AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
   AWS_REGION; the lake at s3://NAME/lake. `--latency-ms` makes it sleep that long before each request
@@ -143,7 +144,7 @@ def main(argv: list[str]) -> int:
             parser.error(exc.message)
         latency = f" ({args.latency_ms:g} ms per request)" if args.latency_ms else ""
         print(f"local {args.store} store at {started.endpoint}{latency}; lake at {started.root}", flush=True)
-        env = {**os.environ, **started.env, "LAMINAR_ROOT": started.root}
+        env = {**os.environ, **started.env, "LAMINAR_ROOT": started.root, "LAMINAR_LOCAL_STORE": args.store}
         try:
             child = subprocess.Popen(command, env=env)
         except OSError as exc:  # as a shell says it: 127 not found, 126 found but not runnable

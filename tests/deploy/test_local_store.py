@@ -28,7 +28,7 @@ write_deltalake(uri, pa.table({"x": [1, 2, 3]}), storage_options=storage.delta_o
 assert DeltaTable(uri, storage_options=storage.delta_options(uri)).to_pyarrow_table()["x"].to_pylist() == [1, 2, 3]
 mark = storage.join(root, "_laminar", "hello.json")
 assert storage.create(mark, b"{}") and storage.read(mark) == b"{}"
-print("root", root, flush=True)
+print("root", root, os.environ["LAMINAR_LOCAL_STORE"], flush=True)
 sys.exit(3)
 """
 
@@ -51,7 +51,7 @@ def test_a_command_reaches_its_lake_in_the_emulator_through_the_environment_alon
     assert done.returncode == 3, done.stdout + done.stderr  # the command's own exit code
     started = re.search(rf"^local {store} store at (http://127\.0\.0\.1:\d+); lake at (\S+)$", done.stdout, re.M)
     assert started and started.group(2) == root, done.stdout
-    assert f"root {root}" in done.stdout
+    assert f"root {root} {store}" in done.stdout
     assert _closed(started.group(1)), f"the {store} emulator still listens at {started.group(1)}"
 
 
@@ -97,3 +97,11 @@ def test_a_time_limit_or_a_signal_stops_the_command_and_the_emulator_with_a_shel
     assert proc.wait(60) == 130
     proc.stdout.close()
     assert _closed(re.search(r"store at (http://\S+);", line).group(1))
+
+
+def test_the_demo_does_not_send_you_to_make_ui_for_a_lake_the_emulator_takes_with_it():
+    from laminar_assets.cli.run_commands import next_steps
+
+    assert "`make ui`" in next_steps(".laminar/lake")
+    gone = next_steps("gs://laminar-demo/lake", "gcs")
+    assert "`make ui`" not in gone and "in the local gcs emulator's memory" in gone and "make ui-s3" in gone
