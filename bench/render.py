@@ -177,6 +177,12 @@ def markdown(r: dict) -> str:
                 lines.append(f"- Laminar {path}: {fmt(ud[path]['t_incremental_s'])} s "
                              f"(ratio {fmt(ud[path]['ratio_inc_vs_full'], 3)}); paths taken: "
                              f"{_modes(ud[path].get('modes'))}.")
+        for flow, ways in (ud.get("extreme_paths") or {}).items():
+            lines.append(f"- {flow}, batched, by the way deletes and updates under its extremes went: "
+                         + "; ".join(f"{how} {fmt(w['seconds'])} s ("
+                                     + ", ".join(f"{m} ×{n}" for m, n in w["modes"].items()) + ")"
+                                     for how, w in ways.items())
+                         + ".")
         lines += ["", ud["paths"] + ". Structured Streaming: " + ud["structured_streaming"] + "."]
     f = r.get("freshness") or {}
     lines += ["", "## End-to-end freshness through Dagster", ""]

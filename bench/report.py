@@ -221,8 +221,10 @@ def summarize(r: dict) -> dict:
         "results_equal": all(c.get("equal") for p in (ud.get("equality") or {}).values() for c in p.values())
         if ud else None,
         "paths": "sum/count/avg flows stay INCREMENTAL (RETRACTABLE_CHANGES, reading the change data feed); "
-                 "first/last/min/max flows merge too unless a group loses every row holding its extreme, and "
-                 "recompute the touched windows up front when most of them are expected to (EXTREME_RETRACTED)",
+                 "first/last/min/max flows merge first (and recompute the groups that lost their extreme in a "
+                 "second pass) or recompute the touched windows up front (EXTREME_RETRACTED), whichever the "
+                 "planner expects to cost less (extreme_refill='cost'); both fixed ways are timed beside it on "
+                 "the same state (extreme_paths)",
         "structured_streaming": "not applicable: a file source only sees new files (see streaming_limitations)",
     }
     for path in PATH_KEYS:
@@ -231,6 +233,17 @@ def summarize(r: dict) -> dict:
                 "t_incremental_s": ud[path].get("t_incremental_s"), "modes": ud[path].get("modes"),
                 "ratio_inc_vs_full": ratio(ud[path].get("t_incremental_s"), ud.get("t_full_recompute_s")),
                 "flows": _by_flow(ud[path].get("per_run") or [])}
+    chosen = _by_flow((ud.get("batched") or {}).get("per_run") or [])
+    fixed = {how: _by_flow(ud[f"batched_{how}"].get("per_run") or []) for how in ("merge", "windows")
+             if f"batched_{how}" in ud}
+    if chosen and fixed:  # per flow with extremes: seconds of the chosen way beside each fixed one
+        r["updates_deletes"]["extreme_paths"] = {
+            flow: {"chosen": {"seconds": f["seconds"], "modes": f["modes"]},
+                   **{how: {"seconds": fixed[how][flow]["seconds"], "modes": fixed[how][flow]["modes"]}
+                      for how in fixed if flow in fixed[how]}}
+            for flow, f in chosen.items()
+            if any(fixed[how].get(flow, {}).get("modes") != f["modes"] for how in fixed)
+            or any("EXTREME" in m for m in f["modes"])}
     r["streaming_limitations"] = [
         "file source: updates and deletes in the Delta table are invisible (rewritten files would be re-read as "
         "new rows and double-count), so the stream is timed and checked on the append-only Δ only",

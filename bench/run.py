@@ -45,6 +45,7 @@ from .variants import PATHS, full_recompute, has_run_many, laminar_pass
 from .workload import Lake, write_base, write_corrections
 
 REPO = environment.REPO
+EXTREME_PATHS = ("merge", "windows")  # the two fixed ways of `EngineOptions.extreme_refill`, timed beside "cost"
 
 
 def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobCounter,
@@ -52,7 +53,7 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
     """Every variant at one base size; returns its section of the results. `every_variant=False`:
     only Laminar incremental (both paths) and the full recompute it is checked against. `sdp`: the
     Spark Declarative Pipelines peer too (with every variant)."""
-    from laminar_assets.engine import Engine
+    from laminar_assets.engine import Engine, EngineOptions
 
     if os.path.isdir(work):
         shutil.rmtree(work)
@@ -133,7 +134,14 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
     v_delta = v_prev
     sinks = {path: {s.name: e.layout.sink_uri(s) for s in specs} for path, e in engines.items()}
 
-    # updates and deletes: Laminar only (a file source cannot see them)
+    # updates and deletes: Laminar only (a file source cannot see them). The batched root is copied first, so
+    # that each way a correction under a min/max/first/last can go (`EngineOptions.extreme_refill`) is timed
+    # on the same state beside the one the engine chose: a wrong choice shows in every run.
+    forced = {}
+    if "batched" in engines:
+        for how in EXTREME_PATHS:
+            forced[how] = os.path.join(work, f"laminar-batched-{how}")
+            shutil.copytree(engines["batched"].root, forced[how])
     corrections = write_corrections(lake, base, every=profile.correction_every,
                                     correction_hours=profile.correction_hours)
     v_corr = lake.version()
@@ -142,11 +150,18 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
         done, ud[path] = timed_pass(f"updates/deletes {path}", label, engine, specs, counter, sampler,
                                      after=v_delta, batched=path == "batched")
         ud[path]["t_incremental_s"] = round(done.wall_s, 4)
+    for how, root in forced.items():
+        engine = Engine(spark, root, options=EngineOptions(extreme_refill=how))
+        done, ud[f"batched_{how}"] = timed_pass(f"updates/deletes batched, extreme_refill={how}", label, engine, specs,
+                                                 counter, sampler, after=v_delta, batched=True)
+        ud[f"batched_{how}"]["t_incremental_s"] = round(done.wall_s, 4)
+        sinks[f"batched_{how}"] = {s.name: engine.layout.sink_uri(s) for s in specs}
     full2 = full_recompute(spark, lake, specs, os.path.join(work, "full_after_corrections"), version=v_corr)
     ud["t_full_recompute_s"] = full2["wall_s"]
     ud["equality"] = _equal(spark, specs, full2["sinks"], sinks)
     res["updates_deletes"] = ud
-    print(f"  {label}: updates/deletes " + ", ".join(f"{p} {ud[p]['t_incremental_s']:.2f}s" for p in engines)
+    print(f"  {label}: updates/deletes " + ", ".join(f"{p} {ud[p]['t_incremental_s']:.2f}s"
+                                                    for p in [*engines, *(f"batched_{h}" for h in forced)])
           + f" (full recompute {full2['wall_s']:.2f}s)", flush=True)
 
     res["results_equal"] = all(res["rounds_equal"]) and all(_all_equal(f) for f in ud["equality"].values())

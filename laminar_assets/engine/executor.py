@@ -468,16 +468,18 @@ class Engine:
             refuse_retyped_reads(spec, marks, inputs)
         plans = {k: plan_partition(planner_input(spec, k, m, inputs, force=force)) for k, m in marks.items()}
         opts = self.ctx.options
-        ratio, share = opts.refill_ratio, opts.extreme_refill_share
+        ratio, extremes_how = opts.refill_ratio, opts.extreme_refill
         if spec.kind != "flow":  # cost estimates only where state merges; a stage's deletes: by key
             return self._scope_keys(spec, plans, marks, inputs, force)
         for k, p in plans.items():
             if p.mode is not Mode.INCREMENTAL:
                 continue
             extremes = {}
-            if share is not None and spec.held_extremes and _retracts(p, inputs):
-                extremes = dict(extreme_refill_share=share, state_groups=flow_state.state_groups(
-                    self.ctx, spec, k, inputs.input_schema), partition_rows=partition_rows(spec, inputs, k, p.to_versions))
+            if extremes_how != "merge" and spec.held_extremes and _retracts(p, inputs):
+                groups, size = flow_state.state_extent(self.ctx, spec, k, inputs.input_schema)
+                extremes = dict(extreme_refill=extremes_how, state_groups=groups, state_bytes=size,
+                                partition_rows=partition_rows(spec, inputs, k, p.to_versions),
+                                pass_seconds=opts.pass_seconds, scan_bytes_per_second=opts.scan_bytes_per_second)
             if ratio is not None or extremes:
                 plans[k] = plan_partition(planner_input(
                     spec, k, marks[k], inputs, force=force, partition_bytes=partition_bytes(spec, inputs, k, p.to_versions),

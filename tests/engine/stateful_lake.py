@@ -96,7 +96,7 @@ bounds = st.sampled_from([{}, {}, {"max_versions_per_run": 1}, {"max_versions_pe
 # (and with it, groups refilled alone wherever they can be: merge first, then recompute the groups
 # that lost an extreme; the changed groups, and a stage's changed keys, alone however many there
 # are and however small the output; extremes' holders counted as a lower bound, as large passes do)
-GROUPS_ALONE = dict(extreme_refill_share=None, group_refill_share=1e9, key_refill_min_bytes=0)
+GROUPS_ALONE = dict(extreme_refill="merge", group_refill_share=1e9, key_refill_min_bytes=0)
 LARGE_PASS_PATH = EngineOptions(refill_ratio=None, single_task_below_bytes=0, interpreted_below_bytes=0,
                                 driver_write_below_bytes=0, count_tied_extremes_below_bytes=0, **GROUPS_ALONE)
 options = st.sampled_from([EngineOptions(refill_ratio=None)] * 3 + [EngineOptions(refill_ratio=None, **GROUPS_ALONE),

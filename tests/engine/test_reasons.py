@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -91,7 +92,7 @@ def merge_first(spark, lake) -> Engine:
     """An engine that always merges deletes and updates of extremes first (no up-front estimate):
     these tables have a row or two per group, where the estimate rightly expects every group to lose
     its extreme and would recompute instead."""
-    return Engine(spark, lake.root, options=EngineOptions(extreme_refill_share=None))
+    return Engine(spark, lake.root, options=EngineOptions(extreme_refill="merge"))
 
 
 def test_an_update_that_raises_a_max_merges(spark, lake):
@@ -134,26 +135,42 @@ def many_trades(n: int) -> list:
     return [(f"2024-01-01 {i // 60:02d}:{i % 60:02d}:00", "abcd"[i % 4], float(1 + i % 9), i) for i in range(n)]
 
 
-def test_a_sparse_delete_of_extremes_merges_without_estimating_a_refill(spark, lake, engine):
+def _estimates(detail: str) -> tuple[float, float]:
+    """The expected seconds of merging first and of recomputing up front, as a plan's detail gives them."""
+    found = re.search(r"merging first ~([0-9.]+)s .* up front ~([0-9.]+)s", detail)
+    assert found, detail
+    return float(found[1]), float(found[2])
+
+
+def test_a_sparse_delete_of_extremes_takes_the_path_its_estimate_finds_cheaper(spark, lake, engine):
     lake.create("trades", many_trades(60))  # 6 windows x 4 symbols, 2-3 rows per group
     engine.run(highs(), PART)
     lake.delete("trades", "qty = 3")  # one row of 60 (not its group's max): ~0.4 of 24 groups expected to lose theirs
     r = engine.run(highs(), PART)
-    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES), r.detail
+    merging, up_front = _estimates(r.detail)
+    assert "some group with probability 33%" in r.detail, r.detail
+    # the window's few rows cost less than a third of a chance of a second pass: recomputed up front
+    assert up_front < merging and (r.mode, r.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED), r.detail
+    assert [(w.start.minute, w.end.minute) for w in r.plan.refill] == [(0, 10)]
+    check(spark, lake, highs())
+    lake.delete("trades", "qty = 7")
+    r = merge_first(spark, lake).run(highs(), PART)  # merging first asked for: merged, no estimate made
+    assert (r.mode, r.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES) and "merging first" not in r.detail
     check(spark, lake, highs())
 
 
 def test_dense_deletes_of_extremes_recompute_the_touched_windows_up_front(spark, lake):
-    # a third of the rows of windows 00:00-00:30, ~2 rows a group: ~5 of their 12 groups expected to
-    # lose their max (33%), over the share this engine takes as most
-    engine = Engine(spark, lake.root, options=EngineOptions(extreme_refill_share=0.25))
+    # a third of the rows of windows 00:00-00:30, ~2 rows a group: ~5 extremes expected to be lost, so a
+    # second pass is all but sure after merging first
+    engine = Engine(spark, lake.root)
     lake.create("trades", many_trades(60))
     engine.run(highs(), PART)
     lake.delete("trades", "qty % 3 = 0 AND qty < 30")
     r = engine.run(highs(), PART)
     assert (r.mode, r.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
-    assert "expected to be lost, in ~33% of the ~12 group(s) of the 3 touched window(s)" in r.detail, r.detail
-    assert "up front" in r.detail
+    assert "some group with probability 99%" in r.detail and "of recomputing the 3 touched window(s)" in r.detail
+    merging, up_front = _estimates(r.detail)
+    assert up_front < merging, r.detail
     assert [(w.start.minute, w.end.minute) for w in r.plan.refill] == [(0, 30)] and not r.plan.refill_all
     check(spark, lake, highs())
     # the same deletes merged first find the windows after the pass, with the same result
@@ -199,7 +216,7 @@ def driver_in_new_york(monkeypatch):
 def test_groups_are_found_in_their_own_partition_by_a_driver_outside_utc(spark, lake, driver_in_new_york):
     # the large-pass path collects the groups that lost an extreme through Spark rows, as the job
     # finding a count_distinct's changed groups always does
-    engine = Engine(spark, lake.root, options=EngineOptions(extreme_refill_share=None, single_task_below_bytes=0,
+    engine = Engine(spark, lake.root, options=EngineOptions(extreme_refill="merge", single_task_below_bytes=0,
                                                             driver_write_below_bytes=0))
     lake.create("trades", many_trades(60))
     engine.run(highs(), PART)

@@ -75,9 +75,10 @@ def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(t
 
     path = tmp_path / "pyproject.toml"
     path.write_text('[tool.laminar]\nfuture_horizon = "6h"\n[tool.laminar.engine]\nrefill_ratio = 0.25\n'
-                    'key_refill_min_bytes = 1024\nextreme_refill_share = "0.75"\n')
+                    'key_refill_min_bytes = 1024\nextreme_refill = "windows"\npass_seconds = "0.75"\n')
     options = EngineOptions.of(load_settings(path).engine_options())
-    assert (options.refill_ratio, options.key_refill_min_bytes, options.extreme_refill_share) == (0.25, 1024, 0.75)
+    assert (options.refill_ratio, options.key_refill_min_bytes, options.extreme_refill, options.pass_seconds) == (
+        0.25, 1024, "windows", 0.75)
     assert options.future_horizon == timedelta(hours=6) and options.lease_seconds == EngineOptions().lease_seconds
     for table, found in (("[tool.laminar.engine]\nrefil_ratio = 0.25", "engine: [tool.laminar.engine]: 'refil_ratio' is "
                                                                         "not an engine option; the options are refill_ratio"),

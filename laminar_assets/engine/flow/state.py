@@ -69,18 +69,25 @@ def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, 
 def state_groups(ctx: RunContext, spec: FlowSpec, key: str, input_schema: dict) -> int | None:
     """How many groups (state rows) partition `key` holds, from the state files' statistics (no data
     is read); None when there is no state or a file has no row count."""
+    return state_extent(ctx, spec, key, input_schema)[0]
+
+
+def state_extent(ctx: RunContext, spec: FlowSpec, key: str, input_schema: dict) -> tuple[int | None, int | None]:
+    """`state_groups` and the bytes of the state files of partition `key` (what a merge reads of it),
+    from the table's log (no data is read); (None, None) when unknown."""
     uri = ctx.layout.state_uri(spec, input_schema)
     try:
         if not is_delta_table(uri):
-            return None
+            return None, None
         files = snapshot_files(table_info(f"{spec.name} state", uri), WS, [partition_interval(key, spec.granularity)])
     except (DeltaError, OSError) as exc:
         # only an estimate's input: the run decides without it, and its pass reads the table itself
         log.warning("%s: the state's group count for %s is unknown (%s)", spec.name, key, exc)
-        return None
+        return None, None
+    size = sum(f.size for f in files)
     if any(f.rows is None for f in files):
-        return None
-    return sum(f.rows for f in files)
+        return None, size
+    return sum(f.rows for f in files), size
 
 
 def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,11 +31,18 @@ class EngineOptions:
     # ... but only for partitions of at least this many bytes: below it a run's cost is Spark job
     # latency either way, and a stable reason is worth more than a few kilobytes read.
     refill_min_bytes: int = 16 * 1024 * 1024
-    # Recompute the windows deletes and updates touch up front (reason EXTREME_RETRACTED) when at least
-    # this share of their groups is expected to lose a min/max/first/last (estimated from the rows
-    # changed, the partition's rows and its groups; see planner._extremes_up_front); otherwise merge
-    # first and recompute only the groups that did. None: always merge first.
-    extreme_refill_share: float | None = 0.5
+    # Deletes and updates of rows a min/max/first/last may hold: "cost" recomputes the windows they touch up
+    # front (reason EXTREME_RETRACTED) when that is expected to cost less than merging first and then, if a
+    # group lost its extreme, a second pass that merges again and recomputes those groups (estimated from
+    # the rows and bytes changed, the partition's rows, bytes and groups, and the two costs below; see
+    # planner._extremes_up_front); "merge" always merges first; "windows" always recomputes up front.
+    extreme_refill: Literal["cost", "merge", "windows"] = "cost"
+    # What one pass of a flow costs whatever it reads (Spark's analysis, job and task start, the commits),
+    # and how many bytes of Parquet it reads and aggregates per second after that: the two prices of
+    # `extreme_refill="cost"`. Measured on a 2-core machine by the benchmark's correction batch (both
+    # paths are timed in every run; docs/PERFORMANCE.md, "Measured defaults").
+    pass_seconds: float = 0.5
+    scan_bytes_per_second: float = 40e6
     # A delete or update that an aggregate cannot retract (count_distinct, top_k, sketches) recomputes
     # only the groups it touches (one Spark job finds them first), unless they are at least this share
     # of the groups of the windows they touch: then the windows, whole. None: always whole windows.
@@ -127,12 +134,14 @@ def _out_of_range(name: str, value) -> str | None:
         return None
     if name == "future_horizon":
         return "expected a duration of 0 or more" if value < timedelta(0) else None
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str)):
         return None
     if value != value or value in (float("inf"), float("-inf")):
         return "expected a finite number"
     if name == "lease_seconds" and value <= 0:
         return "expected more than 0 seconds"
+    if name == "scan_bytes_per_second" and value <= 0:
+        return "expected more than 0 bytes per second"
     if name == "metrics_partitions" and value < 1:
         return "expected 1 or more"
     return "expected 0 or more" if value < 0 else None

@@ -31,6 +31,7 @@ from ..delta.tables import (
 )
 from ..spec.specs import Spec
 from ..windows import Interval, coalesce, partition_interval, share_inside
+from .context import EngineOptions
 from .planner import PlannerInput, needed_events
 from .validate import columns_used
 
@@ -176,7 +177,9 @@ def _gather(spec: Spec, marks: list[Watermark | None], check_schema, latest, rel
 def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: RunInputs, *, force: bool = False,
                   escalation=None, escalation_scope=None, escalation_groups=None, partition_bytes: dict[str, int] | None = None,
                   refill_ratio: float | None = None, refill_min_bytes: int = 0, state_groups: int | None = None,
-                  partition_rows: int | None = None, extreme_refill_share: float | None = None,
+                  partition_rows: int | None = None, state_bytes: int | None = None,
+                  extreme_refill: str | None = None, pass_seconds: float = EngineOptions.pass_seconds,
+                  scan_bytes_per_second: float = EngineOptions.scan_bytes_per_second,
                   changed_groups: tuple[int, ...] | None = None, group_refill_share: float | None = None) -> PlannerInput:
     return PlannerInput(
         spec=spec, partition=partition, watermark=mark, histories=inputs.histories_after(mark),
@@ -185,7 +188,8 @@ def planner_input(spec: Spec, partition: str, mark: Watermark | None, inputs: Ru
         input_schema=inputs.input_schema, force=force, escalation=escalation, escalation_scope=escalation_scope,
         escalation_groups=escalation_groups,
         partition_bytes=partition_bytes, refill_ratio=refill_ratio, refill_min_bytes=refill_min_bytes,
-        state_groups=state_groups, partition_rows=partition_rows, extreme_refill_share=extreme_refill_share,
+        state_groups=state_groups, partition_rows=partition_rows, state_bytes=state_bytes,
+        extreme_refill=extreme_refill, pass_seconds=pass_seconds, scan_bytes_per_second=scan_bytes_per_second,
         changed_groups=changed_groups, group_refill_share=group_refill_share,
     )
 

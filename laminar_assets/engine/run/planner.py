@@ -16,6 +16,7 @@ from laminar_assets.checkpoints.watermark import Watermark
 from ..delta.tables import CommitKind, CommitSummary, SourceHistory
 from ..spec.specs import RefreshPolicy, Spec
 from ..windows import PARTITION_SPAN, Interval, coalesce, partition_interval, partitions_overlapping, share_inside
+from .context import EngineOptions
 from .plan import Mode, PartitionPlan, Reason
 
 
@@ -39,12 +40,16 @@ class PlannerInput:
     partition_bytes: Mapping[str, int] | None = field(default=None, hash=False)
     refill_ratio: float | None = None
     refill_min_bytes: int = 0  # smaller partitions are never refilled for cost (job latency dominates)
-    # Rows of the partition's committed state (its groups) and of its snapshot rows (estimated from
-    # file statistics), and the share of the touched windows' groups that, expected to lose an
-    # extreme, makes recomputing the windows up front cheaper than merging first; None: always merge first.
+    # Rows and bytes of the partition's committed state (its groups) and its snapshot rows (estimated from
+    # file statistics), how deletes and updates under a min/max/first/last choose between merging first and
+    # recomputing the windows up front (`EngineOptions.extreme_refill`; None: merge first), and the two
+    # prices of that choice: a pass's fixed seconds and the bytes a pass reads per second.
     state_groups: int | None = None
+    state_bytes: int | None = None
     partition_rows: int | None = None
-    extreme_refill_share: float | None = None
+    extreme_refill: str | None = None
+    pass_seconds: float = EngineOptions.pass_seconds
+    scan_bytes_per_second: float = EngineOptions.scan_bytes_per_second
     # The groups the deletes and updates of a NON_APPEND_ON_NON_RETRACTABLE refill touch (hashes of
     # (window start, keys), found by one Spark job over their change rows), and the share of the
     # touched windows' groups from which their windows are recomputed whole; None: whole windows.
@@ -175,51 +180,74 @@ def _escalate_windows(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
 
 
 def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
-    """EXTREME_RETRACTED up front: refill the windows deletes and updates touch when at least
-    `extreme_refill_share` of their groups are expected to lose a min/max/first/last anyway.
+    """EXTREME_RETRACTED up front: recompute the windows deletes and updates touch in this run's one
+    pass, instead of merging first, when that is expected to cost less (`extreme_refill="cost"`) or
+    always (`"windows"`).
 
     A retracted row holds its group's extreme with probability ~1/(the group's rows), so with a
-    share s of the partition's rows retracted and k extreme aggregates, ~k x s x (groups) extremes
-    are lost. Spread over the g groups of the touched windows (the partition's groups spread evenly
-    over its windows), a share 1 - exp(-losses / g) of them is expected to be recomputed after the
-    merge, each alone: recomputing the windows whole is the better deal only when that share is
-    large (the same comparison as `group_refill_share` for distinct counts)."""
-    k, share = inp.spec.held_extremes, inp.extreme_refill_share
-    if not k or share is None or not inp.state_groups or not inp.partition_rows:
+    share s of the partition's rows retracted and k extreme aggregates, ~L = k x s x (groups)
+    extremes are lost (Poisson): some group loses one with probability 1 - exp(-L). Merging first
+    costs a pass reading the change and the state; when a group lost an extreme, the pass finds it
+    and the run makes a second one, which merges again and recomputes those groups from the rows of
+    their windows (~1 - exp(-L / touched windows) of the touched windows' bytes). Recomputing up
+    front costs one pass reading the touched windows' rows. Each pass is priced at `pass_seconds`
+    plus its bytes at `scan_bytes_per_second`; the plan's detail gives both estimates, whichever
+    is chosen."""
+    k, how = inp.spec.held_extremes, inp.extreme_refill
+    if not k or how is None or how == "merge":
         return plan
-    changed, windows = 0.0, []
+    changed, changed_bytes, windows = 0.0, 0.0, []
     for src, versions in plan.incremental_versions.items():
         wanted = set(versions)
         for c in inp.histories[src].commits:
             if c.version not in wanted or c.kind not in (CommitKind.CHANGE_DATA, CommitKind.DELETION_VECTORS):
                 continue
             if c.kind is CommitKind.DELETION_VECTORS:
-                changed += sum(share_inside(f.time_range, plan.needed) * f.dv_change.rows
-                               for f in c.adds if f.dv_change is not None)
-            elif any(f.rows is None for f in c.cdc):
+                for f in c.adds:
+                    if f.dv_change is not None:
+                        inside = share_inside(f.time_range, plan.needed)
+                        changed += inside * f.dv_change.rows
+                        changed_bytes += inside * f.size  # the file is read again for the rows it lost
+            elif any(f.rows is None for f in c.cdc) and how == "cost":
                 return plan  # rows unknown: merge, and let the pass find what it removed
             else:  # an update's change data holds each row twice: as it was and as it is now
                 images = 2 if c.operation.upper().startswith("UPDATE") else 1
-                changed += sum(share_inside(f.time_range, plan.needed) * f.rows for f in c.cdc) / images
+                changed += sum(share_inside(f.time_range, plan.needed) * (f.rows or 0) for f in c.cdc) / images
+                changed_bytes += sum(share_inside(f.time_range, plan.needed) * f.size for f in c.cdc)
             windows.extend(_scope(inp.spec, plan.interval, c))
-    if changed <= 0:
+    if not windows:
         return plan
     slide = inp.spec.shape.slide
     in_part = max(1, -(-(plan.interval.end - plan.interval.start) // slide))
     touched = min(in_part, max(1, sum(-(-(w.end - w.start) // slide) for w in coalesce(windows))))
-    groups = max(1.0, inp.state_groups * touched / in_part)
-    losses = k * inp.state_groups * min(1.0, changed / inp.partition_rows)
-    expected = 1 - math.exp(-losses / groups)
-    if expected < share:
-        return plan
+    if how == "windows":
+        estimate = "extreme_refill is 'windows'"
+    else:
+        if not inp.state_groups or not inp.partition_rows or inp.partition_bytes is None or changed <= 0:
+            return plan
+        losses = k * inp.state_groups * min(1.0, changed / inp.partition_rows)
+        some_lost = 1 - math.exp(-losses)
+        window_bytes = sum(inp.partition_bytes.values()) * touched / in_part
+        merge_bytes = changed_bytes + (inp.state_bytes or 0)
+
+        def seconds(read: float) -> float:
+            return inp.pass_seconds + read / inp.scan_bytes_per_second
+
+        merge = seconds(merge_bytes)
+        again = seconds(merge_bytes + window_bytes * (1 - math.exp(-losses / touched)))
+        merge_first, up_front = merge + some_lost * again, seconds(window_bytes)
+        estimate = (f"~{int(changed):,} of ~{inp.partition_rows:,} rows deleted or updated, {k} extreme aggregate(s) "
+                    f"over {inp.state_groups:,} group(s): ~{losses:.1f} extreme(s) expected to be lost, some group "
+                    f"with probability {some_lost:.0%}; expected cost of merging first ~{merge_first:.2f}s (a pass "
+                    f"of ~{merge:.2f}s, then {some_lost:.0%} x a second one of ~{again:.2f}s), of recomputing the "
+                    f"{touched} touched window(s) up front ~{up_front:.2f}s")
+        if up_front >= merge_first:
+            return replace(plan, detail=f"{plan.detail}; merging first: {estimate}")
     refill = _plan(replace(inp, retract_extremes=False))
     if refill.reason is not Reason.NON_APPEND_ON_NON_RETRACTABLE:
         return refill  # e.g. a bounded run's snapshot expired: that reason
-    detail = (f"~{int(changed):,} of ~{inp.partition_rows:,} rows deleted or updated, {k} extreme aggregate(s) over "
-              f"{inp.state_groups:,} group(s): ~{losses:.1f} extreme(s) expected to be lost, in ~{expected:.0%} of the "
-              f"~{groups:.0f} group(s) of the {touched} touched window(s) (>= extreme_refill_share {share:.0%}): "
-              "recomputing the windows up front instead of their groups after a merge")
-    return replace(refill, reason=Reason.EXTREME_RETRACTED, detail=detail)
+    return replace(refill, reason=Reason.EXTREME_RETRACTED,
+                   detail=f"recomputing the windows deletes and updates touch up front: {estimate}")
 
 
 def _cheaper_refill(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:

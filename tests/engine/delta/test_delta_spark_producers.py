@@ -361,7 +361,7 @@ def test_feature_matrix_every_flow_equals_a_recompute_or_is_refused_by_name(spar
     the feature; all tables' outcomes are collected, then the test fails listing every one that went wrong."""
     tables = {row.label: f"delta.`{lake.path(row.label)}`" for row in MATRIX}
     # a MERGE's retractions are merged, not refilled up front: deletion vectors are read by position
-    engine = Engine(spark, lake.root, options=EngineOptions(extreme_refill_share=None))
+    engine = Engine(spark, lake.root, options=EngineOptions(extreme_refill="merge"))
     recompute = Recomputes(spark)
     failures: list[str] = []
     outcomes: dict[str, list[str]] = {row.label: [] for row in MATRIX}

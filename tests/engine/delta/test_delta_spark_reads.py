@@ -204,7 +204,7 @@ def test_widened_columns_read_with_their_new_type_first_incremental_and_retracti
         (4, "2024-01-01 01:05:00", "a", 9, 3.3, "1.00", 2)))
     # the run that retracts a deleted row merges (and recomputes a group that lost its extreme) instead of
     # recomputing its windows up front
-    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None, extreme_refill_share=None))
+    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None, extreme_refill="merge"))
 
     def check(step: str, part: str, mode: Mode, reason: Reason | None = None) -> None:
         version = _version(path)
@@ -311,7 +311,7 @@ def test_variant_fields_in_filters_derived_columns_and_keys_first_and_incrementa
     written = [d for d, _, _ in os.walk(lake.root) if d.endswith("_delta_log") and not d.startswith(path)]
     assert written == [], f"a refused flow must write no table: {written}"
 
-    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None, extreme_refill_share=None))
+    engine = Engine(spark, lake.root, options=EngineOptions(refill_ratio=None, extreme_refill="merge"))
     for step in ("first run", "incremental run"):
         if step == "incremental run":
             spark.sql(f"INSERT INTO {table} SELECT * FROM VALUES " + _variant_rows(

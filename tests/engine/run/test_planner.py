@@ -92,29 +92,54 @@ HIGHS = FlowSpec(name="e", source="src", event_time="ts", window=Tumbling("10m")
                 aggregates=(Agg.max("x"), Agg.last("x")))
 
 
-@pytest.mark.parametrize("changed_rows, groups, expected", [
-    # 2 extremes x changed/600 rows x 60 groups lost, over the 10 groups of the 1 touched window (of 6)
-    (1, 60, Mode.INCREMENTAL),  # 0.2 extremes lost: 2% of the window's groups
-    (6, 60, Mode.INCREMENTAL),  # 1.2: 11%, recomputed alone after the merge
-    (60, 60, Mode.REFILL),  # 12: 70%
-    (60, 6, Mode.REFILL),  # a tenth of the rows, 6 groups (1 per window): 1.2 over 1 group, 70%
-    (6, 6, Mode.INCREMENTAL),  # 0.12: 11%
+# The touched window (20-30) is 1 of the partition's 6 and holds a sixth of its 6 MB: recomputing it up front
+# reads 1 MB. Merging first reads the change (100 bytes) and no state; with `scan_bytes_per_second` 1 MB/s.
+COSTS = dict(partition_bytes={"src": 6_000_000}, state_bytes=0, scan_bytes_per_second=1e6, extreme_refill="cost")
+
+
+@pytest.mark.parametrize("changed_rows, groups, pass_seconds, expected", [
+    # L = 2 extremes x 60 groups x changed/600 rows expected lost; P(some) = 1 - exp(-L); up front 0.5 + 1.0 s;
+    # merging first 0.5 s, then with P(some) a second pass of 0.5 s + (1 - exp(-L)) x 1 MB read
+    (1, 60, 0.5, Mode.INCREMENTAL),  # L 0.2: 0.5 + 18% x 0.68 = 0.62 s against 1.5
+    (6, 60, 0.5, Mode.INCREMENTAL),  # L 1.2: 0.5 + 70% x 1.20 = 1.34 s against 1.5
+    (6, 60, 2.0, Mode.REFILL),  # the same with passes of 2 s: 2 + 70% x 2.70 = 3.89 s against 3.0
+    (60, 60, 0.5, Mode.REFILL),  # L 12, a group surely loses one: 0.5 + 1.5 = 2.0 s against 1.5
+    (6, 6, 0.5, Mode.INCREMENTAL),  # L 0.12: 0.5 + 11% x 0.61 = 0.57 s against 1.5
 ])
-def test_extremes_are_recomputed_up_front_when_most_touched_groups_would_lose_one(changed_rows, groups, expected):
+def test_extremes_are_recomputed_up_front_when_that_is_expected_to_cost_less(changed_rows, groups, pass_seconds,
+                                                                             expected):
     hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22, rows=changed_rows)))
-    p = plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600, extreme_refill_share=0.5)
+    p = plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600, pass_seconds=pass_seconds, **COSTS)
     assert p.mode is expected
+    assert "expected cost of merging first" in p.detail and "of recomputing the 1 touched window(s) up front" in p.detail
     if expected is Mode.REFILL:
-        assert p.reason is Reason.EXTREME_RETRACTED and "expected to be lost" in p.detail
+        assert p.reason is Reason.EXTREME_RETRACTED and p.detail.startswith("recomputing the windows")
         assert p.refill == (Interval(at(20), at(30)),) and p.incremental_versions == {"src": ()}
     else:
-        assert p.reason is Reason.RETRACTABLE_CHANGES
-    # without the estimate's inputs, or turned off, or strict: always merge first
+        assert p.reason is Reason.RETRACTABLE_CHANGES and "; merging first: " in p.detail
+    # without the estimate's inputs, or merging first asked for, or strict: always merge first
     assert plan(HIGHS, mark(HIGHS), hist).mode is Mode.INCREMENTAL
-    assert plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600).mode is Mode.INCREMENTAL
+    assert plan(HIGHS, mark(HIGHS), hist, **{**COSTS, "state_groups": groups}).mode is Mode.INCREMENTAL  # no rows
+    assert plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600,
+                **{**COSTS, "extreme_refill": "merge"}).mode is Mode.INCREMENTAL
     strict = replace(HIGHS, refresh="incremental_strict")
-    assert plan(strict, mark(strict), hist, state_groups=groups, partition_rows=600,
-                extreme_refill_share=0.5).mode is Mode.INCREMENTAL
+    assert plan(strict, mark(strict), hist, state_groups=groups, partition_rows=600, **COSTS).mode is Mode.INCREMENTAL
+    # "windows": up front whatever the estimate, and without its inputs
+    p = plan(HIGHS, mark(HIGHS), hist, extreme_refill="windows")
+    assert (p.mode, p.reason, p.refill) == (Mode.REFILL, Reason.EXTREME_RETRACTED, (Interval(at(20), at(30)),))
+    assert "extreme_refill is 'windows'" in p.detail
+
+
+def test_the_second_pass_of_merging_first_reads_only_the_windows_expected_to_lose_an_extreme():
+    # changes in 3 of 6 windows (20-50): L = 2 x 60 x 3/600 = 0.6, some group loses one with P = 45%, in
+    # ~1 - exp(-0.6/3) = 18% of the 3 MB of the touched windows: 0.5 + 45% x (0.5 + 0.54) = 0.97 s against 3.5
+    hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22, rows=1), file(31, 32, rows=1), file(41, 42, rows=1)))
+    p = plan(HIGHS, mark(HIGHS), hist, state_groups=60, partition_rows=600, **COSTS)
+    assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
+    assert "merging first ~0.97s" in p.detail and "3 touched window(s) up front ~3.50s" in p.detail, p.detail
+    # a state that has to be read makes both passes of merging first dearer: with 2 MB of it, up front
+    p = plan(HIGHS, mark(HIGHS), hist, state_groups=60, partition_rows=600, **{**COSTS, "state_bytes": 2_000_000})
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED), p.detail
 
 
 @pytest.mark.parametrize("found, expected_groups", [((11, 12), (11, 12)), ((11, 12, 13, 14, 15, 16), ())])
@@ -162,15 +187,15 @@ def test_a_delete_whose_rows_the_flow_leaves_out_recomputes_nothing():
 
 
 def test_an_update_counts_half_of_its_change_rows_as_retracted():
-    # 120 change rows of an UPDATE: 60 pre-images retracted; 2 x 60 x 60/600 = 12 expected losses
-    # over the touched window's 10 groups (70%) merge first; as a DELETE of 120 rows, 24 (91%) refill
+    # 120 change rows of an UPDATE: 60 pre-images retracted; 2 x 6 x 60/600 = 1.2 expected losses (70%): merging
+    # first, 1.34 s expected against 1.5; as a DELETE of 120 rows 2.4 (91%): 1.78 s, recomputed up front
     cdc = (file(21, 22, rows=120),)
     update = history(CommitSummary(4, T0, "UPDATE", CommitKind.CHANGE_DATA, cdc=cdc))
-    p = plan(HIGHS, mark(HIGHS), update, state_groups=60, partition_rows=600, extreme_refill_share=0.8)
-    assert p.mode is Mode.INCREMENTAL
+    p = plan(HIGHS, mark(HIGHS), update, state_groups=6, partition_rows=600, **COSTS)
+    assert p.mode is Mode.INCREMENTAL and "~1.2 extreme(s) expected to be lost" in p.detail, p.detail
     delete = history(CommitSummary(4, T0, "DELETE", CommitKind.CHANGE_DATA, cdc=cdc))
-    p = plan(HIGHS, mark(HIGHS), delete, state_groups=60, partition_rows=600, extreme_refill_share=0.8)
-    assert (p.mode, p.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED)
+    p = plan(HIGHS, mark(HIGHS), delete, state_groups=6, partition_rows=600, **COSTS)
+    assert (p.mode, p.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED) and "~2.4 extreme(s)" in p.detail, p.detail
 
 
 def test_hopping_refill_scope_covers_every_window_holding_the_change():
