@@ -178,12 +178,21 @@ def markdown(r: dict) -> str:
                              f"(ratio {fmt(ud[path]['ratio_inc_vs_full'], 3)}); paths taken: "
                              f"{_modes(ud[path].get('modes'))}.")
         for flow, ways in (ud.get("extreme_paths") or {}).items():
-            lines.append(f"- {flow}, batched, by the way deletes and updates under its extremes went: "
+            lines.append(f"- {flow}, batched, by the way deletes and updates under its extremes went (extreme_refill; "
+                         f"median of {len(next(iter(ways.values()))['samples_s'])} run(s) each, in rotating order): "
                          + "; ".join(f"{how} {fmt(w['seconds'])} s ("
                                      + ", ".join(f"{m} ×{n}" for m, n in w["modes"].items()) + ")"
                                      for how, w in ways.items())
                          + ".")
         lines += ["", ud["paths"] + ". Structured Streaming: " + ud["structured_streaming"] + "."]
+        cal = r.get("cost_calibration") or {}
+        measured = [f"{path}: {fmt(c['pass_seconds'])} s a pass and {c['scan_bytes_per_second'] / 1e6:.0f} MB/s"
+                    for path, c in cal.items() if path != "defaults" and "pass_seconds" in c]
+        if measured:
+            d = cal["defaults"]
+            lines += ["", "The prices of that choice measured in this run (incremental against refill of the same "
+                      "size): " + "; ".join(measured) + f". The engine's defaults: {fmt(d['pass_seconds'])} s and "
+                      f"{d['scan_bytes_per_second'] / 1e6:.0f} MB/s."]
     f = r.get("freshness") or {}
     lines += ["", "## End-to-end freshness through Dagster", ""]
     if f:

@@ -15,11 +15,14 @@ with a fake result (tests/bench/test_bench_report.py).
 
 from __future__ import annotations
 
+import statistics
+
 from . import cpu_split, sdp_peer
 
 TARGET_RATIO_INC_VS_FULL = 0.10
 TARGET_RATIO_INC_VS_STREAMING = 1.0
 TARGET_GROWTH = 1.3
+TARGET_EXTREME_CHOICE = 1.2  # the way extreme_refill="cost" chose, at most this times the cheaper fixed way
 VARIANTS = (
     ("t_incremental_s", "Laminar incremental (Engine.run per partition)"),
     ("t_incremental_batched_s", "Laminar incremental, batched (the sensor's run: run_many per flow, flows side by side)"),
@@ -166,6 +169,14 @@ def evaluate_targets(r: dict) -> list[dict]:
         add(f"growth_inc{suffix}_1m_to_10m", path, r.get(f"growth_inc{suffix}_1m_to_10m"), TARGET_GROWTH,
             "incremental time at 10M / at 1M with a fixed Δ", 1_000_000 in sizes and 10_000_000 in sizes,
             lambda section=section: _growth_culprit(by[0], by[-1], section))
+    for flow, ways in ((r.get("updates_deletes") or {}).get("extreme_paths") or {}).items():
+        fixed = [ways[h]["seconds"] for h in ("merge", "windows") if h in ways]
+        if "cost" in ways and fixed and min(fixed) > 0:
+            add(f"extreme_refill_choice_{flow}", "batched", round(ways["cost"]["seconds"] / min(fixed), 3),
+                TARGET_EXTREME_CHOICE, "the update/delete batch: extreme_refill='cost' against the cheaper of "
+                "'merge' and 'windows' on the same state (medians)", True,
+                lambda ways=ways: "the planner's estimate chose the dearer way: " + "; ".join(
+                    f"{h} {w['seconds']:.2f} s ({', '.join(w['modes'])})" for h, w in ways.items()))
     out.append({"target": "peak_memory_reported", "laminar_path": None, "value": r.get("peak_rss_mb"),
                 "threshold": None, "met": r.get("peak_rss_mb") is not None,
                 "conditions": "driver + Spark JVM peak RSS", "conditions_met": True, "responsible": None})
@@ -233,17 +244,15 @@ def summarize(r: dict) -> dict:
                 "t_incremental_s": ud[path].get("t_incremental_s"), "modes": ud[path].get("modes"),
                 "ratio_inc_vs_full": ratio(ud[path].get("t_incremental_s"), ud.get("t_full_recompute_s")),
                 "flows": _by_flow(ud[path].get("per_run") or [])}
-    chosen = _by_flow((ud.get("batched") or {}).get("per_run") or [])
-    fixed = {how: _by_flow(ud[f"batched_{how}"].get("per_run") or []) for how in ("merge", "windows")
-             if f"batched_{how}" in ud}
-    if chosen and fixed:  # per flow with extremes: seconds of the chosen way beside each fixed one
-        r["updates_deletes"]["extreme_paths"] = {
-            flow: {"chosen": {"seconds": f["seconds"], "modes": f["modes"]},
-                   **{how: {"seconds": fixed[how][flow]["seconds"], "modes": fixed[how][flow]["modes"]}
-                      for how in fixed if flow in fixed[how]}}
-            for flow, f in chosen.items()
-            if any(fixed[how].get(flow, {}).get("modes") != f["modes"] for how in fixed)
-            or any("EXTREME" in m for m in f["modes"])}
+    ways: dict = {}  # flow -> way -> seconds of each round, and the modes of its first
+    for run in ud.get("extreme_paths_runs") or []:
+        for flow, f in _by_flow(run["per_run"]).items():
+            w = ways.setdefault(flow, {}).setdefault(run["extreme_refill"], {"samples_s": [], "modes": f["modes"]})
+            w["samples_s"].append(f["seconds"])
+    extreme = {flow: {how: {"seconds": round(statistics.median(w["samples_s"]), 4), **w} for how, w in by.items()}
+               for flow, by in ways.items() if any("EXTREME" in m for w in by.values() for m in w["modes"])}
+    if extreme:  # per flow with extremes: the median seconds of each way over rounds that rotate their order
+        r["updates_deletes"]["extreme_paths"] = extreme
     r["streaming_limitations"] = [
         "file source: updates and deletes in the Delta table are invisible (rewritten files would be re-read as "
         "new rows and double-count), so the stream is timed and checked on the append-only Δ only",
@@ -252,9 +261,38 @@ def summarize(r: dict) -> dict:
         "answer is the latest row per group. A MERGE into a Delta sink (needs the Delta JVM connector, unavailable "
         "here) would add to the streaming time",
     ]
+    r["cost_calibration"] = cost_calibration(head)
     r["contention"] = contention(r)
     r["targets"] = evaluate_targets(r)
     return r
+
+
+def cost_calibration(size: dict) -> dict:
+    """The two prices behind `EngineOptions.extreme_refill="cost"`, measured in this run, per Laminar path: a
+    pass's fixed seconds and the bytes it reads per second, from the incremental and the refill variants of
+    the same size (each pass's seconds = fixed + bytes / rate: two passes, two unknowns). The engine's
+    defaults lie between the two paths' values (docs/PERFORMANCE.md)."""
+    from laminar_assets.engine import EngineOptions
+
+    out: dict = {"defaults": {"pass_seconds": EngineOptions.pass_seconds,
+                              "scan_bytes_per_second": EngineOptions.scan_bytes_per_second}}
+    for path, (section, suffix) in PATH_KEYS.items():
+        small, large = size.get(section), size.get(f"refill_touched{suffix}")
+        if not small or not large:
+            continue
+
+        def per_pass(sec: dict, path: str = path) -> tuple[float, float]:
+            passes = len(sec["per_run"]) if path == "per_partition" else len(sec.get("partitions") or {}) or 1
+            return (sum(r.get("seconds", 0.0) for r in sec["per_run"]) / passes,
+                    (sec.get("metrics") or {}).get("bytes_read", 0) / passes)
+
+        (s_small, b_small), (s_large, b_large) = per_pass(small), per_pass(large)
+        if s_large <= s_small or b_large <= b_small:
+            out[path] = {"note": "the refill did not take longer than the incremental pass: no rate to derive"}
+            continue
+        rate = (b_large - b_small) / (s_large - s_small)
+        out[path] = {"pass_seconds": round(s_small - b_small / rate, 3), "scan_bytes_per_second": round(rate, -3)}
+    return out
 
 
 CONTENDED = 0.15  # other processes used more than this share of the machine's CPU during a timed phase

@@ -45,7 +45,7 @@ from .variants import PATHS, full_recompute, has_run_many, laminar_pass
 from .workload import Lake, write_base, write_corrections
 
 REPO = environment.REPO
-EXTREME_PATHS = ("merge", "windows")  # the two fixed ways of `EngineOptions.extreme_refill`, timed beside "cost"
+EXTREME_PATHS = ("cost", "merge", "windows")  # the ways of `EngineOptions.extreme_refill`, timed side by side
 
 
 def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobCounter,
@@ -137,11 +137,12 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
     # updates and deletes: Laminar only (a file source cannot see them). The batched root is copied first, so
     # that each way a correction under a min/max/first/last can go (`EngineOptions.extreme_refill`) is timed
     # on the same state beside the one the engine chose: a wrong choice shows in every run.
-    forced = {}
+    copies: list[tuple[str, str]] = []  # (way, root) in the order they run: each round rotates the ways
     if "batched" in engines:
-        for how in EXTREME_PATHS:
-            forced[how] = os.path.join(work, f"laminar-batched-{how}")
-            shutil.copytree(engines["batched"].root, forced[how])
+        for r in range(max(profile.rounds, 1)):
+            for how in EXTREME_PATHS[r % 3:] + EXTREME_PATHS[:r % 3]:
+                copies.append((how, os.path.join(work, f"laminar-batched-{how}-{r}")))
+                shutil.copytree(engines["batched"].root, copies[-1][1])
     corrections = write_corrections(lake, base, every=profile.correction_every,
                                     correction_hours=profile.correction_hours)
     v_corr = lake.version()
@@ -150,18 +151,21 @@ def bench_size(spark, profile: Profile, base_rows: int, work: str, counter: JobC
         done, ud[path] = timed_pass(f"updates/deletes {path}", label, engine, specs, counter, sampler,
                                      after=v_delta, batched=path == "batched")
         ud[path]["t_incremental_s"] = round(done.wall_s, 4)
-    for how, root in forced.items():
+    ud["extreme_paths_runs"] = []
+    for i, (how, root) in enumerate(copies):
         engine = Engine(spark, root, options=EngineOptions(extreme_refill=how))
-        done, ud[f"batched_{how}"] = timed_pass(f"updates/deletes batched, extreme_refill={how}", label, engine, specs,
-                                                 counter, sampler, after=v_delta, batched=True)
-        ud[f"batched_{how}"]["t_incremental_s"] = round(done.wall_s, 4)
-        sinks[f"batched_{how}"] = {s.name: engine.layout.sink_uri(s) for s in specs}
+        done, section = timed_pass(f"updates/deletes batched, extreme_refill={how}", label, engine, specs,
+                                   counter, sampler, after=v_delta, batched=True)
+        ud["extreme_paths_runs"].append({"extreme_refill": how, "order": i, "t_incremental_s": round(done.wall_s, 4),
+                                         "spark_jobs": section.get("spark_jobs"), "per_run": section["per_run"]})
+        if i < len(EXTREME_PATHS):  # the first round's sinks are checked against the full recompute
+            sinks[f"batched, extreme_refill={how}"] = {s.name: engine.layout.sink_uri(s) for s in specs}
     full2 = full_recompute(spark, lake, specs, os.path.join(work, "full_after_corrections"), version=v_corr)
     ud["t_full_recompute_s"] = full2["wall_s"]
     ud["equality"] = _equal(spark, specs, full2["sinks"], sinks)
     res["updates_deletes"] = ud
     print(f"  {label}: updates/deletes " + ", ".join(f"{p} {ud[p]['t_incremental_s']:.2f}s"
-                                                    for p in [*engines, *(f"batched_{h}" for h in forced)])
+                                                    for p in engines)
           + f" (full recompute {full2['wall_s']:.2f}s)", flush=True)
 
     res["results_equal"] = all(res["rounds_equal"]) and all(_all_equal(f) for f in ud["equality"].values())

@@ -125,3 +125,34 @@ def test_a_run_without_results_still_writes_a_report(tmp_path):
     assert r["results_equal"] is False and r["t_incremental_s"] is None
     paths = render.write_all(r, str(tmp_path))
     assert "boom" in (tmp_path / "latest.md").read_text() and len(paths) >= 2
+
+
+def _way(how: str, order: int, ohlc_s: float, mode: str) -> dict:
+    runs = [{"flow": "bench_ohlc_5m", "mode": mode.split("/")[0], "reason": mode.split("/")[1], "seconds": ohlc_s / 3,
+             "detail": how} for _ in range(3)]
+    runs.append({"flow": "bench_vwap_1m", "mode": "INCREMENTAL", "reason": "RETRACTABLE_CHANGES", "seconds": 0.5})
+    return {"extreme_refill": how, "order": order, "t_incremental_s": ohlc_s, "per_run": runs}
+
+
+@pytest.mark.parametrize("chosen, met", [(0.6, True), (1.2, False)])
+def test_the_correction_batch_reports_each_way_under_extremes_and_whether_the_choice_was_the_cheaper(chosen, met,
+                                                                                                     tmp_path):
+    """Each way of `extreme_refill` is timed on the same state in rotating rounds: the report gives each way's
+    median per flow with extremes (flows without them are left out) and a target: the chosen way within 1.2x
+    of the cheaper fixed one."""
+    size = _size(10_000_000, 10.0, 20.0)
+    up, merged = "REFILL/EXTREME_RETRACTED", "REFILL/EXTREME_RETRACTED"
+    size["updates_deletes"]["extreme_paths_runs"] = [
+        _way("cost", 0, chosen, up), _way("merge", 1, 1.4, merged), _way("windows", 2, 0.5, up),
+        _way("merge", 3, 1.6, merged), _way("windows", 4, 0.7, up), _way("cost", 5, chosen, up)]
+    r = report.summarize(_fake(by_size=[size]))
+    ways = r["updates_deletes"]["extreme_paths"]
+    assert list(ways) == ["bench_ohlc_5m"]
+    assert {h: w["seconds"] for h, w in ways["bench_ohlc_5m"].items()} == {"cost": chosen, "merge": 1.5, "windows": 0.6}
+    assert ways["bench_ohlc_5m"]["merge"]["samples_s"] == pytest.approx([1.4, 1.6], abs=1e-3)
+    target = next(t for t in r["targets"] if t["target"] == "extreme_refill_choice_bench_ohlc_5m")
+    assert (target["value"], target["met"]) == (round(chosen / 0.6, 3), met)
+    assert (target["responsible"] is None) == met
+    text = open(render.write_all(r, str(tmp_path))[1]).read()
+    assert "bench_ohlc_5m, batched, by the way deletes and updates under its extremes went" in text
+    assert "median of 2 run(s) each" in text
