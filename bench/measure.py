@@ -161,6 +161,11 @@ class MemorySampler:
     load_by_phase: dict[str, float] = field(default_factory=dict)
     cpu_others_by_phase: dict[str, float | None] = field(default_factory=dict)
     hwm_kb: dict[str, int] = field(default_factory=dict)
+    # The JVM's own account at each phase's end (`jvm_memory`): heap used (live and garbage not yet
+    # collected) and committed, non-heap committed (classes, compiled code); what RSS holds beyond them is
+    # native (threads, buffers, RocksDB). Set `spark` to read it; None: not read.
+    spark: object | None = None
+    jvm_by_phase: dict[str, dict[str, float]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -195,6 +200,11 @@ class MemorySampler:
         finally:
             self.cpu_others_by_phase[phase] = others.stop()
             self.sample()
+            if self.spark is not None:
+                try:
+                    self.jvm_by_phase[phase] = jvm_memory(self.spark)
+                except Exception as exc:  # noqa: BLE001  (a number of the report, never the run's failure)
+                    self.jvm_by_phase[phase] = {"error": repr(exc)[:200]}
             self.load_by_phase[phase] = round(os.getloadavg()[0], 2)
             self.phase = previous
 
@@ -214,12 +224,27 @@ class MemorySampler:
             "peak_rss_sampled_total_mb": mb(self.peak_total_kb),
             "peak_rss_sampled_by_phase_mb": {k: mb(v) for k, v in self.peaks_by_phase.items()},
             "load_avg_1m_by_phase": dict(self.load_by_phase),
+            "jvm_at_phase_end_mb": dict(self.jvm_by_phase),
+            "peak_jvm_heap_used_mb": max((v.get("heap_used_mb", 0) for v in self.jvm_by_phase.values()), default=None),
             "cpu_used_by_other_processes_by_phase": dict(self.cpu_others_by_phase),
             "peak_rss_measured": "peak_rss_mb = the Python driver's peak RSS + the Spark JVM's peak RSS (each the "
                                  "kernel's VmHWM from /proc; the JVM is Python's child in local mode), an upper bound "
                                  "on their simultaneous use; peak_rss_sampled_total_mb = the largest simultaneous "
                                  "sum of the two VmRSS seen by a 4 Hz sampler",
         }
+
+
+def jvm_memory(spark, *, collect: bool = False) -> dict[str, float]:
+    """The Spark JVM's heap used and committed and its non-heap committed, in MB (`java.lang.management`);
+    `collect`: after a full GC first, so that heap used is what is still referenced (the live set)."""
+    jvm = spark.sparkContext._jvm
+    if collect:
+        jvm.java.lang.System.gc()
+    bean = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
+    heap, other = bean.getHeapMemoryUsage(), bean.getNonHeapMemoryUsage()
+    mb = lambda n: round(n / 2**20, 1)  # noqa: E731
+    return {"heap_used_mb": mb(heap.getUsed()), "heap_committed_mb": mb(heap.getCommitted()),
+            "heap_max_mb": mb(heap.getMax()), "non_heap_committed_mb": mb(other.getCommitted())}
 
 
 class JobCounter:

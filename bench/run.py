@@ -36,7 +36,7 @@ from .config import PROFILES, Profile, parse_latencies
 from .equality import all_equal as _all_equal
 from .equality import equal_sinks as _equal
 from .freshness import measure_freshness
-from .measure import JobCounter, MemorySampler, load_average, timed
+from .measure import JobCounter, MemorySampler, jvm_memory, load_average, timed
 from .object_store import s3_variant
 from .rounds import delta_round, timed_pass
 from .specs import bench_specs
@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spark = environment.start_session(profile, result)
         counter = JobCounter(spark)
+        sampler.spark = spark
         counter.job_floor_seconds(5)  # warm-up
         floors = {"start": round(counter.job_floor_seconds(), 4)}
         if profile.warmup_rows:
@@ -290,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sampler.stop()
         result["memory"] = sampler.report()
+        if spark is not None:  # what the JVM still references at the end, every variant's work done
+            try:
+                result["memory"]["jvm_after_full_gc_at_end_mb"] = jvm_memory(spark, collect=True)
+            except Exception as exc:  # noqa: BLE001  (a number of the report, never the run's failure)
+                result["errors"].append(f"memory: {exc!r}")
         result["load_avg_end"] = load_average()
         result["t_total_s"] = round(time.perf_counter() - t_all, 1)
         final = report.summarize(result)
