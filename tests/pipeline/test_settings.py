@@ -80,6 +80,8 @@ def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(t
     assert (options.refill_ratio, options.key_refill_min_bytes, options.extreme_refill, options.pass_seconds) == (
         0.25, 1024, "windows", 0.75)
     assert options.future_horizon == timedelta(hours=6) and options.lease_seconds == EngineOptions().lease_seconds
+    with pytest.raises(EnvironmentProblem, match="extreme_refill: expected one of 'cost', 'merge', 'windows', found 'cheap'"):
+        EngineOptions(extreme_refill="cheap")  # in code too, not only from settings
     for table, found in (("[tool.laminar.engine]\nrefil_ratio = 0.25", "engine: [tool.laminar.engine]: 'refil_ratio' is "
                                                                         "not an engine option; the options are refill_ratio"),
                          ("[tool.laminar.engine]\nrefill_ratio = 'lots'", "refill_ratio: Input should be a valid number"),
@@ -88,6 +90,10 @@ def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(t
                          ("[tool.laminar.engine]\nrefill_ratio = true", "refill_ratio: expected float or none, found a boolean"),
                          ("[tool.laminar.engine]\nmetrics_partitions = 0", "metrics_partitions: expected 1 or more"),
                          ("[tool.laminar.engine]\nlease_seconds = 0", "lease_seconds: expected more than 0 seconds"),
+                         ("[tool.laminar.engine]\nextreme_refill = 'cheapest'",
+                          "extreme_refill: Input should be 'cost', 'merge' or 'windows' (found 'cheapest')"),
+                         ("[tool.laminar.engine]\nextreme_refill_share = 0.5", "'extreme_refill_share' is now extreme_refill"),
+                         ("[tool.laminar.engine]\nscan_bytes_per_second = 0", "scan_bytes_per_second: expected more than 0"),
                          ("[tool.laminar.engine]\nfuture_horizon = '1d'", "future_horizon is set on [tool.laminar] itself"),
                          ("[tool.laminar.engin]\nrefill_ratio = 0.2", "engin: not a setting (the settings: partitions_start"),
                          ("[tool.laminar]\nfuture_horizont = '2d'", "future_horizont: not a setting"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -19,6 +19,13 @@ Hook = Callable[[str], None]
 # Moments a run passes through, in order; tests crash or kill a run at each of them.
 STEPS = ("after_intent", "after_read", "after_state_commit", "after_sink_commit", "after_first_watermark",
          "after_watermark")
+
+
+ExtremeRefill = Literal["cost", "merge", "windows"]
+EXTREME_REFILL = get_args(ExtremeRefill)
+# Options that were renamed: what a settings file still naming the old one is told.
+RENAMED = {"extreme_refill_share": "extreme_refill: 'cost' (the default, by expected cost), 'merge' (what a share "
+                                   "of none did) or 'windows'"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class EngineOptions:
     # group lost its extreme, a second pass that merges again and recomputes those groups (estimated from
     # the rows and bytes changed, the partition's rows, bytes and groups, and the two costs below; see
     # planner._extremes_up_front); "merge" always merges first; "windows" always recomputes up front.
-    extreme_refill: Literal["cost", "merge", "windows"] = "cost"
+    extreme_refill: ExtremeRefill = "cost"
     # What one pass of a flow costs whatever it reads (Spark's analysis, job and task start, the commits),
     # and how many bytes of Parquet it reads and aggregates per second after that: the two prices of
     # `extreme_refill="cost"`. Measured on a 2-core machine by the benchmark's correction batch (both
@@ -85,6 +92,13 @@ class EngineOptions:
     # 0: Spark always writes.
     driver_write_below_bytes: int = 8 * 1024 * 1024
 
+    def __post_init__(self) -> None:
+        if self.extreme_refill not in EXTREME_REFILL:
+            from laminar_assets.errors import EnvironmentProblem
+
+            raise EnvironmentProblem(f"EngineOptions: extreme_refill: expected one of {', '.join(map(repr, EXTREME_REFILL))}, "
+                                     f"found {self.extreme_refill!r}", options=["extreme_refill"])
+
     @classmethod
     def of(cls, values: dict, *, where: str = "the engine options") -> EngineOptions:
         """Options from names and values as settings files and Dagster config give them (numbers as numbers or
@@ -100,6 +114,10 @@ class EngineOptions:
             raise EnvironmentProblem(f"{where}: expected a table of engine options by name, found {values!r}")
         names = [f.name for f in fields(cls)]
         unknown = sorted(map(repr, set(values) - set(names)))
+        renamed = [f"{old!r} is now {new}" for old, new in RENAMED.items() if old in values]
+        if renamed:
+            raise EnvironmentProblem(f"{where}: {'; '.join(renamed)} (docs/engine.md, 'EngineOptions')",
+                                     options=sorted(k for k in RENAMED if k in values))
         if unknown:
             raise EnvironmentProblem(f"{where}: {', '.join(unknown)} is not an engine option; the options "
                                      f"are {', '.join(names)} (docs/dagster.md, 'Engine options')", options=unknown)
