@@ -29,7 +29,10 @@ class Profile:
     sdp: str = "largest"              # sizes with the Spark Declarative Pipelines peer: off | largest | all
     s3_rows: int = 0                  # the S3 variant's base size (a local S3 server); 0: not run
     s3_latencies_ms: tuple[float, ...] = (0,)  # the S3 variant runs once per latency (ms slept per request)
-    driver_memory: str = "8g"
+    # The JVM's heap: the engine's default (`SparkOptions.driver_memory`). With 8 GB every variant ran as fast
+    # and the JVM's RSS grew to 9 GB of mostly uncollected garbage (docs/PERFORMANCE.md, "What holds the
+    # benchmark's memory"), so the peak said what the heap allowed, not what the work needs.
+    driver_memory: str = "2g"
     shuffle_partitions: int = 4       # the engine's default (SparkOptions)
     seed: int = 20240102
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -70,7 +73,6 @@ SMOKE = Profile(
     freshness_base_rows=2_000,
     freshness_base_hours=1,
     freshness_commit_rows=200,
-    driver_memory="2g",
     shuffle_partitions=2,             # one per core: tiny data, fewer tasks per job
 )
 

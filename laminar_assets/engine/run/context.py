@@ -46,10 +46,10 @@ class EngineOptions:
     extreme_refill: ExtremeRefill = "cost"
     # What one pass of a flow costs whatever it reads (Spark's analysis, job and task start, the commits),
     # and how many bytes of Parquet it reads and aggregates per second after that: the two prices of
-    # `extreme_refill="cost"`. Measured on a 2-core machine by the benchmark's correction batch (both
-    # paths are timed in every run; docs/PERFORMANCE.md, "Measured defaults").
-    pass_seconds: float = 0.5
-    scan_bytes_per_second: float = 40e6
+    # `extreme_refill="cost"`: the medians of three benchmark runs' batched path on a 2-core machine
+    # (`cost_calibration` in bench/results/latest.json; docs/PERFORMANCE.md, "Corrections under extremes").
+    pass_seconds: float = 0.43
+    scan_bytes_per_second: float = 25e6
     # A delete or update that an aggregate cannot retract (count_distinct, top_k, sketches) recomputes
     # only the groups it touches (one Spark job finds them first), unless they are at least this share
     # of the groups of the windows they touch: then the windows, whole. None: always whole windows.

@@ -187,10 +187,11 @@ def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
     A retracted row holds its group's extreme with probability ~1/(the group's rows), so with a
     share s of the partition's rows retracted and k extreme aggregates, ~L = k x s x (groups)
     extremes are lost (Poisson): some group loses one with probability 1 - exp(-L). Merging first
-    costs a pass reading the change and the state; when a group lost an extreme, the pass finds it
-    and the run makes a second one, which merges again and recomputes those groups from the rows of
-    their windows (~1 - exp(-L / touched windows) of the touched windows' bytes). Recomputing up
-    front costs one pass reading the touched windows' rows. Each pass is priced at `pass_seconds`
+    costs a pass reading the change and the partition's state; when a group lost an extreme, the pass
+    finds it and the run makes a second one, which reads them again and recomputes those groups from
+    the rows of their windows (~1 - exp(-L / touched windows) of the touched windows' bytes).
+    Recomputing up front costs one pass reading the touched windows' rows and the state of the
+    partition's other windows (kept). Each pass is priced at `pass_seconds`
     plus its bytes at `scan_bytes_per_second`; the plan's detail gives both estimates, whichever
     is chosen."""
     k, how = inp.spec.held_extremes, inp.extreme_refill
@@ -228,14 +229,15 @@ def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
         losses = k * inp.state_groups * min(1.0, changed / inp.partition_rows)
         some_lost = 1 - math.exp(-losses)
         window_bytes = sum(inp.partition_bytes.values()) * touched / in_part
-        merge_bytes = changed_bytes + (inp.state_bytes or 0)
+        state = inp.state_bytes or 0  # read by every pass that keeps some of the partition's windows
 
         def seconds(read: float) -> float:
             return inp.pass_seconds + read / inp.scan_bytes_per_second
 
-        merge = seconds(merge_bytes)
-        again = seconds(merge_bytes + window_bytes * (1 - math.exp(-losses / touched)))
-        merge_first, up_front = merge + some_lost * again, seconds(window_bytes)
+        merge = seconds(changed_bytes + state)
+        again = seconds(changed_bytes + state + window_bytes * (1 - math.exp(-losses / touched)))
+        merge_first = merge + some_lost * again
+        up_front = seconds(window_bytes + (state if touched < in_part else 0))
         estimate = (f"~{int(changed):,} of ~{inp.partition_rows:,} rows deleted or updated, {k} extreme aggregate(s) "
                     f"over {inp.state_groups:,} group(s): ~{losses:.1f} extreme(s) expected to be lost, some group "
                     f"with probability {some_lost:.0%}; expected cost of merging first ~{merge_first:.2f}s (a pass "

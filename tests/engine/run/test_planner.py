@@ -93,8 +93,9 @@ HIGHS = FlowSpec(name="e", source="src", event_time="ts", window=Tumbling("10m")
 
 
 # The touched window (20-30) is 1 of the partition's 6 and holds a sixth of its 6 MB: recomputing it up front
-# reads 1 MB. Merging first reads the change (100 bytes) and no state; with `scan_bytes_per_second` 1 MB/s.
-COSTS = dict(partition_bytes={"src": 6_000_000}, state_bytes=0, scan_bytes_per_second=1e6, extreme_refill="cost")
+# reads 1 MB. Merging first reads the change (100 bytes) and no state; a pass costs 0.5 s and 1 MB takes 1 s.
+COSTS = dict(partition_bytes={"src": 6_000_000}, state_bytes=0, pass_seconds=0.5, scan_bytes_per_second=1e6,
+             extreme_refill="cost")
 
 
 @pytest.mark.parametrize("changed_rows, groups, pass_seconds, expected", [
@@ -109,7 +110,7 @@ COSTS = dict(partition_bytes={"src": 6_000_000}, state_bytes=0, scan_bytes_per_s
 def test_extremes_are_recomputed_up_front_when_that_is_expected_to_cost_less(changed_rows, groups, pass_seconds,
                                                                              expected):
     hist = history(commit(4, CommitKind.CHANGE_DATA, file(21, 22, rows=changed_rows)))
-    p = plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600, pass_seconds=pass_seconds, **COSTS)
+    p = plan(HIGHS, mark(HIGHS), hist, state_groups=groups, partition_rows=600, **{**COSTS, "pass_seconds": pass_seconds})
     assert p.mode is expected
     assert "expected cost of merging first" in p.detail and "of recomputing the 1 touched window(s) up front" in p.detail
     if expected is Mode.REFILL:
@@ -137,8 +138,10 @@ def test_the_second_pass_of_merging_first_reads_only_the_windows_expected_to_los
     p = plan(HIGHS, mark(HIGHS), hist, state_groups=60, partition_rows=600, **COSTS)
     assert (p.mode, p.reason) == (Mode.INCREMENTAL, Reason.RETRACTABLE_CHANGES)
     assert "merging first ~0.97s" in p.detail and "3 touched window(s) up front ~3.50s" in p.detail, p.detail
-    # a state that has to be read makes both passes of merging first dearer: with 2 MB of it, up front
-    p = plan(HIGHS, mark(HIGHS), hist, state_groups=60, partition_rows=600, **{**COSTS, "state_bytes": 2_000_000})
+    # every pass that keeps windows reads the partition's state, so merging first reads it twice with P = 45 %:
+    # with 8 MB of it, 0.5 + 8 + 45% x (0.5 + 8 + 0.54) = 12.58 s against 0.5 + 3 + 8 = 11.5 up front
+    p = plan(HIGHS, mark(HIGHS), hist, state_groups=60, partition_rows=600, **{**COSTS, "state_bytes": 8_000_000})
+    assert "merging first ~12.58s" in p.detail and "up front ~11.50s" in p.detail, p.detail
     assert (p.mode, p.reason) == (Mode.REFILL, Reason.EXTREME_RETRACTED), p.detail
 
 
