@@ -16,6 +16,8 @@ No step relies on an atomic rename, which an object store does not have (laminar
   holder did (a pid reused after a restart, common in containers). A lease naming no pid expires by age.
   A lease of this very process is stale when the run it names has ended here: its release failed (a
   store that stopped answering), and the process itself knows no run of it holds the lease any more.
+- the sweep's progress is replaced under the flow's `_sweep` lease, or, when the sweep has nothing to
+  record, with one write conditional on the version this store last read or wrote (`advance_sweep`).
 A lease that expires under a slow run cannot make two runs commit one partition: every commit
 carries the partition's run sequence as a Delta app transaction and is refused when the table
 already holds that sequence (the engine's protocol).
@@ -72,7 +74,8 @@ class CheckpointStore:
         # What this store last read or wrote, by path: (tag, watermark). `load_listed` serves a watermark
         # from here only when a listing shows the object still has that tag (the same bytes).
         self._known: dict[str, tuple[str, Watermark]] = {}
-        self._sweeps: dict[str, tuple[str, dict[str, int]]] = {}  # flow -> (spec hash, versions) last read or written
+        # flow -> (spec hash, versions, the progress object's tag: None when none was written) last read or written
+        self._sweeps: dict[str, tuple[str, dict[str, int], str | None]] = {}
 
     def _path(self, flow: str, partition: str) -> str:
         return storage.join(self.base, "checkpoints", flow, f"{_safe(partition)}.json")
@@ -136,25 +139,43 @@ class CheckpointStore:
         ({} if none yet, or if the rules, bounds or event time changed since)."""
         path = self._sweep_path(flow)
         self._sweeps.pop(flow, None)
-        raw = storage.read(path)
-        if raw is None:
+        found = storage.read_tagged(path)
+        if found is None:
             return {}
         try:
-            data = json.loads(raw)
+            data = json.loads(found[0])
             if data.get("spec_hash") != spec_hash:
                 return {}
             versions = {str(k): int(v) for k, v in data["versions"].items()}
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise CheckpointError(f"sweep progress file is unreadable: {exc}; delete it and the next run sweeps "
                                   "the sources again (nothing is recorded twice)", flow=flow, path=path) from exc
-        self._sweeps[flow] = (spec_hash, versions)
+        self._sweeps[flow] = (spec_hash, versions, found[1])
         return dict(versions)
 
     def save_sweep(self, flow: str, spec_hash: str, versions: dict[str, int]) -> None:
         self._sweeps.pop(flow, None)
-        storage.write(self._sweep_path(flow), json.dumps({"spec_hash": spec_hash, "versions": versions},
-                                                         sort_keys=True).encode())
-        self._sweeps[flow] = (spec_hash, dict(versions))
+        tag = storage.write(self._sweep_path(flow), self._sweep_bytes(spec_hash, versions))
+        self._sweeps[flow] = (spec_hash, dict(versions), tag)
+
+    def advance_sweep(self, flow: str, spec_hash: str, versions: dict[str, int]) -> bool:
+        """Replace the sweep progress this store last read or wrote with `versions`, only if the object is
+        still the one it read or wrote (one conditional write, no lease): a sweep whose new commits hold no row
+        to record advances so. False, and nothing written, when this store knows no progress object of
+        `spec_hash` or another sweeper replaced it since: then the caller sweeps under the lease."""
+        known = self._sweeps.get(flow)
+        if known is None or known[0] != spec_hash or known[2] is None:
+            return False
+        tag = storage.replace_tagged(self._sweep_path(flow), self._sweep_bytes(spec_hash, versions), known[2])
+        if tag is None:
+            self._sweeps.pop(flow, None)
+            return False
+        self._sweeps[flow] = (spec_hash, dict(versions), tag)
+        return True
+
+    @staticmethod
+    def _sweep_bytes(spec_hash: str, versions: dict[str, int]) -> bytes:
+        return json.dumps({"spec_hash": spec_hash, "versions": versions}, sort_keys=True).encode()
 
     def swept(self, flow: str, spec_hash: str) -> dict[str, int] | None:
         """The sweep progress this store last read or wrote for `flow` under `spec_hash` (None: unknown)."""

@@ -106,3 +106,22 @@ def test_a_lease_the_store_refuses_to_write_is_one_error_naming_the_partition_an
     err = caught.value
     assert err.facts["flow"] == "f" and err.facts["partition"] == "2024-01-01-00:00"
     assert "cannot take the lease" in err.message and str(locks / "f") in err.message, err.message
+
+
+def test_sweep_progress_advances_without_a_lease_only_from_the_version_this_store_knows(tmp_path):
+    """`advance_sweep` replaces the progress only while it is the object this store last read or wrote (one
+    conditional write); another sweeper's write in between, another spec hash or no progress yet: nothing is
+    written, and the caller sweeps under the lease."""
+    store, other = CheckpointStore(str(tmp_path)), CheckpointStore(str(tmp_path))
+    assert not store.advance_sweep("f", "h1", {"src": 3})  # no progress known
+    assert store.load_sweep("f", "h1") == {}
+    assert not store.advance_sweep("f", "h1", {"src": 3})  # none written yet: the lease path writes the first
+    store.save_sweep("f", "h1", {"src": 2})
+    assert store.advance_sweep("f", "h1", {"src": 3}) and store.swept("f", "h1") == {"src": 3}
+    assert other.load_sweep("f", "h1") == {"src": 3}
+    assert store.advance_sweep("f", "h1", {"src": 4})  # its own write's tag: again
+    other.save_sweep("f", "h1", {"src": 9})  # another sweeper moved it
+    assert not store.advance_sweep("f", "h1", {"src": 5})
+    assert store.swept("f", "h1") is None and other.load_sweep("f", "h1") == {"src": 9}  # not overwritten
+    assert store.load_sweep("f", "h1") == {"src": 9} and not store.advance_sweep("f", "h2", {"src": 10})
+    assert other.load_sweep("f", "h1") == {"src": 9}

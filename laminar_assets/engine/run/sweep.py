@@ -4,7 +4,9 @@ A row with a usable event time is quarantined by the run of its partition. A row
 without one belongs to no partition, so each flow's *sweep* records it: once per
 new source version, under its own lease, at the start of any run of the flow.
 Files whose statistics prove every event time present and in bounds are not read,
-so on clean data the sweep costs no Spark job.
+so on clean data the sweep costs no Spark job; and when every new file proves so,
+it takes no lease either: its progress moves with one conditional write, which
+fails if another sweeper moved it meanwhile (then it sweeps under the lease).
 
 The sweep reads the commits since the version it swept last. When it has swept
 nothing yet, or that history can no longer be read (log entries cleaned up, files
@@ -56,6 +58,10 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
         todo = {s: v for s, v in plan.to_versions.items() if s in spec.sources and done.get(s, -1) < v}
     if not todo:
         return SweepResult()
+    offered = qr.offered_events(spec, ctx.options.future_horizon)  # rows outside: event_time_outside_partitions
+    clean = _clean_advance(ctx, spec, todo, offered, opened, histories)
+    if clean is not None:
+        return clean
     try:
         lease = ctx.store.lease(spec.name, "_sweep", run_id)
         lease.__enter__()
@@ -64,7 +70,6 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
     counts: dict[str, int] = {}
     sources: dict[str, str] = {}
     reason: Reason | None = None
-    offered = qr.offered_events(spec, ctx.options.future_horizon)  # rows outside: event_time_outside_partitions
     try:
         done = ctx.store.load_sweep(spec.name, spec.spec_hash)
         for src, target in todo.items():
@@ -92,6 +97,43 @@ def sweep(ctx: RunContext, spec, plan: PartitionPlan, run_id: str, *,
     finally:
         lease.__exit__(None, None, None)
     return SweepResult(counts, sources, reason)
+
+
+def _clean_advance(ctx: RunContext, spec, todo: dict[str, int], offered: Interval,
+                   opened: dict[str, TableInfo] | None, histories: dict[str, SourceHistory] | None) -> SweepResult | None:
+    """The sweep of commits that hold no row to record, without its lease: when the progress this process
+    last read or wrote is where the run's own history of every source starts, and every file those commits
+    insert proves by its statistics each event time present and in bounds, the progress moves to `todo` with
+    one conditional write (`CheckpointStore.advance_sweep`). A sweeper that moved it meanwhile makes the
+    write fail and the caller sweeps under the lease, as before. None: not proven, or not written."""
+    known = ctx.store.swept(spec.name, spec.spec_hash)
+    if known is None or not opened or not histories:
+        return None
+    for src, target in todo.items():
+        done, read, latest = known.get(src), histories.get(src), opened.get(src)
+        if done is None or read is None or latest is None or read.from_version is None \
+                or read.from_version > done or read.latest_version != target:
+            return None
+        may_hold = _may_hold(spec, latest, offered)
+        if any(may_hold(f) for c in read.after(done).commits for f in _inserted_files(c)):
+            return None
+    if not ctx.store.advance_sweep(spec.name, spec.spec_hash, {**known, **todo}):
+        return None
+    return SweepResult({}, {src: f"commits {known[src] + 1}..{target}" for src, target in todo.items()}, None)
+
+
+def _may_hold(spec, latest: TableInfo, offered: Interval):
+    """Whether a file may hold a row no partition owns: False only when its statistics prove every event
+    time present and inside the bounds and `offered`."""
+    provable = temporal(latest.schema, spec.event_time)
+    inside = offered.intersect(spec.bounds) if spec.bounds is not None else offered
+
+    def may_hold(f: DataFile) -> bool:
+        if not provable or f.time_nulls is None or f.time_nulls > 0 or f.time_range is None:
+            return True
+        return inside is None or not (inside.start <= f.time_range.start and f.time_range.end <= inside.end)
+
+    return may_hold
 
 
 def _record(ctx: RunContext, spec, src: str, frame: DataFrame | None, size: int, run_id: str,
@@ -122,13 +164,7 @@ def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None, target:
     whole when the commits cannot be read (or when `unreadable` says why a read of them failed). `read`:
     the run's history of the source, used when it holds every commit in (done, target]."""
     src, uri = latest.name, latest.uri
-    provable = temporal(latest.schema, spec.event_time)
-    inside = offered.intersect(spec.bounds) if spec.bounds is not None else offered
-
-    def may_hold(f: DataFile) -> bool:
-        if not provable or f.time_nulls is None or f.time_nulls > 0 or f.time_range is None:
-            return True
-        return inside is None or not (inside.start <= f.time_range.start and f.time_range.end <= inside.end)
+    may_hold = _may_hold(spec, latest, offered)
 
     def tagged(df: DataFrame, version) -> DataFrame:
         return (df.withColumn(SRC, F.lit(src)).withColumn(DVER, F.lit(None).cast("long"))

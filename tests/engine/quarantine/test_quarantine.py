@@ -314,3 +314,38 @@ def test_the_driver_and_spark_record_the_same_new_rows_and_nothing_twice(spark, 
                              str(r["event_time"])) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
     assert found["driver"] == found["spark"]
     assert ("f", PART, "positive_qty", '{"id":2}', 2, "2024-01-01 00:04:00+00:00") in found["driver"]
+
+
+def test_clean_commits_move_the_sweep_without_its_lease_and_a_moved_progress_falls_back_to_it(spark, lake, engine,
+                                                                                              monkeypatch):
+    """Commits whose files' statistics prove every event time present and in bounds hold no row for the sweep:
+    its progress moves with one conditional write, no lease taken. When another sweeper moved the progress
+    since this process read or wrote it, that write fails and the sweep runs under its lease from where the
+    progress now is; a commit with a row to record is swept under the lease and recorded once."""
+    from laminar_assets.checkpoints import CheckpointStore
+
+    lake.create("trades", BASE)
+    engine.run_many(FLOW, [PART, NEXT])  # the first sweep reads the snapshot, under the lease
+    taken = []
+    real = engine.ctx.store.lease
+    monkeypatch.setattr(engine.ctx.store, "lease", lambda flow, key, run_id: taken.append(key) or real(flow, key, run_id))
+    other = CheckpointStore(lake.root)  # another process's store of the same root
+
+    lake.append("trades", [("2024-01-01 00:30:00", "a", 1.0, 1)])  # version 1: clean
+    r = engine.run(FLOW, PART)
+    assert taken == [PART] and r.sweep.sources == {"trades": "commits 1..1"} and r.quarantined == {}
+    assert other.load_sweep(FLOW.name, FLOW.spec_hash) == {"trades": 1}
+
+    other.save_sweep(FLOW.name, FLOW.spec_hash, {"trades": 0})  # another sweeper wrote it since (here: behind)
+    lake.append("trades", [("2024-01-01 00:31:00", "a", 1.0, 1)])  # version 2: clean
+    taken.clear()
+    r = engine.run(FLOW, PART)
+    assert taken == [PART, "_sweep"] and r.sweep.sources == {"trades": "commits 1..2"}, (taken, r.sweep)
+    assert other.load_sweep(FLOW.name, FLOW.spec_hash) == {"trades": 2}
+
+    lake.append("trades", [(None, "a", 2.0, 1), ("2024-01-01 00:32:00", "a", 1.0, 1)])  # version 3: a row to record
+    taken.clear()
+    r = engine.run(FLOW, PART)
+    assert taken == [PART, "_sweep"] and r.quarantined == {"event_time_missing": 1}
+    assert sorted(q["source_version"] for q in quarantine(lake) if q["rule"] == "event_time_missing") == [0, 3]
+    check_sink(spark, lake)  # the appends touch PART's windows only
