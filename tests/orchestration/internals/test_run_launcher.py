@@ -27,8 +27,7 @@ PROBE = '''
 import json, os, sys, time
 import dagster as dg
 
-@dg.op(config_schema={"out": str, "sleep": float, "exit_code": int}, pool="laminar_probe")  # one slot (dagster.yaml)
-def probe(context):
+def _probe(context):
     cfg = context.op_config
     # what this process had imported when the run's first step began
     warm = {m: m in sys.modules for m in ("great_expectations", "pandas", "pyspark.sql")}
@@ -38,9 +37,17 @@ def probe(context):
         os._exit(cfg["exit_code"])
     time.sleep(cfg["sleep"])
 
+CONFIG = {"out": str, "sleep": float, "exit_code": int}
+probe = dg.op(config_schema=CONFIG, pool="laminar_probe", name="probe")(_probe)  # one slot (dagster.yaml)
+unpooled_probe = dg.op(config_schema=CONFIG, name="probe")(_probe)
+
 @dg.job(executor_def=dg.in_process_executor)  # like Laminar's thread executor: steps run in the run process
 def probe_job():
     probe()
+
+@dg.job(executor_def=dg.in_process_executor)  # runs that may overlap: no pool slot to wait for
+def unpooled_probe_job():
+    unpooled_probe()
 '''
 
 
@@ -85,8 +92,9 @@ def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
         _close(inst)
 
 
-def _run(instance: dg.DagsterInstance, job_dir: Path, out: Path, *, sleep: float = 0.0, exit_code: int = 0):
-    recon = ReconstructableJob.for_file(str(job_dir / "probe_job.py"), "probe_job")
+def _run(instance: dg.DagsterInstance, job_dir: Path, out: Path, *, sleep: float = 0.0, exit_code: int = 0,
+         job: str = "probe_job"):
+    recon = ReconstructableJob.for_file(str(job_dir / "probe_job.py"), job)
     config = {"ops": {"probe": {"config": {"out": str(out), "sleep": sleep, "exit_code": exit_code}}}}
     return instance.create_run_for_job(job_def=recon.get_definition(), run_config=config,
                                        job_code_origin=recon.get_python_origin())
@@ -117,10 +125,12 @@ def _finished(instance: dg.DagsterInstance, run_id: str, timeout: float = 120) -
 
 def test_runs_execute_in_processes_a_warm_worker_forks(shared, tmp_path):
     """Two runs launched back to back: each in a process of its own, forked by one warm worker, which stays
-    warm for the next (no worker warms up again between runs)."""
+    warm for the next (no worker warms up again between runs). Their step takes no pool slot: the runs overlap
+    (with the one-slot pool, the second run once waited 120 s for a slot the first had freed, 1 CI run in 12,
+    a wait in Dagster's op concurrency, not in the launcher, which is what this test is about)."""
     instance, job_dir = shared
     launcher = _warm(instance)
-    runs = [_run(instance, job_dir, tmp_path / f"probe{i}.json") for i in range(2)]
+    runs = [_run(instance, job_dir, tmp_path / f"probe{i}.json", job="unpooled_probe_job") for i in range(2)]
     for run in runs:
         instance.launch_run(run.run_id, workspace=None)  # the warm path needs no code server
     workers = {w.process.pid for w in launcher._workers}
