@@ -1,11 +1,14 @@
 """Delta commits of staged Parquet files: replace the rows of some ranges in one atomic commit.
 
-The commit goes through `deltalake.DeltaTable.create_write_transaction` with one app
-transaction per partition it replaces (that is how a run proves later which of its
-commits landed). One exception: `deltalake`'s transaction API cannot commit `cdc`
-actions, so a commit that carries change data (a stage rewrite) is written per the
-Delta protocol: the JSON entry goes to a temporary file and is published with an
-atomic no-replace link, so it is either absent or complete.
+A commit carries one app transaction per partition it replaces (that is how a run proves later
+which of its commits landed). It is written per the Delta protocol (`write_commit`): the JSON
+entry is published with a put-if-absent (an atomic no-replace link locally, `If-None-Match` on an
+object store), so it is either absent or complete, and of two writers one wins. That is one
+request on an object store, where `deltalake`'s transaction API makes five; and that API cannot
+commit `cdc` actions (a stage rewrite's change data) at all. A table whose protocol asks more of
+a writer than these actions (deletion vectors, row tracking, CHECK constraints, ...: see
+`own_commit_allowed`), and a commit after which a checkpoint is due, go through
+`deltalake.DeltaTable.create_write_transaction`.
 
 Why not `write_deltalake(..., predicate=...)` or `DeltaTable.merge`: both take the rows
 as Arrow data in this Python process. The rows of a run are Spark's (written by the
@@ -203,7 +206,7 @@ def replace_ranges(
             named = {r.path for r in removes}
             removes += [a for a in (_remove_action(table_uri, f) for f in remove_files) if a.path not in named]
         adds = list(staged.adds) + [a for e in extra for a in e.adds]
-        if change_data is None:
+        if change_data is None and not own_commit_allowed(dt):
             props = CommitProperties(app_transactions=[Transaction(a, v) for a, v in transactions],
                                      custom_metadata=metadata, max_commit_retries=0)
             try:
@@ -214,9 +217,10 @@ def replace_ranges(
                 return staged.rows
             except CommitFailedError:
                 pass
-        elif _commit_with_change_data(table_uri, read_version + 1, adds, removes, change_data.adds,
-                                      transactions=transactions, metadata=metadata):
-            committed(staged, change_data, *extra)
+        elif write_commit(table_uri, read_version + 1, adds, removes, change_data.adds if change_data else (),
+                          transactions=transactions, metadata=metadata):
+            made_commit(dt, read_version, dict(transactions))
+            committed(staged, *([change_data] if change_data else []), *extra)
             _checkpoint_if_due(dt, read_version + 1)
             return staged.rows
         time.sleep(0.05 * attempt)
@@ -305,13 +309,67 @@ def _relative(table_uri: str, file_uri: str) -> str:
     return storage.normalized(file_uri)[len(storage.normalized(table_uri)) + 1:]
 
 
-def _commit_with_change_data(uri: str, version: int, adds, removes, cdc, *, transactions, metadata: dict) -> bool:
-    """Write commit `version` with `cdc` actions; False if another writer took the version first.
-    The entry is written with a put-if-absent (a hard link of a complete file locally, `If-None-Match`
-    on an object store), so it is either absent or complete, and of two writers one wins."""
+# What a table's protocol may ask of a writer for `write_commit` to be a valid commit of it: nothing beyond the
+# actions it writes. Writer version 4 (Laminar's tables: change data feed on) and below, or these table features;
+# the features' own rules are checked on the table (`own_commit_allowed`).
+_OWN_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed", "timestampNtz"})
+_OWN_READER_FEATURES = frozenset({"timestampNtz"})
+_FIELD_RULES = ("delta.generationExpression", "delta.invariants", "delta.identity", "delta.columnMapping")
+
+
+def own_commit_allowed(dt: DeltaTable) -> bool:
+    """Whether `write_commit` may commit to `dt`'s table: its protocol asks nothing of a writer beyond the add,
+    remove and app-transaction actions (no deletion vectors, row tracking, in-commit timestamps, column mapping,
+    CHECK constraints, generated or identity columns, invariants, append-only, clustering), and the next commit
+    is not one that writes a checkpoint (`deltalake` writes it from the snapshot its commit leaves). Any other
+    table is committed through `deltalake`, which refuses what it cannot write. Laminar's own tables, as Laminar
+    creates them, qualify."""
+    protocol = dt.protocol()
+    writer = set(protocol.writer_features or ())
+    reader = set(protocol.reader_features or ())
+    if protocol.min_writer_version > 4 and not (protocol.min_writer_version == 7 and writer <= _OWN_WRITER_FEATURES):
+        return False
+    if protocol.min_reader_version > 1 and not (protocol.min_reader_version == 3 and reader <= _OWN_READER_FEATURES):
+        return False
+    config = dt.metadata().configuration
+    if str(config.get("delta.appendOnly", "false")).lower() == "true" or any(k.startswith("delta.constraints.")
+                                                                          for k in config):
+        return False
+    if str(config.get("delta.columnMapping.mode", "none")).lower() != "none":
+        return False
+    if _checkpoint_due(dt):
+        return False
+    return not any(rule in key for key in _field_metadata_keys(json.loads(dt.schema().to_json())) for rule in _FIELD_RULES)
+
+
+def _field_metadata_keys(typ) -> Iterable[str]:
+    """Every key of every field's metadata in a Delta schema (as JSON), nested fields included."""
+    if isinstance(typ, dict):
+        for f in typ.get("fields", ()):
+            yield from (f.get("metadata") or {}).keys()
+            yield from _field_metadata_keys(f.get("type"))
+        for k in ("elementType", "keyType", "valueType"):
+            yield from _field_metadata_keys(typ.get(k))
+
+
+def _checkpoint_due(dt: DeltaTable) -> bool:
+    """Whether the commit after `dt`'s version is one after which the table's interval asks for a checkpoint."""
+    interval = int(dt.metadata().configuration.get("delta.checkpointInterval") or 100)
+    return (dt.version() + 2) % interval == 0
+
+
+def write_commit(uri: str, version: int, adds, removes, cdc=(), *, transactions, metadata: dict) -> bool:
+    """Write commit `version` of the table at `uri` (adds, removes, change data `cdc`, app `transactions`) per the
+    Delta protocol; False if another writer took the version first. The entry is written with a put-if-absent
+    (a hard link of a complete file locally, `If-None-Match` on an object store), so it is either absent or
+    complete, and of two writers one wins: one request on an object store, where `deltalake` makes five (a
+    listing for the latest version, the PUT, then a listing and two reads of the new commit to move its
+    snapshot over it). Only for tables `own_commit_allowed` admits, or for change data, which `deltalake`'s
+    transaction API cannot commit."""
     now = int(time.time() * 1000)
-    info = {"timestamp": now, "operation": "WRITE", "readVersion": version - 1, "isBlindAppend": False,
-            "operationParameters": {"mode": "Overwrite", "predicate": "laminar partition replace"},
+    info = {"timestamp": now, "operation": "WRITE", "readVersion": version - 1,
+            "isBlindAppend": not removes and not cdc,
+            "operationParameters": {"mode": "Overwrite" if removes else "Append", "predicate": "laminar partition replace"},
             "engineInfo": "laminar", "clientVersion": "laminar-0.2", **metadata}
     lines = [{"commitInfo": info}]
     lines += [{"txn": {"appId": a, "version": v, "lastUpdated": now}} for a, v in transactions]
