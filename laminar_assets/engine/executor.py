@@ -76,7 +76,6 @@ log = logging.getLogger(__name__)
 # is settled by the next run like a crash.
 CURABLE = (OSError, DeltaError, PySparkException, Py4JError)
 JOBS = {"flow": flow_job, "stage": stage_job}  # the job that carries out a pass of each kind of spec
-_REFILLED = {"flow": "refilled_groups", "stage": "refilled_keys"}  # the metric of groups / keys recomputed alone
 
 
 class Engine:
@@ -224,12 +223,11 @@ class Engine:
         `<flow>__state` (`input_schema`: the run's; None: a watermark's) and its sources' quarantine tables as
         `<source>__quarantine`."""
         layout, tags = self.ctx.layout, dict(spec.tags)
-        kind = "sink" if spec.kind == "flow" else "stage"
-        about = spec.description or f"{'time-window rollup' if spec.kind == 'flow' else 'shared stage'} " \
-                                    f"'{spec.name}' over {', '.join(spec.sources)}, kept up to date by Laminar"
-        out = [CatalogTable(_catalog_name(spec.name), layout.sink_uri(spec), kind,
+        about = spec.description or f"{spec.described_as} '{spec.name}' over {', '.join(spec.sources)}, kept up to " \
+                                    "date by Laminar"
+        out = [CatalogTable(_catalog_name(spec.name), layout.sink_uri(spec), spec.catalog_kind,
                             about, spec.owners, tags, spec.name)]
-        if spec.kind == "flow":
+        if spec.keeps_state:
             if input_schema is None:
                 marks = (self.ctx.store.load(spec.name, k) for k in self.ctx.store.partitions(spec.name))
                 input_schema = next((m.input_schema for m in marks if m is not None and m.input_schema), None)
@@ -411,8 +409,9 @@ class Engine:
         out = {}
         for i, (k, p) in enumerate(plans.items()):
             metrics = RunMetrics.of(outcome.metrics.get(k, {}))
+            refilled = {f"refilled_{spec.refill_unit}": len(p.refill_groups)} if p.refill_groups else {}
             metrics.update(versions_read=_versions_read(p), pending_versions=sum(p.pending_versions.values()),
-                           batch_partitions=n, **({_REFILLED[spec.kind]: len(p.refill_groups)} if p.refill_groups else {}))
+                           batch_partitions=n, **refilled)
             if isinstance(outcome, flow_job.PassResult):  # shared commits: their row counts once
                 metrics.update(state_rows=outcome.state_rows if i == 0 else 0, sink_rows=outcome.sink_rows if i == 0 else 0)
             out[k] = RunResult(plans[k], run_id, metrics, dict(seconds), dict(outcome.quarantined.get(k, {})))
@@ -469,7 +468,7 @@ class Engine:
         plans = {k: plan_partition(planner_input(spec, k, m, inputs, force=force)) for k, m in marks.items()}
         opts = self.ctx.options
         ratio, extremes_how = opts.refill_ratio, opts.extreme_refill
-        if spec.kind != "flow":  # cost estimates only where state merges; a stage's deletes: by key
+        if not spec.keeps_state:  # cost estimates only where state merges; a stage's deletes: by key
             return self._scope_keys(spec, plans, marks, inputs, force)
         for k, p in plans.items():
             if p.mode is not Mode.INCREMENTAL:

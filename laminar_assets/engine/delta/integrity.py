@@ -71,7 +71,7 @@ def written_tables(layout: Layout, spec) -> list[tuple[str, str]]:
     """(name, URI) of every table Laminar writes for `spec`: its sink or output, the state tables
     of every spec version and input schema it has had (flows), and its sources' quarantine tables."""
     tables = [(spec.sink, layout.sink_uri(spec))]
-    if spec.kind == "flow":
+    if spec.keeps_state:
         folder = storage.join(layout.root, "_laminar", "state", spec.name)
         tables += [(f"{spec.name} state {name}", storage.join(folder, name)) for name in storage.list_dirs(folder)]
     tables += [(f"quarantine of {os.path.basename(src.rstrip('/'))}", layout.quarantine_uri(src))

@@ -48,7 +48,7 @@ class Layout:
 
     def guard_uri(self, spec, input_schema: dict[str, str]) -> str:
         """The table whose app transaction says whether a run's first commit landed."""
-        return self.state_uri(spec, input_schema) if spec.kind == "flow" else self.sink_uri(spec)
+        return self.state_uri(spec, input_schema) if spec.keeps_state else self.sink_uri(spec)
 
     @staticmethod
     def app_id(spec, partition: str) -> str:

@@ -406,7 +406,7 @@ def _plan(inp: PlannerInput) -> PartitionPlan:
         scope = coalesce(refill)
         whole = len(scope) == 1 and scope[0] == part
         if refill_reason is Reason.NON_APPEND_ON_NON_RETRACTABLE and inp.changed_groups is not None:
-            scoped = _group_scope(inp, part, scope) if spec.kind == "flow" else _key_scope(inp, part)
+            scoped = _NARROWED[spec.refill_unit](inp, part, scope)
             return make(Mode.REFILL, refill_reason, refill_detail + scoped.pop("detail"), **scoped, **common)
         return make(Mode.REFILL, refill_reason, refill_detail, refill=scope, refill_all=whole, **common)
     if any(incremental.values()):
@@ -448,7 +448,7 @@ def _group_scope(inp: PlannerInput, part: Interval, scope: tuple[Interval, ...])
                                      "the others keep their state")
 
 
-def _key_scope(inp: PlannerInput, part: Interval) -> dict:
+def _key_scope(inp: PlannerInput, part: Interval, _scope: tuple[Interval, ...] = ()) -> dict:
     """A stage's refill as its changed keys alone (the rest of the partition keeps its rows), or as
     the whole partition when those keys are at least `group_refill_share` of its output rows."""
     keys, held = inp.changed_groups, inp.state_groups or 0
@@ -504,3 +504,8 @@ def _frozen(spec, part: Interval, histories: Mapping[str, SourceHistory]) -> boo
         for c in h.commits:
             newest = c.timestamp if newest is None else max(newest, c.timestamp)
     return newest is not None and part.end + after <= newest
+
+
+# How a refill of part of a partition narrows, by the spec's `refill_unit`: the changed groups of windows (a flow),
+# the changed keys (a stage).
+_NARROWED = {"groups": _group_scope, "keys": _key_scope}

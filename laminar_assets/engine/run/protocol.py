@@ -132,12 +132,12 @@ def settle(ctx: RunContext, spec, partition: str, mark: Watermark) -> Settled:
     p = mark.pending
     app = ctx.layout.app_id(spec, partition)
     if txn_version(ctx.layout.guard_uri(spec, dict(p.input_schema)), app) == p.seq:
-        behind = spec.kind == "flow" and txn_version(ctx.layout.sink_uri(spec), app) != p.seq
+        behind = spec.keeps_state and txn_version(ctx.layout.sink_uri(spec), app) != p.seq
         settled = mark.with_(
             seq=p.seq, source_versions=dict(p.target_versions), input_schema=dict(p.input_schema),
             source_ids=dict(p.source_ids),
             last_mode=p.mode, last_reason=p.reason, pending=None, failed_attempt=None,
-            spec_hash=spec.spec_hash if spec.kind == "flow" else mark.spec_hash,
+            spec_hash=spec.spec_hash if spec.keeps_state else mark.spec_hash,
         )
         return Settled(settled, behind, p.seq, dict(p.input_schema))
     # a run that failed recorded why (`record_failure`); a killed one could not

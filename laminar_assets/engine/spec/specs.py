@@ -51,7 +51,15 @@ STATE_FORMAT = 3  # 3: min, max, first, last, min_by and max_by count the rows h
 class BaseSpec:
     """What flows and stages share: sources, event time, partitioning, rules, work bounds, catalog facts."""
 
-    kind: ClassVar[str]  # "flow" or "stage": which job runs the spec
+    kind: ClassVar[str]  # "flow" or "stage": which job runs the spec (the executor's `JOBS`)
+    # What the code that runs, stores and shows a spec asks of its kind, so that it asks instead of branching on
+    # the kind's name (a new kind sets these and registers its job):
+    keeps_state: ClassVar[bool]  # partial aggregates in a state table of its own, merged by each run; the first
+    #   commit of a run is the state's, the sink is derived from it (and may lag it after a crash), and the
+    #   planner prices merging against recomputing. False: the output is written directly
+    refill_unit: ClassVar[str]  # what a refill of part of a partition recomputes: "groups" (of windows) or "keys"
+    catalog_kind: ClassVar[str]  # how a catalog lists its output ("sink", "stage")
+    described_as: ClassVar[str]  # what it is, in a description nobody wrote ("time-window rollup")
 
     name: str
     source: str | tuple[str, ...]
@@ -343,6 +351,10 @@ class FlowSpec(BaseSpec):
         self._validate_flow()
 
     kind: ClassVar[str] = "flow"
+    keeps_state: ClassVar[bool] = True
+    refill_unit: ClassVar[str] = "groups"
+    catalog_kind: ClassVar[str] = "sink"
+    described_as: ClassVar[str] = "time-window rollup"
 
     def _validate_flow(self) -> None:
         problem = flow_problem(self, RESERVED_COLUMNS)
@@ -440,6 +452,10 @@ class StageSpec(BaseSpec):
     joins: tuple[DimensionJoin, ...] = ()
 
     kind: ClassVar[str] = "stage"
+    keeps_state: ClassVar[bool] = False
+    refill_unit: ClassVar[str] = "keys"
+    catalog_kind: ClassVar[str] = "stage"
+    described_as: ClassVar[str] = "shared stage"
 
     def __post_init__(self) -> None:
         self._normalise_common()
