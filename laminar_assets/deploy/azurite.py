@@ -29,7 +29,7 @@ import uuid
 from laminar_assets.errors import EnvironmentProblem
 from laminar_assets.storage.azure import EMULATOR_ACCOUNT, EMULATOR_KEY, AzureOptions
 
-from .ports import free_port, stop_group, wait_listening
+from .ports import ends_with_this_process, free_port, stop_group, wait_listening
 
 VERSION = "3.37.0"
 
@@ -121,7 +121,7 @@ class Azurite:
                 ["node", script, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--inMemoryPersistence",
                  *debug, "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                cwd=self.workspace)
+                preexec_fn=ends_with_this_process(), cwd=self.workspace)
         finally:
             out.close()
         try:

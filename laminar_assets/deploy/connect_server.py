@@ -18,7 +18,7 @@ from laminar_assets.engine import SparkOptions
 from laminar_assets.engine.spark import check_java, check_metastore, jvm_conf, metastore_env, session_conf
 from laminar_assets.errors import EnvironmentProblem
 
-from .ports import port_in_use
+from .ports import ends_with_this_process, port_in_use
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,8 @@ def start_connect_server(options: ConnectServerOptions | None = None) -> Connect
            "SPARK_NO_DAEMONIZE": "1"}
     with open(options.log_path, "ab") as log:
         process = subprocess.Popen(server_command(options), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                   preexec_fn=ends_with_this_process())
     server = ConnectServer(options, process)
     deadline = time.monotonic() + options.start_timeout
     while time.monotonic() < deadline:

@@ -43,7 +43,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from laminar_assets.errors import EnvironmentProblem
 
-from .ports import free_port, stop_group, wait_listening
+from .ports import ends_with_this_process, free_port, stop_group, wait_listening
 
 
 def binary() -> str:
@@ -225,11 +225,13 @@ def start_fake_gcs(timeout: float = 30.0, *, ports: tuple[int, int] | None = Non
         process = subprocess.Popen(
             [binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",
              "-external-url", endpoint, "-public-host", endpoint.split("://")[1], "-log-level", "warn"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=ends_with_this_process())
         server = GcsServer(endpoint, process, log)
         server.shim = subprocess.Popen(
             [sys.executable, "-m", "laminar_assets.deploy.local_gcs", str(shim_port), str(port)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=ends_with_this_process())
     try:
         def exited() -> int | None:
             return next((c for c in (process.poll(), server.shim.poll()) if c is not None), None)

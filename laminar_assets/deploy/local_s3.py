@@ -25,7 +25,7 @@ from laminar_assets.errors import EnvironmentProblem, LaminarError
 from laminar_assets.storage import ObjectStoreOptions
 
 from .local_s3_server import LATENCY_PATH, NO_LATENCY_HEADER
-from .ports import free_port, stop_group, wait_listening
+from .ports import ends_with_this_process, free_port, stop_group, wait_listening
 
 __all__ = ["KEY", "LATENCY_PATH", "NO_LATENCY_HEADER", "SECRET", "LocalS3", "main"]
 
@@ -69,7 +69,7 @@ class LocalS3:
             self.process = subprocess.Popen(
                 [sys.executable, server, "--host", "127.0.0.1", "--port", str(self.port),
                  "--latency-ms", repr(self.latency_ms)], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=ends_with_this_process(),
                 env={**os.environ, "MOTO_RECORDER_FILEPATH": self._recording})
         finally:
             if self.log:

@@ -3,10 +3,12 @@ stopping one."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 
@@ -55,3 +57,35 @@ def wait_listening(port: int, what: str, *, timeout: float, exited: Callable[[],
             why = f"it exited with code {code}" if code is not None else f"not within {timeout:g} s"
             raise EnvironmentProblem(f"{what} did not listen on 127.0.0.1:{port}: {why}{see}")
         time.sleep(every)
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def ends_with_this_process(*, restore_sigint: bool = False) -> Callable[[], None] | None:
+    """A `preexec_fn` for a server this process starts in a process group of its own (`start_new_session`): the
+    kernel sends the server SIGTERM when this process dies, however it dies (kill -9 included), so no emulator,
+    Spark Connect server or `dagster dev` outlives the command that started it and keeps its port. Linux only
+    (prctl's parent-death signal); elsewhere, and when called outside the main thread (the signal follows the
+    thread that started the child, and a worker thread may end first), only `restore_sigint`: SIGINT back to its
+    default in the child (a command started from a shell's background job inherits it ignored)."""
+    parent = os.getpid()
+    libc = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl  # noqa: B018  (present on Linux only)
+        except (OSError, AttributeError):
+            libc = None
+    if libc is None and not restore_sigint:
+        return None
+
+    def in_child() -> None:
+        if restore_sigint:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the call: the kernel will not tell
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child

@@ -97,6 +97,18 @@ def test_a_time_limit_or_a_signal_stops_the_command_and_the_emulator_with_a_shel
     assert proc.wait(60) == 130
     proc.stdout.close()
     assert _closed(re.search(r"store at (http://\S+);", line).group(1))
+    # kill -9 of the runner, which can clean nothing up: the kernel stops the emulator (its parent-death signal)
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.deploy.local_store", "s3", "--", sys.executable,
+                             "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    endpoint = re.search(r"store at (http://\S+);", proc.stdout.readline()).group(1)
+    assert not _closed(endpoint)
+    proc.kill()
+    proc.wait(10)
+    proc.stdout.close()
+    deadline = time.monotonic() + 20
+    while not _closed(endpoint) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _closed(endpoint), f"the emulator at {endpoint} outlived its runner's kill -9"
 
 
 def test_the_demo_does_not_send_you_to_make_ui_for_a_lake_the_emulator_takes_with_it():
