@@ -23,7 +23,10 @@ A store's options (endpoint, credentials) are its own: an engine mounts the stor
 
 from __future__ import annotations
 
+import contextvars
 import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs
 
@@ -125,6 +128,21 @@ def read(uri: str) -> bytes | None:
     """The object's bytes, or None when it does not exist."""
     found = read_tagged(uri)
     return found[0] if found else None
+
+
+# At most this many of `read_many`'s reads in flight at once (threads: each waits on its request's latency).
+READS_SIDE_BY_SIDE = 8
+
+
+def read_many(uris: Sequence[str]) -> list[bytes | None]:
+    """`read` of each of `uris`, in their order. On an object store they go side by side (at most
+    `READS_SIDE_BY_SIDE` at once), each in a copy of the caller's context: the same requests as reading them one
+    after another, without waiting on each one's latency in turn (a log's commits since its checkpoint, about 20
+    ms apiece on S3). On a local disk one after another. The first failure, in order, is raised."""
+    if len(uris) < 2 or not all(is_object_store(u) for u in uris):
+        return [read(u) for u in uris]
+    with ThreadPoolExecutor(min(READS_SIDE_BY_SIDE, len(uris)), thread_name_prefix="laminar-reads") as pool:
+        return list(pool.map(lambda u: contextvars.copy_context().run(read, u), uris))
 
 
 def read_tagged(uri: str) -> tuple[bytes, str] | None:

@@ -60,6 +60,36 @@ def test_put_if_absent_and_compare_and_swap(root):
     storage.delete(uri)  # deleting what is gone is no error
 
 
+def test_read_many_gives_each_object_in_order_and_none_for_a_missing_one(root):
+    uris = [storage.join(root, "log", f"{i:020d}.json") for i in range(5)]
+    for i, uri in enumerate(uris):
+        if i != 3:
+            storage.write(uri, f"commit {i}".encode())
+    assert storage.read_many(uris) == [b"commit 0", b"commit 1", b"commit 2", None, b"commit 4"]
+    assert storage.read_many([]) == [] and storage.read_many(uris[:1]) == [b"commit 0"]
+
+
+def test_read_many_on_an_object_store_reads_side_by_side(monkeypatch, s3_server):
+    """Its reads are in flight together (each waits at a barrier the others must reach), so a log's commits cost
+    one request's latency, not one each; any failure is raised."""
+    import threading
+
+    from laminar_assets.storage import files
+
+    with using(s3_server):
+        uris = [storage.join(s3_server.bucket(), f"{i}.json") for i in range(3)]
+        meet = threading.Barrier(3, timeout=30)
+        monkeypatch.setattr(files, "read", lambda uri: (meet.wait(), uri.encode())[1])
+        assert storage.read_many(uris) == [u.encode() for u in uris]
+
+        def fail(uri):
+            raise StorageError(f"cannot read {uri}")
+
+        monkeypatch.setattr(files, "read", fail)
+        with pytest.raises(StorageError, match="0.json"):
+            storage.read_many(uris)
+
+
 def test_delete_tree_removes_only_the_folder(root):
     keep = storage.join(root, "t", "keep.parquet")
     storage.write(keep, b"x")

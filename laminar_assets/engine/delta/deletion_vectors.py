@@ -224,8 +224,8 @@ def log_deleted_rows(table_uri: str, version: int) -> dict[str, DeletedRows]:
         start = points[-1] + 1
         for add in _checkpoint_adds(log, [n for n in names if n.startswith(f"{points[-1]:020d}.checkpoint")]):
             live[_file_id(add)] = add.get("deletionVector")
-    for v in range(start, version + 1):
-        data = storage.read(f"{log}/{v:020d}.json")
+    versions = range(start, version + 1)
+    for v, data in zip(versions, storage.read_many([f"{log}/{v:020d}.json" for v in versions])):  # side by side
         if data is None:
             raise SourceError(f"commit {v} of the Delta table at {table_uri} is gone from its log, so the deletion "
                               f"vectors of its snapshot at version {version} cannot be read", version=v)

@@ -281,11 +281,14 @@ def _appends(uri: str, since: int, latest: int) -> tuple[tuple[tuple[int, dict],
     one did more, or is gone), and the commit files read."""
     actions: list[tuple[int, dict]] = []
     entries: dict[int, bytes] = {}
-    for version in range(since + 1, latest + 1):
-        data = storage.read(storage.join(uri, "_delta_log", f"{version:020d}.json"))
+    versions = range(since + 1, latest + 1)
+    # read side by side; every one is kept (the run's reader of the log takes them), so a commit past one that
+    # ends the chain is not read in vain
+    read = storage.read_many([storage.join(uri, "_delta_log", f"{v:020d}.json") for v in versions])
+    entries.update({v: data for v, data in zip(versions, read) if data is not None})
+    for version, data in zip(versions, read):
         if data is None:
             return None, entries
-        entries[version] = data
         for line in data.decode("utf-8").splitlines():
             if not line.strip():
                 continue

@@ -33,6 +33,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     DataFile,
     action_file,
     commit_summary,
+    entry_path,
     file_exists,
     log_damage,
     missing_files,
@@ -521,9 +522,16 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
     gone: list[int] = []
     vacuumed: list[tuple[int, str]] = []
     snapshot_gone: list[tuple[int, str]] = []
-    for version in range(from_version + 1, latest + 1):
-        summary = commit_summary(table, uri, version, stats_column, info.name_pairs,
-                                 entry=info.log_entries.get(version))
+    versions = range(from_version + 1, latest + 1)
+    entries: dict[int, bytes | None] = dict(info.log_entries)
+    if storage.is_object_store(uri):  # the entries the snapshot did not read, side by side (a local log is cached)
+        unread = [v for v in versions if v not in entries]
+        entries.update(zip(unread, storage.read_many([entry_path(uri, v) for v in unread])))
+    for version in versions:
+        if version in entries and entries[version] is None:  # read just now: gone
+            gone.append(version)
+            continue
+        summary = commit_summary(table, uri, version, stats_column, info.name_pairs, entry=entries.get(version))
         if summary is None:
             gone.append(version)
             continue

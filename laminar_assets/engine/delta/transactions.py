@@ -118,8 +118,8 @@ def _commits_since(uri: str, since: int, version: int, found: dict[str, int]) ->
     """`found` (every app's version at `since`) with the `txn` actions of commits `since`+1 .. `version`;
     None when one of those commit files is gone or damaged."""
     log = storage.join(uri, "_delta_log")
-    for v in range(since + 1, version + 1):
-        text = storage.read(storage.join(log, f"{v:020d}.json"))
+    versions = range(since + 1, version + 1)
+    for text in storage.read_many([storage.join(log, f"{v:020d}.json") for v in versions]):  # side by side
         if text is None:
             return None
         for line in text.decode("utf-8").splitlines():

@@ -20,10 +20,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
+from laminar_assets import storage
 from laminar_assets.errors import ExportError
 
 from ..delta.arrow_reads import arrow_dataset
-from ..delta.log import CommitKind, commit_summary, file_exists
+from ..delta.log import CommitKind, commit_summary, entry_path, file_exists
 from ..delta.tables import is_delta_table, open_delta
 from ..windows import Interval
 from .protocol import Reason
@@ -78,8 +79,13 @@ def feed_gap(pinned: Pinned, since: int) -> tuple[Reason, str] | None:
     it can: a commit's log entry cleaned up, a file it names vacuumed (CHANGE_FEED_EXPIRED), a commit deleting
     rows through deletion vectors (CHANGE_FEED_UNREADABLE), or a schema that changed (SCHEMA_CHANGED)."""
     schema_set = False
-    for version in range(since + 1, pinned.version + 1):
-        commit = commit_summary(pinned.name, pinned.uri, version, None)
+    versions = range(since + 1, pinned.version + 1)
+    entries: dict[int, bytes | None] = {}
+    if storage.is_object_store(pinned.uri):  # the entries side by side (a local log's are cached)
+        entries = dict(zip(versions, storage.read_many([entry_path(pinned.uri, v) for v in versions])))
+    for version in versions:
+        commit = None if version in entries and entries[version] is None else \
+            commit_summary(pinned.name, pinned.uri, version, None, entry=entries.get(version))
         if commit is None:
             return Reason.CHANGE_FEED_EXPIRED, (f"commit {version} of '{pinned.name}' is no longer in its Delta log (log "
                                                 f"clean-up), so its changes since version {since} are unknown")
