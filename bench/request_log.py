@@ -7,8 +7,8 @@ in order (its recorder). `RequestLog` reads that recording and tells each reques
   are one object per partition), `sweep`, `outcome`, the Delta logs (`source log`, `state log`,
   `sink log`, `quarantine log`), `state files`, `sink files`, `source files` (Parquet files staged by a PUT,
   read by a GET or HEAD);
-- **phase**: the step of the run it happened in. `phases(log)` wraps the engine's steps (lease,
-  settle, gather, plan, sweep, intent, pass, watermark, outcome, clean-up) for the block's duration and
+- **phase**: the step of the run it happened in. `phases(log)` wraps the engine's steps (settle,
+  gather, plan, sweep, intent, pass, watermark, outcome, clean-up) for the block's duration and
   marks each boundary in the recording with a request of its own to a bucket that does not exist
   (`/laminar-phase/<phase>`, about a millisecond; left out of the counts, and spared the server's
   latency when it has one: header `X-Laminar-No-Latency`); the product's code is not changed and pays
@@ -156,7 +156,6 @@ def _steps():
     from laminar_assets.engine.run import protocol
 
     return [
-        ("lease", protocol, "leases"),
         ("settle", executor.Engine, "_settle"),
         ("gather", executor.Engine, "gather"),
         ("plan", executor.Engine, "_plan_all"),

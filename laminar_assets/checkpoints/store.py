@@ -1,14 +1,18 @@
-"""Durable storage of watermarks and partition leases, beside the tables (a folder or a bucket).
+"""Durable storage of watermarks and leases, beside the tables (a folder or a bucket).
 
 Layout under the storage root:
-    _laminar/checkpoints/<flow>/<partition>.json   watermark (replaced atomically)
-    _laminar/locks/<flow>/<partition>.lock         lease of the run processing it
+    _laminar/checkpoints/<flow>/<partition>.json   watermark (replaced atomically), naming the run that holds
+                                                   the partition while one does (`Watermark.holder`)
+    _laminar/locks/<flow>/_sweep.lock              lease of the run sweeping the flow's partition-less rows
     _laminar/sweeps/<flow>.json                    source versions the quarantine sweep has read
 
 No step relies on an atomic rename, which an object store does not have (laminar_assets.storage):
-- a watermark is one object, replaced by a single write (a rename on a local disk, one PUT on S3);
-  only the run holding the partition's lease writes it;
-- a lease is taken with a put-if-absent (O_EXCL on a local disk, `If-None-Match: *` on S3); a
+- a watermark is one object, replaced by a single write (a rename on a local disk, one PUT on S3). A run
+  writes it only conditionally on the version it read or last wrote (`write_if`: `If-Match`, or
+  `If-None-Match: *` where there is none), naming itself as holder until its last write: the watermark is
+  the partition's lease, and the run's first write of it (its intent) is the claim. A holder is gone by the
+  lease rules below (`holder_gone`);
+- a lease (the sweep's) is taken with a put-if-absent (O_EXCL on a local disk, `If-None-Match: *` on S3); a
   stale one is taken over with a compare-and-swap on the version read (`If-Match`), so of two runs
   that find it stale one wins; it is released with a delete conditional on the holder's own version.
   A lease is stale when it is older than `lease_seconds` (on every host), or when its holder on this
@@ -33,12 +37,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 from laminar_assets import storage
 from laminar_assets.errors import CheckpointError, ConcurrentRunError, StorageError
 
-from .watermark import Watermark
+from .watermark import Holder, Watermark
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +92,18 @@ class CheckpointStore:
         return storage.join(self.base, "sweeps", f"{flow}.json")
 
     def load(self, flow: str, partition: str) -> Watermark | None:
+        return self.load_tagged(flow, partition)[0]
+
+    def load_tagged(self, flow: str, partition: str) -> tuple[Watermark | None, str | None]:
+        """The watermark and the tag of the version read (None, None: there is none), for `write_if`."""
         path = self._path(flow, partition)
         found = storage.read_tagged(path)
         if found is None:
             self._known.pop(path, None)
-            return None
+            return None, None
         mark = self._parse(found[0], flow, partition, path)
         self._known[path] = (found[1], mark)
-        return mark
+        return mark, found[1]
 
     @staticmethod
     def _parse(data: bytes, flow: str, partition: str, path: str) -> Watermark:
@@ -110,29 +119,99 @@ class CheckpointStore:
         """`load` of several partitions from one listing of the flow's watermarks (one request on S3 for
         a range of up to 1000 partitions): a watermark whose tag is the one this store last read or
         wrote is not read again (a tag names the object's bytes); the others are read."""
+        return {k: mark for k, (mark, _tag) in self.load_listed_tagged(flow, partitions).items()}
+
+    def load_listed_tagged(self, flow: str, partitions: list[str]) -> dict[str, tuple[Watermark | None, str | None]]:
+        """`load_listed`, with the tag of each watermark as listed or read (None: there is none), for `write_if`."""
         names = {partition: f"{_safe(partition)}.json" for partition in partitions}
         folder = storage.join(self.base, "checkpoints", flow)
         first, last = min(names.values()), max(names.values())
         listed = dict(storage.list_tagged(folder, after=first[:-1], until=last))
-        out: dict[str, Watermark | None] = {}
+        out: dict[str, tuple[Watermark | None, str | None]] = {}
         for partition, name in names.items():
             path, tag = self._path(flow, partition), listed.get(name)
             known = self._known.get(path)
             if tag is None:
-                out[partition] = None
+                out[partition] = (None, None)
             elif known is not None and known[0] == tag:
-                out[partition] = known[1]
+                out[partition] = (known[1], tag)
             else:
-                out[partition] = self.load(flow, partition)
+                out[partition] = self.load_tagged(flow, partition)
         return out
 
     def save(self, mark: Watermark) -> None:
-        """Replace the watermark atomically (readers see the old one or the new one, never a mix)."""
+        """Replace the watermark atomically (readers see the old one or the new one, never a mix), whatever
+        version is there: for tools and tests; a run writes with `write_if`."""
         stamped = mark.with_(updated_at=datetime.now(UTC).isoformat())
         path = self._path(mark.flow, mark.partition)
         self._known.pop(path, None)
         tag = storage.write(path, json.dumps(stamped.to_json(), indent=1, sort_keys=True).encode())
         self._known[path] = (tag, stamped)
+
+    def write_if(self, mark: Watermark, tag: str | None) -> str | None:
+        """Write `mark` only if its object is still the version `tag` names (None: only if there is no
+        watermark yet); the new version's tag, or None when another writer changed it since (nothing is
+        written). One request; readers see the old watermark or the new one, never a mix."""
+        stamped = mark.with_(updated_at=datetime.now(UTC).isoformat())
+        path = self._path(mark.flow, mark.partition)
+        data = json.dumps(stamped.to_json(), indent=1, sort_keys=True).encode()
+        new = storage.create_tagged(path, data) if tag is None else storage.replace_tagged(path, data, tag)
+        if new is None:
+            self._known.pop(path, None)
+            return None
+        self._known[path] = (new, stamped)
+        return new
+
+    def delete_if(self, flow: str, partition: str, tag: str) -> bool:
+        """Delete the watermark only if it is still the version `tag` names (a claim undone)."""
+        path = self._path(flow, partition)
+        self._known.pop(path, None)
+        return storage.delete(path, tag=tag)
+
+    def holder(self, run_id: str) -> Holder:
+        """`run_id` of this process, as a watermark names the run holding its partition."""
+        return Holder(run_id=run_id, host=socket.gethostname(), started=time.time(), pid=os.getpid(),
+                      process_started=process_started(os.getpid()))
+
+    def holder_gone(self, holder: Holder, flow: str, partition: str) -> bool:
+        """Whether the run a watermark names as its holder holds it no more: by the lease rules (the module's
+        docstring), or a run of this process that ended without clearing it (`abandon`)."""
+        info = asdict(holder)
+        path = self._path(flow, partition)
+        return self._stale_info(info) or _abandoned_here(json.dumps(info).encode(), path)
+
+    def abandon(self, flow: str, partition: str, run_id: str) -> None:
+        """The run `run_id` of this process ended still named as the partition's holder (a kill simulated in
+        tests, a store that stopped answering its last write): this process's runs take the partition over."""
+        with _abandoned_lock:
+            _abandoned.add((self._path(flow, partition), run_id))
+
+    @contextmanager
+    def hold(self, flow: str, partition: str, run_id: str, spec_hash: str = "") -> Iterator[None]:
+        """Hold one partition for the block as a run does (its watermark naming `run_id` of this process as holder,
+        written over the version read; a watermark with nothing committed where there is none), then give it back
+        as it was: a run of the partition meanwhile is refused. For maintenance by hand, and tests.
+        `ConcurrentRunError` when a live run holds it, or writes it between the read and the claim."""
+        mark, tag = self.load_tagged(flow, partition)
+        if mark is not None and mark.holder is not None and not self.holder_gone(mark.holder, flow, partition):
+            raise ConcurrentRunError(f"partition is being processed by another run ({self.describe(mark.holder)})",
+                                     flow=flow, partition=partition)
+        held = (mark or Watermark(flow, partition, spec_hash, {}, 0)).with_(holder=self.holder(run_id))
+        mine = self.write_if(held, tag)
+        if mine is None:
+            raise ConcurrentRunError("partition is being processed by another run, which wrote its watermark "
+                                     "just now", flow=flow, partition=partition)
+        try:
+            yield
+        finally:
+            if mark is None:
+                self.delete_if(flow, partition, mine)
+            else:
+                self.write_if(mark.with_(holder=None), mine)
+
+    @staticmethod
+    def describe(holder: Holder) -> str:
+        return f"run {holder.run_id} pid {holder.pid} on {holder.host}"
 
     def load_sweep(self, flow: str, spec_hash: str) -> dict[str, int]:
         """Source versions whose partition-less rows `flow` has quarantined under this spec hash
@@ -259,9 +338,15 @@ class CheckpointStore:
         the run that took it over (the app-transaction check), it fails and its partition refills."""
         try:
             info = json.loads(data)
+        except ValueError:
+            return True  # a half-written lease of a local writer that died: nobody holds it
+        return self._stale_info(info)
+
+    def _stale_info(self, info) -> bool:
+        try:
             age = time.time() - float(info.get("started") or 0)
         except (ValueError, TypeError, AttributeError):
-            return True  # a half-written lease of a local writer that died: nobody holds it
+            return True
         if age > self.lease_seconds:
             return True
         if info.get("host") != socket.gethostname():

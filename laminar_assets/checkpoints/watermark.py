@@ -38,6 +38,20 @@ class FailedRuns:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """The run that holds a partition, named in the partition's watermark from the run's first write of it (its
+    intent, or its claim before it settles an interrupted run) to its last (the watermark it reached, a NOOP's
+    record, its failure). A holder that is gone (`CheckpointStore.holder_gone`: its process ended, or it is older
+    than `lease_seconds`) holds nothing."""
+
+    run_id: str
+    host: str
+    started: float
+    pid: int | None = None
+    process_started: str | None = None
+
+
+@dataclass(frozen=True)
 class Watermark:
     """Durable progress of one (flow, partition).
 
@@ -60,15 +74,17 @@ class Watermark:
     # each source's Delta table id at those versions: a version means nothing in a recreated table
     source_ids: dict[str, str] = field(default_factory=dict)
     failed_runs: FailedRuns | None = None  # runs failed in a row since the last success
+    holder: Holder | None = None  # the run writing this partition now (None: no run holds it)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Watermark:
-        pending, failed = data.get("pending"), data.get("failed_runs")
+        pending, failed, holder = data.get("pending"), data.get("failed_runs"), data.get("holder")
         return cls(**{**data, "pending": PendingRun(**pending) if pending else None,
-                      "failed_runs": FailedRuns(**failed) if failed else None})
+                      "failed_runs": FailedRuns(**failed) if failed else None,
+                      "holder": Holder(**holder) if holder else None})
 
     def with_(self, **changes: Any) -> Watermark:
         return replace(self, **changes)

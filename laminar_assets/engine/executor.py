@@ -1,12 +1,12 @@
 """`Engine`: bring (flow, partition) pairs up to date. One run reads top to bottom here:
 
-    lease every partition         protocol.leases
-    settle interrupted runs       protocol.settle (+ flow_state.rederive_sinks)
+    read every watermark          its tag with it; a partition a live run holds refuses the run (protocol.Claims)
+    settle interrupted runs       protocol.settle (+ flow_state.rederive_sinks), each partition claimed first
     gather the inputs once        inputs.gather: each source opened once, its log read once
     plan every partition          planner.plan_partition (pure), NOOPs recorded without Spark
     sweep partition-less rows     sweep.sweep
     one pass per target version   flow_job / stage_job.run_pass: one read, one state and one sink commit
-    finish every watermark        protocol.finish
+    finish every watermark        protocol.finish (each write of a watermark conditional on the run's last)
 
 `run(p)` is `run_many([p])`. A plain library: no Dagster here.
 """
@@ -30,6 +30,7 @@ from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import (
     CatalogNameError,
+    ConcurrentRunError,
     InjectedCrash,
     LaminarError,
     RunFailedError,
@@ -283,14 +284,19 @@ class Engine:
             return self._unchanged(spec, keys, found, run_id)
         self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
         self._reach_sources(spec)
+        # the watermarks as read, with their tags: the run's writes of them are conditional on these (`Claims`)
+        read = found.tagged if found is not None and found.tagged else self._load_tagged(spec, keys)
+        protocol.refuse_held(self.ctx.store, spec, {k: m for k, (m, _tag) in read.items()})  # nothing written yet
+        claims = protocol.Claims(self.ctx.store, spec, run_id, {k: tag for k, (_m, tag) in read.items()})
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
         inputs: RunInputs | None = None
+        ended: BaseException | None = None
         # every staging of the run is tracked: what no commit took is removed when the run ends
-        with protocol.leases(self.ctx, spec, keys, run_id), staging.scope():
+        with staging.scope():
             try:
                 started = time.perf_counter()
-                marks.update(self._settle(spec, keys, run_id))
+                marks.update(self._settle(spec, keys, run_id, claims, {k: m for k, (m, _tag) in read.items()}))
                 inputs = self.gather(spec, list(marks.values()), pooled=True, listed=found.listed if found else None)
                 inputs.limit_to(spec, keys)
                 plans = self._plan_all(spec, marks, inputs, force)
@@ -300,21 +306,29 @@ class Engine:
                 todo = []
                 for k in keys:
                     if plans[k].mode is Mode.NOOP:
-                        protocol.record_noop(self.ctx, plans[k], marks[k], source_ids=inputs.source_ids())
+                        protocol.record_noop(self.ctx, plans[k], marks[k], claims, source_ids=inputs.source_ids())
                         results[k] = RunResult(plans[k], run_id,
                                                RunMetrics(pending_versions=sum(plans[k].pending_versions.values())),
                                                {"plan": plan_s})
                     else:
                         todo.append(k)
                 for group in _by_target(plans, todo):  # partitions that share target versions share a pass
-                    results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force))
-            except InjectedCrash:
+                    results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force,
+                                                 claims))
+            except InjectedCrash as exc:
+                ended = exc
                 raise  # a simulated kill writes nothing more
             except Exception as exc:  # counted for `laminar status` / `check`, then raised unchanged
+                ended = exc
                 self._stop_waiting(exc)
-                protocol.record_failed_run(self.ctx, spec, [k for k in keys if k not in results], marks, run_id, exc)
+                if not isinstance(exc, ConcurrentRunError):  # another run moves those partitions: not a failure of theirs
+                    protocol.record_failed_run(self.ctx, spec, [k for k in keys if k not in results], marks, claims, exc)
+                raise
+            except BaseException as exc:  # a KeyboardInterrupt: the holds are cleared as for any failure
+                ended = exc
                 raise
             finally:
+                claims.end(ended)  # what the run still holds (claimed to settle, nothing to do since)
                 if inputs is not None:
                     inputs.release()  # the sources' snapshots: the next run moves them forward
         for k in keys:
@@ -371,17 +385,17 @@ class Engine:
                         spec.name, run_id, exc)
 
     def _execute(self, spec: Spec, plans: dict[str, PartitionPlan], marks: dict, inputs: RunInputs, run_id: str,
-                 force: bool) -> dict[str, RunResult]:
+                 force: bool, claims: protocol.Claims) -> dict[str, RunResult]:
         ctx = self.ctx
         try:
-            seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, run_id, opened=inputs.opened,
+            seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, claims, opened=inputs.opened,
                                       source_ids=inputs.source_ids(), open_table=inputs.own_table)
             ctx.hook("after_intent")
             t0 = time.perf_counter()
             outcome = self._pass(spec, plans, marks, inputs, seqs, run_id, force)
             pass_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            finishes = [lambda k=k, p=p: protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k],
+            finishes = [lambda k=k, p=p: protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k], claims,
                                                          source_ids=inputs.source_ids()) for k, p in plans.items()]
             if finishes:
                 finishes[0]()
@@ -395,7 +409,7 @@ class Engine:
             moved = [k for k in plans if _finished(ctx, spec, k, marks[k])]
             stuck = [k for k in plans if k not in moved]
             for k in stuck:
-                protocol.record_failure(ctx, spec, k, marks[k], protocol.short(exc))
+                protocol.record_failure(ctx, spec, k, marks[k], protocol.short(exc), claims)
             if isinstance(exc, LaminarError):
                 raise
             done = f"; partition(s) {', '.join(moved)} finished before the failure" if moved else ""
@@ -438,24 +452,33 @@ class Engine:
         raise RunFailedError(f"run of '{spec.name}' kept finding windows to recompute", flow=spec.name, run_id=run_id)
 
     # --- steps ----------------------------------------------------------------
-    def _settle(self, spec: Spec, keys: list[str], run_id: str) -> dict[str, Watermark | None]:
-        """Load every watermark; finish or discard interrupted runs (re-deriving sinks in one job)."""
-        marks, rederive, settled = {}, [], []
-        # one listing and only the watermarks that changed since this process read or wrote them
-        loaded = self.ctx.store.load_listed(spec.name, keys) if len(keys) > 1 else {}
+    def _load_tagged(self, spec: Spec, keys: list[str]) -> dict[str, tuple[Watermark | None, str | None]]:
+        """Every watermark with its tag: one listing and only those that changed since this process read or
+        wrote them (one read for a single partition)."""
+        if len(keys) > 1:
+            return self.ctx.store.load_listed_tagged(spec.name, keys)
+        return {k: self.ctx.store.load_tagged(spec.name, k) for k in keys}
+
+    def _settle(self, spec: Spec, keys: list[str], run_id: str, claims: protocol.Claims,
+                read: dict[str, Watermark | None]) -> dict[str, Watermark | None]:
+        """Finish or discard interrupted runs (re-deriving sinks in one job), each partition claimed first."""
+        marks, rederive, settled = {}, [], {}
+        pending = [k for k in keys if read[k] is not None and read[k].pending is not None]
+        protocol.side_by_side(self.ctx, [lambda k=k: claims.claim(k, read[k]) for k in pending])
         for k in keys:
-            mark = loaded[k] if k in loaded else self.ctx.store.load(spec.name, k)
-            if mark is not None and mark.pending is not None:
-                s = protocol.settle(self.ctx, spec, k, mark)
-                settled.append(s)
+            mark = read[k]
+            if k in pending:
+                s = protocol.settle(self.ctx, spec, k, mark.with_(holder=None))
+                settled[k] = s
                 if s.rederive_sink:
                     rederive.append((k, s.seq, s.input_schema))
                 mark = s.mark
             marks[k] = mark
         if rederive:
             flow_state.rederive_sinks(self.ctx, spec, rederive, f"{run_id}-recovered")
-        for s in settled:
-            self.ctx.store.save(s.mark)
+        for k, s in settled.items():
+            if not claims.write(k, s.mark, hold=True):
+                raise claims.taken(k)
         return marks
 
     def _settled_view(self, spec: Spec, key: str) -> Watermark | None:

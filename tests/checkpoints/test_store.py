@@ -125,3 +125,40 @@ def test_sweep_progress_advances_without_a_lease_only_from_the_version_this_stor
     assert store.swept("f", "h1") is None and other.load_sweep("f", "h1") == {"src": 9}  # not overwritten
     assert store.load_sweep("f", "h1") == {"src": 9} and not store.advance_sweep("f", "h2", {"src": 10})
     assert other.load_sweep("f", "h1") == {"src": 9}
+
+
+def test_a_watermark_is_written_only_over_the_version_its_writer_read(tmp_path):
+    """`write_if`, what a run's writes of its watermarks are: the first one only where there is none (or over
+    the version read), each later one over the version it last wrote; a writer that lost the race writes
+    nothing and learns it."""
+    store, other = CheckpointStore(str(tmp_path)), CheckpointStore(str(tmp_path))
+    mark = Watermark("f", "p", "abc", {"src": 1}, 1)
+    first = store.write_if(mark, None)
+    assert first is not None and store.write_if(mark, None) is None  # there is one now
+    read, tag = other.load_tagged("f", "p")
+    assert tag == first and read.with_(updated_at=None) == mark
+    second = other.write_if(mark.with_(seq=2), tag)
+    assert second is not None and second != first
+    assert store.write_if(mark.with_(seq=3), first) is None  # `other` wrote since
+    assert store.load("f", "p").seq == 2
+    assert store.load_listed_tagged("f", ["p", "q"]) == {"p": (store.load("f", "p"), second), "q": (None, None)}
+
+
+def test_a_holder_is_gone_when_its_process_is_its_age_is_past_or_this_process_ended_its_run(tmp_path):
+    import subprocess
+
+    from laminar_assets.checkpoints import Holder
+
+    store = CheckpointStore(str(tmp_path), lease_seconds=60)
+    me = store.holder("run-1")
+    assert me.pid == os.getpid() and not store.holder_gone(me, "f", "p")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert store.holder_gone(Holder("run-0", socket.gethostname(), time.time(), gone.pid, "0:0"), "f", "p")
+    assert store.holder_gone(Holder("run-0", "elsewhere", time.time() - 61, 1), "f", "p")  # by its age, any host
+    assert not store.holder_gone(Holder("run-0", "elsewhere", time.time(), 1), "f", "p")
+    store.abandon("f", "p", "run-1")  # the run ended here still named as holder: taken over here
+    assert store.holder_gone(me, "f", "p") and not store.holder_gone(me, "f", "q")
+    mark = Watermark("f", "p", "abc", {"src": 1}, 1, holder=me)
+    store.save(mark)
+    assert store.load("f", "p").holder == me  # a holder survives the round trip

@@ -5,7 +5,7 @@ duplicates, updates that move event times or null a key, deletes, compaction, va
 with log clean-up, a new column, a column retyped and then restored, rows with event times
 centuries away) with what the scheduler does (`run` and `run_many` over any partitions, some at
 other watermarks or brand new, under work bounds, `force`, a kill at any step of a run followed
-by more runs, the kill leaving its leases behind as kill -9 does, runs of partitions another live run
+by more runs, the kill leaving its holds behind as kill -9 does, runs of partitions another live run
 holds, in this process or on another machine, refused without writing anything), on a source
 partitioned by a column or not, with change data on or off. After every step:
 
@@ -31,7 +31,6 @@ because vacuum makes older versions unreadable later.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -39,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pandas as pd
@@ -48,7 +47,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from laminar_assets import storage
-from laminar_assets.checkpoints import CheckpointStore
+from laminar_assets.checkpoints import CheckpointStore, Holder, Watermark
 from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Hopping, Mode, RowRule, StageSpec, Tumbling
 from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.engine.executor import STEPS
@@ -296,10 +295,9 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         spec = self._spec(data)
         keys = list(dict.fromkeys(held + also))
         store = CheckpointStore(self.root)
-        locks = {k: store._lock_path(spec.name, k) for k in keys}
-        left_before = {k for k in keys if k not in held and storage.exists(locks[k])}  # a kill's, taken over later
-        before = self._written(spec, keys)
         with self._live_leases(store, spec, held, where):
+            # what the refused run must leave as it was: every watermark (holders included) and table version
+            before = self._written(spec, keys)
             try:
                 with self._unless_missing(spec):
                     results = self.engine.run_many(spec, keys)
@@ -307,8 +305,6 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
             except ConcurrentRunError as exc:
                 assert exc.facts["partition"] in held, exc
             assert self._written(spec, keys) == before, f"a run of {keys} wrote while {held} were held"
-            left = {k for k in keys if k not in held and storage.exists(locks[k])}
-            assert left <= left_before, f"the refused run left its leases of {sorted(left - left_before)}"
 
     # --- invariants -------------------------------------------------------------------
     @invariant()
@@ -423,40 +419,42 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         self._record()
 
     def _leave_leases(self, spec, keys, how: str) -> None:
-        """The lease files a killed run leaves, each naming a holder the next run must find gone."""
+        """What a kill -9 leaves of the killed run's holds: each watermark it claimed names it as holder (its
+        intent written, the watermark not yet), as a process the next run must find gone. The simulated kill
+        left this process's run, which this process knows ended; rewritten here as another process's."""
         store = CheckpointStore(self.root)
-        holder = {"run_id": "killed", "host": socket.gethostname(), "started": time.time()}
+        holder = Holder(run_id="killed", host=socket.gethostname(), started=time.time())
         if how == "dead_pid":
             gone = subprocess.Popen(["true"])
             gone.wait()
-            holder.update(pid=gone.pid, process_started="0:0")
+            holder = replace(holder, pid=gone.pid, process_started="0:0")
         elif how == "reused_pid":  # a live pid, but the process holding it started at another time
-            holder.update(pid=os.getpid(), process_started="another-boot:1")
-        else:  # no pid: only its age says the lease is stale
-            holder["started"] = time.time() - store.lease_seconds - 60
+            holder = replace(holder, pid=os.getpid(), process_started="another-boot:1")
+        else:  # no pid: only its age says the holder is gone
+            holder = replace(holder, started=time.time() - store.lease_seconds - 60)
         for key in keys:
-            path = store._lock_path(spec.name, key)
-            assert storage.create(path, json.dumps(holder).encode()) or storage.exists(path)
+            mark = store.load(spec.name, key)
+            if mark is not None and mark.holder is not None:
+                store.save(mark.with_(holder=replace(holder, run_id=mark.holder.run_id)))
 
     @contextmanager
     def _live_leases(self, store: CheckpointStore, spec, keys, where: str):
-        """Leases of `keys` a live run holds: one of this process (`CheckpointStore.lease`, as a run in another
-        thread holds them), or one of another machine, written fresh (its pid means nothing here)."""
-        if where == "this_host":
-            with ExitStack() as stack:
-                for key in keys:
-                    stack.enter_context(store.lease(spec.name, key, "live-run"))
-                yield
-            return
-        holder = json.dumps({"run_id": "live-run", "host": "another-host", "pid": 1, "started": time.time()})
-        paths = [store._lock_path(spec.name, key) for key in keys]
-        for path in paths:
-            storage.write(path, holder.encode())  # over a lease a kill left: the other run took it over
+        """`keys` held by a live run: one of this process (as a run in another thread holds them), or one of
+        another machine (its pid means nothing here), named in their watermarks; as they were afterwards."""
+        me = store.holder("live-run")
+        holder = me if where == "this_host" else Holder(run_id="live-run", host="another-host", started=time.time(),
+                                                        pid=1)
+        before = {key: store.load(spec.name, key) for key in keys}
+        for key, mark in before.items():  # over a hold a kill left: the live run took it over
+            store.save((mark or Watermark(spec.name, key, spec.spec_hash, {}, 0)).with_(holder=holder))
         try:
             yield
         finally:
-            for path in paths:
-                storage.delete(path)
+            for key, mark in before.items():
+                if mark is None:
+                    storage.delete(store._path(spec.name, key))
+                else:
+                    store.save(mark)
 
     def _written(self, spec, keys) -> tuple:
         """What a run of `keys` writes: their watermarks and the versions of the spec's tables."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
+import socket
 import threading
+import time
 
 import pytest
 
@@ -46,16 +47,29 @@ def test_same_partition_twice_fails_clearly(spark, lake):
     assert lake.read("c")["count"].tolist() == [1]
 
 
-def test_stale_lease_of_a_dead_process_is_taken_over(spark, lake):
-    lake.create("trades", ROWS)
-    lock = os.path.join(lake.root, "_laminar", "locks", "c", "2024-01-01-00-00.lock")
-    os.makedirs(os.path.dirname(lock))
-    import socket
+def test_a_partition_a_dead_process_held_is_taken_over(spark, lake):
+    """A run killed after its intent leaves the watermark naming it as holder, with a pid no process has now: the
+    next run takes the partition over, settles the intent and clears the holder (no lease object anywhere)."""
+    import subprocess
 
-    with open(lock, "w") as fh:
-        json.dump({"run_id": "dead", "pid": 2 ** 22 + 17, "host": socket.gethostname(), "started": 0}, fh)
+    from laminar_assets.checkpoints import CheckpointStore, Holder, PendingRun
+
+    lake.create("trades", ROWS)
     Engine(spark, lake.root).run(FLOW, "2024-01-01-00:00")
-    assert not os.path.exists(lock)
+    store = CheckpointStore(lake.root)
+    mark = store.load("c", "2024-01-01-00:00")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = Holder(run_id="dead", host=socket.gethostname(), started=time.time(), pid=gone.pid, process_started="0:0")
+    store.save(mark.with_(holder=dead, pending=PendingRun(seq=mark.seq + 1, run_id="dead", target_versions={},
+                                                          mode="REFILL", reason="NO_WATERMARK")))
+    lake.append("trades", [("2024-01-01 00:02:00", "a", 4.0, 4)])
+    Engine(spark, lake.root).run(FLOW, "2024-01-01-00:00")
+    after = store.load("c", "2024-01-01-00:00")
+    assert after.holder is None and after.pending is None and after.seq == mark.seq + 1
+    assert lake.read("c")["count"].tolist() == [2]
+    locks = os.path.join(lake.root, "_laminar", "locks")
+    assert not [f for _d, _s, files in os.walk(locks) for f in files]  # the sweep's lease, freed, is the only one
 
 
 def test_different_partitions_run_concurrently(spark, lake):
@@ -76,3 +90,37 @@ def test_different_partitions_run_concurrently(spark, lake):
     assert not errors, errors
     expected = full_recompute(spark, FLOW, lake.table("trades").to_pyarrow_table())
     assert_frames_match(lake.read("c"), expected, FLOW.keys)
+
+
+def test_a_run_whose_claim_loses_undoes_its_other_claims_and_commits_nothing(spark, lake, monkeypatch):
+    """Another run writes one partition's watermark between this run's reading it and its intent: the intent's
+    conditional write fails, the intents of the other partitions are undone (as they were, no failure recorded),
+    nothing is committed, and the error names the partition; the next run goes on from there."""
+    from laminar_assets.checkpoints import CheckpointStore
+    from laminar_assets.engine.executor import Engine as EngineClass
+
+    keys = ["2024-01-01-00:00", "2024-01-01-01:00"]
+    lake.create("trades", ROWS)
+    Engine(spark, lake.root).run_many(FLOW, keys)
+    lake.append("trades", [("2024-01-01 00:02:00", "a", 4.0, 4), ("2024-01-01 01:02:00", "b", 5.0, 5)])
+    store = CheckpointStore(lake.root)
+    before = {k: store.load("c", k) for k in keys}
+    versions = lake.table("c").version()
+    plan_all = EngineClass._plan_all
+
+    def planned_then_overtaken(self, spec, marks, inputs, force):
+        plans = plan_all(self, spec, marks, inputs, force)
+        store.save(before[keys[1]].with_(last_reason="ANOTHER_RUN"))  # another run's write of the second partition
+        return plans
+
+    monkeypatch.setattr(EngineClass, "_plan_all", planned_then_overtaken)
+    with pytest.raises(ConcurrentRunError, match="wrote its watermark after this run read it") as err:
+        Engine(spark, lake.root).run_many(FLOW, keys)
+    monkeypatch.undo()
+    assert err.value.facts["partition"] == keys[1]
+    first = store.load("c", keys[0])
+    assert first.with_(updated_at=None) == before[keys[0]].with_(updated_at=None)  # undone: no intent, no failure
+    assert store.load("c", keys[1]).last_reason == "ANOTHER_RUN"
+    assert lake.table("c").version() == versions
+    Engine(spark, lake.root).run_many(FLOW, keys)
+    assert lake.read("c").sort_values("window_start")["count"].tolist() == [2, 2]

@@ -159,12 +159,13 @@ def test_sigkill_at_a_commit_step_then_a_rerun_equals_a_clean_run(spark, connect
     lake.append("trades", MORE[:1] + [("2024-01-01 02:50:00", "a", 6.0, 2)])
     lake.delete("trades", "qty = 3")
     _kill_at(lake, step, how, connect_server)
-    lock = storage.join(lake.root, "_laminar", "locks", "vol", "2024-01-01-00-00.lock")
-    assert storage.exists(lock)  # the dead run still "holds" the partition
     marks = [json.loads(storage.read(storage.join(lake.root, "_laminar", "checkpoints", "vol",
                                                   k.replace(":", "-") + ".json"))) for k in keys]
     pending = [m["pending"] is not None for m in marks]
     assert pending == ([False] + [True] * (len(keys) - 1) if step == "after_first_watermark" else [True] * len(keys))
+    # the dead run still "holds" each partition it did not finish: its watermark names it, with its pid
+    assert [m["holder"] is not None for m in marks] == pending
+    assert all(m["holder"]["run_id"] == m["pending"]["run_id"] for m in marks if m["pending"])
     results = Engine(spark, lake.root).run_many(RETRACTING, keys)
     # recovery finished the killed run from its committed state; nothing was left to do
     assert {r.mode for r in results} == {Mode.NOOP}

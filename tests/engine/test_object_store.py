@@ -87,17 +87,17 @@ def open_table(lake: Lake, name: str):
 
 
 def test_a_run_whose_lease_was_taken_over_does_not_commit_twice(spark, s3_lake, monkeypatch):
-    """The lease is the first guard; the run sequence in every Delta commit is the second. A run whose
-    lease another run took over (it looked stale) finds its sequence committed and gives up: nothing
-    of it lands, the other run's result stands, and a rerun continues."""
+    """The claim is the first guard; the run sequence in every Delta commit is the second. A run whose
+    partition another run took over (its holder looked gone) finds its sequence committed and gives up:
+    nothing of it lands, the other run's result stands, and a rerun continues."""
     lake = s3_lake
     lake.create("trades", BASE)
     Engine(spark, lake.root).run(FLOW, H0)
     lake.append("trades", [("2024-01-01 00:03:00", "a", 7.0, 5)])
 
     def takeover(step):
-        if step == "after_read":  # meanwhile, another run finds the lease stale and does the same work
-            monkeypatch.setattr(CheckpointStore, "_stale", lambda self, data: True)
+        if step == "after_read":  # meanwhile, another run finds the holder gone and does the same work
+            monkeypatch.setattr(CheckpointStore, "holder_gone", lambda self, holder, flow, partition: True)
             Engine(spark, lake.root).run(FLOW, H0)
             monkeypatch.undo()
 

@@ -102,13 +102,13 @@ def test_failure_carries_engine_message_and_keeps_watermark(spark, lake, laminar
 def test_concurrent_materialization_of_one_partition_does_not_write(spark, lake, laminar, instance):
     create_sources(lake, BASE)
     store = CheckpointStore(lake.root)
-    with store.lease("normalized_trades", P9, "another-run"):
+    with store.hold("normalized_trades", P9, "another-run"):  # a live run of this process holds the partition
         result = materialize([STAGE], P9, laminar, instance, raise_on_error=False)
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "being processed by another run" in failure.step_failure_data.error.message
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
-    assert len(retries) == SETTINGS.retries  # a held lease is transient: retried, then the message stays
+    assert len(retries) == SETTINGS.retries  # a held partition is transient: retried, then the message stays
     assert not lake.table_exists("normalized_trades")
     assert materialize([STAGE], P9, laminar, instance).success
 

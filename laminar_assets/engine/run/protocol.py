@@ -1,27 +1,29 @@
-"""The watermark protocol: leases, intent, settling an interrupted run, finishing, failures.
+"""The watermark protocol: claims, intent, settling an interrupted run, finishing, failures.
 
 Per (flow, partition), in this order (docs/ARCHITECTURE.md):
-  1. take the partition lease; settle an interrupted run from its intent record;
-  2. write the intent (`pending`: run seq + target versions) into the watermark file;
+  1. read the watermark (its tag with it); refuse the run when a live run holds it; claim it and settle an
+     interrupted run from its intent record, when there is one;
+  2. write the intent (`pending`: run seq + target versions) into the watermark, naming this run as holder,
+     conditional on the version read in 1: this write is the claim (another run that wrote the watermark
+     since makes it fail: `ConcurrentRunError`, nothing committed);
   3. commit the state rows   (Delta app transaction `laminar/<flow>/<partition>` = seq);
   4. commit the sink rows    (same app transaction);
-  5. replace the watermark with the target versions and seq.
+  5. replace the watermark with the target versions and seq, holder cleared (conditional on 2's version).
 A run of several partitions shares the commits of 3 and 4 (one app transaction per
-partition in each); leases, intents and watermarks stay per partition, so recovery is
+partition in each); intents and watermarks stay per partition, so recovery is
 per partition. A crash after 3 is finished on restart; a crash before 3 leaves
 nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED). On an object store the
-partitions' requests of one step (1, 2, 5, and giving the leases back) go side by side
-(`side_by_side`): any subset of them may be done when a run dies, which recovery, being per
-partition, already handles.
+partitions' requests of one step (2, 5) go side by side (`side_by_side`): any subset of them may be done
+when a run dies, which recovery, being per partition, already handles. A partition the run finds nothing
+to do for is written only when its record changes (a NOOP's newer versions), in one conditional write.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -31,7 +33,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, FailedRuns, PendingRun, Watermark
-from laminar_assets.errors import ConcurrentRunError, LaminarError, StoreUnavailableError
+from laminar_assets.errors import ConcurrentRunError, InjectedCrash, LaminarError, StoreUnavailableError
 from laminar_assets.storage import failures
 
 from ..delta.tables import open_delta
@@ -45,7 +47,7 @@ T = TypeVar("T")
 
 
 SIDE_BY_SIDE = 8
-"""At most this many of a run's per-partition requests (leases, intents, watermarks) in flight at once."""
+"""At most this many of a run's per-partition requests (claims, intents, watermarks) in flight at once."""
 
 
 def side_by_side(ctx: RunContext, calls: list[Callable[[], T]]) -> list[T]:
@@ -63,35 +65,82 @@ def side_by_side(ctx: RunContext, calls: list[Callable[[], T]]) -> list[T]:
     return [f.result() for f in futures]
 
 
-@contextmanager
-def leases(ctx: RunContext, spec, keys: list[str], run_id: str) -> Iterator[None]:
-    """Hold the lease of every partition in `keys` for the duration of a run (taken and given back side by
-    side on an object store, see `side_by_side`; when one cannot be taken, those taken are given back)."""
-    if len(keys) < 2 or not storage.is_object_store(ctx.store.root):
-        with ExitStack() as stack:
-            for key in keys:
-                stack.enter_context(ctx.store.lease(spec.name, key, run_id))
-            yield
-        return
-    held = [ctx.store.lease(spec.name, key, run_id) for key in keys]
-    taken: list = []
+class Claims:
+    """A run's writes of its partitions' watermarks (the module's steps): each conditional on the version the run
+    read or last wrote, each naming the run as the partition's holder until the run's last write of it. The
+    first write of a partition is the claim: it fails when another run wrote the watermark since this run read
+    it, and then this run's plan of that partition may be stale. `tags`: partition -> the tag of the watermark
+    as the run read it (None: there was none)."""
 
-    def take(lease):
-        lease.__enter__()
-        taken.append(lease)
+    def __init__(self, store: CheckpointStore, spec, run_id: str, tags: dict[str, str | None]) -> None:
+        self.store, self.spec, self.run_id = store, spec, run_id
+        self.tags = dict(tags)
+        self.held: dict[str, Watermark] = {}  # partition -> its watermark as this run last wrote it, holding it
+        self.me = store.holder(run_id)
 
-    try:
-        side_by_side(ctx, [lambda lease=lease: take(lease) for lease in held])
-    except BaseException as exc:  # a lease another run holds (or a store that failed): give back those taken
-        for lease in reversed(taken):
-            lease.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    with ExitStack() as stack:
-        for lease in taken:
-            stack.push(lease)  # the run's error unwinds them one by one, each as it does alone
-        yield
-        stack.pop_all()
-    side_by_side(ctx, [lambda lease=lease: lease.__exit__(None, None, None) for lease in taken])
+    def write(self, key: str, mark: Watermark, *, hold: bool) -> bool:
+        """Write `mark` as `key`'s watermark, naming this run as holder when `hold`; False (nothing written) when
+        another run wrote it since this run read or last wrote it."""
+        body = mark.with_(holder=self.me if hold else None)
+        tag = self.store.write_if(body, self.tags.get(key))
+        if tag is None:
+            return False
+        self.tags[key] = tag
+        if hold:
+            self.held[key] = body
+        else:
+            self.held.pop(key, None)
+        return True
+
+    def claim(self, key: str, mark: Watermark | None) -> None:
+        """Hold `key` before anything else is written for it (to settle an interrupted run): its watermark as
+        read, or a placeholder with nothing committed; `ConcurrentRunError` when another run wrote it since."""
+        base = mark or Watermark(self.spec.name, key, self.spec.spec_hash, {}, 0)
+        if not self.write(key, base, hold=True):
+            raise self.taken(key)
+
+    def taken(self, key: str) -> ConcurrentRunError:
+        current = self.store.load(self.spec.name, key)
+        who = f" ({self.store.describe(current.holder)})" if current is not None and current.holder else ""
+        return ConcurrentRunError(
+            f"partition is being processed by another run{who}, which wrote its watermark after this run read "
+            "it; nothing of this run was written: run it again and it continues from there",
+            flow=self.spec.name, partition=key)
+
+    def undo(self, key: str, mark: Watermark | None) -> None:
+        """Give `key` back as it was before this run's claim (`mark`: the watermark read; None: there was none)."""
+        if mark is None:
+            if self.store.delete_if(self.spec.name, key, self.tags[key]):
+                self.held.pop(key, None)
+                self.tags[key] = None
+            return
+        self.write(key, mark, hold=False)
+
+    def end(self, exc: BaseException | None) -> None:
+        """Clear this run as holder of every partition it still holds (a partition claimed to be settled that
+        had nothing to do). A simulated kill (`InjectedCrash`) writes nothing, and a release that fails (a store
+        that stopped answering) leaves the holder: either way this process takes the partition over next time
+        (`CheckpointStore.abandon`), and another process once this one is gone."""
+        for key, mark in list(self.held.items()):
+            if isinstance(exc, InjectedCrash):
+                self.store.abandon(self.spec.name, key, self.run_id)
+                continue
+            try:
+                self.write(key, mark, hold=False)
+            except (LaminarError, OSError) as err:
+                self.store.abandon(self.spec.name, key, self.run_id)
+                log.warning("%s %s: this run's hold was not cleared (%s); this process's next run takes it over",
+                            self.spec.name, key, err)
+
+
+def refuse_held(store: CheckpointStore, spec, marks: dict[str, Watermark | None]) -> None:
+    """`ConcurrentRunError` naming the first partition a live run holds (before this run writes anything)."""
+    for key, mark in marks.items():
+        if mark is not None and mark.holder is not None and not store.holder_gone(mark.holder, spec.name, key):
+            raise ConcurrentRunError(
+                f"partition is being processed by another run ({store.describe(mark.holder)}); wait for it to finish "
+                "(a run whose process is gone, or that began more than lease_seconds ago, is taken over)",
+                flow=spec.name, partition=key)
 
 
 def txn_version(uri: str, app: str) -> int | None:
@@ -149,23 +198,32 @@ _UNREAD = object()
 
 
 def begin_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], marks: dict[str, Watermark | None],
-              input_schema: dict[str, str], run_id: str, *, opened: dict | None = None,
+              input_schema: dict[str, str], claims: Claims, *, opened: dict | None = None,
               source_ids: dict[str, str] | None = None,
               open_table: Callable[[str], DeltaTable | None] | None = None) -> dict[str, int]:
     """`begin` for every partition of a pass, reading the guard table's transactions once (and
-    keeping the table in `opened`, see `txn_versions`)."""
+    keeping the table in `opened`, see `txn_versions`). When another run wrote one of the watermarks since this
+    run read it, the intents written are undone and `ConcurrentRunError` raised: nothing of the run is committed."""
     guard = ctx.layout.guard_uri(spec, input_schema)
     committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans], opened=opened, open_table=open_table)
-    seqs = side_by_side(ctx, [lambda k=k, p=p: begin(ctx, spec, p, marks[k], input_schema, run_id,
+    claimed_before = {k for k in plans if k in claims.held}  # claimed to settle: kept (and settled) on a conflict
+    seqs = side_by_side(ctx, [lambda k=k, p=p: begin(ctx, spec, p, marks[k], input_schema, claims,
                                                     committed=committed[ctx.layout.app_id(spec, k)],
                                                     source_ids=source_ids)
                               for k, p in plans.items()])
+    lost = [k for k, seq in zip(plans, seqs) if seq is None]
+    if lost:
+        undo = [lambda k=k: claims.undo(k, marks[k]) for k in plans if k not in lost and k not in claimed_before]
+        side_by_side(ctx, undo)
+        raise claims.taken(lost[0])
     return dict(zip(plans, seqs))
 
 
 def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict[str, str],
-          run_id: str, *, committed: int | None | object = _UNREAD, source_ids: dict[str, str] | None = None) -> int:
-    """Check the run sequence against the table's transaction and write the intent; returns the seq.
+          claims: Claims, *, committed: int | None | object = _UNREAD,
+          source_ids: dict[str, str] | None = None) -> int | None:
+    """Check the run sequence against the table's transaction and write the intent; returns the seq (None: the
+    conditional write lost to another run's write since this run read the watermark, nothing written).
     `committed`: the partition's transaction version, when the caller has read it already."""
     guard = ctx.layout.guard_uri(spec, input_schema)
     if committed is _UNREAD:
@@ -180,32 +238,38 @@ def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, in
             f"the table already holds run {committed} of this partition but the watermark says {seq - 1}: "
             "another process wrote it concurrently", flow=spec.name, partition=plan.partition, table=guard,
         )
-    pending = PendingRun(seq=seq, run_id=run_id, target_versions=dict(plan.to_versions),
+    pending = PendingRun(seq=seq, run_id=claims.run_id, target_versions=dict(plan.to_versions),
                          mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(input_schema),
                          source_ids=_ids(plan, source_ids))
     base = mark or Watermark(spec.name, plan.partition, spec.spec_hash, {}, 0)
-    ctx.store.save(base.with_(pending=pending))
-    return seq
+    return seq if claims.write(plan.partition, base.with_(pending=pending), hold=True) else None
 
 
-def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, str], seq: int, *,
+def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, str], seq: int, claims: Claims, *,
            source_ids: dict[str, str] | None = None) -> None:
-    """Move the watermark to the plan's target versions (both commits have landed)."""
-    ctx.store.save(Watermark(
+    """Move the watermark to the plan's target versions (both commits have landed), clearing this run as holder.
+    When another run took the partition over meanwhile (this one looked gone to it), that run settles this
+    run's commits from the intent it found: nothing is overwritten here."""
+    done = claims.write(plan.partition, Watermark(
         flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
         source_versions=dict(plan.to_versions), seq=seq, input_schema=dict(input_schema),
         last_mode=plan.mode.value, last_reason=plan.reason.value, source_ids=_ids(plan, source_ids),
-    ))
+    ), hold=False)
+    if not done:
+        log.warning("%s %s: another run took the partition over before this run's watermark; it settles this "
+                    "run's commits (run %s)", spec.name, plan.partition, seq)
 
 
-def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None, *,
+def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None, claims: Claims, *,
                 source_ids: dict[str, str] | None = None) -> None:
-    """Nothing to compute: record the newer versions the partition is already up to date with."""
+    """Nothing to compute: record the newer versions the partition is already up to date with (a conditional
+    write: when another run wrote the watermark since, that run's record stands)."""
     ids = (_ids(plan, source_ids) or mark.source_ids) if mark is not None else {}
     if mark is not None and mark.committed and (plan.to_versions != mark.source_versions or ids != mark.source_ids
-                                                or mark.failed_runs is not None):
-        ctx.store.save(mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
-                                  last_reason=plan.reason.value, source_ids=ids, failed_runs=None))
+                                                or mark.failed_runs is not None or plan.partition in claims.held):
+        claims.write(plan.partition, mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
+                                                last_reason=plan.reason.value, source_ids=ids, failed_runs=None),
+                     hold=False)
 
 
 def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, str]:
@@ -213,56 +277,63 @@ def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, st
     return {t: source_ids[t] for t in plan.to_versions if source_ids and t in source_ids}
 
 
-def record_failure(ctx: RunContext, spec, partition: str, mark: Watermark | None, message: str) -> None:
-    """Mark the partition's last attempt as failed, so its next run refills. The intent record stays:
-    if the state commit landed, the next run completes it instead."""
+def record_failure(ctx: RunContext, spec, partition: str, mark: Watermark | None, message: str,
+                   claims: Claims) -> None:
+    """Mark the partition's last attempt as failed, so its next run refills, and clear this run as holder. The
+    intent record stays: if the state commit landed, the next run completes it instead. A partition this run
+    does not hold (its claim lost to another run, or undone) has nothing of this run in it: left as it is."""
+    base = claims.held.get(partition)
+    if base is None:
+        return
     try:
-        current = ctx.store.load(spec.name, partition) or mark
-        base = current or Watermark(spec.name, partition, spec.spec_hash, {}, 0)
-        ctx.store.save(base.with_(failed_attempt=message))
+        if not claims.write(partition, base.with_(failed_attempt=message), hold=False):
+            log.warning("%s %s: the failed attempt was not recorded: another run wrote the watermark since",
+                        spec.name, partition)
     except (LaminarError, OSError) as exc:  # e.g. the store that failed the run does not answer either
         # the run's own error is what the caller reports; the next run settles the intent as a crash's
         log.warning("%s %s: the failed attempt was not recorded (%s)", spec.name, partition, exc)
 
 
 def record_failed_run(ctx: RunContext, spec, partitions: list[str], marks: dict[str, Watermark | None],
-                      run_id: str, exc: BaseException) -> None:
+                      claims: Claims, exc: BaseException) -> None:
     """Count a failed run against each partition whose watermark it did not move (`FailedRuns`), for
-    `laminar status` and `laminar check`; the run's leases are held. Planning never reads it. A record
-    that cannot be written loses the count, not the run's own error, which the caller raises."""
+    `laminar status` and `laminar check`, in the run's conditional writes (a partition another run wrote since
+    is left to it). Planning never reads it. A record that cannot be written loses the count, not the run's own
+    error, which the caller raises."""
     for k in partitions:
         try:
             if k in marks and finished_since(ctx, spec, k, marks[k]):
                 continue
-            _count_failure(ctx.store, spec, k, run_id, exc)
+            base = claims.held.get(k) or marks.get(k) or Watermark(spec.name, k, spec.spec_hash, {}, 0)
+            claims.write(k, _counted(base, claims.run_id, exc), hold=False)
         except (LaminarError, OSError) as err:
-            log.warning("%s %s: the failed run %s was not recorded (%s)", spec.name, k, run_id, err)
+            log.warning("%s %s: the failed run %s was not recorded (%s)", spec.name, k, claims.run_id, err)
 
 
 def record_refused_run(store: CheckpointStore, spec, partitions: list[str], run_id: str, exc: BaseException) -> None:
     """Count a run refused before it began (e.g. a source its contract refuses, or a source that is gone,
     found by the orchestrator's guard before the engine runs) against each partition, as `record_failed_run`
     counts one that failed: otherwise `laminar status` and `laminar check` would show such a flow healthy
-    while every run of it fails. Each record is written under the partition's lease, so it never replaces
-    the watermark of a run in progress; a partition whose lease another run holds is left to that run."""
+    while every run of it fails. Each record is a conditional write on the watermark as read, so it never
+    replaces the watermark of a run in progress; a partition a live run holds is left to that run."""
     for k in partitions:
         try:
-            with store.lease(spec.name, k, run_id):
-                _count_failure(store, spec, k, run_id, exc)
-        except ConcurrentRunError:
-            continue
+            mark, tag = store.load_tagged(spec.name, k)
+            if mark is not None and mark.holder is not None and not store.holder_gone(mark.holder, spec.name, k):
+                continue
+            base = (mark or Watermark(spec.name, k, spec.spec_hash, {}, 0)).with_(holder=None)
+            store.write_if(_counted(base, run_id, exc), tag)
         except (LaminarError, OSError) as err:
             log.warning("%s %s: the refused run %s was not recorded (%s)", spec.name, k, run_id, err)
 
 
-def _count_failure(store: CheckpointStore, spec, partition: str, run_id: str, exc: BaseException) -> None:
-    """Add one failed run to the partition's `FailedRuns` (a watermark with nothing committed when it has none)."""
+def _counted(base: Watermark, run_id: str, exc: BaseException) -> Watermark:
+    """`base` with one more failed run in its `FailedRuns`."""
     now = datetime.now(UTC).isoformat()
-    base = store.load(spec.name, partition) or Watermark(spec.name, partition, spec.spec_hash, {}, 0)
     before = base.failed_runs
-    store.save(base.with_(failed_runs=FailedRuns(
+    return base.with_(failed_runs=FailedRuns(
         count=(before.count if before else 0) + 1, since=before.since if before else now, last_at=now,
-        last_error=short(exc), run_id=run_id)))
+        last_error=short(exc), run_id=run_id))
 
 
 def finished_since(ctx: RunContext, spec, partition: str, mark: Watermark | None) -> bool:

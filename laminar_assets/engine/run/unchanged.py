@@ -23,7 +23,7 @@ nothing moved. It is given only when all of these hold, else the full path runs 
   another commit file there), with nothing newer in any log;
 - the sweep's progress this process last read or wrote for this spec covers those versions.
 
-Why no lease: nothing is written but the outcome record. A run holding a lease meanwhile changes a
+Why no claim: nothing is written but the outcome record. A run holding a partition changes its
 watermark (its intent) before it commits anything, and a later listing sees the new tag.
 """
 
@@ -57,6 +57,9 @@ class Check:
     # {table uri: {version: tag}} of the commit files listed (from the watermarks' versions on): the run's
     # snapshots start from them instead of listing again (`snapshot_cache.checkout`)
     listed: dict[str, dict[int, str]] = field(default_factory=dict)
+    # the watermarks with the tag each had when listed or read (None: none): the run's writes are conditional on
+    # them (`protocol.Claims`), so it needs no second listing
+    tagged: dict[str, tuple[Watermark | None, str | None]] = field(default_factory=dict)
 
 
 def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | None:
@@ -64,16 +67,17 @@ def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | 
     on the way (for `remember`). None: not worth looking (a refill asked for, a 'full' policy)."""
     if force or spec.refresh is RefreshPolicy.FULL:
         return None
-    marks = ctx.store.load_listed(spec.name, keys)
+    tagged = ctx.store.load_listed_tagged(spec.name, keys)
+    marks = {k: mark for k, (mark, _tag) in tagged.items()}
     first = marks[keys[0]]
     if any(not _settled(m, spec) or m.source_versions != first.source_versions for m in marks.values()):
-        return Check(marks, None, None)
+        return Check(marks, None, None, tagged=tagged)
     latest, listed = {}, {}
     for table, version in first.source_versions.items():
         uri = ctx.layout.table_uri(table)
         listed[uri] = log_tail(uri, version)
         if not listed[uri]:
-            return Check(marks, None, None, listed)
+            return Check(marks, None, None, listed, tagged)
         latest[table] = max(listed[uri].items())
     with _lock:
         seen = _seen.get((ctx.layout.root, spec.name, spec.spec_hash))
@@ -82,8 +86,8 @@ def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | 
                  and all(latest[t][0] == v for t, v in first.source_versions.items())
                  and all(swept.get(src, -1) >= first.source_versions[src] for src in spec.sources))
     if not unchanged:
-        return Check(marks, latest, None, listed)
-    return Check(marks, latest, {k: _noop(spec, k, marks[k]) for k in keys}, listed)
+        return Check(marks, latest, None, listed, tagged)
+    return Check(marks, latest, {k: _noop(spec, k, marks[k]) for k in keys}, listed, tagged)
 
 
 def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[PartitionPlan]) -> None:
