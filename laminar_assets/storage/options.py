@@ -212,7 +212,10 @@ class ObjectStoreOptions(TimeBounds):
         session = boto3.session.Session(profile_name=o.profile) if o.profile and not o.access_key_id else boto3
         config = Config(connect_timeout=o.connect_timeout_s, read_timeout=o.request_timeout_s,
                         retries={"total_max_attempts": o.attempts(o.request_timeout_s), "mode": "standard"},
-                        s3={"addressing_style": "path" if o.path_style else "auto"})
+                        s3={"addressing_style": "path" if o.path_style else "auto"},
+                        # a run's requests side by side (per-partition writes, a log's commits: 8 each), two steps
+                        # of a run at once: more than botocore's 10 pooled connections, which it would discard
+                        max_pool_connections=32)
         return session.client("s3", endpoint_url=o.endpoint, region_name=o.region, aws_access_key_id=o.access_key_id,
                               aws_secret_access_key=o.secret_access_key, aws_session_token=o.session_token,
                               config=config)
