@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import typer
 from rich.table import Table
@@ -186,6 +187,38 @@ def refill(
     mats = outcome.asset_materializations_for_node(flow)
     console.print(f"refilled {flow}: {len(mats)} partition(s) {start}...{end}, reason FORCED_BY_USER "
                   f"(run {outcome.run_id})", markup=False)
+
+
+@app.command()
+def release(
+    ctx: typer.Context,
+    flow: str = typer.Argument(..., help="The flow (or stage) whose partitions to release."),
+    partitions: list[str] = typer.Argument(..., help="Partition keys, e.g. 2024-01-01-00:00."),  # noqa: B008
+) -> None:
+    """Clear the run named as holder of partitions whose run died where this machine cannot tell (another
+    host: its pid means nothing here), instead of waiting `lease_seconds` for it to expire. A holder that is
+    alive on this host is refused. An interrupted run's intent stays: the next run settles it."""
+    from laminar_assets.checkpoints import CheckpointStore
+
+    c: CliContext = ctx.obj
+    c.require_lake()
+    spec = c.spec(flow)
+    store = CheckpointStore(c.root)
+    for key in partitions:
+        mark, tag = store.load_tagged(spec.name, key)
+        if mark is None or mark.holder is None:
+            console.print(f"{flow} {key}: no run holds it", markup=False)
+            continue
+        who = store.describe(mark.holder)
+        if mark.holder.host == socket.gethostname() and not store.holder_gone(mark.holder, spec.name, key):
+            raise LaminarError(f"{flow} {key} is held by {who}, alive on this host: let it finish, or stop that "
+                               "process (its partition is then taken over by the next run)", flow=flow, partition=key)
+        if store.write_if(mark.with_(holder=None), tag) is None:
+            raise LaminarError(f"{flow} {key}: its watermark changed while being released (a run took it over or "
+                               "finished): run `laminar status` and try again if it is still held", flow=flow,
+                               partition=key)
+        intent = "; the next run settles its intent" if mark.pending is not None else ""
+        console.print(f"{flow} {key}: released from {who}{intent}", markup=False)
 
 
 def _check_range(spec, start: str, end: str) -> None:

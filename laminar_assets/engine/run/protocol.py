@@ -139,7 +139,8 @@ def refuse_held(store: CheckpointStore, spec, marks: dict[str, Watermark | None]
         if mark is not None and mark.holder is not None and not store.holder_gone(mark.holder, spec.name, key):
             raise ConcurrentRunError(
                 f"partition is being processed by another run ({store.describe(mark.holder)}); wait for it to finish "
-                "(a run whose process is gone, or that began more than lease_seconds ago, is taken over)",
+                "(a run whose process is gone on this host, or that began more than lease_seconds ago, is taken "
+                f"over; one that died on another host: `laminar release {spec.name} {key}`)",
                 flow=spec.name, partition=key)
 
 
