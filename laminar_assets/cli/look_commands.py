@@ -126,12 +126,16 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
         emit_json([{**r, "rates": rates[r["flow"]].to_json()} for r in rows]
                   + [{**e, "kind": "export", "target_kind": e["kind"]} for e in exports])
         return
-    table = Table("flow", "kind", "source versions", "materialized", "failing", "stale", "pending versions")
+    table = Table("flow", "kind", "source versions", "materialized", "failing", "stale", "held by a run",
+                  "pending versions")
     for r in rows:
         stale = ", ".join(f"{s['partition']} ({s['reason']})" for s in r["stale_partitions"]) or "-"
         failing = "; ".join(f"{f['partition']}: {describe_failed_runs(f)}" for f in r["failing_partitions"]) or "-"
+        held = "; ".join(f"{h['partition']}: run {h['run_id']} pid {h['pid']} on {h['host']} since {h['since']}"
+                         f"{' (gone: the next run takes it over)' if h['gone'] else ''}"
+                         for h in r["held_partitions"]) or "-"
         add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"],
-                Text(failing, style="red") if r["failing_partitions"] else failing, stale, r["pending_versions"])
+                Text(failing, style="red") if r["failing_partitions"] else failing, stale, held, r["pending_versions"])
     console.print(table)
     period = "all recorded runs" if start is None else f"since {start:%Y-%m-%d %H:%M} UTC"
     runs = Table("flow", "partition runs", "incremental", "refilled", "noop", "hit rate", "refills by reason",

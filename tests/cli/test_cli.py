@@ -364,8 +364,8 @@ def test_demo_then_status_explain_refill_generate(spark, demo_base):
     status = json.loads(invoke("--root", str(root), "status", "--json", home=home).output)
     vwap = next(r for r in status if r["flow"] == "vwap_1m")
     assert set(vwap) == {"flow", "kind", "source_versions", "partitions_materialized", "stale_partitions",
-                         "pending_versions", "partitions", "rates", "failing_partitions"}
-    assert vwap["failing_partitions"] == []
+                         "pending_versions", "partitions", "rates", "failing_partitions", "held_partitions"}
+    assert vwap["failing_partitions"] == [] and vwap["held_partitions"] == []  # every run let go of its partitions
     # batch 1 filled every partition (NO_WATERMARK), batch 2 merged its corrections into vwap_1m
     rates = vwap["rates"]
     assert rates["refills_by_reason"].get("NO_WATERMARK", 0) >= 5 and rates["incremental"] >= 1

@@ -32,6 +32,14 @@ def test_a_partition_held_by_a_run_on_another_host_is_released_and_a_live_one_he
     intent = PendingRun(seq=2, run_id="r-away", target_versions={"trades": 3}, mode="INCREMENTAL",
                         reason="APPEND_ONLY")
     store.save(Watermark("f", PART, "h", {"trades": 2}, 1, holder=elsewhere, pending=intent))
+    from laminar_assets.engine import Agg, FlowSpec, Tumbling
+    from laminar_assets.engine.report.overview import status
+
+    spec = FlowSpec(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+                    aggregates=(Agg.count(),))
+    [row] = status(root, [spec])  # `laminar status` names the holder (the source is missing: still reported)
+    assert [(h["partition"], h["run_id"], h["host"], h["gone"]) for h in row["held_partitions"]] == [
+        (PART, "r-away", "another-host", False)]
     done = cli(tmp_path, root, "release", "f", PART, "2024-01-01-01:00")
     assert done.exit_code == 0, done.output
     assert "released from run r-away pid 1 on another-host; the next run settles its intent" in done.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from datetime import UTC, datetime
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import LaminarError
@@ -147,7 +148,7 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
                 latest[src] = table_info(src, uri).version
             except LaminarError:  # a missing source shows as None; the partitions below say why
                 latest[src] = None
-        partitions, stale, failing = [], [], []
+        partitions, stale, failing, held = [], [], [], []
         for key in store.partitions(spec.name):
             try:
                 mark, plan = inspect_partition(root, spec, key, store)
@@ -157,6 +158,11 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
             failed = failed_runs(mark)
             if failed:
                 failing.append({"partition": key, **failed})
+            if mark is not None and mark.holder is not None:  # a run writing it now, or one that died holding it
+                h = mark.holder
+                held.append({"partition": key, "run_id": h.run_id, "host": h.host, "pid": h.pid,
+                             "since": datetime.fromtimestamp(h.started, UTC).isoformat(timespec="seconds"),
+                             "gone": store.holder_gone(h, spec.name, key)})
             if plan is None:
                 continue
             behind = {s: (latest[s] - mark.source_versions.get(s, 0)) if latest.get(s) is not None else None
@@ -170,7 +176,7 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
                               "detail": mark.failed_attempt or plan.detail})
         out.append({"flow": spec.name, "kind": spec.kind, "source_versions": latest,
                     "partitions_materialized": len(partitions), "stale_partitions": stale,
-                    "failing_partitions": failing,
+                    "failing_partitions": failing, "held_partitions": held,
                     "pending_versions": max((max(v for v in p["versions_behind"].values() if v is not None)
                                              for p in partitions if any(v is not None for v in p["versions_behind"].values())),
                                             default=0),
