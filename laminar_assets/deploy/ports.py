@@ -64,8 +64,9 @@ _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 def ends_with_this_process(*, restore_sigint: bool = False) -> Callable[[], None] | None:
     """A `preexec_fn` for a server this process starts in a process group of its own (`start_new_session`): the
-    kernel sends the server SIGTERM when this process dies, however it dies (kill -9 included), so no emulator,
-    Spark Connect server or `dagster dev` outlives the command that started it and keeps its port. Linux only
+    kernel sends the server SIGTERM when this process dies, however it dies (kill -9 included), so no emulator or
+    Spark Connect server outlives the command that started it and keeps its port (`dagster dev` is not given
+    it: `laminar serve` stops it with SIGINT, which lets it stop its own servers in order). Linux only
     (prctl's parent-death signal); elsewhere, and when called outside the main thread (the signal follows the
     thread that started the child, and a worker thread may end first), only `restore_sigint`: SIGINT back to its
     default in the child (a command started from a shell's background job inherits it ignored)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from laminar_assets.errors import EnvironmentProblem
 
 from .connect_server import ConnectServer, ConnectServerOptions, start_connect_server
-from .ports import ends_with_this_process, port_in_use
+from .ports import port_in_use
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,8 @@ def start(options: ServeOptions, *, stop: threading.Event | None = None) -> Depl
         # SIGINT restored in the child: started from a background job, `laminar serve` inherits it ignored,
         # and `dagster dev` would then not hear the SIGINT that stops it in seconds (see _stop_group).
         dagster = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, preexec_fn=ends_with_this_process(restore_sigint=True))
+                                   start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     except OSError:
         if spark:
             spark.stop()
@@ -133,7 +134,7 @@ def _start_warm_up(remote: str, env: dict, log_dir: str) -> subprocess.Popen:
     with open(os.path.join(log_dir, "warm-up.log"), "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "laminar_assets.deploy.warm_up", remote], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=ends_with_this_process(restore_sigint=True))
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | None = None,

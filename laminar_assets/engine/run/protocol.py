@@ -76,6 +76,7 @@ class Claims:
         self.store, self.spec, self.run_id = store, spec, run_id
         self.tags = dict(tags)
         self.held: dict[str, Watermark] = {}  # partition -> its watermark as this run last wrote it, holding it
+        self.written: dict[str, Watermark] = {}  # every partition this run wrote -> its watermark as last written
         self.me = store.holder(run_id)
 
     def write(self, key: str, mark: Watermark, *, hold: bool) -> bool:
@@ -86,6 +87,7 @@ class Claims:
         if tag is None:
             return False
         self.tags[key] = tag
+        self.written[key] = body
         if hold:
             self.held[key] = body
         else:
@@ -112,6 +114,7 @@ class Claims:
         if mark is None:
             if self.store.delete_if(self.spec.name, key, self.tags[key]):
                 self.held.pop(key, None)
+                self.written.pop(key, None)
                 self.tags[key] = None
             return
         self.write(key, mark, hold=False)
@@ -305,7 +308,8 @@ def record_failed_run(ctx: RunContext, spec, partitions: list[str], marks: dict[
         try:
             if k in marks and finished_since(ctx, spec, k, marks[k]):
                 continue
-            base = claims.held.get(k) or marks.get(k) or Watermark(spec.name, k, spec.spec_hash, {}, 0)
+            # what this run wrote last (its intent, its failure record), else the watermark as read
+            base = claims.written.get(k) or marks.get(k) or Watermark(spec.name, k, spec.spec_hash, {}, 0)
             claims.write(k, _counted(base, claims.run_id, exc), hold=False)
         except (LaminarError, OSError) as err:
             log.warning("%s %s: the failed run %s was not recorded (%s)", spec.name, k, claims.run_id, err)
