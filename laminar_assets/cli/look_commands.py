@@ -126,8 +126,9 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
         emit_json([{**r, "rates": rates[r["flow"]].to_json()} for r in rows]
                   + [{**e, "kind": "export", "target_kind": e["kind"]} for e in exports])
         return
-    table = Table("flow", "kind", "source versions", "materialized", "failing", "stale", "held by a run",
-                  "pending versions")
+    any_held = any(r["held_partitions"] for r in rows)  # the column only when a run holds a partition
+    table = Table("flow", "kind", "source versions", "materialized", "failing", "stale",
+                  *(["held by a run"] if any_held else []), "pending versions")
     for r in rows:
         stale = ", ".join(f"{s['partition']} ({s['reason']})" for s in r["stale_partitions"]) or "-"
         failing = "; ".join(f"{f['partition']}: {describe_failed_runs(f)}" for f in r["failing_partitions"]) or "-"
@@ -135,7 +136,8 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"),
                          f"{' (gone: the next run takes it over)' if h['gone'] else ''}"
                          for h in r["held_partitions"]) or "-"
         add_row(table, r["flow"], r["kind"], json.dumps(r["source_versions"]), r["partitions_materialized"],
-                Text(failing, style="red") if r["failing_partitions"] else failing, stale, held, r["pending_versions"])
+                Text(failing, style="red") if r["failing_partitions"] else failing, stale, *([held] if any_held else []),
+                r["pending_versions"])
     console.print(table)
     period = "all recorded runs" if start is None else f"since {start:%Y-%m-%d %H:%M} UTC"
     runs = Table("flow", "partition runs", "incremental", "refilled", "noop", "hit rate", "refills by reason",
