@@ -96,8 +96,10 @@ class CheckpointStore:
 
     def load_tagged(self, flow: str, partition: str) -> tuple[Watermark | None, str | None]:
         """The watermark and the tag of the version read (None, None: there is none), for `write_if`."""
+        return self._loaded(flow, partition, storage.read_tagged(self._path(flow, partition)))
+
+    def _loaded(self, flow: str, partition: str, found: tuple[bytes, str] | None) -> tuple[Watermark | None, str | None]:
         path = self._path(flow, partition)
-        found = storage.read_tagged(path)
         if found is None:
             self._known.pop(path, None)
             return None, None
@@ -128,6 +130,7 @@ class CheckpointStore:
         first, last = min(names.values()), max(names.values())
         listed = dict(storage.list_tagged(folder, after=first[:-1], until=last))
         out: dict[str, tuple[Watermark | None, str | None]] = {}
+        unread = []
         for partition, name in names.items():
             path, tag = self._path(flow, partition), listed.get(name)
             known = self._known.get(path)
@@ -136,8 +139,11 @@ class CheckpointStore:
             elif known is not None and known[0] == tag:
                 out[partition] = (known[1], tag)
             else:
-                out[partition] = self.load_tagged(flow, partition)
-        return out
+                unread.append(partition)
+        # the others read side by side (a process that has not read them yet: every one)
+        for partition, found in zip(unread, storage.read_many_tagged([self._path(flow, p) for p in unread])):
+            out[partition] = self._loaded(flow, partition, found)
+        return {partition: out[partition] for partition in names}
 
     def save(self, mark: Watermark) -> None:
         """Replace the watermark atomically (readers see the old one or the new one, never a mix), whatever

@@ -75,6 +75,10 @@ class Watermark:
     source_ids: dict[str, str] = field(default_factory=dict)
     failed_runs: FailedRuns | None = None  # runs failed in a row since the last success
     holder: Holder | None = None  # the run writing this partition now (None: no run holds it)
+    # each source's commit file at those versions, its tag (ETag) as the run listed it: a process that did not
+    # run the flow knows, from one listing of the log, that nothing newer landed in the same table
+    # (`engine.run.unchanged.check`), without opening it. Empty where the run did not list it.
+    source_tags: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

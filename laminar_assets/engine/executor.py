@@ -306,7 +306,8 @@ class Engine:
                 todo = []
                 for k in keys:
                     if plans[k].mode is Mode.NOOP:
-                        protocol.record_noop(self.ctx, plans[k], marks[k], claims, source_ids=inputs.source_ids())
+                        protocol.record_noop(self.ctx, plans[k], marks[k], claims, source_ids=inputs.source_ids(),
+                                             source_tags=unchanged.tags_at(found, plans[k].to_versions))
                         results[k] = RunResult(plans[k], run_id,
                                                RunMetrics(pending_versions=sum(plans[k].pending_versions.values())),
                                                {"plan": plan_s})
@@ -314,7 +315,7 @@ class Engine:
                         todo.append(k)
                 for group in _by_target(plans, todo):  # partitions that share target versions share a pass
                     results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force,
-                                                 claims))
+                                                 claims, found))
             except InjectedCrash as exc:
                 ended = exc
                 raise  # a simulated kill writes nothing more
@@ -385,7 +386,7 @@ class Engine:
                         spec.name, run_id, exc)
 
     def _execute(self, spec: Spec, plans: dict[str, PartitionPlan], marks: dict, inputs: RunInputs, run_id: str,
-                 force: bool, claims: protocol.Claims) -> dict[str, RunResult]:
+                 force: bool, claims: protocol.Claims, found: unchanged.Check | None = None) -> dict[str, RunResult]:
         ctx = self.ctx
         try:
             seqs = protocol.begin_all(ctx, spec, plans, marks, inputs.input_schema, claims, opened=inputs.opened,
@@ -396,7 +397,9 @@ class Engine:
             pass_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             finishes = [lambda k=k, p=p: protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k], claims,
-                                                         source_ids=inputs.source_ids()) for k, p in plans.items()]
+                                                         source_ids=inputs.source_ids(),
+                                                         source_tags=unchanged.tags_at(found, p.to_versions))
+                        for k, p in plans.items()]
             if finishes:
                 finishes[0]()
                 ctx.hook("after_first_watermark")

@@ -28,6 +28,7 @@ from .files import (
     normalized,
     read,
     read_many,
+    read_many_tagged,
     read_tagged,
     remove_empty_dirs,
     replace_if,
@@ -49,6 +50,6 @@ __all__ = [
     "SCHEMES", "LocalStore", "ObjectStoreOptions", "S3Store", "Store", "check_reachable", "copy", "create",
     "create_tagged", "delete", "delete_tree", "delta_options", "env", "exists", "filesystem", "is_object_store",
     "join", "list_dirs", "list_files", "list_tagged", "local_path", "mount", "mounted", "normalized",
-    "object_store_classes", "read", "read_many", "read_tagged", "remove_empty_dirs", "replace_if", "replace_tagged",
-    "resolve_root", "some_files", "spark_conf", "spark_uri", "store_for", "unmount", "write",
+    "object_store_classes", "read", "read_many", "read_many_tagged", "read_tagged", "remove_empty_dirs", "replace_if",
+    "replace_tagged", "resolve_root", "some_files", "spark_conf", "spark_uri", "store_for", "unmount", "write",
 ]

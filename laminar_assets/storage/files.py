@@ -139,10 +139,15 @@ def read_many(uris: Sequence[str]) -> list[bytes | None]:
     `READS_SIDE_BY_SIDE` at once), each in a copy of the caller's context: the same requests as reading them one
     after another, without waiting on each one's latency in turn (a log's commits since its checkpoint, about 20
     ms apiece on S3). On a local disk one after another. The first failure, in order, is raised."""
+    return [found[0] if found else None for found in read_many_tagged(uris)]
+
+
+def read_many_tagged(uris: Sequence[str]) -> list[tuple[bytes, str] | None]:
+    """`read_tagged` of each of `uris`, in their order, side by side as `read_many`."""
     if len(uris) < 2 or not all(is_object_store(u) for u in uris):
-        return [read(u) for u in uris]
+        return [read_tagged(u) for u in uris]
     with ThreadPoolExecutor(min(READS_SIDE_BY_SIDE, len(uris)), thread_name_prefix="laminar-reads") as pool:
-        return list(pool.map(lambda u: contextvars.copy_context().run(read, u), uris))
+        return list(pool.map(lambda u: contextvars.copy_context().run(read_tagged, u), uris))
 
 
 def read_tagged(uri: str) -> tuple[bytes, str] | None:

@@ -6,7 +6,9 @@ server's request recorder (bench/request_log.py), never timed.
 - a batched incremental run takes each lease with one PUT and frees it with one DELETE, writes one
   intent and one watermark per partition, and stages each small file with one PUT;
 - a source deleted and recreated at the same path and version is not mistaken for the one the
-  watermarks name."""
+  watermarks name;
+- a new process (each run the daemon launches) answers a run with nothing new from the watermarks and the
+  logs' listings, and opens a source at its checkpoint: each commit since read once."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from py4j.protocol import Py4JError
 
 from bench.request_log import RequestLog, phases, table
 from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, Tumbling
-from laminar_assets.engine.delta import snapshot_cache
+from laminar_assets.engine.delta import snapshot_cache, transactions
 from laminar_assets.engine.delta.deletion_vectors import DeletedRows
 from laminar_assets.engine.delta.tables import snapshot_files, table_info
+from laminar_assets.engine.run import unchanged, validate
 from laminar_assets.engine.spark import read as spark_read
 from laminar_assets.engine.spark.read import read_source
 from laminar_assets.engine.spark.session import use_object_store
@@ -99,6 +102,74 @@ def test_a_source_recreated_at_the_same_version_is_noticed(spark, s3_server, s3_
     assert all(r.mode is Mode.REFILL for r in results), [r.reason for r in results]
     sink = Lake(s3_lake.root).read(FLOW.name)
     assert set(sink["sym"]) == {"a", "z"}
+
+
+def _as_a_new_process() -> None:
+    """Forget what this process learned of the lake, as a run in a new process (the daemon launches each run so)
+    knows nothing: pooled snapshots, app transactions read or committed, flows run, sources checked. A new
+    `Engine` has a new checkpoint store (the watermarks and the sweep's progress it read). Spark stays warm, as a
+    Spark Connect server does between runs."""
+    snapshot_cache.clear()
+    transactions._read.clear()
+    transactions._made.clear()
+    unchanged._seen.clear()
+    validate._CHECKED.clear()
+
+
+def test_a_new_process_answers_a_run_with_nothing_new_from_the_watermarks(spark, s3_server, s3_lake):
+    s3_lake.create("trades", BASE)
+    Engine(spark, s3_lake.root).run_many(FLOW, PARTS)  # the first run: its watermarks name no commit file
+    s3_lake.append("trades", DELTA)
+    Engine(spark, s3_lake.root).run_many(FLOW, PARTS)
+    _as_a_new_process()
+    results, requests = _counted(s3_server, lambda: Engine(spark, s3_lake.root).run_many(FLOW, PARTS))
+    assert [(r.mode, r.reason) for r in results] == [(Mode.NOOP, Reason.NO_NEW_VERSIONS)] * 3
+    # the engine's check that the bucket answers; the watermarks' listing and a read of each (side by side: the
+    # process has read none), the source log's listing from their version (its newest commit file has the tag
+    # the watermarks name), the sweep's progress, the outcome record. 32 while only the process that ran the
+    # flow could answer so (the full path: every table opened)
+    assert [(r.kind, r.object) for r in requests] == (
+        [("HEAD", "source listing"), ("LIST", "watermark")] + [("GET", "watermark")] * 3
+        + [("LIST", "source log"), ("GET", "sweep"), ("PUT", "outcome")])
+    _recreate(s3_lake, "trades", BASE[:1], [("2024-01-01 00:03:00", "z", 9.0, 9)])  # version 1 again
+    _as_a_new_process()
+    results = Engine(spark, s3_lake.root).run_many(FLOW, PARTS)
+    assert all(r.mode is Mode.REFILL for r in results), [r.reason for r in results]  # another commit file there
+    assert set(Lake(s3_lake.root).read(FLOW.name)["sym"]) == {"a", "z"}
+
+
+@pytest.mark.parametrize("age", [4, 40])
+def test_a_batched_run_in_a_new_process_reads_each_source_commit_since_the_checkpoint_once(
+        spark, s3_server, s3_lake, age):
+    """The deployment's run (a new process) over 6 partitions: its source is opened at its last checkpoint (none
+    here: deltalake writes one every 100 commits, so at version 0) and each commit since is read once, side by
+    side (`snapshot_cache._from_checkpoint`); opening it at its latest version read each twice, one after
+    another (2 x commits + 2). So the count grows by one request per commit since the source's checkpoint, which
+    the source's writer decides (Laminar's own tables checkpoint every 10 commits)."""
+    n = 6
+    parts = [f"2024-01-01-{h:02d}:00" for h in range(n)]
+    s3_lake.create("trades", [(f"2024-01-01 {h:02d}:01:00", "a", 1.0, 1) for h in range(n)])
+    for i in range(age - 1):
+        s3_lake.append("trades", [(f"2024-01-01 00:{10 + i % 40:02d}:00", "b", 1.0, 1)])
+    Engine(spark, s3_lake.root).run_many(FLOW, parts)
+    for h in range(n):
+        s3_lake.append("trades", [(f"2024-01-01 {h:02d}:07:00", "c", 2.0, 1)])
+    _as_a_new_process()
+    log = RequestLog(s3_server.endpoint, sinks=(FLOW.name,))
+    log.start()
+    with phases(log):
+        results = Engine(spark, s3_lake.root).run_many(FLOW, parts)
+    requests = log.requests()
+    assert [r.reason for r in results] == [Reason.APPEND_ONLY] * n
+    commits = age - 1 + n  # the source's commits after version 0
+    gather = [r for r in requests if r.phase == "gather"]
+    # the checkpoint pointer (ours, deltalake's), the log's listing from it (ours, deltalake's), deltalake's two
+    # reads of version 0 and each later commit once; the 6 new ones are the run's history as well (not read again)
+    assert _by(gather) == {"GET": 4 + commits, "LIST": 2}, Counter((r.key.rsplit("/", 1)[-1], r.client) for r in gather)
+    assert Counter(r.key.rsplit("/", 1)[-1] for r in gather if r.kind == "GET")[f"{commits:020d}.json"] == 1
+    # 111 at age 4 and 183 at age 40 while the source was opened at its latest version (with the engine's check
+    # that the bucket answers, a HEAD)
+    assert len(requests) == 89 + commits, (len(requests), {p: dict(c) for p, c in table(requests, "phase").items()})
 
 
 def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, s3_server, s3_lake, monkeypatch):

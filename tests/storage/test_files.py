@@ -79,13 +79,14 @@ def test_read_many_on_an_object_store_reads_side_by_side(monkeypatch, s3_server)
     with using(s3_server):
         uris = [storage.join(s3_server.bucket(), f"{i}.json") for i in range(3)]
         meet = threading.Barrier(3, timeout=30)
-        monkeypatch.setattr(files, "read", lambda uri: (meet.wait(), uri.encode())[1])
+        monkeypatch.setattr(files, "read_tagged", lambda uri: (meet.wait(), (uri.encode(), f"tag-{uri[-6]}"))[1])
         assert storage.read_many(uris) == [u.encode() for u in uris]
+        assert storage.read_many_tagged(uris) == [(u.encode(), f"tag-{i}") for i, u in enumerate(uris)]
 
         def fail(uri):
             raise StorageError(f"cannot read {uri}")
 
-        monkeypatch.setattr(files, "read", fail)
+        monkeypatch.setattr(files, "read_tagged", fail)
         with pytest.raises(StorageError, match="0.json"):
             storage.read_many(uris)
 

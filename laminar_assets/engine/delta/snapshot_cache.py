@@ -39,8 +39,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from laminar_assets import storage
+from laminar_assets.errors import SourceNotFoundError
 
 # Snapshots kept (least recently used dropped first). A snapshot of a large table holds its file
 # list in memory; a run touches a few tables at one or two versions each.
@@ -172,6 +174,15 @@ def _first_commit(log: str) -> tuple | None:
 # the pool; a commit of another kind moves the handle over all of them (the cost deferred, paid once), and a
 # checkpoint among the new commits opens the table afresh from it (its commits since, read twice), which ends
 # the chain, as `MAX_APPENDED` does for a table that never checkpoints.
+#
+# A process that holds no handle of a source yet (every run the daemon launches is a new process) derives the
+# same way from the source's last checkpoint (`_from_checkpoint`): the handle is opened at the checkpoint's
+# version (or at version 0 when the log has no checkpoint pointer), which reads the checkpoint and no commit
+# after it, and the commits since are read once each, side by side, as appends. Opening at the latest version
+# instead reads every commit since the checkpoint twice (`deltalake` replays the log once for the protocol and
+# metadata, once for the files): 2N requests one after another where this makes N side by side, and the run
+# reads the newest of them for its history anyway. A commit since the checkpoint that is not an append moves the
+# handle over them as `checkout` does.
 
 MAX_POOLED = 32  # handles kept, over all tables (least recently given back dropped first): a run holds three or so
 # Appended commits a source's snapshot derives from the handle's (`checkout_appended`) before the handle is moved
@@ -204,7 +215,7 @@ class Listed(dict):
 
 
 _pool: OrderedDict[int, tuple[str, Held]] = OrderedDict()  # id -> (uri, held)
-_pool_stats = {"moved": 0, "opened": 0, "reused": 0, "appended": 0}
+_pool_stats = {"moved": 0, "opened": 0, "reused": 0, "appended": 0, "from_checkpoint": 0}
 
 
 def _take(uri: str) -> Held | None:
@@ -269,11 +280,47 @@ def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool) 
                 else:
                     _count("moved")
                     return Held(held.table, latest, latest, listed[latest], (), entries)
+    elif derive and (based := _from_checkpoint(uri, opener, listed)) is not None:
+        return based
     table = opener(uri, None)
     _count("opened")
     if not listed or not min(listed) <= table.version() <= max(listed):
         listed = log_tail(uri, table.version())
     return Held(table, table.version(), table.version(), listed.get(table.version()), (), entries)
+
+
+def _from_checkpoint(uri: str, opener, listed: dict[int, str] | None) -> Held | None:
+    """A source's snapshot at its latest version for a process that holds no handle of it: the handle opened at
+    the version of the log's last checkpoint (`_last_checkpoint`; version 0 when there is none) and the commits
+    since read once each (`_appends`); when one of them is not an append, the handle moved over them. None when
+    this cannot be done (no log, a pointer that is not the protocol's, more than `MAX_APPENDED` commits since,
+    a base version the log no longer holds): the caller opens the table at its latest version."""
+    pointer = storage.read(storage.join(uri, "_delta_log", "_last_checkpoint"))
+    try:
+        base = int(json.loads(pointer)["version"]) if pointer is not None else 0
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not listed or not min(listed) <= base <= max(listed):
+        listed = log_tail(uri, base)
+    if not listed or (pointer is None and 0 not in listed):  # no log, or version 0 cleaned up without a pointer
+        return None
+    latest = max(listed)
+    if latest < base or latest - base > MAX_APPENDED:
+        return None
+    try:
+        table = opener(uri, base)
+    except (DeltaError, OSError, ValueError, SourceNotFoundError):  # e.g. log clean-up took the base: open as usual
+        return None
+    if table.version() != base:
+        return None
+    _count("from_checkpoint")
+    if latest == base:
+        return Held(table, base, base, listed.get(base), (), {})
+    actions, entries = _appends(uri, base, latest)
+    if actions is not None:
+        return Held(table, base, latest, listed[latest], actions, entries)
+    table.load_as_version(latest)  # a commit since did more than append: the handle moves over them
+    return Held(table, latest, latest, listed[latest], (), entries)
 
 
 def _appends(uri: str, since: int, latest: int) -> tuple[tuple[tuple[int, dict], ...] | None, dict[int, bytes]]:

@@ -250,7 +250,7 @@ def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, in
 
 
 def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, str], seq: int, claims: Claims, *,
-           source_ids: dict[str, str] | None = None) -> None:
+           source_ids: dict[str, str] | None = None, source_tags: dict[str, str] | None = None) -> None:
     """Move the watermark to the plan's target versions (both commits have landed), clearing this run as holder.
     When another run took the partition over meanwhile (this one looked gone to it), that run settles this
     run's commits from the intent it found: nothing is overwritten here."""
@@ -258,6 +258,7 @@ def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, s
         flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
         source_versions=dict(plan.to_versions), seq=seq, input_schema=dict(input_schema),
         last_mode=plan.mode.value, last_reason=plan.reason.value, source_ids=_ids(plan, source_ids),
+        source_tags=dict(source_tags or {}),
     ), hold=False)
     if not done:
         log.warning("%s %s: another run took the partition over before this run's watermark; it settles this "
@@ -265,14 +266,19 @@ def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, s
 
 
 def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None, claims: Claims, *,
-                source_ids: dict[str, str] | None = None) -> None:
+                source_ids: dict[str, str] | None = None, source_tags: dict[str, str] | None = None) -> None:
     """Nothing to compute: record the newer versions the partition is already up to date with (a conditional
-    write: when another run wrote the watermark since, that run's record stands)."""
+    write: when another run wrote the watermark since, that run's record stands). Also written when only the
+    tags of the sources' commit files are new to it (`Watermark.source_tags`: once, for a watermark written
+    without them)."""
     ids = (_ids(plan, source_ids) or mark.source_ids) if mark is not None else {}
+    tags = dict(source_tags or {})
     if mark is not None and mark.committed and (plan.to_versions != mark.source_versions or ids != mark.source_ids
+                                                or (tags and tags != mark.source_tags)
                                                 or mark.failed_runs is not None or plan.partition in claims.held):
         claims.write(plan.partition, mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
-                                                last_reason=plan.reason.value, source_ids=ids, failed_runs=None),
+                                                last_reason=plan.reason.value, source_ids=ids, source_tags=tags,
+                                                failed_runs=None),
                      hold=False)
 
 

@@ -9,8 +9,11 @@ the sweep's progress: tens of requests, growing with the tables' age. Here it is
     one listing of the flow's watermarks   (`CheckpointStore.load_listed`: their tags; a watermark
                                             this process read or wrote with that tag is not read again)
     one listing per input table's log       from the version the watermarks name: no newer commit, and
-                                            that version's commit file is the one this process saw
+                                            that version's commit file is the one the last run saw
     the outcome record                      (one PUT, as every run)
+
+and in a process that has not run the flow yet, a read of each watermark (side by side) and of the
+sweep's progress.
 
 The answer is NOOP / NO_NEW_VERSIONS for every partition, the one the planner gives when
 nothing moved. It is given only when all of these hold, else the full path runs (and nothing is lost):
@@ -18,10 +21,11 @@ nothing moved. It is given only when all of these hold, else the full path runs 
 - no refill was asked for, and the spec's refresh policy is not 'full';
 - every partition has a committed watermark of this spec (same spec hash), with no intent, no failed
   attempt and no failed-run count, and all of them name the same input versions;
-- this process ran the flow before (`remember`) up to exactly those versions, and saw the commit file
-  of each one with the tag the listing shows now (a table deleted and recreated at the same path has
-  another commit file there), with nothing newer in any log;
-- the sweep's progress this process last read or wrote for this spec covers those versions.
+- those versions are the latest in every log, and their commit files are the ones the flow's last run
+  saw: this process ran the flow before (`remember`) and saw each with the tag the listing shows now, or
+  every watermark names those tags (`Watermark.source_tags`: so a new process, as every run the daemon
+  launches is, answers too). A table deleted and recreated at the same path has another commit file there;
+- the sweep's progress for this spec covers those versions (read once by a process that has not yet).
 
 Why no claim: nothing is written but the outcome record. A run holding a partition changes its
 watermark (its intent) before it commits anything, and a later listing sees the new tag.
@@ -81,10 +85,16 @@ def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | 
         latest[table] = max(listed[uri].items())
     with _lock:
         seen = _seen.get((ctx.layout.root, spec.name, spec.spec_hash))
+    # the same tables: this process ran the flow up to these commit files, or the watermarks name their tags
+    same = (seen is not None and seen == latest) or all(
+        tag is not None and m is not None and m.source_tags.get(t) == tag
+        for m in marks.values() for t, (_v, tag) in latest.items())
+    unchanged = same and all(latest[t][0] == v for t, v in first.source_versions.items())
+    if unchanged and ctx.store.swept(spec.name, spec.spec_hash) is None:
+        ctx.store.load_sweep(spec.name, spec.spec_hash)  # a process that has not read it yet: one read
     swept = ctx.store.swept(spec.name, spec.spec_hash)
-    unchanged = (seen is not None and seen == latest and swept is not None
-                 and all(latest[t][0] == v for t, v in first.source_versions.items())
-                 and all(swept.get(src, -1) >= first.source_versions[src] for src in spec.sources))
+    unchanged = unchanged and swept is not None and all(
+        swept.get(src, -1) >= first.source_versions[src] for src in spec.sources)
     if not unchanged:
         return Check(marks, latest, None, listed, tagged)
     return Check(marks, latest, {k: _noop(spec, k, marks[k]) for k in keys}, listed, tagged)
@@ -110,6 +120,14 @@ def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[Parti
             latest[table] = (version, listed[version])
     with _lock:
         _seen[(ctx.layout.root, spec.name, spec.spec_hash)] = dict(latest)
+
+
+def tags_at(found: Check | None, versions: dict[str, int]) -> dict[str, str]:
+    """The tags of the inputs' commit files at `versions`, where `check` listed them (for the watermarks:
+    `Watermark.source_tags`); an input it did not list, or listed at another latest version, has none."""
+    latest = found.latest if found is not None else None
+    return {t: latest[t][1] for t, v in versions.items()
+            if latest and t in latest and latest[t][0] == v and latest[t][1] is not None}
 
 
 def _settled(mark: Watermark | None, spec: Spec) -> bool:

@@ -5,6 +5,8 @@
   since it are read, not every commit since the checkpoint, and a table deleted and recreated at the same path
   is never served from the old handle; commits that only appended files are read once and not moved over
   (`checkout_appended`: the snapshot is the handle's files and theirs), any other commit moves the handle;
+- a process with no handle of a source (each run the daemon launches) opens it at its last checkpoint and reads
+  each commit since once (deltalake's open at the latest version reads each twice);
 - a commit this process made through a handle is not read back for its app transactions;
 - the app transactions of all of a run's partitions come from one read of the log (`transactions`), and give
   what `DeltaTable.transaction_version` gives, across checkpoints."""
@@ -59,7 +61,13 @@ def test_a_runs_snapshot_reads_the_new_commits_only_whatever_the_tables_age(s3_s
         _append(uri, [i])
     (info, release), first = _counted(s3_server, lambda: checkout_info("src", uri))
     assert info.version == age - 1
-    assert first["GET"] >= 2 * age  # the first open of the process replays the log (deltalake reads each commit twice)
+    # the first open of the process: no checkpoint yet (deltalake writes one every 100 commits), so the handle
+    # is opened at version 0 (the missing pointer read twice, here and by deltalake, its listing and its two reads
+    # of version 0) and the commits since are read once each, with the listing of the log from 0; opening at the
+    # latest version read each commit twice (2 x age + 2)
+    assert first == {"GET": 2 + 2 + (age - 1), "LIST": 2}
+    assert info.table.version() == 0 and sorted(info.log_entries) == list(range(1, age))
+    assert _files(info) == _fresh_files(uri)
     release()
     _append(uri, [100])
     _append(uri, [101])
@@ -67,12 +75,12 @@ def test_a_runs_snapshot_reads_the_new_commits_only_whatever_the_tables_age(s3_s
     # one listing from the handle's version and one read of each new commit (appends: the handle is not moved,
     # which cost deltalake's listing and its two reads of each commit)
     assert info.version == age + 1 and moved == {"LIST": 1, "GET": 2}
-    assert info.table.version() == age - 1 and sorted(info.log_entries) == [age, age + 1]
+    assert info.table.version() == 0 and sorted(info.log_entries) == list(range(1, age + 2))
     assert _files(info) == _fresh_files(uri)
     release()
     (info, release), again = _counted(s3_server, lambda: checkout_info("src", uri))
     assert info.version == age + 1 and again == {"LIST": 1}  # nothing new: one listing
-    assert sorted(info.log_entries) == [age, age + 1]  # the appended commits' files stay with the chain
+    assert sorted(info.log_entries)[-2:] == [age, age + 1]  # the appended commits' files stay with the chain
     assert _files(info) == _fresh_files(uri)
     release()
 
@@ -107,6 +115,45 @@ def test_a_snapshot_derived_from_appends_equals_the_tables_and_any_other_commit_
     assert (info.version, info.base_version, info.table.version()) == (4, None, 4)
     assert _files(info) == _fresh_files(uri)
     release()
+
+
+def test_a_process_with_no_handle_opens_a_source_at_its_checkpoint_and_reads_each_commit_since_once(
+        s3_server, s3_lake):
+    uri = s3_lake.path("src")
+    for i in range(12):
+        _append(uri, [i])
+    DeltaTable(uri, storage_options=storage.delta_options(uri)).create_checkpoint()  # at version 11
+    for i in range(12, 17):
+        _append(uri, [i])
+    checkpoint_reads = _checkpoint_reads(s3_server, uri, 11)
+    log = RequestLog(s3_server.endpoint)
+    log.start()
+    info, release = checkout_info("src", uri)
+    gets = Counter(r.key.rsplit("/", 1)[-1] for r in log.requests() if r.kind == "GET")
+    assert (info.version, info.base_version, info.table.version()) == (16, 11, 11)
+    assert sorted(info.log_entries) == [12, 13, 14, 15, 16]  # for the run's history: not read again
+    assert _files(info) == _fresh_files(uri)
+    # the pointer (here and deltalake's), deltalake's reads of the checkpoint, each commit since once, none before
+    assert gets.pop("_last_checkpoint") == 2
+    assert gets.pop(f"{11:020d}.checkpoint.parquet") == checkpoint_reads
+    assert gets == {f"{v:020d}.json": 1 for v in range(12, 17)}
+    assert Counter(r.kind for r in log.requests())["LIST"] == 2  # ours from the checkpoint, deltalake's
+    release()
+    snapshot_cache.clear()  # a new process again; a delete since the checkpoint is not an append
+    DeltaTable(uri, storage_options=storage.delta_options(uri)).delete("v = 13")
+    info, release = checkout_info("src", uri)
+    assert (info.version, info.base_version, info.table.version()) == (17, None, 17)  # the handle moved over them
+    assert _files(info) == _fresh_files(uri) and sorted(info.log_entries) == [12, 13, 14, 15, 16, 17]
+    assert sorted(info.delta().to_pyarrow_table()["v"].to_pylist()) == [i for i in range(17) if i != 13]
+    release()
+
+
+def _checkpoint_reads(server, uri: str, version: int) -> int:
+    """The GETs deltalake makes of the checkpoint of `version` when it opens the table there."""
+    log = RequestLog(server.endpoint)
+    log.start()
+    DeltaTable(uri, version=version, storage_options=storage.delta_options(uri)).file_uris()
+    return sum(1 for r in log.requests() if r.kind == "GET" and ".checkpoint." in r.key)
 
 
 def test_two_runs_at_once_hold_handles_of_their_own(s3_server, s3_lake):
