@@ -8,7 +8,7 @@ import dagster as dg
 from laminar_assets.contracts.expectations import warm_up
 from laminar_assets.engine import FlowSpec, Granularity, LaminarError, RunResult, Spec, StageSpec, record_refused_run
 from laminar_assets.engine.aggregates import implementation
-from laminar_assets.engine.delta import resolve_uri, table_info
+from laminar_assets.engine.delta import checkout_info, resolve_uri, table_info
 from laminar_assets.orchestration.check_partitions import CHANGED_KEY
 from laminar_assets.orchestration.table_metadata import table_metadata
 from laminar_assets.pipeline.settings import LaminarSettings
@@ -119,8 +119,13 @@ def _guard_sources(spec: Spec, contracts: dict, root: str) -> dict:
     for src in (*spec.sources, *spec.dimension_tables):
         if src not in contracts:
             continue
-        info = table_info(src, resolve_uri(root, src))
-        report = guard_source(contracts[src], info.schema, info.version, columns_used(spec, src))
+        # the snapshot the run takes next (on an object store the process's pooled one, opened here from the
+        # source's checkpoint: the run's gather then lists its log once instead of opening it again)
+        info, release = checkout_info(src, resolve_uri(root, src))
+        try:
+            report = guard_source(contracts[src], info.schema, info.version, columns_used(spec, src))
+        finally:
+            release()
         if report.added_columns:
             added[src] = list(report.added_columns)
     return added

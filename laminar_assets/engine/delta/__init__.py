@@ -8,6 +8,7 @@ from .log import CommitKind, CommitSummary, DataFile
 from .tables import (
     SourceHistory,
     TableInfo,
+    checkout_info,
     is_delta_table,
     open_delta,
     open_table,
@@ -19,5 +20,6 @@ from .tables import (
 
 __all__ = [
     "CommitKind", "CommitSummary", "DataFile", "Layout", "SourceHistory", "TableInfo", "TableIntegrity",
-    "check_table", "is_delta_table", "open_delta", "open_table", "resolve_uri", "snapshot_files", "source_history", "table_info",
+    "check_table", "checkout_info", "is_delta_table", "open_delta", "open_table", "resolve_uri", "snapshot_files",
+    "source_history", "table_info",
 ]

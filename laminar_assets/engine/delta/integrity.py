@@ -1,7 +1,8 @@
 """Lake integrity: every file the latest snapshot of a table names exists.
 
 A reader should never be the first to find that a table names a missing file. `check_table`
-opens a table's latest snapshot afresh (never a shared, cached one) and looks for every data
+opens a table's latest snapshot (afresh on a local disk; on an object store the snapshot the run's other
+readers share, after a listing that proves it the latest) and looks for every data
 file it names (Laminar writes no deletion vectors). `written_tables` lists the tables Laminar writes for a
 spec: its sink (a stage's output), its state tables and its sources' quarantine tables.
 `laminar check` and the contract and equivalence asset checks report a broken table with its
@@ -19,6 +20,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from laminar_assets import storage
 
+from . import snapshot_cache
 from .layout import Layout
 from .tables import open_delta
 
@@ -55,7 +57,10 @@ class TableIntegrity:
 def check_table(name: str, uri: str) -> TableIntegrity:
     """Whether every file the latest snapshot of the table at `uri` names exists."""
     try:
-        dt = open_delta(uri)  # a fresh open: a shared snapshot could predate the newest commit
+        if storage.is_object_store(uri):  # shared with the run's other readers: `open_snapshot` lists the log
+            dt = snapshot_cache.open_snapshot(uri, None, open_delta)  # from the version it keeps, so it is the latest
+        else:
+            dt = open_delta(uri)  # a fresh open: a shared snapshot could predate the newest commit
     except TableNotFoundError:
         return TableIntegrity(name, uri, None)
     paths = [_absolute(uri, p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()]

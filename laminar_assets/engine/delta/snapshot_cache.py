@@ -18,8 +18,9 @@ by hand that repeats the old commit byte for byte, on a first commit file that t
 the same inode, size and modification time (times are as fine as the kernel's clock tick), would be
 served the old snapshot. A request for the latest version lists the log first (what `deltalake`
 does as well) and opens exactly the version found, so a commit landing meanwhile is not mistaken for
-the one listed. Not cached: tables that are not on the local file system (their commit files cannot
-be checked as cheaply) and versions whose commit file log clean-up has removed.
+the one listed. Not cached: versions whose commit file log clean-up has removed. On an object store
+the check is the tag (ETag, generation) of the version's commit file, from one listing of the log
+(`_open_remote`, below).
 
 Each request reads and hashes the commit file it asks for, hit or miss: much less than an open,
 which parses that file and more.
@@ -61,6 +62,8 @@ _stats = {"opened": 0, "shared": 0}
 def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | None], DeltaTable]) -> DeltaTable:
     """The snapshot of the table at `uri` at `version` (latest if None), opened by `opener(uri,
     version)` unless an identical one is open already. The returned table must only be read."""
+    if storage.is_object_store(uri):
+        return _open_remote(uri, version, opener)
     key = _key(uri, version)
     if key is None:
         return opener(uri, version)
@@ -94,6 +97,62 @@ def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | No
     return table
 
 
+# --- object stores: snapshots shared by tag --------------------------------------------------------------------
+#
+# A run's readers of a table it does not write (its asset's metadata, a preview, the checks after it: the sink the
+# run just committed, a source's schema) each opened the latest snapshot afresh on an object store: the pointer, a
+# listing and every commit since the last checkpoint twice, 16 requests for a table 7 commits past it, up to seven
+# times in one step and its checks. Here such a snapshot is kept with the tag (ETag, generation) of its version's
+# commit file, and a reader of the latest version lists the log from the newest version kept (one request, S3
+# StartAfter): that version's commit file still with that tag is the same table (a table recreated at the path has
+# another commit file there, the argument of `_key`), and the newest commit listed is the latest version. A
+# snapshot at it is shared; a newer version is opened at exactly the version listed. A reader of a given version
+# lists from it the same way. A snapshot whose version's tag is not known (log clean-up took the commit file) is
+# not kept. Same bounds as the local snapshots: `MAX_SNAPSHOTS`, `KEEP_SECONDS`.
+
+_remote: OrderedDict[tuple[str, int], tuple[DeltaTable, str, float]] = OrderedDict()  # (uri, version) -> (table, tag, at)
+
+
+def _open_remote(uri: str, version: int | None, opener: Callable[[str, int | None], DeltaTable]) -> DeltaTable:
+    now = time.monotonic()
+    with _lock:
+        for old in [k for k, (_t, _tag, at) in _remote.items() if now - at > KEEP_SECONDS]:
+            del _remote[old]
+        known = {v: (table, tag) for (u, v), (table, tag, _at) in _remote.items() if u == uri}
+    target, tag = version, None
+    if version is not None or known:
+        since = version if version is not None else max(known)
+        listed = log_tail(uri, since)
+        if version is None and listed.get(since) != known[since][1]:  # another table at the path, or its log gone
+            _forget_remote(uri)
+            listed, known = Listed(), {}
+        if listed:
+            target = version if version is not None else max(listed)
+            tag = listed.get(target)
+            if tag is not None and target in known and known[target][1] == tag:
+                with _lock:
+                    _stats["shared"] += 1
+                    if (uri, target) in _remote:
+                        _remote.move_to_end((uri, target))
+                return known[target][0]
+    table = opener(uri, target)
+    if tag is None:  # opened at the latest version without a listing: its commit file's tag, from one listing
+        tag = log_tail(uri, table.version()).get(table.version())
+    with _lock:
+        _stats["opened"] += 1
+        if tag is not None and table.version() == (target if target is not None else table.version()):
+            _remote[(uri, table.version())] = (table, tag, now)
+            while len(_remote) > MAX_SNAPSHOTS:
+                _remote.popitem(last=False)
+    return table
+
+
+def _forget_remote(uri: str) -> None:
+    with _lock:
+        for key in [k for k in _remote if k[0] == uri]:
+            del _remote[key]
+
+
 def stats() -> dict[str, int]:
     """Snapshots opened and shared so far in this process (for tests and the benchmark)."""
     with _lock:
@@ -105,6 +164,7 @@ def clear() -> None:
     not)."""
     with _lock:
         _entries.clear()
+        _remote.clear()
         _pool.clear()
 
 

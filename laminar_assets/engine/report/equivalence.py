@@ -128,25 +128,30 @@ def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: i
                                    reason=Reason.FORCED_BY_USER, detail="equivalence check",
                                    spec_hash=spec.spec_hash, to_versions=dict(mark.source_versions),
                                    refill=refill, refill_all=True))
-    inputs = engine.gather(spec, list(marks))
-    quantiles = {a.name: a for a in spec.aggregates if a.kind == "approx_percentile" and a.name not in spec.hidden}
-    sketches = {name: implementation(a).state_columns[0] for name, a in quantiles.items()}
-    recomputed = finalize(spec, state_query(engine.ctx, spec, plans, inputs), keep=tuple(sketches.values())).drop(PART)
-    keys = ["window_start", "window_end", *spec.keys]
-    values = [c for c in recomputed.columns if c not in keys and c not in sketches.values()]
-    floats = {f.name for f in recomputed.schema.fields if isinstance(f.dataType, (FloatType, DoubleType))}
-    small = read_set(spec, plans, inputs).total_bytes < engine.ctx.options.interpreted_below_bytes
-    sink = engine.sink_tables(spec, partitions)
-    with interpreted(engine.spark, small):  # one job
-        if sink is not None:  # the sink's rows are read by the driver: Spark only recomputes
-            recomputed_rows = recomputed.select(*keys, *values, *[
-                b.alias(f"{n}__{c}") for c in sketches for b, n in zip(_quantile_bounds(
-                    F.col(sketches[c]), quantiles[c]), ("lo", "hi"))]).toArrow()
-            rows = _compare_in_driver(pa.concat_tables(list(sink.values())), recomputed_rows, picked_ranges,
-                                      keys, values, floats, set(quantiles), rel)
-        else:
-            rows = _compare_in_spark(engine, spec, partitions, recomputed, picked_ranges, keys, values, floats,
-                                     quantiles, sketches, rel)
+    # the sources' snapshots from the process's pool (as the run's: the run just gave them back, so the check
+    # lists each log once instead of opening it), given back when the comparison is done
+    inputs = engine.gather(spec, list(marks), pooled=True)
+    try:
+        quantiles = {a.name: a for a in spec.aggregates if a.kind == "approx_percentile" and a.name not in spec.hidden}
+        sketches = {name: implementation(a).state_columns[0] for name, a in quantiles.items()}
+        recomputed = finalize(spec, state_query(engine.ctx, spec, plans, inputs), keep=tuple(sketches.values())).drop(PART)
+        keys = ["window_start", "window_end", *spec.keys]
+        values = [c for c in recomputed.columns if c not in keys and c not in sketches.values()]
+        floats = {f.name for f in recomputed.schema.fields if isinstance(f.dataType, (FloatType, DoubleType))}
+        small = read_set(spec, plans, inputs).total_bytes < engine.ctx.options.interpreted_below_bytes
+        sink = engine.sink_tables(spec, partitions)
+        with interpreted(engine.spark, small):  # one job
+            if sink is not None:  # the sink's rows are read by the driver: Spark only recomputes
+                recomputed_rows = recomputed.select(*keys, *values, *[
+                    b.alias(f"{n}__{c}") for c in sketches for b, n in zip(_quantile_bounds(
+                        F.col(sketches[c]), quantiles[c]), ("lo", "hi"))]).toArrow()
+                rows = _compare_in_driver(pa.concat_tables(list(sink.values())), recomputed_rows, picked_ranges,
+                                          keys, values, floats, set(quantiles), rel)
+            else:
+                rows = _compare_in_spark(engine, spec, partitions, recomputed, picked_ranges, keys, values, floats,
+                                         quantiles, sketches, rel)
+    finally:
+        inputs.release()
     found: dict[str, list[dict]] = {p: [] for p in partitions}
     for d in rows:
         p = partition_key(d["window_start"], spec.granularity)

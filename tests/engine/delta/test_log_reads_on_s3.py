@@ -7,6 +7,8 @@
   (`checkout_appended`: the snapshot is the handle's files and theirs), any other commit moves the handle;
 - a process with no handle of a source (each run the daemon launches) opens it at its last checkpoint and reads
   each commit since once (deltalake's open at the latest version reads each twice);
+- readers of a table's latest snapshot that do not write it (a step's metadata, the checks) share one snapshot,
+  proved the latest by one listing of the log from its version (`snapshot_cache.open_snapshot`);
 - a commit this process made through a handle is not read back for its app transactions;
 - the app transactions of all of a run's partitions come from one read of the log (`transactions`), and give
   what `DeltaTable.transaction_version` gives, across checkpoints."""
@@ -22,7 +24,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from bench.request_log import RequestLog
 from laminar_assets import storage
 from laminar_assets.engine.delta import snapshot_cache
-from laminar_assets.engine.delta.tables import checkout_info, checkout_table, info_of, snapshot_files
+from laminar_assets.engine.delta.integrity import check_table
+from laminar_assets.engine.delta.tables import checkout_info, checkout_table, info_of, snapshot_files, table_info
 from laminar_assets.engine.delta.transactions import committed, txn_versions_of
 
 
@@ -154,6 +157,34 @@ def _checkpoint_reads(server, uri: str, version: int) -> int:
     log.start()
     DeltaTable(uri, version=version, storage_options=storage.delta_options(uri)).file_uris()
     return sum(1 for r in log.requests() if r.kind == "GET" and ".checkpoint." in r.key)
+
+
+def test_readers_of_the_latest_snapshot_share_one_proved_by_a_listing(s3_server, s3_lake):
+    uri = s3_lake.path("src")
+    for i in range(6):
+        _append(uri, [i])
+    first, opened = _counted(s3_server, lambda: table_info("src", uri))
+    # deltalake's open (the pointer, a listing, each commit twice), then one listing for its commit file's tag
+    assert first.version == 5 and opened == {"GET": 1 + 2 * 6, "LIST": 2}
+    again, shared = _counted(s3_server, lambda: table_info("src", uri))
+    assert again.table is first.table and shared == {"LIST": 1}  # nothing newer: the same snapshot
+    integrity, checked = _counted(s3_server, lambda: check_table("src", uri))
+    assert integrity.ok and integrity.version == 5 and checked == {"LIST": 2}  # the log's listing, the files'
+    _append(uri, [6])
+    newer, moved = _counted(s3_server, lambda: table_info("src", uri))
+    # the newest commit listed is opened at exactly that version (deltalake's open of it), not an older snapshot
+    assert newer.version == 6 and newer.table is not first.table and moved["LIST"] == 2
+    assert _files(newer) == _fresh_files(uri)
+    pinned, at_version = _counted(s3_server, lambda: table_info("src", uri, 6))
+    assert pinned.table is newer.table and at_version == {"LIST": 1}  # a given version: its tag checked
+    for found, _size in storage.list_files(uri):  # the table deleted and recreated at the path, at version 6 again
+        storage.delete(found)
+    for i in range(7):
+        _append(uri, [100 + i])
+    recreated = table_info("src", uri)
+    assert recreated.version == 6 and recreated.table is not newer.table  # another commit file at version 6
+    assert sorted(recreated.table.to_pyarrow_table()["v"].to_pylist()) == list(range(100, 107))
+    assert table_info("src", uri, 6).table is recreated.table
 
 
 def test_two_runs_at_once_hold_handles_of_their_own(s3_server, s3_lake):

@@ -189,10 +189,7 @@ def test_snapshots_that_cannot_be_checked_are_opened_every_time(tmp_path):
         with pytest.raises(DeltaError):  # version 0 cannot be loaded any more; each reader gets the error
             snapshot_cache.open_snapshot(path, 0, lambda u, v: calls.append(v) or DeltaTable(u, version=v))
     assert opener.calls == [(path, 1)] and calls == [0, 0]
-    remote = []
-    for _ in range(2):  # not on the local file system: no cheap check of its commit file
-        snapshot_cache.open_snapshot("s3://bucket/t", None, lambda u, v: remote.append((u, v)))
-    assert remote == [("s3://bucket/t", None)] * 2
+    # (a table in a bucket is checked by its commit file's tag: tests/engine/delta/test_log_reads_on_s3.py)
 
 
 def test_only_a_few_snapshots_are_kept(tmp_path):
