@@ -22,14 +22,14 @@ from py4j.protocol import Py4JError
 
 from bench.request_log import RequestLog, phases, table
 from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, Tumbling
-from laminar_assets.engine.delta import snapshot_cache, transactions
+from laminar_assets.engine.delta import snapshot_cache
 from laminar_assets.engine.delta.deletion_vectors import DeletedRows
 from laminar_assets.engine.delta.tables import snapshot_files, table_info
-from laminar_assets.engine.run import unchanged, validate
 from laminar_assets.engine.spark import read as spark_read
 from laminar_assets.engine.spark.read import read_source
 from laminar_assets.engine.spark.session import use_object_store
 from tests.conftest import Lake
+from tests.engine.new_process import as_a_new_process
 
 pytestmark = pytest.mark.spark
 
@@ -104,24 +104,12 @@ def test_a_source_recreated_at_the_same_version_is_noticed(spark, s3_server, s3_
     assert set(sink["sym"]) == {"a", "z"}
 
 
-def _as_a_new_process() -> None:
-    """Forget what this process learned of the lake, as a run in a new process (the daemon launches each run so)
-    knows nothing: pooled snapshots, app transactions read or committed, flows run, sources checked. A new
-    `Engine` has a new checkpoint store (the watermarks and the sweep's progress it read). Spark stays warm, as a
-    Spark Connect server does between runs."""
-    snapshot_cache.clear()
-    transactions._read.clear()
-    transactions._made.clear()
-    unchanged._seen.clear()
-    validate._CHECKED.clear()
-
-
 def test_a_new_process_answers_a_run_with_nothing_new_from_the_watermarks(spark, s3_server, s3_lake):
     s3_lake.create("trades", BASE)
     Engine(spark, s3_lake.root).run_many(FLOW, PARTS)  # the first run: its watermarks name no commit file
     s3_lake.append("trades", DELTA)
     Engine(spark, s3_lake.root).run_many(FLOW, PARTS)
-    _as_a_new_process()
+    as_a_new_process()
     results, requests = _counted(s3_server, lambda: Engine(spark, s3_lake.root).run_many(FLOW, PARTS))
     assert [(r.mode, r.reason) for r in results] == [(Mode.NOOP, Reason.NO_NEW_VERSIONS)] * 3
     # the engine's check that the bucket answers; the watermarks' listing and a read of each (side by side: the
@@ -132,7 +120,7 @@ def test_a_new_process_answers_a_run_with_nothing_new_from_the_watermarks(spark,
         [("HEAD", "source listing"), ("LIST", "watermark")] + [("GET", "watermark")] * 3
         + [("LIST", "source log"), ("GET", "sweep"), ("PUT", "outcome")])
     _recreate(s3_lake, "trades", BASE[:1], [("2024-01-01 00:03:00", "z", 9.0, 9)])  # version 1 again
-    _as_a_new_process()
+    as_a_new_process()
     results = Engine(spark, s3_lake.root).run_many(FLOW, PARTS)
     assert all(r.mode is Mode.REFILL for r in results), [r.reason for r in results]  # another commit file there
     assert set(Lake(s3_lake.root).read(FLOW.name)["sym"]) == {"a", "z"}
@@ -154,7 +142,7 @@ def test_a_batched_run_in_a_new_process_reads_each_source_commit_since_the_check
     Engine(spark, s3_lake.root).run_many(FLOW, parts)
     for h in range(n):
         s3_lake.append("trades", [(f"2024-01-01 {h:02d}:07:00", "c", 2.0, 1)])
-    _as_a_new_process()
+    as_a_new_process()
     log = RequestLog(s3_server.endpoint, sinks=(FLOW.name,))
     log.start()
     with phases(log):
