@@ -56,7 +56,7 @@ _COMMIT = re.compile(r"^(\d{20})\.json$")
 
 _lock = threading.Lock()
 _entries: OrderedDict[tuple, tuple[Future, float]] = OrderedDict()  # key -> (table, opened at)
-_stats = {"opened": 0, "shared": 0}
+_stats = {"opened": 0, "shared": 0, "adopted": 0}
 
 
 def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | None], DeltaTable]) -> DeltaTable:
@@ -108,7 +108,9 @@ def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | No
 # another commit file there, the argument of `_key`), and the newest commit listed is the latest version. A
 # snapshot at it is shared; a newer version is opened at exactly the version listed. A reader of a given version
 # lists from it the same way. A snapshot whose version's tag is not known (log clean-up took the commit file) is
-# not kept. Same bounds as the local snapshots: `MAX_SNAPSHOTS`, `KEEP_SECONDS`.
+# not kept. Same bounds as the local snapshots: `MAX_SNAPSHOTS`, `KEEP_SECONDS`. A snapshot not kept here but
+# whose handle a run gave back to the pool (below) is taken from there and moved to the version asked for
+# (`_adopt`): the run's readers after its commit read that commit, not the table's whole log since its checkpoint.
 
 _remote: OrderedDict[tuple[str, int], tuple[DeltaTable, str, float]] = OrderedDict()  # (uri, version) -> (table, tag, at)
 
@@ -135,16 +137,51 @@ def _open_remote(uri: str, version: int | None, opener: Callable[[str, int | Non
                     if (uri, target) in _remote:
                         _remote.move_to_end((uri, target))
                 return known[target][0]
-    table = opener(uri, target)
-    if tag is None:  # opened at the latest version without a listing: its commit file's tag, from one listing
-        tag = log_tail(uri, table.version()).get(table.version())
+    adopted = _adopt(uri, version, listed if (version is not None or known) else None)
+    if adopted is not None:
+        table, tag = adopted
+    else:
+        table = opener(uri, target)
+        if tag is None:  # opened at the latest version without a listing: its commit file's tag, from one listing
+            tag = log_tail(uri, table.version()).get(table.version())
     with _lock:
-        _stats["opened"] += 1
+        _stats["adopted" if adopted is not None else "opened"] += 1
         if tag is not None and table.version() == (target if target is not None else table.version()):
             _remote[(uri, table.version())] = (table, tag, now)
             while len(_remote) > MAX_SNAPSHOTS:
                 _remote.popitem(last=False)
     return table
+
+
+def _adopt(uri: str, version: int | None, listed: Listed | None) -> tuple[DeltaTable, str] | None:
+    """A handle a run gave back to the pool (`give_back`), taken out of it and moved to `version` (the latest
+    when None) for readers to share, with the tag of that version's commit file; None when the pool holds none
+    that can be (the caller opens the table). The readers after a run (its asset's metadata, a preview, the
+    checks) ask for the version the run just committed: moving the run's handle over that commit reads it
+    (a listing from the handle's version, the commit twice), where an open reads the checkpoint and every commit
+    since (13-15 requests for a table a few commits past its checkpoint). The handle leaves the pool for good:
+    shared readers may hold it, so no run moves it again; a process that runs again later opens its own (each
+    run the daemon launches is a process of its own)."""
+    held = _take(uri)
+    if held is None:
+        return None
+    if held.base != held.version or held.tag is None:  # a source's derived snapshot: its handle stays a run's
+        give_back_held(uri, held)
+        return None
+    if not listed or held.version not in listed:
+        listed = log_tail(uri, held.version)
+    if listed.get(held.version) != held.tag:  # another table at the path, or its log cleaned up: not this one
+        return None
+    target = version if version is not None else max(listed)
+    if target < held.version or target not in listed:  # an older version: the handle cannot move back
+        give_back_held(uri, held)
+        return None
+    if target != held.version:
+        try:
+            held.table.load_as_version(target)
+        except (DeltaError, OSError, ValueError):  # e.g. log clean-up raced the move: the caller opens the table
+            return None
+    return held.table, listed[target]
 
 
 def _forget_remote(uri: str) -> None:

@@ -8,7 +8,8 @@
 - a process with no handle of a source (each run the daemon launches) opens it at its last checkpoint and reads
   each commit since once (deltalake's open at the latest version reads each twice);
 - readers of a table's latest snapshot that do not write it (a step's metadata, the checks) share one snapshot,
-  proved the latest by one listing of the log from its version (`snapshot_cache.open_snapshot`);
+  proved the latest by one listing of the log from its version (`snapshot_cache.open_snapshot`), the first of
+  them after a run the run's handle moved over its commit;
 - a commit this process made through a handle is not read back for its app transactions;
 - the app transactions of all of a run's partitions come from one read of the log (`transactions`), and give
   what `DeltaTable.transaction_version` gives, across checkpoints."""
@@ -185,6 +186,40 @@ def test_readers_of_the_latest_snapshot_share_one_proved_by_a_listing(s3_server,
     assert recreated.version == 6 and recreated.table is not newer.table  # another commit file at version 6
     assert sorted(recreated.table.to_pyarrow_table()["v"].to_pylist()) == list(range(100, 107))
     assert table_info("src", uri, 6).table is recreated.table
+
+
+def test_a_reader_after_a_run_takes_the_runs_handle_and_reads_only_its_commit(s3_server, s3_lake):
+    """The readers after a run (its asset's metadata, a preview, its checks) ask for the table the run just
+    committed: the handle the run gave back is moved over that commit for them (two listings, the commit read
+    twice by deltalake), not the table opened afresh (the pointer, a listing, each commit since its checkpoint
+    twice). The handle then serves readers only: the next run's checkout opens its own."""
+    uri = s3_lake.path("sink")
+    for i in range(6):
+        _append(uri, [i], config={"delta.checkpointInterval": "100"} if i == 0 else None)
+    table, release = checkout_table(uri)
+    release()
+    _append(uri, [6])  # the run's commit (one through the handle leaves it where it was)
+    info, requests = _counted(s3_server, lambda: table_info("sink", uri))
+    # the listing from the handle's version (the same table, and its latest version), deltalake's move over the
+    # commit: a listing and two reads of it; an open: the pointer, a listing and each of the 7 commits twice
+    assert info.table is table and info.version == 6 and requests == {"LIST": 2, "GET": 2}, requests
+    assert _files(info) == _fresh_files(uri)
+    again, shared = _counted(s3_server, lambda: table_info("sink", uri))
+    assert again.table is table and shared == {"LIST": 1}  # shared as any snapshot opened for readers
+    assert snapshot_cache.stats()["adopted"] == 1
+    run_table, release = checkout_table(uri)  # a run after: not the readers' handle
+    assert run_table is not table and run_table.version() == 6
+    release()
+    for found, _size in storage.list_files(uri):  # recreated at the path: the handle given back is not this table
+        storage.delete(found)
+    snapshot_cache.clear()
+    _append(uri, [0])
+    table, release = checkout_table(uri)
+    release()
+    for found, _size in storage.list_files(uri):
+        storage.delete(found)
+    _append(uri, [100])
+    assert table_info("sink", uri).table.to_pyarrow_table()["v"].to_pylist() == [100]
 
 
 def test_two_runs_at_once_hold_handles_of_their_own(s3_server, s3_lake):
