@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -51,7 +52,7 @@ def check(
     contracts = load_contracts(CONTRACTS)
     engine = c.engine()
     store = CheckpointStore(c.root)
-    rows_out = []
+    rows_out: list[dict[str, Any]] = []
     with console.status("checking...") as status:
         seen: set[str] = set()
         for spec in c.specs():  # every sink is its own flow's output (not a source or another flow's table)

@@ -94,10 +94,11 @@ def _print_deliveries(c: CliContext, targets, steps) -> None:
         mine = [r for r in runs if r.flow == e["export"]]
         failed = [r for r in mine if not r.success]
         total = {k: sum(int(r.delivered.get(k) or 0) for r in mine) for k in ("upserted", "deleted", "sent")}
+        what: str | Text
         if e["kind"] == "webhook":
             what = f"{total['sent']} row(s) sent in {len(mine)} delivery(ies)"
             if e.get("dead_letters"):
-                what += f", {e['dead_letters']} dead letter(s)"
+                what = f"{what}, {e['dead_letters']} dead letter(s)"
         else:
             what = f"{total['upserted']} row(s) upserted, {total['deleted']} deleted in {len(mine)} delivery(ies)"
         if failed:

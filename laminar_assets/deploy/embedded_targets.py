@@ -30,6 +30,7 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from laminar_assets.errors import EnvironmentProblem
 
@@ -97,7 +98,7 @@ class EmbeddedTargets:
 
     folder: str
     targets: list[EmbeddedTarget] = field(default_factory=list)
-    _postgres: object | None = None  # pgserver's PostgresServer
+    _postgres: Any = None  # pgserver's PostgresServer (untyped)
     _receiver: _Receiver | None = None
     _environ: MutableMapping[str, str] | None = None
     _previous: dict[str, str | None] = field(default_factory=dict)

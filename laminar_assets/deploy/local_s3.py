@@ -72,7 +72,7 @@ class LocalS3:
                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=ends_with_this_process(),
                 env={**os.environ, "MOTO_RECORDER_FILEPATH": self._recording})
         finally:
-            if self.log:
+            if not isinstance(out, int):
                 out.close()  # the server writes to its own copy
         see = f"; its output is in {self.log}" if self.log else " (pass log=FILE to LocalS3 to keep its output)"
         try:

@@ -16,11 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
 
 from laminar_assets.errors import EnvironmentProblem
 
 from .connect_server import ConnectServer, ConnectServerOptions, start_connect_server
 from .ports import port_in_use
+
+# what `signal.signal` takes and gives back
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,7 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
             signal.signal(sig, handler)
 
 
-def _stop_on_signals(stop: threading.Event) -> dict[int, object]:
+def _stop_on_signals(stop: threading.Event) -> dict[int, SignalHandler]:
     """Make SIGINT, SIGTERM and SIGHUP set `stop`; returns the handlers they had.
 
     The servers run in sessions of their own (so a Ctrl-C reaches them only through this process,

@@ -297,7 +297,7 @@ def partitions_overlapping(events: Interval, granularity: Granularity, *, limit:
     from data."""
     step = _micros(granularity.step)
     first = to_micros(events.start) - to_micros(events.start) % step
-    keys = []
+    keys: list[str] = []
     cursor = first
     end = to_micros(events.end)
     while cursor < end and (limit is None or len(keys) < limit):

@@ -46,9 +46,9 @@ def delivery_metadata(result: DeliveryResult) -> dict:
                        ("lag_versions", result.lag_versions)):
         if value is not None:
             md[key] = int(value)
-    for key, value in (("lag_seconds", result.lag_seconds), ("commit_age_seconds", result.commit_age_seconds)):
-        if value is not None:
-            md[key] = float(value)
+    for key, age in (("lag_seconds", result.lag_seconds), ("commit_age_seconds", result.commit_age_seconds)):
+        if age is not None:
+            md[key] = float(age)
     for stage, seconds in result.seconds.items():
         md[f"seconds_{stage}"] = float(seconds)
     for key, value in result.extra.items():  # a target's own counts: retries, dead letters, ...
@@ -57,8 +57,9 @@ def delivery_metadata(result: DeliveryResult) -> dict:
 
 
 def _static_metadata(export: ExportSpec) -> dict:
-    md = {"source": export.source, "target": export.target, "connection": export.connection, "export_kind": export.kind,
-          **{f"option_{k}": str(v) for k, v in export.options.items()}}
+    md: dict[str, str | dg.MetadataValue] = {
+        "source": export.source, "target": export.target, "connection": export.connection, "export_kind": export.kind,
+        **{f"option_{k}": str(v) for k, v in export.options.items()}}
     if export.definition:
         md["defined_in"] = export.origin
         md["sql"] = dg.MetadataValue.md(f"```sql\n{export.definition}\n```")

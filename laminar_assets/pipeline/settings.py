@@ -9,6 +9,7 @@ from __future__ import annotations
 import pathlib
 import re
 import tomllib
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -109,7 +110,7 @@ def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:
         raise EnvironmentProblem(f"{path} [tool.laminar]: {wrong}", file=str(path)) from None
 
 
-def _message(error: dict) -> str:
+def _message(error: Mapping[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         return f"not a setting (the settings: {', '.join(LaminarSettings.model_fields)})"
     return error["msg"].removeprefix("Value error, ")

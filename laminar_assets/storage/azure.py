@@ -546,7 +546,7 @@ def _service_client(o: AzureOptions, account: str):
     retries = o.attempts(o.request_timeout_s) - 1
     # the SDK's default policy waits 15 s, then 45 s, between attempts: half a second here, so the
     # attempts fit in call_timeout_s and a refused connection fails within a second or two
-    policy = LinearRetry(backoff=0.5, random_jitter_range=0, retry_total=retries, retry_connect=retries,
+    policy = LinearRetry(backoff=0.5, random_jitter_range=0,  # type: ignore[arg-type]  # (typed int; it sleeps it) retry_total=retries, retry_connect=retries,
                          retry_read=retries, retry_status=retries)
     client = BlobServiceClient(o.blob_url(account), credential=credential, connection_timeout=o.connect_timeout_s,
                                read_timeout=o.request_timeout_s, retry_policy=policy,

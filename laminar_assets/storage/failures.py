@@ -33,7 +33,7 @@ _REFUSED = ("Connection refused", "tcp connect error", "curlCode: 7", "Couldn't 
             "ConnectException", "NoHttpResponseException", "Could not connect to the endpoint URL",
             "Connection reset by peer", "connection closed before message completed", "dns error")
 # A message must also be about an object store (not, say, a Spark Connect channel)
-_STORE = ("S3 error", "AWS Error", "s3a://", "s3://", "AWSClientIOException", "SdkClientException",
+_STORE: tuple[str, ...] = ("S3 error", "AWS Error", "s3a://", "s3://", "AWSClientIOException", "SdkClientException",
           "amazonaws", "Error performing")
 _STORE += ("GCS error", "gs://", "com.google.cloud.hadoop", "google::cloud")  # GCS (gcs.py)
 

@@ -511,7 +511,7 @@ def _retry(o: GcsOptions):
     def retryable(exc: BaseException) -> bool:
         if left[0] <= 0 or _refused(exc):
             return False
-        if isinstance(exc, requests.exceptions.Timeout) or if_transient_error(exc):
+        if isinstance(exc, requests.exceptions.Timeout) or (isinstance(exc, Exception) and if_transient_error(exc)):
             left[0] -= 1
             return True
         return False

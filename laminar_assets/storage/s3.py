@@ -119,7 +119,8 @@ class S3Store:
         before it costs nothing."""
         bucket, key = split(uri)
         prefix = key.rstrip("/") + "/" if key else ""
-        out, token = [], None
+        out: list[tuple[str, str]] = []
+        token = None
         while True:
             kw = {"ContinuationToken": token} if token else ({"StartAfter": prefix + after} if after else {})
             page = self._call(uri, lambda c, kw=kw: c.list_objects_v2(Bucket=bucket, Prefix=prefix, **kw))

@@ -106,7 +106,7 @@ class AggImpl:
         return self._named(self.merge_exprs())
 
     def finalize(self) -> str:
-        return f"{self.finalize_expr()} AS {q(self.agg.name)}"
+        return f"{self.finalize_expr()} AS {q(self.agg.output)}"
 
     def describe(self) -> dict:
         return {

@@ -64,7 +64,9 @@ class TopK(AggImpl):
     PARTS = ("top",)
 
     def _keep(self, values: str) -> str:
-        return f"slice(sort_array({values}, false), 1, {int(self.agg.k)})"
+        k = self.agg.k
+        assert k is not None  # a top_k without k is refused before any run (spec.problems)
+        return f"slice(sort_array({values}, false), 1, {int(k)})"
 
     def partial_exprs(self, sign):
         return [self._keep(f"collect_list({self.x})")]

@@ -85,7 +85,7 @@ def footer_facts(uri: str, column: str) -> tuple[Interval | None, int | None, in
             return None, meta.num_rows, None
         lo = a if lo is None else min(lo, a)
         hi = b if hi is None else max(hi, b)
-    if lo is None:
+    if lo is None or hi is None:  # set together: no row group had a min and max
         epoch = datetime(1970, 1, 1, tzinfo=UTC)
         return Interval(epoch, epoch), meta.num_rows, nulls
     return closed_range(lo, hi), meta.num_rows, nulls

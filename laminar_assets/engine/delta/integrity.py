@@ -68,7 +68,7 @@ def check_table(name: str, uri: str) -> TableIntegrity:
         present = {storage.normalized(u) for u, _ in storage.list_files(uri)}
         missing = tuple(p for p in paths if storage.normalized(p) not in present)
     else:
-        missing = tuple(p for p in paths if not os.path.exists(storage.local_path(p)))
+        missing = tuple(p for p in paths if not os.path.exists(storage.local_path(p) or p))
     return TableIntegrity(name, uri, dt.version(), len(paths), missing)
 
 

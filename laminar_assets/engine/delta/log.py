@@ -188,7 +188,9 @@ def read_commit(table: str, uri: str, version: int, event_time: str | None,
     if text is None:
         return None
     mapping = dict(names)
-    add_actions, remove_actions, cdc = [], [], []
+    add_actions: list[dict] = []
+    remove_actions: list[dict] = []
+    cdc: list[DataFile] = []
     info: dict = {}
     metadata_changed = protocol_changed = False
     schema: str | None = None

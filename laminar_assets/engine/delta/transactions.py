@@ -47,6 +47,7 @@ def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, i
     version = table.version()
     with _lock:
         kept = _read.get(id(table))
+    found: dict[str, int] | None
     if kept is not None and kept[0]() is table and kept[1] == version:
         found = kept[2]
     else:

@@ -58,7 +58,7 @@ def pin(name: str, uri: str) -> Pinned | None:
         return None
     dt = open_delta(uri)
     fields = json.loads(dt.schema().to_json())["fields"]
-    return Pinned(name, uri, dt.version(), dt.metadata().id, dt, fields, plain_schema(pa.schema(dt.schema().to_arrow())))
+    return Pinned(name, uri, dt.version(), str(dt.metadata().id), dt, fields, plain_schema(pa.schema(dt.schema().to_arrow())))
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:

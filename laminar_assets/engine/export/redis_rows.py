@@ -104,7 +104,7 @@ def fields(table: pa.Table, columns: list[str]) -> list[list]:
     texts = [(c, text(table.column(c)).to_pylist()) for c in columns]
     out = []
     for i in range(table.num_rows):
-        row = []
+        row: list = []
         for name, values in texts:
             if values[i] is not None:
                 row += (name, values[i])

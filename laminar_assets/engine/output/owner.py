@@ -19,6 +19,7 @@ a mistyped sink never replaces data that is not its flow's output.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NoReturn
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -90,7 +91,7 @@ def _refuse_foreign_files(uri: str, flow: str, what: str) -> None:
             _refuse(flow, what, uri, f"a folder that is not a Delta table and holds other files (e.g. {rel})")
 
 
-def _refuse(flow: str, what: str, uri: str, found: str) -> None:
+def _refuse(flow: str, what: str, uri: str, found: str) -> NoReturn:
     raise SpecError(
         f"flow '{flow}' would write its {what} into {uri}, but that is {found}: Laminar writes only into tables "
         f"its flow created, so nothing was written. Give the flow another sink; or, if this table is its "

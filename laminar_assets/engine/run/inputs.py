@@ -146,7 +146,8 @@ def gather(layout: Layout, spec: Spec, marks: Iterable[Watermark | None], check_
 
 
 def _gather(spec: Spec, marks: list[Watermark | None], check_schema, latest, releases) -> RunInputs:
-    infos, histories, schema, row_schema = {}, {}, {}, None
+    infos, histories, row_schema = {}, {}, None
+    schema: dict[str, str] = {}
     dims = {t: latest(t) for t in spec.dimension_tables}
     for dim, info in dims.items():
         refuse_collated(info, columns_used(spec, dim))
@@ -164,7 +165,8 @@ def _gather(spec: Spec, marks: list[Watermark | None], check_schema, latest, rel
         # A partition without a watermark refills from the snapshot and needs no history; the others
         # need the log from the oldest of their versions (None: a watermark that never saw `src`).
         since = [m.source_versions.get(src) for m in marks if m is not None and m.committed]
-        oldest = None if (not since or any(v is None for v in since)) else min(since)
+        known = [v for v in since if v is not None]
+        oldest = min(known) if since and len(known) == len(since) else None
         if oldest is not None and oldest > info.version:  # every watermark is ahead: recreated table
             oldest = info.version
         bounded = bool(spec.max_versions_per_run or spec.max_rows_per_run)  # may read a snapshot before the latest

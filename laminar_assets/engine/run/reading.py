@@ -278,7 +278,9 @@ def _columns_as(first: pa.Schema, schema: pa.Schema) -> list[str]:
     source may lack a column the flow does not use (the source check refuses a used one): NULL."""
     have = {n.lower() for n in schema.names}
     missing = [c for c in first.names if c.lower() not in have]
-    types = spark_schema(pa.schema([first.field(c) for c in missing])) if missing else None
+    if not missing:
+        return [q(c) for c in first.names]
+    types = spark_schema(pa.schema([first.field(c) for c in missing]))
     return [f"CAST(NULL AS {types[c].dataType.simpleString()}) AS {q(c)}" if c in missing else q(c)
             for c in first.names]
 

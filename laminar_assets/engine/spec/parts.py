@@ -78,6 +78,11 @@ class Agg:
             default = self.kind if self.column is None else f"{self.kind}_{self.column}"
             object.__setattr__(self, "name", default)
 
+    @property
+    def output(self) -> str:
+        """The output column's name: `name`, which `__post_init__` sets when it is not given."""
+        return self.name if self.name is not None else self.kind
+
     @classmethod
     def count(cls, column: str | None = None, *, name: str | None = None) -> Agg:
         """`count(*)` when no column is given, else the count of non-null values."""

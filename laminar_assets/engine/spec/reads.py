@@ -13,7 +13,7 @@ makes a check stricter; missing one would let a run read a column the check neve
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 
 def columns_read(spec, source: str, columns: Iterable[str]) -> dict[str, str]:
@@ -22,7 +22,7 @@ def columns_read(spec, source: str, columns: Iterable[str]) -> dict[str, str]:
     present = {c.lower() for c in columns}
     found: dict[str, str] = {}
 
-    def add(names: Iterable[str], use: str, shadowed: set[str] = frozenset()) -> None:
+    def add(names: Iterable[str], use: str, shadowed: Set[str] = frozenset()) -> None:
         for name in names:
             key = name.lower()
             if key in present and key not in shadowed and key not in found:

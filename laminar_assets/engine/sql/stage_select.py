@@ -84,7 +84,8 @@ def _join_columns(join: exp.Join, src: str, dim: str, fail: Fail) -> tuple[str, 
     for p in pairs:
         if not (isinstance(p, exp.EQ) and isinstance(p.this, exp.Column) and isinstance(p.expression, exp.Column)
                 and p.this.name == p.expression.name and {p.this.table, p.expression.table} == {src, dim}):
-            fail(p if p is not None else join, f"join on equal column names, e.g. ON {src}.k = {dim}.k or USING (k)")
+            fail(p if isinstance(p, exp.Expression) else join,
+                 f"join on equal column names, e.g. ON {src}.k = {dim}.k or USING (k)")
         out.append(p.this.name)
     return tuple(out)
 
