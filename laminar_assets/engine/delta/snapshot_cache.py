@@ -45,6 +45,8 @@ from deltalake.exceptions import DeltaError
 from laminar_assets import storage
 from laminar_assets.errors import SourceNotFoundError
 
+from . import transactions
+
 # Snapshots kept (least recently used dropped first). A snapshot of a large table holds its file
 # list in memory; a run touches a few tables at one or two versions each.
 MAX_SNAPSHOTS = 8
@@ -154,9 +156,9 @@ def _open_remote(uri: str, version: int | None, opener: Callable[[str, int | Non
 
 
 def _adopt(uri: str, version: int | None, listed: Listed | None) -> tuple[DeltaTable, str] | None:
-    """A handle a run gave back to the pool (`give_back`), taken out of it and moved to `version` (the latest
-    when None) for readers to share, with the tag of that version's commit file; None when the pool holds none
-    that can be (the caller opens the table). The readers after a run (its asset's metadata, a preview, the
+    """A handle a run committed through and gave back to the pool (`give_back`), taken out of it and moved to
+    `version` (the latest when None) for readers to share, with the tag of that version's commit file; None when
+    the pool holds none that can be (the caller opens the table). The readers after a run (its asset's metadata, a preview, the
     checks) ask for the version the run just committed: moving the run's handle over that commit reads it
     (a listing from the handle's version, the commit twice), where an open reads the checkpoint and every commit
     since (13-15 requests for a table a few commits past its checkpoint). The handle leaves the pool for good:
@@ -165,7 +167,9 @@ def _adopt(uri: str, version: int | None, listed: Listed | None) -> tuple[DeltaT
     held = _take(uri)
     if held is None:
         return None
-    if held.base != held.version or held.tag is None:  # a source's derived snapshot: its handle stays a run's
+    if held.base != held.version or held.tag is None or not transactions.made_on(held.table):
+        # only a handle this process committed through (a run's state or sink): a source's handle, which the next
+        # run of a long-lived process derives its snapshot from, stays in the pool
         give_back_held(uri, held)
         return None
     if not listed or held.version not in listed:

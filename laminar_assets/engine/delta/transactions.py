@@ -88,6 +88,14 @@ def committed(table: DeltaTable, read_version: int, transactions: dict[str, int]
         _made[id(table)] = (weakref.ref(table), read_version, {**kept[2], **transactions})
 
 
+def made_on(table: DeltaTable) -> bool:
+    """Whether this process committed the version after `table`'s through it (`committed` recorded it, and the
+    handle has not moved since)."""
+    with _lock:
+        made = _made.get(id(table))
+    return made is not None and made[0]() is table and made[1] == table.version()
+
+
 def _app_versions(uri: str, version: int) -> dict[str, int] | None:
     """Every app's transaction version at `version` of the table at `uri`, or None when the log is not laid
     out as this reader reads it (see the module docstring)."""

@@ -188,18 +188,29 @@ def test_readers_of_the_latest_snapshot_share_one_proved_by_a_listing(s3_server,
     assert table_info("src", uri, 6).table is recreated.table
 
 
+def _commit_through(table: DeltaTable, uri: str, app: str, seq: int) -> None:
+    """A commit as a run makes it: through its handle (which stays at its version), after the guard's read of the
+    app transactions, with no retry, recorded as the process's own (`transactions.committed`)."""
+    read_version = table.version()
+    txn_versions_of(table, uri, [app])
+    props = CommitProperties(app_transactions=[Transaction(app, seq)], max_commit_retries=0)
+    table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
+    committed(table, read_version, {app: seq})
+
+
 def test_a_reader_after_a_run_takes_the_runs_handle_and_reads_only_its_commit(s3_server, s3_lake):
     """The readers after a run (its asset's metadata, a preview, its checks) ask for the table the run just
-    committed: the handle the run gave back is moved over that commit for them (two listings, the commit read
-    twice by deltalake), not the table opened afresh (the pointer, a listing, each commit since its checkpoint
-    twice). The handle then serves readers only: the next run's checkout opens its own."""
+    committed: the handle the run committed through and gave back is moved over that commit for them (two
+    listings, the commit read twice by deltalake), not the table opened afresh (the pointer, a listing, each commit
+    since its checkpoint twice). The handle then serves readers only: the next run's checkout opens its own. A
+    handle the process did not commit through (a source's) stays in the pool for the next run."""
     uri = s3_lake.path("sink")
     for i in range(6):
         _append(uri, [i], config={"delta.checkpointInterval": "100"} if i == 0 else None)
     table, release = checkout_table(uri)
+    _commit_through(table, uri, "laminar/f/a", 1)
     release()
     adopted = snapshot_cache.stats()["adopted"]  # (counted over the process's life)
-    _append(uri, [6])  # the run's commit (one through the handle leaves it where it was)
     info, requests = _counted(s3_server, lambda: table_info("sink", uri))
     # the listing from the handle's version (the same table, and its latest version), deltalake's move over the
     # commit: a listing and two reads of it; an open: the pointer, a listing and each of the 7 commits twice
@@ -211,16 +222,31 @@ def test_a_reader_after_a_run_takes_the_runs_handle_and_reads_only_its_commit(s3
     run_table, release = checkout_table(uri)  # a run after: not the readers' handle
     assert run_table is not table and run_table.version() == 6
     release()
-    for found, _size in storage.list_files(uri):  # recreated at the path: the handle given back is not this table
-        storage.delete(found)
+    # a source's handle: someone else's commit since; the reader opens its own, the next run moves the pooled one
+    src = s3_lake.path("src")
+    _append(src, [1])
+    source_table, release = checkout_table(src)
+    release()
+    _append(src, [2])
+    assert table_info("src", src).table is not source_table
+    moved, release = checkout_table(src)
+    assert moved is source_table and moved.version() == 1
+    release()
+    assert snapshot_cache.stats()["adopted"] == adopted + 1
+    # recreated at the path: the handle given back is not this table
     snapshot_cache.clear()
+    for found, _size in storage.list_files(uri):
+        storage.delete(found)
     _append(uri, [0])
     table, release = checkout_table(uri)
+    _commit_through(table, uri, "laminar/f/a", 1)
     release()
     for found, _size in storage.list_files(uri):
         storage.delete(found)
     _append(uri, [100])
-    assert table_info("sink", uri).table.to_pyarrow_table()["v"].to_pylist() == [100]
+    _append(uri, [101])
+    recreated = table_info("sink", uri)
+    assert recreated.table is not table and sorted(recreated.table.to_pyarrow_table()["v"].to_pylist()) == [100, 101]
 
 
 def test_two_runs_at_once_hold_handles_of_their_own(s3_server, s3_lake):
