@@ -73,10 +73,10 @@ def open_snapshot(uri: str, version: int | None, opener: Callable[[str, int | No
         now = time.monotonic()
         for old in [k for k, (_, at) in _entries.items() if now - at > KEEP_SECONDS]:
             del _entries[old]
-        entry = _entries[key][0] if key in _entries else None
-        mine = entry is None
+        held = _entries[key][0] if key in _entries else None
+        mine = held is None
+        entry: Future = Future() if held is None else held
         if mine:
-            entry = Future()
             _entries[key] = (entry, now)
             while len(_entries) > MAX_SNAPSHOTS:
                 _entries.popitem(last=False)

@@ -114,8 +114,9 @@ class SourceHistory:
         if not gone_after and not any(c.schema for c in self.commits if c.version > version):
             return None  # the common case: no schema change since, and nothing more is read
         known = [c for c in self.commits if c.version <= version and c.schema]
-        if known and not any(known[-1].version < v <= version for v in self.gone):
-            return version, known[-1].schema
+        last_schema = known[-1].schema if known else None
+        if last_schema is not None and not any(known[-1].version < v <= version for v in self.gone):
+            return version, last_schema
         for at in dict.fromkeys((version, max(gone_after, default=version) + 1)):
             if at > self.latest_version:
                 break
@@ -329,7 +330,7 @@ def info_of(name: str, uri: str, dt: DeltaTable) -> TableInfo:
     info = TableInfo(
         name=name, uri=uri, version=dt.version(), schema=pa.schema(schema.to_arrow()),
         partition_columns=tuple(meta.partition_columns), configuration=dict(meta.configuration), table=dt,
-        delta_schema=schema.to_json(), table_id=meta.id,
+        delta_schema=schema.to_json(), table_id=str(meta.id),
     )
     unsupported = sorted(set(dt.protocol().reader_features or []) - SUPPORTED_READER_FEATURES)
     if unsupported:
@@ -577,7 +578,7 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
         event_time = None  # e.g. string times: their statistics do not order like time
     stat = info.physical(event_time)  # statistics are keyed by physical name; partition values are not
     actions = pa.table(dt.get_add_actions(flatten=True))
-    if event_time is not None and ranges is not None:
+    if event_time is not None and stat is not None and ranges is not None:  # (stat: None only without event_time)
         actions = may_overlap(actions, stat, ranges)  # in Arrow: only candidates become Python dicts
     bounds = key_bounds(actions, [info.physical(c) if c in info.schema.names else None for c in bounds_of]) \
         if bounds_of else [None] * actions.num_rows
