@@ -34,12 +34,17 @@ def table_metadata(spec: Spec, sink_uri: str, partitions: Sequence[str] = (), *,
     md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows,
                                       table_name=table_name or spec.sink))
     md[URI_KEY] = dg.MetadataValue.path(sink_uri)
-    # flow sinks are laid out by window start, stage outputs by event time: one file per partition
+    # flow sinks are laid out by window start, stage outputs by event time: a file per partition, or per run of
+    # adjacent partitions a batched pass wrote; a partition with such a file gets no count (the log holds the
+    # file's rows, not how many of them are the partition's), never another partition's rows
     column = spec.output_time_column
     per_partition = {}
     for key in partitions:
-        inside = snapshot_files(info, column, [partition_interval(key, spec.granularity)])
-        per_partition[key] = dict(TableMetadataSet(partition_row_count=sum(f.rows or 0 for f in inside)))
+        part = partition_interval(key, spec.granularity)
+        inside = snapshot_files(info, column, [part])
+        if all(f.time_range is not None and part.start <= f.time_range.start and f.time_range.end <= part.end
+               for f in inside):
+            per_partition[key] = dict(TableMetadataSet(partition_row_count=sum(f.rows or 0 for f in inside)))
     return {k: v for k, v in md.items() if v is not None}, per_partition
 
 

@@ -1,5 +1,6 @@
 """One Spark pass per flow run: the number of Spark jobs does not grow with the partitions a change
-touches, a partition with nothing to do costs no job, files are laid out per partition, and cost-based
+touches, a partition with nothing to do costs no job, files are laid out per run of adjacent partitions, and
+cost-based
 refills (REFILL_CHEAPER) give the same answer."""
 
 from __future__ import annotations
@@ -85,30 +86,55 @@ def test_a_partition_with_nothing_to_do_runs_no_spark_job(spark, lake, engine):
     assert {r.reason for r in results} == {Reason.NO_CHANGES_IN_PARTITION} and n == 0
 
 
-def _files_by_partition(uri: str) -> dict[str, set[str]]:
-    """Live files of a table per partition of their window_start statistics (each must hold one)."""
-    out: dict[str, set[str]] = {}
+def _files_by_hours(uri: str) -> dict[tuple[str, str], str]:
+    """Live files of a table by the first and last hour of their window_start statistics -> the file's path."""
+    out = {}
     for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist():
-        lo, hi = a["min.window_start"], a["max.window_start"]
-        assert lo.strftime("%Y-%m-%d-%H") == hi.strftime("%Y-%m-%d-%H"), f"{a['path']} spans partitions"
-        out.setdefault(lo.strftime("%Y-%m-%d-%H:00"), set()).add(a["path"])
+        span = (a["min.window_start"].strftime("%H"), a["max.window_start"].strftime("%H"))
+        assert span not in out, f"two files span hours {span}"
+        out[span] = a["path"]
     return out
 
 
-def test_files_are_laid_out_per_partition_so_a_replace_rewrites_no_other(spark, lake, engine):
+@pytest.mark.parametrize("carried_by", ["driver", "spark"])
+def test_a_batched_pass_stages_one_file_for_adjacent_partitions_and_a_replace_keeps_the_others_rows(
+        spark, lake, engine, carried_by):
+    """A small pass over adjacent partitions stages one state and one sink file for them (on an object store a
+    file costs a PUT, and a HEAD and a GET at each later read); a pass over some of them writes the rows of the
+    others back, one file per gap between its partitions (by the driver when small, else by a Spark job), and
+    rewrites nobody else's file; a pass over a partition no shared file spans rewrites nothing else."""
     lake.create("trades", spread(range(6)) + spread(range(6), minute=25))
     engine.run_many(FLOW, KEYS)
     state_uri = engine.layout.state_uri(FLOW, engine.store.load(FLOW.name, KEYS[0]).input_schema)
-    before = {uri: _files_by_partition(uri) for uri in (state_uri, lake.path(FLOW.sink))}
-    assert all(len(files) == 6 for files in before.values())
+    uris = (state_uri, lake.path(FLOW.sink))
+    assert all(_files_by_hours(uri).keys() == {("00", "05")} for uri in uris)
+    narrow = engine if carried_by == "driver" else Engine(spark, lake.root,
+                                                          options=EngineOptions(driver_write_below_bytes=0))
     lake.append("trades", spread([2], minute=50))
-    engine.run_many(FLOW, KEYS)
-    for uri, files in before.items():
-        after = _files_by_partition(uri)
-        assert after["2024-01-01-02:00"] != files["2024-01-01-02:00"]
-        assert {k: v for k, v in after.items() if k != "2024-01-01-02:00"} == \
-            {k: v for k, v in files.items() if k != "2024-01-01-02:00"}
+    results = narrow.run_many(FLOW, KEYS)
+    assert [r.mode for r in results] == [Mode.NOOP] * 2 + [Mode.INCREMENTAL] + [Mode.NOOP] * 3
     check(spark, lake)
+    after = {uri: _files_by_hours(uri) for uri in uris}
+    assert all(files.keys() == {("00", "01"), ("02", "02"), ("03", "05")} for files in after.values()), after
+    lake.append("trades", spread([4], minute=50))
+    narrow.run_many(FLOW, KEYS)
+    check(spark, lake)
+    for uri, before in after.items():
+        files = _files_by_hours(uri)
+        assert files.keys() == {("00", "01"), ("02", "02"), ("03", "03"), ("04", "04"), ("05", "05")}, files
+        assert files[("00", "01")] == before[("00", "01")] and files[("02", "02")] == before[("02", "02")], \
+            (before, files)
+    kept = {uri: _files_by_hours(uri) for uri in uris}
+    lake.append("trades", spread([1], minute=55))  # not adjacent: a file each, the others' files untouched
+    lake.append("trades", spread([3], minute=55))  # (one commit's file of both would not prove hour 2 unchanged)
+    assert [r.mode for r in narrow.run_many(FLOW, KEYS)] == [Mode.NOOP, Mode.INCREMENTAL, Mode.NOOP,
+                                                              Mode.INCREMENTAL, Mode.NOOP, Mode.NOOP]
+    check(spark, lake)
+    for uri, before in kept.items():
+        files = _files_by_hours(uri)
+        assert files.keys() == {("00", "00"), ("01", "01"), ("02", "02"), ("03", "03"), ("04", "04"), ("05", "05")}
+        assert [files[h] for h in [("02", "02"), ("04", "04"), ("05", "05")]] == \
+            [before[h] for h in [("02", "02"), ("04", "04"), ("05", "05")]]
 
 
 def test_run_is_run_many_of_one_partition(spark, lake, engine, tmp_path):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -632,3 +633,21 @@ def _normal(uri: str) -> str:
     """A file URI compared across `deltalake` (file:///x) and the log (/x, relative paths joined)."""
     local = storage.local_path(uri)
     return os.path.abspath(local) if local is not None else storage.normalized(uri)
+
+
+def read_in_driver(info: TableInfo, files: list[DataFile], *, max_bytes: int) -> pa.Table | None:
+    """The rows of `files` read by the driver (pyarrow, no Spark job) in the table's schema, for a few small
+    files; None when Spark must read them: more than `max_bytes` of files, deletion vectors, column mapping,
+    partition columns, or a file Arrow cannot read in the table's schema (e.g. INT96 times). Local files and
+    object-store files alike (pyarrow's filesystem)."""
+    if (sum(f.size for f in files) > max_bytes or any(f.needs_row_positions for f in files)
+            or info.column_mapping != "none" or info.partition_columns):
+        return None
+    if not files:
+        return info.schema.empty_table()
+    fs, _ = storage.filesystem(files[0].uri)
+    located = [storage.filesystem(f.uri)[1] for f in files]
+    try:  # missing columns (added to the table later) come back as nulls, as Spark reads them
+        return ds.dataset(located, schema=info.schema, format="parquet", filesystem=fs).to_table()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None

@@ -3,7 +3,8 @@
     query     one SQL statement (query.py): every needed file read once, rows tagged with their
               role, signed partial states per (partition, window, keys), merged with the old state of
               the touched partitions only, minus refilled windows
-    state     one Spark job writes the merged state, one file per partition; one Delta commit
+    state     one Spark job writes the merged state, one file per partition (a small pass: one file
+              per run of adjacent partitions); one Delta commit
     sink      a small pass: finalized beside the state in the same job (both staged by the driver,
               which sums the run metrics from the same rows);
               otherwise one Spark job finalizes the state files just written (a scan, no shuffle);
@@ -166,7 +167,8 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
         ranges = [p.interval for p in plans]
         out.state_rows = replace_ranges(ctx.spark, staged, table_uri=state_uri, column=WS, ranges=ranges,
                                         transactions=txns, metadata=meta, run_id=run_id, owner=spec.name,
-                                        opened=inputs.opened.pop(state_uri, None))
+                                        opened=inputs.opened.pop(state_uri, None),
+                                        driver_write_below_bytes=ctx.options.driver_write_below_bytes)
         ctx.hook("after_state_commit")
         t2 = time.perf_counter()
         if sink is None:
@@ -175,12 +177,13 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
             state = with_partition(read_staged(ctx.spark, staged, state_uri), spec, WS)
             small = sum(a.size for a in staged.adds) < ctx.options.driver_write_below_bytes
             sink = write_staged(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
-                         by=PART, through_driver=small)  # Spark job
+                         by=PART, through_driver=small, share_adjacent=True)  # Spark job
         metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
                                        transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
                                        run_id=run_id + "-sink", reset_on_schema_change=True, owner=spec.name,
-                                       opened=inputs.own_table(ctx.layout.sink_uri(spec)))
+                                       opened=inputs.own_table(ctx.layout.sink_uri(spec)),
+                                       driver_write_below_bytes=ctx.options.driver_write_below_bytes)
         out.seconds = {"read": t1 - t0, "state": t2 - t1, "write": time.perf_counter() - t2}
         ctx.hook("after_sink_commit")
     return out
@@ -202,12 +205,12 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
                                      flagged_groups(rows) if metrics["gone"] else [])
         staged, sink = write_staged_rows(rows.filter(good_mask(rows)), [
             (state_uri, run_id, list(built.state)), (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))],
-            by=PART)
+            by=PART, share_adjacent=True)
         return staged, sink, metrics
     obs = Observation()
     merged = observe(merged, obs, *[F.expr(m) for m in observed_metrics(slotted)])
     staged = write_staged(merged.where(GOOD).selectExpr(*[q(c) for c in built.state]), state_uri, run_id, by=PART,
-                   through_driver=small)
+                   through_driver=small, share_adjacent=True)
     if obs.get.get("lost") or obs.get.get("gone"):
         staged.discard()
         group = [GROUP] if GROUP in built.merged.columns else []

@@ -20,7 +20,7 @@ from ..spark.query import Query
 from ..spark.query import frame as sql_frame
 from ..spark.read import read_source
 from ..spec.specs import FlowSpec
-from ..windows import partition_interval
+from ..windows import partition_interval, share_inside
 
 WS, WE = "window_start", "window_end"
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, 
                        ranges=[partition_interval(k, spec.granularity) for k, _ in group],
                        transactions=[(ctx.layout.app_id(spec, k), seq) for k, seq in group],
                        metadata={"laminar.run_id": run_id, "laminar.flow": spec.name, "laminar.recovered": "true"},
-                       run_id=run_id + "-sink", reset_on_schema_change=True, owner=spec.name)
+                       run_id=run_id + "-sink", reset_on_schema_change=True, owner=spec.name,
+                       driver_write_below_bytes=ctx.options.driver_write_below_bytes)
 
 
 def state_groups(ctx: RunContext, spec: FlowSpec, key: str, input_schema: dict) -> int | None:
@@ -76,18 +77,21 @@ def state_extent(ctx: RunContext, spec: FlowSpec, key: str, input_schema: dict) 
     """`state_groups` and the bytes of the state files of partition `key` (what a merge reads of it),
     from the table's log (no data is read); (None, None) when unknown."""
     uri = ctx.layout.state_uri(spec, input_schema)
+    part = partition_interval(key, spec.granularity)
     try:
         if not is_delta_table(uri):
             return None, None
-        files = snapshot_files(table_info(f"{spec.name} state", uri), WS, [partition_interval(key, spec.granularity)])
+        files = snapshot_files(table_info(f"{spec.name} state", uri), WS, [part])
     except (DeltaError, OSError) as exc:
         # only an estimate's input: the run decides without it, and its pass reads the table itself
         log.warning("%s: the state's group count for %s is unknown (%s)", spec.name, key, exc)
         return None, None
+    # the bytes a merge reads: whole files; the groups of a file of several adjacent partitions (a batched
+    # pass's) by the share of its time range in this one, an estimate
     size = sum(f.size for f in files)
     if any(f.rows is None for f in files):
         return None, size
-    return sum(f.rows for f in files), size
+    return round(sum(f.rows * share_inside(f.time_range, part) for f in files)), size
 
 
 def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:

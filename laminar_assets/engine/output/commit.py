@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import RemoveAction
@@ -39,14 +40,14 @@ from laminar_assets.errors import CommitConflictError, ConcurrentRunError
 
 from ..delta.log import DataFile
 from ..delta.schema_history import widens_only
-from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, snapshot_files, table_info
+from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, read_in_driver, snapshot_files, table_info
 from ..delta.transactions import committed as made_commit
 from ..delta.transactions import txn_versions_of
 from ..spark.frames import nullable, schema_change, spark_schema
 from ..spark.read import read_source
-from ..windows import Interval
+from ..windows import Interval, coalesce
 from .owner import OWNER_PROPERTY, check_owner, needs_stamp
-from .staged_files import StagedFiles, committed, write_staged
+from .staged_files import StagedFiles, committed, write_staged, write_staged_rows
 
 ATTEMPTS = 8
 # Tables Laminar creates write a checkpoint every this many commits (Delta Lake's own default; delta-rs
@@ -156,7 +157,10 @@ _SOURCE_FILE = "__from"  # the old file a row came from: one new file per old on
 
 
 def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> tuple[list[DataFile], list[DataFile]]:
-    """Files of a table wholly inside one of `ranges` by statistics, and files only partly inside them."""
+    """Files of a table wholly inside `ranges` by statistics, and files only partly inside them. Touching
+    ranges count as one: a file of several adjacent partitions (`staged_files._write_table`,
+    `share_adjacent`) replaced by a pass over all of them is inside."""
+    ranges = coalesce(ranges)
     inside, partial = [], []
     for f in snapshot_files(info, column, ranges):
         r = f.time_range
@@ -171,7 +175,7 @@ def replace_ranges(
     spark: SparkSession, staged: StagedFiles, *, table_uri: str, column: str, ranges: Sequence[Interval],
     transactions: Sequence[tuple[str, int]], metadata: dict, run_id: str, append_only: bool = False,
     owner: str, reset_on_schema_change: bool = False, change_data: StagedFiles | None = None,
-    opened: DeltaTable | None = None, remove_files: Sequence[DataFile] = (),
+    opened: DeltaTable | None = None, remove_files: Sequence[DataFile] = (), driver_write_below_bytes: int = 0,
 ) -> int:
     """Atomically replace the rows of `table_uri` whose `column` lies in `ranges` by the staged files.
 
@@ -183,7 +187,9 @@ def replace_ranges(
     again); when a concurrent commit removed one of them, the commit is refused. Returns the rows added.
     `opened`: the table as the run opened it before it read from it; the first attempt commits on
     that snapshot, so a commit by anyone since then conflicts and is listed again. `owner`: the flow
-    writing; a table it did not create is refused before anything is committed (`ensure_table`)."""
+    writing; a table it did not create is refused before anything is committed (`ensure_table`). The rows a
+    partly replaced file keeps are written again by the driver when its files are under
+    `driver_write_below_bytes` (else by a Spark job): one file per gap between the ranges (`_outside`)."""
     reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change, owner=owner,
                                  change_data=change_data is not None, opened=opened, apps=[a for a, _ in transactions],
                                  spark=spark, run_id=run_id)
@@ -199,8 +205,8 @@ def replace_ranges(
             inside, partial = split_by_range(info_of(os.path.basename(table_uri), table_uri, dt), column, ranges)
             removes = [_remove_action(table_uri, f) for f in inside + partial]
             if partial:
-                keep = write_staged(_outside(spark, table_uri, partial, column, ranges), table_uri, f"{run_id}-keep")
-                extra = [keep]
+                extra = [_keep_outside(spark, table_uri, partial, column, ranges, run_id=run_id,
+                                       driver_below=driver_write_below_bytes)]
         if remove_files:
             _still_there(dt, table_uri, remove_files)
             named = {r.path for r in removes}
@@ -269,16 +275,37 @@ def _remove_action(table_uri: str, f: DataFile) -> RemoveAction:
                         size=f.size, partition_values=dict(f.partition_values))
 
 
-def _outside(spark: SparkSession, table_uri: str, files: Iterable[DataFile], column: str,
-             ranges: Sequence[Interval]):
-    """Rows of `files` outside the ranges: what a replace must write back."""
+_GAP = "__gap"  # which gap between the replaced ranges a kept row lies in: its file
+
+
+def _keep_outside(spark: SparkSession, table_uri: str, files: Sequence[DataFile], column: str,
+                  ranges: Sequence[Interval], *, run_id: str, driver_below: int) -> StagedFiles:
+    """The rows of `files` outside the ranges staged again: what a replace must write back. One file per gap
+    between the (coalesced) ranges, so a kept file's statistics never span a replaced range and a later pass over
+    that range alone does not find it partly inside and write it back again. Files under `driver_below` bytes
+    are read and written by the driver (pyarrow: no Spark job), others by a Spark job."""
     info = table_info(os.path.basename(table_uri), table_uri)
+    ranges = coalesce(ranges)
+    rows = read_in_driver(info, list(files), max_bytes=driver_below - 1)
+    if rows is not None and pa.types.is_timestamp(rows.schema.field(column).type):
+        c = rows.column(column)
+        inside = pa.array([False] * rows.num_rows)
+        gap = pa.array([0] * rows.num_rows, pa.int64())
+        for r in ranges:
+            start, end = pa.scalar(r.start, c.type), pa.scalar(r.end, c.type)
+            inside = pc.or_(inside, pc.fill_null(pc.and_(pc.greater_equal(c, start), pc.less(c, end)), False))
+            gap = pc.add(gap, pc.cast(pc.fill_null(pc.greater_equal(c, start), False), pa.int64()))
+        kept = rows.filter(pc.invert(inside)).append_column(_GAP, gap.filter(pc.invert(inside)))
+        return write_staged_rows(kept, [(table_uri, f"{run_id}-keep", rows.column_names)], by=_GAP)[0]
     df = read_source(spark, list(files), info)
     c = F.col(column)
-    inside = F.lit(False)
+    inside_col = F.lit(False)
+    gap_col = F.lit(0)
     for r in ranges:
-        inside = inside | ((c >= F.lit(r.start)) & (c < F.lit(r.end)))
-    return df.where(c.isNull() | ~inside)
+        inside_col = inside_col | ((c >= F.lit(r.start)) & (c < F.lit(r.end)))
+        gap_col = gap_col + F.when(c >= F.lit(r.start), 1).otherwise(0)
+    kept_df = df.where(c.isNull() | ~inside_col).withColumn(_GAP, gap_col)
+    return write_staged(kept_df.repartition(_GAP), table_uri, f"{run_id}-keep", by=_GAP)
 
 
 def _hooks(dt: DeltaTable) -> PostCommitHookProperties:

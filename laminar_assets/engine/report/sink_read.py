@@ -13,13 +13,11 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from pyspark.sql import DataFrame
 
-from laminar_assets import storage
 from laminar_assets.errors import LaminarError
 
-from ..delta.tables import TableInfo, is_delta_table, snapshot_files, table_info
+from ..delta.tables import is_delta_table, read_in_driver, snapshot_files, table_info
 from ..run.context import RunContext
 from ..spark.frames import spark_schema
 from ..spark.read import read_source
@@ -51,31 +49,15 @@ def sink_frame(ctx: RunContext, spec: Spec, partitions: list[str]) -> tuple[Data
 
 def sink_table(ctx: RunContext, spec: Spec, partitions: list[str], *, max_bytes: int) -> dict[str, pa.Table] | None:
     """The sink rows of each partition read by the driver (pyarrow, no Spark job), in the table's
-    schema; None when Spark must read them (more than `max_bytes` of files, deletion vectors, column
-    mapping or partition columns). Local files and object-store files alike (pyarrow's filesystem)."""
+    schema; None when Spark must read them (`read_in_driver`)."""
     info, files, parts = _files(ctx, spec, partitions)
-    paths = [f.uri for f in files]
-    if (sum(f.size for f in files) > max_bytes or any(f.needs_row_positions for f in files)
-            or info.column_mapping != "none" or info.partition_columns):
-        return None
     if not pa.types.is_timestamp(info.schema.field(time_column(spec)).type):
         return None  # e.g. a stage's string event times: Spark's comparison casts them
-    table = _read(paths, info)
+    table = read_in_driver(info, files, max_bytes=max_bytes)
     if table is None:
         return None
     column = table.column(time_column(spec))
     return {key: table.filter(_within(column, part)) for key, part in zip(partitions, parts)}
-
-
-def _read(paths: list[str], info: TableInfo) -> pa.Table | None:
-    if not paths:
-        return info.schema.empty_table()
-    fs, _ = storage.filesystem(paths[0])
-    located = [storage.filesystem(p)[1] for p in paths]
-    try:  # missing columns (added to the table later) come back as nulls, as Spark reads them
-        return ds.dataset(located, schema=info.schema, format="parquet", filesystem=fs).to_table()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return None  # a file Arrow cannot read in the table's schema (e.g. INT96 times): Spark reads it
 
 
 def _within(column: pa.ChunkedArray, part: Interval) -> pa.ChunkedArray:
