@@ -226,9 +226,9 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
     from one read of the commits since except the run's own commit (known), the commits clean the log up only
     with a checkpoint, and the sweep reads nothing the run read; Spark's file index comes from the log (a HEAD and
     a GET per file read). The same count at every age: 49 (gather 6, intents 10, sweep 1, pass 19); 69 while
-    each partition had its own state and sink file (pass 39); 82 while each partition had a lease object (a PUT and a DELETE, 12) and the watermarks were listed again under them; 90
-    while the commits went through deltalake (five requests each instead of one PUT), 93 while the
-    sweep of clean commits took its lease; 110 while
+    each partition had its own state and sink file (pass 39); 82 while each partition had a lease object (a PUT
+    and a DELETE, 12) and the watermarks were listed again under them; 90 while the commits went through deltalake
+    (five requests each instead of one PUT), 93 while the sweep of clean commits took its lease; 110 while
     deltalake moved the source's handle and the commits listed the log for its clean-up (gather 19, intents 11,
     pass 50), 146 while Spark listed the files it read (pass 86), and before the log cuts 253 at age 4 and 325 at
     age 40 (gather 46 and 118, intents 32, sweep 17)."""
