@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
@@ -282,11 +283,17 @@ class Engine:
         found = unchanged.check(self.ctx, spec, keys, force)
         if found is not None and found.plans is not None:  # nothing moved: no lease, no table opened
             return self._unchanged(spec, keys, found, run_id)
-        self.check_sink(spec, keys)  # a sink another flow or nobody Laminar knows created: refused, nothing written
-        self._reach_sources(spec)
-        # the watermarks as read, with their tags: the run's writes of them are conditional on these (`Claims`)
-        read = found.tagged if found is not None and found.tagged else self._load_tagged(spec, keys)
-        protocol.refuse_held(self.ctx.store, spec, {k: m for k, (m, _tag) in read.items()})  # nothing written yet
+        # a sink another flow or nobody Laminar knows created: refused, nothing written
+        sink = self._checked_sink(spec, keys)
+        try:
+            self._reach_sources(spec)
+            # the watermarks as read, with their tags: the run's writes of them are conditional on these (`Claims`)
+            read = found.tagged if found is not None and found.tagged else self._load_tagged(spec, keys)
+            protocol.refuse_held(self.ctx.store, spec, {k: m for k, (m, _tag) in read.items()})  # nothing written yet
+        except BaseException:
+            if sink is not None:
+                sink[1]()
+            raise
         claims = protocol.Claims(self.ctx.store, spec, run_id, {k: tag for k, (_m, tag) in read.items()})
         marks: dict[str, Watermark | None] = {}
         results: dict[str, RunResult] = {}
@@ -298,6 +305,9 @@ class Engine:
                 started = time.perf_counter()
                 marks.update(self._settle(spec, keys, run_id, claims, {k: m for k, (m, _tag) in read.items()}))
                 inputs = self.gather(spec, list(marks.values()), pooled=True, listed=found.listed if found else None)
+                if sink is not None:
+                    inputs.hold(self.ctx.layout.sink_uri(spec), *sink)
+                    sink = None
                 inputs.limit_to(spec, keys)
                 plans = self._plan_all(spec, marks, inputs, force)
                 self._refuse_strict(spec, plans)
@@ -332,6 +342,8 @@ class Engine:
                 claims.end(ended)  # what the run still holds (claimed to settle, nothing to do since)
                 if inputs is not None:
                     inputs.release()  # the sources' snapshots: the next run moves them forward
+                if sink is not None:  # the run ended before its inputs held the sink's handle
+                    sink[1]()
         for k in keys:
             results[k].seconds["plan"] = plan_s
         # The sweep belongs to no partition: credit it to the first partition that did work, so a NOOP
@@ -361,6 +373,14 @@ class Engine:
         """Refuse (`SpecError`) a sink that is not this spec's output: an existing table it did not
         create (a source, a dimension, another flow's output) or a folder of other files. Reads only (on an
         object store the process's handle of the sink, moved forward: `tables.checkout_table`)."""
+        held = self._checked_sink(spec, partitions)
+        if held is not None:
+            held[1]()
+
+    def _checked_sink(self, spec: Spec, partitions: list[str]) -> tuple[DeltaTable, Callable[[], None]] | None:
+        """`check_sink`, keeping the sink's handle checked out for the run (None: no sink yet): its commit starts
+        from it instead of proving the log's latest version again (a listing on an object store). A commit that
+        landed since makes the run's commit of the same version fail and list again, as any concurrent one."""
         uri = self.ctx.layout.sink_uri(spec)
         try:
             table, release = checkout_table(uri)
@@ -368,9 +388,11 @@ class Engine:
             table, release = None, None
         try:
             check_owner(uri, spec.name, apps=[self.ctx.layout.app_id(spec, k) for k in partitions], table=table)
-        finally:
+        except BaseException:
             if release is not None:
                 release()
+            raise
+        return (table, release) if table is not None and release is not None else None
 
     def _record_outcomes(self, spec: Spec, run_id: str, results: list[RunResult], marks: dict, inputs: RunInputs) -> None:
         """Keep what the run did for the hit and fallback rates; a record that cannot be written costs a

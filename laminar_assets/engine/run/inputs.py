@@ -56,10 +56,16 @@ class RunInputs:
     opened: dict[str, DeltaTable] = field(default_factory=dict, repr=False)
     # gives back the pooled snapshots of the sources and dimensions (`tables.checkout_info`), once
     _releases: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _held: dict[str, tuple[DeltaTable, Callable[[], None]]] = field(default_factory=dict, repr=False)
 
     def own_table(self, uri: str) -> DeltaTable | None:
         """A table this run writes (state, sink) at its latest version, from the process's pool on an object
-        store (`tables.checkout_table`), given back by `release`; None when there is no table yet."""
+        store (`tables.checkout_table`), given back by `release`; None when there is no table yet. A table the
+        run checked out before (`hold`) is that handle, once."""
+        if uri in self._held:
+            table, release = self._held.pop(uri)
+            self._releases.append(release)
+            return table
         try:
             table, release = checkout_table(uri)
         except TableNotFoundError:
@@ -67,11 +73,17 @@ class RunInputs:
         self._releases.append(release)
         return table
 
+    def hold(self, uri: str, table: DeltaTable, release: Callable[[], None]) -> None:
+        """A table the run checked out before its inputs (the sink, by its owner check): `own_table` gives
+        it, `release` gives it back."""
+        self._held[uri] = (table, release)
+
     def release(self) -> None:
         """The run is done with its snapshots of the sources and dimensions: on an object store they go back
         to the process's pool, and the next run moves them forward instead of opening the tables again.
         A later read of `infos` or `dims` opens its own snapshot."""
-        releases, self._releases = self._releases, []
+        releases, self._releases = self._releases + [r for _t, r in self._held.values()], []
+        self._held = {}
         if not releases:
             return
         self.infos = {k: replace(v, table=None) for k, v in self.infos.items()}
