@@ -1,20 +1,16 @@
 """Cron schedules that materialize a flow's current partition (incremental), from `[tool.laminar.schedules]`."""
 
 
-from typing import TYPE_CHECKING
-
 import dagster as dg
 
 from laminar_assets.engine import Spec, partition_key
 from laminar_assets.orchestration.assets import COMPONENT_TAG, PARTITION_TAG
+from laminar_assets.orchestration.internals.private_names import UnresolvedAssetJobDefinition
 from laminar_assets.pipeline.settings import LaminarSettings
-
-if TYPE_CHECKING:  # what dg.define_asset_job returns; dagster exports no public name for it
-    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 
 def build_schedule(spec: Spec, cron: str, settings: LaminarSettings,
-                   component: str) -> tuple["UnresolvedAssetJobDefinition", dg.ScheduleDefinition]:
+                   component: str) -> tuple[UnresolvedAssetJobDefinition, dg.ScheduleDefinition]:
     # partitioned like its asset (Dagster infers it from the selection)
     job = dg.define_asset_job(f"{spec.name}_latest", selection=[dg.AssetKey(spec.name)])
 
