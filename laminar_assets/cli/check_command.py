@@ -72,9 +72,9 @@ def check(
         for spec in c.specs():
             keys = store.partitions(spec.name)
             for key in keys:  # the latest run of every partition succeeded (docs/cli.md, Failing runs)
-                failed = failed_runs(store.load(spec.name, key))
-                rows_out.append({"check": "runs", "asset": spec.name, "partition": key, "passed": failed is None,
-                                 "details": describe_failed_runs(failed) if failed else ""})
+                failed_run = failed_runs(store.load(spec.name, key))
+                rows_out.append({"check": "runs", "asset": spec.name, "partition": key, "passed": failed_run is None,
+                                 "details": describe_failed_runs(failed_run) if failed_run else ""})
             for i in range(0, len(keys), CHUNK):  # partitions checked together: one Spark pass per chunk
                 chunk = keys[i:i + CHUNK]
                 status.update(lit(f"{spec.name} {chunk[0]} ... {chunk[-1]}"))

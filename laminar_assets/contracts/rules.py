@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
+from typing import cast
 
 from laminar_assets.engine import RowRule, Spec
 
@@ -22,8 +24,8 @@ def with_contract_rules(spec: Spec, contracts: dict[str, Contract]) -> Spec:
         rules += [RowRule(name, check, source=src) for name, check in q.rules.items()]
         if q.event_time is not None and q.event_time.column == spec.event_time:
             lo, hi = q.event_time.not_before, q.event_time.before
-            if bounds is not None:
-                lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+            if bounds is not None:  # the spec's __post_init__ turned them into UTC datetimes
+                lo, hi = max(lo, cast(datetime, bounds[0])), min(hi, cast(datetime, bounds[1]))
             bounds = (lo, hi)
     if tuple(rules) == spec.rules and bounds == spec.event_time_bounds:
         return spec

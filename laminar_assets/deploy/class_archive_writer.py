@@ -63,11 +63,11 @@ def _python(args: list[str], timeout: float, doing: str) -> str:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise EnvironmentProblem(f"{doing} took longer than {timeout:.0f} s; stopped it") from None
-    proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise EnvironmentProblem(f"{doing} failed (exit {proc.returncode}): {' | '.join(tail)}")
-    return proc.stdout
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise EnvironmentProblem(f"{doing} failed (exit {done.returncode}): {' | '.join(tail)}")
+    return done.stdout
 
 
 def _wait_gone(pid: int, *, timeout: float) -> None:

@@ -75,6 +75,12 @@ def _after(listing: bytes, after: str) -> bytes:
 _API_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/", "/_internal/")
 
 
+class _ShimServer(ThreadingHTTPServer):
+    """The shim's server; its handlers forward to `upstream` (the emulator's host and port)."""
+
+    upstream: tuple[str, int]
+
+
 class _XmlShim(BaseHTTPRequestHandler):
     """Forwards every request to the emulator (`server.upstream`: host, port), turning an XML API upload
     (PUT /<bucket>/<object>) into a JSON API media upload and an XML copy into a rewrite, and checking a
@@ -82,6 +88,7 @@ class _XmlShim(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body leave at once (no 40 ms delayed-ACK stall per request)
+    server: _ShimServer  # the server handling the request (serve_shim's)
 
     def log_message(self, format, *args):  # noqa: A002  (quiet)
         pass
@@ -152,9 +159,9 @@ class _XmlShim(BaseHTTPRequestHandler):
                                                                              "Host": self.headers.get("Host", "")})
         else:
             query = f"uploadType=media&name={quote(name, safe='')}"
-            match = self.headers.get("x-goog-if-generation-match")
-            if match is not None:
-                query += f"&ifGenerationMatch={match}"
+            generation = self.headers.get("x-goog-if-generation-match")
+            if generation is not None:
+                query += f"&ifGenerationMatch={generation}"
             status, answer_headers, data = self._forward(
                 "POST", f"/upload/storage/v1/b/{quote(bucket, safe='')}/o?{query}", body,
                 {"Content-Type": self.headers.get("Content-Type", "application/octet-stream"),
@@ -174,7 +181,7 @@ def serve_shim(port: int, upstream: int) -> None:
     """The shim on 127.0.0.1:`port` in front of the emulator on `upstream`, until the process is stopped.
     A process of its own: in the tests' process its threads would wait for the GIL, which deltalake holds
     while it waits for the shim's answer."""
-    shim = ThreadingHTTPServer(("127.0.0.1", port), _XmlShim)
+    shim = _ShimServer(("127.0.0.1", port), _XmlShim)
     shim.daemon_threads = True
     shim.upstream = ("127.0.0.1", upstream)
     shim.serve_forever(poll_interval=0.5)
@@ -228,13 +235,13 @@ def start_fake_gcs(timeout: float = 30.0, *, ports: tuple[int, int] | None = Non
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=ends_with_this_process())
         server = GcsServer(endpoint, process, log)
-        server.shim = subprocess.Popen(
+        shim = server.shim = subprocess.Popen(
             [sys.executable, "-m", "laminar_assets.deploy.local_gcs", str(shim_port), str(port)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=ends_with_this_process())
     try:
         def exited() -> int | None:
-            return next((c for c in (process.poll(), server.shim.poll()) if c is not None), None)
+            return next((c for c in (process.poll(), shim.poll()) if c is not None), None)
 
         for p, what in ((port, "fake-gcs-server"), (shim_port, "its shim")):
             wait_listening(p, what, timeout=timeout, exited=exited, see=f"; its log: {log}", every=0.05)

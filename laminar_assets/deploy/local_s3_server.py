@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 LATENCY_PATH = "/moto-api/laminar/latency"
@@ -97,7 +98,7 @@ def _serialize_recorder() -> None:
         with lock:
             return record(*args, **kwargs)
 
-    recorder._record_request = locked
+    cast(Any, recorder)._record_request = locked  # replaces moto's method on its one recorder (monkeypatch)
 
 
 def _list_services_once() -> None:
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     app = DomainDispatcherApplication(create_backend_app)
-    app.debug = True  # as moto/server.py
+    cast(Any, app).debug = True  # as moto/server.py (an attribute the class does not declare)
     run_simple(args.host, args.port, with_latency(app, latency), threaded=True, request_handler=MotoRequestHandler)
     return 0
 

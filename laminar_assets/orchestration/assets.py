@@ -2,11 +2,22 @@
 
 
 import time
+from datetime import timedelta
+from typing import cast
 
 import dagster as dg
 
 from laminar_assets.contracts.expectations import warm_up
-from laminar_assets.engine import FlowSpec, Granularity, LaminarError, RunResult, Spec, StageSpec, record_refused_run
+from laminar_assets.engine import (
+    FlowSpec,
+    Granularity,
+    LaminarError,
+    RefreshPolicy,
+    RunResult,
+    Spec,
+    StageSpec,
+    record_refused_run,
+)
 from laminar_assets.engine.aggregates import implementation
 from laminar_assets.engine.delta import checkout_info, resolve_uri, table_info
 from laminar_assets.orchestration.check_partitions import CHANGED_KEY
@@ -56,8 +67,10 @@ def build_source_asset(table: str) -> dg.SourceAsset:
 
 
 def _static_metadata(spec: Spec, readers: tuple[str, ...]) -> dict:
-    md = {"spec_hash": spec.spec_hash, "sources": ", ".join(spec.sources), "event_time": spec.event_time,
-          "refresh": spec.refresh.value, "sink_table": spec.sink}
+    # Spec.__post_init__ made `refresh` a RefreshPolicy
+    md: dict[str, object] = {"spec_hash": spec.spec_hash, "sources": ", ".join(spec.sources),
+                             "event_time": spec.event_time, "refresh": cast(RefreshPolicy, spec.refresh).value,
+                             "sink_table": spec.sink}
     if len(readers) > 1:
         md["shared_by"] = ", ".join(readers)
     if spec.definition:
@@ -155,7 +168,9 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         pool=pool_name(spec),  # one step of this asset at a time across runs (dagster.yaml: default_limit 1)
         owners=list(spec.owners),
         tags={**dict(spec.tags), **({"laminar/shared": "true"} if shared else {})},
-        freshness_policy=dg.FreshnessPolicy.time_window(fail_window=spec.target_lag) if spec.target_lag else None,
+        # a duration: Spec.__post_init__ parsed "5m" and the like
+        freshness_policy=dg.FreshnessPolicy.time_window(fail_window=cast(timedelta, spec.target_lag))
+        if spec.target_lag else None,
         # Only failures marked retryable are retried (see _failure); runs are idempotent, so a retry
         # after a partial commit settles it instead of applying it twice.
         retry_policy=dg.RetryPolicy(max_retries=settings.retries, delay=settings.retry_delay_seconds,
@@ -222,7 +237,7 @@ def recent_rates(instance: dg.DagsterInstance, spec: Spec, results: list[RunResu
         for record in records:
             md = record.asset_materialization.metadata if record.asset_materialization else {}
             if "mode" in md:
-                modes.append(md["mode"].value)
+                modes.append(cast(str, md["mode"].value))  # the text a run of this asset recorded (a Mode's value)
     worked = [m for m in modes if m != "NOOP"]
     out = {"recent_partition_runs": len(modes),
            "recent_incremental_share": float(round(modes.count("INCREMENTAL") / len(modes), 4)),

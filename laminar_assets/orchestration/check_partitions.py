@@ -66,6 +66,7 @@ def evaluate_range(context: dg.AssetCheckExecutionContext, asset: dg.AssetKey, e
         done = before is not None and before.latest_execution_status in (
             AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED)
         if latest.get(key) is not None and not _changed(latest[key]) and done:
+            assert before is not None  # `done` says so
             passed = before.latest_execution_status is AssetCheckExecutionRecordStatus.SUCCEEDED
             outcomes[key] = (passed, {"partition": key, "note": "partition unchanged by this run; outcome kept"})
         else:
@@ -77,7 +78,8 @@ def evaluate_range(context: dg.AssetCheckExecutionContext, asset: dg.AssetKey, e
         target = None if record is None else AssetCheckEvaluationTargetMaterializationData(
             storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
         passed, metadata = outcomes[key]
-        context.op_execution_context.log_event(AssetCheckEvaluation(
+        # dagster's log_event has a branch for an AssetCheckEvaluation, but its parameter's type (UserEvent) leaves it out
+        context.op_execution_context.log_event(AssetCheckEvaluation(  # type: ignore[arg-type]
             asset_key=asset, check_name=check.name, passed=passed, metadata=metadata,
             target_materialization_data=target, severity=severity, blocking=blocking, partition=key))
     failed = sorted(k for k, (ok, _) in outcomes.items() if not ok)

@@ -27,7 +27,7 @@ def build_lag_check(spec: Spec) -> dg.AssetChecksDefinition:
             except LaminarError as exc:
                 stale.append(f"{key} ({exc.message})")
                 continue
-            if is_stale(mark, plan):
+            if mark is not None and is_stale(mark, plan):  # is_stale: never without a watermark
                 stale.append(f"{key} ({plan.reason.value})")
                 v, s = lag(root, spec, mark)
                 versions_behind, seconds_behind = max(versions_behind, v), max(seconds_behind, s)

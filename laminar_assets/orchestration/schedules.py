@@ -5,11 +5,12 @@ import dagster as dg
 
 from laminar_assets.engine import Spec, partition_key
 from laminar_assets.orchestration.assets import COMPONENT_TAG, PARTITION_TAG
+from laminar_assets.orchestration.internals.private_names import UnresolvedAssetJobDefinition
 from laminar_assets.pipeline.settings import LaminarSettings
 
 
 def build_schedule(spec: Spec, cron: str, settings: LaminarSettings,
-                   component: str) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+                   component: str) -> tuple[UnresolvedAssetJobDefinition, dg.ScheduleDefinition]:
     # partitioned like its asset (Dagster infers it from the selection)
     job = dg.define_asset_job(f"{spec.name}_latest", selection=[dg.AssetKey(spec.name)])
 

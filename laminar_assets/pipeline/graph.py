@@ -6,6 +6,7 @@ Pure functions over specs; the sensors use them to request one run per connected
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from laminar_assets.engine import Spec
 
@@ -33,7 +34,8 @@ class Component:
     @property
     def tables(self) -> tuple[str, ...]:
         """Every table the part reads, external ones first."""
-        produced = tuple(s.sink for s in self.specs if any(s.sink in inputs_of(c) for c in self.specs))
+        # a spec's sink is set (its name when none was given: Spec.__post_init__)
+        produced = tuple(cast(str, s.sink) for s in self.specs if any(s.sink in inputs_of(c) for c in self.specs))
         return (*self.external, *produced)
 
 
@@ -74,7 +76,7 @@ def components(specs: list[Spec]) -> list[Component]:
     for s in specs:
         for t in inputs_of(s):
             readers.setdefault(t, []).append(s.name)
-        readers.setdefault(s.sink, []).append(s.name)
+        readers.setdefault(cast(str, s.sink), []).append(s.name)  # set by Spec.__post_init__
     for names in readers.values():
         for other in names[1:]:
             parent[find(other)] = find(names[0])

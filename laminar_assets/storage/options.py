@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, cast
 
 # Hadoop's floor for every s3a timeout (MINIMUM_NETWORK_OPERATION_DURATION in hadoop-aws 3.4+).
 S3A_FLOOR_S = 15.0
@@ -161,8 +161,8 @@ class ObjectStoreOptions(TimeBounds):
     # --- one set of options per client ------------------------------------------------------
     def delta_options(self) -> dict[str, str]:
         """`storage_options` for `deltalake` (delta-rs's object_store)."""
-        o = self.resolved()
-        out = {"AWS_REGION": o.region, "AWS_EC2_METADATA_DISABLED": "true" if o.endpoint else "false",
+        o = self.resolved()  # its region is set (us-east-1 at the least)
+        out = {"AWS_REGION": cast(str, o.region), "AWS_EC2_METADATA_DISABLED": "true" if o.endpoint else "false",
                "timeout": _ms(o.request_timeout_s), "connect_timeout": _ms(o.connect_timeout_s),
                "max_retries": str(o.attempts(o.request_timeout_s) - 1),
                # no retry starts once this long has passed since the call began: the last attempt ends
@@ -223,13 +223,13 @@ class ObjectStoreOptions(TimeBounds):
     def spark_conf(self) -> dict[str, str]:
         """Hadoop s3a settings for Spark (`spark.hadoop.fs.s3a.*`): the same store for the driver,
         a Spark Connect server and a cluster's executors."""
-        o = self.resolved()
+        o = self.resolved()  # its region is set (us-east-1 at the least)
         p = "spark.hadoop.fs.s3a."
         # Hadoop raises every s3a timeout below 15 s to 15 s (MINIMUM_NETWORK_OPERATION_DURATION): the
         # attempts are counted at the timeout s3a really uses. Before these settings an s3a call on a
         # frozen server could take (1 + 3 SDK retries) x (1 + 3 S3A retries) x 30 s, minutes.
         attempt = max(o.request_timeout_s, S3A_FLOOR_S)
-        out = {f"{p}path.style.access": str(bool(o.path_style)).lower(), f"{p}endpoint.region": o.region,
+        out = {f"{p}path.style.access": str(bool(o.path_style)).lower(), f"{p}endpoint.region": cast(str, o.region),
                f"{p}connection.timeout": _ms(attempt, unit=False),
                f"{p}connection.establish.timeout": _ms(max(o.connect_timeout_s, S3A_FLOOR_S), unit=False),
                f"{p}connection.request.timeout": _ms(attempt, unit=False),

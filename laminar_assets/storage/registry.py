@@ -30,7 +30,7 @@ from .options import ObjectStoreOptions
 from .s3 import S3Store
 from .store import Store
 
-SCHEMES: dict[str, type] = {"file": LocalStore, "s3": S3Store, "s3a": S3Store}
+SCHEMES: dict[str, type[Store]] = {"file": LocalStore, "s3": S3Store, "s3a": S3Store}
 SCHEMES["gs"] = GcsStore  # Google Cloud Storage (gcs.py)
 SCHEMES.update(dict.fromkeys(AzureStore.schemes, AzureStore))  # abfss:// (abfs, az, wasbs, wasb: taken to abfss)
 # Object-store schemes Laminar knows of but has no `Store` for: refused by name, never taken for a local
@@ -46,7 +46,7 @@ def scheme(uri: str) -> str:
     return uri.split("://", 1)[0].lower() if "://" in uri else "file"
 
 
-def store_class(uri: str) -> type:
+def store_class(uri: str) -> type[Store]:
     """The `Store` class of `uri`'s scheme; a `StorageError` naming the URI for a scheme Laminar cannot use."""
     s = scheme(uri)
     found = SCHEMES.get(s)
@@ -159,6 +159,6 @@ def mounts() -> dict[str, Store]:
         return dict(_mounts)
 
 
-def object_store_classes() -> list[type]:
+def object_store_classes() -> list[type[Store]]:
     """Every object-store class in the registry, once each."""
     return list(dict.fromkeys(c for c in SCHEMES.values() if c.object_store))

@@ -20,7 +20,6 @@ The numeric and ordered kinds live here, the sketch/set/pick kinds in `sets.py`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -239,7 +238,7 @@ class _ExtremeBy(_HeldExtreme):
         return f"{self.s('p')}.v"
 
 
-_IMPLEMENTATIONS: dict[str, Callable[..., AggImpl]] = {
+_IMPLEMENTATIONS: dict[str, type[AggImpl]] = {
     "count": _Count, "sum": _Sum, "avg": _Avg, "var_samp": _Variance, "stddev_samp": _Variance,
     "min": _Extreme, "max": _Extreme, "first": _FirstLast, "last": _FirstLast,
     "approx_count_distinct": DistinctSketch, "approx_percentile": QuantileSketch,

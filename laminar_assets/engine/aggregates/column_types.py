@@ -7,6 +7,7 @@ analysed on its own, so the error names the field instead of quoting our generat
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame
@@ -53,7 +54,7 @@ def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
         raise SpecError(f"flow '{spec.name}': its aggregates do not compile together over source "
                         f"'{facts['table']}' at version {facts['version']}: {spark_message(exc)}",
                         field="aggregates", **facts) from None
-    for name, expr in spec.post:
+    for name, expr in cast(tuple[tuple[str, str], ...], spec.post):  # __post_init__ made them (name, expression) pairs
         try:
             sink = sink.withColumn(name, F.expr(user_sql(expr)))
             _ = sink.schema
@@ -88,7 +89,7 @@ def _check_one(rows: DataFrame, state, impl: AggImpl, spec: FlowSpec, facts: dic
         _ = state([impl]).schema
     except (AnalysisException, PySparkException) as exc:
         condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
-        why = WHY.get(condition() if callable(condition) else None, "")
+        why = WHY.get(condition(), "") if callable(condition) else ""
         typed = ", ".join(f"{c!r} of type {rows.schema[c].dataType.simpleString()}" for c in (agg.column, agg.by) if c)
         raise SpecError(
             f"flow '{spec.name}': aggregate {agg.name!r} ({agg.kind}) cannot be computed over {typed or 'its rows'} "

@@ -92,7 +92,10 @@ class TableCatalog(Protocol):
     """What Laminar needs of a catalog."""
 
     schema: str
-    description: str  # where it is, for messages ("Hive metastore (Derby at ...)")
+
+    @property
+    def description(self) -> str:
+        """Where it is, for messages ("Hive metastore (Derby at ...)")."""
 
     def register(self, tables: Sequence[CatalogTable]) -> CatalogReport:
         """Make each table an entry of the schema at its location with its properties (idempotent); an entry

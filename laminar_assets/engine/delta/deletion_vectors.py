@@ -101,6 +101,7 @@ def _bitmap(dv: DeletionVector) -> BitMap64:
         data = z85_decode(dv.path_or_inline)[:dv.size]
     else:
         uri = dv.file_uri
+        assert uri is not None  # only an inline vector (storage "i") has no file
         try:
             data = _read_range(uri, dv.offset or 0, dv.size)
         except OSError as exc:
@@ -146,6 +147,7 @@ class DeletedRows:
     def count(self) -> int:
         if self.vector is not None:
             return self.vector.cardinality
+        assert self.positions_from_selection is not None  # one of the two says which rows
         return len(self.positions_from_selection)
 
     def positions(self) -> pa.Array:

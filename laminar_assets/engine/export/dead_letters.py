@@ -55,7 +55,7 @@ def write(root: str, export: str, letters: list[dict]) -> int:
         if not table.num_rows:
             return 0
     write_deltalake(uri, table, mode="append", storage_options=storage.delta_options(uri),
-                    **({} if exists else {"configuration": _CDF}))
+                    configuration=None if exists else _CDF)  # None: write_deltalake's default
     return table.num_rows
 
 

@@ -122,6 +122,7 @@ class WebhookTarget:
             version = changes.version
             new = {"delivered_version": version, "source_table_id": changes.source_table_id, "after": None}
         else:  # up to the last event done: the versions before its own, and its place in its version
+            assert report.done_last is not None  # done_rows > 0 here (none done raised above), so one request was done
             version = report.done_last[0] - 1
             new = {"delivered_version": version, "source_table_id": changes.source_table_id,
                    "after": list(report.done_last)}

@@ -117,7 +117,8 @@ def _described(batch: pa.RecordBatch, time_column: str | None, granularity: Gran
         texts.append(json.dumps(values))
         hashes.append(_sha(json.dumps(values, sort_keys=True, separators=(",", ":"))))
         ts = times[i] if times is not None else None
-        partitions.append(partition_key(ts, granularity) if isinstance(ts, datetime) else None)
+        # a datetime only when `times` was read, i.e. with a granularity
+        partitions.append(partition_key(ts, granularity) if isinstance(ts, datetime) and granularity is not None else None)
     return texts, hashes, partitions
 
 

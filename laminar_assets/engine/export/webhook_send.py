@@ -183,6 +183,7 @@ class Sender:
             while window and window[0].outcome is not None and window[0].outcome.state != PENDING \
                     and not any(window[0] is s for s in silent):
                 head = window.popleft()
+                assert head.outcome is not None  # the loop's condition: the head is no longer in flight
                 report.done_rows += head.rows
                 report.done_last = head.last
                 if head.outcome.state == FAILED:
@@ -242,6 +243,7 @@ class Sender:
             report.stopped = SILENT  # an answer came while the failures were in flight
         if report.stopped in (UNREACHABLE, SILENT):
             for item in silent:  # no answer because the receiver is gone: for the next delivery, not dead letters
+                assert item.outcome is not None  # `collect` set it before putting the item in `silent`
                 item.outcome.state = PENDING
         silent.clear()
         settle()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import cast
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -35,7 +36,7 @@ from laminar_assets import storage
 
 from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
 from ..delta.arrow_reads import read_arrow
-from ..delta.tables import is_delta_table, open_delta, snapshot_files, table_info
+from ..delta.tables import DataFile, TableInfo, is_delta_table, open_delta, snapshot_files, table_info
 from ..output.commit import CHECKPOINT_EVERY, with_user_metadata
 from ..output.staged_files import committed, write_staged, write_staged_table
 from ..spark.read import read_source
@@ -113,7 +114,7 @@ def offered_events(spec: Spec, horizon: timedelta | None, now: datetime | None =
     `start` (else the first partition Laminar can name) to the windows of the partition holding
     now + `horizon` (else the last one). Rows outside belong to no partition any run will compute."""
     until = later(now or datetime.now(UTC), horizon) if horizon is not None else PARTITION_SPAN.end
-    span = partition_span(spec.start, until, spec.granularity)
+    span = partition_span(cast(datetime | None, spec.start), until, spec.granularity)  # __post_init__ parsed it
     try:
         end = spec.events_needed(span).end
     except OverflowError:  # windows wider than the room after the last partition
@@ -142,7 +143,8 @@ def original_row_sql(columns: list[str]) -> str:
     return f"to_json(named_struct({fields}), map('timestampFormat', {sql_string(TIMESTAMP_FORMAT)}))"
 
 
-def recorded_files(uri: str, flow: str, within: Sequence[Interval] | None = None) -> tuple[object, list]:
+def recorded_files(uri: str, flow: str, within: Sequence[Interval] | None = None
+                   ) -> tuple[TableInfo | None, list[DataFile]]:
     """(table info, data files) of the rows `flow` has recorded in the quarantine table at `uri`
     that a write of rejects from `within` (event-time intervals) must check against: only files
     whose event-time statistics overlap them, since a recorded row's partition key comes from its

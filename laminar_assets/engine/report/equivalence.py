@@ -14,6 +14,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,7 +104,7 @@ def _chosen_windows(engine, spec: FlowSpec, partitions: list[str], sample: int) 
 def _sink_window_starts(engine, spec: FlowSpec, ranges: list[Interval]) -> set[datetime]:
     """The window starts the sink holds within `ranges` (UTC). Read with deltalake's dataset from the files
     the Delta log's statistics leave (one small column of an aggregated table): no Spark job."""
-    info = table_info(spec.sink, engine.ctx.layout.sink_uri(spec))
+    info = table_info(cast(str, spec.sink), engine.ctx.layout.sink_uri(spec))  # set by Spec.__post_init__
     if not snapshot_files(info, "window_start", ranges):
         return set()
     column = pc.field("window_start")
@@ -118,7 +119,8 @@ def _sink_window_starts(engine, spec: FlowSpec, ranges: list[Interval]) -> set[d
 
 def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: int, rel: float) -> dict:
     chosen = _chosen_windows(engine, spec, partitions, sample)
-    plans, picked_ranges = [], []
+    plans: list[PartitionPlan] = []
+    picked_ranges: list[Interval] = []
     for p, mark in zip(partitions, marks):
         part = partition_interval(p, spec.granularity)
         refill = tuple(Interval(ws, ws + spec.shape.slide) for ws in sorted(chosen[p]))
@@ -132,7 +134,7 @@ def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: i
     # lists each log once instead of opening it), given back when the comparison is done
     inputs = engine.gather(spec, list(marks), pooled=True)
     try:
-        quantiles = {a.name: a for a in spec.aggregates if a.kind == "approx_percentile" and a.name not in spec.hidden}
+        quantiles = {a.output: a for a in spec.aggregates if a.kind == "approx_percentile" and a.name not in spec.hidden}
         sketches = {name: implementation(a).state_columns[0] for name, a in quantiles.items()}
         recomputed = finalize(spec, state_query(engine.ctx, spec, plans, inputs), keep=tuple(sketches.values())).drop(PART)
         keys = ["window_start", "window_end", *spec.keys]

@@ -191,8 +191,8 @@ def judge(spark, text: str, tree: str, *, plan=None, shown: Callable[[str], str]
     if _TRUNCATED.search(tree):
         raise refuse("a statement too long to judge (Spark shortened its plan)")
     lines = tree.splitlines() or [""]
-    root = _FIRST.match(lines[0])
-    root = root.group(1) if root else lines[0][:40]
+    first = _FIRST.match(lines[0])
+    root = first.group(1) if first else lines[0][:40]
     if root in WRAPPERS:
         return _wrapped(spark, text, root, plan, shown=shown, schemas=schemas)
     if root not in QUERY_NODES | SHOW_DESCRIBE:
@@ -284,7 +284,9 @@ def _explained(spark, text: str) -> str:
 def first_word(text: str) -> str:
     """The first word of `text` in upper case (or "(" / the first character), as delta-spark's lexer
     reads it: after whitespace, `--` comments and `/* */` comments (which it does not nest)."""
-    rest = text[_DELTA_TRIVIA.match(text).end():]
+    trivia = _DELTA_TRIVIA.match(text)
+    assert trivia is not None  # a pattern of `(...)*`: it matches every text, if only emptily
+    rest = text[trivia.end():]
     word = re.match(r"[A-Za-z0-9_]+", rest)
     return word.group(0).upper() if word else rest[:1] or "nothing"
 

@@ -28,10 +28,10 @@ def reach(spec: Spec, events: Interval, within: Interval | None = None) -> list[
 def output_times(spec: Spec, events: Interval) -> Interval | None:
     """Where rows with event times in `events` can land (`Spec.output_times_of`), counting only event
     times that a partition can hold (inside the spec's bounds and `PARTITION_SPAN`); None: nowhere."""
-    events = events.intersect(PARTITION_SPAN)
-    if events is not None and spec.bounds is not None:
-        events = events.intersect(spec.bounds)
-    return spec.output_times_of(events) if events is not None else None
+    usable = events.intersect(PARTITION_SPAN)
+    if usable is not None and spec.bounds is not None:
+        usable = usable.intersect(spec.bounds)
+    return spec.output_times_of(usable) if usable is not None else None
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def inspect_partition(root: str, spec: Spec, partition: str,
         since = mark.source_versions.get(src) if (mark and mark.committed) else None
         history = source_history(src, uri, since, info.version, spec.event_time, info=info)
         recreated = since is not None and was.get(src) and info.table_id and was[src] != info.table_id
-        histories[src] = history.replaced(since) if recreated else history
+        histories[src] = history.replaced(since) if since is not None and recreated else history  # (recreated implies since)
     for table in spec.dimension_tables:
         info = table_info(table, resolve_uri(root, table))
         dims[table] = info.version

@@ -23,7 +23,7 @@ _MAX_CHAIN = 20
 def _java_chain(exc: BaseException) -> list[str]:
     """'<class>: <message>' of the Java exception behind a Py4J error and of each of its causes."""
     java = getattr(exc, "java_exception", None) if isinstance(exc, Py4JJavaError) else None
-    out = []
+    out: list[str] = []
     try:
         while java is not None and len(out) < _MAX_CHAIN:
             out.append(f"{java.getClass().getName()}: {java.getMessage() or ''}")
@@ -33,9 +33,10 @@ def _java_chain(exc: BaseException) -> list[str]:
     return out
 
 
-def _texts(exc: BaseException) -> list[str]:
+def _texts(exc: BaseException | None) -> list[str]:
     """Every message of `exc`, its Python causes, their Spark conditions and their Java causes."""
-    out, seen = [], set()
+    out: list[str] = []
+    seen: set[int] = set()
     while exc is not None and id(exc) not in seen and len(seen) < _MAX_CHAIN:
         seen.add(id(exc))
         condition = getattr(exc, "getCondition", None)
@@ -93,7 +94,7 @@ def _first_line(exc: BaseException) -> str:
     return text[:400] or type(exc).__name__
 
 
-def query_fragment(exc: BaseException) -> str | None:
+def query_fragment(exc: BaseException | None) -> str | None:
     """The SQL text Spark says an error happened in (its query context), on one line; None when it
     names none. Asked of the Python exception (classic or Spark Connect) and of its Java causes."""
     seen: set[int] = set()

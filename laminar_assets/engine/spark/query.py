@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -58,7 +59,9 @@ class Query:
             return spark.sql(self.text)
         # spark.sql formats the text (str.format): braces of the SQL itself are doubled
         text = _REF.sub(r"{\1}", self.text.replace("{", "{{").replace("}", "}}"))
-        return spark.sql(text, **self.frames)
+        # the frames as keyword arguments (Any: mypy would match the unpacking against `args` as well)
+        frames: dict[str, Any] = self.frames
+        return spark.sql(text, **frames)
 
     @property
     def _open(self) -> bool:  # a SELECT of `*` plus added columns: more columns or filters may join it

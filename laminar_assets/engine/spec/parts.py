@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from ..windows import WindowShape, parse_duration
 
@@ -37,8 +37,8 @@ class Tumbling:
         object.__setattr__(self, "size", duration_or_given(self.size))
 
     @property
-    def shape(self) -> WindowShape:
-        return WindowShape(self.size, self.size)
+    def shape(self) -> WindowShape:  # a duration in any flow (window_problem refuses others)
+        return WindowShape(cast(timedelta, self.size), cast(timedelta, self.size))
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class Hopping:
         object.__setattr__(self, "slide", duration_or_given(self.slide))
 
     @property
-    def shape(self) -> WindowShape:
-        return WindowShape(self.size, self.slide)
+    def shape(self) -> WindowShape:  # durations in any flow (window_problem refuses others)
+        return WindowShape(cast(timedelta, self.size), cast(timedelta, self.slide))
 
 
 @dataclass(frozen=True)

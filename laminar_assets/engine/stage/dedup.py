@@ -4,6 +4,8 @@ kept one means its partition must refill)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from pyspark.sql import DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
@@ -58,7 +60,7 @@ def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> t
     if not plans or not is_delta_table(uri):
         return None, 0
     parts = [p.interval for p in plans]
-    info = table_info(spec.sink, uri)
+    info = table_info(cast(str, spec.sink), uri)  # __post_init__ set it (the name when none was given)
     files = snapshot_files(info, spec.event_time, parts)
     if not files:
         return None, 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
@@ -54,8 +55,8 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
         rows = prepare_query(spec, rows_query(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned_sql(spec))
         rows = rows.add_columns([(PART, partition_id_sql(EVENT_TS, spec.granularity))])
         keep = keep_sql(spec, plans, EVENT_TS, key_hash_sql(spec), group_values_sql(spec, plans))
-        rows = rows.where(keep).run(ctx.spark)  # one analysis (spark/query.py)
-        joined = _join_dimensions(ctx, spec, rows, inputs)
+        frame = rows.where(keep).run(ctx.spark)  # one analysis (spark/query.py)
+        joined = _join_dimensions(ctx, spec, frame, inputs)
         obs = Observation()
         rejected = F.col(RULE).isNotNull() & (F.col(SIGN) > 0)
         joined = observe(joined, obs, *_row_counts(spec, plans))
@@ -203,6 +204,7 @@ def _quarantine(ctx: RunContext, spec: StageSpec, rejected: DataFrame, run_id: s
         for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,
                                        run_id=run_id, through_driver=small, within=[p.interval for p in plans],
                                        driver_below_bytes=ctx.options.driver_write_below_bytes).items():
+            key = cast(str, part)  # None only for the sweep's rows; a stage's rejects are all in its plans' partitions
             for rule, n in by_rule.items():
-                counts.setdefault(part, {})[rule] = counts.setdefault(part, {}).get(rule, 0) + n
+                counts.setdefault(key, {})[rule] = counts.setdefault(key, {}).get(rule, 0) + n
     return counts

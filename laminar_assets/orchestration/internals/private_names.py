@@ -3,7 +3,8 @@
 Each is a data type or constant that Dagster's public API hands out or reads but does not export: the
 status of an asset check's last execution (sensors hold partitions behind a failed blocking check), the
 materialization a check evaluation targets (checks evaluated per partition of a range run), the standard
-table metadata keys, and the run tag that carries a data version. A Dagster upgrade that moves one of
+table metadata keys, the run tag that carries a data version, and the type of the job `define_asset_job`
+returns (a schedule's job, for the type checker). A Dagster upgrade that moves one of
 them breaks this module's import, not code spread over the orchestration package;
 `tests/test_boundaries.py` keeps every other module off `dagster._`.
 """
@@ -15,6 +16,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster._core.definitions.metadata import TableMetadataSet
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 __all__ = [
@@ -22,4 +24,5 @@ __all__ = [
     "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "TableMetadataSet",
+    "UnresolvedAssetJobDefinition",
 ]
