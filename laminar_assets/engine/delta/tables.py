@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -646,7 +647,9 @@ def read_in_driver(info: TableInfo, files: list[DataFile], *, max_bytes: int) ->
     if not files:
         return info.schema.empty_table()
     fs, _ = storage.filesystem(files[0].uri)
-    located = [storage.filesystem(f.uri)[1] for f in files]
+    # each file with its size from the log where it has one: an object store is then not asked for it (a HEAD)
+    located = [pafs.FileInfo(storage.filesystem(f.uri)[1], size=f.size) if f.size > 0 else storage.filesystem(f.uri)[1]
+               for f in files]
     try:  # missing columns (added to the table later) come back as nulls, as Spark reads them
         return ds.dataset(located, schema=info.schema, format="parquet", filesystem=fs).to_table()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):

@@ -40,7 +40,7 @@ from laminar_assets.errors import CommitConflictError, ConcurrentRunError
 
 from ..delta.log import DataFile
 from ..delta.schema_history import widens_only
-from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, read_in_driver, snapshot_files, table_info
+from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, read_in_driver, snapshot_files
 from ..delta.transactions import committed as made_commit
 from ..delta.transactions import txn_versions_of
 from ..spark.frames import nullable, schema_change, spark_schema
@@ -202,10 +202,11 @@ def replace_ranges(
         _refuse_if_taken(dt, table_uri, transactions)
         removes, extra = [], []
         if not append_only and not reset and ranges:
-            inside, partial = split_by_range(info_of(os.path.basename(table_uri), table_uri, dt), column, ranges)
+            info = info_of(os.path.basename(table_uri), table_uri, dt)
+            inside, partial = split_by_range(info, column, ranges)
             removes = [_remove_action(table_uri, f) for f in inside + partial]
             if partial:
-                extra = [_keep_outside(spark, table_uri, partial, column, ranges, run_id=run_id,
+                extra = [_keep_outside(spark, info, partial, column, ranges, run_id=run_id,
                                        driver_below=driver_write_below_bytes)]
         if remove_files:
             _still_there(dt, table_uri, remove_files)
@@ -278,13 +279,14 @@ def _remove_action(table_uri: str, f: DataFile) -> RemoveAction:
 _GAP = "__gap"  # which gap between the replaced ranges a kept row lies in: its file
 
 
-def _keep_outside(spark: SparkSession, table_uri: str, files: Sequence[DataFile], column: str,
+def _keep_outside(spark: SparkSession, info: TableInfo, files: Sequence[DataFile], column: str,
                   ranges: Sequence[Interval], *, run_id: str, driver_below: int) -> StagedFiles:
     """The rows of `files` outside the ranges staged again: what a replace must write back. One file per gap
     between the (coalesced) ranges, so a kept file's statistics never span a replaced range and a later pass over
     that range alone does not find it partly inside and write it back again. Files under `driver_below` bytes
-    are read and written by the driver (pyarrow: no Spark job), others by a Spark job."""
-    info = table_info(os.path.basename(table_uri), table_uri)
+    are read and written by the driver (pyarrow: no Spark job), others by a Spark job. `info`: the table at the
+    snapshot the commit is based on (not opened again)."""
+    table_uri = info.uri
     ranges = coalesce(ranges)
     rows = read_in_driver(info, list(files), max_bytes=driver_below - 1)
     if rows is not None and pa.types.is_timestamp(rows.schema.field(column).type):
