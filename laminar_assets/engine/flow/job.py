@@ -177,7 +177,7 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
             state = with_partition(read_staged(ctx.spark, staged, state_uri), spec, WS)
             small = sum(a.size for a in staged.adds) < ctx.options.driver_write_below_bytes
             sink = write_staged(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
-                         by=PART, through_driver=small, share_adjacent=True)  # Spark job
+                         by=PART, through_driver=small, partitions_per_file=ctx.options.partitions_per_file)  # Spark job
         metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
                                        transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
@@ -205,12 +205,12 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
                                      flagged_groups(rows) if metrics["gone"] else [])
         staged, sink = write_staged_rows(rows.filter(good_mask(rows)), [
             (state_uri, run_id, list(built.state)), (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))],
-            by=PART, share_adjacent=True)
+            by=PART, partitions_per_file=ctx.options.partitions_per_file)
         return staged, sink, metrics
     obs = Observation()
     merged = observe(merged, obs, *[F.expr(m) for m in observed_metrics(slotted)])
     staged = write_staged(merged.where(GOOD).selectExpr(*[q(c) for c in built.state]), state_uri, run_id, by=PART,
-                   through_driver=small, share_adjacent=True)
+                   through_driver=small, partitions_per_file=ctx.options.partitions_per_file)
     if obs.get.get("lost") or obs.get.get("gone"):
         staged.discard()
         group = [GROUP] if GROUP in built.merged.columns else []

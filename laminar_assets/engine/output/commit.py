@@ -159,7 +159,7 @@ _SOURCE_FILE = "__from"  # the old file a row came from: one new file per old on
 def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> tuple[list[DataFile], list[DataFile]]:
     """Files of a table wholly inside `ranges` by statistics, and files only partly inside them. Touching
     ranges count as one: a file of several adjacent partitions (`staged_files._write_table`,
-    `share_adjacent`) replaced by a pass over all of them is inside."""
+    `partitions_per_file`) replaced by a pass over all of them is inside."""
     ranges = coalesce(ranges)
     inside, partial = [], []
     for f in snapshot_files(info, column, ranges):

@@ -9,7 +9,7 @@ Files are laid out per partition: `write_staged(..., by=column)` writes one file
 of a partition-id column, so replacing one partition's rows later removes that
 partition's files and rewrites nobody else's. Small outputs are written by the driver
 from Arrow batches instead of a Spark write job (`through_driver`, `write_staged_rows`); a
-flow's small pass over adjacent partitions writes their rows into one file (`share_adjacent`):
+flow's small pass over adjacent partitions writes their rows into one file (`partitions_per_file`):
 on an object store each file costs a PUT when it is staged and a HEAD and a GET whenever a run
 reads it, and a batched pass's per-partition files are tiny. A later pass over some of them
 carries the others' rows forward (`commit.replace_ranges`).
@@ -249,7 +249,7 @@ def _named_since(table_uri: str, rel_dir: str, since_ms: int) -> bool:
 
 def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, max_files: int = 1,
           folder: str = "laminar", partition_values: dict[str, str] | None = None,
-          through_driver: bool = False, share_adjacent: bool = False) -> StagedFiles:
+          through_driver: bool = False, partitions_per_file: int = 1) -> StagedFiles:
     """Write `df` as Parquet into a new folder `<table>/<folder>/<run_id>-<token>/` (one Spark job);
     empty files are dropped.
 
@@ -259,12 +259,12 @@ def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None =
     `through_driver`: Spark sends the rows to the driver as Arrow batches and pyarrow writes the
     files (one per id of `by`), instead of a Spark write job. Only for outputs the caller knows
     to be small: it saves the write job's commit protocol and one writer per file, at the price of
-    holding the rows in the driver. `share_adjacent` (with `through_driver`): rows of consecutive ids of
-    `by` (adjacent partitions) go into one file (`_write_table`)."""
+    holding the rows in the driver. `partitions_per_file` (with `through_driver`): rows of up to that many
+    consecutive ids of `by` (adjacent partitions) go into one file (`_write_table`)."""
     rel_dir, target = _target(table_uri, folder, run_id)
     if through_driver:
         table = df.toArrow()
-        written = _write_table(table, target, by, share_adjacent=share_adjacent)
+        written = _write_table(table, target, by, partitions_per_file=partitions_per_file)
         return _staged(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema), written)
     writer = (df.write.partitionBy(by) if by else (df.coalesce(max_files) if max_files else df).write)
     # "overwrite" replaces nothing: the folder is new for every call (`_target`). Spark Connect does
@@ -288,15 +288,15 @@ def collect_rows(df: DataFrame) -> pa.Table:
 
 
 def write_staged_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]], *, by: str,
-               folder: str = "laminar", share_adjacent: bool = False) -> list[StagedFiles]:
+               folder: str = "laminar", partitions_per_file: int = 1) -> list[StagedFiles]:
     """Several tables' staged files from rows collected as Arrow (`collect_rows`): each output (table
-    URI, run id, columns) stages those columns of every row, split by `by` (`share_adjacent`: see
+    URI, run id, columns) stages those columns of every row, split by `by` (`partitions_per_file`: see
     `_write_table`)."""
     out = []
     for table_uri, run_id, columns in outputs:
         rel_dir, target = _target(table_uri, folder, run_id)
         part = table.select([by, *[c for c in columns if c != by]])
-        written = _write_table(part, target, by, share_adjacent=share_adjacent)
+        written = _write_table(part, target, by, partitions_per_file=partitions_per_file)
         out.append(_staged(target, rel_dir, None, lambda part=part: _plain_types(_without(part, by).schema), written))
     return out
 
@@ -314,18 +314,18 @@ def _without(table: pa.Table, column: str | None) -> pa.Table:
     return table.drop_columns([column]) if column else table
 
 
-def _write_table(table: pa.Table, target: str, by: str | None, *, share_adjacent: bool = False) -> list[_Written]:
+def _write_table(table: pa.Table, target: str, by: str | None, *, partitions_per_file: int = 1) -> list[_Written]:
     """Rows collected in the driver written under `target` (a new folder's URI) as `_staged` names
     Spark's files: one file per value of `by`, named `p-<value>-part-....parquet`. Each file is
     encoded in memory and stored with one write (one PUT on an object store: no multipart upload, no
     listing or footer read afterwards); returns what was written, footers included.
 
-    `share_adjacent`: `by` holds integer ids of adjacent partitions (a flow's `__p`: consecutive ids are
-    neighbouring partitions in time); each run of consecutive ids is one file, named
-    `p-<first>-to-<last>-part-....parquet`. Its statistics then span exactly those partitions, never a
-    partition between them that has no rows here, so a later pass over one of them finds it partly
-    inside its range and carries the others' rows forward, and a pass over a partition outside the run
-    never reads it."""
+    `partitions_per_file` > 1: `by` holds integer ids of partitions (a flow's `__p`: consecutive ids are
+    neighbouring partitions in time); each run of consecutive ids with the same `id // partitions_per_file`
+    is one file, named `p-<first>-to-<last>-part-....parquet`. Its statistics then span only those
+    partitions, never one between them that has no rows here, so a later pass over some of them finds it
+    partly inside its range and writes the others' rows back (at most `partitions_per_file` partitions'
+    worth), and a pass over a partition outside them never reads it."""
     if storage.local_path(target) is not None:
         os.makedirs(storage.local_path(target))  # new: `_target` never hands out a folder twice
     table = table.cast(_plain_types(table.schema))
@@ -342,8 +342,8 @@ def _write_table(table: pa.Table, target: str, by: str | None, *, share_adjacent
     for run in pc.value_counts(ids).to_pylist():  # in order of first appearance: sorted order here
         value, count = run["values"], run["counts"]
         last = pieces[-1] if pieces else None
-        if (share_adjacent and last is not None and value is not None and last[1] is not None
-                and value == last[1] + 1):
+        if (partitions_per_file > 1 and last is not None and value is not None and last[1] is not None
+                and value == last[1] + 1 and value // partitions_per_file == last[0] // partitions_per_file):
             pieces[-1] = (last[0], value, last[2] + count)
         else:
             pieces.append((value, value, count))

@@ -91,6 +91,12 @@ class EngineOptions:
     # times their Parquet bytes. For a few thousand rows a Spark write job costs more than the collect.
     # 0: Spark always writes.
     driver_write_below_bytes: int = 8 * 1024 * 1024
+    # A flow's write through the driver puts the rows of up to this many adjacent partitions in one file
+    # (aligned: partition numbers n with the same n // partitions_per_file, so hours 00-07, 08-15 and 16-23 of a
+    # day): on an object store each file costs a PUT when staged and a HEAD and a GET whenever a run reads it,
+    # and a batched run's per-partition files are tiny. A later run over some of them writes the others' rows
+    # back once (`output.commit.replace_ranges`), at most this many partitions' worth. 1: a file per partition.
+    partitions_per_file: int = 8
 
     def __post_init__(self) -> None:
         if self.extreme_refill not in EXTREME_REFILL:

@@ -124,3 +124,20 @@ def test_file_statistics_leave_out_a_min_max_some_row_group_lacks(tmp_path):
     stats = json.loads(stats)
     assert rows == 4 and "id" not in stats["minValues"] and "id" not in stats["maxValues"]
     assert (stats["minValues"]["n"], stats["maxValues"]["n"], stats["nullCount"]["id"]) == (1, 4, 0)
+
+
+def test_a_driver_write_puts_adjacent_partitions_of_one_block_in_one_file(tmp_path):
+    """`partitions_per_file`: consecutive ids with the same id // n share a file; a gap or a block boundary
+    starts another (ids 6-7 | 8-9 | 11 for n = 8), and each file's rows are its ids' rows."""
+    import pyarrow as pa
+
+    from laminar_assets.engine.output.staged_files import write_staged_rows
+
+    ids = [6, 7, 8, 9, 11, 6, 9]
+    rows = pa.table({"__p": pa.array(ids, pa.int64()), "v": pa.array(range(len(ids)), pa.int64())})
+    [staged] = write_staged_rows(rows, [(str(tmp_path / "t"), "run", ["v"])], by="__p", partitions_per_file=8)
+    names = sorted(os.path.basename(a.path).split("part-")[0] for a in staged.adds)
+    assert names == ["p-11-", "p-6-to-7-", "p-8-to-9-"]
+    assert staged.rows == len(ids)
+    [one_each] = write_staged_rows(rows, [(str(tmp_path / "t"), "run", ["v"])], by="__p")
+    assert len(one_each.adds) == 5
