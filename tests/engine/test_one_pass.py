@@ -1,7 +1,6 @@
 """One Spark pass per flow run: the number of Spark jobs does not grow with the partitions a change
-touches, a partition with nothing to do costs no job, files are laid out per run of adjacent partitions, and
-cost-based
-refills (REFILL_CHEAPER) give the same answer."""
+touches, a partition with nothing to do costs no job, files are laid out per partition (or, asked for, per run
+of adjacent partitions), and cost-based refills (REFILL_CHEAPER) give the same answer."""
 
 from __future__ import annotations
 
@@ -86,6 +85,32 @@ def test_a_partition_with_nothing_to_do_runs_no_spark_job(spark, lake, engine):
     assert {r.reason for r in results} == {Reason.NO_CHANGES_IN_PARTITION} and n == 0
 
 
+def _files_by_partition(uri: str) -> dict[str, set[str]]:
+    """Live files of a table per partition of their window_start statistics (each must hold one)."""
+    out: dict[str, set[str]] = {}
+    for a in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist():
+        lo, hi = a["min.window_start"], a["max.window_start"]
+        assert lo.strftime("%Y-%m-%d-%H") == hi.strftime("%Y-%m-%d-%H"), f"{a['path']} spans partitions"
+        out.setdefault(lo.strftime("%Y-%m-%d-%H:00"), set()).add(a["path"])
+    return out
+
+
+def test_files_are_laid_out_per_partition_so_a_replace_rewrites_no_other(spark, lake, engine):
+    lake.create("trades", spread(range(6)) + spread(range(6), minute=25))
+    engine.run_many(FLOW, KEYS)
+    state_uri = engine.layout.state_uri(FLOW, engine.store.load(FLOW.name, KEYS[0]).input_schema)
+    before = {uri: _files_by_partition(uri) for uri in (state_uri, lake.path(FLOW.sink))}
+    assert all(len(files) == 6 for files in before.values())
+    lake.append("trades", spread([2], minute=50))
+    engine.run_many(FLOW, KEYS)
+    for uri, files in before.items():
+        after = _files_by_partition(uri)
+        assert after["2024-01-01-02:00"] != files["2024-01-01-02:00"]
+        assert {k: v for k, v in after.items() if k != "2024-01-01-02:00"} == \
+            {k: v for k, v in files.items() if k != "2024-01-01-02:00"}
+    check(spark, lake)
+
+
 def _files_by_hours(uri: str) -> dict[tuple[str, str], str]:
     """Live files of a table by the first and last hour of their window_start statistics -> the file's path."""
     out = {}
@@ -98,18 +123,20 @@ def _files_by_hours(uri: str) -> dict[tuple[str, str], str]:
 
 @pytest.mark.parametrize("carried_by", ["driver", "spark"])
 def test_a_batched_pass_stages_one_file_for_adjacent_partitions_and_a_replace_keeps_the_others_rows(
-        spark, lake, engine, carried_by):
-    """A small pass over adjacent partitions stages one state and one sink file for them (on an object store a
-    file costs a PUT, and a HEAD and a GET at each later read); a pass over some of them writes the rows of the
-    others back, one file per gap between its partitions (by the driver when small, else by a Spark job), and
-    rewrites nobody else's file; a pass over a partition no shared file spans rewrites nothing else."""
+        spark, lake, carried_by):
+    """With `partitions_per_file`, a small pass over adjacent partitions stages one state and one sink file for
+    them (on an object store a file costs a PUT, and a HEAD and a GET at each later read); a pass over some of
+    them writes the rows of the others back, one file per gap between its partitions (by the driver when small,
+    else by a Spark job), and rewrites nobody else's file; a pass over a partition no shared file spans rewrites
+    nothing else. By default each partition has its own files (`test_files_are_laid_out_per_partition...`)."""
     lake.create("trades", spread(range(6)) + spread(range(6), minute=25))
+    engine = Engine(spark, lake.root, options=EngineOptions(partitions_per_file=8))
     engine.run_many(FLOW, KEYS)
     state_uri = engine.layout.state_uri(FLOW, engine.store.load(FLOW.name, KEYS[0]).input_schema)
     uris = (state_uri, lake.path(FLOW.sink))
     assert all(_files_by_hours(uri).keys() == {("00", "05")} for uri in uris)
-    narrow = engine if carried_by == "driver" else Engine(spark, lake.root,
-                                                          options=EngineOptions(driver_write_below_bytes=0))
+    narrow = engine if carried_by == "driver" else Engine(spark, lake.root, options=EngineOptions(
+        driver_write_below_bytes=0, partitions_per_file=8))
     lake.append("trades", spread([2], minute=50))
     results = narrow.run_many(FLOW, KEYS)
     assert [r.mode for r in results] == [Mode.NOOP] * 2 + [Mode.INCREMENTAL] + [Mode.NOOP] * 3

@@ -21,7 +21,7 @@ import pytest
 from py4j.protocol import Py4JError
 
 from bench.request_log import RequestLog, phases, table
-from laminar_assets.engine import Agg, Engine, FlowSpec, Mode, Reason, Tumbling
+from laminar_assets.engine import Agg, Engine, EngineOptions, FlowSpec, Mode, Reason, Tumbling
 from laminar_assets.engine.delta import snapshot_cache
 from laminar_assets.engine.delta.deletion_vectors import DeletedRows
 from laminar_assets.engine.delta.tables import snapshot_files, table_info
@@ -70,12 +70,9 @@ def test_a_run_with_nothing_new_makes_three_requests(spark, s3_server, s3_lake):
     # the NOOP check's listing (the run's writes are conditional on the tags it gave), an intent and a watermark each
     assert _by(requests, obj="watermark") == {"LIST": 1, "PUT": 6}
     staged = [r for r in requests if r.object in ("state files", "sink files") and r.client == "boto3"]
-    # files the driver staged: one PUT each, nothing read back; one state and one sink file for the three
-    # adjacent partitions (6 while each partition had its own)
-    assert Counter(r.kind for r in staged) == {"PUT": 2}
-    # Spark's reads: one HEAD and one GET per file (the source's new file, the 3 partitions' one state file), no
-    # listing
-    assert _by([r for r in requests if r.client == "s3a"]) == {"HEAD": 2, "GET": 2}
+    assert Counter(r.kind for r in staged) == {"PUT": 6}  # files the driver staged: one PUT each, nothing read back
+    # Spark's reads: one HEAD and one GET per file (the source's new file, the 3 partitions' state files), no listing
+    assert _by([r for r in requests if r.client == "s3a"]) == {"HEAD": 4, "GET": 4}
     # 144 before the leases, staging and watermark reads were cut, 83 before Spark's file index came from the
     # log, 71 before the source's new commit was read once and the commits stopped listing the log for its
     # clean-up (docs/PERFORMANCE.md)
@@ -86,9 +83,8 @@ def test_a_run_with_nothing_new_makes_three_requests(spark, s3_server, s3_lake):
         assert not [r for r in requests if r.object == log_of and r.client == "deltalake" and r.kind == "PUT"]
     # 66 while the sweep took its lease, 63 while deltalake made the commits (five requests each), 55 while each
     # partition had a lease object (a PUT and a DELETE) and the run listed the watermarks again under them, 48
-    # while each partition had its own state and sink file, 40 while the sink's commit listed its log again after
-    # the owner check had
-    assert len(requests) == 39, Counter((r.object, r.kind) for r in requests)
+    # while the sink's commit listed its log again after the owner check had
+    assert len(requests) == 47, Counter((r.object, r.kind) for r in requests)
 
     results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
     assert [r.reason for r in results] == [Reason.NO_NEW_VERSIONS] * 3 and len(requests) == 3
@@ -161,10 +157,9 @@ def test_a_batched_run_in_a_new_process_reads_each_source_commit_since_the_check
     assert _by(gather) == {"GET": 4 + commits, "LIST": 2}, Counter((r.key.rsplit("/", 1)[-1], r.client) for r in gather)
     assert Counter(r.key.rsplit("/", 1)[-1] for r in gather if r.kind == "GET")[f"{commits:020d}.json"] == 1
     # 111 at age 4 and 183 at age 40 while the source was opened at its latest version (with the engine's check
-    # that the bucket answers, a HEAD); 89 + commits while each partition had its own state and sink file (a PUT
-    # each, and Spark's HEAD and GET of each state file), 69 + commits while the sink's commit listed its log again
-    # after the owner check had
-    assert len(requests) == 68 + commits, (len(requests), {p: dict(c) for p, c in table(requests, "phase").items()})
+    # that the bucket answers, a HEAD); 89 + commits while the sink's commit listed its log again after the owner
+    # check had
+    assert len(requests) == 88 + commits, (len(requests), {p: dict(c) for p, c in table(requests, "phase").items()})
 
 
 def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, s3_server, s3_lake, monkeypatch):
@@ -217,9 +212,9 @@ def _recreate(lake: Lake, name: str, first, second) -> None:
     lake.append(name, second)
 
 
-@pytest.mark.parametrize("age", [4, 40])
+@pytest.mark.parametrize("age,per_file", [(4, 1), (40, 1), (4, 8)])
 def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sources_age(spark, s3_server, s3_lake,
-                                                                                          age):
+                                                                                          age, per_file):
     """A batched incremental run over N partitions after a change of one commit per partition, on a source `age`
     commits past its last checkpoint (deltalake checkpoints every 100), in a process that ran the flow before
     (issue #62): the source's snapshot is the last run's plus the files its new commits appended, each commit read
@@ -227,9 +222,10 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
     and sink tables' handles are moved over the last run's commits, their app transactions of all partitions come
     from one read of the commits since except the run's own commit (known), the commits clean the log up only
     with a checkpoint, and the sweep reads nothing the run read; Spark's file index comes from the log (a HEAD and
-    a GET per file read). The same count at every age: 48 (gather 6, intents 10, sweep 1, pass 18); 49 while the
-    sink's commit listed its log again after the owner check; 69 while
-    each partition had its own state and sink file (pass 39); 82 while each partition had a lease object (a PUT
+    a GET per file read). The same count at every age: 68 (gather 6, intents 10, sweep 1, pass 38); 69 while the
+    sink's commit listed its log again after the owner check. With `partitions_per_file` = 8 the run stages one
+    state and one sink file for the 6 adjacent partitions and reads one state file: 48 (pass 18). 82 while each
+    partition had a lease object (a PUT
     and a DELETE, 12) and the watermarks were listed again under them; 90 while the commits went through deltalake
     (five requests each instead of one PUT), 93 while the sweep of clean commits took its lease; 110 while
     deltalake moved the source's handle and the commits listed the log for its clean-up (gather 19, intents 11,
@@ -240,7 +236,7 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
     s3_lake.create("trades", [(f"2024-01-01 {h:02d}:01:00", "a", 1.0, 1) for h in range(n)])
     for i in range(age - 1):  # the table's age: commits to one partition
         s3_lake.append("trades", [(f"2024-01-01 00:{10 + i % 40:02d}:00", "b", 1.0, 1)])
-    engine = Engine(spark, s3_lake.root)
+    engine = Engine(spark, s3_lake.root, options=EngineOptions(partitions_per_file=per_file))
     engine.run_many(FLOW, parts)  # every partition refills, the state and sink tables are created
     for minute in (7, 8):  # Δ: one commit per partition, twice; the second run's requests are counted
         for h in range(n):
@@ -271,28 +267,30 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
     assert by_phase["sweep"] == 1, by_phase
     # no lease objects, no second listing of the watermarks: the intents claim, the watermarks free (one write each)
     assert "lease" not in by_phase and "settle" not in by_phase and by_phase["watermark"] == n, by_phase
-    # Spark's reads of 6 source files and the state file of the 6 adjacent partitions (the last run staged one
-    # for them all): the task's HEAD and GET each, nothing before (`scan_files`); 12 each while every partition
-    # had its own state file
-    assert _by([r for r in requests if r.client == "s3a"]) == {"HEAD": n + 1, "GET": n + 1}, by_phase
-    # the driver's PUTs of one state and one sink file for the adjacent partitions (12 while one each)
+    # Spark's reads of 6 source files and 6 state files, or the one state file of the 6 adjacent partitions (the
+    # last run staged one for them all): the task's HEAD and GET each, nothing before (`scan_files`)
+    state_files = n if per_file == 1 else 1
+    assert _by([r for r in requests if r.client == "s3a"]) == {"HEAD": n + state_files, "GET": n + state_files}, \
+        by_phase
+    # the driver's PUTs of a state and a sink file for each partition, or for the adjacent partitions
     staged = [r for r in requests if r.object in ("state files", "sink files") and r.client == "boto3"]
-    assert _by(staged) == {"PUT": 2}, by_phase
-    assert len(requests) == BUDGET, (len(requests), by_phase)
+    assert _by(staged) == {"PUT": 2 * state_files}, by_phase
+    assert len(requests) == (BUDGET if per_file == 1 else BUDGET_SHARED_FILES), (len(requests), by_phase)
     sink = Lake(s3_lake.root).read(FLOW.name)
     assert sink["count"].sum() == n + (age - 1) + 2 * n
 
 
-# The whole run over 6 partitions, exactly: 14 of them are Spark's reads of 6 source files and the partitions' one
-# state file through s3a (a HEAD and a GET each; 60 when Spark listed the files itself, and 146 in all), 2 the
-# driver's PUTs of the staged state and sink files, 12 the per-partition objects: an intent and a watermark each
-# (docs/PERFORMANCE.md, "Requests per run on S3"). More is a regression; fewer, a cut to record here. 69 before a
-# batched pass staged one state and one sink file for each run of adjacent partitions instead of one per partition
-# (Spark's reads 24, staged files 12); 49 before the sink's commit started from the handle the owner check checked
-# out (a listing of its log). 82 before a partition's watermark was its lease (its
+# The whole run over 6 partitions, exactly: 24 of them are Spark's reads of 6 source and 6 state files through s3a
+# (a HEAD and a GET each; 60 when Spark listed the files itself, and 146 in all), 12 the driver's PUTs of staged
+# files, 12 the per-partition objects: an intent and a watermark each (docs/PERFORMANCE.md, "Requests per run on
+# S3"). More is a regression; fewer, a cut to record here. 69 before the sink's commit started from the handle the
+# owner check checked out (a listing of its log). 82 before a partition's watermark was its lease (its
 # intent claims it, its watermark frees it: no lease object to PUT and DELETE, no listing after taking them); 90
 # before the commits were one PUT of their log entry instead of deltalake's five requests
 # (`output.commit.write_commit`); 93 before the sweep of commits whose statistics prove no row to record moved its
 # progress with one conditional write instead of under its lease (4 requests); 110 before the source's appends
 # were read once and the commits' clean-up listing and read-back of their own app transactions were cut.
-BUDGET = 48
+BUDGET = 68
+# The same with `EngineOptions.partitions_per_file` = 8: one state and one sink file for the 6 adjacent partitions
+# (Spark's reads 14, staged files 2).
+BUDGET_SHARED_FILES = 48
