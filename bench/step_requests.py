@@ -139,10 +139,10 @@ def _targets():
         (equivalence, "_chosen_windows", "_chosen_windows"), (equivalence, "_sink_window_starts", "_sink_window_starts"),
         (equivalence, "state_query", "state_query"), (equivalence, "read_set", "read_set"),
         (equivalence, "_compare_in_driver", "_compare_in_driver"), (equivalence, "_compare_in_spark", "_compare_in_spark"),
-        (sink_read, "_read", "sink_read._read"),
+        (sink_read, "read_in_driver", "read_in_driver"),
         (expectations, "validate_local", "validate_local"), (expectations, "fetch_local", "fetch_local"),
         (CheckpointStore, "load", "CheckpointStore.load"),
-        (executor.unchanged, "check", "unchanged.check"), (E, "check_sink", "check_sink"),
+        (executor.unchanged, "check", "unchanged.check"), (E, "_checked_sink", "check_sink"),
         (E, "_reach_sources", "_reach_sources"),
     ]
     return out
