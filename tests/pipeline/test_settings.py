@@ -89,6 +89,7 @@ def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(t
                          ("[tool.laminar.engine]\nrefill_ratio = nan", "refill_ratio: expected a finite number"),
                          ("[tool.laminar.engine]\nrefill_ratio = true", "refill_ratio: expected float or none, found a boolean"),
                          ("[tool.laminar.engine]\nmetrics_partitions = 0", "metrics_partitions: expected 1 or more"),
+                         ("[tool.laminar.engine]\npartitions_per_file = 0", "partitions_per_file: expected 1 or more"),
                          ("[tool.laminar.engine]\nlease_seconds = 0", "lease_seconds: expected more than 0 seconds"),
                          ("[tool.laminar.engine]\nextreme_refill = 'cheapest'",
                           "extreme_refill: Input should be 'cost', 'merge' or 'windows' (found 'cheapest')"),

@@ -167,7 +167,7 @@ def _out_of_range(name: str, value) -> str | None:
         return "expected more than 0 seconds"
     if name == "scan_bytes_per_second" and value <= 0:
         return "expected more than 0 bytes per second"
-    if name == "metrics_partitions" and value < 1:
+    if name in ("metrics_partitions", "partitions_per_file") and value < 1:
         return "expected 1 or more"
     return "expected 0 or more" if value < 0 else None
 
