@@ -58,7 +58,7 @@ def object_of(key: str) -> str:
         top = rest[0] if rest else ""
         if top == "locks":
             return "lease"
-        if top == "checkpoints":
+        if top in ("watermarks", "checkpoints"):  # a block of them; one file each before blocks
             return "watermark"
         if top == "sweeps":
             return "sweep"
@@ -160,10 +160,10 @@ def _steps():
         ("gather", executor.Engine, "gather"),
         ("plan", executor.Engine, "_plan_all"),
         ("sweep", executor.Engine, "_sweep"),
-        ("noop watermark", protocol, "record_noop"),
+        ("noop watermark", protocol, "record_noops"),
         ("intent", protocol, "begin_all"),
         ("pass", executor.Engine, "_pass"),
-        ("watermark", protocol, "finish"),
+        ("watermark", protocol, "finish_all"),
         ("outcome", executor.Engine, "_record_outcomes"),
         ("clean-up", staged_files, "scope"),
     ]

@@ -1,17 +1,24 @@
 """Durable storage of watermarks and leases, beside the tables (a folder or a bucket).
 
 Layout under the storage root:
-    _laminar/checkpoints/<flow>/<partition>.json   watermark (replaced atomically), naming the run that holds
-                                                   the partition while one does (`Watermark.holder`)
+    _laminar/watermarks/<flow>/<block>.json        the watermarks of a block of partitions (a day of hourly
+                                                   ones, a month of daily ones: `block_of`), each naming the
+                                                   run that holds its partition while one does (`Watermark.holder`)
     _laminar/locks/<flow>/_sweep.lock              lease of the run sweeping the flow's partition-less rows
     _laminar/sweeps/<flow>.json                    source versions the quarantine sweep has read
+    _laminar/checkpoints/<flow>/<partition>.json   a watermark as stores before blocks wrote it: read (and
+                                                   folded into its block) while its block has no object yet
 
 No step relies on an atomic rename, which an object store does not have (laminar_assets.storage):
-- a watermark is one object, replaced by a single write (a rename on a local disk, one PUT on S3). A run
-  writes it only conditionally on the version it read or last wrote (`write_if`: `If-Match`, or
-  `If-None-Match: *` where there is none), naming itself as holder until its last write: the watermark is
-  the partition's lease, and the run's first write of it (its intent) is the claim. A holder is gone by the
-  lease rules below (`holder_gone`);
+- a block is one object, replaced by a single write (a rename on a local disk, one PUT on S3), only
+  conditionally on the version this store read or last wrote (`If-Match`, or `If-None-Match: *` where there
+  is none). Each watermark in it carries a revision, new at each write of it; a run writes a watermark only
+  if its entry still holds the revision the run read or last wrote (`write_if`), and when the block's write
+  loses to another writer's, the block is read again and each entry compared again (so runs of different
+  partitions of one block both land, one after the other, and of two runs of one partition one does). A
+  run's writes of one step (its intents, its watermarks) are one write per block (`write_many_if`). A run
+  names itself as holder until its last write: the watermark is the partition's lease, and the run's first
+  write of it (its intent) is the claim. A holder is gone by the lease rules below (`holder_gone`);
 - a lease (the sweep's) is taken with a put-if-absent (O_EXCL on a local disk, `If-None-Match: *` on S3); a
   stale one is taken over with a compare-and-swap on the version read (`If-Match`), so of two runs
   that find it stale one wins; it is released with a delete conditional on the holder's own version.
@@ -29,15 +36,20 @@ already holds that sequence (the engine's protocol).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
+import random
+import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from laminar_assets import storage
@@ -69,6 +81,38 @@ def _safe(key: str) -> str:
     return key.replace(":", "-").replace("/", "_")
 
 
+_HOURLY_KEY = re.compile(r"\d{4}-\d{2}-\d{2}-\d{2}:\d{2}")
+_DAILY_KEY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+BLOCK_ATTEMPTS = 16
+"""At most this many conditional writes of one block for one change: each lost one means another writer changed
+the block in between (a run of other partitions of the same day); past this, `ConcurrentRunError`."""
+
+ANY = object()
+"""As the expected revision of a change: whatever the partition's entry is (an unconditional `save`)."""
+
+
+def block_of(partition: str) -> str:
+    """The block whose object holds `partition`'s watermark: the day of an hourly key ('2024-01-31-13:00' ->
+    '2024-01-31'), the month of a daily one ('2024-01-31' -> '2024-01'); a key of another form is its own block.
+    A batched run covers adjacent partitions, so its watermarks are one object, written once per step."""
+    if _HOURLY_KEY.fullmatch(partition):
+        return partition[:10]
+    if _DAILY_KEY.fullmatch(partition):
+        return partition[:7]
+    return partition
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A block object as last read or written: its tag (None: there is no object yet) and its entries,
+    partition -> (revision, watermark). A revision names one write of one entry (a new random one each time),
+    so a conditional write of a partition compares its entry, not the whole block."""
+
+    tag: str | None
+    entries: dict[str, tuple[str, Watermark]]
+
+
 class CheckpointStore:
     """Reads and writes watermarks and leases under `<root>/_laminar`."""
 
@@ -76,14 +120,26 @@ class CheckpointStore:
         self.root = root
         self.base = storage.join(root, "_laminar")
         self.lease_seconds = lease_seconds
-        # What this store last read or wrote, by path: (tag, watermark). `load_listed` serves a watermark
-        # from here only when a listing shows the object still has that tag (the same bytes).
-        self._known: dict[str, tuple[str, Watermark]] = {}
+        # block object -> the block as this store last read or wrote it: the base of its next write (a write
+        # conditional on its tag), and served by `load_listed` while a listing shows the same tag
+        self._blocks: dict[str, _Block] = {}
+        self._block_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+        # flow -> name -> tag of each watermark file of the per-partition layout before blocks (read once)
+        self._legacy: dict[str, dict[str, str]] = {}
         # flow -> (spec hash, versions, the progress object's tag: None when none was written) last read or written
         self._sweeps: dict[str, tuple[str, dict[str, int], str | None]] = {}
 
-    def _path(self, flow: str, partition: str) -> str:
+    # --- where things are -------------------------------------------------------------------------
+    def block_path(self, flow: str, partition: str) -> str:
+        """The object holding `partition`'s watermark (with those of its block's other partitions)."""
+        return storage.join(self.base, "watermarks", flow, f"{_safe(block_of(partition))}.json")
+
+    def _legacy_path(self, flow: str, partition: str) -> str:
         return storage.join(self.base, "checkpoints", flow, f"{_safe(partition)}.json")
+
+    def _entry_id(self, flow: str, partition: str) -> str:
+        return f"{self.block_path(flow, partition)}#{partition}"
 
     def _lock_path(self, flow: str, partition: str) -> str:
         return storage.join(self.base, "locks", flow, f"{_safe(partition)}.lock")
@@ -91,88 +147,213 @@ class CheckpointStore:
     def _sweep_path(self, flow: str) -> str:
         return storage.join(self.base, "sweeps", f"{flow}.json")
 
+    def _block_lock(self, path: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._block_locks.setdefault(path, threading.Lock())
+
+    # --- reading ----------------------------------------------------------------------------------
     def load(self, flow: str, partition: str) -> Watermark | None:
         return self.load_tagged(flow, partition)[0]
 
     def load_tagged(self, flow: str, partition: str) -> tuple[Watermark | None, str | None]:
-        """The watermark and the tag of the version read (None, None: there is none), for `write_if`."""
-        return self._loaded(flow, partition, storage.read_tagged(self._path(flow, partition)))
+        """The watermark and the revision of its entry as read (None, None: there is none), for `write_if`.
+        One read of its block."""
+        path = self.block_path(flow, partition)
+        block = self._block_read(flow, path, storage.read_tagged(path))
+        found = block.entries.get(partition)
+        return (found[1], found[0]) if found is not None else (None, None)
 
-    def _loaded(self, flow: str, partition: str, found: tuple[bytes, str] | None) -> tuple[Watermark | None, str | None]:
-        path = self._path(flow, partition)
+    def _block_read(self, flow: str, path: str, found: tuple[bytes, str] | None) -> _Block:
+        """The block as `found` (its object's bytes and tag) holds it, kept as this store's view of it. No object:
+        the watermarks of its partitions in the layout before blocks (one file each), if any."""
         if found is None:
-            self._known.pop(path, None)
-            return None, None
-        mark = self._parse(found[0], flow, partition, path)
-        self._known[path] = (found[1], mark)
-        return mark, found[1]
+            block = _Block(None, self._legacy_entries(flow, path))
+        else:
+            block = _Block(found[1], self._parse(found[0], flow, path))
+        self._blocks[path] = block
+        return block
 
     @staticmethod
-    def _parse(data: bytes, flow: str, partition: str, path: str) -> Watermark:
+    def _parse(data: bytes, flow: str, path: str) -> dict[str, tuple[str, Watermark]]:
         try:
-            return Watermark.from_json(json.loads(data))
-        except (ValueError, TypeError) as exc:
+            entries = json.loads(data)["entries"]
+            return {str(p): (str(e["revision"]), Watermark.from_json(e["watermark"])) for p, e in entries.items()}
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CheckpointError(
-                f"watermark file is unreadable: {exc}; delete it to force a refill of this partition",
-                flow=flow, partition=partition, path=path,
+                f"watermark file is unreadable: {exc}; delete it to force a refill of the partitions it names",
+                flow=flow, path=path,
             ) from exc
 
+    def _legacy_entries(self, flow: str, path: str) -> dict[str, tuple[str, Watermark]]:
+        """The watermarks, one file per partition as stores before blocks wrote them, of the partitions of block
+        `path` (their file's tag as revision): folded into the block when it is first written. The flow's old
+        folder is listed once per store (one request where it is empty); nothing writes there any more."""
+        if flow not in self._legacy:
+            folder = storage.join(self.base, "checkpoints", flow)
+            self._legacy[flow] = dict(storage.list_tagged(folder))
+        names = self._legacy[flow]
+        if not names:
+            return {}
+        block = path.rsplit("/", 1)[1][:-len(".json")]
+        mine = [n for n in names if n.endswith(".json") and _safe(block_of(self._legacy_key(n))) == block]
+        out = {}
+        folder = storage.join(self.base, "checkpoints", flow)
+        for name, found in zip(mine, storage.read_many_tagged([storage.join(folder, n) for n in mine])):
+            if found is None:
+                continue
+            try:
+                mark = Watermark.from_json(json.loads(found[0]))
+            except (ValueError, TypeError) as exc:
+                raise CheckpointError(
+                    f"watermark file is unreadable: {exc}; delete it to force a refill of this partition",
+                    flow=flow, path=storage.join(folder, name)) from exc
+            out[mark.partition] = (f"file:{found[1]}", mark)
+        return out
+
+    @staticmethod
+    def _legacy_key(name: str) -> str:
+        """The partition key a file of the layout before blocks was named after ('2024-01-31-13-00.json')."""
+        stem = name[:-len(".json")]
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{2}-\d{2}", stem):
+            return f"{stem[:13]}:{stem[14:]}"
+        return stem
+
     def load_listed(self, flow: str, partitions: list[str]) -> dict[str, Watermark | None]:
-        """`load` of several partitions from one listing of the flow's watermarks (one request on S3 for
-        a range of up to 1000 partitions): a watermark whose tag is the one this store last read or
-        wrote is not read again (a tag names the object's bytes); the others are read."""
+        """`load` of several partitions, reading each of their blocks once (one request for a run within a
+        day of hourly partitions); over several blocks, one listing of them, and a block whose tag is the one
+        this store last read or wrote is not read again."""
         return {k: mark for k, (mark, _tag) in self.load_listed_tagged(flow, partitions).items()}
 
     def load_listed_tagged(self, flow: str, partitions: list[str]) -> dict[str, tuple[Watermark | None, str | None]]:
-        """`load_listed`, with the tag of each watermark as listed or read (None: there is none), for `write_if`."""
-        names = {partition: f"{_safe(partition)}.json" for partition in partitions}
-        folder = storage.join(self.base, "checkpoints", flow)
-        first, last = min(names.values()), max(names.values())
-        listed = dict(storage.list_tagged(folder, after=first[:-1], until=last))
+        """`load_listed`, with the revision of each watermark's entry (None: there is none), for `write_if`."""
+        paths = list(dict.fromkeys(self.block_path(flow, p) for p in partitions))
+        unread = paths
+        if len(paths) > 1 and any(p in self._blocks for p in paths):
+            folder = storage.join(self.base, "watermarks", flow)
+            names = [p.rsplit("/", 1)[1] for p in paths]
+            listed = dict(storage.list_tagged(folder, after=min(names)[:-1], until=max(names)))
+            unread = [p for p in paths if p not in self._blocks
+                      or self._blocks[p].tag != listed.get(p.rsplit("/", 1)[1])]
+        for path, found in zip(unread, storage.read_many_tagged(unread)):
+            self._block_read(flow, path, found)
         out: dict[str, tuple[Watermark | None, str | None]] = {}
-        unread = []
-        for partition, name in names.items():
-            path, tag = self._path(flow, partition), listed.get(name)
-            known = self._known.get(path)
-            if tag is None:
-                out[partition] = (None, None)
-            elif known is not None and known[0] == tag:
-                out[partition] = (known[1], tag)
-            else:
-                unread.append(partition)
-        # the others read side by side (a process that has not read them yet: every one)
-        for partition, found in zip(unread, storage.read_many_tagged([self._path(flow, p) for p in unread])):
-            out[partition] = self._loaded(flow, partition, found)
-        return {partition: out[partition] for partition in names}
+        for p in partitions:
+            entry = self._blocks[self.block_path(flow, p)].entries.get(p)
+            out[p] = (entry[1], entry[0]) if entry is not None else (None, None)
+        return out
 
+    def partitions(self, flow: str) -> list[str]:
+        """Partition keys with a watermark for `flow`."""
+        folder = storage.join(self.base, "watermarks", flow)
+        names = [n for n, _tag in storage.list_tagged(folder) if n.endswith(".json")]
+        paths = [storage.join(folder, n) for n in names]
+        out = set()
+        for path, found in zip(paths, storage.read_many_tagged(paths)):
+            if found is not None:
+                out |= set(self._block_read(flow, path, found).entries)
+        if flow not in self._legacy:
+            self._legacy[flow] = dict(storage.list_tagged(storage.join(self.base, "checkpoints", flow)))
+        blocks = {n[:-len(".json")] for n in names}
+        out |= {self._legacy_key(n) for n in self._legacy[flow]
+                if n.endswith(".json") and _safe(block_of(self._legacy_key(n))) not in blocks}
+        return sorted(out)
+
+    # --- writing ----------------------------------------------------------------------------------
     def save(self, mark: Watermark) -> None:
         """Replace the watermark atomically (readers see the old one or the new one, never a mix), whatever
         version is there: for tools and tests; a run writes with `write_if`."""
-        stamped = mark.with_(updated_at=datetime.now(UTC).isoformat())
-        path = self._path(mark.flow, mark.partition)
-        self._known.pop(path, None)
-        tag = storage.write(path, json.dumps(stamped.to_json(), indent=1, sort_keys=True).encode())
-        self._known[path] = (tag, stamped)
+        self._change(mark.flow, [(mark.partition, ANY, mark)])
+
+    def forget(self, flow: str, partition: str) -> None:
+        """Remove the partition's watermark whatever it holds, as deleting its file did before blocks: its
+        next run refills it. For tools and tests."""
+        self._change(flow, [(partition, ANY, None)])
 
     def write_if(self, mark: Watermark, tag: str | None) -> str | None:
-        """Write `mark` only if its object is still the version `tag` names (None: only if there is no
-        watermark yet); the new version's tag, or None when another writer changed it since (nothing is
-        written). One request; readers see the old watermark or the new one, never a mix."""
-        stamped = mark.with_(updated_at=datetime.now(UTC).isoformat())
-        path = self._path(mark.flow, mark.partition)
-        data = json.dumps(stamped.to_json(), indent=1, sort_keys=True).encode()
-        new = storage.create_tagged(path, data) if tag is None else storage.replace_tagged(path, data, tag)
-        if new is None:
-            self._known.pop(path, None)
-            return None
-        self._known[path] = (new, stamped)
-        return new
+        """Write `mark` only if its entry is still the revision `tag` names (None: only if there is no
+        watermark yet); the new revision, or None when another writer changed it since (nothing is
+        written). Readers see the old watermark or the new one, never a mix."""
+        return self.write_many_if([(mark, tag)])[0]
+
+    def write_many_if(self, writes: list[tuple[Watermark, str | None]]) -> list[str | None]:
+        """`write_if` of each (watermark, revision) in `writes` (of one flow), one conditional write per
+        block: the new revisions, in order; None for each whose entry another writer changed since (the others
+        are written all the same)."""
+        flows = {m.flow for m, _tag in writes}
+        if len(flows) > 1:
+            raise ValueError(f"write_many_if writes the watermarks of one flow, not of {sorted(flows)}")
+        if not writes:
+            return []
+        return self._change(writes[0][0].flow, [(m.partition, tag, m) for m, tag in writes])
 
     def delete_if(self, flow: str, partition: str, tag: str) -> bool:
-        """Delete the watermark only if it is still the version `tag` names (a claim undone)."""
-        path = self._path(flow, partition)
-        self._known.pop(path, None)
-        return storage.delete(path, tag=tag)
+        """Remove the watermark only if its entry is still the revision `tag` names (a claim undone)."""
+        return self._change(flow, [(partition, tag, None)])[0] is not None
+
+    def _change(self, flow: str, changes: list[tuple[str, object, Watermark | None]]) -> list[str | None]:
+        """Apply `changes` (partition, expected revision or ANY, new watermark or None to remove it): each
+        whose entry holds the expected revision, one conditional write of each block they fall in, side by
+        side over several blocks. The new revision of each change applied (a removal: ''), None for the
+        others."""
+        by_block: dict[str, list[int]] = {}
+        for i, (partition, _expected, _mark) in enumerate(changes):
+            by_block.setdefault(self.block_path(flow, partition), []).append(i)
+        out: list[str | None] = [None] * len(changes)
+        calls = [lambda path=path, idx=idx: self._change_block(flow, path, [changes[i] for i in idx])
+                 for path, idx in by_block.items()]
+        if len(calls) > 1 and storage.is_object_store(self.root):
+            with ThreadPoolExecutor(min(8, len(calls)), thread_name_prefix="laminar-watermarks") as pool:
+                futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
+            results = [f.result() for f in futures]
+        else:
+            results = [call() for call in calls]
+        for idx, done in zip(by_block.values(), results):
+            for i, revision in zip(idx, done):
+                out[i] = revision
+        return out
+
+    def _change_block(self, flow: str, path: str, changes: list[tuple[str, object, Watermark | None]]) -> list[str | None]:
+        now = datetime.now(UTC).isoformat()
+        with self._block_lock(path):
+            block = self._blocks.get(path)
+            if block is None:
+                block = self._block_read(flow, path, storage.read_tagged(path))
+            for attempt in range(BLOCK_ATTEMPTS):
+                entries = dict(block.entries)
+                out: list[str | None] = []
+                for partition, expected, mark in changes:
+                    current = entries.get(partition)
+                    if expected is not ANY and (current[0] if current else None) != expected:
+                        out.append(None)
+                        continue
+                    if mark is None:
+                        entries.pop(partition, None)
+                        out.append("")
+                    else:
+                        revision = uuid.uuid4().hex[:16]
+                        entries[partition] = (revision, mark.with_(updated_at=now))
+                        out.append(revision)
+                if all(r is None for r in out):
+                    return out
+                data = self._block_bytes(flow, entries)
+                tag = storage.create_tagged(path, data) if block.tag is None else storage.replace_tagged(path, data, block.tag)
+                if tag is not None:
+                    self._blocks[path] = _Block(tag, entries)
+                    return out
+                # another writer changed the block since: compare each entry again on what it holds now
+                if attempt:
+                    time.sleep(random.uniform(0.005, 0.05) * attempt)
+                block = self._block_read(flow, path, storage.read_tagged(path))
+        raise ConcurrentRunError(
+            f"the watermarks in {path} changed under each of {BLOCK_ATTEMPTS} writes of this run (other runs of "
+            "the same partitions' block write it all the time): nothing of this step was written; run it again",
+            flow=flow)
+
+    @staticmethod
+    def _block_bytes(flow: str, entries: dict[str, tuple[str, Watermark]]) -> bytes:
+        return json.dumps({"format": 1, "flow": flow, "entries": {
+            p: {"revision": rev, "watermark": mark.to_json()} for p, (rev, mark) in sorted(entries.items())}},
+            sort_keys=True).encode()
 
     def holder(self, run_id: str) -> Holder:
         """`run_id` of this process, as a watermark names the run holding its partition."""
@@ -183,14 +364,13 @@ class CheckpointStore:
         """Whether the run a watermark names as its holder holds it no more: by the lease rules (the module's
         docstring), or a run of this process that ended without clearing it (`abandon`)."""
         info = asdict(holder)
-        path = self._path(flow, partition)
-        return self._stale_info(info) or _abandoned_here(json.dumps(info).encode(), path)
+        return self._stale_info(info) or _abandoned_here(json.dumps(info).encode(), self._entry_id(flow, partition))
 
     def abandon(self, flow: str, partition: str, run_id: str) -> None:
         """The run `run_id` of this process ended still named as the partition's holder (a kill simulated in
         tests, a store that stopped answering its last write): this process's runs take the partition over."""
         with _abandoned_lock:
-            _abandoned.add((self._path(flow, partition), run_id))
+            _abandoned.add((self._entry_id(flow, partition), run_id))
 
     @contextmanager
     def hold(self, flow: str, partition: str, run_id: str, spec_hash: str = "") -> Iterator[None]:
@@ -266,16 +446,6 @@ class CheckpointStore:
         """The sweep progress this store last read or wrote for `flow` under `spec_hash` (None: unknown)."""
         known = self._sweeps.get(flow)
         return dict(known[1]) if known is not None and known[0] == spec_hash else None
-
-    def partitions(self, flow: str) -> list[str]:
-        """Partition keys with a watermark for `flow`."""
-        out = []
-        for uri, _size in storage.list_files(storage.join(self.base, "checkpoints", flow)):
-            if uri.endswith(".json"):
-                data = storage.read(uri)
-                if data is not None:
-                    out.append(json.loads(data)["partition"])
-        return sorted(out)
 
     @contextmanager
     def lease(self, flow: str, partition: str, run_id: str) -> Iterator[None]:

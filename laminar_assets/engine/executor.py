@@ -6,7 +6,8 @@
     plan every partition          planner.plan_partition (pure), NOOPs recorded without Spark
     sweep partition-less rows     sweep.sweep
     one pass per target version   flow_job / stage_job.run_pass: one read, one state and one sink commit
-    finish every watermark        protocol.finish (each write of a watermark conditional on the run's last)
+    finish every watermark        protocol.finish_all (one write per block of partitions, each watermark in it
+                                  conditional on the run's last write of it)
 
 `run(p)` is `run_many([p])`. A plain library: no Dagster here.
 """
@@ -313,16 +314,13 @@ class Engine:
                 self._refuse_strict(spec, plans)
                 plan_s = (time.perf_counter() - started) / len(keys)
                 swept = self._sweep(spec, plans[keys[0]], run_id, inputs)
-                todo = []
-                for k in keys:
-                    if plans[k].mode is Mode.NOOP:
-                        protocol.record_noop(self.ctx, plans[k], marks[k], claims, source_ids=inputs.source_ids(),
-                                             source_tags=unchanged.tags_at(found, plans[k].to_versions))
-                        results[k] = RunResult(plans[k], run_id,
-                                               RunMetrics(pending_versions=sum(plans[k].pending_versions.values())),
-                                               {"plan": plan_s})
-                    else:
-                        todo.append(k)
+                todo = [k for k in keys if plans[k].mode is not Mode.NOOP]
+                noops = [plans[k] for k in keys if plans[k].mode is Mode.NOOP]
+                protocol.record_noops(self.ctx, noops, marks, claims, source_ids=inputs.source_ids(),
+                                      source_tags=lambda p: unchanged.tags_at(found, p.to_versions))
+                for p in noops:
+                    results[p.partition] = RunResult(p, run_id, RunMetrics(pending_versions=sum(p.pending_versions.values())),
+                                                     {"plan": plan_s})
                 for group in _by_target(plans, todo):  # partitions that share target versions share a pass
                     results.update(self._execute(spec, {k: plans[k] for k in group}, marks, inputs, run_id, force,
                                                  claims, found))
@@ -418,14 +416,8 @@ class Engine:
             outcome = self._pass(spec, plans, marks, inputs, seqs, run_id, force)
             pass_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            finishes = [lambda k=k, p=p: protocol.finish(ctx, spec, p, inputs.input_schema, seqs[k], claims,
-                                                         source_ids=inputs.source_ids(),
-                                                         source_tags=unchanged.tags_at(found, p.to_versions))
-                        for k, p in plans.items()]
-            if finishes:
-                finishes[0]()
-                ctx.hook("after_first_watermark")
-                protocol.side_by_side(ctx, finishes[1:])  # on an object store, the others' requests side by side
+            protocol.finish_all(ctx, spec, plans, inputs.input_schema, seqs, claims, source_ids=inputs.source_ids(),
+                                source_tags=lambda p: unchanged.tags_at(found, p.to_versions))
             ctx.hook("after_watermark")
         except InjectedCrash:
             raise  # a simulated kill: nothing more is written
@@ -433,8 +425,7 @@ class Engine:
             self._stop_waiting(exc)
             moved = [k for k in plans if _finished(ctx, spec, k, marks[k])]
             stuck = [k for k in plans if k not in moved]
-            for k in stuck:
-                protocol.record_failure(ctx, spec, k, marks[k], protocol.short(exc), claims)
+            protocol.record_failures(ctx, spec, stuck, protocol.short(exc), claims)
             if isinstance(exc, LaminarError):
                 raise
             done = f"; partition(s) {', '.join(moved)} finished before the failure" if moved else ""
@@ -489,7 +480,7 @@ class Engine:
         """Finish or discard interrupted runs (re-deriving sinks in one job), each partition claimed first."""
         marks, rederive, settled = {}, [], {}
         pending = [k for k in keys if read[k] is not None and read[k].pending is not None]
-        protocol.side_by_side(self.ctx, [lambda k=k: claims.claim(k, read[k]) for k in pending])
+        claims.claim_all({k: read[k] for k in pending})
         for k in keys:
             mark = read[k]
             if k in pending:
@@ -501,8 +492,8 @@ class Engine:
             marks[k] = mark
         if rederive:
             flow_state.rederive_sinks(self.ctx, spec, rederive, f"{run_id}-recovered")
-        for k, s in settled.items():
-            if not claims.write(k, s.mark, hold=True):
+        for k, ok in zip(settled, claims.write_many([(k, s.mark, True) for k, s in settled.items()])):
+            if not ok:
                 raise claims.taken(k)
         return marks
 

@@ -22,17 +22,18 @@ def test_round_trip_with_pending(tmp_path):
     loaded = store.load("f", "2024-01-01-00:00")
     assert loaded.with_(updated_at=None) == mark
     assert store.partitions("f") == ["2024-01-01-00:00"]
-    assert not [n for n in os.listdir(tmp_path / "_laminar" / "checkpoints" / "f") if n.endswith(".tmp")]
+    assert os.listdir(tmp_path / "_laminar" / "watermarks" / "f") == ["2024-01-01.json"]  # no temporary file left
 
 
 def test_missing_and_corrupt(tmp_path):
     store = CheckpointStore(str(tmp_path))
     assert store.load("f", "2024-01-01") is None
-    path = tmp_path / "_laminar" / "checkpoints" / "f"
+    path = tmp_path / "_laminar" / "watermarks" / "f"
     path.mkdir(parents=True)
-    (path / "2024-01-01.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="delete it to force a refill"):
+    (path / "2024-01.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="delete it to force a refill of the partitions it names") as err:
         store.load("f", "2024-01-01")
+    assert str(path / "2024-01.json") in str(err.value)
 
 
 def test_lease_is_exclusive_and_released(tmp_path):
@@ -162,3 +163,64 @@ def test_a_holder_is_gone_when_its_process_is_its_age_is_past_or_this_process_en
     mark = Watermark("f", "p", "abc", {"src": 1}, 1, holder=me)
     store.save(mark)
     assert store.load("f", "p").holder == me  # a holder survives the round trip
+
+
+def test_the_watermarks_of_a_day_are_one_object_written_once_per_step(tmp_path, monkeypatch):
+    """A run's intents (or its watermarks) over six hours of one day: one conditional write of one object."""
+    from laminar_assets import storage
+
+    store = CheckpointStore(str(tmp_path))
+    keys = [f"2024-01-01-0{h}:00" for h in range(6)] + ["2024-01-02-00:00"]
+    writes = []
+    for name in ("create_tagged", "replace_tagged"):
+        real = getattr(storage, name)
+        monkeypatch.setattr(storage, name, lambda *a, _real=real, _name=name: writes.append((_name, a[0])) or _real(*a))
+    tags = store.write_many_if([(Watermark("f", k, "abc", {"src": 1}, 1), None) for k in keys])
+    assert all(tags) and len(set(tags)) == len(keys)
+    assert sorted(w[1].rsplit("/", 1)[1] for w in writes) == ["2024-01-01.json", "2024-01-02.json"]
+    writes.clear()
+    again = store.write_many_if([(Watermark("f", k, "abc", {"src": 2}, 2), t) for k, t in zip(keys[:6], tags)])
+    assert all(again) and [w[0] for w in writes] == ["replace_tagged"]
+    assert sorted(os.listdir(tmp_path / "_laminar" / "watermarks" / "f")) == ["2024-01-01.json", "2024-01-02.json"]
+    assert store.partitions("f") == sorted(keys)
+
+
+def test_writers_of_one_block_compare_entries_not_the_block(tmp_path):
+    """Two stores (two runs) writing different hours of one day both land, whoever wrote the object last; of two
+    writers of one hour, the one holding a revision older than the entry's writes nothing, and the others of its
+    batch are written all the same."""
+    a, b = CheckpointStore(str(tmp_path)), CheckpointStore(str(tmp_path))
+    m = Watermark("f", "2024-01-01-00:00", "abc", {"src": 1}, 1)
+    n = m.with_(partition="2024-01-01-01:00")
+    ta = a.write_if(m, None)
+    tb = b.write_if(n, None)  # b's view of the block was empty: its create loses, it reads the block, compares again
+    assert ta and tb
+    ta2 = a.write_if(m.with_(seq=2), ta)  # a's view of the block is older than b's write: it retries on the new one
+    assert ta2 and b.load("f", m.partition).seq == 2 and a.load("f", n.partition).seq == 1
+    # b still holds the revision of 00:00 it never read: refused; 01:00 in the same batch is written
+    lost, won = b.write_many_if([(m.with_(seq=9), ta), (n.with_(seq=2), tb)])
+    assert lost is None and won
+    assert a.load("f", m.partition).seq == 2 and a.load("f", n.partition).seq == 2
+    assert b.delete_if("f", m.partition, ta) is False and b.delete_if("f", n.partition, won) is True
+    assert a.partitions("f") == [m.partition]
+
+
+def test_watermarks_of_the_layout_before_blocks_are_read_then_folded_into_their_block(tmp_path):
+    """A lake written before blocks keeps its progress: one file per partition is read while its block has no
+    object, and the block's first write carries every one of them."""
+    old = tmp_path / "_laminar" / "checkpoints" / "f"
+    old.mkdir(parents=True)
+    for key in ("2024-01-01-00:00", "2024-01-01-01:00", "2024-01-02-00:00"):
+        mark = Watermark("f", key, "abc", {"src": 4}, 3)
+        (old / f"{key.replace(':', '-')}.json").write_text(json.dumps(mark.to_json()))
+    store = CheckpointStore(str(tmp_path))
+    assert store.partitions("f") == ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-02-00:00"]
+    mark, tag = store.load_tagged("f", "2024-01-01-01:00")
+    assert mark.seq == 3 and tag is not None
+    assert store.write_if(mark.with_(seq=4), tag)
+    later = CheckpointStore(str(tmp_path))
+    assert later.load("f", "2024-01-01-01:00").seq == 4 and later.load("f", "2024-01-01-00:00").seq == 3
+    assert os.listdir(tmp_path / "_laminar" / "watermarks" / "f") == ["2024-01-01.json"]
+    assert later.partitions("f") == ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-02-00:00"]
+    later.forget("f", "2024-01-01-00:00")
+    assert CheckpointStore(str(tmp_path)).load("f", "2024-01-01-00:00") is None  # the old file no longer counts

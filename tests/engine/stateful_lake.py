@@ -482,7 +482,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         finally:
             for key, mark in before.items():
                 if mark is None:
-                    storage.delete(store._path(spec.name, key))
+                    store.forget(spec.name, key)
                 else:
                     store.save(mark)
 

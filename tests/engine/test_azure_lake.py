@@ -47,7 +47,7 @@ def test_a_lake_on_azure_runs_incrementally_and_equals_a_recompute(spark, azure_
     assert_no_orphans(lake.root, ["per_sym", "sums", "clean"])
     keys = [u for u, _ in storage.list_files(lake.root)]
     assert all(k.startswith(lake.root + "/") for k in keys)  # all of it in the container, under the root
-    assert any("/_laminar/checkpoints/per_sym/" in k for k in keys) and any("/_laminar/state/per_sym/" in k for k in keys)
+    assert any("/_laminar/watermarks/per_sym/" in k for k in keys) and any("/_laminar/state/per_sym/" in k for k in keys)
 
 
 def test_two_runs_racing_on_one_partition_commit_once(spark, azure_lake):

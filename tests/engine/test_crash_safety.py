@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 
 import pytest
 
 from laminar_assets import storage
+from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import Agg, Engine, FlowSpec, Hopping, Mode, Reason, Tumbling
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.errors import InjectedCrash
@@ -124,7 +125,9 @@ KILL_SCRIPT = textwrap.dedent("""
     else:
         engine.run(RETRACTING, PART)
 """)
-KEYS = ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00"]
+# the last hour of one day and three of the next: two blocks of watermarks (`CheckpointStore`), so a kill between
+# the run's writes of them leaves the first block's partitions finished and the others' intents
+KEYS = ["2023-12-31-23:00", "2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00"]
 MORE = [("2024-01-01 00:05:00", "b", 3.0, 2), ("2024-01-01 01:25:00", "a", 4.0, 3), ("2024-01-01 02:45:00", "c", 5.0, 1)]
 
 
@@ -137,12 +140,15 @@ def _kill_at(lake, step: str, how: str, server) -> None:
     assert proc.returncode == -9, proc.stderr[-2000:]
 
 
-def _check_hours(spark, lake, flow, hours: int) -> None:
+def _check_hours(spark, lake, flow, keys: list[str]) -> None:
+    """The sink equals a recompute of the windows starting in the hours of `keys` (adjacent)."""
+    import pandas as pd
+
     expected = full_recompute(spark, flow, lake.table("trades").to_pyarrow_table())
     if len(expected):
-        starts = __import__("pandas").to_datetime(expected["window_start"], utc=True)
-        expected = expected[(starts >= "2024-01-01 00:00:00+00:00") &
-                            (starts < f"2024-01-01 {hours:02d}:00:00+00:00")].reset_index(drop=True)
+        first = pd.Timestamp(datetime.strptime(keys[0], "%Y-%m-%d-%H:%M"), tz="UTC")
+        starts = pd.to_datetime(expected["window_start"], utc=True)
+        expected = expected[(starts >= first) & (starts < first + pd.Timedelta(hours=len(keys)))].reset_index(drop=True)
     assert_frames_match(lake.read(flow.sink), expected, flow.keys)
 
 
@@ -159,17 +165,17 @@ def test_sigkill_at_a_commit_step_then_a_rerun_equals_a_clean_run(spark, connect
     lake.append("trades", MORE[:1] + [("2024-01-01 02:50:00", "a", 6.0, 2)])
     lake.delete("trades", "qty = 3")
     _kill_at(lake, step, how, connect_server)
-    marks = [json.loads(storage.read(storage.join(lake.root, "_laminar", "checkpoints", "vol",
-                                                  k.replace(":", "-") + ".json"))) for k in keys]
-    pending = [m["pending"] is not None for m in marks]
+    marks = [CheckpointStore(lake.root).load("vol", k) for k in keys]
+    pending = [m.pending is not None for m in marks]
+    # after the first block's watermarks (the first day's one hour), before the next day's
     assert pending == ([False] + [True] * (len(keys) - 1) if step == "after_first_watermark" else [True] * len(keys))
     # the dead run still "holds" each partition it did not finish: its watermark names it, with its pid
-    assert [m["holder"] is not None for m in marks] == pending
-    assert all(m["holder"]["run_id"] == m["pending"]["run_id"] for m in marks if m["pending"])
+    assert [m.holder is not None for m in marks] == pending
+    assert all(m.holder.run_id == m.pending.run_id for m in marks if m.pending)
     results = Engine(spark, lake.root).run_many(RETRACTING, keys)
     # recovery finished the killed run from its committed state; nothing was left to do
     assert {r.mode for r in results} == {Mode.NOOP}
-    _check_hours(spark, lake, RETRACTING, len(keys))
+    _check_hours(spark, lake, RETRACTING, keys)
     lake.append("trades", [("2024-01-01 00:59:00", "a", 7.0, 1)])  # and later changes apply exactly once
     Engine(spark, lake.root).run_many(RETRACTING, keys)
-    _check_hours(spark, lake, RETRACTING, len(keys))
+    _check_hours(spark, lake, RETRACTING, keys)

@@ -180,14 +180,15 @@ def test_a_failure_message_is_true_for_each_partition(spark, lake):
     """A pass that fails after the first partition's watermark moved says so, instead of claiming
     no watermark moved; only the partitions left behind are marked as failed."""
     lake.create("trades", BASE)
+    eve = "2023-12-31-23:00"  # the day before H0: its watermark is another block's, written first
     with pytest.raises(RunFailedError) as info:
-        Engine(spark, lake.root, hook=fail_at("after_first_watermark", OSError("disk full"))).run_many(FLOW, [H0, H1])
+        Engine(spark, lake.root, hook=fail_at("after_first_watermark", OSError("disk full"))).run_many(FLOW, [eve, H0, H1])
     message = str(info.value)
-    assert f"the watermark of partition(s) {H1} did not move" in message
-    assert f"partition(s) {H0} finished before the failure" in message
+    assert f"the watermark of partition(s) {H0}, {H1} did not move" in message
+    assert f"partition(s) {eve} finished before the failure" in message
     engine = Engine(spark, lake.root)
-    assert engine.store.load("f", H0).failed_attempt is None
-    assert engine.store.load("f", H1).failed_attempt == "disk full"
-    results = engine.run_many(FLOW, [H0, H1])  # H1's commits landed: the rerun completes its watermark
+    assert engine.store.load("f", eve).failed_attempt is None
+    assert engine.store.load("f", H0).failed_attempt == engine.store.load("f", H1).failed_attempt == "disk full"
+    results = engine.run_many(FLOW, [H0, H1])  # their commits landed: the rerun completes their watermarks
     assert [r.mode for r in results] == [Mode.NOOP, Mode.NOOP]
     _matches_recompute(spark, lake, FLOW)

@@ -77,7 +77,7 @@ def test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute(spark, s3_
     # nothing of the lake was written to a local disk: state, staging, watermarks are all in the bucket
     assert not [p for p in os.listdir(tmp_path) if p != "lake"] and not os.path.exists(tmp_path / "lake")
     keys = [u for u, _ in storage.list_files(lake.root)]
-    assert any("/_laminar/checkpoints/per_sym/" in k for k in keys) and any("/_laminar/state/per_sym/" in k for k in keys)
+    assert any("/_laminar/watermarks/per_sym/" in k for k in keys) and any("/_laminar/state/per_sym/" in k for k in keys)
 
 
 def open_table(lake: Lake, name: str):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
 import pytest
 from deltalake import write_deltalake
 
+from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import (
     Agg,
     Engine,
@@ -374,7 +374,7 @@ def test_deleted_watermark_file_refills_instead_of_wedging(spark, lake, engine):
     lake.create("trades", BASE)
     engine.run(sums(), PART)
     engine.run(sums(), PART, force=True)
-    os.remove(os.path.join(lake.root, "_laminar", "checkpoints", "sums", "2024-01-01-00-00.json"))
+    CheckpointStore(lake.root).forget("sums", PART)  # as a user deleting its watermark would
     r = engine.run(sums(), PART)
     assert r.reason is Reason.NO_WATERMARK
     assert engine.run(sums(), PART).reason is Reason.NO_NEW_VERSIONS

@@ -30,7 +30,7 @@ def files_of(lake, name: str) -> list:
 
 def nothing_of(lake, name: str) -> None:
     """No state, watermark, lease or outcome of flow `name` exists."""
-    for folder in ("state", "checkpoints", "locks", "outcomes"):
+    for folder in ("state", "watermarks", "locks", "outcomes"):
         assert not os.path.exists(os.path.join(lake.root, "_laminar", folder, name)), folder
 
 

@@ -3,7 +3,7 @@
     <root>/<table>                                    sources, stage outputs and sinks (or absolute URIs)
     <root>/_laminar/state/<flow>/<spec hash>-<schema>  state of one spec over one input schema
     <root>/_laminar/quarantine/<source>                rows that broke a rule
-    <root>/_laminar/checkpoints, locks, sweeps          see checkpoints/store.py
+    <root>/_laminar/watermarks, locks, sweeps           see checkpoints/store.py
 
 `place_of` says which folder a table name stands for, in a form two names can be compared in: the
 same folder spelled twice (`t`, `./t`, `T`, `a/../t`) is one place, and a place may lie inside another.

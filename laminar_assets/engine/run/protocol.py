@@ -12,18 +12,17 @@ Per (flow, partition), in this order (docs/ARCHITECTURE.md):
 A run of several partitions shares the commits of 3 and 4 (one app transaction per
 partition in each); intents and watermarks stay per partition, so recovery is
 per partition. A crash after 3 is finished on restart; a crash before 3 leaves
-nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED). On an object store the
-partitions' requests of one step (2, 5) go side by side (`side_by_side`): any subset of them may be done
-when a run dies, which recovery, being per partition, already handles. A partition the run finds nothing
+nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED). The partitions' writes of one step
+(2, 5) are one conditional write per block of partitions (a day of hourly ones: `CheckpointStore`), each
+watermark in it compared on its own: any subset of the blocks may be written when a run dies, which
+recovery, being per partition, already handles. A partition the run finds nothing
 to do for is written only when its record changes (a NOOP's newer versions), in one conditional write.
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -46,25 +45,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-SIDE_BY_SIDE = 8
-"""At most this many of a run's per-partition requests (claims, intents, watermarks) in flight at once."""
-
-
-def side_by_side(ctx: RunContext, calls: list[Callable[[], T]]) -> list[T]:
-    """Each of `calls`, results in order. On an object store, where each call waits on its requests' latency
-    (20 ms or so apiece on S3), they run side by side in threads (each in a copy of this context); on a local
-    disk one after another. Every call runs to its end either way; then the first failure (in order) is raised,
-    so a caller sees any subset of its per-partition writes done, as recovery expects (it is per partition)."""
-    if len(calls) < 2 or not storage.is_object_store(ctx.store.root):
-        return [call() for call in calls]
-    with ThreadPoolExecutor(min(SIDE_BY_SIDE, len(calls)), thread_name_prefix="laminar-requests") as pool:
-        futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
-    failed = next((f.exception() for f in futures if f.exception() is not None), None)
-    if failed is not None:
-        raise failed
-    return [f.result() for f in futures]
-
-
 class Claims:
     """A run's writes of its partitions' watermarks (the module's steps): each conditional on the version the run
     read or last wrote, each naming the run as the partition's holder until the run's last write of it. The
@@ -82,24 +62,38 @@ class Claims:
     def write(self, key: str, mark: Watermark, *, hold: bool) -> bool:
         """Write `mark` as `key`'s watermark, naming this run as holder when `hold`; False (nothing written) when
         another run wrote it since this run read or last wrote it."""
-        body = mark.with_(holder=self.me if hold else None)
-        tag = self.store.write_if(body, self.tags.get(key))
-        if tag is None:
-            return False
-        self.tags[key] = tag
-        self.written[key] = body
-        if hold:
-            self.held[key] = body
-        else:
-            self.held.pop(key, None)
-        return True
+        return self.write_many([(key, mark, hold)])[0]
+
+    def write_many(self, items: list[tuple[str, Watermark, bool]]) -> list[bool]:
+        """`write` of each (partition, watermark, hold), in one conditional write per block of partitions
+        (`CheckpointStore.write_many_if`); whether each was written, in order."""
+        bodies = [(key, mark.with_(holder=self.me if hold else None), hold) for key, mark, hold in items]
+        tags = self.store.write_many_if([(body, self.tags.get(key)) for key, body, _hold in bodies])
+        done = []
+        for (key, body, hold), tag in zip(bodies, tags):
+            done.append(tag is not None)
+            if tag is None:
+                continue
+            self.tags[key] = tag
+            self.written[key] = body
+            if hold:
+                self.held[key] = body
+            else:
+                self.held.pop(key, None)
+        return done
+
+    def claim_all(self, marks: dict[str, Watermark | None]) -> None:
+        """Hold each partition of `marks` before anything else is written for it (to settle an interrupted run):
+        its watermark as read, or a placeholder with nothing committed; `ConcurrentRunError` naming the first
+        one another run wrote since (the others are held, and given back when the run ends)."""
+        items = [(k, mark or Watermark(self.spec.name, k, self.spec.spec_hash, {}, 0), True) for k, mark in marks.items()]
+        for (k, _mark, _hold), ok in zip(items, self.write_many(items)):
+            if not ok:
+                raise self.taken(k)
 
     def claim(self, key: str, mark: Watermark | None) -> None:
-        """Hold `key` before anything else is written for it (to settle an interrupted run): its watermark as
-        read, or a placeholder with nothing committed; `ConcurrentRunError` when another run wrote it since."""
-        base = mark or Watermark(self.spec.name, key, self.spec.spec_hash, {}, 0)
-        if not self.write(key, base, hold=True):
-            raise self.taken(key)
+        """`claim_all` of one partition."""
+        self.claim_all({key: mark})
 
     def taken(self, key: str) -> ConcurrentRunError:
         current = self.store.load(self.spec.name, key)
@@ -109,31 +103,33 @@ class Claims:
             "it; nothing of this run was written: run it again and it continues from there",
             flow=self.spec.name, partition=key)
 
-    def undo(self, key: str, mark: Watermark | None) -> None:
-        """Give `key` back as it was before this run's claim (`mark`: the watermark read; None: there was none)."""
-        if mark is None:
-            if self.store.delete_if(self.spec.name, key, self.tags[key]):
+    def undo_all(self, marks: dict[str, Watermark | None]) -> None:
+        """Give each partition of `marks` back as it was before this run's claim (its watermark as read; None:
+        there was none)."""
+        for key, mark in marks.items():
+            if mark is None and self.store.delete_if(self.spec.name, key, self.tags[key]):  # rare: one apiece
                 self.held.pop(key, None)
                 self.written.pop(key, None)
                 self.tags[key] = None
-            return
-        self.write(key, mark, hold=False)
+        self.write_many([(key, mark, False) for key, mark in marks.items() if mark is not None])
 
     def end(self, exc: BaseException | None) -> None:
         """Clear this run as holder of every partition it still holds (a partition claimed to be settled that
         had nothing to do). A simulated kill (`InjectedCrash`) writes nothing, and a release that fails (a store
         that stopped answering) leaves the holder: either way this process takes the partition over next time
         (`CheckpointStore.abandon`), and another process once this one is gone."""
-        for key, mark in list(self.held.items()):
-            if isinstance(exc, InjectedCrash):
-                self.store.abandon(self.spec.name, key, self.run_id)
-                continue
+        held = dict(self.held)
+        if not held:
+            return
+        if not isinstance(exc, InjectedCrash):
             try:
-                self.write(key, mark, hold=False)
+                self.write_many([(key, mark, False) for key, mark in held.items()])
+                return
             except (LaminarError, OSError) as err:
-                self.store.abandon(self.spec.name, key, self.run_id)
                 log.warning("%s %s: this run's hold was not cleared (%s); this process's next run takes it over",
-                            self.spec.name, key, err)
+                            self.spec.name, ", ".join(held), err)
+        for key in held:
+            self.store.abandon(self.spec.name, key, self.run_id)
 
 
 def refuse_held(store: CheckpointStore, spec, marks: dict[str, Watermark | None]) -> None:
@@ -198,40 +194,32 @@ def settle(ctx: RunContext, spec, partition: str, mark: Watermark) -> Settled:
     return Settled(mark.with_(pending=None, failed_attempt=why))
 
 
-_UNREAD = object()
-
-
 def begin_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], marks: dict[str, Watermark | None],
               input_schema: dict[str, str], claims: Claims, *, opened: dict | None = None,
               source_ids: dict[str, str] | None = None,
               open_table: Callable[[str], DeltaTable | None] | None = None) -> dict[str, int]:
-    """`begin` for every partition of a pass, reading the guard table's transactions once (and
-    keeping the table in `opened`, see `txn_versions`). When another run wrote one of the watermarks since this
-    run read it, the intents written are undone and `ConcurrentRunError` raised: nothing of the run is committed."""
+    """Check each partition's run sequence against the guard table's transactions (read once, the table kept in
+    `opened`, see `txn_versions`), then write every intent: one conditional write per block of partitions. When
+    another run wrote one of the watermarks since this run read it, the intents written are undone and
+    `ConcurrentRunError` raised: nothing of the run is committed."""
     guard = ctx.layout.guard_uri(spec, input_schema)
     committed = txn_versions(guard, [ctx.layout.app_id(spec, k) for k in plans], opened=opened, open_table=open_table)
     claimed_before = {k for k in plans if k in claims.held}  # claimed to settle: kept (and settled) on a conflict
-    seqs = side_by_side(ctx, [lambda k=k, p=p: begin(ctx, spec, p, marks[k], input_schema, claims,
-                                                    committed=committed[ctx.layout.app_id(spec, k)],
-                                                    source_ids=source_ids)
-                              for k, p in plans.items()])
-    lost = [k for k, seq in zip(plans, seqs) if seq is None]
+    intents = {k: intent(spec, p, marks[k], input_schema, claims, committed[ctx.layout.app_id(spec, k)], guard,
+                         source_ids) for k, p in plans.items()}
+    written = claims.write_many([(k, body, True) for k, (_seq, body) in intents.items()])
+    lost = [k for k, ok in zip(intents, written) if not ok]
     if lost:
-        undo = [lambda k=k: claims.undo(k, marks[k]) for k in plans if k not in lost and k not in claimed_before]
-        side_by_side(ctx, undo)
+        claims.undo_all({k: marks[k] for k in plans if k not in lost and k not in claimed_before})
         raise claims.taken(lost[0])
-    return dict(zip(plans, seqs))
+    return {k: seq for k, (seq, _body) in intents.items()}
 
 
-def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict[str, str],
-          claims: Claims, *, committed: int | None | object = _UNREAD,
-          source_ids: dict[str, str] | None = None) -> int | None:
-    """Check the run sequence against the table's transaction and write the intent; returns the seq (None: the
-    conditional write lost to another run's write since this run read the watermark, nothing written).
-    `committed`: the partition's transaction version, when the caller has read it already."""
-    guard = ctx.layout.guard_uri(spec, input_schema)
-    if committed is _UNREAD:
-        committed = txn_version(guard, ctx.layout.app_id(spec, plan.partition))
+def intent(spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict[str, str], claims: Claims,
+           committed: int | None, guard: str, source_ids: dict[str, str] | None = None) -> tuple[int, Watermark]:
+    """The run sequence of the partition and its watermark with the intent (`pending`), checked against the
+    partition's transaction version in the guard table (`committed`): `ConcurrentRunError` when the table holds
+    a run the watermark does not know, before anything is written."""
     seq = (mark.seq if mark else 0) + 1
     if (mark is None or not mark.committed) and committed is not None:
         # The watermark is gone (deleted by hand) but the table has run `committed`: this run
@@ -246,40 +234,54 @@ def begin(ctx: RunContext, spec, plan: PartitionPlan, mark: Watermark | None, in
                          mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(input_schema),
                          source_ids=_ids(plan, source_ids))
     base = mark or Watermark(spec.name, plan.partition, spec.spec_hash, {}, 0)
-    return seq if claims.write(plan.partition, base.with_(pending=pending), hold=True) else None
+    return seq, base.with_(pending=pending)
 
 
-def finish(ctx: RunContext, spec, plan: PartitionPlan, input_schema: dict[str, str], seq: int, claims: Claims, *,
-           source_ids: dict[str, str] | None = None, source_tags: dict[str, str] | None = None) -> None:
-    """Move the watermark to the plan's target versions (both commits have landed), clearing this run as holder.
-    When another run took the partition over meanwhile (this one looked gone to it), that run settles this
-    run's commits from the intent it found: nothing is overwritten here."""
-    done = claims.write(plan.partition, Watermark(
-        flow=spec.name, partition=plan.partition, spec_hash=spec.spec_hash,
-        source_versions=dict(plan.to_versions), seq=seq, input_schema=dict(input_schema),
-        last_mode=plan.mode.value, last_reason=plan.reason.value, source_ids=_ids(plan, source_ids),
-        source_tags=dict(source_tags or {}),
-    ), hold=False)
-    if not done:
-        log.warning("%s %s: another run took the partition over before this run's watermark; it settles this "
-                    "run's commits (run %s)", spec.name, plan.partition, seq)
+def finish_all(ctx: RunContext, spec, plans: dict[str, PartitionPlan], input_schema: dict[str, str],
+               seqs: dict[str, int], claims: Claims, *, source_ids: dict[str, str] | None = None,
+               source_tags: Callable[[PartitionPlan], dict[str, str]] = lambda _p: {}) -> None:
+    """Move each partition's watermark to its plan's target versions (both commits have landed), clearing this run
+    as holder: the first block of partitions, then the others (one write per block, side by side); the step
+    `after_first_watermark` lies in between. When another run took a partition over meanwhile (this one looked
+    gone to it), that run settles this run's commits from the intent it found: nothing is overwritten here."""
+    blocks: dict[str, list[str]] = {}
+    for k in plans:
+        blocks.setdefault(claims.store.block_path(spec.name, k), []).append(k)
+    groups = list(blocks.values())
+    for i, group in enumerate([groups[0], [k for g in groups[1:] for k in g]]):
+        items = [(k, Watermark(
+            flow=spec.name, partition=k, spec_hash=spec.spec_hash,
+            source_versions=dict(plans[k].to_versions), seq=seqs[k], input_schema=dict(input_schema),
+            last_mode=plans[k].mode.value, last_reason=plans[k].reason.value, source_ids=_ids(plans[k], source_ids),
+            source_tags=dict(source_tags(plans[k])),
+        ), False) for k in group]
+        for k, done in zip(group, claims.write_many(items)):
+            if not done:
+                log.warning("%s %s: another run took the partition over before this run's watermark; it settles "
+                            "this run's commits (run %s)", spec.name, k, seqs[k])
+        if i == 0:
+            ctx.hook("after_first_watermark")
 
 
-def record_noop(ctx: RunContext, plan: PartitionPlan, mark: Watermark | None, claims: Claims, *,
-                source_ids: dict[str, str] | None = None, source_tags: dict[str, str] | None = None) -> None:
-    """Nothing to compute: record the newer versions the partition is already up to date with (a conditional
-    write: when another run wrote the watermark since, that run's record stands). Also written when only the
+def record_noops(ctx: RunContext, plans: list[PartitionPlan], marks: dict[str, Watermark | None], claims: Claims, *,
+                 source_ids: dict[str, str] | None = None,
+                 source_tags: Callable[[PartitionPlan], dict[str, str]] = lambda _p: {}) -> None:
+    """Nothing to compute: record the newer versions each partition is already up to date with (conditional writes,
+    one per block: when another run wrote a watermark since, that run's record stands). Also written when only the
     tags of the sources' commit files are new to it (`Watermark.source_tags`: once, for a watermark written
-    without them)."""
-    ids = (_ids(plan, source_ids) or mark.source_ids) if mark is not None else {}
-    tags = dict(source_tags or {})
-    if mark is not None and mark.committed and (plan.to_versions != mark.source_versions or ids != mark.source_ids
-                                                or (tags and tags != mark.source_tags)
-                                                or mark.failed_runs is not None or plan.partition in claims.held):
-        claims.write(plan.partition, mark.with_(source_versions=dict(plan.to_versions), last_mode=plan.mode.value,
-                                                last_reason=plan.reason.value, source_ids=ids, source_tags=tags,
-                                                failed_runs=None),
-                     hold=False)
+    without them); a partition whose record is unchanged is not written."""
+    items = []
+    for plan in plans:
+        mark = marks[plan.partition]
+        ids = (_ids(plan, source_ids) or mark.source_ids) if mark is not None else {}
+        tags = dict(source_tags(plan))
+        if mark is not None and mark.committed and (plan.to_versions != mark.source_versions
+                                                    or ids != mark.source_ids or (tags and tags != mark.source_tags)
+                                                    or mark.failed_runs is not None or plan.partition in claims.held):
+            items.append((plan.partition, mark.with_(
+                source_versions=dict(plan.to_versions), last_mode=plan.mode.value, last_reason=plan.reason.value,
+                source_ids=ids, source_tags=tags, failed_runs=None), False))
+    claims.write_many(items)
 
 
 def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, str]:
@@ -287,21 +289,20 @@ def _ids(plan: PartitionPlan, source_ids: dict[str, str] | None) -> dict[str, st
     return {t: source_ids[t] for t in plan.to_versions if source_ids and t in source_ids}
 
 
-def record_failure(ctx: RunContext, spec, partition: str, mark: Watermark | None, message: str,
-                   claims: Claims) -> None:
-    """Mark the partition's last attempt as failed, so its next run refills, and clear this run as holder. The
-    intent record stays: if the state commit landed, the next run completes it instead. A partition this run
-    does not hold (its claim lost to another run, or undone) has nothing of this run in it: left as it is."""
-    base = claims.held.get(partition)
-    if base is None:
-        return
+def record_failures(ctx: RunContext, spec, partitions: list[str], message: str, claims: Claims) -> None:
+    """Mark each partition's last attempt as failed, so its next run refills, and clear this run as holder (one
+    write per block). The intent record stays: if the state commit landed, the next run completes it instead. A
+    partition this run does not hold (its claim lost to another run, or undone) has nothing of this run in it:
+    left as it is."""
+    items = [(k, claims.held[k].with_(failed_attempt=message), False) for k in partitions if k in claims.held]
     try:
-        if not claims.write(partition, base.with_(failed_attempt=message), hold=False):
-            log.warning("%s %s: the failed attempt was not recorded: another run wrote the watermark since",
-                        spec.name, partition)
+        for (k, _m, _h), ok in zip(items, claims.write_many(items)):
+            if not ok:
+                log.warning("%s %s: the failed attempt was not recorded: another run wrote the watermark since",
+                            spec.name, k)
     except (LaminarError, OSError) as exc:  # e.g. the store that failed the run does not answer either
         # the run's own error is what the caller reports; the next run settles the intent as a crash's
-        log.warning("%s %s: the failed attempt was not recorded (%s)", spec.name, partition, exc)
+        log.warning("%s %s: the failed attempt was not recorded (%s)", spec.name, ", ".join(partitions), exc)
 
 
 def record_failed_run(ctx: RunContext, spec, partitions: list[str], marks: dict[str, Watermark | None],
@@ -310,15 +311,19 @@ def record_failed_run(ctx: RunContext, spec, partitions: list[str], marks: dict[
     `laminar status` and `laminar check`, in the run's conditional writes (a partition another run wrote since
     is left to it). Planning never reads it. A record that cannot be written loses the count, not the run's own
     error, which the caller raises."""
-    for k in partitions:
-        try:
-            if k in marks and finished_since(ctx, spec, k, marks[k]):
+    try:
+        current = ctx.store.load_listed(spec.name, [k for k in partitions if k in marks]) if partitions else {}
+        items = []
+        for k in partitions:
+            if k in marks and _moved(current.get(k), marks[k]):
                 continue
             # what this run wrote last (its intent, its failure record), else the watermark as read
             base = claims.written.get(k) or marks.get(k) or Watermark(spec.name, k, spec.spec_hash, {}, 0)
-            claims.write(k, _counted(base, claims.run_id, exc), hold=False)
-        except (LaminarError, OSError) as err:
-            log.warning("%s %s: the failed run %s was not recorded (%s)", spec.name, k, claims.run_id, err)
+            items.append((k, _counted(base, claims.run_id, exc), False))
+        claims.write_many(items)
+    except (LaminarError, OSError) as err:
+        log.warning("%s %s: the failed run %s was not recorded (%s)", spec.name, ", ".join(partitions),
+                    claims.run_id, err)
 
 
 def record_refused_run(store: CheckpointStore, spec, partitions: list[str], run_id: str, exc: BaseException) -> None:
@@ -349,7 +354,10 @@ def _counted(base: Watermark, run_id: str, exc: BaseException) -> Watermark:
 
 def finished_since(ctx: RunContext, spec, partition: str, mark: Watermark | None) -> bool:
     """True when the partition's watermark moved past `mark` (its run finished before a failure)."""
-    current = ctx.store.load(spec.name, partition)
+    return _moved(ctx.store.load(spec.name, partition), mark)
+
+
+def _moved(current: Watermark | None, mark: Watermark | None) -> bool:
     return current is not None and current.pending is None and current.seq > (mark.seq if mark else 0)
 
 

@@ -174,7 +174,7 @@ def test_a_source_by_catalog_name_is_read_at_its_location_and_an_unknown_name_fa
         engine.run(missing, PART)
     message = str(err.value)
     assert f"'{raw}.missing'" in message and "Hive metastore" in message and "\n" not in message
-    assert not os.path.exists(lake.path("nope")) and not os.path.exists(lake.path("_laminar/checkpoints/nope"))
+    assert not os.path.exists(lake.path("nope")) and not os.path.exists(lake.path("_laminar/watermarks/nope"))
 
 
 def test_a_dimension_by_catalog_name_is_joined_at_its_location_and_an_unknown_one_fails_first(spark, lake,
@@ -198,7 +198,7 @@ def test_a_dimension_by_catalog_name_is_joined_at_its_location_and_an_unknown_on
     with pytest.raises(CatalogNameError) as err:
         engine.run(missing, PART)
     assert str(err.value).startswith(f"joined table '{ref}.missing' of 'nope' is not a table of the catalog")
-    assert not os.path.exists(lake.path("nope")) and not os.path.exists(lake.path("_laminar/checkpoints/nope"))
+    assert not os.path.exists(lake.path("nope")) and not os.path.exists(lake.path("_laminar/watermarks/nope"))
 
 
 def test_laminar_sql_reads_a_flow_by_its_catalog_name(spark, lake, catalog_engine):

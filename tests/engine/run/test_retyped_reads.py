@@ -41,7 +41,7 @@ def written(lake) -> dict[str, tuple[int, int]]:
     out = {}
     for folder, _dirs, files in os.walk(lake.root):
         rel = os.path.relpath(folder, lake.root)
-        if rel.split(os.sep)[0] == "trades" or rel.startswith(os.path.join("_laminar", "checkpoints")):
+        if rel.split(os.sep)[0] == "trades" or rel.startswith(os.path.join("_laminar", "watermarks")):
             continue
         for f in files:
             st = os.stat(os.path.join(folder, f))
