@@ -237,3 +237,38 @@ def test_a_source_in_another_bucket_is_reached_with_the_engines_store(spark, s3_
     expected = full_recompute(spark, flow, source.table("trades").to_pyarrow_table())
     expected = expected[expected["window_start"] < "2024-01-01 02:00"]
     assert_frames_match(Lake(root).read(flow.sink), expected, flow.keys)
+
+
+def test_the_state_of_every_aggregate_kind_read_by_the_driver_merges_as_spark_reads_it(spark, s3_lake, monkeypatch):
+    """In a bucket, a pass's small committed state is read by the driver and handed to Spark as rows (no HEAD per
+    file: `EngineOptions.driver_read_below_bytes`): every aggregate kind's state (sketches, sets, structs of
+    extremes) comes through it unchanged, so appends, deletes and updates merged into it equal a full recompute.
+    0 turns it off: Spark reads the files."""
+    from laminar_assets.engine import EngineOptions
+    from laminar_assets.engine.flow import state as flow_state
+    from tests.engine.test_differential import FLOWS
+
+    flows = [f for f in FLOWS if isinstance(f, FlowSpec) and f.name in ("tumble_all", "hop_other")]
+    handed: list = []
+    real = flow_state.read_in_driver
+    monkeypatch.setattr(flow_state, "read_in_driver", lambda *a, **kw: handed.append(r := real(*a, **kw)) or r)
+    lake = s3_lake
+    lake.create("trades", BASE[:3] + [("2024-01-01 00:14:00", "c", 7.5, 2), ("2024-01-01 01:40:00", "a", 2.5, 5)])
+    engine, keys = Engine(spark, lake.root), ["2023-12-31-23:00", H0, H1]  # the hopping flow's first windows: the day before
+    for flow in flows:
+        engine.run_many(flow, keys)
+    for step in (lambda: lake.append("trades", [("2024-01-01 00:03:00", "b", 9.0, 1), ("2024-01-01 01:07:00", "c", 4.0, 2)]),
+                 lambda: lake.delete("trades", "qty = 2"),
+                 lambda: lake.update("trades", {"px": "px * 2.0"}, "sym = 'a'"),
+                 lambda: lake.append("trades", [("2024-01-01 00:55:00", "a", 0.5, 3)])):
+        step()
+        for flow in flows:
+            engine.run_many(flow, keys)
+    assert sum(1 for t in handed if t is not None and t.num_rows) >= 4, handed  # state merged from the driver's rows
+    for flow in flows:
+        _matches_recompute(spark, lake, flow)
+    handed.clear()
+    lake.append("trades", [("2024-01-01 01:12:00", "b", 3.0, 1)])
+    Engine(spark, lake.root, options=EngineOptions(driver_read_below_bytes=0)).run_many(flows[0], keys)
+    assert handed == []
+    _matches_recompute(spark, lake, flows[0])

@@ -9,8 +9,10 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from laminar_assets import storage
+
 from ..aggregates.algebra import implementation, q
-from ..delta.tables import info_of, is_delta_table, snapshot_files, table_info
+from ..delta.tables import info_of, is_delta_table, read_in_driver, snapshot_files, table_info
 from ..output.commit import replace_ranges
 from ..output.staged_files import write_staged
 from ..run.context import RunContext
@@ -119,5 +121,17 @@ def state_query(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: 
     files = snapshot_files(info, WS, parts)
     # a lookup by partition number, not the partitions' timestamps: the same code every run (stable_sql.py)
     inside = stable_sql.in_ranges_sql(WS, parts, spec.granularity)
-    scan = sql_frame("state", read_source(ctx.spark, files, info), tuple(info.schema.names))
+    scan = sql_frame("state", _state_frame(ctx, info, files), tuple(info.schema.names))
     return scan.where(inside), sum(f.size for f in files)
+
+
+def _state_frame(ctx: RunContext, info, files) -> DataFrame:
+    """The rows of the state files `files`: read by the driver and handed to Spark when the table is in a bucket
+    and they are small (`EngineOptions.driver_read_below_bytes`: a GET each instead of Spark's HEAD and GET), else
+    read by Spark."""
+    limit = ctx.options.driver_read_below_bytes
+    if files and limit > 0 and storage.is_object_store(info.uri):
+        rows = read_in_driver(info, list(files), max_bytes=limit - 1)
+        if rows is not None:
+            return ctx.spark.createDataFrame(rows)
+    return read_source(ctx.spark, files, info)

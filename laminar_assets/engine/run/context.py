@@ -91,6 +91,11 @@ class EngineOptions:
     # times their Parquet bytes. For a few thousand rows a Spark write job costs more than the collect.
     # 0: Spark always writes.
     driver_write_below_bytes: int = 8 * 1024 * 1024
+    # In a bucket, a flow's committed state of fewer bytes than this (the partitions a pass merges into) is read
+    # by the driver (pyarrow: a GET per file, its size from the log) and handed to Spark as rows: Spark's Parquet
+    # reader asks the store for each file's status before reading it (a HEAD per file), and a batched run's state
+    # files are a few kilobytes apiece. On a local disk Spark reads it (no request to save). 0: Spark always reads.
+    driver_read_below_bytes: int = 1024 * 1024
     # A flow's write through the driver puts the rows of up to this many adjacent partitions in one file
     # (aligned: partition numbers n with the same n // partitions_per_file, e.g. hours 00-07, 08-15 and 16-23 of a
     # day for 8): on an object store each file costs a PUT when staged and a HEAD and a GET whenever a run reads
