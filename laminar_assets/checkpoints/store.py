@@ -125,8 +125,10 @@ class CheckpointStore:
         self._blocks: dict[str, _Block] = {}
         self._block_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
-        # flow -> name -> tag of each watermark file of the per-partition layout before blocks (read once)
+        # flow -> name -> tag of each watermark file of the per-partition layout before blocks (listed once), and
+        # block object -> the watermarks of those files its partitions have (read once: nothing writes them)
         self._legacy: dict[str, dict[str, str]] = {}
+        self._legacy_blocks: dict[str, dict[str, tuple[str, Watermark]]] = {}
         # flow -> (spec hash, versions, the progress object's tag: None when none was written) last read or written
         self._sweeps: dict[str, tuple[str, dict[str, int], str | None]] = {}
 
@@ -180,23 +182,20 @@ class CheckpointStore:
             return {str(p): (str(e["revision"]), Watermark.from_json(e["watermark"])) for p, e in entries.items()}
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CheckpointError(
-                f"watermark file is unreadable: {exc}; delete it to force a refill of the partitions it names",
+                f"watermark file is unreadable: {exc}; delete it to force a refill of the partitions it names (the "
+                "next run of each refills it)",
                 flow=flow, path=path,
             ) from exc
 
     def _legacy_entries(self, flow: str, path: str) -> dict[str, tuple[str, Watermark]]:
         """The watermarks, one file per partition as stores before blocks wrote them, of the partitions of block
-        `path` (their file's tag as revision): folded into the block when it is first written. The flow's old
-        folder is listed once per store (one request where it is empty); nothing writes there any more."""
-        if flow not in self._legacy:
-            folder = storage.join(self.base, "checkpoints", flow)
-            self._legacy[flow] = dict(storage.list_tagged(folder))
-        names = self._legacy[flow]
-        if not names:
-            return {}
-        block = path.rsplit("/", 1)[1][:-len(".json")]
-        mine = [n for n in names if n.endswith(".json") and _safe(block_of(self._legacy_key(n))) == block]
-        out = {}
+        `path` (their file's tag as revision): folded into the block when it is first written, and then deleted
+        (`_drop_legacy`). The flow's old folder is listed once per store (one request where it is empty), each
+        block's files read once; nothing writes them any more."""
+        if path in self._legacy_blocks:
+            return dict(self._legacy_blocks[path])
+        mine = self._legacy_names(flow, path)
+        out: dict[str, tuple[str, Watermark]] = {}
         folder = storage.join(self.base, "checkpoints", flow)
         for name, found in zip(mine, storage.read_many_tagged([storage.join(folder, n) for n in mine])):
             if found is None:
@@ -208,7 +207,30 @@ class CheckpointStore:
                     f"watermark file is unreadable: {exc}; delete it to force a refill of this partition",
                     flow=flow, path=storage.join(folder, name)) from exc
             out[mark.partition] = (f"file:{found[1]}", mark)
-        return out
+        self._legacy_blocks[path] = out
+        return dict(out)
+
+    def _legacy_names(self, flow: str, path: str) -> list[str]:
+        """The names of the files of the layout before blocks that hold watermarks of block `path`."""
+        if flow not in self._legacy:
+            self._legacy[flow] = dict(storage.list_tagged(storage.join(self.base, "checkpoints", flow)))
+        block = path.rsplit("/", 1)[1][:-len(".json")]
+        return [n for n in self._legacy[flow] if n.endswith(".json") and _safe(block_of(self._legacy_key(n))) == block]
+
+    def _drop_legacy(self, flow: str, path: str) -> None:
+        """Delete the files of the layout before blocks that block `path` now carries (its object was just created
+        from them): deleting the block later (its file unreadable) then refills its partitions, as deleting a
+        watermark file did, instead of bringing the old watermarks back. A file that cannot be deleted stays, and
+        is read again only while the block has no object."""
+        folder = storage.join(self.base, "checkpoints", flow)
+        for name in self._legacy_names(flow, path):
+            try:
+                storage.delete(storage.join(folder, name))
+            except (StorageError, OSError) as exc:
+                log.warning("%s: the watermark file %s, now in %s, was not deleted (%s)", flow, name, path, exc)
+                continue
+            self._legacy[flow].pop(name, None)
+        self._legacy_blocks.pop(path, None)
 
     @staticmethod
     def _legacy_key(name: str) -> str:
@@ -254,20 +276,21 @@ class CheckpointStore:
         if flow not in self._legacy:
             self._legacy[flow] = dict(storage.list_tagged(storage.join(self.base, "checkpoints", flow)))
         blocks = {n[:-len(".json")] for n in names}
-        out |= {self._legacy_key(n) for n in self._legacy[flow]
-                if n.endswith(".json") and _safe(block_of(self._legacy_key(n))) not in blocks}
+        legacy_blocks = {_safe(block_of(self._legacy_key(n))) for n in self._legacy[flow] if n.endswith(".json")}
+        for block in sorted(legacy_blocks - blocks):  # the partitions each file names (its own key, not its name)
+            out |= set(self._legacy_entries(flow, storage.join(folder, f"{block}.json")))
         return sorted(out)
 
     # --- writing ----------------------------------------------------------------------------------
     def save(self, mark: Watermark) -> None:
         """Replace the watermark atomically (readers see the old one or the new one, never a mix), whatever
         version is there: for tools and tests; a run writes with `write_if`."""
-        self._change(mark.flow, [(mark.partition, ANY, mark)])
+        self._changed(mark.flow, [(mark.partition, ANY, mark)])
 
     def forget(self, flow: str, partition: str) -> None:
         """Remove the partition's watermark whatever it holds, as deleting its file did before blocks: its
         next run refills it. For tools and tests."""
-        self._change(flow, [(partition, ANY, None)])
+        self._changed(flow, [(partition, ANY, None)])
 
     def write_if(self, mark: Watermark, tag: str | None) -> str | None:
         """Write `mark` only if its entry is still the revision `tag` names (None: only if there is no
@@ -278,44 +301,69 @@ class CheckpointStore:
     def write_many_if(self, writes: list[tuple[Watermark, str | None]]) -> list[str | None]:
         """`write_if` of each (watermark, revision) in `writes` (of one flow), one conditional write per
         block: the new revisions, in order; None for each whose entry another writer changed since (the others
-        are written all the same)."""
+        are written all the same). A block whose write fails raises its error once every block was tried
+        (`write_many_partly` says which were written)."""
+        revisions, error = self.write_many_partly(writes)
+        if error is not None:
+            raise error
+        return revisions
+
+    def write_many_partly(self, writes: list[tuple[Watermark, str | None]]
+                          ) -> tuple[list[str | None], BaseException | None]:
+        """`write_many_if`, with the first block's error returned beside the revisions of the writes that landed
+        (None for the others) instead of raised: a caller holding partitions learns which of its writes took."""
         flows = {m.flow for m, _tag in writes}
         if len(flows) > 1:
             raise ValueError(f"write_many_if writes the watermarks of one flow, not of {sorted(flows)}")
         if not writes:
-            return []
+            return [], None
         return self._change(writes[0][0].flow, [(m.partition, tag, m) for m, tag in writes])
 
     def delete_if(self, flow: str, partition: str, tag: str) -> bool:
         """Remove the watermark only if its entry is still the revision `tag` names (a claim undone)."""
-        return self._change(flow, [(partition, tag, None)])[0] is not None
+        return self._changed(flow, [(partition, tag, None)])[0] is not None
 
-    def _change(self, flow: str, changes: list[tuple[str, object, Watermark | None]]) -> list[str | None]:
+    def _changed(self, flow: str, changes: list[tuple[str, object, Watermark | None]]) -> list[str | None]:
+        revisions, error = self._change(flow, changes)
+        if error is not None:
+            raise error
+        return revisions
+
+    def _change(self, flow: str, changes: list[tuple[str, object, Watermark | None]]
+                ) -> tuple[list[str | None], BaseException | None]:
         """Apply `changes` (partition, expected revision or ANY, new watermark or None to remove it): each
         whose entry holds the expected revision, one conditional write of each block they fall in, side by
         side over several blocks. The new revision of each change applied (a removal: ''), None for the
-        others."""
+        others; and the first error of a block's write (every block is tried: a failed one's changes are None)."""
         by_block: dict[str, list[int]] = {}
         for i, (partition, _expected, _mark) in enumerate(changes):
             by_block.setdefault(self.block_path(flow, partition), []).append(i)
         out: list[str | None] = [None] * len(changes)
         calls = [lambda path=path, idx=idx: self._change_block(flow, path, [changes[i] for i in idx])
                  for path, idx in by_block.items()]
+        results: list[list[str | None] | BaseException] = []
         if len(calls) > 1 and storage.is_object_store(self.root):
             with ThreadPoolExecutor(min(8, len(calls)), thread_name_prefix="laminar-watermarks") as pool:
                 futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
-            results = [f.result() for f in futures]
+            results = [f.exception() or f.result() for f in futures]  # type: ignore[misc]
         else:
-            results = [call() for call in calls]
+            for call in calls:
+                try:
+                    results.append(call())
+                except Exception as exc:  # noqa: BLE001  (returned to the caller, who raises it)
+                    results.append(exc)
+        error = next((r for r in results if isinstance(r, BaseException)), None)
         for idx, done in zip(by_block.values(), results):
-            for i, revision in zip(idx, done):
-                out[i] = revision
-        return out
+            if not isinstance(done, BaseException):
+                for i, revision in zip(idx, done):
+                    out[i] = revision
+        return out, error
 
     def _change_block(self, flow: str, path: str, changes: list[tuple[str, object, Watermark | None]]) -> list[str | None]:
         now = datetime.now(UTC).isoformat()
         with self._block_lock(path):
             block = self._blocks.get(path)
+            fresh = block is None  # read now, not this store's earlier view (which a slower read may have left older)
             if block is None:
                 block = self._block_read(flow, path, storage.read_tagged(path))
             for attempt in range(BLOCK_ATTEMPTS):
@@ -333,21 +381,26 @@ class CheckpointStore:
                         revision = uuid.uuid4().hex[:16]
                         entries[partition] = (revision, mark.with_(updated_at=now))
                         out.append(revision)
+                if any(r is None for r in out) and not fresh:  # refused on an earlier view: compare on the block as it is
+                    block, fresh = self._block_read(flow, path, storage.read_tagged(path)), True
+                    continue
                 if all(r is None for r in out):
                     return out
                 data = self._block_bytes(flow, entries)
                 tag = storage.create_tagged(path, data) if block.tag is None else storage.replace_tagged(path, data, block.tag)
                 if tag is not None:
                     self._blocks[path] = _Block(tag, entries)
+                    if block.tag is None and block.entries:  # created from the files of the layout before blocks
+                        self._drop_legacy(flow, path)
                     return out
                 # another writer changed the block since: compare each entry again on what it holds now
                 if attempt:
                     time.sleep(random.uniform(0.005, 0.05) * attempt)
-                block = self._block_read(flow, path, storage.read_tagged(path))
+                block, fresh = self._block_read(flow, path, storage.read_tagged(path)), True
         raise ConcurrentRunError(
             f"the watermarks in {path} changed under each of {BLOCK_ATTEMPTS} writes of this run (other runs of "
-            "the same partitions' block write it all the time): nothing of this step was written; run it again",
-            flow=flow)
+            "the same partitions' block write it all the time): this run's writes of that block did not land; run "
+            "it again", flow=flow)
 
     @staticmethod
     def _block_bytes(flow: str, entries: dict[str, tuple[str, Watermark]]) -> bytes:

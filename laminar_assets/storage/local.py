@@ -3,14 +3,18 @@
 Atomic replace by rename; put-if-absent by a hard link of a complete temporary file (fails if the
 name exists, like O_EXCL, and never leaves a half-written file under the name). A tag is the file's
 inode, size and modification time: `replace_tagged` and `delete(tag=)` check it and then write, two
-steps (two writers on one machine are kept apart by leases created with put-if-absent).
+steps made one by an exclusive lock of the file's folder (`flock`, which every process and thread of the
+machine honours), so of two writers holding one tag exactly one replaces the file, as on an object store.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar
 
 import pyarrow.fs as pafs
@@ -125,24 +129,33 @@ class LocalStore:
 
     def replace_tagged(self, uri: str, data: bytes, tag: str) -> str | None:
         local = _path(uri)
-        current = self.read_tagged(uri)
-        if current is None or current[1] != tag:
-            return None
-        tmp = _temp(local, data)
-        new = _tag(os.stat(tmp))
-        os.replace(tmp, local)
-        return new
+        tmp = _temp(local, data) if os.path.isdir(os.path.dirname(local) or ".") else None
+        if tmp is None:
+            return None  # no folder, so no file to replace
+        try:
+            with _folder_locked(local):
+                current = self.read_tagged(uri)
+                if current is None or current[1] != tag:
+                    return None
+                new = _tag(os.stat(tmp))
+                os.replace(tmp, local)
+                tmp = None
+                return new
+        finally:
+            if tmp is not None:
+                os.remove(tmp)
 
     def delete(self, uri: str, *, tag: str | None = None) -> bool:
+        local = _path(uri)
         if tag is not None:
-            current = self.read_tagged(uri)
-            if current is None or current[1] != tag:
+            if not os.path.isdir(os.path.dirname(local) or "."):
                 return False
-        try:
-            os.remove(_path(uri))
-            return True
-        except FileNotFoundError:
-            return False
+            with _folder_locked(local):
+                current = self.read_tagged(uri)
+                if current is None or current[1] != tag:
+                    return False
+                return _remove(local)
+        return _remove(local)
 
     def copy(self, source: str, target: str) -> None:
         """A hard link, else a copy."""
@@ -189,3 +202,24 @@ def _temp(local: str, data: bytes) -> str:
 
 def _tag(st: os.stat_result) -> str:
     return f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+
+
+def _remove(local: str) -> bool:
+    try:
+        os.remove(local)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+@contextmanager
+def _folder_locked(local: str) -> Iterator[None]:
+    """Hold the exclusive `flock` of the folder of `local` for the block: a check of a file's tag and the write
+    that follows it are one step for every writer on this machine (the lock is released when the folder's
+    descriptor is closed, also when the process dies)."""
+    fd = os.open(os.path.dirname(local) or ".", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -224,3 +224,97 @@ def test_watermarks_of_the_layout_before_blocks_are_read_then_folded_into_their_
     assert later.partitions("f") == ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-02-00:00"]
     later.forget("f", "2024-01-01-00:00")
     assert CheckpointStore(str(tmp_path)).load("f", "2024-01-01-00:00") is None  # the old file no longer counts
+
+
+def _own_hour(root: str, hour: int, writes: int, results) -> None:
+    """A process writing only its own hour of one day, read and conditional write in turn."""
+    store, key, done = CheckpointStore(root), f"2024-01-01-{hour:02d}:00", 0
+    for _ in range(writes):
+        mark, tag = store.load_tagged("f", key)
+        new = (mark or Watermark("f", key, "abc", {}, 0)).with_(seq=(mark.seq if mark else 0) + 1)
+        done += store.write_if(new, tag) is not None
+    results.put((hour, done))
+
+
+def test_processes_writing_other_hours_of_one_day_lose_no_write_on_a_local_disk(tmp_path):
+    """A block on a local disk is checked and replaced in one step for every process of the machine (the folder's
+    lock), as an object store's conditional PUT: no process's write is overwritten by another's older view."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_own_hour, args=(str(tmp_path), h, 40, results)) for h in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    done = dict(results.get(timeout=5) for _ in procs)
+    store = CheckpointStore(str(tmp_path))
+    assert {h: store.load("f", f"2024-01-01-{h:02d}:00").seq for h in range(4)} == done == {h: 40 for h in range(4)}
+
+
+def test_a_write_over_two_days_that_fails_on_one_keeps_what_landed_on_the_other(tmp_path, monkeypatch):
+    """Every block of a step is tried; the run learns which of its writes landed (it holds those partitions, and
+    clears them when it ends) before the failed block's error reaches it."""
+    from laminar_assets import storage
+    from laminar_assets.engine.run.protocol import Claims
+    from laminar_assets.engine.spec.specs import Agg, FlowSpec, Tumbling
+
+    spec = FlowSpec(name="f", source="s", event_time="ts", window=Tumbling("10m"), aggregates=(Agg.count(),))
+    store = CheckpointStore(str(tmp_path))
+    real = storage.create_tagged
+
+    def second_day_fails(uri, data):
+        if uri.endswith("2024-01-02.json"):
+            raise OSError("disk full")
+        return real(uri, data)
+
+    monkeypatch.setattr(storage, "create_tagged", second_day_fails)
+    claims = Claims(store, spec, "run-1", {})
+    with pytest.raises(OSError, match="disk full"):
+        claims.claim_all({"2024-01-01-23:00": None, "2024-01-02-00:00": None})
+    assert list(claims.held) == ["2024-01-01-23:00"]
+    assert store.load("f", "2024-01-01-23:00").holder.run_id == "run-1"
+    claims.end(OSError("disk full"))  # the run ends: what it holds is given back
+    assert store.load("f", "2024-01-01-23:00").holder is None
+
+
+def test_a_view_left_older_by_a_slow_read_does_not_refuse_a_write(tmp_path):
+    """A store whose view of a block is older than what it wrote (a slower read of the same block landed after)
+    reads the block again before refusing a write."""
+    store = CheckpointStore(str(tmp_path))
+    mark = Watermark("f", "2024-01-01-00:00", "abc", {}, 1)
+    first = store.write_if(mark, None)
+    before = store._blocks[store.block_path("f", mark.partition)]  # the view after the first write
+    second = store.write_if(mark.with_(seq=2), first)
+    store._blocks[store.block_path("f", mark.partition)] = before  # as if a read of the older block landed last
+    assert store.write_if(mark.with_(seq=3), second) is not None
+    assert CheckpointStore(str(tmp_path)).load("f", mark.partition).seq == 3
+
+
+def test_a_lake_before_blocks_is_read_once_and_its_files_go_once_folded(tmp_path, monkeypatch):
+    """The per-partition files of a lake written before blocks are read once per store (however often reports ask),
+    their partitions named by the files' own keys; once a block carries them they are deleted, so deleting the
+    block (its file unreadable) refills its partitions instead of bringing the old watermarks back."""
+    from laminar_assets import storage
+
+    old = tmp_path / "_laminar" / "checkpoints" / "f"
+    old.mkdir(parents=True)
+    keys = ["2024-01-01-00:00", "2024-01-01-01:00", "eu/west"]
+    for key in keys:
+        mark = Watermark("f", key, "abc", {}, 3)
+        (old / f"{key.replace(':', '-').replace('/', '_')}.json").write_text(json.dumps(mark.to_json()))
+    reads = []
+    real = storage.read_many_tagged
+    monkeypatch.setattr(storage, "read_many_tagged", lambda uris: reads.extend(uris) or real(uris))
+    store = CheckpointStore(str(tmp_path))
+    assert store.partitions("f") == sorted(keys)
+    for _ in range(3):
+        assert [store.load("f", k).seq for k in keys] == [3, 3, 3]
+    assert sorted(u.rsplit("/", 1)[1] for u in reads if "/checkpoints/" in u) == [
+        "2024-01-01-00-00.json", "2024-01-01-01-00.json", "eu_west.json"]
+    mark, tag = store.load_tagged("f", keys[0])
+    assert store.write_if(mark.with_(seq=4), tag)
+    assert sorted(os.listdir(old)) == ["eu_west.json"]  # the day's files are in its block now
+    os.remove(tmp_path / "_laminar" / "watermarks" / "f" / "2024-01-01.json")
+    assert CheckpointStore(str(tmp_path)).load("f", keys[1]) is None

@@ -24,7 +24,7 @@ from pyspark.sql.types import DoubleType, FloatType
 
 from ..aggregates.algebra import implementation
 from ..delta.arrow_reads import read_arrow
-from ..delta.tables import snapshot_files, table_info
+from ..delta.tables import read_in_driver, snapshot_files, table_info
 from ..flow.job import state_query
 from ..flow.state import finalize
 from ..run.plan import Mode, PartitionPlan, Reason
@@ -105,7 +105,8 @@ def _sink_window_starts(engine, spec: FlowSpec, ranges: list[Interval]) -> set[d
     """The window starts the sink holds within `ranges` (UTC). Read with deltalake's dataset from the files
     the Delta log's statistics leave (one small column of an aggregated table): no Spark job."""
     info = table_info(cast(str, spec.sink), engine.ctx.layout.sink_uri(spec))  # set by Spec.__post_init__
-    if not snapshot_files(info, "window_start", ranges):
+    files = snapshot_files(info, "window_start", ranges)
+    if not files:
         return set()
     column = pc.field("window_start")
     within = None
@@ -113,7 +114,10 @@ def _sink_window_starts(engine, spec: FlowSpec, ranges: list[Interval]) -> set[d
         one = (column >= pa.scalar(r.start, pa.timestamp("us", "UTC"))) & \
               (column < pa.scalar(r.end, pa.timestamp("us", "UTC")))
         within = one if within is None else within | one
-    starts = read_arrow(info.uri, info.delta(), columns=["window_start"], filter=within)
+    # small files whole, by the driver (one GET each in a bucket); else the column alone through deltalake
+    rows = read_in_driver(info, files, max_bytes=engine.ctx.options.driver_read_below_bytes)
+    starts = (rows.select(["window_start"]).filter(within) if rows is not None
+              else read_arrow(info.uri, info.delta(), columns=["window_start"], filter=within))
     return {to_utc(ws) for ws in pc.unique(starts.column("window_start")).to_pylist()}
 
 

@@ -68,7 +68,8 @@ class Claims:
         """`write` of each (partition, watermark, hold), in one conditional write per block of partitions
         (`CheckpointStore.write_many_if`); whether each was written, in order."""
         bodies = [(key, mark.with_(holder=self.me if hold else None), hold) for key, mark, hold in items]
-        tags = self.store.write_many_if([(body, self.tags.get(key)) for key, body, _hold in bodies])
+        # the writes that landed are recorded before a failed block's error is raised: what this run holds
+        tags, error = self.store.write_many_partly([(body, self.tags.get(key)) for key, body, _hold in bodies])
         done = []
         for (key, body, hold), tag in zip(bodies, tags):
             done.append(tag is not None)
@@ -80,6 +81,8 @@ class Claims:
                 self.held[key] = body
             else:
                 self.held.pop(key, None)
+        if error is not None:
+            raise error
         return done
 
     def claim_all(self, marks: dict[str, Watermark | None]) -> None:
