@@ -18,13 +18,13 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, cast
 
 from laminar_assets.errors import SpecError
 
 from .parts import as_pairs, as_tuple
 from .problems import catalog_problem
-from .specs import Spec
+from .specs import Spec, StageSpec
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PG_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")  # a Postgres identifier (at most 63 bytes)
@@ -77,10 +77,11 @@ class ExportSpec:
                 self._fail(attr, f"expected a string, found {getattr(self, attr)!r}")
         object.__setattr__(self, "owners", as_tuple(self.owners))
         try:
-            object.__setattr__(self, "tags", as_pairs(self.tags))
+            tags = as_pairs(self.tags)
         except ValueError as exc:
             self._fail("tags", str(exc))
-        problem = catalog_problem(self.owners, self.tags)
+        object.__setattr__(self, "tags", tags)
+        problem = catalog_problem(self.owners, tags)
         if problem:
             self._fail(*problem)
         self._validate()
@@ -119,9 +120,10 @@ class ExportSpec:
         if self.needs_key and not export_key(source):
             return "source", (f"{source.kind} '{source.name}' has no dedup key, so its rows have no identity to upsert "
                               f"and delete by; give the stage a dedup_key, or deliver its rows with a WebhookExport")
-        missing = [c for c in export_key(source) if source.kind == "stage" and source.columns and c not in source.columns]
+        kept = source.columns if isinstance(source, StageSpec) else ()  # a stage's output columns (empty: all)
+        missing = [c for c in export_key(source) if kept and c not in kept]
         if self.needs_key and missing:
-            return "source", (f"stage '{source.name}' keeps columns {list(source.columns)}, without its key column(s) "
+            return "source", (f"stage '{source.name}' keeps columns {list(kept)}, without its key column(s) "
                               f"{missing}; add them to the stage's columns")
         return None
 
@@ -155,12 +157,17 @@ class PostgresExport(ExportSpec):
         self._positive("batch_rows")
 
     @property
+    def qualified_table(self) -> str:
+        """`table` as _validate left it: 'name' or 'schema.name' (the source's name when none was given)."""
+        return cast(str, self.table)
+
+    @property
     def schema_name(self) -> str:
-        return self.table.split(".")[0] if "." in self.table else "public"
+        return self.qualified_table.split(".")[0] if "." in self.qualified_table else "public"
 
     @property
     def table_name(self) -> str:
-        return self.table.split(".")[-1]
+        return self.qualified_table.split(".")[-1]
 
     @property
     def target(self) -> str:
