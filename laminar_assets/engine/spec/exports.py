@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, NoReturn, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, cast
 
 from laminar_assets.errors import SpecError
 
@@ -63,6 +63,8 @@ class ExportSpec:
     # Where it was defined ("flows/exports.sql:12") and, for CREATE SINK, the statement itself.
     origin: str = ""
     definition: str = ""
+    if TYPE_CHECKING:  # every kind's own field (with its own default), not a common one: COMMON_FIELDS and the
+        batch_rows: int  # order of a kind's options stay as they are; rows per batch read from the source
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):  # first: other errors name it

@@ -246,6 +246,11 @@ class BaseSpec:
         """`sink` as __post_init__ left it: the sink's table name or URI (the spec's name when none was given)."""
         return cast(str, self.sink)
 
+    @property
+    def start_time(self) -> datetime | None:
+        """`start` as __post_init__ left it: the start of the spec's first partition (None: the project's default)."""
+        return cast("datetime | None", self.start)
+
     def _hash_payload(self) -> dict[str, Any]:
         raise NotImplementedError
 
