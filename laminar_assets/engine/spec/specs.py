@@ -247,6 +247,11 @@ class BaseSpec:
         return cast(str, self.sink)
 
     @property
+    def derived_pairs(self) -> tuple[tuple[str, str], ...]:
+        """`derived` as __post_init__ left it: (column, Spark SQL expression) pairs, in order."""
+        return cast(tuple[tuple[str, str], ...], self.derived)
+
+    @property
     def start_time(self) -> datetime | None:
         """`start` as __post_init__ left it: the start of the spec's first partition (None: the project's default)."""
         return cast("datetime | None", self.start)
@@ -395,6 +400,11 @@ class FlowSpec(BaseSpec):
     def not_incrementalizable(self) -> tuple[str, ...]:
         joins = tuple(f"JOIN {j.table}" for j in self.joins)
         return joins + tuple(a.expr or a.kind for a in self.aggregates if not KINDS[a.kind].mergeable)
+
+    @property
+    def post_pairs(self) -> tuple[tuple[str, str], ...]:
+        """`post` as __post_init__ left it: (column, Spark SQL expression over the results) pairs, in order."""
+        return cast(tuple[tuple[str, str], ...], self.post)
 
     @property
     def shape(self) -> WindowShape:
