@@ -12,6 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pyspark is imported where a Spark column is built, never when the module loads
+    from pyspark.sql import Column
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d|seconds?|minutes?|hours?|days?)\s*$", re.I)
@@ -353,7 +357,7 @@ def partition_key_column(col: str, granularity: Granularity):
     return F.date_format(F.col(col), pattern)
 
 
-def in_ranges(col: str, ranges) -> object:
+def in_ranges(col: str, ranges) -> Column:
     """Spark condition: timestamp column `col` lies in one of the [start, end) `ranges`."""
     from pyspark.sql import functions as F
 

@@ -27,8 +27,8 @@ from laminar_assets.resources import LaminarResource, SparkResource
 def output_columns(spec: Spec) -> list[str] | None:
     """The sink columns a spec writes, when they are known without reading a table."""
     if isinstance(spec, FlowSpec):
-        return ["window_start", "window_end", *spec.keys, *[a.name for a in spec.aggregates if a.name not in spec.hidden],
-                *[p for p, _ in spec.post]]
+        return ["window_start", "window_end", *spec.keys, *[a.output for a in spec.aggregates if a.output not in spec.hidden],
+                *[p for p, _ in spec.post_pairs]]
     return list(spec.columns) or None
 
 
@@ -36,7 +36,7 @@ def specs_with_contracts(specs: list[Spec], contracts_dir: str | pathlib.Path | 
     """(the specs as deployed, with their sources' contract rules folded in; the contracts by table)."""
     if contracts_dir:
         _refuse_sinks_on_sources(specs, load_contracts(contracts_dir))
-    known = {s.sink: cols for s in specs if (cols := output_columns(s))}
+    known = {s.sink_name: cols for s in specs if (cols := output_columns(s))}
     contracts = load_contracts(contracts_dir, known) if contracts_dir else {}
     return [with_contract_rules(s, contracts) for s in specs], contracts
 
@@ -48,7 +48,7 @@ def _refuse_sinks_on_sources(specs: list[Spec], contracts: dict) -> None:
     (which said only that the source's columns were missing)."""
     sources = {os.path.normpath(t).casefold(): c for t, c in contracts.items() if c.kind == "source"}
     for spec in specs:
-        contract = sources.get(os.path.normpath(spec.sink).casefold())
+        contract = sources.get(os.path.normpath(spec.sink_name).casefold())
         if contract is not None:
             where = f" ({spec.origin})" if spec.origin else ""
             raise SpecError(f"the sink '{spec.sink}' of {spec.kind} '{spec.name}'{where} is the source table "
@@ -88,7 +88,7 @@ def _build_definitions(specs, settings, resources, contracts_dir, use_threads, e
     for s in specs:
         for src in (*s.sources, *s.dimension_tables):
             readers.setdefault(src, []).append(s.name)
-    assets = [build_source_asset(t) for t in source_tables(specs)]
+    assets: list[dg.SourceAsset | dg.AssetsDefinition] = [build_source_asset(t) for t in source_tables(specs)]
     assets += [build_asset(s, settings, contracts, readers=tuple(readers.get(s.sink, ()))) for s in specs]
     by_name = {s.name: s for s in specs}
     assets += [build_export_asset(e, by_name[e.source], settings) for e in exports]

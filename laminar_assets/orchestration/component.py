@@ -176,11 +176,12 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         from laminar_assets.pipeline.settings import LaminarSettings
         from laminar_assets.resources import LaminarResource, SparkResource
 
-        settings = LaminarSettings(**{k: v for k, v in {
+        given: dict[str, Any] = {  # the settings this component sets (None: the project's)
             "partitions_start": self.partitions_start, "future_horizon": self.future_horizon,
             "schedules": self.schedules or None,
             "sensor_interval_seconds": self.sensor_interval_seconds, "retries": self.retries,
-            "alert": self.alert, "engine": self.engine or None}.items() if v is not None})
+            "alert": self.alert, "engine": self.engine or None}
+        settings = LaminarSettings(**{k: v for k, v in given.items() if v is not None})
         root = self.lake_root
         if root and "://" not in root and not os.path.isabs(root):
             root = str(context.project_root / root)  # runs and the daemon may start elsewhere

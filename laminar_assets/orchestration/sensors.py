@@ -11,7 +11,9 @@ the next tick then covers every commit that landed meanwhile.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import dagster as dg
 
@@ -54,8 +56,8 @@ def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: 
         return set()
     check = dg.AssetCheckKey(dg.AssetKey(producer.name), "contract")
     infos = instance.event_log_storage.get_asset_check_partition_info([check], partition_keys=sorted(keys))
-    return {i.partition_key for i in infos
-            if i.latest_execution_status is not AssetCheckExecutionRecordStatus.SUCCEEDED or not i.is_current}
+    return {i.partition_key for i in infos if i.partition_key is not None  # (asked by partition: each has its key)
+            and (i.latest_execution_status is not AssetCheckExecutionRecordStatus.SUCCEEDED or not i.is_current)}
 
 
 def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, run_key: str,
@@ -87,7 +89,7 @@ def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, r
         dirty_count = sum(len(ks) for name, (spec, ks) in members.items() if name == spec.name)
         own = {**(tags or {}), "laminar/dirty_partitions": str(dirty_count)}
         wanted = None if checks is None else [c for c in checks if c.asset_key in assets]
-        common = dict(asset_selection=assets, asset_check_keys=wanted, run_key=f"{run_key}:{granularity}")
+        common: dict[str, Any] = dict(asset_selection=assets, asset_check_keys=wanted, run_key=f"{run_key}:{granularity}")
         if len(keys) == 1:
             requests.append(dg.RunRequest(partition_key=keys[0], tags=own, **common))
         else:
@@ -95,7 +97,7 @@ def range_requests(dirty: dict[Spec, list[str]], settings: LaminarSettings, *, r
     return requests
 
 
-def outside_partitions(dirty: dict[Spec, list[str]], settings: LaminarSettings) -> dict[str, list[str]]:
+def outside_partitions(dirty: dict[Spec, list[str]], settings: LaminarSettings) -> dict[str, tuple[list[str], datetime]]:
     """Dirty partitions the assets' partitions do not contain (before the flow's `start`, or after the
     current hour), with the start: no run can materialize them, so the sensor says so instead of dropping
     them quietly."""
@@ -154,7 +156,7 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
                     f"date in graph order{delivered}; waits while a run of this part is in progress.",
     )
     def _sensor(context: dg.SensorEvaluationContext, laminar: LaminarResource):
-        def in_progress() -> list[str]:
+        def in_progress() -> Sequence[str]:
             return context.instance.get_run_ids(dg.RunsFilter(tags={COMPONENT_TAG: component.name}, statuses=ACTIVE),
                                                 limit=1)
 

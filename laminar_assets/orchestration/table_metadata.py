@@ -25,14 +25,14 @@ def table_metadata(spec: Spec, sink_uri: str, partitions: Sequence[str] = (), *,
     yet (nothing was ever written). `table_name`: the sink's name in the catalog its engine registers it in
     (`laminar.vwap_1m`, which a query engine resolves); default its name under the root."""
     try:
-        info = table_info(spec.sink, sink_uri)
+        info = table_info(spec.sink_name, sink_uri)
     except LaminarError:
         return {}, {}
     columns = [dg.TableColumn(name=f.name, type=str(f.type), description=_describe(spec, f.name))
                for f in info.schema]
     rows = sum(f.rows or 0 for f in snapshot_files(info, None))
     md = dict(TableMetadataSet(column_schema=dg.TableSchema(columns=columns), row_count=rows,
-                                      table_name=table_name or spec.sink))
+                                      table_name=table_name or spec.sink_name))
     md[URI_KEY] = dg.MetadataValue.path(sink_uri)
     # flow sinks are laid out by window start, stage outputs by event time: a file per partition, or per run of
     # adjacent partitions a batched pass wrote; a partition with such a file gets no count (the log holds the

@@ -76,12 +76,14 @@ class TickPlan:
 def table_versions(root: str, tables: tuple[str, ...]) -> tuple[dict[str, int], dict[str, str]]:
     """The current version and Delta table id of each table that exists (read once per tick, so every
     spec sees the same)."""
-    versions, ids = {}, {}
+    versions: dict[str, int] = {}
+    ids: dict[str, str] = {}
     for table in tables:
         uri = resolve_uri(root, table)
         if is_delta_table(uri):
             dt = open_table(table, uri)  # a damaged log: an error naming the table, version and file
-            versions[table], ids[table] = dt.version(), dt.metadata().id
+            # str(): deltalake's Metadata.id says int, but the id is the table's UUID as a string
+            versions[table], ids[table] = dt.version(), str(dt.metadata().id)
     return versions, ids
 
 
@@ -129,7 +131,7 @@ def searched(spec: Spec, settings: LaminarSettings | None, now: datetime) -> Int
     """The partitions of `spec` a tick looks for: from its first partition (its `start`, else the project's
     `partitions_start`; without settings, the first Laminar can name) to the one holding now +
     `future_horizon`."""
-    first = spec.start or (settings.partitions_start if settings is not None else None)
+    first = spec.start_time or (settings.partitions_start if settings is not None else None)
     horizon = settings.future_horizon if settings is not None else FUTURE_HORIZON
     return partition_span(first, later(now, horizon), spec.granularity)
 
@@ -231,12 +233,14 @@ def pending_exports(root: str, exports: list[ExportSpec], specs: tuple[Spec, ...
     out: dict[str, tuple[int, str]] = {}
     for export in exports:
         spec = by_name.get(export.source)
-        uri = resolve_uri(root, spec.sink) if spec is not None else None
-        if uri is None or not is_delta_table(uri):
+        if spec is None:
+            continue
+        uri = resolve_uri(root, spec.sink_name)
+        if not is_delta_table(uri):
             continue
         try:
             record = load_record(root, export.name)
-            version = open_table(spec.sink, uri).version()
+            version = open_table(spec.sink_name, uri).version()
         except LaminarError:  # a table or record that cannot be read now: the next tick looks again
             continue
         if record is not None and record.failed:

@@ -2,7 +2,7 @@
 
 
 import os
-from typing import Any
+from typing import Any, TypedDict
 
 import dagster as dg
 
@@ -14,6 +14,13 @@ from laminar_assets.storage import AzureOptions, AzureStore, ObjectStoreOptions
 from laminar_assets.storage.gcs import GcsOptions
 
 from .spark import SparkResource
+
+
+class _CallBounds(TypedDict, total=False):
+    """The `TimeBounds` fields a resource sets on its store's options: those it leaves unset keep their defaults."""
+
+    request_timeout_s: float
+    call_timeout_s: float
 
 
 class LaminarResource(dg.ConfigurableResource):
@@ -76,8 +83,11 @@ class LaminarResource(dg.ConfigurableResource):
     def store(self, root: str | None = None) -> ObjectStoreOptions | GcsOptions | AzureOptions:
         """How this resource reaches its root's object store (`root`: the resolved root; unset fields: the AWS
         environment, or for a gs:// root the Google one, for an Azure root the Azure one)."""
-        bounds = {k: v for k, v in (("request_timeout_s", self.s3_request_timeout_s),
-                                    ("call_timeout_s", self.s3_call_timeout_s)) if v is not None}
+        bounds: _CallBounds = {}
+        if self.s3_request_timeout_s is not None:
+            bounds["request_timeout_s"] = self.s3_request_timeout_s
+        if self.s3_call_timeout_s is not None:
+            bounds["call_timeout_s"] = self.s3_call_timeout_s
         root = root or self.root or ""
         if root.startswith("gs://"):
             return GcsOptions(endpoint=self.gcs_endpoint, credentials=self.gcs_credentials, project=self.gcs_project,

@@ -26,7 +26,7 @@ from laminar_assets.errors import StorageError
 from .azure import AzureStore
 from .gcs import GcsStore
 from .local import LocalStore
-from .options import ObjectStoreOptions
+from .options import TimeBounds
 from .s3 import S3Store
 from .store import Store
 
@@ -73,7 +73,7 @@ def prefix_of(uri: str) -> str:
     return f"{cls.schemes[0]}://{rest}"
 
 
-def build(uri: str, store: Store | ObjectStoreOptions | None = None) -> Store:
+def build(uri: str, store: Store | TimeBounds | None = None) -> Store:
     """A store for `uri`'s scheme: `store` itself, or one built from options (None: from the environment)."""
     cls = store_class(uri)
     if store is None or not isinstance(store, Store):
@@ -83,7 +83,7 @@ def build(uri: str, store: Store | ObjectStoreOptions | None = None) -> Store:
     return store
 
 
-def mount(root: str, store: Store | ObjectStoreOptions | None = None, *, check: bool = False) -> Store:
+def mount(root: str, store: Store | TimeBounds | None = None, *, check: bool = False) -> Store:
     """Reach every URI under `root` with `store` (or one built from these options) from now on, and
     return it. The same settings mounted again keep the store (and its clients); other settings at the
     same root replace it. `check`: first `check_reachable(root)`, so a store that cannot be used is
@@ -109,7 +109,7 @@ def unmount(root: str) -> None:
 
 
 @contextmanager
-def mounted(root: str, store: Store | ObjectStoreOptions | None) -> Iterator[Store]:
+def mounted(root: str, store: Store | TimeBounds | None) -> Iterator[Store]:
     """`store` mounted at `root` while the block runs; what was mounted there before, after."""
     key = prefix_of(root)
     with _lock:

@@ -49,6 +49,10 @@ class Store(Protocol):
     # An object store (no folders, no rename; conditional writes instead).
     object_store: ClassVar[bool]
 
+    def __init__(self, options: Any = None) -> None:
+        """A store reached with `options`, its scheme's options (`TimeBounds` and the scheme's own fields; None:
+        from the environment when a client is made): the registry builds a scheme's store from its class."""
+
     def describe(self) -> str:
         """Where the store is, for messages (no secrets)."""
 

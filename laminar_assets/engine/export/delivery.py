@@ -135,7 +135,7 @@ class Exporter:
                  full: bool) -> DeliveryResult:
         started = time.perf_counter()
         uri = self.layout.sink_uri(source)
-        pinned = _read(export, source, lambda: feed.pin(source.sink, uri))
+        pinned = _read(export, source, lambda: feed.pin(source.sink_name, uri))
         delivered = target.delivered()
         before = delivered.version if delivered else None
         if pinned is None:
@@ -183,7 +183,7 @@ class Exporter:
             rows = _chain(upserts.to_batches(max_chunksize=export.batch_rows),
                           feed.snapshot_batches(pinned, export.batch_rows, column=column, ranges=ranges) if ranges else ())
         seconds = {"read": time.perf_counter() - t0}
-        changes = Changes(export, mode, reason, pinned.version, source.sink, pinned.table_id, pinned.delta_fields,
+        changes = Changes(export, mode, reason, pinned.version, source.sink_name, pinned.table_id, pinned.delta_fields,
                           pinned.schema, key, _guarded(export, source, rows), deletes, ranges, column, delivered,
                           out.detail, source=source, pinned=pinned)
         self.hook("export_before_write")

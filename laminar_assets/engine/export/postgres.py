@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable
 from datetime import date, datetime
 from decimal import Decimal
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -94,9 +95,9 @@ class PostgresTarget:
         if self._conn is None:
             password = self.connection.option("password")
             try:
+                given: dict[str, Any] = {"password": password} if password else {}  # (connect's keywords are typed)
                 self._conn = psycopg.connect(self.connection.url, autocommit=True, connect_timeout=CONNECT_SECONDS,
-                                             application_name=f"laminar export {self.export.name}",
-                                             **({"password": password} if password else {}))
+                                             application_name=f"laminar export {self.export.name}", **given)
             except psycopg.OperationalError as exc:
                 raise self._connect_error(exc) from None
         return self._conn
@@ -191,7 +192,8 @@ class PostgresTarget:
         held = conn.execute(sql.SQL("SELECT delivered_version, source_table_id FROM {} WHERE export = %s FOR UPDATE")
                             .format(self.versions), (name,)).fetchone()
         expected = changes.expected
-        if (held is None) != (expected is None) or (held is not None and int(held[0]) != expected.version):
+        if (held is None) != (expected is None) or (held is not None and expected is not None
+                                                    and int(held[0]) != expected.version):
             raise ConcurrentDeliveryError(
                 f"export '{name}': another delivery moved the delivered version of {self._where()['table']} to "
                 f"{held[0] if held else 'none'} (this one read {expected.version if expected else 'none'}); this one "
@@ -199,7 +201,7 @@ class PostgresTarget:
         columns = self._columns(changes)
         oid = self._oid(conn)
         created = oid is None
-        if created:
+        if oid is None:
             self._create(conn, columns, changes.key)
             oid = self._oid(conn)
         else:
@@ -212,7 +214,7 @@ class PostgresTarget:
         names = [c for c, _ in columns]
         deleted = upserted = 0
         if changes.mode is Mode.FULL:
-            deleted = 0 if created else self._empty(conn, oid)
+            deleted = 0 if created or oid is None else self._empty(conn, oid)  # (not created: the oid found)
             upserted = self._copy(conn, self.table, names, changes.rows, changes.schema)
         else:
             deleted = self._delete(conn, changes)
@@ -283,16 +285,16 @@ class PostgresTarget:
         row-level security policy expects to see each deleted row, it has partitions or children; or a reader
         holds the table for longer than `TRUNCATE_LOCK_SECONDS` (TRUNCATE waits for the readers of the table and
         makes new ones wait behind it: a long report would hold the delivery, and every reader, up)."""
-        owned = conn.execute(
+        owned = _value(conn.execute(
             "SELECT has_table_privilege(%(oid)s::oid, 'TRUNCATE') "
             "AND (SELECT relkind = 'r' AND NOT relhassubclass FROM pg_class WHERE oid = %(oid)s) "  # no descendants
             "AND NOT EXISTS (SELECT 1 FROM pg_constraint WHERE confrelid = %(oid)s AND conrelid <> %(oid)s "
             "AND contype = 'f') "
             "AND NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = %(oid)s AND NOT tgisinternal "
             "AND tgtype & 8 <> 0) "  # a DELETE trigger
-            "AND NOT (SELECT relrowsecurity FROM pg_class WHERE oid = %(oid)s)", {"oid": oid}).fetchone()[0]
+            "AND NOT (SELECT relrowsecurity FROM pg_class WHERE oid = %(oid)s)", {"oid": oid}))
         if owned and self._lock(conn):
-            rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self.table)).fetchone()[0]
+            rows = _value(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self.table)))
             conn.execute(sql.SQL("TRUNCATE ONLY {}").format(self.table))
             return int(rows)
         return conn.execute(sql.SQL("DELETE FROM {}").format(self.table)).rowcount
@@ -300,7 +302,7 @@ class PostgresTarget:
     def _lock(self, conn: psycopg.Connection) -> bool:
         """Take the table's ACCESS EXCLUSIVE lock (TRUNCATE's) for the rest of the transaction, waiting at most
         `TRUNCATE_LOCK_SECONDS` for its readers; False when they held it longer (nothing is locked then)."""
-        previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]
+        previous = _value(conn.execute("SELECT current_setting('lock_timeout')"))
         try:
             with conn.transaction():  # a savepoint: a lock that timed out rolls back to here, not the delivery
                 conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(TRUNCATE_LOCK_SECONDS * 1000)}ms",))
@@ -345,7 +347,7 @@ class PostgresTarget:
             changed = sql.SQL("({}) IS DISTINCT FROM ({})").format(
                 sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c)) for c in rest),
                 sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(sql.Identifier(c)) for c in rest))
-            action = sql.SQL("DO UPDATE SET {} WHERE {}").format(assign, changed)
+            action: sql.Composable = sql.SQL("DO UPDATE SET {} WHERE {}").format(assign, changed)
         else:
             action = sql.SQL("DO NOTHING")
         query = sql.SQL("INSERT INTO {} AS t ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
@@ -358,6 +360,7 @@ class PostgresTarget:
                       delivered_version=changes.version, target_table=self._where()["table"], target_oid=oid,
                       mode=changes.mode.value, reason=changes.reason.value, rows_upserted=upserted, rows_deleted=deleted)
         if exists:
+            assert changes.expected is not None  # a version was held: _apply refused a delivery that expected none
             assign = sql.SQL(", ").join(sql.SQL("{} = %({})s").format(sql.Identifier(k), sql.SQL(k)) for k in values)
             done = conn.execute(sql.SQL("UPDATE {} SET {}, delivered_at = now() WHERE export = %(export)s AND "
                                         "delivered_version = %(expected)s").format(self.versions, assign),
@@ -391,11 +394,18 @@ class PostgresTarget:
 
     @staticmethod
     def _exists(conn: psycopg.Connection, name: sql.Identifier) -> bool:
-        return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name.as_string(conn),)).fetchone()[0]
+        return _value(conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name.as_string(conn),)))
 
     def _oid(self, conn: psycopg.Connection) -> int | None:
         row = conn.execute("SELECT to_regclass(%s)::oid::bigint", (self.table.as_string(conn),)).fetchone()
         return int(row[0]) if row and row[0] is not None else None
+
+
+def _value(cursor: psycopg.Cursor) -> Any:
+    """The first value of the one row `cursor`'s query returns (an aggregate, a function, a setting)."""
+    row = cursor.fetchone()
+    assert row is not None  # such a query always returns a row
+    return row[0]
 
 
 def _csv_ready(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -414,7 +424,7 @@ def _csv_ready(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _jsonable(value, kind: pa.DataType | None = None):
-    if pa.types.is_map(kind) if kind is not None else False:
+    if kind is not None and pa.types.is_map(kind):
         return {str(k): _jsonable(v, kind.item_type) for k, v in value}
     if isinstance(value, dict):
         child = {f.name: f.type for f in kind} if kind is not None and pa.types.is_struct(kind) else {}

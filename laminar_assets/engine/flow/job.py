@@ -252,12 +252,13 @@ def _windows(spec: FlowSpec, starts: list) -> dict[str, tuple[Interval, ...]]:
 
 
 def _quarantine(ctx: RunContext, spec: FlowSpec, copies: DataFrame, run_id: str, *,
-                small: bool, within: list[Interval]) -> dict[str, dict[str, int]]:
+                small: bool, within: list[Interval]) -> dict[str | None, dict[str, int]]:
     """Append the rows that broke a rule (each in its own partition's copy) to their sources'
-    quarantine tables; returns the new rows by partition and rule."""
+    quarantine tables; returns the new rows by partition and rule (None: rows without a partition, as
+    `records.record` counts them)."""
     rejected = copies.where(F.col("__primary") & F.col(RULE).isNotNull() & (F.col(SIGN) > 0))
     rejected = rejected.withColumn(PARTITION_KEY, partition_key_column(EVENT_TS, spec.granularity))
-    counts: dict[str, dict[str, int]] = {}
+    counts: dict[str | None, dict[str, int]] = {}
     for src in spec.sources:
         mine = rejected.where(F.col("__src") == F.lit(src)).select(PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS)
         for part, by_rule in qr.record(ctx.spark, mine, uri=ctx.layout.quarantine_uri(src), flow=spec.name,

@@ -28,13 +28,14 @@ def export_status(root: str, exports: list[ExportSpec], specs: list[Spec]) -> li
     for export in exports:
         record = load(root, export.name)
         source = by_name.get(export.source)
-        uri = resolve_uri(root, source.sink) if source is not None else None
+        sink = source.sink_name if source is not None else None
+        uri = resolve_uri(root, sink) if sink is not None else None
         delivered = record.delivered_version if record is not None else None
         version = versions = seconds = None
         try:
-            if uri is not None and is_delta_table(uri):
-                version = open_table(source.sink, uri).version()
-                versions, seconds = lag(source.sink, uri, delivered, now=now)
+            if sink is not None and uri is not None and is_delta_table(uri):
+                version = open_table(sink, uri).version()
+                versions, seconds = lag(sink, uri, delivered, now=now)
         except LaminarError:  # a source that cannot be read: its row says nothing of the lag
             pass
         failed = record.failed if record is not None else None

@@ -37,7 +37,7 @@ def _files(ctx: RunContext, spec: Spec, partitions: list[str]):
     if not is_delta_table(uri):
         raise LaminarError(f"sink table of '{spec.name}' does not exist yet", flow=spec.name)
     parts = [partition_interval(p, spec.granularity) for p in partitions]
-    info = table_info(spec.sink, uri)
+    info = table_info(spec.sink_name, uri)
     return info, snapshot_files(info, time_column(spec), parts), parts
 
 

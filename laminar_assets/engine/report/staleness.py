@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeGuard
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 
@@ -147,8 +148,9 @@ def inspect_partition(root: str, spec: Spec, partition: str,
     return mark, plan
 
 
-def is_stale(mark: Watermark | None, plan: PartitionPlan) -> bool:
-    """A materialized partition is stale when a run would change it, or its last attempt failed."""
+def is_stale(mark: Watermark | None, plan: PartitionPlan) -> TypeGuard[Watermark]:
+    """A materialized partition is stale when a run would change it, or its last attempt failed (never without
+    a watermark: a partition never materialized is not stale)."""
     if mark is None:
         return False
     return bool(mark.failed_attempt) or mark.pending is not None or plan.mode is not Mode.NOOP

@@ -199,13 +199,13 @@ def _unswept(ctx: RunContext, spec, latest: TableInfo, done: int | None, target:
     if gone is not None:
         return snapshot(Reason.CHECKPOINT_EXPIRED,
                         f"commit {gone[0].version} of '{src}' refers to files that were vacuumed ({gone[1].uri})")
-    read = [(commit, files) for commit, files in reads if files]
+    to_read = [(commit, files) for commit, files in reads if files]  # (not `read`: the history passed in)
     retyped = dict(history.with_retyped(info, ("*",)).retyped)  # the sweep keeps the whole row
-    unreadable = next((retyped[c.version] for c, _files in read if c.version in retyped), None)
+    unreadable = next((retyped[c.version] for c, _files in to_read if c.version in retyped), None)
     if unreadable is not None:
         return snapshot(Reason.SCHEMA_CHANGED_HISTORY, unreadable)
     frames, size = [], 0
-    for commit, files in read:
+    for commit, files in to_read:
         size += sum(f.size for f in files)
         df = read_source(ctx.spark, files, info, change_data=bool(commit.cdc))
         if commit.cdc:  # inserted rows only: a deleted row was recorded when it was added

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from laminar_assets.checkpoints import Watermark
 
@@ -74,9 +75,10 @@ def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | 
     tagged = ctx.store.load_listed_tagged(spec.name, keys)
     marks = {k: mark for k, (mark, _tag) in tagged.items()}
     first = marks[keys[0]]
-    if any(not _settled(m, spec) or m.source_versions != first.source_versions for m in marks.values()):
-        return Check(marks, None, None, tagged=tagged)
-    latest, listed = {}, {}
+    if first is None or any(not _settled(m, spec) or m.source_versions != first.source_versions for m in marks.values()):
+        return Check(marks, None, None, tagged=tagged)  # (first is one of the marks: None is not settled)
+    latest: dict[str, tuple[int, str]] = {}
+    listed: dict[str, dict[int, str]] = {}
     for table, version in first.source_versions.items():
         uri = ctx.layout.table_uri(table)
         listed[uri] = log_tail(uri, version)
@@ -130,13 +132,14 @@ def tags_at(found: Check | None, versions: dict[str, int]) -> dict[str, str]:
             if latest and t in latest and latest[t][0] == v and latest[t][1] is not None}
 
 
-def _settled(mark: Watermark | None, spec: Spec) -> bool:
+def _settled(mark: Watermark | None, spec: Spec) -> TypeGuard[Watermark]:
     return (mark is not None and mark.committed and mark.pending is None and not mark.failed_attempt
             and mark.failed_runs is None and mark.spec_hash == spec.spec_hash and bool(mark.source_versions))
 
 
 
-def _noop(spec: Spec, key: str, mark: Watermark) -> PartitionPlan:
+def _noop(spec: Spec, key: str, mark: Watermark | None) -> PartitionPlan:
+    assert mark is not None  # check plans NOOP only partitions whose marks are settled
     part = partition_interval(key, spec.granularity)
     return PartitionPlan(
         flow=spec.name, partition=key, interval=part, needed=needed_events(spec, part), mode=Mode.NOOP,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -27,7 +28,7 @@ TIME_TYPES = (TimestampType, TimestampNTZType, DateType, StringType)
 
 def apply_row_logic(df: DataFrame, spec: Spec) -> DataFrame:
     """Derived columns then the row filter, as the spec declares them."""
-    for name, expr in spec.derived:
+    for name, expr in spec.derived_pairs:
         df = df.withColumn(name, F.expr(expr))
     if spec.filter:
         df = df.where(F.expr(spec.filter))
@@ -37,7 +38,10 @@ def apply_row_logic(df: DataFrame, spec: Spec) -> DataFrame:
 def event_time_column(df: DataFrame | None, column: str, dtype: DataType | None = None):
     """The event time as a timestamp; strings that do not parse become null (counted, not fatal).
     `dtype`: the column's type when known (no analysis of `df` then)."""
-    return F.expr(event_time_sql(column, dtype or df.schema[column].dataType))
+    if not dtype:
+        assert df is not None  # a caller without the column's type passes the frame to read it from
+        dtype = df.schema[column].dataType
+    return F.expr(event_time_sql(column, dtype))
 
 
 def event_time_sql(column: str, dtype: DataType) -> str:
@@ -91,7 +95,7 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
     `joined` holds the tables of a flow's fact joins (by table name): their columns join the
     source's under their flow-side names.
     """
-    facts = dict(flow=spec.name, table=info.name, version=info.version)
+    facts: dict[str, Any] = dict(flow=spec.name, table=info.name, version=info.version)  # SpecError's keywords
     if spec.event_time in dict(spec.derived) and spec.event_time in info.schema.names:
         raise SpecError(f"flow '{spec.name}': derived column {spec.event_time!r} is the event time and replaces "
                         f"the source column of that name in '{info.name}' (its file statistics would locate rows "
@@ -117,7 +121,7 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
                 "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
     if info.name == spec.sources[0]:  # a fan-in flow reads its other sources under the first one's names
         _check_names(spec, base.columns, facts)
-        if spec.kind == "stage":
+        if isinstance(spec, StageSpec):  # (kind "stage")
             _check_dimension_names(spec, base.columns, facts)
     df = _row_logic_checked(spec, info, base, facts)
     for col in spec.input_columns:
@@ -197,11 +201,11 @@ def _refuse_variants(spec: Spec, info: TableInfo, df: DataFrame, facts: dict) ->
             used(column, "an output column (the stage's table cannot hold a variant)", "columns")
 
 
-def _with_joined_columns(spark: SparkSession, spec: FlowSpec, base: DataFrame,
+def _with_joined_columns(spark: SparkSession, spec: Spec, base: DataFrame,
                          joined: dict[str, TableInfo]) -> DataFrame:
     """`base` with the joined tables' columns (typed, empty) under their flow-side names, and the
     join conditions checked against them."""
-    for join in spec.joins:
+    for join in spec.fact_joins:
         info = joined[join.table]
         other = spark.createDataFrame([], spark_schema(info.schema, info.delta_schema))
         missing = [c for c in join.columns if c not in other.columns]
@@ -287,7 +291,7 @@ def _check_dimension_names(spec: StageSpec, columns: list[str], facts: dict) -> 
     case) with a source or derived column or another join's column, or the stage's row would hold
     two columns Spark cannot tell apart."""
     seen = {c.lower(): f"source column {c!r}" for c in columns}
-    seen.update({n.lower(): f"derived column {n!r}" for n, _expr in spec.derived})
+    seen.update({n.lower(): f"derived column {n!r}" for n, _expr in spec.derived_pairs})
     for i, join in enumerate(spec.joins):
         on = {c.lower() for c in join.on}
         for col in join.columns:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from laminar_assets.errors import CatalogError, EnvironmentProblem
@@ -142,7 +143,8 @@ def check_metastore(metastore: str | None, timeout: float = CONNECT_TIMEOUT) -> 
         return
     import psycopg
 
-    params = {k: v for k, v in db.params if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
+    # libpq's TLS settings, passed through as keywords: Any, as connect's own keywords are typed otherwise
+    params: dict[str, Any] = {k: v for k, v in db.params if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
     started = time.monotonic()
     try:
         with psycopg.connect(host=db.host, port=db.port, dbname=db.database, user=db.user, password=db.password,

@@ -18,13 +18,13 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, cast
 
 from laminar_assets.errors import SpecError
 
 from .parts import as_pairs, as_tuple
 from .problems import catalog_problem
-from .specs import Spec
+from .specs import Spec, StageSpec
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PG_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")  # a Postgres identifier (at most 63 bytes)
@@ -63,6 +63,8 @@ class ExportSpec:
     # Where it was defined ("flows/exports.sql:12") and, for CREATE SINK, the statement itself.
     origin: str = ""
     definition: str = ""
+    if TYPE_CHECKING:  # every kind's own field (with its own default), not a common one: COMMON_FIELDS and the
+        batch_rows: int  # order of a kind's options stay as they are; rows per batch read from the source
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):  # first: other errors name it
@@ -77,10 +79,11 @@ class ExportSpec:
                 self._fail(attr, f"expected a string, found {getattr(self, attr)!r}")
         object.__setattr__(self, "owners", as_tuple(self.owners))
         try:
-            object.__setattr__(self, "tags", as_pairs(self.tags))
+            tags = as_pairs(self.tags)
         except ValueError as exc:
             self._fail("tags", str(exc))
-        problem = catalog_problem(self.owners, self.tags)
+        object.__setattr__(self, "tags", tags)
+        problem = catalog_problem(self.owners, tags)
         if problem:
             self._fail(*problem)
         self._validate()
@@ -119,9 +122,10 @@ class ExportSpec:
         if self.needs_key and not export_key(source):
             return "source", (f"{source.kind} '{source.name}' has no dedup key, so its rows have no identity to upsert "
                               f"and delete by; give the stage a dedup_key, or deliver its rows with a WebhookExport")
-        missing = [c for c in export_key(source) if source.kind == "stage" and source.columns and c not in source.columns]
+        kept = source.columns if isinstance(source, StageSpec) else ()  # a stage's output columns (empty: all)
+        missing = [c for c in export_key(source) if kept and c not in kept]
         if self.needs_key and missing:
-            return "source", (f"stage '{source.name}' keeps columns {list(source.columns)}, without its key column(s) "
+            return "source", (f"stage '{source.name}' keeps columns {list(kept)}, without its key column(s) "
                               f"{missing}; add them to the stage's columns")
         return None
 
@@ -155,12 +159,17 @@ class PostgresExport(ExportSpec):
         self._positive("batch_rows")
 
     @property
+    def qualified_table(self) -> str:
+        """`table` as _validate left it: 'name' or 'schema.name' (the source's name when none was given)."""
+        return cast(str, self.table)
+
+    @property
     def schema_name(self) -> str:
-        return self.table.split(".")[0] if "." in self.table else "public"
+        return self.qualified_table.split(".")[0] if "." in self.qualified_table else "public"
 
     @property
     def table_name(self) -> str:
-        return self.table.split(".")[-1]
+        return self.qualified_table.split(".")[-1]
 
     @property
     def target(self) -> str:

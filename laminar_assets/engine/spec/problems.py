@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import TypeGuard
 
 from ..windows import divides, parse_duration
 from .kinds import KINDS
@@ -38,10 +39,11 @@ def agg_problem(agg: Agg) -> str | None:
         return f"{agg.kind} needs {bounds[2]} between {bounds[0]} and {bounds[1]}, found {agg.precision!r}"
     if agg.kind in ("min_by", "max_by") and not (isinstance(agg.by, str) and agg.by):
         return f"{agg.kind} needs the column whose extreme picks the row (by=...), found {agg.by!r}"
-    if agg.kind in ("top_k", "approx_top_k") and not (_whole(agg.k) and 1 <= agg.k <= 10_000):
-        return f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}"
-    if agg.kind == "approx_top_k" and agg.precision is not None and agg.precision < agg.k:
-        return f"approx_top_k tracks max_items={agg.precision} items, fewer than the k={agg.k} it returns"
+    if agg.kind in ("top_k", "approx_top_k"):
+        if not (_whole(agg.k) and 1 <= agg.k <= 10_000):
+            return f"{agg.kind} needs k between 1 and 10000, found {agg.k!r}"
+        if agg.kind == "approx_top_k" and agg.precision is not None and agg.precision < agg.k:
+            return f"approx_top_k tracks max_items={agg.precision} items, fewer than the k={agg.k} it returns"
     return None
 
 
@@ -50,11 +52,13 @@ PRECISION = {"approx_count_distinct": (4, 21, "lg_config_k"), "approx_percentile
              "approx_top_k": (1, 1_000_000, "max_items")}
 
 
-def _whole(value) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
+    """Whether `value` is an int and not a bool (True is not a count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value) -> bool:
+def _number(value: object) -> TypeGuard[float]:
+    """Whether `value` is an int or a float and not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -167,9 +171,9 @@ def flow_problem(spec, reserved: tuple[str, ...]) -> tuple[str, str] | None:
         where = f"aggregates[{i}]"
         if not isinstance(agg, Agg):
             return (where, f"expected an Agg, found {agg!r}")
-        problem = agg_problem(agg)
-        if problem:
-            return (where, problem)
+        agg_message = agg_problem(agg)
+        if agg_message:
+            return (where, agg_message)
         if not isinstance(agg.name, str) or not _NAME_RE.match(agg.name) or agg.name.startswith("__"):
             return (where, f"output name {agg.name!r} is not an identifier")
         if agg.name.lower() in seen:

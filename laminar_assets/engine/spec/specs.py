@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, cast
 
 from laminar_assets.errors import SpecError
 
@@ -89,7 +89,8 @@ class BaseSpec:
     @property
     def bounds(self) -> Interval | None:
         """Plausible event times; rows outside them are quarantined (event_time_out_of_bounds)."""
-        return Interval(*self.event_time_bounds) if self.event_time_bounds else None
+        lo_hi = cast("tuple[datetime, datetime] | None", self.event_time_bounds)  # __post_init__ made them UTC datetimes
+        return Interval(*lo_hi) if lo_hi else None
 
     def rules_for(self, source: str) -> tuple[RowRule, ...]:
         return tuple(r for r in self.rules if r.source in (None, source))
@@ -100,16 +101,20 @@ class BaseSpec:
         out: dict[str, Any] = {}
         if self.rules:
             out["rules"] = [[r.name, r.check, r.source] for r in self.rules]
-        if self.event_time_bounds:
-            out["event_time_bounds"] = [b.isoformat() for b in self.event_time_bounds]
+        bounds = self.bounds
+        if bounds is not None:
+            out["event_time_bounds"] = [bounds.start.isoformat(), bounds.end.isoformat()]
         return out
 
-    def _pairs(self, field_name: str) -> None:
-        """Field `field_name` as (name, expression) pairs, or the spec's error naming the field."""
+    def _pairs(self, field_name: str) -> tuple[tuple[str, str], ...]:
+        """Sets field `field_name` to its (name, expression) pairs and returns them, or raises the spec's error
+        naming the field."""
         try:
-            object.__setattr__(self, field_name, as_pairs(getattr(self, field_name)))
+            pairs = as_pairs(getattr(self, field_name))
         except ValueError as exc:
             self._fail(field_name, str(exc))
+        object.__setattr__(self, field_name, pairs)
+        return pairs
 
     def _normalise_common(self) -> None:
         set_ = object.__setattr__
@@ -121,12 +126,12 @@ class BaseSpec:
             set_(self, "sink", self.name)
         set_(self, "rules", as_tuple(self.rules))
         set_(self, "owners", as_tuple(self.owners))
-        self._pairs("tags")
+        tags = self._pairs("tags")
         for attr in ("sink", "description", "origin", "definition"):
             value = getattr(self, attr)
             if not isinstance(value, str) or (attr == "sink" and not value.strip()):
                 self._fail(attr, f"expected {'a table name or URI' if attr == 'sink' else 'a string'}, found {value!r}")
-        problem = catalog_problem(self.owners, self.tags)
+        problem = catalog_problem(self.owners, tags)
         if problem:
             self._fail(*problem)
         if self.target_lag is not None:
@@ -140,9 +145,9 @@ class BaseSpec:
         if not isinstance(self.late, LatePolicy):
             self._fail("late", f"expected a LatePolicy, found {self.late!r}")
         if self.late.freeze_after is not None:
-            problem = duration_problem(self.late.freeze_after, "freeze_after")
-            if problem:
-                self._fail("late.freeze_after", problem)
+            freeze_problem = duration_problem(self.late.freeze_after, "freeze_after")
+            if freeze_problem:
+                self._fail("late.freeze_after", freeze_problem)
         if self.event_time_bounds is not None:
             try:
                 lo, hi = (to_utc(_datetime(b)) for b in self.event_time_bounds)
@@ -172,7 +177,7 @@ class BaseSpec:
         if not _FIRST_START <= start < _LAST_START:
             self._fail("start", f"expected a first partition from {_FIRST_START.year} to {_LAST_START.year - 1}, found "
                        f"{start.isoformat()}")
-        boundary = partition_interval(partition_key(start, self.partitioning), self.partitioning).start
+        boundary = partition_interval(partition_key(start, self.granularity), self.granularity).start
         if boundary != start:
             self._fail("start", f"expected the start of {'an hourly' if self.partitioning is Granularity.HOURLY else 'a daily'} "
                        f"partition, found {start.isoformat()}; use {boundary.isoformat()}")
@@ -201,7 +206,7 @@ class BaseSpec:
                            "(file statistics of the source locate rows by it); derive a new name and use it as event_time")
         if self.filter is not None and not isinstance(self.filter, str):
             self._fail("filter", f"expected a Spark SQL condition (a string) or None, found {self.filter!r}")
-        names: set[str] = set()
+        names: set[tuple[str, str | None]] = set()  # (rule, source)
         for i, rule in enumerate(self.rules):
             if not isinstance(rule, RowRule):
                 self._fail(f"rules[{i}]", f"expected a RowRule, found {rule!r}")
@@ -228,11 +233,28 @@ class BaseSpec:
 
     @property
     def sources(self) -> tuple[str, ...]:
-        return self.source  # normalised to a tuple
+        """`source` as __post_init__ left it: a tuple of table names or URIs."""
+        return cast(tuple[str, ...], self.source)
 
     @property
     def granularity(self) -> Granularity:
-        return self.partitioning  # normalised to a Granularity
+        """`partitioning` as __post_init__ left it: a Granularity."""
+        return cast(Granularity, self.partitioning)
+
+    @property
+    def sink_name(self) -> str:
+        """`sink` as __post_init__ left it: the sink's table name or URI (the spec's name when none was given)."""
+        return cast(str, self.sink)
+
+    @property
+    def derived_pairs(self) -> tuple[tuple[str, str], ...]:
+        """`derived` as __post_init__ left it: (column, Spark SQL expression) pairs, in order."""
+        return cast(tuple[tuple[str, str], ...], self.derived)
+
+    @property
+    def start_time(self) -> datetime | None:
+        """`start` as __post_init__ left it: the start of the spec's first partition (None: the project's default)."""
+        return cast("datetime | None", self.start)
 
     def _hash_payload(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -380,7 +402,13 @@ class FlowSpec(BaseSpec):
         return joins + tuple(a.expr or a.kind for a in self.aggregates if not KINDS[a.kind].mergeable)
 
     @property
+    def post_pairs(self) -> tuple[tuple[str, str], ...]:
+        """`post` as __post_init__ left it: (column, Spark SQL expression over the results) pairs, in order."""
+        return cast(tuple[tuple[str, str], ...], self.post)
+
+    @property
     def shape(self) -> WindowShape:
+        assert self.window is not None  # a flow without a window fails __post_init__ (window_problem)
         return self.window.shape
 
     @property

@@ -15,11 +15,13 @@ statements (exports, `sinks.py`): `compile_sql_definitions` returns both.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import NoReturn
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token
 
 from laminar_assets.errors import SpecError, SqlDefinitionError
 
@@ -81,16 +83,16 @@ def compile_sql(text: str, *, origin: str = "<sql>") -> list[Spec]:
                                  construct=e.get("highlight")) from None
     except TokenError as exc:
         raise SqlDefinitionError(f"{origin}: the SQL does not tokenize: {exc}", file=origin, line=None) from None
-    texts = _statement_texts(text)
+    texts: Sequence[tuple[int | None, str]] = _statement_texts(text)  # (no first line: written back by sqlglot)
     if len(texts) != len(statements):
         texts = [(None, s.sql(dialect=DIALECT, pretty=True)) for s in statements]
     return [_compile(stmt, origin, line, body) for stmt, (line, body) in zip(statements, texts)]
 
 
-def _compile(stmt: exp.Expression, origin: str, start: int | None, body: str) -> Spec:
+def _compile(stmt: exp.Expr, origin: str, start: int | None, body: str) -> Spec:
     name = stmt.this.name if isinstance(stmt, exp.Create) and isinstance(stmt.this, exp.Table) else None
 
-    def fail(node: exp.Expression | None, message: str) -> NoReturn:
+    def fail(node: exp.Expr | None, message: str) -> NoReturn:
         line = _line(node) or start
         construct = node.sql(dialect=DIALECT)[:120] if node is not None else None
         where = f" in view {name!r}" if name else ""
@@ -100,7 +102,7 @@ def _compile(stmt: exp.Expression, origin: str, start: int | None, body: str) ->
     props = stmt.args.get("properties")
     is_mv = isinstance(stmt, exp.Create) and (stmt.args.get("kind") or "").upper() == "VIEW" and props is not None \
         and any(isinstance(p, exp.MaterializedProperty) for p in props.expressions)
-    if not is_mv or not name:
+    if not is_mv or not name or props is None:  # (is_mv has props)
         fail(stmt, "expected CREATE MATERIALIZED VIEW <name> AS SELECT ...")
     select = stmt.expression
     if not isinstance(select, exp.Select):
@@ -156,7 +158,7 @@ def _option_fields(options: dict[str, str]) -> dict:
     return out
 
 
-def _line(node: exp.Expression | None) -> int | None:
+def _line(node: exp.Expr | None) -> int | None:
     """The first source line of a parsed node (sqlglot keeps positions on identifiers and functions)."""
     if node is None:
         return None
@@ -166,7 +168,8 @@ def _line(node: exp.Expression | None) -> int | None:
 
 def _statements(tokens: list) -> list[list]:
     """The tokens of each statement, split at semicolons."""
-    out, current = [], []
+    out: list[list] = []
+    current: list = []
     for tok in tokens:
         if tok.token_type.name == "SEMICOLON":
             if current:
@@ -180,7 +183,8 @@ def _statements(tokens: list) -> list[list]:
 def _statement_texts(text: str) -> list[tuple[int, str]]:
     """(first line, original text) of each statement, split where the tokenizer sees a semicolon."""
     tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
-    out, current = [], []
+    out: list[tuple[int, str]] = []
+    current: list[Token] = []
     for tok in [*tokens, None]:
         if tok is None or tok.token_type.name == "SEMICOLON":
             if current:

@@ -19,6 +19,7 @@ the new rows.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -94,7 +95,8 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
         old = touched.old if old is None else old.unionByName(touched.old, allowMissingColumns=True)
         old_bytes += touched.bytes
         rows = rows.unionByName(with_columns_of(touched.rest, new_ref).select(*named(data_cols)))
-    common = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id, owner=spec.name)
+    # replace_ranges' keywords every commit below passes (of several types: Any, not the join mypy infers)
+    common: dict[str, Any] = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id, owner=spec.name)
     if old is None:  # nothing kept in the refilled partitions (or a new schema): every row is new
         staged = write_staged(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
         if reset:

@@ -31,7 +31,7 @@ from ..run.row_prep import keep_sql, key_values, prepare_query, refilled_groups_
 from ..spark.frames import interpreted
 from ..spark.read import read_source
 from ..spec.specs import StageSpec
-from ..windows import partition_id, partition_id_sql, partition_interval
+from ..windows import Interval, partition_id, partition_id_sql, partition_interval
 from .dedup import DedupReplaced
 
 _FILE = "__file"
@@ -79,6 +79,7 @@ def changed_keys(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], i
     if reads.total_bytes < ctx.options.single_task_below_bytes:  # one task: both aggregations without a shuffle
         rows = rows.select(["*"], hint="COALESCE(1)")
     key, cols = key_hash_sql(spec), [q(c) for c in spec.dedup_key]
+    assert key is not None  # plans refill by key only a stage whose keys have a hash (the planner asks key_hash_sql)
     pairs = rows.select([PART, f"struct({key}, {', '.join(cols)}) AS __key"], group=[PART, key, *cols])
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see stage/job.py
         found = pairs.select([PART, "count(*) AS n", f"CASE WHEN count(*) <= {int(most)} THEN collect_list(__key) END AS keys"],
@@ -102,8 +103,8 @@ def output_size(spec: StageSpec, uri: str, partition: str) -> tuple[int | None, 
     statistics or with a deletion vector."""
     if not is_delta_table(uri):
         return 0, 0, None
-    files = snapshot_files(table_info(spec.sink, uri), spec.event_time, [partition_interval(partition, spec.granularity)])
-    rows = None if any(f.rows is None for f in files) else sum(f.rows for f in files)
+    files = snapshot_files(table_info(spec.sink_name, uri), spec.event_time, [partition_interval(partition, spec.granularity)])
+    rows = None if any(f.rows is None for f in files) else sum(f.rows or 0 for f in files)
     why = ("a file of it has no event-time statistics" if any(f.time_range is None for f in files) else
            "a file of it has a deletion vector" if any(f.deleted is not None for f in files) else None)
     return rows, sum(f.size for f in files), why
@@ -136,7 +137,7 @@ def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -
         return None
     from ..run.validate import event_time_column
 
-    info = table_info(spec.sink, uri)
+    info = table_info(spec.sink_name, uri)
     parts = [p.interval for p in mine]
     files = snapshot_files(info, spec.event_time, parts, bounds_of=spec.dedup_key)
     if all(p.group_keys for p in mine):  # files whose key statistics exclude every key keep their rows
@@ -185,11 +186,13 @@ def _one_file_each(files: list[DataFile], plans: list[PartitionPlan]) -> bool:
     reach into a neighbour, which the millisecond widening of a row in an hour's last millisecond
     also counts as). Then the files are known without a Spark job: one that turns out to hold none
     of the keys is written again unchanged, its rows in no change data."""
+    time_ranges: list[Interval] = []
     for f in files:
         if f.time_range is None or f.time_nulls != 0 or not any(
                 p.interval.start <= f.time_range.start and f.time_range.end <= p.interval.end for p in plans):
             return False
-    return all(sum(f.time_range.overlaps(p.interval) for f in files) <= 1 for p in plans)
+        time_ranges.append(f.time_range)
+    return all(sum(r.overlaps(p.interval) for r in time_ranges) <= 1 for p in plans)
 
 
 def _name(f: DataFile) -> str:

@@ -20,10 +20,11 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from functools import partial
+from typing import cast
 
 import dagster as dg
 from dagster._core.events import DagsterEvent, EngineEventData
@@ -119,9 +120,11 @@ class ThreadExecutor(Executor):
 def thread_executor(init_context: dg.InitExecutorContext) -> ThreadExecutor:
     """Runs the steps whose dependencies are done side by side, in threads of the run's process,
     sharing the run's resources (one Spark session)."""
-    config = init_context.executor_config
-    return ThreadExecutor(max_concurrent=config.get("max_concurrent") or default_threads(),
-                          retries=RetryMode.from_config(config["retries"]))
+    config = init_context.executor_config  # validated against config_schema: the types below
+    max_concurrent = config.get("max_concurrent")
+    retries = RetryMode.from_config(cast(Mapping[str, Mapping], config["retries"]))
+    assert retries is not None  # a selector's value names exactly one mode (default: enabled)
+    return ThreadExecutor(max_concurrent=cast(int | None, max_concurrent) or default_threads(), retries=retries)
 
 
 def _run_step(step_context, events: queue.Queue) -> None:
@@ -151,7 +154,7 @@ def _children_deaf_to_ctrl_c(capture: AbstractContextManager) -> Iterator:
         try:
             value = stack.enter_context(capture)
         finally:
-            if blocking:
+            if before is not None:  # blocking: the mask to restore
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)
         yield value
 
