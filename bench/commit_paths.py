@@ -3,7 +3,7 @@
 Times three ways to replace the rows of some hourly partitions of a state-like table whose
 rows Spark computed, and checks that all three leave the same table:
 
-* `laminar`: Spark writes Parquet files laid out per partition (`output.staged_files.write_staged`) and one
+* `laminar`: Spark writes Parquet files laid out per partition (`output.uncommitted.write_uncommitted`) and one
   `deltalake` transaction removes the partitions' old files and adds the new ones
   (`output.commit.replace_ranges`). The rows never reach the driver.
 * `predicate`: the rows are collected to the driver as Arrow (`DataFrame.toArrow()`) and
@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from laminar_assets.engine import Interval
 from laminar_assets.engine.delta.arrow_reads import read_arrow
-from laminar_assets.engine.output import replace_ranges, write_staged
+from laminar_assets.engine.output import replace_ranges, write_uncommitted
 from laminar_assets.engine.spark import build_session
 from laminar_assets.engine.spark.session import delta_available
 
@@ -67,14 +67,14 @@ def _ranges(first_hour: int, hours: int) -> list[Interval]:
 
 def _base(spark, uri: str, partitions: int, rows: int) -> None:
     base = state_frame(spark, 0, partitions, rows, salt=0).repartition("__part")
-    staged = write_staged(base, uri, "base", by="__part")
-    replace_ranges(spark, staged, table_uri=uri, column="window_start", ranges=[], transactions=[],
+    files = write_uncommitted(base, uri, "base", by="__part")
+    replace_ranges(spark, files, table_uri=uri, column="window_start", ranges=[], transactions=[],
                    metadata={}, run_id="base", append_only=True, owner="bench")
 
 
 def run_laminar(spark, uri, new, ranges, i):
-    staged = write_staged(new.repartition("__part"), uri, f"r{i}", by="__part")
-    replace_ranges(spark, staged, table_uri=uri, column="window_start", ranges=ranges,
+    files = write_uncommitted(new.repartition("__part"), uri, f"r{i}", by="__part")
+    replace_ranges(spark, files, table_uri=uri, column="window_start", ranges=ranges,
                    transactions=[("bench", i)], metadata={}, run_id=f"r{i}", owner="bench")
 
 

@@ -5,7 +5,7 @@
 
 A per-minute VWAP sink (`window_start`, `window_end`, `symbol`, `notional`, `volume`, `trades`, `vwap`; hourly
 partitions, one Parquet file per hour, change data feed on) is written and committed the way a flow's run
-commits it (`write_staged_rows` + `replace_ranges`: one Delta commit removes the touched hours' files and adds
+commits it (`write_uncommitted_rows` + `replace_ranges`: one Delta commit removes the touched hours' files and adds
 new ones; no Spark), delivered once in full to a throwaway Postgres (pgserver, Unix socket) and a throwaway Redis
 (Debian's redis-server on 127.0.0.1, nothing saved; both started here and stopped at the end, also on failure),
 then changed `--rounds` times. Each round's change is `--change` of the
@@ -53,7 +53,7 @@ from deltalake import DeltaTable
 from laminar_assets.engine import Agg, Connection, Exporter, FlowSpec, Interval, PostgresExport, RedisExport, Tumbling
 from laminar_assets.engine.delta.arrow_reads import arrow_dataset, read_arrow
 from laminar_assets.engine.output import replace_ranges
-from laminar_assets.engine.output.staged_files import write_staged_rows
+from laminar_assets.engine.output.uncommitted import write_uncommitted_rows
 
 from .environment import code_fingerprint, machine
 
@@ -111,13 +111,13 @@ class Sink:
 
     def commit(self, run: str, hours: list[int]) -> float:
         """Replace the rows of `hours` (every hour when empty: the first write) with the current rows, the way a
-        flow's run commits its sink: one Parquet file per hour staged, one Delta commit. Returns seconds."""
+        flow's run commits its sink: one Parquet file per hour written, one Delta commit. Returns seconds."""
         t0 = time.perf_counter()
         keep = np.isin(self.hour_of(self.slots), hours) if hours else np.ones(len(self.slots), bool)
-        staged = write_staged_rows(self.rows(self.slots[keep], self.salts[keep]), [(self.uri, run, COLUMNS)],
-                                   by="__part")[0]
+        files = write_uncommitted_rows(self.rows(self.slots[keep], self.salts[keep]), [(self.uri, run, COLUMNS)],
+                                       by="__part")[0]
         ranges = [Interval(START + timedelta(hours=int(h)), START + timedelta(hours=int(h) + 1)) for h in hours]
-        replace_ranges(None, staged, table_uri=self.uri, column="window_start", ranges=ranges, transactions=[],
+        replace_ranges(None, files, table_uri=self.uri, column="window_start", ranges=ranges, transactions=[],
                        metadata={}, run_id=run, append_only=not hours, owner=FLOW.name)
         return time.perf_counter() - t0
 

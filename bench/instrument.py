@@ -5,7 +5,7 @@ Nothing in `laminar_assets` is edited: while `Instrument` is active, these funct
 
 * `Engine.gather`: open the source snapshot with deltalake, read the new commits' log entries
   and Parquet footers, check the spec against the schema (Spark analyzer, no job);
-* `staged_files.write_staged` / `collect_rows` + `write_staged_rows`: the Spark job that computes a run's
+* `uncommitted.write_uncommitted` / `collect_rows` + `write_uncommitted_rows`: the Spark job that computes a run's
   output and writes it as Parquet
   into a table folder (by Spark, or by the driver from Arrow batches), plus footer statistics;
 * `DeltaTable.create_write_transaction`: a Delta commit through deltalake;
@@ -26,9 +26,9 @@ from collections import defaultdict
 
 _TARGETS = (
     ("gather_log_and_schema", "laminar_assets.engine.executor", "Engine", "gather"),
-    ("parquet_write", "laminar_assets.engine.output.staged_files", None, "write_staged"),
-    ("parquet_write", "laminar_assets.engine.output.staged_files", None, "collect_rows"),
-    ("parquet_write", "laminar_assets.engine.output.staged_files", None, "write_staged_rows"),
+    ("parquet_write", "laminar_assets.engine.output.uncommitted", None, "write_uncommitted"),
+    ("parquet_write", "laminar_assets.engine.output.uncommitted", None, "collect_rows"),
+    ("parquet_write", "laminar_assets.engine.output.uncommitted", None, "write_uncommitted_rows"),
     ("delta_commit", "deltalake", "DeltaTable", "create_write_transaction"),
     ("snapshot_listing", "laminar_assets.engine.delta.tables", None, "snapshot_files"),
 )

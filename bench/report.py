@@ -37,9 +37,9 @@ STAGE_LABELS = {
     "discover": "find touched partitions (Delta log statistics)",
     "plan": "plan: open snapshot, read new commits' log entries + footers, schema check",
     "read": ("read: the Spark job scanning changed files into partial aggregates, merging them with the old state "
-             "and staging the output (a small pass: state and sink), plus run metrics"),
-    "state_merge": "state commit: one Delta commit of the staged state files",
-    "sink_write": "sink: a Spark job finalizing the state files just written (unless staged with the state), Delta commit",
+             "and writing the output (a small pass: state and sink), plus run metrics"),
+    "state_merge": "state commit: one Delta commit of the state files just written",
+    "sink_write": "sink: a Spark job finalizing the state files just written (unless written with the state), Delta commit",
     "watermark": "watermark files",
     "other": "other (leases, recovery check, Python between runs)",
 }
@@ -83,7 +83,7 @@ def breakdown(size: dict, floor_s: float | None, section: str = "incremental") -
         "dominant_stage": max(stages, key=stages.get) if wall else None,
         "cross_cutting_s": {
             "delta_commits": ins.get("delta_commit"),
-            "staging_jobs": ins.get("parquet_write"),
+            "parquet_writes": ins.get("parquet_write"),
             "delta_log_and_schema_check": ins.get("gather_log_and_schema"),
             "snapshot_file_listing": ins.get("snapshot_listing"),
         },

@@ -5,7 +5,7 @@ in order (its recorder). `RequestLog` reads that recording and tells each reques
 
 - **object**: what it touched, from its key under the lake: `lease`, `watermark` (intents and watermarks
   are one object per partition), `sweep`, `outcome`, the Delta logs (`source log`, `state log`,
-  `sink log`, `quarantine log`), `state files`, `sink files`, `source files` (Parquet files staged by a PUT,
+  `sink log`, `quarantine log`), `state files`, `sink files`, `source files` (Parquet files written by a PUT,
   read by a GET or HEAD);
 - **phase**: the step of the run it happened in. `phases(log)` wraps the engine's steps (settle,
   gather, plan, sweep, intent, pass, watermark, outcome, clean-up) for the block's duration and
@@ -80,8 +80,8 @@ def _is_sink(parts: list[str]) -> bool:
 
 
 def _file(parts: list[str]) -> str:
-    """Data files (staged by a run, or committed: a PUT of them is staging, a GET or HEAD a read), or a
-    listing of a folder of them."""
+    """Data files (written by a run ahead of its commit, or committed: a PUT of them is a write, a GET or
+    HEAD a read), or a listing of a folder of them."""
     return "listing" if not parts[-1] else "files"
 
 
@@ -152,7 +152,7 @@ class RequestLog:
 # The engine's steps, in the order a run passes them: (phase, object, attribute) wrapped by `phases`.
 def _steps():
     from laminar_assets.engine import executor
-    from laminar_assets.engine.output import staged_files
+    from laminar_assets.engine.output import uncommitted
     from laminar_assets.engine.run import protocol
 
     return [
@@ -165,14 +165,14 @@ def _steps():
         ("pass", executor.Engine, "_pass"),
         ("watermark", protocol, "finish_all"),
         ("outcome", executor.Engine, "_record_outcomes"),
-        ("clean-up", staged_files, "scope"),
+        ("clean-up", uncommitted, "scope"),
     ]
 
 
 @contextmanager
 def phases(log: RequestLog) -> Iterator[RequestLog]:
     """While the block runs, every engine step marks its start in `log` and, when it returns, the phase
-    it was called from (a lease's release is `lease`, the end of the staging scope `clean-up`)."""
+    it was called from (a lease's release is `lease`, the end of the uncommitted files' scope `clean-up`)."""
     stack: list[str] = ["other"]
 
     def wrap(phase, original, is_cm):

@@ -1,5 +1,5 @@
 """Invariants of a lake after any step, for the tests: every file a table names exists, and no run
-leaves staged files that no commit took. Independent of the engine's own integrity check, which a
+leaves uncommitted files that no commit took. Independent of the engine's own integrity check, which a
 test may not use to judge itself. A lake is a local folder or a prefix in a bucket."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def delta_tables(root: str, view: LakeView | None = None) -> list[str]:
 
 def laminar_tables(root: str, sinks, view: LakeView | None = None) -> list[str]:
     """The folders of the tables Laminar writes: the given sinks (or stage outputs), state and
-    quarantine tables; also those whose first commit has not landed yet (staged files only)."""
+    quarantine tables; also those whose first commit has not landed yet (uncommitted files only)."""
     found = [storage.join(root, s) for s in sinks]
     state = storage.join(root, "_laminar", "state")
     quarantine = storage.join(root, "_laminar", "quarantine")
@@ -152,7 +152,7 @@ def orphan_files(table: str, view: LakeView | None = None) -> list[str]:
 
 
 def empty_folders(table: str) -> list[str]:
-    """Folders in the table's folder that hold no file at all (a staging nothing came of): local
+    """Folders in the table's folder that hold no file at all (a write nothing came of): local
     folders only, an object store has none."""
     local = storage.local_path(table)
     if local is None:
@@ -161,6 +161,6 @@ def empty_folders(table: str) -> list[str]:
 
 
 def assert_no_orphans(root: str, sinks, view: LakeView | None = None) -> None:
-    """No table Laminar writes holds a staged file no commit took, or a staging folder left empty."""
+    """No table Laminar writes holds an uncommitted file no commit took, or a write's folder left empty."""
     orphans = {t: o for t in laminar_tables(root, sinks, view) if (o := orphan_files(t, view) + empty_folders(t))}
-    assert not orphans, f"staged files no commit took: {orphans}"
+    assert not orphans, f"uncommitted files no commit took: {orphans}"

@@ -1,6 +1,6 @@
 """The tests' own lake checks (tests/lake_invariants.py) catch what they exist for, with a listing of the
 lake made once (`LakeView`, as the stateful test checks each step) and without one: a table naming a file
-that is gone, a staged file no commit took, a commit the next listing must see. Local and in a bucket."""
+that is gone, an uncommitted file no commit took, a commit the next listing must see. Local and in a bucket."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _write(uri: str, mode: str = "append") -> None:
 
 
 @pytest.mark.parametrize("with_view", [True, False], ids=["view", "listing"])
-def test_the_checks_catch_a_missing_file_a_staged_file_and_see_each_commit(root, with_view):
+def test_the_checks_catch_a_missing_file_an_uncommitted_file_and_see_each_commit(root, with_view):
     def view():
         return LakeView(root) if with_view else None
 
@@ -46,8 +46,8 @@ def test_the_checks_catch_a_missing_file_a_staged_file_and_see_each_commit(root,
     _write(sink)  # a new commit: the snapshot kept for the table is replaced
     assert len(latest_frame(sink, view())) == 4
 
-    staged = storage.join(state, "laminar", "run-1-abc", "part-0.parquet")
-    storage.write(staged, b"PAR1")
+    uncommitted = storage.join(state, "laminar", "run-1-abc", "part-0.parquet")
+    storage.write(uncommitted, b"PAR1")
     with pytest.raises(AssertionError, match="run-1-abc"):
         assert_no_orphans(root, ["sums"], view())
     storage.delete_tree(storage.join(state, "laminar"))  # locally its empty folders would be found too

@@ -50,7 +50,7 @@ from .delta.tables import checkout_table
 from .export import Connection, DeliveryResult, Exporter, dead_letters
 from .flow import job as flow_job
 from .flow import state as flow_state
-from .output import staged_files as staging
+from .output import uncommitted
 from .output.owner import check_owner
 from .report import sink_read
 from .run import outcomes, protocol, unchanged
@@ -273,7 +273,7 @@ class Engine:
 
     def _stop_waiting(self, exc: BaseException) -> None:
         """When `exc` says a store does not answer, fail that store's further calls at once (the run's
-        clean-up: records, leases, staging), so the run ends within one call's time bounds."""
+        clean-up: records, leases, uncommitted files), so the run ends within one call's time bounds."""
         found = protocol.store_unavailable(exc)
         if found is None:
             return
@@ -300,8 +300,8 @@ class Engine:
         results: dict[str, RunResult] = {}
         inputs: RunInputs | None = None
         ended: BaseException | None = None
-        # every staging of the run is tracked: what no commit took is removed when the run ends
-        with staging.scope():
+        # every write of the run's files is tracked: what no commit took is removed when the run ends
+        with uncommitted.scope():
             try:
                 started = time.perf_counter()
                 marks.update(self._settle(spec, keys, run_id, claims, {k: m for k, (m, _tag) in read.items()}))

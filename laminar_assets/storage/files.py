@@ -1,6 +1,6 @@
 """Laminar's own file I/O, on a local folder or an object store, addressed by URI.
 
-Every file Laminar keeps beside the tables (watermarks, leases, sweep progress, staged Parquet
+Every file Laminar keeps beside the tables (watermarks, leases, sweep progress, uncommitted Parquet
 files, Delta log entries it writes itself) goes through these functions, so one code path serves
 a local lake and a lake in a bucket. Each function hands its URI to the `Store` that serves it
 (`registry.store_for`: the store mounted for the URI's root, else its scheme's default):
@@ -229,7 +229,7 @@ def copy(source: str, target: str) -> None:
 
 
 def delete_tree(uri: str) -> None:
-    """Delete every file under the folder `uri` (a staging nothing committed)."""
+    """Delete every file under the folder `uri` (an uncommitted folder no commit took)."""
     store_for(uri).delete_tree(uri)
 
 
@@ -244,7 +244,7 @@ def remove_empty_dirs(uri: str, up_to: str) -> None:
     while current.startswith(stop + os.sep):
         try:
             os.rmdir(current)
-        except OSError:  # not empty (another staging's files), or gone
+        except OSError:  # not empty (another write's files), or gone
             return
         current = os.path.dirname(current)
 

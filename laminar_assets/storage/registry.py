@@ -3,7 +3,7 @@
 - `SCHEMES`: scheme -> `Store` class. Adding a scheme is one module (a class with the `Store`
   protocol) and its entry here, plus its Spark connector's jars in laminar_assets/engine/spark/jars.py.
 - Mounts: an engine (or the Dagster resource) mounts the store built from its options at its root,
-  so every URI under that root (its tables, watermarks, leases, staged files) is reached with those
+  so every URI under that root (its tables, watermarks, leases, uncommitted files) is reached with those
   options, and two engines with different roots and credentials live in one process. A URI under no
   mounted root (a source in another bucket) is reached with the store mounted for its scheme when
   every mount of that scheme has the same options, else with its scheme's default store: options from

@@ -14,7 +14,7 @@ partitioned by a column or not, with change data on or off. After every step:
   engine, of its input at the versions its watermark names (flows on the stage: the stage
   table at that version);
 - every Delta table in the lake names only files that exist, and no table Laminar writes holds
-  staged files that no commit took (beyond those a kill left behind, which VACUUM reclaims);
+  uncommitted files that no commit took (beyond those a kill left behind, which VACUUM reclaims);
 - no quarantine row is recorded twice;
 - no table is written by another flow than its own: every commit of a spec's tables names that
   spec, and no commit of the source names any.
@@ -138,7 +138,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         self.source = storage.join(self.root, "trades")
         self.next_id = 1
         self.snapshots: dict[int, pd.DataFrame] = {}  # the source's rows at each version
-        self.allowed_orphans: set[str] = set()  # staged files a kill left behind
+        self.allowed_orphans: set[str] = set()  # uncommitted files a kill left behind
         self.with_note = False
         self.ran: set[str] = set()  # the specs a step ran or killed mid-run (`_spec`)
 
@@ -330,7 +330,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         view = LakeView(self.root)
         self.every_partition_equals_a_recompute_at_its_watermark(view)
         self.every_file_a_table_names_exists(view)
-        self.no_run_leaves_staged_files_behind(view)
+        self.no_run_leaves_uncommitted_files_behind(view)
         self.no_table_is_written_by_another_flow(view)
         self.no_quarantine_row_is_recorded_twice(view)
 
@@ -356,9 +356,9 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
     def every_file_a_table_names_exists(self, view: LakeView | None = None):
         assert_lake_intact(self.root, view)
 
-    def no_run_leaves_staged_files_behind(self, view: LakeView | None = None):
+    def no_run_leaves_uncommitted_files_behind(self, view: LakeView | None = None):
         left = self._orphans(view) - self.allowed_orphans
-        assert not left, f"staged files no commit took: {sorted(left)}"
+        assert not left, f"uncommitted files no commit took: {sorted(left)}"
 
     def no_quarantine_row_is_recorded_twice(self, view: LakeView):
         path = storage.join(self.root, "_laminar", "quarantine", "trades")
@@ -556,7 +556,7 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
                 behind = {k: m.source_versions for k, m in zip(PARTITIONS, marks)}
                 raise AssertionError(f"{spec.name} is still behind {latest} after {runs} runs: {behind}")
         self.every_partition_equals_a_recompute_at_its_watermark()
-        self.no_run_leaves_staged_files_behind()
+        self.no_run_leaves_uncommitted_files_behind()
 
 
 class StageLakeMachine(LakeMachine):

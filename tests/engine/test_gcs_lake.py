@@ -1,6 +1,6 @@
 """The engine with the whole lake in a gs:// bucket of a GCS emulator (fake-gcs-server, tests/gcs_server.py):
 Spark reads and writes the bucket through Google's GCS connector for Hadoop, deltalake commits through
-object_store, Laminar's own files (leases, watermarks, staged files) through google-cloud-storage.
+object_store, Laminar's own files (leases, watermarks, uncommitted files) through google-cloud-storage.
 
 The S3 tests' histories run here as they are (tests/engine/test_object_store.py: a short history with
 appends, deletes, updates, a stage and a retracting flow, equal to a recompute; a run whose lease was taken

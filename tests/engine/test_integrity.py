@@ -1,5 +1,5 @@
-"""Lake integrity: no run deletes a file a commit names, no vacuum wedges a flow, no staging is left
-behind, and a failure says what it did. Regressions of issue #44, through the public API."""
+"""Lake integrity: no run deletes a file a commit names, no vacuum wedges a flow, no uncommitted file is
+left behind, and a failure says what it did. Regressions of issue #44, through the public API."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _matches_recompute(spark, lake: Lake, flow: FlowSpec) -> None:
 
 def test_passes_of_one_run_never_delete_each_others_committed_files(spark, lake):
     """Partitions at different watermarks under a work bound get different target versions, so one
-    run makes two passes. The second pass used to stage into the first one's folder, deleting the
+    run makes two passes. The second pass used to write into the first one's folder, deleting the
     files the first had just committed: the sink then named missing files."""
     flow = FlowSpec(name="per_minute", source="trades", event_time="ts", window=Tumbling("1m"), keys=(),
                     aggregates=(Agg.sum("px"),), max_versions_per_run=1)
@@ -144,7 +144,7 @@ def fail_at(step, error):
 
 
 @pytest.mark.parametrize("step", ["after_read", "after_state_commit", "after_sink_commit"])
-def test_a_failed_pass_leaves_no_staged_files_and_keeps_what_it_committed(spark, lake, step):
+def test_a_failed_pass_leaves_no_uncommitted_files_and_keeps_what_it_committed(spark, lake, step):
     lake.create("trades", BASE)
     Engine(spark, lake.root).run_many(FLOW, [H0, H1])
     lake.append("trades", [("2024-01-01 00:02:00", "a", 3.0, 3), ("2024-01-01 01:06:00", "b", 4.0, 4),

@@ -1,5 +1,5 @@
 """The engine with the whole lake in a bucket (a local S3 server): sources, stages, sinks, state,
-quarantine, watermarks, leases and staged files. Nothing is written to a local disk, incremental
+quarantine, watermarks, leases and uncommitted files. Nothing is written to a local disk, incremental
 runs equal a recompute, and two runs of one partition never both commit."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_a_lake_in_a_bucket_runs_incrementally_and_equals_a_recompute(spark, s3_
     assert_no_orphans(lake.root, ["per_sym", "sums", "clean"])
     assert CheckpointStore(lake.root).partitions("per_sym") == [H0, H1]
     assert all(t.ok for t in engine.integrity(FLOW))
-    # nothing of the lake was written to a local disk: state, staging, watermarks are all in the bucket
+    # nothing of the lake was written to a local disk: state, uncommitted files, watermarks are all in the bucket
     assert not [p for p in os.listdir(tmp_path) if p != "lake"] and not os.path.exists(tmp_path / "lake")
     keys = [u for u, _ in storage.list_files(lake.root)]
     assert any("/_laminar/watermarks/per_sym/" in k for k in keys) and any("/_laminar/state/per_sym/" in k for k in keys)

@@ -122,9 +122,9 @@ def _files_by_hours(uri: str) -> dict[tuple[str, str], str]:
 
 
 @pytest.mark.parametrize("carried_by", ["driver", "spark"])
-def test_a_batched_pass_stages_one_file_for_adjacent_partitions_and_a_replace_keeps_the_others_rows(
+def test_a_batched_pass_writes_one_file_for_adjacent_partitions_and_a_replace_keeps_the_others_rows(
         spark, lake, carried_by):
-    """With `partitions_per_file`, a small pass over adjacent partitions stages one state and one sink file for
+    """With `partitions_per_file`, a small pass over adjacent partitions writes one state and one sink file for
     them (on an object store a file costs a PUT, and a HEAD and a GET at each later read); a pass over some of
     them writes the rows of the others back, one file per gap between its partitions (by the driver when small,
     else by a Spark job), and rewrites nobody else's file; a pass over a partition no shared file spans rewrites
@@ -323,7 +323,7 @@ def test_a_small_pass_runs_in_one_task_and_a_large_one_shuffles_and_both_agree(s
         where.append("trades", spread([1, 4], minute=30, px=3.5, qty=2))
         _, by_engine[engine is small] = jobs.tasks(lambda: engine.run_many(FLOW, KEYS))  # noqa: B023  (called at once)
         check(spark, where)
-    assert by_engine[True] == [[1]]  # one job, one stage, one task (state and sink staged together)
+    assert by_engine[True] == [[1]]  # one job, one stage, one task (state and sink written together)
     assert len(by_engine[False][0]) >= 2, by_engine[False]  # a shuffle: more than one stage
     a = small.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)
     b = large.sink_frames(FLOW, KEYS).toPandas().sort_values(["window_start", "sym"]).reset_index(drop=True)

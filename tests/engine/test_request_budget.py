@@ -4,7 +4,7 @@ server's request recorder (bench/request_log.py), never timed.
 - a run that finds nothing new makes 3 requests whatever the number of partitions: one listing of the
   flow's watermarks, one of the source's log from the version they name, the outcome record;
 - a batched incremental run takes each lease with one PUT and frees it with one DELETE, writes one
-  intent and one watermark per partition, and stages each small file with one PUT;
+  intent and one watermark per partition, and writes each small file with one PUT;
 - a source deleted and recreated at the same path and version is not mistaken for the one the
   watermarks name;
 - a new process (each run the daemon launches) answers a run with nothing new from the watermarks and the
@@ -72,15 +72,15 @@ def test_a_run_with_nothing_new_makes_three_requests(spark, s3_server, s3_lake):
     # the NOOP check's read of their block (the run's writes are conditional on the revisions it gave), then the
     # three intents in one write of the block, the three watermarks in another (6 writes while each had its file)
     assert _by(requests, obj="watermark") == {"GET": 1, "PUT": 2}
-    staged = [r for r in requests if r.object in ("state files", "sink files") and r.kind != "GET"]
-    assert Counter(r.kind for r in staged) == {"PUT": 6}  # files the driver staged: one PUT each, nothing read back
+    written = [r for r in requests if r.object in ("state files", "sink files") and r.kind != "GET"]
+    assert Counter(r.kind for r in written) == {"PUT": 6}  # files the driver wrote: one PUT each, nothing read back
     # Spark's reads: one HEAD and one GET of the source's new file, no listing; the 3 partitions' state files read
     # by the driver (one GET each, their sizes from the log) and handed to Spark as rows
     assert _by([r for r in requests if r.client == "s3a"]) == {"HEAD": 1, "GET": 1}
     assert _by([r for r in requests if r.object == "state files" and r.kind == "GET"]) == {"GET": 3}
-    # 144 before the leases, staging and watermark reads were cut, 83 before Spark's file index came from the
-    # log, 71 before the source's new commit was read once and the commits stopped listing the log for its
-    # clean-up (docs/PERFORMANCE.md)
+    # 144 before the requests for leases and uncommitted files and the watermark reads were cut, 83 before Spark's
+    # file index came from the log, 71 before the source's new commit was read once and the commits stopped listing
+    # the log for its clean-up (docs/PERFORMANCE.md)
     assert _by(requests, obj="source log") == {"LIST": 1, "GET": 1}  # the NOOP check's listing, one read
     # each commit (state, sink) is one PUT of its log entry: no listing before it, no read-back after (`write_commit`)
     for log_of in ("state log", "sink log"):
@@ -233,7 +233,7 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
     a GET per file read). The same count at every age: 52 (gather 6, intents 5, watermark 1, sweep 1, pass 32); 58 while Spark
     read the state files (a HEAD each more), 68 while
     each partition's watermark was its own object (intents 10, watermarks 6), 69 while the sink's commit listed its
-    log again after the owner check. With `partitions_per_file` = 8 the run stages one state and one sink file for
+    log again after the owner check. With `partitions_per_file` = 8 the run writes one state and one sink file for
     the 6 adjacent partitions and reads one state file: 37 (pass 17). 82 while each
     partition had a lease object (a PUT
     and a DELETE, 12) and the watermarks were listed again under them; 90 while the commits went through deltalake
@@ -279,14 +279,14 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
     # their block each: a day of hourly partitions is one object)
     assert "lease" not in by_phase and "settle" not in by_phase and by_phase["watermark"] == 1, by_phase
     # Spark's reads of 6 source files: the task's HEAD and GET each, nothing before (`scan_files`); the driver's of
-    # the 6 state files, or of the one of the 6 adjacent partitions (the last run staged one for them all): a GET
+    # the 6 state files, or of the one of the 6 adjacent partitions (the last run wrote one for them all): a GET
     # each, their sizes from the log (`EngineOptions.driver_read_below_bytes`)
     state_files = n if per_file == 1 else 1
     assert _by([r for r in requests if r.client == "s3a"]) == {"HEAD": n, "GET": n}, by_phase
     assert _by([r for r in requests if r.object == "state files" and r.kind == "GET"]) == {"GET": state_files}
     # the driver's PUTs of a state and a sink file for each partition, or for the adjacent partitions
-    staged = [r for r in requests if r.object in ("state files", "sink files") and r.kind != "GET"]
-    assert _by(staged) == {"PUT": 2 * state_files}, by_phase
+    written = [r for r in requests if r.object in ("state files", "sink files") and r.kind != "GET"]
+    assert _by(written) == {"PUT": 2 * state_files}, by_phase
     assert len(requests) == (BUDGET if per_file == 1 else BUDGET_SHARED_FILES), (len(requests), by_phase)
     sink = Lake(s3_lake.root).read(FLOW.name)
     assert sink["count"].sum() == n + (age - 1) + 2 * n
@@ -294,7 +294,7 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
 
 # The whole run over 6 partitions, exactly: 12 of them are Spark's reads of 6 source files through s3a (a HEAD and
 # a GET each; 60 when Spark listed the files itself, and 146 in all), 6 the driver's reads of the state files, 12
-# the driver's PUTs of staged files, 2 the writes of the partitions' watermarks block: the intents, then the
+# the driver's PUTs of uncommitted files, 2 the writes of the partitions' watermarks block: the intents, then the
 # watermarks (docs/PERFORMANCE.md, "Requests per run on S3"). More is a regression; fewer, a cut to record here.
 # 58 before the driver read the small state (Spark's HEAD per state file). 68 before the watermarks of a day
 # were one object (12 writes: an intent and a watermark per partition). 69 before the sink's commit started from the handle the
@@ -306,5 +306,5 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
 # were read once and the commits' clean-up listing and read-back of their own app transactions were cut.
 BUDGET = 52
 # The same with `EngineOptions.partitions_per_file` = 8: one state and one sink file for the 6 adjacent partitions
-# (Spark's reads 12, the driver's read of the state file 1, staged files 2).
+# (Spark's reads 12, the driver's read of the state file 1, uncommitted files 2).
 BUDGET_SHARED_FILES = 37

@@ -288,7 +288,7 @@ def test_an_append_is_one_spark_job_with_its_counts_quarantine_and_dedup_verdict
 
 def test_a_refill_with_deletes_commits_from_one_job_after_the_read(spark, lake, engine, request):
     """A refill that deletes rows: the rows are read once (cached); a small pass then brings its
-    change data and its new rows to the driver in one Spark job, where a large one stages them in
+    change data and its new rows to the driver in one Spark job, where a large one writes them in
     two. Both commit the same rows and change data."""
     import pyarrow as pa
     from deltalake import DeltaTable

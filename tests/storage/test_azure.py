@@ -150,7 +150,7 @@ def test_deltalake_and_pyarrow_reach_the_lake_with_the_stores_settings(azure_lak
     write_deltalake(table, pa.table({"x": [3]}), mode="append", storage_options=storage.delta_options(table))
     assert sorted(DeltaTable(table, storage_options=storage.delta_options(table)).to_pyarrow_table()
                   .column("x").to_pylist()) == [1, 2, 3]
-    fs, path = storage.filesystem(storage.join(root, "staged", "f.parquet"))
+    fs, path = storage.filesystem(storage.join(root, "uncommitted", "f.parquet"))
     pq.write_table(pa.table({"y": ["a"]}), path, filesystem=fs)
     assert pq.read_table(path, filesystem=fs).column("y").to_pylist() == ["a"]
     names = [u.rsplit("/", 1)[-1] for u, _ in storage.list_files(root)]

@@ -75,7 +75,7 @@ def test_deltalake_pyarrow_and_the_store_share_one_bucket(gcs_server):
                       .column("x").to_pylist()) == [1, 2]
         log = storage.join(table, "_delta_log", f"{1:020d}.json")
         assert not storage.create(log, b"{}")  # a version is committed once (what deltalake's commit relies on)
-        fs, path = storage.filesystem(storage.join(root, "staged", "f.parquet"))
+        fs, path = storage.filesystem(storage.join(root, "uncommitted", "f.parquet"))
         pq.write_table(pa.table({"y": ["a"]}), path, filesystem=fs)
         assert pq.read_table(path, filesystem=fs).column("y").to_pylist() == ["a"]
         names = [u.rsplit("/", 1)[-1] for u, _ in storage.list_files(root)]

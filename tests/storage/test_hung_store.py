@@ -76,7 +76,7 @@ def test_every_client_fails_within_the_bounds_on_a_frozen_store(bounded):
         _one_clear_line(str(err), server.endpoint, obj)
         assert "did not answer" in str(err)
         # the store found not answering is not waited on again for a call's budget: clean-up calls after a
-        # failure (records, leases, staging) fail at once instead of one budget each
+        # failure (records, leases, uncommitted files) fail at once instead of one budget each
         err, took = _fails_within(0.5, lambda: storage.write(storage.join(root, "other.json"), b"{}"))
         assert isinstance(err, StoreUnavailableError) and took < 0.5
         # deltalake (Delta logs, commits) and pyarrow (Parquet files, log entries): their own errors, read

@@ -119,7 +119,7 @@ def test_two_roots_on_two_servers_each_reach_their_own(s3_server, second_s3_serv
             assert storage.create(storage.join(root, "_laminar", "locks", "p.lock"), text)
             write_deltalake(storage.join(root, "t"), pa.table({"x": [len(text)]}),
                             storage_options=storage.delta_options(storage.join(root, "t")))
-            fs, path = storage.filesystem(storage.join(root, "staged", "f.parquet"))
+            fs, path = storage.filesystem(storage.join(root, "uncommitted", "f.parquet"))
             pq.write_table(pa.table({"y": [text.decode()]}), path, filesystem=fs)
         for root, text in ((one, b"one"), (two, b"two")):
             assert storage.read(storage.join(root, "_laminar", "locks", "p.lock")) == text
@@ -130,7 +130,7 @@ def test_two_roots_on_two_servers_each_reach_their_own(s3_server, second_s3_serv
         client = server.options.client()
         bucket, other_bucket = root[len("s3://"):].split("/")[0], other[len("s3://"):].split("/")[0]
         keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
-        assert "lake/_laminar/locks/p.lock" in keys and "lake/staged/f.parquet" in keys
+        assert "lake/_laminar/locks/p.lock" in keys and "lake/uncommitted/f.parquet" in keys
         assert any(k.startswith("lake/t/_delta_log/") for k in keys)
         assert other_bucket not in [b["Name"] for b in client.list_buckets()["Buckets"]]
 

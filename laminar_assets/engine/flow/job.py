@@ -5,7 +5,7 @@
               the touched partitions only, minus refilled windows
     state     one Spark job writes the merged state, one file per partition (a small pass: one file
               per run of adjacent partitions); one Delta commit
-    sink      a small pass: finalized beside the state in the same job (both staged by the driver,
+    sink      a small pass: finalized beside the state in the same job (both written by the driver,
               which sums the run metrics from the same rows);
               otherwise one Spark job finalizes the state files just written (a scan, no shuffle);
               one Delta commit
@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from ..aggregates.base import EVENT_TS, SIGN, q
 from ..output.commit import replace_ranges
-from ..output.staged_files import collect_rows, read_staged, write_staged, write_staged_rows
+from ..output.uncommitted import collect_rows, read_uncommitted, write_uncommitted, write_uncommitted_rows
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
@@ -103,7 +103,7 @@ def _build(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], inputs: 
     single = _bounded(spec, read_bytes, ctx.options.single_task_below_bytes)
     small = _bounded(spec, read_bytes, ctx.options.driver_write_below_bytes)
     sink = sink and small and not any(c.startswith("__") for c in [*spec.keys, *dict(spec.post)])
-    # per-partition metrics of a pass staged with its sink are summed from its rows: no slot column
+    # per-partition metrics of a pass written with its sink are summed from its rows: no slot column
     return pass_query(ctx, spec, plans, reads, inputs, single=single, old=old, slots=slots and not sink,
                       sink=sink), reads, small
 
@@ -145,8 +145,8 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):
         t0 = time.perf_counter()
         state_uri = ctx.layout.state_uri(spec, inputs.input_schema)
-        staged, sink, row = _stage_outputs(ctx, spec, plans, built, state_uri, run_id, small,
-                                           plans if per_part else [])
+        state_files, sink, row = _write_outputs(ctx, spec, plans, built, state_uri, run_id, small,
+                                                plans if per_part else [])
         per_part = per_part or sink is not None  # collected metrics: every partition's
         _collect_metrics(out, row, plans, per_part)
         for k in keys:
@@ -165,19 +165,20 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
                 "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
         read = {m: sum(out.metrics[k].get(m, 0) for k in keys) for m in ("rows_read", "rows_rejected")}
         ranges = [p.interval for p in plans]
-        out.state_rows = replace_ranges(ctx.spark, staged, table_uri=state_uri, column=WS, ranges=ranges,
+        out.state_rows = replace_ranges(ctx.spark, state_files, table_uri=state_uri, column=WS, ranges=ranges,
                                         transactions=txns, metadata=meta, run_id=run_id, owner=spec.name,
                                         opened=inputs.opened.pop(state_uri, None),
                                         driver_write_below_bytes=ctx.options.driver_write_below_bytes)
         ctx.hook("after_state_commit")
         t2 = time.perf_counter()
         if sink is None:
-            # Finalized from the state files just staged (one scan of the touched partitions' state, no
+            # Finalized from the state files just written (one scan of the touched partitions' state, no
             # shuffle): cheaper than caching the merge, whose plan Spark must build twice.
-            state = with_partition(read_staged(ctx.spark, staged, state_uri), spec, WS)
-            small = sum(a.size for a in staged.adds) < ctx.options.driver_write_below_bytes
-            sink = write_staged(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
-                         by=PART, through_driver=small, partitions_per_file=ctx.options.partitions_per_file)  # Spark job
+            state = with_partition(read_uncommitted(ctx.spark, state_files, state_uri), spec, WS)
+            small = sum(a.size for a in state_files.adds) < ctx.options.driver_write_below_bytes
+            sink = write_uncommitted(finalize(spec, state, partitioned=True), ctx.layout.sink_uri(spec), run_id + "-sink",
+                                     by=PART, through_driver=small,
+                                     partitions_per_file=ctx.options.partitions_per_file)  # Spark job
         metrics = {**read, "state_rows": out.state_rows, "sink_rows": sink.rows}  # what `laminar_system.runs` shows
         out.sink_rows = replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS, ranges=ranges,
                                        transactions=txns, metadata={**meta, "laminar.metrics": json.dumps(metrics)},
@@ -189,13 +190,13 @@ def run_pass(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], seqs: 
     return out
 
 
-def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], built: PassQuery, state_uri: str,
+def _write_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], built: PassQuery, state_uri: str,
                    run_id: str, small: bool, slotted: list[PartitionPlan]) -> tuple:
-    """Stage the merged state in one Spark job; returns (state files, sink files or None, metrics).
-    A small pass collects every merged row, stages state and sink from them and sums its metrics
-    in Arrow; otherwise Spark writes the state, the metrics are observed in that job and the sink
-    (None) is still to be staged from the state files. Raises `WindowsToRecompute` before anything is
-    staged (collected) or after discarding the state files (observed)."""
+    """Write the merged state in one Spark job; returns (state files, sink files or None, metrics), not
+    committed yet. A small pass collects every merged row, writes state and sink from them and sums its
+    metrics in Arrow; otherwise Spark writes the state, the metrics are observed in that job and the sink
+    (None) is still to be written from the state files. Raises `WindowsToRecompute` before anything is
+    written (collected) or after discarding the state files (observed)."""
     merged = built.merged.run(ctx.spark)
     if built.sink is not None:
         rows = collect_rows(merged)
@@ -203,22 +204,22 @@ def _stage_outputs(ctx: RunContext, spec: FlowSpec, plans: list[PartitionPlan], 
         if metrics["lost"] or metrics["gone"]:
             raise WindowsToRecompute(spec, flagged_window_starts(rows, LOST),
                                      flagged_groups(rows) if metrics["gone"] else [])
-        staged, sink = write_staged_rows(rows.filter(good_mask(rows)), [
+        state_files, sink = write_uncommitted_rows(rows.filter(good_mask(rows)), [
             (state_uri, run_id, list(built.state)), (ctx.layout.sink_uri(spec), run_id + "-sink", list(built.sink))],
             by=PART, partitions_per_file=ctx.options.partitions_per_file)
-        return staged, sink, metrics
+        return state_files, sink, metrics
     obs = Observation()
     merged = observe(merged, obs, *[F.expr(m) for m in observed_metrics(slotted)])
-    staged = write_staged(merged.where(GOOD).selectExpr(*[q(c) for c in built.state]), state_uri, run_id, by=PART,
-                   through_driver=small, partitions_per_file=ctx.options.partitions_per_file)
+    state_files = write_uncommitted(merged.where(GOOD).selectExpr(*[q(c) for c in built.state]), state_uri, run_id,
+                                    by=PART, through_driver=small, partitions_per_file=ctx.options.partitions_per_file)
     if obs.get.get("lost") or obs.get.get("gone"):
-        staged.discard()
+        state_files.discard()
         group = [GROUP] if GROUP in built.merged.columns else []
         flagged = merged.where(f"({LOST} OR {GONE}) AND {GOOD}").selectExpr(
             f"unix_micros({WS}) AS {_WS_US}", LOST, GONE, *group).distinct().collect()
         raise WindowsToRecompute(spec, [from_micros(r[_WS_US]) for r in flagged if r[LOST]],
                                  [(from_micros(r[_WS_US]), r[GROUP]) for r in flagged if r[GONE]])
-    return staged, None, obs.get
+    return state_files, None, obs.get
 
 
 def _bounded(spec: FlowSpec, size: int, limit: int) -> bool:

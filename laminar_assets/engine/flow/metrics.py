@@ -3,7 +3,7 @@
 Every merged row carries what its partials read (`__in_rows`, `__rejected`, `__retracted`,
 `__groups`), whether a retraction left its float state untrustworthy (`__lost`) and whether it
 removed every row holding an extreme (`__gone`). The metrics
-are aggregates over those rows, computed one of two ways, both in the job that stages the output:
+are aggregates over those rows, computed one of two ways, both in the job that writes the output:
 
     observed    a large pass, written by Spark: `observed_metrics` are `DataFrame.observe`
                 aggregates, per partition through the `__slot` column (up to

@@ -6,7 +6,7 @@
     merged    the touched partitions' old state (minus refilled windows) merged with the partials
 
 Rows that broke a rule stay in their own merged groups (`__bad`): the pass's metrics are
-aggregates over the merged rows, in the job that stages them (metrics.py), so each merged row
+aggregates over the merged rows, in the job that writes them (metrics.py), so each merged row
 carries what its partials read (`__in_rows`, `__rejected`, `__retracted`, `__groups`). `GOOD` picks the
 state rows to keep. A small pass (`single`) runs in one task: the `COALESCE(1)` hint puts every
 row in one partition, which satisfies every grouping, so Spark plans no exchange.

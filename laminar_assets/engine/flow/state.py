@@ -14,7 +14,7 @@ from laminar_assets import storage
 from ..aggregates.algebra import implementation, q
 from ..delta.tables import info_of, is_delta_table, read_in_driver, snapshot_files, table_info
 from ..output.commit import replace_ranges
-from ..output.staged_files import write_staged
+from ..output.uncommitted import write_uncommitted
 from ..run.context import RunContext
 from ..run.reading import PART, with_partition
 from ..spark import stable_sql
@@ -59,8 +59,8 @@ def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, 
         state = read_state(ctx, spec, [k for k, _ in group], dict(schema_key))
         if state is None:
             continue
-        sink = write_staged(finalize(spec, with_partition(state, spec, WS)).repartition(PART), ctx.layout.sink_uri(spec),
-                     run_id + "-sink", by=PART)
+        sink = write_uncommitted(finalize(spec, with_partition(state, spec, WS)).repartition(PART),
+                                 ctx.layout.sink_uri(spec), run_id + "-sink", by=PART)
         replace_ranges(ctx.spark, sink, table_uri=ctx.layout.sink_uri(spec), column=WS,
                        ranges=[partition_interval(k, spec.granularity) for k, _ in group],
                        transactions=[(ctx.layout.app_id(spec, k), seq) for k, seq in group],

@@ -1,7 +1,8 @@
-"""What a run writes: Parquet files staged in folders of their own (`staged_files`), and the Delta
-commits that publish them (`commit`). A file a commit may name is never deleted."""
+"""What a run writes: Parquet files written ahead of the commit that names them, in folders of their
+own (`uncommitted`), and the Delta commits that publish them (`commit`). A file a commit may name is
+never deleted."""
 
 from .commit import replace_ranges
-from .staged_files import StagedFiles, committed, scope, write_staged, write_staged_rows
+from .uncommitted import UncommittedFiles, committed, scope, write_uncommitted, write_uncommitted_rows
 
-__all__ = ["StagedFiles", "committed", "replace_ranges", "scope", "write_staged", "write_staged_rows"]
+__all__ = ["UncommittedFiles", "committed", "replace_ranges", "scope", "write_uncommitted", "write_uncommitted_rows"]

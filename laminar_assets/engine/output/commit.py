@@ -1,4 +1,4 @@
-"""Delta commits of staged Parquet files: replace the rows of some ranges in one atomic commit.
+"""Delta commits that publish uncommitted Parquet files: replace the rows of some ranges in one atomic commit.
 
 A commit carries one app transaction per partition it replaces (that is how a run proves later
 which of its commits landed). It is written per the Delta protocol (`write_commit`): the JSON
@@ -47,7 +47,7 @@ from ..spark.frames import nullable, schema_change, spark_schema
 from ..spark.read import read_source
 from ..windows import Interval, coalesce
 from .owner import OWNER_PROPERTY, check_owner, needs_stamp
-from .staged_files import StagedFiles, committed, write_staged, write_staged_rows
+from .uncommitted import UncommittedFiles, committed, write_uncommitted, write_uncommitted_rows
 
 ATTEMPTS = 8
 # Tables Laminar creates write a checkpoint every this many commits (Delta Lake's own default; delta-rs
@@ -86,7 +86,7 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, o
     try:
         dt = opened if opened is not None else open_delta(uri)
     except TableNotFoundError:
-        check_owner(uri, owner)  # an empty folder, or one holding only Laminar's stagings
+        check_owner(uri, owner)  # an empty folder, or one holding only Laminar's uncommitted files
         config = {"delta.checkpointInterval": str(CHECKPOINT_EVERY), CHANGE_DATA_FEED: "true", OWNER_PROPERTY: owner}
         try:
             DeltaTable.create(uri, schema=schema, mode="ignore", configuration=config, raise_if_key_not_exists=False,
@@ -132,25 +132,25 @@ def widen_in_place(spark: SparkSession, uri: str, dt: DeltaTable, schema: pa.Sch
     info = info_of(os.path.basename(uri), uri, dt)
     files = snapshot_files(info, None, keep_null_files=True)
     have = set(info.schema.names)
-    staged = None
+    rewritten = None
     if files:
         plain = not any(f.needs_row_positions for f in files)  # file names come with plain reads only
         df = read_source(spark, files, info, file_name=_SOURCE_FILE if plain else None)
         cols = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) if f.name in have else
                 F.lit(None).cast(f.dataType).alias(f.name) for f in spark_schema(schema).fields]
         by = [F.xxhash64(_SOURCE_FILE).alias(_SOURCE_FILE)] if plain else []
-        staged = write_staged(df.select(*cols, *by), uri, f"{run_id}-widen", by=_SOURCE_FILE if plain else None)
+        rewritten = write_uncommitted(df.select(*cols, *by), uri, f"{run_id}-widen", by=_SOURCE_FILE if plain else None)
     props = CommitProperties(custom_metadata=stamp.custom_metadata, max_commit_retries=0)
     try:
-        dt.create_write_transaction(list(staged.adds) if staged else [], mode="overwrite", schema=nullable(schema),
+        dt.create_write_transaction(list(rewritten.adds) if rewritten else [], mode="overwrite", schema=nullable(schema),
                                     commit_properties=props)
     except CommitFailedError as exc:
-        if staged is not None:
-            staged.discard()
+        if rewritten is not None:
+            rewritten.discard()
         raise CommitConflictError(f"widening the columns of {uri} to {schema} conflicted with a concurrent commit; "
                                   "the next run widens them", table=uri) from exc
-    if staged is not None:
-        committed(staged)
+    if rewritten is not None:
+        committed(rewritten)
 
 
 _SOURCE_FILE = "__from"  # the old file a row came from: one new file per old one
@@ -158,7 +158,7 @@ _SOURCE_FILE = "__from"  # the old file a row came from: one new file per old on
 
 def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> tuple[list[DataFile], list[DataFile]]:
     """Files of a table wholly inside `ranges` by statistics, and files only partly inside them. Touching
-    ranges count as one: a file of several adjacent partitions (`staged_files._write_table`,
+    ranges count as one: a file of several adjacent partitions (`uncommitted._write_table`,
     `partitions_per_file`) replaced by a pass over all of them is inside."""
     ranges = coalesce(ranges)
     inside, partial = [], []
@@ -172,25 +172,25 @@ def split_by_range(info: TableInfo, column: str, ranges: Sequence[Interval]) -> 
 
 
 def replace_ranges(
-    spark: SparkSession, staged: StagedFiles, *, table_uri: str, column: str, ranges: Sequence[Interval],
+    spark: SparkSession, uncommitted: UncommittedFiles, *, table_uri: str, column: str, ranges: Sequence[Interval],
     transactions: Sequence[tuple[str, int]], metadata: dict, run_id: str, append_only: bool = False,
-    owner: str, reset_on_schema_change: bool = False, change_data: StagedFiles | None = None,
+    owner: str, reset_on_schema_change: bool = False, change_data: UncommittedFiles | None = None,
     opened: DeltaTable | None = None, remove_files: Sequence[DataFile] = (), driver_write_below_bytes: int = 0,
 ) -> int:
-    """Atomically replace the rows of `table_uri` whose `column` lies in `ranges` by the staged files.
+    """Atomically replace the rows of `table_uri` whose `column` lies in `ranges` by the files of `uncommitted`.
 
     One Delta commit removes the files holding only rows of the ranges, rewrites files that also
     hold rows outside them (tables written before files were laid out per partition), adds the
-    staged files (and `change_data` files) and records `transactions`. A concurrent commit makes it
+    files of `uncommitted` (and `change_data` files) and records `transactions`. A concurrent commit makes it
     list again and retry. With `append_only`, nothing is removed. `remove_files`: files removed
-    besides (a stage's files holding keys it recomputes, whose other rows the staged files hold
+    besides (a stage's files holding keys it recomputes, whose other rows the files of `uncommitted` hold
     again); when a concurrent commit removed one of them, the commit is refused. Returns the rows added.
     `opened`: the table as the run opened it before it read from it; the first attempt commits on
     that snapshot, so a commit by anyone since then conflicts and is listed again. `owner`: the flow
     writing; a table it did not create is refused before anything is committed (`ensure_table`). The rows a
     partly replaced file keeps are written again by the driver when its files are under
     `driver_write_below_bytes` (else by a Spark job): one file per gap between the ranges (`_outside`)."""
-    reset, opened = ensure_table(table_uri, staged.schema, reset_on_schema_change=reset_on_schema_change, owner=owner,
+    reset, opened = ensure_table(table_uri, uncommitted.schema, reset_on_schema_change=reset_on_schema_change, owner=owner,
                                  change_data=change_data is not None, opened=opened, apps=[a for a, _ in transactions],
                                  spark=spark, run_id=run_id)
     metadata = with_user_metadata(metadata)
@@ -212,24 +212,24 @@ def replace_ranges(
             _still_there(dt, table_uri, remove_files)
             named = {r.path for r in removes}
             removes += [a for a in (_remove_action(table_uri, f) for f in remove_files) if a.path not in named]
-        adds = list(staged.adds) + [a for e in extra for a in e.adds]
+        adds = list(uncommitted.adds) + [a for e in extra for a in e.adds]
         if change_data is None and not own_commit_allowed(dt):
             props = CommitProperties(app_transactions=[Transaction(a, v) for a, v in transactions],
                                      custom_metadata=metadata, max_commit_retries=0)
             try:
-                dt.create_write_transaction(adds + removes, mode="append", schema=nullable(staged.schema),
+                dt.create_write_transaction(adds + removes, mode="append", schema=nullable(uncommitted.schema),
                                             commit_properties=props, post_commithook_properties=_hooks(dt))
                 made_commit(dt, read_version, dict(transactions))
-                committed(staged, *extra)
-                return staged.rows
+                committed(uncommitted, *extra)
+                return uncommitted.rows
             except CommitFailedError:
                 pass
         elif write_commit(table_uri, read_version + 1, adds, removes, change_data.adds if change_data else (),
                           transactions=transactions, metadata=metadata):
             made_commit(dt, read_version, dict(transactions))
-            committed(staged, *([change_data] if change_data else []), *extra)
+            committed(uncommitted, *([change_data] if change_data else []), *extra)
             _checkpoint_if_due(dt, read_version + 1)
-            return staged.rows
+            return uncommitted.rows
         time.sleep(0.05 * attempt)
     raise CommitConflictError(f"commit to {table_uri} kept conflicting with concurrent writers after "
                               f"{ATTEMPTS} attempts", table=table_uri)
@@ -280,8 +280,8 @@ _GAP = "__gap"  # which gap between the replaced ranges a kept row lies in: its 
 
 
 def _keep_outside(spark: SparkSession, info: TableInfo, files: Sequence[DataFile], column: str,
-                  ranges: Sequence[Interval], *, run_id: str, driver_below: int) -> StagedFiles:
-    """The rows of `files` outside the ranges staged again: what a replace must write back. One file per gap
+                  ranges: Sequence[Interval], *, run_id: str, driver_below: int) -> UncommittedFiles:
+    """The rows of `files` outside the ranges written again: what a replace must write back. One file per gap
     between the (coalesced) ranges, so a kept file's statistics never span a replaced range and a later pass over
     that range alone does not find it partly inside and write it back again. Files under `driver_below` bytes
     are read and written by the driver (pyarrow: no Spark job), others by a Spark job. `info`: the table at the
@@ -298,7 +298,7 @@ def _keep_outside(spark: SparkSession, info: TableInfo, files: Sequence[DataFile
             inside = pc.or_(inside, pc.fill_null(pc.and_(pc.greater_equal(c, start), pc.less(c, end)), False))
             gap = pc.add(gap, pc.cast(pc.fill_null(pc.greater_equal(c, start), False), pa.int64()))
         kept = rows.filter(pc.invert(inside)).append_column(_GAP, gap.filter(pc.invert(inside)))
-        return write_staged_rows(kept, [(table_uri, f"{run_id}-keep", rows.column_names)], by=_GAP)[0]
+        return write_uncommitted_rows(kept, [(table_uri, f"{run_id}-keep", rows.column_names)], by=_GAP)[0]
     df = read_source(spark, list(files), info)
     c = F.col(column)
     inside_col = F.lit(False)
@@ -307,7 +307,7 @@ def _keep_outside(spark: SparkSession, info: TableInfo, files: Sequence[DataFile
         inside_col = inside_col | ((c >= F.lit(r.start)) & (c < F.lit(r.end)))
         gap_col = gap_col + F.when(c >= F.lit(r.start), 1).otherwise(0)
     kept_df = df.where(c.isNull() | ~inside_col).withColumn(_GAP, gap_col)
-    return write_staged(kept_df.repartition(_GAP), table_uri, f"{run_id}-keep", by=_GAP)
+    return write_uncommitted(kept_df.repartition(_GAP), table_uri, f"{run_id}-keep", by=_GAP)
 
 
 def _hooks(dt: DeltaTable) -> PostCommitHookProperties:

@@ -4,7 +4,7 @@ Every table Laminar creates for a flow or stage (its sink, its state) carries th
 `laminar.flow` = the flow's name. Before a run writes anything, and again when it commits, the table
 it writes must be
 
-  - absent, or a folder holding nothing but stagings of Laminar's own (a first run that stopped
+  - absent, or a folder holding nothing but Laminar's own uncommitted files (a first run that stopped
     before its first commit), or
   - a Delta table whose `laminar.flow` property names this flow, or, for a table an earlier Laminar
     created (no such property), whose app transactions (`laminar/<flow>/<partition>`) or recent
@@ -32,7 +32,7 @@ from ..delta.transactions import txn_versions_of
 
 OWNER_PROPERTY = "laminar.flow"
 HISTORY_LOOKED_AT = 20  # recent commits searched for this flow's commit info in a table without the property
-# What a run may leave in a sink's folder before the table exists: its stagings and a log being created.
+# What a run may leave in a sink's folder before the table exists: its uncommitted files and a log being created.
 _OWN_FOLDERS = ("laminar", "_change_data/laminar", "_delta_log")
 
 
@@ -83,7 +83,7 @@ def _recent_writers(table: DeltaTable) -> set[str]:
 
 
 def _refuse_foreign_files(uri: str, flow: str, what: str) -> None:
-    """Refuse a folder at `uri` that holds files other than Laminar's own stagings."""
+    """Refuse a folder at `uri` that holds files other than Laminar's own uncommitted files."""
     base = storage.normalized(uri).rstrip("/")
     for found, _size in storage.list_files(uri):
         rel = storage.normalized(found)[len(base) + 1:].replace("\\", "/")

@@ -38,7 +38,7 @@ from ..aggregates.base import EVENT_TS, q, sql_string, user_sql
 from ..delta.arrow_reads import read_arrow
 from ..delta.tables import DataFile, TableInfo, is_delta_table, open_delta, snapshot_files, table_info
 from ..output.commit import CHECKPOINT_EVERY, with_user_metadata
-from ..output.staged_files import committed, write_staged, write_staged_table
+from ..output.uncommitted import committed, write_uncommitted, write_uncommitted_table
 from ..spark.read import read_source
 from ..spec.specs import Spec
 from ..windows import PARTITION_SPAN, Interval, later, partition_span, sql_timestamp
@@ -184,7 +184,7 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
     """Append the rows of `rejects` (PARTITION_KEY, RULE, ROW, VERSION, EVENT_TS; a NULL partition for
     the sweep's rows) not yet recorded for (flow, partition); returns the number of new rows by
     partition and rule. One Spark job, one commit. `through_driver`: the caller read few enough
-    bytes that the rejects (a subset of those rows) are written by the driver (`output.staged_files.write_staged`);
+    bytes that the rejects (a subset of those rows) are written by the driver (`output.uncommitted.write_uncommitted`);
     then, when the recorded rows to check against are in fewer than `driver_below_bytes` of plain files,
     the driver also groups the rejects and skips the recorded ones (`_new_in_driver`), so the Spark job is
     a plain read with no shuffle and no join.
@@ -195,12 +195,12 @@ def record(spark: SparkSession, rejects: DataFrame, *, uri: str, flow: str, run_
     if through_driver and sum(f.size for f in files) < driver_below_bytes and \
             not any(f.needs_row_positions for f in files) and (info is None or info.column_mapping == "none"):
         new = _new_in_driver(rejects, files, run_id, now)
-        staged = write_staged_table(new, uri, run_id, folder=f"flow={flow}/laminar", partition_values={"flow": flow})
+        written = write_uncommitted_table(new, uri, run_id, folder=f"flow={flow}/laminar", partition_values={"flow": flow})
     else:
-        staged = write_staged(_new_in_spark(spark, rejects, info, files, run_id, now), uri, run_id, max_files=1,
-                              folder=f"flow={flow}/laminar", partition_values={"flow": flow},
-                              through_driver=through_driver)
-    return _commit(uri, flow, run_id, staged)
+        written = write_uncommitted(_new_in_spark(spark, rejects, info, files, run_id, now), uri, run_id, max_files=1,
+                                    folder=f"flow={flow}/laminar", partition_values={"flow": flow},
+                                    through_driver=through_driver)
+    return _commit(uri, flow, run_id, written)
 
 
 def _new_in_spark(spark: SparkSession, rejects: DataFrame, info, files: list, run_id: str,
@@ -252,9 +252,9 @@ def _new_in_driver(rejects: DataFrame, files: list, run_id: str, now: datetime) 
     })
 
 
-def _commit(uri: str, flow: str, run_id: str, staged) -> dict[str | None, dict[str, int]]:
-    """Commit the staged rows to the quarantine table (created when absent); the new rows by partition and rule."""
-    if not staged.rows:
+def _commit(uri: str, flow: str, run_id: str, files) -> dict[str | None, dict[str, int]]:
+    """Commit the new rows' files to the quarantine table (created when absent); the new rows by partition and rule."""
+    if not files.rows:
         return {}
     if not is_delta_table(uri):
         try:
@@ -264,12 +264,12 @@ def _commit(uri: str, flow: str, run_id: str, staged) -> dict[str | None, dict[s
         except DeltaError:  # a concurrent run created it first
             if not is_delta_table(uri):
                 raise
-    facts = with_user_metadata({"laminar.run_id": run_id, "laminar.flow": flow, "laminar.quarantined": str(staged.rows)})
-    open_delta(uri).create_write_transaction(list(staged.adds), mode="append", schema=SCHEMA, partition_by=["flow"],
+    facts = with_user_metadata({"laminar.run_id": run_id, "laminar.flow": flow, "laminar.quarantined": str(files.rows)})
+    open_delta(uri).create_write_transaction(list(files.adds), mode="append", schema=SCHEMA, partition_by=["flow"],
                                              commit_properties=CommitProperties(custom_metadata=facts))
-    committed(staged)
+    committed(files)
     counts: dict[str | None, dict[str, int]] = {}
-    for add in staged.adds:  # only the partition and rule columns of what this run just wrote
+    for add in files.adds:  # only the partition and rule columns of what this run just wrote
         fs, path = storage.filesystem(storage.join(uri, *add.path.split("/")))
         written = pq.read_table(path, columns=["partition", "rule"], filesystem=fs).to_pylist()
         for r in written:

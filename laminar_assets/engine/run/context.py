@@ -98,7 +98,7 @@ class EngineOptions:
     driver_read_below_bytes: int = 1024 * 1024
     # A flow's write through the driver puts the rows of up to this many adjacent partitions in one file
     # (aligned: partition numbers n with the same n // partitions_per_file, e.g. hours 00-07, 08-15 and 16-23 of a
-    # day for 8): on an object store each file costs a PUT when staged and a HEAD and a GET whenever a run reads
+    # day for 8): on an object store each file costs a PUT when written and a HEAD and a GET whenever a run reads
     # it, and a batched run's per-partition files are tiny. But a later run over some of them writes the others'
     # rows back (`output.commit.replace_ranges`): cheaper only where runs keep covering the same blocks
     # (docs/PERFORMANCE.md, "Files of adjacent partitions"). 1 (the default): a file per partition.

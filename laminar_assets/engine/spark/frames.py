@@ -1,5 +1,5 @@
 """Spark/Arrow schema helpers, observations, interpreted execution and run ids (the session-side
-helpers every run module shares; writing files is `staging`'s job)."""
+helpers every run module shares; writing files is `output.uncommitted`'s job)."""
 
 from __future__ import annotations
 

@@ -189,8 +189,9 @@ def jvm_conf(options: SparkOptions, *, secrets: bool = True) -> dict[str, str]:
     if stores:
         store = storage.spark_conf(schemes=stores)
         conf.update({k: v for k, v in store.items() if secrets or not _secret(k)})
-        # Spark's commit of a staging folder renames each task's files once (v2), not twice: on an
-        # object store a rename is a copy. The folder is the call's own; the Delta commit publishes it.
+        # Spark's commit of the files a write job puts in its folder renames each task's files once (v2),
+        # not twice: on an object store a rename is a copy. The folder is the call's own; the Delta commit
+        # publishes it.
         conf["spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version"] = "2"
     if options.metastore:
         conf.update(metastore_conf(options.metastore, secrets=secrets))

@@ -12,7 +12,7 @@ removes the output files holding the keys' old rows and writes their other rows 
 
 A small refill (what it reads, its dimensions and the kept rows under the driver-write bound)
 is one Spark job: the net changes and the new rows come to the driver together, which counts them
-and writes both outputs. Otherwise Spark stages the change data (counted in the same job), then
+and writes both outputs. Otherwise Spark writes the change data (counted in the same job), then
 the new rows.
 """
 
@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from ..aggregates.algebra import EVENT_TS
 from ..delta.tables import is_delta_table, open_delta
 from ..output.commit import replace_ranges
-from ..output.staged_files import StagedFiles, collect_rows, write_staged, write_staged_rows
+from ..output.uncommitted import UncommittedFiles, collect_rows, write_uncommitted, write_uncommitted_rows
 from ..run.context import RunContext
 from ..run.metrics import RunMetrics
 from ..run.plan import PartitionPlan, Reason
@@ -41,7 +41,7 @@ from ..windows import partition_id
 from .dedup import OutputReset, kept_rows, with_columns_of
 from .keys import touched_rows
 
-CHANGE_DATA = "_change_data/laminar"  # where a commit's change-data files are staged
+CHANGE_DATA = "_change_data/laminar"  # where a commit's change-data files are written before it names them
 
 
 def transactions(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs: dict[str, int]) -> list:
@@ -57,9 +57,9 @@ def commit_meta(spec: StageSpec, plans: list[PartitionPlan], run_id: str) -> dic
             "laminar.reason": ",".join(sorted({p.reason.value for p in plans}))}
 
 
-def with_metrics(meta: dict, read: dict, staged: StagedFiles) -> dict:
+def with_metrics(meta: dict, read: dict, files: UncommittedFiles) -> dict:
     """The commit's metadata with the run's metrics (what `laminar_system.runs` shows)."""
-    return {**meta, "laminar.metrics": json.dumps({**read, "sink_rows": staged.rows})}
+    return {**meta, "laminar.metrics": json.dumps({**read, "sink_rows": files.rows})}
 
 
 def schema_matches(uri: str, out: DataFrame) -> bool:
@@ -98,36 +98,36 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
     # replace_ranges' keywords every commit below passes (of several types: Any, not the join mypy infers)
     common: dict[str, Any] = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id, owner=spec.name)
     if old is None:  # nothing kept in the refilled partitions (or a new schema): every row is new
-        staged = write_staged(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
+        files = write_uncommitted(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
         if reset:
-            staged = staged.plus(write_staged(new_inc, uri, run_id + "-inc", by=PART, through_driver=small))
-        replace_ranges(ctx.spark, staged, ranges=ranges if reset else [], metadata=with_metrics(meta, read, staged),
+            files = files.plus(write_uncommitted(new_inc, uri, run_id + "-inc", by=PART, through_driver=small))
+        replace_ranges(ctx.spark, files, ranges=ranges if reset else [], metadata=with_metrics(meta, read, files),
                        append_only=not reset, reset_on_schema_change=reset, **common)
-        inserted, deleted = staged.rows_by_partition(), {}
+        inserted, deleted = files.rows_by_partition(), {}
     else:
         old = with_columns_of(old, new_ref)  # columns the output gains read NULL in its kept rows
         changes = _net_changes(old.select(*named(data_cols)), new_ref, data_cols, single=single).unionByName(
             new_inc.withColumn(CHANGE_TYPE, F.lit("insert")))
         if small and in_bytes + old_bytes < ctx.options.driver_write_below_bytes:
-            staged, cdc, inserted, deleted = _stage_collected(changes, rows, uri, run_id, data_cols)
+            files, cdc, inserted, deleted = _write_collected(changes, rows, uri, run_id, data_cols)
         else:
-            staged, cdc, inserted, deleted = _stage_in_spark(changes, rows, uri, run_id, ids, small=small)
+            files, cdc, inserted, deleted = _write_in_spark(changes, rows, uri, run_id, ids, small=small)
         if any(deleted.values()):
-            replace_ranges(ctx.spark, staged, ranges=ranges, metadata=with_metrics(meta, read, staged),
+            replace_ranges(ctx.spark, files, ranges=ranges, metadata=with_metrics(meta, read, files),
                            change_data=cdc, remove_files=touched.files if touched is not None else (), **common)
         else:  # nothing deleted: a plain commit of the inserted rows
-            replace_ranges(ctx.spark, staged, ranges=[], metadata=with_metrics(meta, read, staged),
+            replace_ranges(ctx.spark, files, ranges=[], metadata=with_metrics(meta, read, files),
                            append_only=True, **common)
-            inserted = staged.rows_by_partition()
-    written = staged.rows_by_partition()
+            inserted = files.rows_by_partition()
+    written = files.rows_by_partition()
     for pid, key in ids.items():
         metrics[key].update(sink_rows=written.get(pid, 0), rows_inserted=inserted.get(pid, 0),
                             rows_deleted=deleted.get(pid, 0))
 
 
-def _stage_collected(changes: DataFrame, rows: DataFrame, uri: str, run_id: str, cols: list[str]) -> tuple:
+def _write_collected(changes: DataFrame, rows: DataFrame, uri: str, run_id: str, cols: list[str]) -> tuple:
     """One Spark job: the change data and every new row, tagged, collected; the driver counts the
-    changes per partition and stages the rows to commit (the inserted ones when nothing was
+    changes per partition and writes the rows to commit (the inserted ones when nothing was
     deleted) and, when something was, the change data. Returns (rows, change data or None,
     inserted, deleted)."""
     table = collect_rows(changes.unionByName(rows.withColumn(CHANGE_TYPE, F.lit(None).cast("string"))))
@@ -139,26 +139,26 @@ def _stage_collected(changes: DataFrame, rows: DataFrame, uri: str, run_id: str,
     deleted = {pid: n for (pid, kind), n in counts.items() if kind == "delete"}
     if not any(deleted.values()):
         inserts = change.filter(pc.equal(change[CHANGE_TYPE], "insert"))
-        return write_staged_rows(inserts, [(uri, run_id, cols)], by=PART)[0], None, inserted, deleted
-    cdc = write_staged_rows(change, [(uri, run_id, [*cols, CHANGE_TYPE])], by=PART, folder=CHANGE_DATA)[0]
-    return write_staged_rows(table.filter(is_row), [(uri, run_id, cols)], by=PART)[0], cdc, inserted, deleted
+        return write_uncommitted_rows(inserts, [(uri, run_id, cols)], by=PART)[0], None, inserted, deleted
+    cdc = write_uncommitted_rows(change, [(uri, run_id, [*cols, CHANGE_TYPE])], by=PART, folder=CHANGE_DATA)[0]
+    return write_uncommitted_rows(table.filter(is_row), [(uri, run_id, cols)], by=PART)[0], cdc, inserted, deleted
 
 
-def _stage_in_spark(changes: DataFrame, rows: DataFrame, uri: str, run_id: str, ids: dict[int, str], *,
+def _write_in_spark(changes: DataFrame, rows: DataFrame, uri: str, run_id: str, ids: dict[int, str], *,
                     small: bool) -> tuple:
-    """Spark stages the change data (counted per partition in that job), then the rows to commit:
+    """Spark writes the change data (counted per partition in that job), then the rows to commit:
     every new row when something was deleted, else only the inserted ones (the change data is dropped)."""
     obs = Observation()
-    cdc = write_staged(observe(changes, obs, *_change_counts(ids)), uri, run_id, by=PART, folder=CHANGE_DATA)
+    cdc = write_uncommitted(observe(changes, obs, *_change_counts(ids)), uri, run_id, by=PART, folder=CHANGE_DATA)
     counts = obs.get
     deleted = {pid: int(counts.get(f"delete@{pid}") or 0) for pid in ids}
     inserted = {pid: int(counts.get(f"insert@{pid}") or 0) for pid in ids}
     if any(deleted.values()):
-        return write_staged(rows, uri, run_id, by=PART, through_driver=small), cdc, inserted, deleted
+        return write_uncommitted(rows, uri, run_id, by=PART, through_driver=small), cdc, inserted, deleted
     cdc.discard()
     # inserts only, all of them rows this pass read (the change data also holds old rows)
     inserts = changes.where(F.col(CHANGE_TYPE) == "insert").drop(CHANGE_TYPE)
-    return write_staged(inserts, uri, run_id, by=PART, through_driver=small), None, inserted, deleted
+    return write_uncommitted(inserts, uri, run_id, by=PART, through_driver=small), None, inserted, deleted
 
 
 def _net_changes(old: DataFrame, new: DataFrame, cols: list[str], *, single: bool) -> DataFrame:

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from ..aggregates.algebra import EVENT_TS, SIGN
 from ..delta.tables import snapshot_files
 from ..output.commit import replace_ranges
-from ..output.staged_files import write_staged
+from ..output.uncommitted import write_uncommitted
 from ..quarantine import records as qr
 from ..quarantine.records import PARTITION_KEY, ROW, RULE, VERSION
 from ..run.context import RunContext
@@ -125,7 +125,7 @@ def _count_metrics(out: PassResult, counts: dict, plans: list[PartitionPlan]) ->
 def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joined: DataFrame, obs: Observation,
              seqs: dict[str, int], run_id: str, out: PassResult, *, small: bool) -> bool:
     """Incremental partitions only: one Spark job reads, joins, dedups against the kept rows and
-    stages the new rows; the run's counts and any kept row a new one would replace are observed
+    writes the new rows; the run's counts and any kept row a new one would replace are observed
     by it (nothing is cached or collected). False, with nothing done, when the output's schema
     changes (the general path resets the table)."""
     new = deduped(spec, joined.where(F.col(RULE).isNull()))
@@ -137,10 +137,10 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     if lost is not None:
         new = dedup_against_kept(ctx, spec, plans, new, lost=lost)
     t0 = time.perf_counter()
-    staged = write_staged(new.select(*named(cols)), uri, run_id, by=PART, through_driver=small)  # the one Spark job
+    files = write_uncommitted(new.select(*named(cols)), uri, run_id, by=PART, through_driver=small)  # the one Spark job
     lost_in = replaced(spec, plans, lost.get) if lost is not None else []
     if lost_in:
-        staged.discard()
+        files.discard()
         raise DedupReplaced(lost_in)
     _count_metrics(out, obs.get, plans)
     if any(m["rows_rejected"] for m in out.metrics.values()):  # reads the new files again (rare)
@@ -149,11 +149,11 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     ctx.hook("after_read")
     t1 = time.perf_counter()
     read = {m: sum(out.metrics[p.partition][m] for p in plans) for m in ("rows_read", "rows_rejected")}
-    replace_ranges(ctx.spark, staged, table_uri=uri, column=spec.event_time, ranges=[],
+    replace_ranges(ctx.spark, files, table_uri=uri, column=spec.event_time, ranges=[],
                    transactions=transactions(ctx, spec, plans, seqs),
-                   metadata=with_metrics(commit_meta(spec, plans, run_id), read, staged), run_id=run_id,
+                   metadata=with_metrics(commit_meta(spec, plans, run_id), read, files), run_id=run_id,
                    append_only=True, owner=spec.name)
-    written = staged.rows_by_partition()
+    written = files.rows_by_partition()
     for p in plans:
         n = written.get(partition_id(p.partition, spec.granularity), 0)
         out.metrics[p.partition].update(sink_rows=n, rows_inserted=n, rows_deleted=0)

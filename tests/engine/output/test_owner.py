@@ -15,11 +15,11 @@ from laminar_assets.engine.output.owner import OWNER_PROPERTY, check_owner
 ROWS = pa.table({"window_start": pa.array([0], pa.timestamp("us", tz="UTC")), "n": pa.array([1], pa.int64())})
 
 
-def test_a_missing_table_or_a_folder_of_laminars_own_stagings_may_be_written(tmp_path):
+def test_a_missing_table_or_a_folder_of_laminars_own_uncommitted_files_may_be_written(tmp_path):
     assert check_owner(str(tmp_path / "t"), "f") is None
-    staged = tmp_path / "t" / "laminar" / "run1-ab12"  # a first run stopped before its first commit
-    staged.mkdir(parents=True)
-    (staged / "part-0.parquet").write_bytes(b"x")
+    uncommitted = tmp_path / "t" / "laminar" / "run1-ab12"  # a first run stopped before its first commit
+    uncommitted.mkdir(parents=True)
+    (uncommitted / "part-0.parquet").write_bytes(b"x")
     assert check_owner(str(tmp_path / "t"), "f") is None
 
 

@@ -1,30 +1,31 @@
-"""Staging: Parquet files written into a table's folder for `deltalake` to commit.
+"""Uncommitted files: Parquet files written into a table's folder ahead of the `deltalake` commit
+that names them.
 
 Spark never opens the Delta log: it reads exactly the Parquet files a pinned
 snapshot or a commit names (`spark_read`), and a run's output is written here as
-new Parquet files under the table's folder (`write_staged`), each with its Delta
+new Parquet files under the table's folder (`write_uncommitted`), each with its Delta
 statistics from the footer. The commit that publishes them is `delta_write`'s job.
 
-Files are laid out per partition: `write_staged(..., by=column)` writes one file per value
+Files are laid out per partition: `write_uncommitted(..., by=column)` writes one file per value
 of a partition-id column, so replacing one partition's rows later removes that
 partition's files and rewrites nobody else's. Small outputs are written by the driver
-from Arrow batches instead of a Spark write job (`through_driver`, `write_staged_rows`); a
+from Arrow batches instead of a Spark write job (`through_driver`, `write_uncommitted_rows`); a
 flow's small pass over adjacent partitions writes their rows into one file (`partitions_per_file`):
-on an object store each file costs a PUT when it is staged and a HEAD and a GET whenever a run
+on an object store each file costs a PUT when it is written and a HEAD and a GET whenever a run
 reads it, and a batched pass's per-partition files are tiny. A later pass over some of them
 carries the others' rows forward (`commit.replace_ranges`).
 
-Every staging call writes into a folder of its own (`<folder>/<run id>-<token>`) that did
-not exist before, so no staging ever overwrites or deletes another's files, whatever run,
-pass or attempt made them. The only files removed are staged ones no commit names: a run
-that holds a `scope()` removes, when it ends, each folder it staged whose files it did not
+Every call writes into a folder of its own (`<folder>/<run id>-<token>`) that did
+not exist before, so no write ever overwrites or deletes another's files, whatever run,
+pass or attempt made them. The only files removed are uncommitted ones no commit names: a run
+that holds a `scope()` removes, when it ends, each folder it wrote whose files it did not
 commit (after checking the table's recent commits), so neither a failed pass nor an empty
-staging leaves files behind. A killed process leaves its staged files for Delta's VACUUM.
+write leaves files behind. A killed process leaves its uncommitted files for Delta's VACUUM.
 
 On an object store the files are written straight into the bucket (by the executors through
 s3a, or by the driver through pyarrow): no local folder that other machines cannot see, and no
 rename, which an object store does not have. Files Spark writes per partition keep the folder
-Spark gave them (`__p=<id>/part-...`); on a local disk they are moved up into the staging folder.
+Spark gave them (`__p=<id>/part-...`); on a local disk they are moved up into the write's folder.
 """
 
 from __future__ import annotations
@@ -112,16 +113,16 @@ def footer_stats(meta: pq.FileMetaData) -> tuple[int, str]:
 
 
 @dataclass(frozen=True)
-class StagedFiles:
+class UncommittedFiles:
     """Parquet files written into a table folder (by Spark or by the driver), not yet committed."""
 
     adds: tuple[AddAction, ...]
     rows: int
     schema: pa.Schema | None
-    folders: tuple[str, ...] = ()  # the staging folders (URIs) the files are in (each one call's own)
+    folders: tuple[str, ...] = ()  # the folders (URIs) the files are in (each one write call's own)
 
     def rows_by_partition(self) -> dict[int, int]:
-        """Rows staged per partition number, for files staged with `by="__p"` (from their names:
+        """Rows written per partition number, for files written with `by="__p"` (from their names:
         `p-<id>-part-...`, or `__p=<id>/part-...` where Spark's folders were kept)."""
         out: dict[int, int] = {}
         for a in self.adds:
@@ -131,33 +132,33 @@ class StagedFiles:
                 out[pid] = out.get(pid, 0) + json.loads(a.stats)["numRecords"]
         return out
 
-    def plus(self, other: StagedFiles) -> StagedFiles:
-        """Both stagings' files, committed together."""
-        return StagedFiles(self.adds + other.adds, self.rows + other.rows, self.schema, self.folders + other.folders)
+    def plus(self, other: UncommittedFiles) -> UncommittedFiles:
+        """Both writes' files, committed together."""
+        return UncommittedFiles(self.adds + other.adds, self.rows + other.rows, self.schema, self.folders + other.folders)
 
     def discard(self) -> None:
-        """Delete files that were never handed to a commit (a pass that escalates stages anew)."""
+        """Delete files that were never handed to a commit (a pass that escalates, then writes anew)."""
         for folder in self.folders:
             storage.delete_tree(folder)
 
 
 @dataclass
 class _Scope:
-    """The stagings of one run: which folders it wrote, and which of them a commit took."""
+    """The writes of one run: which folders it wrote, and which of them a commit took."""
 
     started_ms: int
-    staged: dict[str, tuple[str, str]] = field(default_factory=dict)  # folder -> (table URI, folder in the table)
+    written: dict[str, tuple[str, str]] = field(default_factory=dict)  # folder -> (table URI, folder in the table)
     committed: set[str] = field(default_factory=set)
 
 
-_SCOPE: ContextVar[_Scope | None] = ContextVar("laminar_staging_scope", default=None)
+_SCOPE: ContextVar[_Scope | None] = ContextVar("laminar_uncommitted_scope", default=None)
 # How far before a run's start its commits' timestamps may lie (clock steps): `_named_since` looks this far back.
 _CLOCK_SLACK_MS = 10 * 60 * 1000
 
 
 @contextmanager
 def scope() -> Iterator[None]:
-    """Track every staging of the block. When it ends, successfully or not, each folder it staged that
+    """Track every write of the block. When it ends, successfully or not, each folder it wrote that
     no commit took is removed, unless a commit of its table since the block began names one of its
     files (then it stays: never delete what a commit may name). A simulated kill (`InjectedCrash`)
     leaves everything, as a real one would. Scopes nest: an inner block shares the outer one."""
@@ -179,7 +180,7 @@ def scope() -> Iterator[None]:
         _SCOPE.reset(token)
         if not crashed:
             try:
-                for folder, (table_uri, rel_dir) in current.staged.items():
+                for folder, (table_uri, rel_dir) in current.written.items():
                     if folder not in current.committed:
                         _discard_unless_named(table_uri, rel_dir, folder, current.started_ms)
                     elif storage.local_path(folder) is not None and os.path.isdir(folder) and \
@@ -191,22 +192,22 @@ def scope() -> Iterator[None]:
                 # the block's own error is what the caller reports (e.g. a store that stopped answering
                 # fails the clean-up too); what stays is named by no commit, and Delta's VACUUM reclaims it, as a
                 # killed run's
-                log.warning("staged files were not cleaned up after a failure (%s)", exc)
+                log.warning("uncommitted files were not cleaned up after a failure (%s)", exc)
 
 
-def committed(*staged: StagedFiles | None) -> None:
+def committed(*files: UncommittedFiles | None) -> None:
     """Record that a commit took these files: the scope must never remove them."""
     current = _SCOPE.get()
     if current is not None:
-        for s in staged:
-            if s is not None:
-                current.committed.update(s.folders)
+        for f in files:
+            if f is not None:
+                current.committed.update(f.folders)
 
 
 def _register(table_uri: str, rel_dir: str, folder: str) -> None:
     current = _SCOPE.get()
     if current is not None:
-        current.staged[folder] = (table_uri, rel_dir)
+        current.written[folder] = (table_uri, rel_dir)
 
 
 def _discard_unless_named(table_uri: str, rel_dir: str, folder: str, since_ms: int) -> None:
@@ -220,7 +221,7 @@ def _discard_unless_named(table_uri: str, rel_dir: str, folder: str, since_ms: i
 
 
 def _remove(table_uri: str, folder: str) -> None:
-    """Delete a staging folder's files, and on a local disk the staging folders above it, up to the
+    """Delete an uncommitted folder's files, and on a local disk the folders above it, up to the
     table's, when left empty (an object store has no folders)."""
     storage.delete_tree(folder)
     storage.remove_empty_dirs(os.path.dirname(folder), table_uri)
@@ -247,9 +248,9 @@ def _named_since(table_uri: str, rel_dir: str, since_ms: int) -> bool:
     return False
 
 
-def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, max_files: int = 1,
+def write_uncommitted(df: DataFrame, table_uri: str, run_id: str, *, by: str | None = None, max_files: int = 1,
           folder: str = "laminar", partition_values: dict[str, str] | None = None,
-          through_driver: bool = False, partitions_per_file: int = 1) -> StagedFiles:
+          through_driver: bool = False, partitions_per_file: int = 1) -> UncommittedFiles:
     """Write `df` as Parquet into a new folder `<table>/<folder>/<run_id>-<token>/` (one Spark job);
     empty files are dropped.
 
@@ -265,21 +266,21 @@ def write_staged(df: DataFrame, table_uri: str, run_id: str, *, by: str | None =
     if through_driver:
         table = df.toArrow()
         written = _write_table(table, target, by, partitions_per_file=partitions_per_file)
-        return _staged(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema), written)
+        return _uncommitted(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema), written)
     writer = (df.write.partitionBy(by) if by else (df.coalesce(max_files) if max_files else df).write)
     # "overwrite" replaces nothing: the folder is new for every call (`_target`). Spark Connect does
     # not accept "errorifexists".
     writer.mode("overwrite").parquet(storage.spark_uri(target))
-    return _staged(target, rel_dir, partition_values, lambda: arrow_schema_of(df.drop(by) if by else df))
+    return _uncommitted(target, rel_dir, partition_values, lambda: arrow_schema_of(df.drop(by) if by else df))
 
 
-def write_staged_table(table: pa.Table, table_uri: str, run_id: str, *, folder: str = "laminar",
-                       partition_values: dict[str, str] | None = None) -> StagedFiles:
-    """Rows the driver holds as Arrow staged as `write_staged(..., through_driver=True)` stages the rows it
+def write_uncommitted_table(table: pa.Table, table_uri: str, run_id: str, *, folder: str = "laminar",
+                            partition_values: dict[str, str] | None = None) -> UncommittedFiles:
+    """Rows the driver holds as Arrow, written as `write_uncommitted(..., through_driver=True)` writes the rows it
     collects: one file in a new folder `<table>/<folder>/<run_id>-<token>/` (none when there are no rows)."""
     rel_dir, target = _target(table_uri, folder, run_id)
     written = _write_table(table, target, None)
-    return _staged(target, rel_dir, partition_values, lambda: _plain_types(table.schema), written)
+    return _uncommitted(target, rel_dir, partition_values, lambda: _plain_types(table.schema), written)
 
 
 def collect_rows(df: DataFrame) -> pa.Table:
@@ -287,22 +288,22 @@ def collect_rows(df: DataFrame) -> pa.Table:
     return df.toArrow()
 
 
-def write_staged_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]], *, by: str,
-               folder: str = "laminar", partitions_per_file: int = 1) -> list[StagedFiles]:
-    """Several tables' staged files from rows collected as Arrow (`collect_rows`): each output (table
-    URI, run id, columns) stages those columns of every row, split by `by` (`partitions_per_file`: see
+def write_uncommitted_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]], *, by: str,
+               folder: str = "laminar", partitions_per_file: int = 1) -> list[UncommittedFiles]:
+    """Several tables' uncommitted files from rows collected as Arrow (`collect_rows`): each output (table
+    URI, run id, columns) writes those columns of every row, split by `by` (`partitions_per_file`: see
     `_write_table`)."""
     out = []
     for table_uri, run_id, columns in outputs:
         rel_dir, target = _target(table_uri, folder, run_id)
         part = table.select([by, *[c for c in columns if c != by]])
         written = _write_table(part, target, by, partitions_per_file=partitions_per_file)
-        out.append(_staged(target, rel_dir, None, lambda part=part: _plain_types(_without(part, by).schema), written))
+        out.append(_uncommitted(target, rel_dir, None, lambda part=part: _plain_types(_without(part, by).schema), written))
     return out
 
 
 def _target(table_uri: str, folder: str, run_id: str) -> tuple[str, str]:
-    """A staging folder of the table no other staging has used or will use: `<folder>/<run id>-<token>`
+    """A folder of the table no other write has used or will use: `<folder>/<run id>-<token>`
     (its URI: a local path, or an object-store URI)."""
     rel_dir = f"{folder}/{run_id}-{uuid.uuid4().hex[:12]}"
     target = storage.join(table_uri, *rel_dir.split("/"))
@@ -315,7 +316,7 @@ def _without(table: pa.Table, column: str | None) -> pa.Table:
 
 
 def _write_table(table: pa.Table, target: str, by: str | None, *, partitions_per_file: int = 1) -> list[_Written]:
-    """Rows collected in the driver written under `target` (a new folder's URI) as `_staged` names
+    """Rows collected in the driver written under `target` (a new folder's URI) as `_uncommitted` names
     Spark's files: one file per value of `by`, named `p-<value>-part-....parquet`. Each file is
     encoded in memory and stored with one write (one PUT on an object store: no multipart upload, no
     listing or footer read afterwards); returns what was written, footers included.
@@ -359,7 +360,7 @@ def _write_table(table: pa.Table, target: str, by: str | None, *, partitions_per
 
 @dataclass(frozen=True)
 class _Written:
-    """A file the driver wrote: its name in the staging folder, size and footer."""
+    """A file the driver wrote: its name in the write's folder, size and footer."""
 
     name: str
     size: int
@@ -392,7 +393,7 @@ def _prefix(folder: str) -> str:
 
 def _plain_types(schema: pa.Schema) -> pa.Schema:
     """`schema` with 32-bit-offset strings and binaries (as Spark writes them: a session set to
-    large Arrow types would otherwise stage files whose schema differs from the table's)."""
+    large Arrow types would otherwise write files whose schema differs from the table's)."""
     return pa.schema([f.with_type(_plain_type(f.type)) for f in schema])
 
 
@@ -410,8 +411,8 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _staged(target: str, rel_dir: str, partition_values: dict[str, str] | None, schema_if_empty,
-            written: list[_Written] | None = None) -> StagedFiles:
+def _uncommitted(target: str, rel_dir: str, partition_values: dict[str, str] | None, schema_if_empty,
+            written: list[_Written] | None = None) -> UncommittedFiles:
     """The files written under `target` as add actions (statistics from their footers). `written`: the
     files the driver wrote, with their footers (nothing is listed or read back); else Spark's files,
     found by listing the folder."""
@@ -440,17 +441,17 @@ def _staged(target: str, rel_dir: str, partition_values: dict[str, str] | None, 
             path=f"{rel_dir}/{relative}", size=size, partition_values=dict(partition_values or {}),
             modification_time=int(time.time() * 1000), data_change=True, stats=stats,
         ))
-    return StagedFiles(tuple(adds), rows, schema if schema is not None else schema_if_empty(), (target,))
+    return UncommittedFiles(tuple(adds), rows, schema if schema is not None else schema_if_empty(), (target,))
 
 
-def read_staged(spark: SparkSession, staged: StagedFiles, table_uri: str) -> DataFrame:
-    """The rows of files this run staged under `table_uri`, read back in one scan with their known
-    schema (no inference job). Small files are read a few per task, not one task each."""
-    if not staged.adds:
-        return empty_frame(spark, staged.schema)
-    paths = [storage.spark_uri(storage.join(table_uri, *a.path.split("/"))) for a in staged.adds]
+def read_uncommitted(spark: SparkSession, files: UncommittedFiles, table_uri: str) -> DataFrame:
+    """The rows of files this run wrote under `table_uri` (not committed yet), read back in one scan with
+    their known schema (no inference job). Small files are read a few per task, not one task each."""
+    if not files.adds:
+        return empty_frame(spark, files.schema)
+    paths = [storage.spark_uri(storage.join(table_uri, *a.path.split("/"))) for a in files.adds]
     # recursiveFileLookup: no partition column is inferred from a kept `__p=<id>/` folder
-    df = spark.read.schema(spark_schema(staged.schema)).option("recursiveFileLookup", "true").parquet(*paths)
+    df = spark.read.schema(spark_schema(files.schema)).option("recursiveFileLookup", "true").parquet(*paths)
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 4)
     return df.coalesce(tasks) if len(paths) > tasks else df
 
