@@ -59,8 +59,18 @@ def normalized(uri: str) -> str:
 
 
 def resolve_root(root: str) -> str:
-    """A storage root as Laminar keeps it: an absolute path, or a normalized object-store URI."""
-    return normalized(root) if is_object_store(root) else os.path.abspath(local_path(root))
+    """A storage root as Laminar keeps it: an absolute path, or a normalized object-store URI; a
+    `StorageError` naming the root for a URI that is neither (hdfs://...)."""
+    if is_object_store(root):
+        return normalized(root)
+    path = local_path(root)
+    if path is None:
+        from laminar_assets.errors import StorageError
+
+        known = " or ".join(sorted({f"{c.schemes[0]}://" for c in object_store_classes()}))
+        raise StorageError(f"{root}: {scheme(root)}:// is not a storage root Laminar supports: use a local path "
+                           f"(or file://) or {known}", uri=root)
+    return os.path.abspath(path)
 
 
 def join(uri: str, *parts: str) -> str:

@@ -156,3 +156,8 @@ def test_object_stores_laminar_does_not_support_yet_are_refused_by_name():
     assert storage.resolve_root("s3a://bucket/lake/") == "s3://bucket/lake"
     assert storage.resolve_root("lake") == os.path.abspath("lake")
     assert storage.spark_uri("s3://bucket/t/f.parquet") == "s3a://bucket/t/f.parquet"
+
+
+def test_a_root_of_a_scheme_with_no_store_is_refused_by_name():
+    with pytest.raises(StorageError, match=r"hdfs://nn/lake: hdfs:// is not a storage root .* s3://"):
+        storage.resolve_root("hdfs://nn/lake")
