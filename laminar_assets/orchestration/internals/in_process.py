@@ -32,6 +32,7 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
     # Every definition goes in (resources bound), the request's assets and checks are selected: the
     # checks run in the same run, as they do when the daemon launches the request.
     assets = list(graph.assets_defs)
+    assert request.asset_selection is not None, request  # Laminar's sensors name the assets of every request
     checks = request.asset_check_keys
     if checks is None:
         checks = [c for c in graph.asset_check_keys if c.asset_key in set(request.asset_selection)]
@@ -40,7 +41,9 @@ def execute_request(defs: dg.Definitions, request: dg.RunRequest, instance: dg.D
     tags = dict(request.tags)
     if request.partition_key is None and (RANGE_START not in tags or RANGE_END not in tags):
         raise ValueError(f"run request {request.run_key} names neither a partition nor a range")
-    job = dg.Definitions(jobs=[dg.define_asset_job(RUN_JOB, selection=selection, executor_def=defs.executor or thread_executor)],
+    executor = defs.executor or thread_executor
+    assert isinstance(executor, dg.ExecutorDefinition), executor  # builder.py: an ExecutorDefinition, never an Executor
+    job = dg.Definitions(jobs=[dg.define_asset_job(RUN_JOB, selection=selection, executor_def=executor)],
                          assets=assets).resolve_job_def(RUN_JOB)
     return execute_job_here(job, instance=instance, partition_key=request.partition_key, tags=tags,
                             run_config=QUIET_CONSOLE,
@@ -131,6 +134,6 @@ def evaluate_sensor(defs: dg.Definitions, name: str, instance: dg.DagsterInstanc
                     resources: dict | None = None):
     """One tick of a sensor, exactly as the daemon evaluates it."""
     sensor = defs.resolve_sensor_def(name)
-    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources or dict(defs.resources),
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources or dict(defs.resources or {}),
                                  definitions=defs) as ctx:
         return sensor(ctx)
