@@ -84,19 +84,24 @@ def _expectation(rule: ExpectationRule):
 
     e = gx.expectations
     if rule.expect == "not_null":
+        assert rule.column is not None, rule  # ExpectationRule._arguments: this kind needs a column
         return e.ExpectColumnValuesToNotBeNull(column=rule.column)
     if rule.expect == "unique":
         cols = rule.columns_used()
         return e.ExpectColumnValuesToBeUnique(column=cols[0]) if len(cols) == 1 else \
             e.ExpectCompoundColumnsToBeUnique(column_list=cols)
     if rule.expect == "between":
+        assert rule.column is not None, rule  # ExpectationRule._arguments: this kind needs a column
         return e.ExpectColumnValuesToBeBetween(column=rule.column, min_value=rule.min, max_value=rule.max,
                                                strict_min=rule.strict_min)
     if rule.expect == "in_set":
+        assert rule.column is not None, rule  # ExpectationRule._arguments: this kind needs a column
         return e.ExpectColumnValuesToBeInSet(column=rule.column, value_set=list(rule.values or []))
     if rule.expect == "row_count_between":
-        return e.ExpectTableRowCountToBeBetween(min_value=rule.min, max_value=rule.max)
+        # GE types the bounds as whole counts; a rule's bounds are floats, passed on as the rule holds them
+        return e.ExpectTableRowCountToBeBetween(min_value=rule.min, max_value=rule.max)  # type: ignore[arg-type]
     if rule.expect == "match_regex":
+        assert rule.column is not None and rule.regex is not None, rule  # ExpectationRule._arguments
         return e.ExpectColumnValuesToMatchRegex(column=rule.column, regex=rule.regex)
     raise ValueError(rule.expect)
 

@@ -47,8 +47,8 @@ def sink_columns(spec: FlowSpec, impls) -> tuple[list[tuple[str, str]], list[tup
     the spec's `post` columns (each may use the ones before), and the sink's business columns after
     the keys (hidden aggregates left out)."""
     finals = [(impl.agg.name, impl.finalize_expr()) for impl in impls]
-    names = [a.name for a in spec.aggregates if a.name not in spec.hidden]
-    return finals, list(spec.post), [*names, *dict(spec.post)]
+    names = [a.output for a in spec.aggregates if a.output not in spec.hidden]
+    return finals, list(spec.post_pairs), [*names, *dict(spec.post_pairs)]
 
 
 def rederive_sinks(ctx: RunContext, spec: FlowSpec, items: list[tuple[str, int, dict]], run_id: str) -> None:
@@ -91,9 +91,10 @@ def state_extent(ctx: RunContext, spec: FlowSpec, key: str, input_schema: dict) 
     # the bytes a merge reads: whole files; the groups of a file of several adjacent partitions (a batched
     # pass's) by the share of its time range in this one, an estimate
     size = sum(f.size for f in files)
-    if any(f.rows is None for f in files):
+    counted = [(f.rows, f.time_range) for f in files if f.rows is not None]
+    if len(counted) < len(files):
         return None, size
-    return round(sum(f.rows * share_inside(f.time_range, part) for f in files)), size
+    return round(sum(rows * share_inside(time_range, part) for rows, time_range in counted)), size
 
 
 def read_state(ctx: RunContext, spec: FlowSpec, keys: list[str], input_schema: dict) -> DataFrame | None:

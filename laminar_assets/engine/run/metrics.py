@@ -128,10 +128,15 @@ def _check(name: str, value):
     if value is None:
         return value
     floats = name in _FLOATS
-    if isinstance(value, bool) or not isinstance(value, numbers.Real if floats else numbers.Integral):
+    number: float  # numpy's and Arrow's numbers as Python's
+    if floats and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+    elif not floats and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    else:
         raise TypeError(f"run metric {name!r} is {'a number' if floats else 'a count (an int)'}, not {value!r}")
-    if not value >= 0 or value == float("inf"):
+    if not number >= 0 or number == float("inf"):
         raise ValueError(f"run metric {name!r} is 0 or more and finite, not {value!r}")
-    return float(value) if floats else int(value)  # numpy's and Arrow's numbers as Python's
+    return number
 
 
