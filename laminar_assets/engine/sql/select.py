@@ -57,6 +57,7 @@ def flow_fields(select: exp.Select, fail: Fail) -> dict[str, Any]:
     if window is None:
         fail(select.args["group"], "a flow groups by a window: add TUMBLE(ts, INTERVAL '1' MINUTE) or "
                                    "HOP(ts, slide, size) to GROUP BY")
+    assert event_time is not None and grouped is not None  # set with the window
     for clause in ("having", "order", "limit", "qualify", "distinct"):
         if select.args.get(clause):
             fail(select.args[clause], f"{clause.upper()} is not supported in a flow; put it in a query over the sink")
@@ -160,7 +161,8 @@ class _AggBuilder:
             if isinstance(arg, exp.Distinct):
                 return Agg.count_distinct(col(arg.expressions[0]), name=name)
             return Agg.count(col(arg), name=name)
-        simple = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Variance: "var_samp",
+        simple: dict[type[exp.Expression], str] = {
+                  exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Variance: "var_samp",
                   exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp",
                   exp.First: "first", exp.Last: "last"}
         kind = simple.get(type(inner))
@@ -168,18 +170,21 @@ class _AggBuilder:
             return Agg(kind, col(arg), name)
         if isinstance(inner, exp.ApproxDistinct) and not inner.args.get("accuracy"):
             return Agg.approx_count_distinct(col(arg), name=name)
-        if isinstance(inner, exp.ApproxQuantile) and number(inner.args.get("quantile")) is not None \
+        if isinstance(inner, exp.ApproxQuantile) and (quantile := number(inner.args.get("quantile"))) is not None \
                 and not inner.args.get("accuracy"):
-            return Agg.approx_percentile(col(arg), number(inner.args["quantile"]), name=name)
+            return Agg.approx_percentile(col(arg), quantile, name=name)
         if isinstance(inner, (exp.ArgMin, exp.ArgMax)):
             kind = "min_by" if isinstance(inner, exp.ArgMin) else "max_by"
             return Agg(kind, col(arg), name, by=col(inner.expression, "by"))
-        if isinstance(inner, exp.ApproxTopK) and number(inner.expression) is not None:
+        if isinstance(inner, exp.ApproxTopK) and (k := number(inner.expression)) is not None:
             items = number(inner.args.get("counters")) if inner.args.get("counters") else 1000
-            return Agg.approx_top_k(col(arg), int(number(inner.expression)), name=name, max_items=int(items))
+            if items is None:
+                self.fail(inner.args["counters"], "APPROX_TOP_K's third argument (how many items it tracks) must be a "
+                                                  "number, like APPROX_TOP_K(col, 5, 1000)")
+            return Agg.approx_top_k(col(arg), int(k), name=name, max_items=int(items))
         if isinstance(inner, exp.Anonymous) and inner.name.upper() == "TOP_K" and len(inner.expressions) == 2 \
-                and number(inner.expressions[1]) is not None:
-            return Agg.top_k(col(inner.expressions[0]), int(number(inner.expressions[1])), name=name)
+                and (k := number(inner.expressions[1])) is not None:
+            return Agg.top_k(col(inner.expressions[0]), int(k), name=name)
         return Agg.sql(sql(node), name=name)  # an aggregate the algebra does not know: refill-only
 
 
@@ -222,7 +227,7 @@ def unknown_function_message(call: exp.Anonymous) -> str:
             "columns, aggregates (SUM, COUNT, AVG, MIN, MAX, ...) and expressions over them")
 
 
-def _aggregate_classes() -> list[type]:
+def _aggregate_classes() -> list[type[exp.AggFunc]]:
     out, todo = [], [exp.AggFunc]
     while todo:
         cls = todo.pop()

@@ -122,6 +122,9 @@ def test_stage_parts_map_from_projection_join_and_dedup():
      3, "the interval 99999999999 DAY is too long"),
     ("SELECT TUMBLE(ts, INTERVAL '0' MINUTE), COUNT(*) AS n FROM t GROUP BY TUMBLE(ts, INTERVAL '0' MINUTE)",
      3, "expected an interval like INTERVAL '5' MINUTE"),
+    ("SELECT TUMBLE(ts, INTERVAL '1' MINUTE),\n APPROX_TOP_K(acct, 2, 10 * 5) AS b\n"
+     " FROM t GROUP BY TUMBLE(ts, INTERVAL '1' MINUTE)",
+     4, "APPROX_TOP_K's third argument (how many items it tracks) must be a number"),
 ])
 def test_errors_name_the_file_line_and_construct(body, line, message):
     text = f"-- header\nCREATE MATERIALIZED VIEW bad AS\n{body}"
