@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -102,6 +103,7 @@ def footer_stats(meta: pq.FileMetaData) -> tuple[int, str]:
             if isinstance(lo, datetime):
                 # Delta statistics may be read at millisecond precision: floor min, ceil max.
                 lo = lo - timedelta(microseconds=lo.microsecond % 1000)
+                assert hi is not None  # set with lo
                 if hi.microsecond % 1000:
                     try:
                         hi = hi + timedelta(microseconds=1000 - hi.microsecond % 1000)
@@ -327,8 +329,9 @@ def _write_table(table: pa.Table, target: str, by: str | None, *, partitions_per
     partitions, never one between them that has no rows here, so a later pass over some of them finds it
     partly inside its range and writes the others' rows back (at most `partitions_per_file` partitions'
     worth), and a pass over a partition outside them never reads it."""
-    if storage.local_path(target) is not None:
-        os.makedirs(storage.local_path(target))  # new: `_target` never hands out a folder twice
+    local = storage.local_path(target)
+    if local is not None:
+        os.makedirs(local)  # new: `_target` never hands out a folder twice
     table = table.cast(_plain_types(table.schema))
     if table.num_rows == 0:
         return []
@@ -339,7 +342,7 @@ def _write_table(table: pa.Table, target: str, by: str | None, *, partitions_per
     table = table.sort_by(by)
     ids = table.column(by)
     rest = table.drop_columns([by])
-    pieces: list[tuple[object, object, int]] = []  # (first id, last id, rows), one per file
+    pieces: list[tuple[Any, Any, int]] = []  # (first id, last id, rows), one per file
     for run in pc.value_counts(ids).to_pylist():  # in order of first appearance: sorted order here
         value, count = run["values"], run["counts"]
         last = pieces[-1] if pieces else None
@@ -418,6 +421,7 @@ def _uncommitted(target: str, rel_dir: str, partition_values: dict[str, str] | N
     found by listing the folder."""
     adds, rows, schema = [], 0, None
     local = storage.local_path(target)
+    found: list[tuple[str, int, _Written | None]]
     if written is not None:
         found = [(storage.join(target, w.name), w.size, w) for w in written]
     elif local is not None:
