@@ -319,8 +319,9 @@ class CheckpointStore:
             return [], None
         return self._change(writes[0][0].flow, [(m.partition, tag, m) for m, tag in writes])
 
-    def delete_if(self, flow: str, partition: str, tag: str) -> bool:
-        """Remove the watermark only if its entry is still the revision `tag` names (a claim undone)."""
+    def delete_if(self, flow: str, partition: str, tag: str | None) -> bool:
+        """Remove the watermark only if its entry is still the revision `tag` names (a claim undone; None: there
+        is no entry)."""
         return self._changed(flow, [(partition, tag, None)])[0] is not None
 
     def _changed(self, flow: str, changes: list[tuple[str, object, Watermark | None]]) -> list[str | None]:

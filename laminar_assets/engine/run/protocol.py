@@ -182,6 +182,7 @@ class Settled:
 def settle(ctx: RunContext, spec, partition: str, mark: Watermark) -> Settled:
     """Finish or discard the interrupted run recorded in `mark.pending` (nothing is written here)."""
     p = mark.pending
+    assert p is not None, mark  # called for a watermark that records an interrupted run
     app = ctx.layout.app_id(spec, partition)
     if txn_version(ctx.layout.guard_uri(spec, dict(p.input_schema)), app) == p.seq:
         behind = spec.keeps_state and txn_version(ctx.layout.sink_uri(spec), app) != p.seq
