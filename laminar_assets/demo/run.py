@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import dagster as dg
 
@@ -72,7 +73,7 @@ class Driver:
                 self.cursors[name] = result.cursor
                 for event in result.asset_events or ():  # the daemon records these (source versions)
                     self.instance.report_runless_asset_event(event)
-                for request in result.run_requests:
+                for request in result.run_requests or ():  # dagster keeps [] for none
                     launched += 1
                     outcome = execute_request(self.defs, request, self.instance, notify=self.notify)
                     for row in run_rows(request, outcome):
@@ -89,6 +90,7 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
     """One row per asset of the run, from its materialization metadata (a range run sums its partitions)."""
     failures = {e.step_key: e for e in outcome.all_events if e.is_step_failure}
     rows = []
+    assert request.asset_selection is not None, request  # Laminar's sensors name the assets of every request
     for key in request.asset_selection:
         name = key.to_user_string()
         mats = outcome.asset_materializations_for_node(name)
@@ -98,7 +100,7 @@ def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list
             rows.append(RunRow(name, request.partition_key or "range", "FAILED" if failure else "SKIPPED", "-", "-",
                                0, 0, 0.0, 0, False, message))
             continue
-        md = {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
+        md: dict[str, Any] = {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
         if "rows_upserted" in md and "target" in md:  # an export: one delivery, whatever partitions the run holds
             rows.append(_delivery_row(name, mats, md))
             continue
@@ -158,7 +160,7 @@ def _total(mats, key: str) -> int:
 
 def pipeline_sensor_names(defs: dg.Definitions) -> list[str]:
     """The sensors that launch runs on new Delta versions, one per connected part of the graph."""
-    return [s.name for s in defs.sensors if s.name.endswith("_pipeline")]
+    return [s.name for s in defs.sensors or () if s.name.endswith("_pipeline")]
 
 
 def start_spark_early(defs: dg.Definitions) -> threading.Thread | None:
