@@ -7,14 +7,14 @@ carries its plan out, `report/overview.py` explains it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from laminar_assets.checkpoints.watermark import Watermark
 
 from ..delta.tables import CommitKind, CommitSummary, SourceHistory
-from ..spec.specs import RefreshPolicy, Spec
+from ..spec.specs import FlowSpec, RefreshPolicy, Spec
 from ..windows import PARTITION_SPAN, Interval, coalesce, partition_interval, partitions_overlapping, share_inside
 from .context import EngineOptions
 from .plan import Mode, PartitionPlan, Reason
@@ -163,6 +163,7 @@ def _escalate_windows(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
             expired = _plan(replace(inp, escalation=Reason.CHECKPOINT_EXPIRED, escalation_scope=None,
                                     escalation_groups=None))
             return replace(expired, detail=f"{unreadable}: refilling at the latest version")
+    assert inp.escalation is not None and inp.escalation_scope is not None, inp  # plan_partition checked both
     mine = [s for s in inp.escalation_scope if s.overlaps(plan.interval)]
     windows = ", ".join(f"{s.start:%H:%M}..{s.end:%H:%M}" for s in inp.escalation_scope)
     if inp.escalation_groups is not None and not plan.refill_all \
@@ -218,6 +219,7 @@ def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
             windows.extend(_scope(inp.spec, plan.interval, c))
     if not windows:
         return plan
+    assert isinstance(inp.spec, FlowSpec), inp.spec  # a stage holds no extremes (`held_extremes`)
     slide = inp.spec.shape.slide
     in_part = max(1, -(-(plan.interval.end - plan.interval.start) // slide))
     touched = min(in_part, max(1, sum(-(-(w.end - w.start) // slide) for w in coalesce(windows))))
@@ -254,6 +256,7 @@ def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
 
 def _cheaper_refill(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
     """REFILL_CHEAPER when the partition's changed bytes are a large share of its bytes."""
+    assert inp.partition_bytes is not None and inp.refill_ratio is not None, inp  # plan_partition checked both
     changed = 0.0
     for src, versions in plan.incremental_versions.items():
         wanted = set(versions)
@@ -433,6 +436,7 @@ def _group_scope(inp: PlannerInput, part: Interval, scope: tuple[Interval, ...])
     """The refill of `scope` as its changed groups alone, or as whole windows when those groups are at
     least `group_refill_share` of the groups the windows hold (estimated from the partition's state:
     its groups spread evenly over its windows)."""
+    assert isinstance(inp.spec, FlowSpec), inp.spec  # refill_unit "groups": a flow's
     groups, slide = inp.changed_groups, inp.spec.shape.slide
     windows = sum(-(-(w.end - w.start) // slide) for w in scope)
     held = (inp.state_groups or 0) * windows / max(1, (part.end - part.start) // slide)
@@ -508,4 +512,5 @@ def _frozen(spec, part: Interval, histories: Mapping[str, SourceHistory]) -> boo
 
 # How a refill of part of a partition narrows, by the spec's `refill_unit`: the changed groups of windows (a flow),
 # the changed keys (a stage).
-_NARROWED = {"groups": _group_scope, "keys": _key_scope}
+_NARROWED: dict[str, Callable[[PlannerInput, Interval, tuple[Interval, ...]], dict]] = {
+    "groups": _group_scope, "keys": _key_scope}
