@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 from datetime import UTC, datetime
+from typing import Any
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.errors import LaminarError
@@ -17,7 +18,7 @@ from ..aggregates.algebra import implementation
 from ..delta.tables import CommitKind, resolve_uri, snapshot_files, source_history, table_info
 from ..run.validate import apply_row_logic
 from ..spark.read import read_source
-from ..spec.specs import FlowSpec, Spec
+from ..spec.specs import FlowSpec, RefreshPolicy, Spec
 from .staleness import inspect_partition, is_stale
 
 
@@ -34,7 +35,7 @@ def topology(specs: list[Spec]) -> list[dict]:
             rows.append({"node": table, "kind": "source", "inputs": [], "outputs": sorted(readers[table]),
                          "is_shared": len(readers[table]) > 1, "partitioning": None})
     for s in specs:
-        outputs = sorted(readers.get(s.sink, []))
+        outputs = sorted(readers.get(s.sink_name, []))
         rows.append({"node": s.name, "kind": s.kind,
                      "inputs": [*s.sources, *s.dimension_tables],
                      "outputs": outputs, "is_shared": len(outputs) > 1, "partitioning": s.granularity.value})
@@ -42,9 +43,9 @@ def topology(specs: list[Spec]) -> list[dict]:
 
 
 def logical(spec: Spec) -> dict:
-    out = {"name": spec.name, "kind": spec.kind, "description": spec.description, "sources": list(spec.sources),
+    out: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "description": spec.description, "sources": list(spec.sources),
            "event_time": spec.event_time, "filter": spec.filter, "derived": dict(spec.derived),
-           "partitioning": spec.granularity.value, "refresh": spec.refresh.value, "sink": spec.sink,
+           "partitioning": spec.granularity.value, "refresh": RefreshPolicy(spec.refresh).value, "sink": spec.sink,
            "spec_hash": spec.spec_hash, "origin": spec.origin or None, "sql": spec.definition or None}
     if isinstance(spec, FlowSpec):
         out["keys"] = list(spec.keys)
@@ -140,7 +141,7 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
     store = CheckpointStore(root)
     out = []
     for spec in specs:
-        latest = {}
+        latest: dict[str, int | None] = {}
         inputs = (*spec.sources, *spec.dimension_tables)
         for src in inputs:
             uri = resolve_uri(root, src)
@@ -148,7 +149,8 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
                 latest[src] = table_info(src, uri).version
             except LaminarError:  # a missing source shows as None; the partitions below say why
                 latest[src] = None
-        partitions, stale, failing, held = [], [], [], []
+        partitions: list[dict[str, Any]] = []
+        stale, failing, held = [], [], []
         for key in store.partitions(spec.name):
             try:
                 mark, plan = inspect_partition(root, spec, key, store)
@@ -165,7 +167,8 @@ def status(root: str, specs: list[Spec]) -> list[dict]:
                              "gone": store.holder_gone(h, spec.name, key)})
             if plan is None:
                 continue
-            behind = {s: (latest[s] - mark.source_versions.get(s, 0)) if latest.get(s) is not None else None
+            assert mark is not None, key  # a partition the store lists has a watermark
+            behind = {s: (v - mark.source_versions.get(s, 0)) if (v := latest.get(s)) is not None else None
                       for s in inputs}
             row = {"partition": key, "watermark": mark.source_versions, "versions_behind": behind,
                    "last_mode": mark.last_mode, "last_reason": mark.last_reason, "failed_runs": failed}
