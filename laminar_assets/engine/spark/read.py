@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 from py4j.protocol import Py4JError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
@@ -50,7 +50,7 @@ def read_files(
         return spark.createDataFrame([], StructType([*full.fields, *([file_schema[CHANGE_TYPE]] if change_data else [])]))
     # logical columns from physical ones (a cast renames nested struct fields too)
     reshaped = bool(physical) or any(f.name in partition_columns for f in full.fields)
-    out_cols = []  # built only when used: a Column per field costs Py4J round trips
+    out_cols: list[str | Column] = []  # built only when used: a Column per field costs Py4J round trips
     if reshaped or any(f.needs_row_positions for f in files):
         for field in full.fields:
             if field.name in partition_columns:
@@ -81,6 +81,7 @@ def read_files(
         if reshaped or by_position:  # else the scan's columns are in this order already (a select is an analysis)
             df = df.select(*out_cols, *([CHANGE_TYPE] if change_data else []), *([file_name] if file_name else []))
         out = df if out is None else out.unionByName(df)
+    assert out is not None  # files, so at least one group
     return out
 
 
@@ -124,6 +125,7 @@ def _known_files(spark: SparkSession, file_schema: StructType, paths: list[str],
     listing answered from a file-status cache of its own holding each path's status: no request. The
     cache is this read's alone (not the session's shared one) and goes with the index."""
     jvm, jspark = spark._jvm, spark._jsparkSession
+    assert jvm is not None and spark._sc._gateway is not None  # classic Spark (`_classic`)
     ds = jvm.org.apache.spark.sql.execution.datasources
     cache = ds.SharedInMemoryCache(_CACHE_BYTES, -1).createForNewClient()  # -1: no time-to-live
     status_class = jvm.org.apache.hadoop.fs.FileStatus
@@ -174,6 +176,7 @@ def _select_positions(spark: SparkSession, file_schema: StructType, files: Seque
             changed.append(pa.table({_FILE: pa.array([name] * len(restored), pa.string()), _ROW: restored,
                                      "__ct": pa.array(["insert"] * len(restored), pa.string())}))
         else:
+            assert f.deleted is not None  # needs_row_positions: deleted rows, or a changed vector
             rows = f.deleted.positions()
             dropped.append(pa.table({_FILE: pa.array([name] * len(rows), pa.string()), _ROW: rows}))
     parts = []
