@@ -26,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
+    DataType,
     DateType,
     DoubleType,
     IntegerType,
@@ -60,7 +62,7 @@ SYSTEM = "laminar_system"
 HISTORY = 1000  # commits read per sink table for `laminar_system.runs` (the most recent ones)
 
 
-def _fields(*spec: tuple[str, object]) -> StructType:
+def _fields(*spec: tuple[str, DataType]) -> StructType:
     return StructType([StructField(name, kind, True) for name, kind in spec])
 
 
@@ -283,7 +285,8 @@ def _tokens(query: str, offset: int = 0) -> list[tuple[str, str, int, int]]:
     tokens = sqlglot.tokenize(query, read="spark")
     for before, tok in zip([None, *tokens], tokens):
         command = before is not None and before.token_type in Spark.tokenizer_class.COMMANDS
-        if command and tok.token_type.name == "STRING" and (at := query.find(tok.text, before.end + 1)) >= 0:
+        if command and before is not None and tok.token_type.name == "STRING" \
+                and (at := query.find(tok.text, before.end + 1)) >= 0:
             out += _tokens(tok.text, offset + at)
             continue
         kind = "COMMAND" if tok.token_type in Spark.tokenizer_class.COMMANDS else tok.token_type.name
@@ -301,7 +304,8 @@ class QueryResult:
 
     def records(self) -> list[dict]:
         """Rows as JSON-able dicts (timestamps in ISO 8601; a repeated column name gets a `_2` suffix)."""
-        names, seen = [], {}
+        names: list[str] = []
+        seen: dict[str, int] = {}
         for c in self.columns:
             seen[c] = seen.get(c, 0) + 1
             names.append(c if seen[c] == 1 else f"{c}_{seen[c]}")
@@ -354,7 +358,10 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
             continue  # a table of the catalog: the session's metastore resolves it (or Spark says it has none)
         if name not in data and name not in system:
             raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
-    spark = session if hasattr(session, "sql") else session()  # a session (local or Connect), or its factory
+    if hasattr(session, "sql"):  # a session (local or Connect), or its factory
+        spark: SparkSession = cast(SparkSession, session)
+    else:
+        spark = cast(Callable[[], SparkSession], session)()
     try:
         sql = check_read_only(spark, sql, shown=lambda line: _shown(line, known),  # what it judged, to run
                               schemas=frozenset({catalog.lower()}) if catalog else frozenset())
@@ -412,7 +419,7 @@ def _one_line(exc: Exception, known: list[str], tables: dict[str, str] | None = 
     line = _shown(spark_error_line(exc), known)
     if "TIME_TRAVEL" in line and (name := re.search(r"`(\w+)`", line)) and name.group(1).lower() in (tables or {}):
         line += (" A lake table by name is its latest snapshot: read an older version by path, "
-                 f"delta.`{spark_path(tables[name.group(1).lower()])}` VERSION AS OF <n>.")
+                 f"delta.`{spark_path((tables or {})[name.group(1).lower()])}` VERSION AS OF <n>.")
     return line
 
 
