@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow as pa
@@ -233,7 +234,7 @@ class RedisTarget:
     def _failure(self, exc: redis.RedisError, doing: str) -> ExportError:
         """One line for a Redis failure: never the URL or a password, only host, port, db and user."""
         name, user, cause = self.export.name, self.where["user"], _first(exc)
-        where = {**self.where, "connection": self.connection.name}
+        where: dict[str, Any] = {**self.where, "connection": self.connection.name}
         if isinstance(exc, redis.AuthenticationError) or re.search(r"WRONGPASS|NOAUTH|invalid password", cause, re.I):
             return ExportTargetError(f"export '{name}': Redis at {self._at()} refused the credentials of user '{user}' "
                                      f"({_without_secret(cause)}); check the password of connection "
@@ -275,7 +276,7 @@ class RedisTarget:
     def delivered(self) -> Delivered | None:
         client = self._client_()
         try:
-            state = {_s(k): _s(v) for k, v in client.hgetall(self.state).items()}
+            state = {_s(k): _s(v) for k, v in cast(dict, client.hgetall(self.state)).items()}  # a sync client's answer
         except redis.RedisError as exc:
             raise self._failure(exc, "read the delivered version") from None
         self._seen_pending = state.get("pending", "")
@@ -326,20 +327,20 @@ class RedisTarget:
         counts = [0, 0, 0]
         if full:
             for batch in changes.rows:
-                rows = rr.latest(rr.keyed(pa.Table.from_batches([batch]), self.export.key_prefix, group, time,
+                rows = rr.latest(rr.keyed(pa.Table.from_batches([batch]), self.export.prefix, group, time,
                                           self.export.name))
                 self._write(rows, None, changes, counts)
             counts[1] += self._remove_stale(group)
         else:
             keys = rr.affected([pa.Table.from_batches([b]) for b in changes.rows], changes.deletes,
-                               self.export.key_prefix, group, time, self.export.name)
+                               self.export.prefix, group, time, self.export.name)
             dataset = changes.pinned.dataset()
             upserted = pc.is_valid(keys.column(rr.TIME))  # read apart: a key only deleted has no lower bound of time
             # in order of time, so a batch's lower bound (its earliest upserted row) skips the files of older windows
             for part in (*rr.chunks(keys.filter(upserted).sort_by([(rr.TIME, "descending"), (rr.KEY, "ascending")]),
                                     self.export.batch_rows),
                          *rr.chunks(keys.filter(pc.invert(upserted)), self.export.batch_rows)):
-                found = rr.rows_of_keys(dataset, changes.schema, part, self.export.key_prefix, group, time,
+                found = rr.rows_of_keys(dataset, changes.schema, part, self.export.prefix, group, time,
                                         self.export.name, self.export.batch_rows)
                 gone = part.filter(pc.invert(pc.is_in(part.column(rr.KEY), value_set=found.column(rr.KEY))))
                 self._write(found, gone.column(rr.KEY).to_pylist(), changes, counts)
@@ -367,7 +368,8 @@ class RedisTarget:
             for key_fields, at in zip(rr.fields(part, columns), times):
                 args += ("s", at, len(key_fields) // 2, *key_fields)
             self._write_batch(names, args, changes.version, full, counts)
-        for start in range(0, len(gone or ()), self.export.batch_rows):
+        gone = gone or []
+        for start in range(0, len(gone), self.export.batch_rows):
             names = gone[start:start + self.export.batch_rows]
             self._write_batch(names, [x for _ in names for x in ("d", 0, 0)], changes.version, full, counts)
 
@@ -392,9 +394,10 @@ class RedisTarget:
 
     def _remove_stale(self, group: tuple[str, ...]) -> int:
         """Remove the export's keys a full resync did not write (SCAN of its prefix, in batches)."""
-        prefix = self.export.key_prefix
+        prefix = self.export.prefix
         client = self._client_()
-        removed, batch = 0, []
+        removed = 0
+        batch: list[bytes] = []
         if not group:  # one key, the prefix itself
             candidates = iter([prefix.encode()])
         else:

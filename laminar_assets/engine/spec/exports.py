@@ -199,6 +199,11 @@ class RedisExport(ExportSpec):
         self._positive("batch_rows")
 
     @property
+    def prefix(self) -> str:
+        """`key_prefix` as _validate left it: the export's name when none was given."""
+        return cast(str, self.key_prefix)
+
+    @property
     def target(self) -> str:
         return f"redis keys {self.key_prefix}:* (connection '{self.connection}')"
 
