@@ -13,14 +13,16 @@ import pathlib
 import pkgutil
 import sys
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 from types import ModuleType
+from typing import cast
 
 from laminar_assets.errors import LaminarError, SpecError, SqlDefinitionError
 
 from .delta.layout import SYSTEM_FOLDER, place_of
-from .spec.exports import ExportSpec
+from .spec.exports import ExportSpec, PostgresExport, RedisExport
 from .spec.specs import FlowSpec, Spec, StageSpec
 from .sql.views import read_sql_file
 
@@ -54,7 +56,6 @@ def collect(package: ModuleType | str | os.PathLike) -> Catalog:
     flow or stage of the package (see `check_exports`), is a `SpecError` naming the modules or files involved.
     """
     folder = _folder(package)
-    pkg = None if folder else _import(package) if isinstance(package, str) else package
     found: dict[str, tuple[Spec | ExportSpec, str]] = {}
     files: dict[str, str] = {}  # spec or export name -> the file that defines it
 
@@ -70,16 +71,22 @@ def collect(package: ModuleType | str | os.PathLike) -> Catalog:
         found[value.name] = (value, where)
         files[value.name] = file
 
-    modules = _folder_modules(folder) if folder else [
-        (f"{pkg.__name__}.{info.name}", lambda name=f"{pkg.__name__}.{info.name}": importlib.import_module(name))
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name) if not info.name.startswith("_")]
+    places: Iterable[str]  # where the .sql files are
+    if folder:
+        modules, places = _folder_modules(folder), [folder]
+    else:  # a module or its name (`_folder` took every path)
+        pkg = _import(package) if isinstance(package, str) else cast(ModuleType, package)
+        modules = [
+            (f"{pkg.__name__}.{info.name}", lambda name=f"{pkg.__name__}.{info.name}": importlib.import_module(name))
+            for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name) if not info.name.startswith("_")]
+        places = pkg.__path__
     for module_name, load in modules:
         module = _loaded(load, folder)
         file = module_name if folder else _shown(getattr(module, "__file__", None) or module_name)
         for value in vars(module).values():
             if isinstance(value, (FlowSpec, StageSpec, ExportSpec)):
                 add(value, module_name, file)
-    for where in [folder] if folder else pkg.__path__:
+    for where in places:
         for path in sorted(glob.glob(os.path.join(where, "*.sql"))):
             views, sinks = read_sql_file(path)
             for value in (*views, *sinks):
@@ -142,7 +149,7 @@ def check_tables(specs: list[Spec], *, root: str | None = None, origins: dict[st
             raise SpecError(f"{who(spec)} and {who(other)} have names that differ only in case: their watermarks, "
                             f"leases and state under {SYSTEM_FOLDER}/ would share folders on a disk that ignores case; "
                             "rename one", flow=spec.name, field="name")
-    outputs = [(place_of(s.sink, root), s) for s in specs]
+    outputs = [(place_of(s.sink_name, root), s) for s in specs]
     written = [p for p, _ in outputs]
     system = place_of(SYSTEM_FOLDER, root)
     for place, spec in outputs:
@@ -205,9 +212,9 @@ def check_exports(specs: list[Spec], exports: list[ExportSpec], *, origins: dict
         return f"{kind} '{value.name}'" + (f" ({where})" if where else "")
 
     by_name = {s.name: s for s in specs}
-    produced = {place_of(s.sink) for s in specs}
+    produced = {place_of(s.sink_name) for s in specs}
     tables = {t for s in specs for t in _inputs(s) if not any(place_of(t).same(p) for p in produced)}
-    names: dict[str, Spec | ExportSpec] = {s.name.casefold(): s for s in specs}
+    names: dict[str, Spec | ExportSpec | None] = {s.name.casefold(): s for s in specs}
     names.update({t.casefold(): None for t in tables if t.casefold() not in names})
     targets: dict[tuple, ExportSpec] = {}
     for export in exports:
@@ -239,16 +246,16 @@ def check_exports(specs: list[Spec], exports: list[ExportSpec], *, origins: dict
                                 "overwrite the other's rows; give one of them another target", flow=export.name,
                                 field="table")
             targets[place] = export
-    _nested_prefixes([e for e in exports if e.kind == "redis"], who)
+    _nested_prefixes([e for e in exports if isinstance(e, RedisExport)], who)
 
 
-def _nested_prefixes(exports: list[ExportSpec], who) -> None:
+def _nested_prefixes(exports: list[RedisExport], who) -> None:
     """Refuse a Redis key prefix below another's on one connection (`a` and `a:b`): a full resync of the first
     removes the keys under its prefix that it did not write."""
     for export in exports:
         for other in exports:
             if other is not export and other.connection == export.connection \
-                    and export.key_prefix.startswith(other.key_prefix + ":"):
+                    and export.prefix.startswith(other.prefix + ":"):
                 raise SpecError(f"{who(export)} writes keys {export.key_prefix}:*, inside the keys {other.key_prefix}:* "
                                 f"of {who(other)} on connection '{export.connection}'; give one of them a prefix that "
                                 "is not inside the other's", flow=export.name, field="key_prefix")
@@ -256,12 +263,12 @@ def _nested_prefixes(exports: list[ExportSpec], who) -> None:
 
 def _target_place(export: ExportSpec) -> tuple | None:
     """What two exports may not share: the table or key space they write (None: they may share it)."""
-    if export.kind == "postgres":
+    if isinstance(export, PostgresExport):
         if export.table_name.casefold() == "laminar_exports":
             raise SpecError(f"export '{export.name}': table '{export.table}' is the table Laminar keeps the delivered "
                             "versions in; choose another table name", flow=export.name, field="table")
         return ("postgres", export.connection, export.schema_name.casefold(), export.table_name.casefold())
-    if export.kind == "redis":
+    if isinstance(export, RedisExport):
         return ("redis", export.connection, export.key_prefix)
     return None
 
@@ -300,7 +307,7 @@ def _folder_modules(folder: str) -> list[tuple[str, object]]:
     """(module name, loader) of each `.py` file of a plain folder. Each is imported under a name derived
     from the folder's path, so two folders' `flows.py` do not collide, and imported once per process."""
     prefix = "laminar_specs_" + hashlib.sha1(folder.encode()).hexdigest()[:10]
-    out = []
+    out: list[tuple[str, object]] = []
     for path in sorted(pathlib.Path(folder).glob("*.py")):
         if path.name.startswith("_"):
             continue
@@ -325,7 +332,7 @@ def _folder_modules(folder: str) -> list[tuple[str, object]]:
 def order_specs(specs: list[Spec], *, origins: dict[str, str] | None = None) -> list[Spec]:
     """Specs sorted so that a stage comes before every spec that reads its sink (`./t` reads `t`); a cycle
     (a spec reading its own sink, or through others) is a `SpecError` naming each spec's sink and file."""
-    sinks = [(place_of(s.sink), s) for s in specs]
+    sinks = [(place_of(s.sink_name), s) for s in specs]
 
     def writer(table: str) -> set[str]:
         read = place_of(table)
