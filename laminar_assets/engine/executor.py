@@ -18,9 +18,10 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -250,7 +251,7 @@ class Engine:
             return None
         return f"{self.catalog.schema}.{_catalog_name(spec.name)}"
 
-    def sync_catalog(self, specs: list[Spec], exports: list[ExportSpec] = ()) -> CatalogReport:
+    def sync_catalog(self, specs: list[Spec], exports: Sequence[ExportSpec] = ()) -> CatalogReport:
         """Register every table Laminar wrote for `specs` and `exports` (a webhook export's dead letters as
         `<export>__dead_letters`), and report the schema's entries none of them claims (a removed flow's
         tables: left in place, never dropped). Tables not written yet are skipped."""
@@ -361,13 +362,14 @@ class Engine:
     def _unchanged(self, spec: Spec, keys: list[str], found: unchanged.Check, run_id: str) -> list[RunResult]:
         """The results of a run that found nothing moved (`run.unchanged`): NOOPs, and their outcome record."""
         started = time.perf_counter()
+        assert found.plans is not None  # `check` found nothing moved: the NOOP plans
         results = [RunResult(found.plans[k], run_id, RunMetrics(pending_versions=0, rows_quarantined=0)) for k in keys]
         for r in results:
             r.seconds["plan"] = (time.perf_counter() - started) / len(keys)
         self._record_outcomes(spec, run_id, results, found.marks, RunInputs({}, {}, {}, {}))
         return results
 
-    def check_sink(self, spec: Spec, partitions: list[str] = ()) -> None:
+    def check_sink(self, spec: Spec, partitions: Sequence[str] = ()) -> None:
         """Refuse (`SpecError`) a sink that is not this spec's output: an existing table it did not
         create (a source, a dimension, another flow's output) or a folder of other files. Reads only (on an
         object store the process's handle of the sink, moved forward: `tables.checkout_table`)."""
@@ -375,7 +377,7 @@ class Engine:
         if held is not None:
             held[1]()
 
-    def _checked_sink(self, spec: Spec, partitions: list[str]) -> tuple[DeltaTable, Callable[[], None]] | None:
+    def _checked_sink(self, spec: Spec, partitions: Sequence[str]) -> tuple[DeltaTable, Callable[[], None]] | None:
         """`check_sink`, keeping the sink's handle checked out for the run (None: no sink yet): its commit starts
         from it instead of proving the log's latest version again (a listing on an object store). A commit that
         landed since makes the run's commit of the same version fail and list again, as any concurrent one."""
@@ -439,7 +441,7 @@ class Engine:
         out = {}
         for i, (k, p) in enumerate(plans.items()):
             metrics = RunMetrics.of(outcome.metrics.get(k, {}))
-            refilled = {f"refilled_{spec.refill_unit}": len(p.refill_groups)} if p.refill_groups else {}
+            refilled: dict[str, Any] = {f"refilled_{spec.refill_unit}": len(p.refill_groups)} if p.refill_groups else {}
             metrics.update(versions_read=_versions_read(p), pending_versions=sum(p.pending_versions.values()),
                            batch_partitions=n, **refilled)
             if isinstance(outcome, flow_job.PassResult):  # shared commits: their row counts once
@@ -478,19 +480,23 @@ class Engine:
     def _settle(self, spec: Spec, keys: list[str], run_id: str, claims: protocol.Claims,
                 read: dict[str, Watermark | None]) -> dict[str, Watermark | None]:
         """Finish or discard interrupted runs (re-deriving sinks in one job), each partition claimed first."""
-        marks, rederive, settled = {}, [], {}
-        pending = [k for k in keys if read[k] is not None and read[k].pending is not None]
+        marks, settled = {}, {}
+        rederive: list[tuple[str, int, dict]] = []
+        pending = [k for k in keys if (was := read[k]) is not None and was.pending is not None]
         claims.claim_all({k: read[k] for k in pending})
         for k in keys:
             mark = read[k]
             if k in pending:
+                assert mark is not None  # pending: it has a watermark
                 s = protocol.settle(self.ctx, spec, k, mark.with_(holder=None))
                 settled[k] = s
                 if s.rederive_sink:
+                    assert s.input_schema is not None  # settle gives it with rederive_sink
                     rederive.append((k, s.seq, s.input_schema))
                 mark = s.mark
             marks[k] = mark
         if rederive:
+            assert isinstance(spec, FlowSpec), spec  # a sink to re-derive from state: a flow's
             flow_state.rederive_sinks(self.ctx, spec, rederive, f"{run_id}-recovered")
         for k, ok in zip(settled, claims.write_many([(k, s.mark, True) for k, s in settled.items()])):
             if not ok:
@@ -512,7 +518,7 @@ class Engine:
         for k, p in plans.items():
             if p.mode is not Mode.INCREMENTAL:
                 continue
-            extremes = {}
+            extremes: dict[str, Any] = {}
             if extremes_how != "merge" and spec.held_extremes and _retracts(p, inputs):
                 groups, size = flow_state.state_extent(self.ctx, spec, k, inputs.input_schema)
                 extremes = dict(extreme_refill=extremes_how, state_groups=groups, state_bytes=size,
@@ -658,7 +664,7 @@ def checked_keys(spec: Spec, partitions: list[str], *, first: datetime | None = 
     keys = list(dict.fromkeys(partitions))
     if not keys:
         raise LaminarError(f"no partitions given for '{spec.name}'", flow=spec.name)
-    first = first or spec.start
+    first = first or spec.start_time
     reach = _window_reach(spec)
     until = later(datetime.now(UTC), future_horizon) if future_horizon is not None else None
     for k in keys:
@@ -672,6 +678,7 @@ def checked_keys(spec: Spec, partitions: list[str], *, first: datetime | None = 
                                "UTC); nothing was run: choose a later one, or set the start earlier", flow=spec.name,
                                partition=k)
         if until is not None and part.start > until:
+            assert future_horizon is not None  # `until` is from it
             raise LaminarError(f"partition {k} of '{spec.name}' starts more than {describe_duration(future_horizon)} after "
                                f"now (after {until:%Y-%m-%d %H:%M} UTC: future_horizon); nothing was run", flow=spec.name,
                                partition=k)
@@ -722,7 +729,7 @@ def _at_target(spec: Spec, plan: PartitionPlan, target: dict[str, int], inputs: 
 def _versions_read(plan: PartitionPlan) -> int:
     """Source versions the run moved past its watermark; a source that went back (recreated, restored) counts 0,
     not a negative number (its refill reads the snapshot at the new version)."""
-    return sum(max(to - plan.from_versions[s], 0) if plan.from_versions.get(s) is not None else 0
+    return sum(max(to - was, 0) if (was := plan.from_versions.get(s)) is not None else 0
                for s, to in plan.to_versions.items())
 
 
