@@ -182,8 +182,9 @@ class CheckpointStore:
             return {str(p): (str(e["revision"]), Watermark.from_json(e["watermark"])) for p, e in entries.items()}
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CheckpointError(
-                f"watermark file is unreadable: {exc}; delete it to force a refill of the partitions it names (the "
-                "next run of each refills it)",
+                f"watermark file is unreadable (not a block of watermarks as Laminar writes them: "
+                f"{type(exc).__name__}: {exc}); delete it to force a refill of the partitions it names (the next run "
+                "of each refills it)",
                 flow=flow, path=path,
             ) from exc
 

@@ -205,6 +205,13 @@ def release(
     c.require_lake()
     spec = c.spec(flow)
     store = CheckpointStore(c.root)
+    from laminar_assets.engine import partition_interval
+
+    for key in partitions:  # every key checked before any is released
+        try:
+            partition_interval(key, spec.granularity)
+        except ValueError as exc:
+            raise LaminarError(f"bad partition for '{flow}': {exc}; nothing was released", flow=flow) from None
     for key in partitions:
         mark, tag = store.load_tagged(spec.name, key)
         if mark is None or mark.holder is None:

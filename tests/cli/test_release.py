@@ -53,3 +53,7 @@ def test_a_partition_held_by_a_run_on_another_host_is_released_and_a_live_one_he
         assert store.load("f", PART).holder.run_id == "r-here"
     unknown = cli(tmp_path, root, "release", "nope", PART)
     assert unknown.exit_code != 0 and "unknown flow 'nope'" in str(unknown.exception)
+    # a key of another form (the old file name's, an ISO time) is refused, not answered "no run holds it"
+    bad = cli(tmp_path, root, "release", "f", "2024-01-01-01:00", "2024-01-01-00-00")
+    assert bad.exit_code != 0 and "bad partition for 'f'" in str(bad.exception) and "2024-01-01-00-00" in str(bad.exception)
+    assert "no run holds it" not in bad.output  # nothing was released before the check

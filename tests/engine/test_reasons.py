@@ -20,6 +20,7 @@ from laminar_assets.engine import (
     StrictRefreshError,
     Tumbling,
 )
+from laminar_assets.errors import ConcurrentRunError
 from tests.conftest import trades_frame
 from tests.reference import assert_frames_match, full_recompute
 
@@ -378,6 +379,28 @@ def test_deleted_watermark_file_refills_instead_of_wedging(spark, lake, engine):
     r = engine.run(sums(), PART)
     assert r.reason is Reason.NO_WATERMARK
     assert engine.run(sums(), PART).reason is Reason.NO_NEW_VERSIONS
+    check(spark, lake, sums())
+
+
+def test_a_watermark_older_than_the_table_is_refused_then_a_forced_refill_recovers_it(spark, lake, engine):
+    """A watermark restored from a backup (or left by an earlier version) is older than the table's run: an
+    incremental run would count rows twice, so it is refused, with the way out; a forced refill recomputes the
+    partition from its source and continues the table's run sequence, and later runs are incremental again."""
+    lake.create("trades", BASE)
+    engine.run(sums(), PART)
+    store = CheckpointStore(lake.root)
+    old = store.load("sums", PART)
+    lake.append("trades", [("2024-01-01 00:20:00", "a", 1.0, 1)])
+    engine.run(sums(), PART)
+    store.save(old)  # the backup's watermark, one run behind the table
+    lake.append("trades", [("2024-01-01 00:21:00", "b", 2.0, 2)])
+    with pytest.raises(ConcurrentRunError, match=r"older than the table .*laminar refill sums --partition-range "
+                                                 r"2024-01-01-00:00...2024-01-01-00:00"):
+        engine.run(sums(), PART)
+    assert engine.run(sums(), PART, force=True).reason is Reason.FORCED_BY_USER
+    check(spark, lake, sums())
+    lake.append("trades", [("2024-01-01 00:22:00", "a", 3.0, 1)])
+    assert engine.run(sums(), PART).mode is Mode.INCREMENTAL
     check(spark, lake, sums())
 
 

@@ -39,7 +39,7 @@ from ..delta.tables import open_delta
 from ..delta.transactions import txn_versions_of
 from ..spark.failures import first_line, texts
 from .context import RunContext
-from .plan import PartitionPlan
+from .plan import Mode, PartitionPlan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -225,14 +225,19 @@ def intent(spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict
     partition's transaction version in the guard table (`committed`): `ConcurrentRunError` when the table holds
     a run the watermark does not know, before anything is written."""
     seq = (mark.seq if mark else 0) + 1
-    if (mark is None or not mark.committed) and committed is not None:
-        # The watermark is gone (deleted by hand) but the table has run `committed`: this run
-        # refills anyway, so it continues the table's sequence instead of clashing with it.
+    whole = plan.mode is Mode.REFILL and plan.refill_all
+    if committed is not None and (mark is None or not mark.committed or (whole and committed >= seq)):
+        # The watermark is gone (deleted by hand), or older than the table (restored from a backup, written by an
+        # earlier version) and this run recomputes the whole partition from its sources: it continues the table's
+        # sequence instead of clashing with it (a run committing that number first still makes this commit fail)
         seq = committed + 1
     if committed is not None and committed >= seq:
         raise ConcurrentRunError(
-            f"the table already holds run {committed} of this partition but the watermark says {seq - 1}: "
-            "another process wrote it concurrently", flow=spec.name, partition=plan.partition, table=guard,
+            f"the table already holds run {committed} of this partition but the watermark says {seq - 1}: another "
+            "process wrote it since, or the watermark is older than the table (restored from a backup, or written by "
+            f"an earlier Laminar version); if no other process runs '{spec.name}', `laminar refill {spec.name} "
+            f"--partition-range {plan.partition}...{plan.partition}` recomputes the partition and its watermark",
+            flow=spec.name, partition=plan.partition, table=guard,
         )
     pending = PendingRun(seq=seq, run_id=claims.run_id, target_versions=dict(plan.to_versions),
                          mode=plan.mode.value, reason=plan.reason.value, input_schema=dict(input_schema),
