@@ -154,18 +154,18 @@ def test_a_receiver_that_is_down_fails_the_delivery_without_moving_it_then_the_n
 
 def test_a_hanging_receiver_is_bounded_by_the_timeout(tmp_path, webhook_receiver):
     root, sink = _lake(tmp_path)
-    ex = exporter(root, webhook_receiver.url)
-    ex.deliver(HOOK, STAGE)
+    ex, quick = exporter(root, webhook_receiver.url), hook(timeout_seconds=0.3)
+    ex.deliver(quick, STAGE)
     sink.append((1, "b", 2.0))
     webhook_receiver.default = HANG  # no answer, ever: each attempt ends at the 0.3 s timeout
     with pytest.raises(ExportTargetError, match=r"no answer within 0\.3s, 3 attempt\(s\)"):
-        ex.deliver(HOOK, STAGE)
+        ex.deliver(quick, STAGE)
     assert len(webhook_receiver.received) == 3
     webhook_receiver.default = OK
     webhook_receiver.rule = lambda body: HANG if body["row"]["sym"] == "c" else None  # one row it chokes on
     webhook_receiver.clear()
     sink.append((2, "c", 3.0), (3, "d", 4.0))
-    result = ex.deliver(HOOK, STAGE)
+    result = ex.deliver(quick, STAGE)
     assert sorted(row_of(e) for e in webhook_receiver.events()) == [(1, "b", 2.0), (3, "d", 4.0)]
     assert [(d["status"], d["error"], json.loads(d["row"])["sym"]) for d in dead_letters(root)] == \
         [(None, "no answer within 0.3s", "c")]

@@ -15,8 +15,10 @@ from laminar_assets.engine.export.dead_letters import table_uri as dead_letters_
 
 STAGE = StageSpec(name="large_trades", source="trades", event_time="ts")
 TOKEN = "tok-3f9a1c77e2"
-# quick to give up, so that every test runs in a second or two: a 0.3 s timeout, 10 ms backoffs, 3 attempts
-HOOK = WebhookExport(name="large_trades_hook", source="large_trades", connection="alerts", timeout_seconds=0.3,
+# quick to give up, so that every test runs in a second or two: 10 ms backoffs, 3 attempts; a 5 s timeout (an
+# answer late on a loaded machine would be sent again, and the tests count requests); `hook(timeout_seconds=0.3)`
+# where a test waits for the timeout
+HOOK = WebhookExport(name="large_trades_hook", source="large_trades", connection="alerts", timeout_seconds=5.0,
                      backoff_seconds=0.01, max_backoff_seconds=0.05, max_attempts=3, max_rows_per_second=None)
 DAY = datetime(2024, 1, 2, tzinfo=UTC)
 CDF = {"delta.enableChangeDataFeed": "true"}
