@@ -22,6 +22,7 @@ from laminar_assets import storage
 
 from . import snapshot_cache
 from .layout import Layout
+from .log_snapshot import LogSnapshot
 from .tables import open_delta
 
 
@@ -63,7 +64,10 @@ def check_table(name: str, uri: str) -> TableIntegrity:
             dt = open_delta(uri)  # a fresh open: a shared snapshot could predate the newest commit
     except TableNotFoundError:
         return TableIntegrity(name, uri, None)
-    paths = [_absolute(uri, p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()]
+    if isinstance(dt, LogSnapshot):  # the run's replay of the table's log: its add actions as written
+        paths = [_absolute(uri, a["path"]) for a in dt.add_actions()]
+    else:
+        paths = [_absolute(uri, p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()]
     if storage.is_object_store(uri):  # one listing instead of a request per file
         present = {storage.normalized(u) for u, _ in storage.list_files(uri)}
         missing = tuple(p for p in paths if storage.normalized(p) not in present)

@@ -40,12 +40,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from laminar_assets import storage
 from laminar_assets.errors import SourceNotFoundError
 
-from . import transactions
+from . import log_snapshot, transactions
 
 # Snapshots kept (least recently used dropped first). A snapshot of a large table holds its file
 # list in memory; a run touches a few tables at one or two versions each.
@@ -316,7 +316,7 @@ class Listed(dict):
 
 
 _pool: OrderedDict[int, tuple[str, Held]] = OrderedDict()  # id -> (uri, held)
-_pool_stats = {"moved": 0, "opened": 0, "reused": 0, "appended": 0, "from_checkpoint": 0}
+_pool_stats = {"moved": 0, "opened": 0, "reused": 0, "appended": 0, "from_checkpoint": 0, "replayed": 0}
 
 
 def _take(uri: str) -> Held | None:
@@ -331,14 +331,15 @@ def _count(what: str) -> None:
 
 
 def checkout(uri: str, opener: Callable[[str, int | None], DeltaTable], *,
-             listed: dict[int, str] | None = None) -> tuple[DeltaTable, str | None]:
+             listed: dict[int, str] | None = None, replay: bool = False) -> tuple[DeltaTable, str | None]:
     """A handle of the object-store table at `uri` at its latest version that the caller holds alone (hand it
     back with `give_back`), and the tag of that version's commit file
     (None: not known). A pooled handle of the table is moved forward (the commits since its version are read);
-    else the table is opened with `opener(uri, None)`. `listed`: {version: tag} of every commit file from
-    some version on, as the caller listed them just before (`log_tail`): not listed again when they reach
-    back to the pooled handle's version."""
-    held = _checkout(uri, opener, listed, derive=False)
+    else the table is opened with `opener(uri, None)`, or with `replay` (a table Laminar writes) replayed from
+    its log by Laminar when it can be (`log_snapshot`: the log read once, not three times). `listed`:
+    {version: tag} of every commit file from some version on, as the caller listed them just before
+    (`log_tail`): not listed again when they reach back to the pooled handle's version."""
+    held = _checkout(uri, opener, listed, derive=False, replay=replay)
     return held.table, held.tag
 
 
@@ -355,7 +356,7 @@ def checkout_appended(uri: str, opener: Callable[[str, int | None], DeltaTable],
     return _checkout(uri, opener, listed, derive=True)
 
 
-def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool) -> Held:
+def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool, replay: bool = False) -> Held:
     held = _take(uri)
     entries: dict[int, bytes] = {}
     if held is not None:
@@ -383,6 +384,9 @@ def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool) 
                     return Held(held.table, latest, latest, listed[latest], (), entries)
     elif derive and (based := _from_checkpoint(uri, opener, listed)) is not None:
         return based
+    elif replay and (replayed := _replayed(uri)) is not None:
+        _count("replayed")
+        return Held(replayed, replayed.version(), replayed.version(), replayed.tag, (), {})
     table = opener(uri, None)
     _count("opened")
     if not listed or not min(listed) <= table.version() <= max(listed):
@@ -422,6 +426,32 @@ def _from_checkpoint(uri: str, opener, listed: dict[int, str] | None) -> Held | 
         return Held(table, base, latest, listed[latest], actions, entries)
     table.load_as_version(latest)  # a commit since did more than append: the handle moves over them
     return Held(table, latest, latest, listed[latest], (), entries)
+
+
+def _replayed(uri: str) -> log_snapshot.LogSnapshot | None:
+    """The table at `uri` at its latest version, replayed from its log (`log_snapshot`): the checkpoint pointer,
+    one listing from the checkpoint, the checkpoint and the commits since, read once each. None when the log is
+    not laid out as that reader replays it (the caller opens the table with `deltalake`). Raises
+    `TableNotFoundError` when there is no log at all."""
+    pointer = storage.read(storage.join(uri, "_delta_log", "_last_checkpoint"))
+    checkpoint: int | None = None
+    if pointer is not None:
+        try:
+            hint = json.loads(pointer)
+            checkpoint = int(hint["version"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if hint.get("parts") or hint.get("v2Checkpoint"):
+            return None
+    listed = log_tail(uri, checkpoint if checkpoint is not None else 0)
+    if pointer is None and not listed and not listed.checkpoints:
+        raise TableNotFoundError(f"no Delta table at {uri}: its log holds no commit")
+    if checkpoint is not None and checkpoint not in listed.checkpoints:
+        return None
+    state = log_snapshot.replay(uri, listed, checkpoint)
+    if state is None:
+        return None
+    return log_snapshot.LogSnapshot(uri, state, listed.get(state.version))
 
 
 def _appends(uri: str, since: int, latest: int) -> tuple[tuple[tuple[int, dict], ...] | None, dict[int, bytes]]:

@@ -44,6 +44,7 @@ from .log import (  # noqa: F401  (re-exported: the planner and tests use them f
     read_log_entry,
     stats_interval,
 )
+from .log_snapshot import LogSnapshot
 from .schema_history import foreign_versions, retyped_commits, widened_commits, widens
 
 # Reader features Laminar reads correctly; any other is refused by name (Delta protocol, "Table Features").
@@ -304,7 +305,7 @@ def checkout_table(uri: str) -> tuple[DeltaTable, Callable[[], None]]:
     `release` gives it back. Raises `TableNotFoundError` when there is no table yet."""
     if not storage.is_object_store(uri):
         return open_delta(uri), _nothing
-    dt, tag = snapshot_cache.checkout(uri, _open)
+    dt, tag = snapshot_cache.checkout(uri, _open, replay=True)
     version = dt.version()
     return dt, lambda: snapshot_cache.give_back(uri, dt, version, tag)
 
@@ -564,6 +565,8 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
         return [*snapshot_files(info.at_base(), event_time, within, keep_null_files=keep_null_files,
                                 bounds_of=bounds_of), *_appended_files(info, event_time, within, keep_null_files)]
     dt = info.delta()
+    if isinstance(dt, LogSnapshot):  # a table Laminar writes, replayed from its log: its add actions as written
+        return _action_files(info, dt.add_actions(), event_time, within, keep_null_files)
     ranges = list(within) if within is not None else None
     deleted = {}
     features = set(dt.protocol().reader_features or [])
@@ -611,13 +614,20 @@ def _appended_files(info: TableInfo, event_time: str | None, within: Iterable[In
     """`snapshot_files` of the files a derived snapshot's appended commits added, from their add actions (as a
     commit's files are read, `log._file`), pruned as `snapshot_files` prunes: no key bounds (a refill of some
     keys reads them, `KeyProbe.may_hold`), no deletion vector (an appended commit adds none)."""
+    return _action_files(info, [action for _version, action in info.appended], event_time, within, keep_null_files)
+
+
+def _action_files(info: TableInfo, actions: Iterable[dict], event_time: str | None, within: Iterable[Interval] | None,
+                  keep_null_files: bool) -> list[DataFile]:
+    """`snapshot_files` of add actions as the log writes them (a derived snapshot's appended commits, a replayed
+    snapshot's live files): see `_appended_files`."""
     if event_time is not None and not temporal(info.schema, event_time):
         event_time = None
     stat = info.physical(event_time)
     ranges = list(within) if within is not None else None
     names = dict(info.name_pairs)
     files = []
-    for _version, action in info.appended:
+    for action in actions:
         f = action_file(info.uri, action, stat, names=names)
         if event_time and f.rows is not None and f.time_nulls == f.rows:  # all event times null
             if not keep_null_files:

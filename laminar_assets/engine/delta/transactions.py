@@ -35,6 +35,8 @@ from deltalake import DeltaTable
 
 from laminar_assets import storage
 
+from .log_snapshot import LogSnapshot
+
 _lock = threading.Lock()
 _read: dict[int, tuple[weakref.ref, int, dict[str, int]]] = {}  # id(table) -> (table, version, app -> version)
 # id(table) -> (table, V, every app's version at V+1): the commit this process made on the handle at V (`committed`)
@@ -45,6 +47,11 @@ def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, i
     """The version each of `apps` committed to `table`'s snapshot (None: none), from one read of its log.
     `uri`: the table's location as Laminar names it (a path or an object-store URI)."""
     version = table.version()
+    if isinstance(table, LogSnapshot):  # replayed from its log: its app transactions are known
+        replayed = table.app_versions()
+        with _lock:
+            _read[id(table)] = (weakref.ref(table), version, replayed)
+        return {a: replayed.get(a) for a in apps}
     with _lock:
         kept = _read.get(id(table))
     found: dict[str, int] | None

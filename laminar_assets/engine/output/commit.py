@@ -39,6 +39,7 @@ from laminar_assets import storage
 from laminar_assets.errors import CommitConflictError, ConcurrentRunError
 
 from ..delta.log import DataFile
+from ..delta.log_snapshot import LogSnapshot
 from ..delta.schema_history import widens_only
 from ..delta.tables import TableInfo, info_of, is_delta_table, open_delta, read_in_driver, snapshot_files
 from ..delta.transactions import committed as made_commit
@@ -224,9 +225,12 @@ def replace_ranges(
                 return uncommitted.rows
             except CommitFailedError:
                 pass
-        elif write_commit(table_uri, read_version + 1, adds, removes, change_data.adds if change_data else (),
-                          transactions=transactions, metadata=metadata):
+        elif (entry := write_commit(table_uri, read_version + 1, adds, removes,
+                                    change_data.adds if change_data else (), transactions=transactions,
+                                    metadata=metadata)) is not None:
             made_commit(dt, read_version, dict(transactions))
+            if isinstance(dt, LogSnapshot):  # moved over it later without reading it back
+                dt.made(read_version + 1, entry)
             committed(uncommitted, *([change_data] if change_data else []), *extra)
             _checkpoint_if_due(dt, read_version + 1)
             return uncommitted.rows
@@ -387,9 +391,9 @@ def _checkpoint_due(dt: DeltaTable) -> bool:
     return (dt.version() + 2) % interval == 0
 
 
-def write_commit(uri: str, version: int, adds, removes, cdc=(), *, transactions, metadata: dict) -> bool:
+def write_commit(uri: str, version: int, adds, removes, cdc=(), *, transactions, metadata: dict) -> bytes | None:
     """Write commit `version` of the table at `uri` (adds, removes, change data `cdc`, app `transactions`) per the
-    Delta protocol; False if another writer took the version first. The entry is written with a put-if-absent
+    Delta protocol; the entry written, or None if another writer took the version first. The entry is written with a put-if-absent
     (a hard link of a complete file locally, `If-None-Match` on an object store), so it is either absent or
     complete, and of two writers one wins: one request on an object store, where `deltalake` makes five (a
     listing for the latest version, the PUT, then a listing and two reads of the new commit to move its
@@ -412,4 +416,4 @@ def write_commit(uri: str, version: int, adds, removes, cdc=(), *, transactions,
     for c in cdc:
         lines.append({"cdc": {"path": c.path, "partitionValues": {}, "size": c.size, "dataChange": False}})
     entry = ("\n".join(json.dumps(line) for line in lines) + "\n").encode()
-    return storage.create(storage.join(uri, "_delta_log", f"{version:020d}.json"), entry)
+    return entry if storage.create(storage.join(uri, "_delta_log", f"{version:020d}.json"), entry) else None

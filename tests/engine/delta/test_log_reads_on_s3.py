@@ -200,10 +200,11 @@ def _commit_through(table: DeltaTable, uri: str, app: str, seq: int) -> None:
 
 def test_a_reader_after_a_run_takes_the_runs_handle_and_reads_only_its_commit(s3_server, s3_lake):
     """The readers after a run (its asset's metadata, a preview, its checks) ask for the table the run just
-    committed: the handle the run committed through and gave back is moved over that commit for them (two
-    listings, the commit read twice by deltalake), not the table opened afresh (the pointer, a listing, each commit
-    since its checkpoint twice). The handle then serves readers only: the next run's checkout opens its own. A
-    handle the process did not commit through (a source's) stays in the pool for the next run."""
+    committed: the handle the run committed through and gave back is moved over that commit for them (a listing,
+    the commit read once: the handle is the run's replay of its log, `log_snapshot`), not the table opened afresh
+    (the pointer, a listing, each commit since its checkpoint twice). The handle then serves readers only: the next
+    run's checkout opens its own. A handle the process did not commit through (a source's) stays in the pool for
+    the next run."""
     uri = s3_lake.path("sink")
     for i in range(6):
         _append(uri, [i], config={"delta.checkpointInterval": "100"} if i == 0 else None)
@@ -212,9 +213,9 @@ def test_a_reader_after_a_run_takes_the_runs_handle_and_reads_only_its_commit(s3
     release()
     adopted = snapshot_cache.stats()["adopted"]  # (counted over the process's life)
     info, requests = _counted(s3_server, lambda: table_info("sink", uri))
-    # the listing from the handle's version (the same table, and its latest version), deltalake's move over the
-    # commit: a listing and two reads of it; an open: the pointer, a listing and each of the 7 commits twice
-    assert info.table is table and info.version == 6 and requests == {"LIST": 2, "GET": 2}, requests
+    # the listing from the handle's version (the same table, and its latest version), the replay's move over the
+    # commit: one read of it; an open: the pointer, a listing and each of the 7 commits twice
+    assert info.table is table and info.version == 6 and requests == {"LIST": 1, "GET": 1}, requests
     assert _files(info) == _fresh_files(uri)
     again, shared = _counted(s3_server, lambda: table_info("sink", uri))
     assert again.table is table and shared == {"LIST": 1}  # shared as any snapshot opened for readers
@@ -320,17 +321,19 @@ def test_a_written_tables_handle_is_moved_over_its_own_commits_and_its_app_trans
     release()
     _append(uri, [8], txn=(apps[0], 8))  # the run's own commit (a commit through a handle leaves it where it was)
     (table, release), moved = _counted(s3_server, lambda: checkout_table(uri))
-    assert table.version() == 8 and moved == {"LIST": 2, "GET": 2}
+    # the handle is the replay of the table's log (`log_snapshot`): moved by a listing and one read of the commit
+    assert table.version() == 8 and moved == {"LIST": 1, "GET": 1}
     got, requests = _counted(s3_server, lambda: txn_versions_of(table, uri, apps))
-    assert got == {apps[0]: 8, apps[1]: 7} and requests == {"GET": 1}  # the one new commit
+    assert got == {apps[0]: 8, apps[1]: 7} and not requests  # replayed with the commit
     # a commit through the handle, as a run's (no retry): its app transactions are known, not read back
     props = CommitProperties(app_transactions=[Transaction(apps[1], 9)], max_commit_retries=0)
     table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
     committed(table, 8, {apps[1]: 9})
     release()
-    _append(uri, [10], txn=(apps[0], 10))  # and someone else's after it: read
-    table, release = checkout_table(uri)
+    _append(uri, [10], txn=(apps[0], 10))  # and someone else's after it
+    (table, release), moved = _counted(s3_server, lambda: checkout_table(uri))
     got, requests = _counted(s3_server, lambda: txn_versions_of(table, uri, apps))
-    assert table.version() == 10 and got == {apps[0]: 10, apps[1]: 9} and requests == {"GET": 1}
+    assert table.version() == 10 and got == {apps[0]: 10, apps[1]: 9} and not requests
+    assert moved == {"LIST": 1, "GET": 2}  # both commits read once
     assert got == {a: table.transaction_version(a) for a in apps}
     release()
