@@ -1,7 +1,7 @@
 """Durable storage of watermarks and leases, beside the tables (a folder or a bucket).
 
 Layout under the storage root:
-    _laminar/watermarks/<flow>/<block>.json        the watermarks of a block of partitions (a day of hourly
+    _laminar/watermarks/<flow>/<block>.json        the watermarks of a block of partitions (a week of hourly
                                                    ones, a month of daily ones: `block_of`), each naming the
                                                    run that holds its partition while one does (`Watermark.holder`)
     _laminar/locks/<flow>/_sweep.lock              lease of the run sweeping the flow's partition-less rows
@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from laminar_assets import storage
 from laminar_assets.errors import CheckpointError, ConcurrentRunError, StorageError
@@ -93,11 +93,14 @@ ANY = object()
 
 
 def block_of(partition: str) -> str:
-    """The block whose object holds `partition`'s watermark: the day of an hourly key ('2024-01-31-13:00' ->
-    '2024-01-31'), the month of a daily one ('2024-01-31' -> '2024-01'); a key of another form is its own block.
-    A batched run covers adjacent partitions, so its watermarks are one object, written once per step."""
+    """The block whose object holds `partition`'s watermark: the ISO week of an hourly key ('2024-01-31-13:00' ->
+    '2024-W05', Monday to Sunday, 168 entries), the month of a daily one ('2024-01-31' -> '2024-01'); a key of
+    another form is its own block. A batched run covers adjacent partitions, so its watermarks are one object,
+    written once per step: late rows of the last few days too (a block of a day made such a run write up to a
+    week's seven objects twice; docs/PERFORMANCE.md, "The watermarks of a week in one object")."""
     if _HOURLY_KEY.fullmatch(partition):
-        return partition[:10]
+        year, week, _day = date.fromisoformat(partition[:10]).isocalendar()
+        return f"{year}-W{week:02d}"
     if _DAILY_KEY.fullmatch(partition):
         return partition[:7]
     return partition
@@ -243,7 +246,7 @@ class CheckpointStore:
 
     def load_listed(self, flow: str, partitions: list[str]) -> dict[str, Watermark | None]:
         """`load` of several partitions, reading each of their blocks once (one request for a run within a
-        day of hourly partitions); over several blocks, one listing of them, and a block whose tag is the one
+        week of hourly partitions); over several blocks, one listing of them, and a block whose tag is the one
         this store last read or wrote is not read again."""
         return {k: mark for k, (mark, _tag) in self.load_listed_tagged(flow, partitions).items()}
 

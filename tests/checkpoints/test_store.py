@@ -22,7 +22,7 @@ def test_round_trip_with_pending(tmp_path):
     loaded = store.load("f", "2024-01-01-00:00")
     assert loaded.with_(updated_at=None) == mark
     assert store.partitions("f") == ["2024-01-01-00:00"]
-    assert os.listdir(tmp_path / "_laminar" / "watermarks" / "f") == ["2024-01-01.json"]  # no temporary file left
+    assert os.listdir(tmp_path / "_laminar" / "watermarks" / "f") == ["2024-W01.json"]  # no temporary file left
 
 
 def test_missing_and_corrupt(tmp_path):
@@ -165,28 +165,28 @@ def test_a_holder_is_gone_when_its_process_is_its_age_is_past_or_this_process_en
     assert store.load("f", "p").holder == me  # a holder survives the round trip
 
 
-def test_the_watermarks_of_a_day_are_one_object_written_once_per_step(tmp_path, monkeypatch):
-    """A run's intents (or its watermarks) over six hours of one day: one conditional write of one object."""
+def test_the_watermarks_of_a_week_are_one_object_written_once_per_step(tmp_path, monkeypatch):
+    """A run's intents (or its watermarks) over six hours of one week: one conditional write of one object."""
     from laminar_assets import storage
 
     store = CheckpointStore(str(tmp_path))
-    keys = [f"2024-01-01-0{h}:00" for h in range(6)] + ["2024-01-02-00:00"]
+    keys = [f"2024-01-01-0{h}:00" for h in range(6)] + ["2024-01-07-23:00", "2024-01-08-00:00"]  # Mon; Sun; Mon
     writes = []
     for name in ("create_tagged", "replace_tagged"):
         real = getattr(storage, name)
         monkeypatch.setattr(storage, name, lambda *a, _real=real, _name=name: writes.append((_name, a[0])) or _real(*a))
     tags = store.write_many_if([(Watermark("f", k, "abc", {"src": 1}, 1), None) for k in keys])
     assert all(tags) and len(set(tags)) == len(keys)
-    assert sorted(w[1].rsplit("/", 1)[1] for w in writes) == ["2024-01-01.json", "2024-01-02.json"]
+    assert sorted(w[1].rsplit("/", 1)[1] for w in writes) == ["2024-W01.json", "2024-W02.json"]
     writes.clear()
     again = store.write_many_if([(Watermark("f", k, "abc", {"src": 2}, 2), t) for k, t in zip(keys[:6], tags)])
     assert all(again) and [w[0] for w in writes] == ["replace_tagged"]
-    assert sorted(os.listdir(tmp_path / "_laminar" / "watermarks" / "f")) == ["2024-01-01.json", "2024-01-02.json"]
+    assert sorted(os.listdir(tmp_path / "_laminar" / "watermarks" / "f")) == ["2024-W01.json", "2024-W02.json"]
     assert store.partitions("f") == sorted(keys)
 
 
 def test_writers_of_one_block_compare_entries_not_the_block(tmp_path):
-    """Two stores (two runs) writing different hours of one day both land, whoever wrote the object last; of two
+    """Two stores (two runs) writing different hours of one week both land, whoever wrote the object last; of two
     writers of one hour, the one holding a revision older than the entry's writes nothing, and the others of its
     batch are written all the same."""
     a, b = CheckpointStore(str(tmp_path)), CheckpointStore(str(tmp_path))
@@ -220,14 +220,14 @@ def test_watermarks_of_the_layout_before_blocks_are_read_then_folded_into_their_
     assert store.write_if(mark.with_(seq=4), tag)
     later = CheckpointStore(str(tmp_path))
     assert later.load("f", "2024-01-01-01:00").seq == 4 and later.load("f", "2024-01-01-00:00").seq == 3
-    assert os.listdir(tmp_path / "_laminar" / "watermarks" / "f") == ["2024-01-01.json"]
+    assert os.listdir(tmp_path / "_laminar" / "watermarks" / "f") == ["2024-W01.json"]
     assert later.partitions("f") == ["2024-01-01-00:00", "2024-01-01-01:00", "2024-01-02-00:00"]
     later.forget("f", "2024-01-01-00:00")
     assert CheckpointStore(str(tmp_path)).load("f", "2024-01-01-00:00") is None  # the old file no longer counts
 
 
 def _own_hour(root: str, hour: int, writes: int, results) -> None:
-    """A process writing only its own hour of one day, read and conditional write in turn."""
+    """A process writing only its own hour of one week, read and conditional write in turn."""
     store, key, done = CheckpointStore(root), f"2024-01-01-{hour:02d}:00", 0
     for _ in range(writes):
         mark, tag = store.load_tagged("f", key)
@@ -236,7 +236,7 @@ def _own_hour(root: str, hour: int, writes: int, results) -> None:
     results.put((hour, done))
 
 
-def test_processes_writing_other_hours_of_one_day_lose_no_write_on_a_local_disk(tmp_path):
+def test_processes_writing_other_hours_of_one_week_lose_no_write_on_a_local_disk(tmp_path):
     """A block on a local disk is checked and replaced in one step for every process of the machine (the folder's
     lock), as an object store's conditional PUT: no process's write is overwritten by another's older view."""
     import multiprocessing
@@ -253,7 +253,7 @@ def test_processes_writing_other_hours_of_one_day_lose_no_write_on_a_local_disk(
     assert {h: store.load("f", f"2024-01-01-{h:02d}:00").seq for h in range(4)} == done == {h: 40 for h in range(4)}
 
 
-def test_a_write_over_two_days_that_fails_on_one_keeps_what_landed_on_the_other(tmp_path, monkeypatch):
+def test_a_write_over_two_weeks_that_fails_on_one_keeps_what_landed_on_the_other(tmp_path, monkeypatch):
     """Every block of a step is tried; the run learns which of its writes landed (it holds those partitions, and
     clears them when it ends) before the failed block's error reaches it."""
     from laminar_assets import storage
@@ -264,19 +264,19 @@ def test_a_write_over_two_days_that_fails_on_one_keeps_what_landed_on_the_other(
     store = CheckpointStore(str(tmp_path))
     real = storage.create_tagged
 
-    def second_day_fails(uri, data):
-        if uri.endswith("2024-01-02.json"):
+    def second_week_fails(uri, data):
+        if uri.endswith("2024-W02.json"):
             raise OSError("disk full")
         return real(uri, data)
 
-    monkeypatch.setattr(storage, "create_tagged", second_day_fails)
+    monkeypatch.setattr(storage, "create_tagged", second_week_fails)
     claims = Claims(store, spec, "run-1", {})
     with pytest.raises(OSError, match="disk full"):
-        claims.claim_all({"2024-01-01-23:00": None, "2024-01-02-00:00": None})
-    assert list(claims.held) == ["2024-01-01-23:00"]
-    assert store.load("f", "2024-01-01-23:00").holder.run_id == "run-1"
+        claims.claim_all({"2024-01-07-23:00": None, "2024-01-08-00:00": None})  # a Sunday, then a Monday
+    assert list(claims.held) == ["2024-01-07-23:00"]
+    assert store.load("f", "2024-01-07-23:00").holder.run_id == "run-1"
     claims.end(OSError("disk full"))  # the run ends: what it holds is given back
-    assert store.load("f", "2024-01-01-23:00").holder is None
+    assert store.load("f", "2024-01-07-23:00").holder is None
 
 
 def test_a_view_left_older_by_a_slow_read_does_not_refuse_a_write(tmp_path):
@@ -315,6 +315,6 @@ def test_a_lake_before_blocks_is_read_once_and_its_files_go_once_folded(tmp_path
         "2024-01-01-00-00.json", "2024-01-01-01-00.json", "eu_west.json"]
     mark, tag = store.load_tagged("f", keys[0])
     assert store.write_if(mark.with_(seq=4), tag)
-    assert sorted(os.listdir(old)) == ["eu_west.json"]  # the day's files are in its block now
-    os.remove(tmp_path / "_laminar" / "watermarks" / "f" / "2024-01-01.json")
+    assert sorted(os.listdir(old)) == ["eu_west.json"]  # the week's files are in its block now
+    os.remove(tmp_path / "_laminar" / "watermarks" / "f" / "2024-W01.json")
     assert CheckpointStore(str(tmp_path)).load("f", keys[1]) is None

@@ -125,7 +125,7 @@ KILL_SCRIPT = textwrap.dedent("""
     else:
         engine.run(RETRACTING, PART)
 """)
-# the last hour of one day and three of the next: two blocks of watermarks (`CheckpointStore`), so a kill between
+# the last hour of one ISO week (a Sunday) and three of the next: two blocks of watermarks (`CheckpointStore`), so a kill between
 # the run's writes of them leaves the first block's partitions finished and the others' intents
 KEYS = ["2023-12-31-23:00", "2024-01-01-00:00", "2024-01-01-01:00", "2024-01-01-02:00"]
 MORE = [("2024-01-01 00:05:00", "b", 3.0, 2), ("2024-01-01 01:25:00", "a", 4.0, 3), ("2024-01-01 02:45:00", "c", 5.0, 1)]

@@ -57,7 +57,7 @@ def test_a_run_with_nothing_new_makes_three_requests(spark, s3_server, s3_lake):
     engine.run_many(FLOW, PARTS)
     results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
     assert [(r.mode, r.reason) for r in results] == [(Mode.NOOP, Reason.NO_NEW_VERSIONS)] * 3
-    # the read of the block holding the three watermarks (a day of hourly partitions), the source log's listing
+    # the read of the block holding the three watermarks (a week of hourly partitions), the source log's listing
     # from their version, the outcome record
     assert [(r.kind, r.object) for r in requests] == [("GET", "watermark"), ("LIST", "source log"), ("PUT", "outcome")]
 
@@ -280,7 +280,7 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
     # event time present and in bounds); 4 when it took its lease, read its progress under it and wrote it
     assert by_phase["sweep"] == 1, by_phase
     # no lease objects, no second listing of the watermarks: the intents claim, the watermarks free (one write of
-    # their block each: a day of hourly partitions is one object)
+    # their block each: a week of hourly partitions is one object)
     assert "lease" not in by_phase and "settle" not in by_phase and by_phase["watermark"] == 1, by_phase
     # Spark's reads of 6 source files: the task's HEAD and GET each, nothing before (`scan_files`); the driver's of
     # the 6 state files, or of the one of the 6 adjacent partitions (the last run wrote one for them all): a GET
@@ -303,10 +303,11 @@ def test_a_batched_run_costs_requests_in_proportion_to_its_change_not_to_the_sou
 # watermarks (docs/PERFORMANCE.md, "Requests per run on S3"). More is a regression; fewer, a cut to record here.
 # 52 before the state and sink tables' handles were Laminar's replays of their logs (`log_snapshot`: moved over the
 # run's own commit without reading it back; deltalake's move listed the log and read the commit twice, 4 requests
-# each, now a listing). 58 before the driver read the small state (Spark's HEAD per state file). 68 before the watermarks of a day
-# were one object (12 writes: an intent and a watermark per partition). 69 before the sink's commit started from the handle the
-# owner check checked out (a listing of its log). 82 before a partition's watermark was its lease (its
-# intent claims it, its watermark frees it: no lease object to PUT and DELETE, no listing after taking them); 90
+# each, now a listing). 58 before the driver read the small state (Spark's HEAD per state file). 68 before the
+# watermarks of a day (a week now) were one object (12 writes: an intent and a watermark per partition). 69 before
+# the sink's commit started from the handle the owner check checked out (a listing of its log). 82 before a
+# partition's watermark was its lease (its intent claims it, its watermark frees it: no lease object to PUT and
+# DELETE, no listing after taking them); 90
 # before the commits were one PUT of their log entry instead of deltalake's five requests
 # (`output.commit.write_commit`); 93 before the sweep of commits whose statistics prove no row to record moved its
 # progress with one conditional write instead of under its lease (4 requests); 110 before the source's appends

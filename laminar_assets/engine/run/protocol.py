@@ -13,7 +13,7 @@ A run of several partitions shares the commits of 3 and 4 (one app transaction p
 partition in each); intents and watermarks stay per partition, so recovery is
 per partition. A crash after 3 is finished on restart; a crash before 3 leaves
 nothing behind and the next run refills (PREVIOUS_ATTEMPT_FAILED). The partitions' writes of one step
-(2, 5) are one conditional write per block of partitions (a day of hourly ones: `CheckpointStore`), each
+(2, 5) are one conditional write per block of partitions (a week of hourly ones: `CheckpointStore`), each
 watermark in it compared on its own: any subset of the blocks may be written when a run dies, which
 recovery, being per partition, already handles. A partition the run finds nothing
 to do for is written only when its record changes (a NOOP's newer versions), in one conditional write.
