@@ -112,7 +112,10 @@ def _checkpoint(data: bytes, version: int) -> Replay | None:
     add_fields = {add_type.field(i).name for i in range(add_type.num_fields)}
     if "stats" not in add_fields and "stats_parsed" in add_fields:
         return None
-    table = file.read(columns=[c for c in ("add", "metaData", "protocol", "txn") if c in names])
+    table = file.read(columns=[c for c in ("add", "metaData", "protocol", "txn", "sidecar", "checkpointMetadata")
+                               if c in names])
+    if any(table.column(c).null_count != table.num_rows for c in ("sidecar", "checkpointMetadata") if c in names):
+        return None  # a V2 checkpoint: its file actions may live in sidecar files
     metadata = next((m for m in table.column("metaData").to_pylist() if m), None)
     protocol = next((p for p in table.column("protocol").to_pylist() if p), None)
     if metadata is None or protocol is None:
@@ -175,6 +178,8 @@ def replay(uri: str, listed: Mapping[int, str], checkpoint: int | None) -> Repla
             return None
     if not state.metadata or not state.protocol:
         return None
+    if "v2Checkpoint" in (state.protocol.get("readerFeatures") or ()):
+        return None  # its checkpoints may keep the file actions in sidecar files: deltalake's
     return state
 
 

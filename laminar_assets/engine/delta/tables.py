@@ -566,7 +566,7 @@ def snapshot_files(info: TableInfo, event_time: str | None, within: Iterable[Int
                                 bounds_of=bounds_of), *_appended_files(info, event_time, within, keep_null_files)]
     dt = info.delta()
     if isinstance(dt, LogSnapshot):  # a table Laminar writes, replayed from its log: its add actions as written
-        return _action_files(info, dt.add_actions(), event_time, within, keep_null_files)
+        return _action_files(info, dt.add_actions(), event_time, within, keep_null_files, bounds_of=bounds_of)
     ranges = list(within) if within is not None else None
     deleted = {}
     features = set(dt.protocol().reader_features or [])
@@ -618,9 +618,10 @@ def _appended_files(info: TableInfo, event_time: str | None, within: Iterable[In
 
 
 def _action_files(info: TableInfo, actions: Iterable[dict], event_time: str | None, within: Iterable[Interval] | None,
-                  keep_null_files: bool) -> list[DataFile]:
+                  keep_null_files: bool, *, bounds_of: Iterable[str] = ()) -> list[DataFile]:
     """`snapshot_files` of add actions as the log writes them (a derived snapshot's appended commits, a replayed
-    snapshot's live files): see `_appended_files`."""
+    snapshot's live files): see `_appended_files`. `bounds_of`: as `snapshot_files`, from the JSON statistics."""
+    bounds_of = tuple(bounds_of)
     if event_time is not None and not temporal(info.schema, event_time):
         event_time = None
     stat = info.physical(event_time)
@@ -636,8 +637,31 @@ def _action_files(info: TableInfo, actions: Iterable[dict], event_time: str | No
         rng = f.time_range if event_time else None
         if ranges is not None and rng is not None and not any(rng.overlaps(r) for r in ranges):
             continue
-        files.append(f)
+        files.append(replace(f, bounds=_json_bounds(info, action, bounds_of)) if bounds_of else f)
     return files
+
+
+def _json_bounds(info: TableInfo, action: dict, columns: tuple[str, ...]) -> tuple:
+    """`file_ranges.key_bounds` of one add action from its JSON statistics: (min, max) of each of `columns`
+    (logical names) that is an integer or string column, (None, None) where the file has none or the column
+    is of another type (their values compare otherwise in Python and Parquet)."""
+    try:
+        stats = json.loads(action.get("stats") or "{}")
+    except ValueError:
+        stats = {}
+    low, high = (stats.get("minValues") or {}), (stats.get("maxValues") or {})
+    out: list[tuple[object, object]] = []
+    for column in columns:
+        typ = info.schema.field(column).type if column in info.schema.names else None
+        kind = int if typ is not None and pa.types.is_integer(typ) else \
+            str if typ is not None and (pa.types.is_string(typ) or pa.types.is_large_string(typ)) else None
+        name = info.physical(column)
+        lo, hi = low.get(name), high.get(name)
+        if kind is None or not (type(lo) is kind and type(hi) is kind):  # noqa: E721  (bool is not an int here)
+            out.append((None, None))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
 
 
 def _normal(uri: str) -> str:

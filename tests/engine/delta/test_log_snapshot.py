@@ -39,7 +39,9 @@ def _fresh_cache():
 
 def _rows(hour: int, n: int, value: float) -> pa.Table:
     return pa.table({"ts": pa.array([DAY + timedelta(hours=hour, minutes=m) for m in range(n)], pa.timestamp("us", "UTC")),
-                     "p": pa.array([f"h{hour:02d}"] * n), "v": pa.array([value] * n)})
+                     "p": pa.array([f"h{hour:02d}"] * n), "v": pa.array([value] * n),
+                     "k": pa.array([hour * 100 + m for m in range(n)], pa.int64()),
+                     "s": pa.array([f"s{hour}-{m}" for m in range(n)])})
 
 
 def _write(uri: str, hour: int, n: int, value: float, *, txn: tuple[str, int], mode: str = "append") -> None:
@@ -62,9 +64,12 @@ def _replace(uri: str, hour: int, n: int, value: float, *, txn: tuple[str, int])
     storage.write(f"{uri}/{path}", data)
     gone = [a for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist() if a["partition.p"] == f"h{hour:02d}"]
     stamp = "%Y-%m-%dT%H:%M:%S.000Z"
-    stats = json.dumps({"numRecords": n, "minValues": {"ts": (DAY + timedelta(hours=hour)).strftime(stamp)},
-                        "maxValues": {"ts": (DAY + timedelta(hours=hour, minutes=n - 1)).strftime(stamp)},
-                        "nullCount": {"ts": 0}})
+    stats = json.dumps({"numRecords": n,
+                        "minValues": {"ts": (DAY + timedelta(hours=hour)).strftime(stamp), "k": hour * 100,
+                                      "s": f"s{hour}-0"},
+                        "maxValues": {"ts": (DAY + timedelta(hours=hour, minutes=n - 1)).strftime(stamp),
+                                      "k": hour * 100 + n - 1, "s": f"s{hour}-{n - 1}"},
+                        "nullCount": {"ts": 0, "k": 0, "s": 0}})
     add = AddAction(path, len(data), {"p": f"h{hour:02d}"}, 0, True, stats)
     removes = [_remove_action(uri, DataFile(uri=f"{uri}/{a['path']}", rows=a["num_records"], size=a["size_bytes"],
                                             partition_values=(("p", a["partition.p"]),))) for a in gone]
@@ -95,8 +100,8 @@ def _hour(h: int):
 
 
 def _files(info, within) -> list[tuple]:
-    return sorted((f.uri, f.rows, f.size, f.partition_values, f.time_range, f.time_nulls)
-                  for f in snapshot_files(info, "ts", within, keep_null_files=True))
+    return sorted((f.uri, f.rows, f.size, f.partition_values, f.time_range, f.time_nulls, f.bounds)
+                  for f in snapshot_files(info, "ts", within, keep_null_files=True, bounds_of=("k", "s", "v", "p")))
 
 
 def _history(uri: str) -> None:
@@ -134,6 +139,11 @@ def test_a_log_it_does_not_replay_gives_none(tmp_path):
     _history(uri)
     assert replay(uri, {0: "", 2: ""}, None) is None  # a commit missing from the listing
     assert replay(uri, {v: "" for v in range(6)}, 3) is None  # no checkpoint at 3
+    v2 = {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["v2Checkpoint"],
+                       "writerFeatures": ["v2Checkpoint"]}}
+    Path(uri, "_delta_log", f"{6:020d}.json").write_text(json.dumps(v2) + "\n")
+    assert replay(uri, {v: "" for v in range(7)}, None) is None  # V2 checkpoints may keep files in sidecars
+    assert replay(uri, {v: "" for v in range(6)}, None) is not None
     Path(uri, "_delta_log", f"{1:020d}.json").unlink()
     assert replay(uri, {v: "" for v in range(6)}, None) is None  # a commit file gone
     with_dv = str(tmp_path / "dv")
