@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Schema
@@ -50,7 +49,8 @@ _OWN = frozenset({"_uri", "_replay", "_tag", "_lock", "_opened", "_made"})
 @dataclass
 class Replay:
     """A table's state at `version` from its log: the latest metaData and protocol actions, each app's
-    transaction version, and the live add actions by (decoded) path."""
+    transaction version, and the live add actions by path, as the log writes it (a remove cancels the add of the
+    same string, as `deltalake` matches them)."""
 
     version: int
     metadata: dict
@@ -85,11 +85,11 @@ class Replay:
         if kind == "add":
             if body.get("deletionVector") or not body.get("path"):
                 return False
-            self.adds[unquote(body["path"])] = body
+            self.adds[body["path"]] = body
         elif kind == "remove":
             if body.get("deletionVector") or not body.get("path"):
                 return False
-            self.adds.pop(unquote(body["path"]), None)
+            self.adds.pop(body["path"], None)
         elif kind == "metaData":
             self.metadata = body
         elif kind == "protocol":
@@ -131,7 +131,7 @@ def _checkpoint(data: bytes, version: int) -> Replay | None:
         if add.get("deletionVector") or not add.get("path"):
             return None
         add = _plain(add)
-        replay.adds[unquote(add["path"])] = add
+        replay.adds[add["path"]] = add
     return replay
 
 
@@ -150,7 +150,15 @@ def _plain(action: dict) -> dict:
 def replay(uri: str, listed: Mapping[int, str], checkpoint: int | None) -> Replay | None:
     """The table at `uri` at the newest version of `listed` ({version: tag} of its commit files from `checkpoint`
     on, or from 0 when None), from the checkpoint's file and the commits after it, read side by side; None when
-    a file is gone or the log is not laid out as this reader replays it."""
+    a file is gone, damaged, or the log is not laid out as this reader replays it (`deltalake` says what is
+    wrong with a damaged one)."""
+    try:
+        return _replay(uri, listed, checkpoint)
+    except (KeyError, TypeError, ValueError, AttributeError):  # a damaged action (pyarrow's errors are ValueErrors)
+        return None
+
+
+def _replay(uri: str, listed: Mapping[int, str], checkpoint: int | None) -> Replay | None:
     if not listed:
         return None
     latest = max(listed)
@@ -204,6 +212,8 @@ class LogSnapshot(DeltaTable):
 
     def _deltalake(self) -> DeltaTable:
         with self._lock:
+            if self._opened is not None and self._opened.version() != self._replay.version:
+                self._opened = None  # moved by an operation through it (`alter` moves deltalake's handle)
             if self._opened is None:
                 self._opened = DeltaTable(self._uri, version=self._replay.version,
                                           storage_options=storage.delta_options(self._uri))
@@ -268,7 +278,10 @@ class LogSnapshot(DeltaTable):
         state = self._replay.copy()
         for v in versions:
             data = found.get(v)
-            if data is None or not state.apply(v, data):
+            try:
+                if data is None or not state.apply(v, data):
+                    return False
+            except (KeyError, TypeError, ValueError, AttributeError):  # a damaged action
                 return False
         with self._lock:
             self._replay, self._tag, self._opened, self._made = state, tag, None, None
@@ -284,4 +297,10 @@ class LogSnapshot(DeltaTable):
         return storage.read_many([storage.join(log, f"{v:020d}.json") for v in versions])
 
     def update_incremental(self) -> None:
-        raise NotImplementedError("a replayed snapshot moves with `move_to` (snapshot_cache.checkout)")
+        """Move to the latest version (as `deltalake`'s does: its optimize calls it after committing)."""
+        names = [n for n, _tag in storage.list_tagged(storage.join(self._uri, "_delta_log"),
+                                                      after=f"{self._replay.version:020d}.json")]
+        versions = [int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()]
+        if versions and not self.move_to(max(versions), self._commits, None):
+            raise ValueError(f"cannot move the replayed snapshot of {self._uri} from version {self.version()} "
+                             f"to {max(versions)}")

@@ -50,6 +50,8 @@ def txn_versions_of(table: DeltaTable, uri: str, apps: list[str]) -> dict[str, i
     if isinstance(table, LogSnapshot):  # replayed from its log: its app transactions are known
         replayed = table.app_versions()
         with _lock:
+            for key in [k for k, (ref, *_rest) in _read.items() if ref() is None]:
+                del _read[key]
             _read[id(table)] = (weakref.ref(table), version, replayed)
         return {a: replayed.get(a) for a in apps}
     with _lock:

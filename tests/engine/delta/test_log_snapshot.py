@@ -211,3 +211,38 @@ def test_a_method_it_does_not_answer_is_deltalakes_at_the_same_version(s3_lake):
     rows = table.to_pyarrow_table()
     assert rows.num_rows == 4 + 1 + 5 and table.version() == 5
     assert table.transaction_version("laminar/f/5") is None
+
+
+def test_a_remove_cancels_the_add_of_the_same_path_string_as_deltalake_matches_them(tmp_path):
+    uri = str(tmp_path / "t")
+    _history(uri)
+    log = Path(uri, "_delta_log")
+    add = {"add": {"path": "p=h09/a%20b.parquet", "partitionValues": {"p": "h09"}, "size": 1, "modificationTime": 0,
+                   "dataChange": True, "stats": json.dumps({"numRecords": 1})}}
+    log.joinpath(f"{6:020d}.json").write_text(json.dumps(add) + "\n")
+    gone = {"remove": {"path": "p=h09/a b.parquet", "dataChange": True, "deletionTimestamp": 0}}  # decoded: another
+    log.joinpath(f"{7:020d}.json").write_text(json.dumps(gone) + "\n")
+    snap = replay(uri, {v: "" for v in range(8)}, None)
+    dt = DeltaTable(uri)
+    assert snap is not None and "p=h09/a%20b.parquet" in snap.adds  # the decoded remove names another file
+    assert sorted(snap.adds) == sorted(pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def test_a_damaged_log_is_left_to_deltalake_and_the_replay_moves_as_deltalake_does(s3_lake):
+    uri = f"{s3_lake.root}/t"
+    _history(uri)
+    log = storage.join(uri, "_delta_log")
+    table = _replayed(uri)
+    dt = DeltaTable(uri, storage_options=storage.delta_options(uri))
+    dt.alter.set_table_properties({"laminar.note": "x"}, raise_if_not_exists=False)  # version 6, by deltalake
+    storage.write(storage.join(log, f"{7:020d}.json"), b'{"txn": {"appId": "a"}}\n')  # no version: damaged
+    assert replay(uri, {v: "" for v in range(8)}, None) is None
+    with pytest.raises(ValueError, match="cannot move the replayed snapshot"):
+        table.update_incremental()
+    assert table.version() == 5
+    assert table.to_pyarrow_table().num_rows == 4 + 1 + 5  # its deltalake delegate is at its version
+    storage.delete(storage.join(log, f"{7:020d}.json"))
+    table.update_incremental()  # to version 6, as deltalake's update_incremental
+    assert table.version() == 6 and table.metadata().configuration["laminar.note"] == "x"
+    assert table.to_pyarrow_table().num_rows == 10
+    _same(uri, table)
