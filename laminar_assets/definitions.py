@@ -11,7 +11,6 @@ from laminar_assets.flows import load_exports, load_specs
 from laminar_assets.orchestration.builder import (  # noqa: F401  (the builder's API, re-exported)
     CONTRACTS,
     build_definitions,
-    output_columns,
     specs_with_contracts,
 )
 from laminar_assets.pipeline.settings import load_settings

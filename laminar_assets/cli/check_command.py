@@ -30,7 +30,6 @@ def check(
     exits non-zero if any fails."""
     from laminar_assets.checkpoints import CheckpointStore
     from laminar_assets.contracts import CONTRACTS, load_contracts
-    from laminar_assets.engine import FlowSpec
     from laminar_assets.engine.report import describe_failed_runs, failed_runs
     from laminar_assets.orchestration.checks import contract_outcomes, equivalence_outcomes
 
@@ -83,7 +82,7 @@ def check(
                     for key, (passed, md) in outcomes.items():
                         rows_out.append({"check": "contract", "asset": spec.name, "partition": key, "passed": passed,
                                          "details": md["failures"].value if "failures" in md else md.get("integrity", [])})
-                if isinstance(spec, FlowSpec):
+                if spec.recompute_checked:
                     outcomes = _outcomes(chunk, equivalence_outcomes, engine, spec, chunk, sample)
                     for key, (passed, md) in outcomes.items():
                         rows_out.append({"check": "equivalence", "asset": spec.name, "partition": key,

@@ -9,16 +9,13 @@ import dagster as dg
 
 from laminar_assets.contracts.expectations import warm_up
 from laminar_assets.engine import (
-    FlowSpec,
     Granularity,
     LaminarError,
     RefreshPolicy,
     RunResult,
     Spec,
-    StageSpec,
     record_refused_run,
 )
-from laminar_assets.engine.aggregates import implementation
 from laminar_assets.engine.delta import checkout_info, resolve_uri, table_info
 from laminar_assets.orchestration.check_partitions import CHANGED_KEY
 from laminar_assets.orchestration.table_metadata import table_metadata
@@ -76,17 +73,8 @@ def _static_metadata(spec: Spec, readers: tuple[str, ...]) -> dict:
     if spec.definition:
         md["defined_in"] = spec.origin
         md["sql"] = dg.MetadataValue.md(f"```sql\n{spec.definition}\n```")
-    if isinstance(spec, FlowSpec):
-        md["window"] = f"{spec.shape.size} every {spec.shape.slide}"
-        md["keys"] = ", ".join(spec.keys) or "(none)"
-        md["aggregates"] = dg.MetadataValue.md("\n".join(
-            f"- `{a.name}` = {a.expr or f'{a.kind}({a.column or chr(42)})'} — "
-            f"{'retractable' if implementation(a).retractable else 'not retractable'}"
-            f"{' (refill-only)' if a.kind == 'sql' else ''}{' (hidden)' if a.name in spec.hidden else ''}"
-            for a in spec.aggregates))
-    else:
-        md["dedup_key"] = ", ".join(spec.dedup_key) or "(none)"
-        md["joins"] = ", ".join(j.table for j in spec.joins) or "(none)"
+    for name, text, markdown in spec.definition_facts():
+        md[name] = dg.MetadataValue.md(text) if markdown else text
     return md
 
 
@@ -160,7 +148,7 @@ def build_asset(spec: Spec, settings: LaminarSettings, contracts: dict | None = 
         partitions_def=partitions_def(spec, settings),
         deps=[dg.AssetKey(t) for t in inputs],
         description=description,
-        group_name="stages" if isinstance(spec, StageSpec) else "flows",
+        group_name=spec.group_name,
         kinds={"spark", "delta", *(("sql",) if spec.definition else ())},
         backfill_policy=dg.BackfillPolicy.single_run(),
         metadata=_static_metadata(spec, readers),

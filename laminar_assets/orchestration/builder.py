@@ -11,7 +11,7 @@ import dagster as dg
 
 from laminar_assets import storage
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
-from laminar_assets.engine import ExportSpec, FlowSpec, LaminarError, Spec, SpecError, check_exports, check_tables
+from laminar_assets.engine import ExportSpec, LaminarError, Spec, SpecError, check_exports, check_tables
 from laminar_assets.orchestration.alerts import build_failure_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
@@ -24,19 +24,11 @@ from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.resources import LaminarResource, SparkResource
 
 
-def output_columns(spec: Spec) -> list[str] | None:
-    """The sink columns a spec writes, when they are known without reading a table."""
-    if isinstance(spec, FlowSpec):
-        return ["window_start", "window_end", *spec.keys, *[a.output for a in spec.aggregates if a.output not in spec.hidden],
-                *[p for p, _ in spec.post_pairs]]
-    return list(spec.columns) or None
-
-
 def specs_with_contracts(specs: list[Spec], contracts_dir: str | pathlib.Path | None = CONTRACTS):
     """(the specs as deployed, with their sources' contract rules folded in; the contracts by table)."""
     if contracts_dir:
         _refuse_sinks_on_sources(specs, load_contracts(contracts_dir))
-    known = {s.sink_name: cols for s in specs if (cols := output_columns(s))}
+    known = {s.sink_name: cols for s in specs if (cols := s.output_columns())}
     contracts = load_contracts(contracts_dir, known) if contracts_dir else {}
     return [with_contract_rules(s, contracts) for s in specs], contracts
 
@@ -94,7 +86,7 @@ def _build_definitions(specs, settings, resources, contracts_dir, use_threads, e
     assets += [build_export_asset(e, by_name[e.source], settings) for e in exports]
     checks = [build_lag_check(s) for s in specs]
     checks += [build_contract_check(s, contracts[s.sink], settings) for s in specs if s.sink in contracts]
-    checks += [build_equivalence_check(s, settings) for s in specs if isinstance(s, FlowSpec)]
+    checks += [build_equivalence_check(s, settings) for s in specs if s.recompute_checked]
     blocking = {s.name for s in specs if s.sink in contracts and contracts[s.sink].blocking}
     sensors = build_pipeline_sensors(specs, settings, blocking=blocking,
                                      contracts={s.name for s in specs if s.sink in contracts}, exports=exports)

@@ -17,7 +17,7 @@ from typing import Any
 
 import dagster as dg
 
-from laminar_assets.engine import ExportSpec, FlowSpec, LaminarError
+from laminar_assets.engine import ExportSpec, LaminarError
 from laminar_assets.engine.report import inspect_partition, is_stale
 from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
 from laminar_assets.orchestration.internals.private_names import DATA_VERSION_TAG, AssetCheckExecutionRecordStatus
@@ -134,7 +134,7 @@ def run_checks(specs: tuple[Spec, ...], contracts: set[str]) -> list[dg.AssetChe
     """The checks a sensor-launched run carries: contracts (blocking ones gate consumers) and equivalence.
     `watermark_lag` scans every materialized partition; it runs on demand, not on every commit."""
     keys = [dg.AssetCheckKey(dg.AssetKey(s.name), "contract") for s in specs if s.name in contracts]
-    return keys + [dg.AssetCheckKey(dg.AssetKey(s.name), "equivalence") for s in specs if isinstance(s, FlowSpec)]
+    return keys + [dg.AssetCheckKey(dg.AssetKey(s.name), "equivalence") for s in specs if s.recompute_checked]
 
 
 def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, blocking: set[str],

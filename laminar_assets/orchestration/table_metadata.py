@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from laminar_assets.engine import FlowSpec, LaminarError, Spec, partition_interval
+from laminar_assets.engine import LaminarError, Spec, partition_interval
 from laminar_assets.engine.delta import snapshot_files, table_info
 from laminar_assets.orchestration.internals.private_names import TableMetadataSet
 
@@ -49,11 +49,4 @@ def table_metadata(spec: Spec, sink_uri: str, partitions: Sequence[str] = (), *,
 
 
 def _describe(spec: Spec, column: str) -> str | None:
-    if not isinstance(spec, FlowSpec):
-        return None
-    if column in ("window_start", "window_end"):
-        return f"{'start' if column == 'window_start' else 'end'} of the window (UTC; windows are [start, end))"
-    for agg in spec.aggregates:
-        if agg.name == column:
-            return agg.expr or f"{agg.kind}({agg.column or '*'})"
-    return None
+    return spec.column_description(column)

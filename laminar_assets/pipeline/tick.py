@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.engine import ExportSpec, FlowSpec, Interval, LaminarError, later, partition_interval, partition_span
+from laminar_assets.engine import ExportSpec, Interval, LaminarError, later, partition_interval, partition_span
 from laminar_assets.engine.delta import is_delta_table, open_table, resolve_uri
 from laminar_assets.engine.export import load_record
 from laminar_assets.engine.report import beyond, dirty_partitions, new_commits, reach, touches
@@ -97,7 +97,7 @@ def upstream_of(consumer: Spec, producer: Spec, key: str) -> set[str]:
     from laminar_assets.engine import partitions_overlapping
 
     part = partition_interval(key, consumer.granularity)
-    events = consumer.shape.events_of_starts(part) if isinstance(consumer, FlowSpec) else part
+    events = consumer.events_needed(part)  # a flow's windows that start in it reach past its end
     return set(partitions_overlapping(events, producer.granularity))
 
 

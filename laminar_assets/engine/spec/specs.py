@@ -60,6 +60,9 @@ class BaseSpec:
     refill_unit: ClassVar[str]  # what a refill of part of a partition recomputes: "groups" (of windows) or "keys"
     catalog_kind: ClassVar[str]  # how a catalog lists its output ("sink", "stage")
     described_as: ClassVar[str]  # what it is, in a description nobody wrote ("time-window rollup")
+    group_name: ClassVar[str]  # the group of its asset in the Dagster UI ("flows", "stages")
+    recompute_checked: ClassVar[bool]  # its sink is compared with a recompute (the equivalence check): merged
+    #   state can drift from what the source holds; an output written from the rows read cannot
 
     name: str
     source: str | tuple[str, ...]
@@ -325,6 +328,18 @@ class BaseSpec:
         """The values of `output_time_column` that rows with event times in `events` can land on."""
         return events
 
+    def output_columns(self) -> list[str] | None:
+        """The sink columns it writes, when they are known without reading a table (None: not known)."""
+        return None
+
+    def column_description(self, column: str) -> str | None:
+        """What a sink column holds, for a catalog's column descriptions (None: nothing to say)."""
+        return None
+
+    def definition_facts(self) -> list[tuple[str, str, bool]]:
+        """What its definition says, for the asset's metadata: (name, text, whether the text is Markdown)."""
+        return []
+
     def refill_scope(self, part: Interval, touched: Interval) -> Interval | None:
         """What of partition `part` rows with event times in `touched` affect (window starts of a flow,
         event times of a stage); None when nothing."""
@@ -377,6 +392,8 @@ class FlowSpec(BaseSpec):
     refill_unit: ClassVar[str] = "groups"
     catalog_kind: ClassVar[str] = "sink"
     described_as: ClassVar[str] = "time-window rollup"
+    group_name: ClassVar[str] = "flows"
+    recompute_checked: ClassVar[bool] = True
 
     def _validate_flow(self) -> None:
         problem = flow_problem(self, RESERVED_COLUMNS)
@@ -446,6 +463,27 @@ class FlowSpec(BaseSpec):
     def output_times_of(self, events: Interval) -> Interval:
         return Interval(events.start - self.shape.size + self.shape.slide, events.end)  # window starts
 
+    def output_columns(self) -> list[str] | None:
+        return ["window_start", "window_end", *self.keys,
+                *[a.output for a in self.aggregates if a.output not in self.hidden], *[p for p, _ in self.post_pairs]]
+
+    def column_description(self, column: str) -> str | None:
+        if column in ("window_start", "window_end"):
+            return f"{'start' if column == 'window_start' else 'end'} of the window (UTC; windows are [start, end))"
+        for agg in self.aggregates:
+            if agg.name == column:
+                return agg.expr or f"{agg.kind}({agg.column or '*'})"
+        return None
+
+    def definition_facts(self) -> list[tuple[str, str, bool]]:
+        aggregates = "\n".join(
+            f"- `{a.name}` = {a.expr or f'{a.kind}({a.column or chr(42)})'} — "
+            f"{'retractable' if KINDS[a.kind].retractable else 'not retractable'}"
+            f"{' (refill-only)' if a.kind == 'sql' else ''}{' (hidden)' if a.name in self.hidden else ''}"
+            for a in self.aggregates)
+        return [("window", f"{self.shape.size} every {self.shape.slide}", False),
+                ("keys", ", ".join(self.keys) or "(none)", False), ("aggregates", aggregates, True)]
+
     def refill_scope(self, part: Interval, touched: Interval) -> Interval | None:
         starts = self.shape.starts_overlapping(touched)
         return starts.intersect(part) if starts else None
@@ -484,6 +522,8 @@ class StageSpec(BaseSpec):
     refill_unit: ClassVar[str] = "keys"
     catalog_kind: ClassVar[str] = "stage"
     described_as: ClassVar[str] = "shared stage"
+    group_name: ClassVar[str] = "stages"
+    recompute_checked: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self._normalise_common()
@@ -518,6 +558,13 @@ class StageSpec(BaseSpec):
     @property
     def key_columns(self) -> tuple[str, ...]:
         return self.dedup_key
+
+    def output_columns(self) -> list[str] | None:
+        return list(self.columns) or None
+
+    def definition_facts(self) -> list[tuple[str, str, bool]]:
+        return [("dedup_key", ", ".join(self.dedup_key) or "(none)", False),
+                ("joins", ", ".join(j.table for j in self.joins) or "(none)", False)]
 
     @property
     def output_time_column(self) -> str:
