@@ -117,3 +117,23 @@ def test_dagsters_private_modules_are_imported_only_in_the_internals_room():
                  if room not in p.parents and (names := _private_dagster_imports(p))}
     assert not offenders, f"import these through laminar_assets/orchestration/internals/: {offenders}"
     assert _private_dagster_imports(room / "private_names.py"), "the check itself must see a private import"
+
+
+def _kind_tests(path: pathlib.Path) -> list[str]:
+    """`isinstance(x, FlowSpec)`-style tests of a spec's class in a module (the names of the classes tested)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            found += [c.id for c in classes if isinstance(c, ast.Name) and c.id in ("FlowSpec", "StageSpec")]
+    return found
+
+
+def test_the_dagster_layer_asks_a_specs_kind_instead_of_testing_its_class():
+    """What differs between a flow and a stage is the spec's to say (`BaseSpec`'s class attributes and methods):
+    orchestration/, pipeline/ and cli/ ask it, so a new kind of spec touches none of them."""
+    offenders = {str(p.relative_to(ROOT)): names for layer in ("orchestration", "pipeline", "cli")
+                 for p in (ROOT / layer).rglob("*.py") if (names := _kind_tests(p))}
+    assert not offenders, f"ask the spec (a BaseSpec attribute or method) instead: {offenders}"
+    assert _kind_tests(ROOT / "engine" / "run" / "outcomes.py")  # the check sees what it looks for
