@@ -46,6 +46,23 @@ _KNOWN = frozenset({"add", "remove", "metaData", "protocol", "txn", "commitInfo"
 _OWN = frozenset({"_uri", "_replay", "_tag", "_lock", "_opened", "_made"})
 
 
+def commit_actions(data: bytes) -> list[tuple[str, Any]] | None:
+    """(kind, body) of each action in a commit file's JSON lines; None when a line is not one action (a damaged
+    entry: `deltalake`'s own reader says what is wrong with it)."""
+    out = []
+    for line in data.decode("utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            action = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(action, dict) or len(action) != 1:
+            return None
+        out.append(next(iter(action.items())))
+    return out
+
+
 @dataclass
 class Replay:
     """A table's state at `version` from its log: the latest metaData and protocol actions, each app's
@@ -64,16 +81,10 @@ class Replay:
     def apply(self, version: int, data: bytes) -> bool:
         """Apply commit `version` (its JSON lines); False when it holds what this reader does not replay (nothing
         of it is kept then: the caller drops this replay)."""
-        for line in data.decode("utf-8").splitlines():
-            if not line.strip():
-                continue
-            try:
-                action = json.loads(line)
-            except ValueError:
-                return False  # a damaged entry: deltalake's own reader says what is wrong
-            if not isinstance(action, dict) or len(action) != 1:
-                return False
-            kind, body = next(iter(action.items()))
+        actions = commit_actions(data)
+        if actions is None:
+            return False  # a damaged entry: deltalake's own reader says what is wrong
+        for kind, body in actions:
             if kind not in _KNOWN or not isinstance(body, dict):
                 return False
             if not self._action(kind, body):

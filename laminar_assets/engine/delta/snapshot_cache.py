@@ -465,18 +465,10 @@ def _appends(uri: str, since: int, latest: int) -> tuple[tuple[tuple[int, dict],
     read = storage.read_many([storage.join(uri, "_delta_log", f"{v:020d}.json") for v in versions])
     entries.update({v: data for v, data in zip(versions, read) if data is not None})
     for version, data in zip(versions, read):
-        if data is None:
+        found = log_snapshot.commit_actions(data) if data is not None else None
+        if found is None:  # gone, or a damaged entry: deltalake's own reader says what is wrong
             return None, entries
-        for line in data.decode("utf-8").splitlines():
-            if not line.strip():
-                continue
-            try:
-                action = json.loads(line)
-            except ValueError:
-                return None, entries  # a damaged entry: deltalake's own reader says what is wrong
-            if not isinstance(action, dict) or len(action) != 1:
-                return None, entries
-            kind, body = next(iter(action.items()))
+        for kind, body in found:
             if kind == "add" and isinstance(body, dict) and not body.get("deletionVector") and body.get("path"):
                 actions.append((version, body))
             elif kind not in ("commitInfo", "txn"):
