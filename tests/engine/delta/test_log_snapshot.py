@@ -26,7 +26,7 @@ from laminar_assets.engine.delta.log_snapshot import LogSnapshot, replay
 from laminar_assets.engine.delta.tables import checkout_table, info_of, snapshot_files
 from laminar_assets.engine.output.commit import _remove_action, write_commit
 
-TESTDATA = Path(__file__).resolve().parents[4] / "shared" / "testdata" / "delta"
+TESTDATA = Path(__file__).resolve().parents[2] / "data" / "delta"  # delta-rs's test tables (tests/data/delta)
 DAY = datetime(2024, 1, 2, tzinfo=UTC)
 
 
