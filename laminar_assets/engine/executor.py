@@ -356,7 +356,9 @@ class Engine:
         for r in results.values():
             r.metrics.rows_quarantined = sum(r.quarantined.values())
         self._record_outcomes(spec, run_id, [results[k] for k in keys], marks, inputs)
-        unchanged.remember(self.ctx, spec, found, [results[k].plan for k in keys])
+        snapshots = {t: (i.version, i.tag) for t, i in {**inputs.infos, **inputs.dims}.items()
+                     if i.tag is not None} if inputs is not None else None
+        unchanged.remember(self.ctx, spec, found, [results[k].plan for k in keys], snapshots)
         return [results[k] for k in keys]
 
     def _unchanged(self, spec: Spec, keys: list[str], found: unchanged.Check, run_id: str) -> list[RunResult]:

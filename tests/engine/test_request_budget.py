@@ -98,6 +98,17 @@ def test_a_run_with_nothing_new_makes_three_requests(spark, s3_server, s3_lake):
     results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
     assert [r.reason for r in results] == [Reason.NO_NEW_VERSIONS] * 3 and len(requests) == 3
 
+    # a new hour's first rows: its partition has no watermark, so the check that nothing moved lists nothing before
+    # the run; the run's own listing of the source (its checkout) tells the next check where it stopped, with no
+    # listing after the run (one each before `unchanged.remember` took the run's snapshots)
+    s3_lake.append("trades", [("2024-01-01 03:04:00", "d", 1.0, 1)])
+    parts = [*PARTS, "2024-01-01-03:00"]
+    results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, parts))
+    assert results[-1].reason is Reason.NO_WATERMARK
+    assert _by(requests, obj="source log") == {"LIST": 1, "GET": 1}
+    results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, parts))
+    assert [r.reason for r in results] == [Reason.NO_NEW_VERSIONS] * 4 and len(requests) == 3
+
 
 def test_a_source_recreated_at_the_same_version_is_noticed(spark, s3_server, s3_lake):
     s3_lake.create("trades", BASE)

@@ -187,6 +187,9 @@ class TableInfo:
     appended: tuple[tuple[int, dict], ...] = field(default=(), hash=False, compare=False, repr=False)
     # commit files the snapshot's checkout read ({version: bytes}): the run's history does not read them again
     log_entries: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
+    # the tag of `version`'s commit file as the checkout listed it (an object store's pooled snapshot; None: not
+    # known): what the next run's check that nothing moved compares (`unchanged.remember`)
+    tag: str | None = field(default=None, hash=False, compare=False)
 
     @property
     def column_mapping(self) -> str:
@@ -225,7 +228,7 @@ class TableInfo:
         """A derived snapshot's base (itself when it is not derived)."""
         if self.base_version is None or self.base_version == self.version:
             return self
-        return replace(self, version=self.base_version, base_version=None, appended=(), log_entries={})
+        return replace(self, version=self.base_version, base_version=None, appended=(), log_entries={}, tag=None)
 
 
 def resolve_uri(root: str, name: str) -> str:
@@ -295,7 +298,7 @@ def checkout_info(name: str, uri: str, *, listed: dict[int, str] | None = None) 
         raise
     if held.version != held.base:  # the commits since only added files (`snapshot_cache.checkout_appended`)
         info = replace(info, version=held.version, base_version=held.base, appended=held.appended)
-    info = replace(info, log_entries=held.entries)
+    info = replace(info, log_entries=held.entries, tag=held.tag)
     return info, lambda: snapshot_cache.give_back_held(uri, held)
 
 

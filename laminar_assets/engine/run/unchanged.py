@@ -102,11 +102,14 @@ def check(ctx: RunContext, spec: Spec, keys: list[str], force: bool) -> Check | 
     return Check(marks, latest, {k: _noop(spec, k, marks[k]) for k in keys}, listed, tagged)
 
 
-def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[PartitionPlan]) -> None:
+def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[PartitionPlan],
+             read: dict[str, tuple[int, str]] | None = None) -> None:
     """After a run that ended with every partition at the same versions, the latest ones: the next run
     of these partitions may be answered by `check`. What `check` listed before the run says which
-    versions were the latest; when it listed nothing (a first run, watermarks at different versions),
-    each input's log is listed now from the run's versions (one request per input)."""
+    versions were the latest; when it listed nothing (a first run, a new partition, watermarks at different
+    versions), the run's own snapshots say it (`read`: input -> (version, tag of its commit file) as the run's
+    checkout listed them), else each input's log is listed now from the run's versions (one request per input).
+    A commit that landed since is found by the next `check`'s listing, which starts at the version kept here."""
     if found is None or not plans or any(p.to_versions != plans[0].to_versions for p in plans):
         return
     versions = plans[0].to_versions
@@ -116,6 +119,9 @@ def remember(ctx: RunContext, spec: Spec, found: Check | None, plans: list[Parti
             return  # the run stopped short of the latest versions (bounded): the next run has work
         latest = {}
         for table, version in versions.items():
+            if read and table in read and read[table][0] == version:
+                latest[table] = read[table]
+                continue
             listed = log_tail(ctx.layout.table_uri(table), version)
             if not listed or max(listed) != version:
                 return
