@@ -32,7 +32,13 @@ from deltalake.exceptions import TableNotFoundError
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore, FailedRuns, PendingRun, Watermark
-from laminar_assets.errors import ConcurrentRunError, InjectedCrash, LaminarError, StoreUnavailableError
+from laminar_assets.errors import (
+    CheckpointError,
+    ConcurrentRunError,
+    InjectedCrash,
+    LaminarError,
+    StoreUnavailableError,
+)
 from laminar_assets.storage import failures
 
 from ..delta.tables import open_delta
@@ -231,6 +237,20 @@ def intent(spec, plan: PartitionPlan, mark: Watermark | None, input_schema: dict
         # earlier version) and this run recomputes the whole partition from its sources: it continues the table's
         # sequence instead of clashing with it (a run committing that number first still makes this commit fail)
         seq = committed + 1
+    if (mark is not None and mark.committed and mark.pending is None and not whole and spec.keeps_state
+            and mark.spec_hash == spec.spec_hash and dict(mark.input_schema) == dict(input_schema)
+            and (committed is None or committed < mark.seq)):
+        # The state table this watermark's last run committed to holds an older run of the partition: a commit of
+        # it was lost (its log file deleted, the table restored from an older backup). Merging into that state
+        # would silently miss the lost run's rows: refused, as a watermark older than the table is (below); a
+        # refill of the whole partition recomputes it from the sources, and this check lets it through.
+        raise CheckpointError(
+            f"the state table of '{spec.name}' at {guard} holds run {committed if committed is not None else 'none'} "
+            f"of partition {plan.partition} but its watermark says run {mark.seq} committed: a commit of the table "
+            "was lost (its log file deleted, or the table restored from an older backup), and merging into it would "
+            f"miss that run's rows; nothing was written. `laminar refill {spec.name} --partition-range "
+            f"{plan.partition}...{plan.partition}` recomputes the partition from its sources",
+            flow=spec.name, partition=plan.partition, table=guard)
     if committed is not None and committed >= seq:
         raise ConcurrentRunError(
             f"the table already holds run {committed} of this partition but the watermark says {seq - 1}: another "
