@@ -120,6 +120,14 @@ def pytest_configure(config):
     os.environ.setdefault("LAMINAR_SPARK_JIT", "quick")
 
 
+@pytest.fixture(autouse=True)
+def _local_copies_per_test(tmp_path_factory, monkeypatch):
+    """Each test keeps its own local copies of Delta logs (`storage.copies`): a test's request counts never depend
+    on what another test read, and no test writes to the user's cache folder. The processes a test starts inherit
+    the setting."""
+    monkeypatch.setenv("LAMINAR_CACHE_DIR", str(tmp_path_factory.mktemp("copies")))
+
+
 # The serial collector in the tests' JVMs (the session, the shared Connect server): on two cores and a
 # heap of 1-2 GB, G1's concurrent threads cost CPU the tests' small queries never earn back; measured on
 # tests/engine/test_reasons.py alone, alternating runs on a loaded machine: 33-40 CPU s with G1, 29-35

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs
 
+from . import copies
 from .local import local_path
 from .registry import SCHEMES, UNSUPPORTED, mount, mounted, mounts, object_store_classes, scheme, store_class, store_for, unmount
 from .store import Store
@@ -158,6 +159,31 @@ def read_many_tagged(uris: Sequence[str]) -> list[tuple[bytes, str] | None]:
         return [read_tagged(u) for u in uris]
     with ThreadPoolExecutor(min(READS_SIDE_BY_SIDE, len(uris)), thread_name_prefix="laminar-reads") as pool:
         return list(pool.map(lambda u: contextvars.copy_context().run(read_tagged, u), uris))
+
+
+def read_many_immutable(items: Sequence[tuple[str, str | None]]) -> list[bytes | None]:
+    """`read_many` of objects that never change once written (Delta commit files, checkpoints), each given with
+    the tag a listing just gave it (None: not known): on an object store an object whose copy this machine keeps
+    under that tag is read from the copy (`copies`), the others from the store side by side, and kept (under the
+    tag the read gave). Local files are read as `read_many` reads them."""
+    uris = [u for u, _ in items]
+    kept = copies.kept() if uris and all(is_object_store(u) for u in uris) else None
+    if kept is None:
+        return read_many(uris)
+    out: list[bytes | None] = [kept.get(u, t) if t is not None else None for u, t in items]
+    missing = [i for i, data in enumerate(out) if data is None]
+    for i, found in zip(missing, read_many_tagged([uris[i] for i in missing])):
+        if found is not None:
+            out[i] = found[0]
+            kept.put(uris[i], found[1], found[0])
+    return out
+
+
+def keep_written(uri: str, tag: str | None, data: bytes) -> None:
+    """Keep a copy of an object this process just wrote and will never rewrite (a Delta commit file) under the tag
+    the write gave, for the next process on this machine that lists it (`read_many_immutable`)."""
+    if tag is not None and is_object_store(uri) and (kept := copies.kept()) is not None:
+        kept.put(uri, tag, data)
 
 
 def read_tagged(uri: str) -> tuple[bytes, str] | None:

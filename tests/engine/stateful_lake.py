@@ -55,7 +55,7 @@ from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import ConcurrentRunError, InjectedCrash, RunFailedError, SchemaMismatchError, SourceNotFoundError
-from tests.engine.new_process import as_a_new_process
+from tests.engine.new_process import as_a_new_process, on_a_new_machine
 from tests.engine.stateful_exports import PARTITIONS, ExportRules, export_plans
 from tests.lake_invariants import LakeView, assert_lake_intact, laminar_tables, latest_frame, orphan_files, writers
 from tests.reference import assert_frames_match
@@ -277,6 +277,17 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         answers from the watermarks' tags, sources are opened at their checkpoint."""
         spec = self._spec(data)
         as_a_new_process()
+        with self._unless_missing(spec):
+            Engine(self.spark, self.root, options=self.engine.ctx.options).run_many(spec, keys)
+        self._deliver_exports_of(data, spec)
+
+    @rule(data=st.data(), keys=partition_sets)
+    def run_on_another_machine(self, data, keys):
+        """The sensor's run in a new process on a machine that keeps no copies of the lake's log files
+        (`storage.copies`): another machine, or the cache folder deleted by an operator. Later runs keep their
+        copies in the new folder; those of the old one are never seen again."""
+        spec = self._spec(data)
+        on_a_new_machine()
         with self._unless_missing(spec):
             Engine(self.spark, self.root, options=self.engine.ctx.options).run_many(spec, keys)
         self._deliver_exports_of(data, spec)

@@ -29,7 +29,7 @@ from laminar_assets.engine.spark import read as spark_read
 from laminar_assets.engine.spark.read import read_source
 from laminar_assets.engine.spark.session import use_object_store
 from tests.conftest import Lake
-from tests.engine.new_process import as_a_new_process
+from tests.engine.new_process import as_a_new_process, on_a_new_machine
 
 pytestmark = pytest.mark.spark
 
@@ -92,8 +92,12 @@ def test_a_run_with_nothing_new_makes_three_requests(spark, s3_server, s3_lake):
     # partition had a lease object (a PUT and a DELETE) and the run listed the watermarks again under them, 48
     # while the sink's commit listed its log again after the owner check had, 47 while each partition's watermark
     # was its own object (an intent and a watermark each: 6 writes, not 2), 43 while Spark read the state files
-    # (a HEAD each more)
-    assert len(requests) == 28, Counter((r.object, r.kind) for r in requests)
+    # (a HEAD each more), 28 while each run read the state and sink tables' logs again (the checkpoint pointer and
+    # each commit since the checkpoint: now a listing from the checkpoint this machine last replayed from, and the
+    # commits from its copies, `storage.copies`)
+    for log_of in ("state log", "sink log"):
+        assert _by(requests, obj=log_of) == {"LIST": 1, "PUT": 1}
+    assert len(requests) == 22, Counter((r.object, r.kind) for r in requests)
 
     results, requests = _counted(s3_server, lambda: engine.run_many(FLOW, PARTS))
     assert [r.reason for r in results] == [Reason.NO_NEW_VERSIONS] * 3 and len(requests) == 3
@@ -146,14 +150,17 @@ def test_a_new_process_answers_a_run_with_nothing_new_from_the_watermarks(spark,
     assert set(Lake(s3_lake.root).read(FLOW.name)["sym"]) == {"a", "z"}
 
 
-@pytest.mark.parametrize("age", [4, 40])
+@pytest.mark.parametrize(("machine", "age"), [("same", 4), ("same", 40), ("new", 40)])
 def test_a_batched_run_in_a_new_process_reads_each_source_commit_since_the_checkpoint_once(
-        spark, s3_server, s3_lake, age):
-    """The deployment's run (a new process) over 6 partitions: its source is opened at its last checkpoint (none
-    here: deltalake writes one every 100 commits, so at version 0) and each commit since is read once, side by
-    side (`snapshot_cache._from_checkpoint`); opening it at its latest version read each twice, one after
-    another (2 x commits + 2). So the count grows by one request per commit since the source's checkpoint, which
-    the source's writer decides (Laminar's own tables checkpoint every 10 commits)."""
+        spark, s3_server, s3_lake, machine, age):
+    """The deployment's run (a new process) over 6 partitions. On a machine that keeps no copies of the logs
+    (`machine="new"`), its source is replayed from its last checkpoint (none here: deltalake writes one every 100
+    commits, so from version 0), each commit read once, side by side (`snapshot_cache._from_checkpoint`):
+    opening it at its latest version read each twice, one after another (2 x commits + 2). So the count grows by
+    one request per commit since the source's checkpoint, which the source's writer decides (Laminar's own tables
+    checkpoint every 10 commits). On the machine that ran the last run (the daemon's), the commits that run read
+    are read from its copies (`storage.copies`), and the log is listed from the checkpoint that run started from
+    (no pointer): the count does not grow with the table's age."""
     n = 6
     parts = [f"2024-01-01-{h:02d}:00" for h in range(n)]
     s3_lake.create("trades", [(f"2024-01-01 {h:02d}:01:00", "a", 1.0, 1) for h in range(n)])
@@ -162,7 +169,7 @@ def test_a_batched_run_in_a_new_process_reads_each_source_commit_since_the_check
     Engine(spark, s3_lake.root).run_many(FLOW, parts)
     for h in range(n):
         s3_lake.append("trades", [(f"2024-01-01 {h:02d}:07:00", "c", 2.0, 1)])
-    as_a_new_process()
+    on_a_new_machine() if machine == "new" else as_a_new_process()
     log = RequestLog(s3_server.endpoint, sinks=(FLOW.name,))
     log.start()
     with phases(log):
@@ -171,17 +178,27 @@ def test_a_batched_run_in_a_new_process_reads_each_source_commit_since_the_check
     assert [r.reason for r in results] == [Reason.APPEND_ONLY] * n
     commits = age - 1 + n  # the source's commits after version 0
     gather = [r for r in requests if r.phase == "gather"]
-    # the checkpoint pointer (ours, deltalake's), the log's listing from it (ours, deltalake's), deltalake's two
-    # reads of version 0 and each later commit once; the 6 new ones are the run's history as well (not read again)
-    assert _by(gather) == {"GET": 4 + commits, "LIST": 2}, Counter((r.key.rsplit("/", 1)[-1], r.client) for r in gather)
-    assert Counter(r.key.rsplit("/", 1)[-1] for r in gather if r.kind == "GET")[f"{commits:020d}.json"] == 1
+    names = Counter(r.key.rsplit("/", 1)[-1] for r in gather if r.kind == "GET")
+    if machine == "new":
+        # the checkpoint pointer, the log's listing from it, every commit once (version 0 too); the 6 new ones
+        # are the run's history as well (not read again). deltalake's open at version 0 added its own pointer,
+        # listing and two reads of version 0.
+        assert _by(gather) == {"GET": 2 + commits, "LIST": 1}, Counter((r.key.rsplit("/", 1)[-1], r.client) for r in gather)
+    else:
+        # one listing from the checkpoint the last run started from, the 6 commits nobody on this machine read
+        assert _by(gather) == {"GET": n, "LIST": 1}, Counter((r.key.rsplit("/", 1)[-1], r.client) for r in gather)
+    assert names[f"{commits:020d}.json"] == 1
     # 111 at age 4 and 183 at age 40 while the source was opened at its latest version (with the engine's check
     # that the bucket answers, a HEAD); 89 + commits while the sink's commit listed its log again after the owner
     # check had, 88 + commits while each partition's watermark was its own object (a listing and 6 reads of them,
     # 6 intents and 6 watermarks written: now a read and two writes of their block), 72 + commits while Spark read
     # the state files (a HEAD each more), 66 + commits while deltalake opened the state and sink tables (10
-    # requests each: now the pointer, a listing and each commit once, `log_snapshot`)
-    assert len(requests) == 54 + commits, (len(requests), {p: dict(c) for p, c in table(requests, "phase").items()})
+    # requests each: now the pointer, a listing and each commit once, `log_snapshot`), 54 + commits while
+    # deltalake opened the source at its checkpoint. On the daemon's machine 49 whatever the source's age (63 and 99
+    # before the copies): the commits and checkpoints of the source, state and sink that it read or wrote before
+    # are not read again, and no pointer is read.
+    expected = 51 + commits if machine == "new" else 49
+    assert len(requests) == expected, (len(requests), {p: dict(c) for p, c in table(requests, "phase").items()})
 
 
 def test_spark_reads_a_logged_file_with_two_requests_and_never_drops_one(spark, s3_server, s3_lake, monkeypatch):

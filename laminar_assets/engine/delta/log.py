@@ -266,7 +266,7 @@ def read_log_entry(table: str, uri: str, version: int) -> str | None:
     `SourceError`: an unreadable log is not an expired one."""
     path = entry_path(uri, version)
     try:
-        data = storage.read(path)
+        data = storage.read_many_immutable([(path, None)])[0]  # kept for the next process (a sensor's read, a run's)
     except OSError as exc:
         raise SourceError(f"cannot read commit {version} of '{table}' ({path}): {exc}", table=table,
                           version=version) from exc

@@ -74,6 +74,9 @@ class Replay:
     protocol: dict
     txns: dict[str, int] = field(default_factory=dict)
     adds: dict[str, dict] = field(default_factory=dict)
+    # the commit files this replay read ({version: bytes}; not carried over by `copy`), for a reader of the same
+    # commits' changes (a source's history) that would read them again
+    entries: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def copy(self) -> Replay:
         return Replay(self.version, dict(self.metadata), dict(self.protocol), dict(self.txns), dict(self.adds))
@@ -179,14 +182,16 @@ def _replay(uri: str, listed: Mapping[int, str], checkpoint: int | None) -> Repl
     log = storage.join(uri, "_delta_log")
     if checkpoint is not None:
         versions = list(range(checkpoint + 1, latest + 1))
-        uris = [storage.join(log, f"{checkpoint:020d}.checkpoint.parquet")]
+        uris = [(storage.join(log, f"{checkpoint:020d}.checkpoint.parquet"),
+                 getattr(listed, "checkpoint_tags", {}).get(checkpoint))]
     else:
         if 0 not in listed:
             return None
         versions = list(range(0, latest + 1))
         uris = []
-    read = [data for data in storage.read_many(uris + [storage.join(log, f"{v:020d}.json") for v in versions])
-            if data is not None]
+    # files this machine read before (under the tags just listed) are read from their copies
+    read = [data for data in storage.read_many_immutable(
+        uris + [(storage.join(log, f"{v:020d}.json"), listed.get(v)) for v in versions]) if data is not None]
     if len(read) != len(uris) + len(versions):  # a file gone (log clean-up): deltalake opens it
         return None
     state = _checkpoint(read[0], checkpoint) if checkpoint is not None else Replay(-1, {}, {})
@@ -195,6 +200,7 @@ def _replay(uri: str, listed: Mapping[int, str], checkpoint: int | None) -> Repl
     for version, data in zip(versions, read[len(uris):]):
         if not state.apply(version, data):
             return None
+    state.entries = dict(zip(versions, read[len(uris):]))
     if not state.metadata or not state.protocol:
         return None
     if "v2Checkpoint" in (state.protocol.get("readerFeatures") or ()):
@@ -237,6 +243,10 @@ class LogSnapshot(DeltaTable):
     @property
     def tag(self) -> str | None:
         return self._tag
+
+    def entries_read(self) -> dict[int, bytes]:
+        """The commit files the replay that made this snapshot read ({version: bytes})."""
+        return dict(self._replay.entries)
 
     def version(self) -> int:
         return self._replay.version
@@ -305,7 +315,7 @@ class LogSnapshot(DeltaTable):
 
     def _commits(self, versions: list[int]) -> list[bytes | None]:
         log = storage.join(self._uri, "_delta_log")
-        return storage.read_many([storage.join(log, f"{v:020d}.json") for v in versions])
+        return storage.read_many_immutable([(storage.join(log, f"{v:020d}.json"), None) for v in versions])
 
     def update_incremental(self) -> None:
         """Move to the latest version (as `deltalake`'s does: its optimize calls it after committing)."""

@@ -313,6 +313,8 @@ class Listed(dict):
     checkpoints it listed (`checkpoints`)."""
 
     checkpoints: frozenset[int] = frozenset()
+    # {version: tag} of the single-file checkpoints listed (`{version}.checkpoint.parquet`)
+    checkpoint_tags: dict[int, str] = {}
 
 
 _pool: OrderedDict[int, tuple[str, Held]] = OrderedDict()  # id -> (uri, held)
@@ -369,7 +371,7 @@ def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool, 
                 return held
             checkpointed = derive and any(held.base < c <= latest for c in getattr(listed, "checkpoints", ()))
             if derive and not checkpointed and latest - held.base <= MAX_APPENDED:
-                actions, entries = _appends(uri, held.version, latest)
+                actions, entries = _appends(uri, held.version, latest, listed)
                 if actions is not None:
                     _count("appended")
                     return Held(held.table, held.base, latest, listed[latest], held.appended + actions,
@@ -399,7 +401,20 @@ def _from_checkpoint(uri: str, opener, listed: dict[int, str] | None) -> Held | 
     the version of the log's last checkpoint (`_last_checkpoint`; version 0 when there is none) and the commits
     since read once each (`_appends`); when one of them is not an append, the handle moved over them. None when
     this cannot be done (no log, a pointer that is not the protocol's, more than `MAX_APPENDED` commits since,
-    a base version the log no longer holds): the caller opens the table at its latest version."""
+    a base version the log no longer holds): the caller opens the table at its latest version.
+
+    A log Laminar replays (`_replayed`: no deletion vectors, single-file checkpoints, ...) is replayed to its
+    latest version instead: the checkpoint (or the commits from version 0) and each commit since read once, where
+    `deltalake`'s open at the checkpoint's version reads the pointer and lists the log again and reads the
+    checkpoint's commit twice; a machine that read them before reads its copies (`storage.copies`)."""
+    try:
+        replayed = _replayed(uri)
+    except TableNotFoundError:
+        return None  # no log: the caller's open says so
+    if replayed is not None:
+        _count("from_checkpoint")
+        latest = replayed.version()
+        return Held(replayed, latest, latest, replayed.tag, (), replayed.entries_read())
     pointer = storage.read(storage.join(uri, "_delta_log", "_last_checkpoint"))
     try:
         base = int(json.loads(pointer)["version"]) if pointer is not None else 0
@@ -421,7 +436,7 @@ def _from_checkpoint(uri: str, opener, listed: dict[int, str] | None) -> Held | 
     _count("from_checkpoint")
     if latest == base:
         return Held(table, base, base, listed.get(base), (), {})
-    actions, entries = _appends(uri, base, latest)
+    actions, entries = _appends(uri, base, latest, listed)
     if actions is not None:
         return Held(table, base, latest, listed[latest], actions, entries)
     table.load_as_version(latest)  # a commit since did more than append: the handle moves over them
@@ -430,9 +445,23 @@ def _from_checkpoint(uri: str, opener, listed: dict[int, str] | None) -> Held | 
 
 def _replayed(uri: str) -> log_snapshot.LogSnapshot | None:
     """The table at `uri` at its latest version, replayed from its log (`log_snapshot`): the checkpoint pointer,
-    one listing from the checkpoint, the checkpoint and the commits since, read once each. None when the log is
-    not laid out as that reader replays it (the caller opens the table with `deltalake`). Raises
-    `TableNotFoundError` when there is no log at all."""
+    one listing from the checkpoint, the checkpoint and the commits since, read once each (from this machine's
+    copies when it read or wrote them before: `storage.copies`). None when the log is not laid out as that reader
+    replays it (the caller opens the table with `deltalake`). Raises `TableNotFoundError` when there is no log at
+    all.
+
+    The pointer is not read when this machine replayed the table before (`Copies.checkpoint_hint`): the log is
+    listed from the checkpoint that replay started from, and the newest checkpoint listed (or, with none, version
+    0) is where this one starts. That is the table's state whatever the pointer says: any checkpoint and the
+    commits after it replay to the same snapshot, and a listing from version H holds every checkpoint and commit
+    from H on. A hint the listing does not bear out (no checkpoint from H on; a log recreated without version 0;
+    a checkpoint in parts) is dropped for the pointer."""
+    kept = storage.copies.kept()
+    hint = kept.checkpoint_hint(uri) if kept is not None else None
+    if hint is not None:
+        snapshot = _replayed_from(uri, log_tail(uri, max(hint, 0)), hint)
+        if snapshot is not None:
+            return snapshot
     pointer = storage.read(storage.join(uri, "_delta_log", "_last_checkpoint"))
     checkpoint: int | None = None
     if pointer is not None:
@@ -451,18 +480,44 @@ def _replayed(uri: str) -> log_snapshot.LogSnapshot | None:
     state = log_snapshot.replay(uri, listed, checkpoint)
     if state is None:
         return None
+    if kept is not None:
+        kept.set_checkpoint_hint(uri, checkpoint if checkpoint is not None else -1)
     return log_snapshot.LogSnapshot(uri, state, listed.get(state.version))
 
 
-def _appends(uri: str, since: int, latest: int) -> tuple[tuple[tuple[int, dict], ...] | None, dict[int, bytes]]:
+def _replayed_from(uri: str, listed: Listed, hint: int) -> log_snapshot.LogSnapshot | None:
+    """`_replayed` from a listing of the log from checkpoint `hint` (-1: version 0) on, without the pointer; None
+    when the listing does not bear the hint out."""
+    newest = max(listed.checkpoints, default=None)
+    if newest is not None:
+        if newest not in listed.checkpoint_tags:  # in parts, or a V2 checkpoint: the pointer says which
+            return None
+        checkpoint: int | None = newest
+    elif hint < 0 and 0 in listed:
+        checkpoint = None
+    else:
+        return None
+    state = log_snapshot.replay(uri, listed, checkpoint)
+    if state is None:
+        return None
+    kept = storage.copies.kept()
+    if kept is not None and checkpoint != hint:
+        kept.set_checkpoint_hint(uri, checkpoint if checkpoint is not None else -1)
+    return log_snapshot.LogSnapshot(uri, state, listed.get(state.version))
+
+
+def _appends(uri: str, since: int, latest: int, listed: dict[int, str]
+             ) -> tuple[tuple[tuple[int, dict], ...] | None, dict[int, bytes]]:
     """The add actions of the commits in (`since`, `latest`] when each of them only added files (None as soon as
-    one did more, or is gone), and the commit files read."""
+    one did more, or is gone), and the commit files read. `listed`: their tags, from the listing that found them
+    (a commit this machine read before is read from its copy: `storage.read_many_immutable`)."""
     actions: list[tuple[int, dict]] = []
     entries: dict[int, bytes] = {}
     versions = range(since + 1, latest + 1)
     # read side by side; every one is kept (the run's reader of the log takes them), so a commit past one that
     # ends the chain is not read in vain
-    read = storage.read_many([storage.join(uri, "_delta_log", f"{v:020d}.json") for v in versions])
+    read = storage.read_many_immutable([(storage.join(uri, "_delta_log", f"{v:020d}.json"), listed.get(v))
+                                        for v in versions])
     entries.update({v: data for v, data in zip(versions, read) if data is not None})
     for version, data in zip(versions, read):
         found = log_snapshot.commit_actions(data) if data is not None else None
@@ -509,11 +564,15 @@ def log_tail(uri: str, version: int) -> Listed:
     after = f"{version - 1:020d}.json" if version > 0 else ""
     found = Listed()
     checkpoints = set()
+    single: dict[int, str] = {}
     for name, tag in storage.list_tagged(storage.join(uri, "_delta_log"), after=after):
         match = _COMMIT.match(name)
         if match and int(match.group(1)) >= version:
             found[int(match.group(1))] = tag
         elif (point := _CHECKPOINT.match(name)) and int(point.group(1)) >= version:
             checkpoints.add(int(point.group(1)))
+            if point.group(2) is None and point.group(3) is None:
+                single[int(point.group(1))] = tag
     found.checkpoints = frozenset(checkpoints)
+    found.checkpoint_tags = single
     return found

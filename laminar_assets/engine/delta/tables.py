@@ -533,7 +533,7 @@ def source_history(table: str, uri: str, from_version: int | None, latest: int, 
     entries: dict[int, bytes | None] = dict(info.log_entries)
     if storage.is_object_store(uri):  # the entries the snapshot did not read, side by side (a local log is cached)
         unread = [v for v in versions if v not in entries]
-        entries.update(zip(unread, storage.read_many([entry_path(uri, v) for v in unread])))
+        entries.update(zip(unread, storage.read_many_immutable([(entry_path(uri, v), None) for v in unread])))
     for version in versions:
         if version in entries and entries[version] is None:  # read just now: gone
             gone.append(version)

@@ -137,7 +137,7 @@ def _commits_since(uri: str, since: int, version: int, found: dict[str, int]) ->
     None when one of those commit files is gone or damaged."""
     log = storage.join(uri, "_delta_log")
     versions = range(since + 1, version + 1)
-    for text in storage.read_many([storage.join(log, f"{v:020d}.json") for v in versions]):  # side by side
+    for text in storage.read_many_immutable([(storage.join(log, f"{v:020d}.json"), None) for v in versions]):
         if text is None:
             return None
         for line in text.decode("utf-8").splitlines():

@@ -96,6 +96,8 @@ def ensure_table(uri: str, schema: pa.Schema, *, reset_on_schema_change: bool, o
             if not is_delta_table(uri):
                 raise
         check_owner(uri, owner)  # `ignore`: a table someone else created meanwhile stays theirs
+        if storage.is_object_store(uri) and (kept := storage.copies.kept()) is not None:
+            kept.set_checkpoint_hint(uri, -1)  # no checkpoint yet: the next replay lists the log from version 0
         return False, None
     check_owner(uri, owner, apps=apps, table=dt)
     props = {OWNER_PROPERTY: owner} if needs_stamp(dt) else {}
@@ -416,4 +418,9 @@ def write_commit(uri: str, version: int, adds, removes, cdc=(), *, transactions,
     for c in cdc:
         lines.append({"cdc": {"path": c.path, "partitionValues": {}, "size": c.size, "dataChange": False}})
     entry = ("\n".join(json.dumps(line) for line in lines) + "\n").encode()
-    return entry if storage.create(storage.join(uri, "_delta_log", f"{version:020d}.json"), entry) else None
+    path = storage.join(uri, "_delta_log", f"{version:020d}.json")
+    tag = storage.create_tagged(path, entry)
+    if tag is None:
+        return None
+    storage.keep_written(path, tag, entry)  # the next process on this machine reads its copy
+    return entry

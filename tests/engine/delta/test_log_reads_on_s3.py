@@ -65,12 +65,12 @@ def test_a_runs_snapshot_reads_the_new_commits_only_whatever_the_tables_age(s3_s
         _append(uri, [i])
     (info, release), first = _counted(s3_server, lambda: checkout_info("src", uri))
     assert info.version == age - 1
-    # the first open of the process: no checkpoint yet (deltalake writes one every 100 commits), so the handle
-    # is opened at version 0 (the missing pointer read twice, here and by deltalake, its listing and its two reads
-    # of version 0) and the commits since are read once each, with the listing of the log from 0; opening at the
-    # latest version read each commit twice (2 x age + 2)
-    assert first == {"GET": 2 + 2 + (age - 1), "LIST": 2}
-    assert info.table.version() == 0 and sorted(info.log_entries) == list(range(1, age))
+    # the first open of the process: no checkpoint yet (deltalake writes one every 100 commits), so the log is
+    # replayed from version 0 (`log_snapshot`): the missing pointer, one listing, each commit once. Opening at the
+    # latest version read each commit twice (2 x age + 2); deltalake's open at version 0 and the commits since
+    # read once, 2 + 2 + (age - 1) and two listings.
+    assert first == {"GET": 1 + age, "LIST": 1}
+    assert info.table.version() == age - 1 and sorted(info.log_entries) == list(range(age))
     assert _files(info) == _fresh_files(uri)
     release()
     _append(uri, [100])
@@ -79,7 +79,7 @@ def test_a_runs_snapshot_reads_the_new_commits_only_whatever_the_tables_age(s3_s
     # one listing from the handle's version and one read of each new commit (appends: the handle is not moved,
     # which cost deltalake's listing and its two reads of each commit)
     assert info.version == age + 1 and moved == {"LIST": 1, "GET": 2}
-    assert info.table.version() == 0 and sorted(info.log_entries) == list(range(1, age + 2))
+    assert info.table.version() == age - 1 and sorted(info.log_entries) == [age, age + 1]
     assert _files(info) == _fresh_files(uri)
     release()
     (info, release), again = _counted(s3_server, lambda: checkout_info("src", uri))
@@ -108,8 +108,9 @@ def test_a_snapshot_derived_from_appends_equals_the_tables_and_any_other_commit_
     release()
     DeltaTable(uri, storage_options=storage.delta_options(uri)).delete("v = 1")  # removes a file: not an append
     (info, release), moved = _counted(s3_server, lambda: checkout_info("src", uri))
-    # its own listing, deltalake's; the new commit read once here, then deltalake's reads of the commits since 0
-    assert (info.version, info.base_version, info.table.version()) == (3, None, 3) and moved["LIST"] == 2
+    # one listing; the new commit read here, then the handle (Laminar's replay of the log) moves over the commits
+    # since its version without listing again (deltalake's move of its own handle listed the log: 2 listings)
+    assert (info.version, info.base_version, info.table.version()) == (3, None, 3) and moved["LIST"] == 1
     assert _files(info) == _fresh_files(uri)
     release()
     write_deltalake(uri, pa.table({"p": ["a"], "v": pa.array([5], pa.int64())}), mode="append",
@@ -129,35 +130,30 @@ def test_a_process_with_no_handle_opens_a_source_at_its_checkpoint_and_reads_eac
     DeltaTable(uri, storage_options=storage.delta_options(uri)).create_checkpoint()  # at version 11
     for i in range(12, 17):
         _append(uri, [i])
-    checkpoint_reads = _checkpoint_reads(s3_server, uri, 11)
     log = RequestLog(s3_server.endpoint)
     log.start()
     info, release = checkout_info("src", uri)
     gets = Counter(r.key.rsplit("/", 1)[-1] for r in log.requests() if r.kind == "GET")
-    assert (info.version, info.base_version, info.table.version()) == (16, 11, 11)
+    assert (info.version, info.table.version()) == (16, 16)  # replayed from the checkpoint (`log_snapshot`)
     assert sorted(info.log_entries) == [12, 13, 14, 15, 16]  # for the run's history: not read again
     assert _files(info) == _fresh_files(uri)
-    # the pointer (here and deltalake's), deltalake's reads of the checkpoint, each commit since once, none before
-    assert gets.pop("_last_checkpoint") == 2
-    assert gets.pop(f"{11:020d}.checkpoint.parquet") == checkpoint_reads
-    assert gets == {f"{v:020d}.json": 1 for v in range(12, 17)}
-    assert Counter(r.kind for r in log.requests())["LIST"] == 2  # ours from the checkpoint, deltalake's
+    # the pointer, the checkpoint once, each commit since once, none before (deltalake's open at the checkpoint
+    # read the pointer and listed the log again, and read the checkpoint as its reader does)
+    assert gets == {"_last_checkpoint": 1, f"{11:020d}.checkpoint.parquet": 1,
+                    **{f"{v:020d}.json": 1 for v in range(12, 17)}}
+    assert Counter(r.kind for r in log.requests())["LIST"] == 1  # from the checkpoint
     release()
     snapshot_cache.clear()  # a new process again; a delete since the checkpoint is not an append
     DeltaTable(uri, storage_options=storage.delta_options(uri)).delete("v = 13")
+    log.start()
     info, release = checkout_info("src", uri)
-    assert (info.version, info.base_version, info.table.version()) == (17, None, 17)  # the handle moved over them
+    # on this machine: one listing from the checkpoint the last replay started from; the checkpoint and commits
+    # 12-16 from the copies it kept (`storage.copies`), the new commit read
+    assert [(r.kind, r.key.rsplit("/", 1)[-1]) for r in log.requests()] == [("LIST", ""), ("GET", f"{17:020d}.json")]
+    assert (info.version, info.table.version()) == (17, 17)
     assert _files(info) == _fresh_files(uri) and sorted(info.log_entries) == [12, 13, 14, 15, 16, 17]
     assert sorted(info.delta().to_pyarrow_table()["v"].to_pylist()) == [i for i in range(17) if i != 13]
     release()
-
-
-def _checkpoint_reads(server, uri: str, version: int) -> int:
-    """The GETs deltalake makes of the checkpoint of `version` when it opens the table there."""
-    log = RequestLog(server.endpoint)
-    log.start()
-    DeltaTable(uri, version=version, storage_options=storage.delta_options(uri)).file_uris()
-    return sum(1 for r in log.requests() if r.kind == "GET" and ".checkpoint." in r.key)
 
 
 def test_readers_of_the_latest_snapshot_share_one_proved_by_a_listing(s3_server, s3_lake):

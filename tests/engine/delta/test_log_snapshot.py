@@ -25,6 +25,7 @@ from laminar_assets.engine.delta.log import DataFile
 from laminar_assets.engine.delta.log_snapshot import LogSnapshot, replay
 from laminar_assets.engine.delta.tables import checkout_table, info_of, snapshot_files
 from laminar_assets.engine.output.commit import _remove_action, write_commit
+from tests.engine.new_process import on_a_new_machine
 
 TESTDATA = Path(__file__).resolve().parents[2] / "data" / "delta"  # delta-rs's test tables (tests/data/delta)
 DAY = datetime(2024, 1, 2, tzinfo=UTC)
@@ -173,6 +174,7 @@ def test_the_real_tables_of_other_engines_replay_as_deltalake_opens_them_or_not_
 def test_on_s3_the_run_replays_its_tables_reading_each_log_file_once_and_moves_over_new_commits(s3_lake, s3_server):
     uri = f"{s3_lake.root}/t"
     _history(uri)
+    on_a_new_machine()  # no copies of the commits `_history` wrote
     log = RequestLog(s3_server.endpoint)
     log.start()
     table, release = checkout_table(uri)
@@ -198,9 +200,24 @@ def test_on_s3_the_run_replays_its_tables_reading_each_log_file_once_and_moves_o
     fresh = _replayed(uri)
     requests = log.requests()
     assert fresh.version() == 7
+    # one listing from the checkpoint this machine's last replay started from (none: version 0), which lists the
+    # new checkpoint; the checkpoint and commit 7 (deltalake wrote both: no copies). No pointer.
+    assert Counter(r.kind for r in requests) == Counter({"GET": 2, "LIST": 1}), [(r.kind, r.key) for r in requests]
+    _same(uri, fresh)
+    on_a_new_machine()
+    log.start()
+    fresh = _replayed(uri)
+    requests = log.requests()
     # the pointer, one listing, the checkpoint, commit 7
     assert Counter(r.kind for r in requests) == Counter({"GET": 3, "LIST": 1}), [(r.kind, r.key) for r in requests]
     _same(uri, fresh)
+    snapshot_cache.clear()
+    log.start()
+    again = _replayed(uri)
+    requests = log.requests()
+    # the same machine again: one listing from the checkpoint; its file and commit 7 are this machine's copies
+    assert [r.kind for r in requests] == ["LIST"], [(r.kind, r.key) for r in requests]
+    _same(uri, again)
 
 
 def test_a_method_it_does_not_answer_is_deltalakes_at_the_same_version(s3_lake):
