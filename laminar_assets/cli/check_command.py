@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from laminar_assets.errors import LaminarError, SpecError
+from laminar_assets.errors import LaminarError, SourceError, SpecError
 
 from .app import CliContext, add_row, app, console, emit_json, lit, pool_wait_notes
 
@@ -59,9 +59,9 @@ def check(
                 engine.check_sink(spec, store.partitions(spec.name))
                 rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": True,
                                  "details": ""})
-            except SpecError as exc:
+            except (SpecError, SourceError) as exc:  # not this flow's table, or a log that cannot be read
                 rows_out.append({"check": "sink owner", "asset": spec.name, "partition": spec.sink, "passed": False,
-                                 "details": exc.message})
+                                 "details": exc.message if isinstance(exc, SpecError) else str(exc)})  # the file
         for spec in c.specs():  # every table Laminar writes names only files that exist
             for table in engine.integrity(spec):
                 if table.uri not in seen:

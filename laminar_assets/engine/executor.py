@@ -385,7 +385,7 @@ class Engine:
         landed since makes the run's commit of the same version fail and list again, as any concurrent one."""
         uri = self.ctx.layout.sink_uri(spec)
         try:
-            table, release = checkout_table(uri)
+            table, release = checkout_table(uri, name=spec.name)
         except TableNotFoundError:
             table, release = None, None
         try:

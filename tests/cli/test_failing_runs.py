@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from deltalake import write_deltalake
@@ -63,3 +64,20 @@ def test_status_and_check_name_the_partition_whose_runs_fail(spark, lake, tmp_pa
     engine.run(FLOW, PART)  # a successful run clears the record
     [row] = json.loads(cli(tmp_path, lake, "status", "--json").output)
     assert row["failing_partitions"] == [] and row["partitions"][0]["failed_runs"] is None
+
+
+def test_check_names_a_damaged_sink_log_and_goes_on_with_the_other_checks(spark, lake, tmp_path):
+    """A sink whose newest commit file was cut short: `laminar check` reports the table and the file (the owner
+    check and the integrity check both fail on it) instead of stopping at deltalake's error; `status` still
+    answers."""
+    lake.create("trades", ROWS)
+    Engine(spark, lake.root).run(FLOW, PART)
+    entry = max(Path(lake.root).glob("f/_delta_log/*.json"))
+    entry.write_bytes(entry.read_bytes()[:-40])
+    checked = cli(tmp_path, lake, "check", "--json")
+    assert checked.exit_code != 0 and isinstance(checked.exception, LaminarError), checked.output
+    rows = {(r["check"], r["partition"]): r for r in json.loads(checked.output)}
+    for key in (("sink owner", "f"), ("integrity", "f")):
+        assert not rows[key]["passed"] and "is damaged" in rows[key]["details"] and entry.name in rows[key]["details"]
+    assert rows[("runs", PART)]["passed"]  # the other checks ran
+    assert cli(tmp_path, lake, "status", "--json").exit_code == 0

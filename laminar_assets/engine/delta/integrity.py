@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pyarrow as pa
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from laminar_assets import storage
 
 from . import snapshot_cache
 from .layout import Layout
 from .log_snapshot import LogSnapshot
-from .tables import open_delta
+from .tables import open_delta, open_error
 
 
 @dataclass(frozen=True)
@@ -32,15 +32,18 @@ class TableIntegrity:
 
     table: str
     uri: str
-    version: int | None  # None: there is no table here (yet): nothing to check
+    version: int | None  # None: there is no table here (yet), or its log cannot be read (`damage`)
     files: int = 0
     missing: tuple[str, ...] = ()
+    damage: str | None = None  # why the table's log cannot be read (the damaged file, when one is the cause)
 
     @property
     def ok(self) -> bool:
-        return not self.missing
+        return not self.missing and self.damage is None
 
     def describe(self) -> str:
+        if self.damage is not None:
+            return f"{self.table} at {self.uri}: {self.damage}"
         if self.version is None:
             return f"{self.table}: no table at {self.uri}"
         if self.ok:
@@ -52,7 +55,7 @@ class TableIntegrity:
 
     def to_json(self) -> dict:
         return {"table": self.table, "uri": self.uri, "version": self.version, "files": self.files,
-                "missing": list(self.missing)}
+                "missing": list(self.missing), "damage": self.damage}
 
 
 def check_table(name: str, uri: str) -> TableIntegrity:
@@ -64,6 +67,8 @@ def check_table(name: str, uri: str) -> TableIntegrity:
             dt = open_delta(uri)  # a fresh open: a shared snapshot could predate the newest commit
     except TableNotFoundError:
         return TableIntegrity(name, uri, None)
+    except DeltaError as exc:  # a log deltalake cannot read: reported with the file at fault, the other tables checked
+        return TableIntegrity(name, uri, None, damage=str(open_error(name, uri, None, exc)))
     if isinstance(dt, LogSnapshot):  # the run's replay of the table's log: its add actions as written
         paths = [_absolute(uri, a["path"]) for a in dt.add_actions()]
     else:
@@ -89,8 +94,9 @@ def written_tables(layout: Layout, spec) -> list[tuple[str, str]]:
 
 
 def check_spec(layout: Layout, spec) -> list[TableIntegrity]:
-    """`check_table` of every table in `written_tables` that exists."""
-    return [r for r in (check_table(name, uri) for name, uri in written_tables(layout, spec)) if r.version is not None]
+    """`check_table` of every table in `written_tables` that exists (a damaged one included)."""
+    return [r for r in (check_table(name, uri) for name, uri in written_tables(layout, spec))
+            if r.version is not None or r.damage is not None]
 
 
 def _absolute(table_uri: str, path: str) -> str:

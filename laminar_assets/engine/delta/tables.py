@@ -247,10 +247,10 @@ def open_table(name: str, uri: str, version: int | None = None) -> DeltaTable:
     try:
         return snapshot_cache.open_snapshot(uri, version, _open_named(name))
     except (DeltaError, OSError, ValueError) as exc:  # e.g. a version whose log entry is gone
-        raise _open_error(name, uri, version, exc) from exc
+        raise open_error(name, uri, version, exc) from exc
 
 
-def _open_error(name: str, uri: str, version: int | None, exc: Exception) -> LaminarError:
+def open_error(name: str, uri: str, version: int | None, exc: Exception) -> LaminarError:
     """The error of a failed open: the damaged file when one is the cause, else deltalake's first line."""
     damage = log_damage(name, uri, version)  # deltalake's error names neither the version nor the file
     if damage is not None:
@@ -290,7 +290,7 @@ def checkout_info(name: str, uri: str, *, listed: dict[int, str] | None = None) 
     try:
         held = snapshot_cache.checkout_appended(uri, _open_named(name), listed=listed)
     except (DeltaError, OSError, ValueError) as exc:  # opened as `open_table` does, for its errors
-        raise _open_error(name, uri, None, exc) from exc
+        raise open_error(name, uri, None, exc) from exc
     try:
         info = info_of(name, uri, held.table)
     except BaseException:
@@ -302,13 +302,20 @@ def checkout_info(name: str, uri: str, *, listed: dict[int, str] | None = None) 
     return info, lambda: snapshot_cache.give_back_held(uri, held)
 
 
-def checkout_table(uri: str) -> tuple[DeltaTable, Callable[[], None]]:
+def checkout_table(uri: str, *, name: str | None = None) -> tuple[DeltaTable, Callable[[], None]]:
     """A table Laminar writes (state, sink) at its latest version, for one run: on an object store from the
     process's pool like `checkout_info` (the run may commit through it: that leaves the handle where it was);
-    `release` gives it back. Raises `TableNotFoundError` when there is no table yet."""
-    if not storage.is_object_store(uri):
-        return open_delta(uri), _nothing
-    dt, tag = snapshot_cache.checkout(uri, _open, replay=True)
+    `release` gives it back. Raises `TableNotFoundError` when there is no table yet, and a `SourceError` naming
+    the table (`name`, else its URI) and the damaged file when its log cannot be read (`deltalake`'s own error
+    names neither)."""
+    try:
+        if not storage.is_object_store(uri):
+            return open_delta(uri), _nothing
+        dt, tag = snapshot_cache.checkout(uri, _open, replay=True)
+    except TableNotFoundError:
+        raise
+    except DeltaError as exc:
+        raise open_error(name or uri, uri, None, exc) from None
     version = dt.version()
     return dt, lambda: snapshot_cache.give_back(uri, dt, version, tag)
 
