@@ -30,12 +30,15 @@ import json
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from laminar_assets.errors import StorageError
 
 _DIGEST = 32  # bytes of blake2b before each copy's bytes
 DEFAULT_MAX_MB = 512
+PRUNE_EVERY_SECONDS = 600  # at a process's first write, unless some process pruned this recently
+HINT_DAYS = 30
 
 
 class Copies:
@@ -46,6 +49,7 @@ class Copies:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._written_since_prune = 0
+        self._checked_prune = False
         self.stats = {"hits": 0, "misses": 0, "kept": 0}
 
     def _path(self, uri: str, tag: str) -> Path:
@@ -62,7 +66,7 @@ class Copies:
             return None
         data = raw[_DIGEST:]
         if len(raw) < _DIGEST or hashlib.blake2b(data, digest_size=_DIGEST).digest() != raw[:_DIGEST]:
-            path.unlink(missing_ok=True)  # torn or damaged: read from the store
+            _unlink(path)  # torn or damaged: read from the store
             self._count("misses")
             return None
         try:
@@ -76,9 +80,10 @@ class Copies:
         """Keep a copy of the object at `uri` with tag `tag`. A copy that cannot be written is not kept (the next
         reader reads the store)."""
         path = self._path(uri, tag)
-        if path.exists():
-            return
+        self._prune_once_in_a_while()
         try:
+            if path.exists():
+                return
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
             try:
@@ -100,8 +105,29 @@ class Copies:
         if due:
             self.prune()
 
+    def _prune_once_in_a_while(self) -> None:
+        """`prune` at a process's first write when no process pruned in the last `PRUNE_EVERY_SECONDS` (each run
+        the daemon launches is a new process: a count of one process's writes alone would never reach the bound)."""
+        with self._lock:
+            if self._checked_prune:
+                return
+            self._checked_prune = True
+        marker = self.directory / "pruned"
+        try:
+            if time.time() - marker.stat().st_mtime < PRUNE_EVERY_SECONDS:
+                return
+        except OSError:
+            pass  # never pruned
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            marker.touch()
+        except OSError:
+            return
+        self.prune()
+
     def prune(self) -> None:
-        """Delete the copies read longest ago until at most three quarters of `max_bytes` are kept."""
+        """Delete the copies read longest ago until at most three quarters of `max_bytes` are kept, and the
+        checkpoint hints of tables no process replayed for `HINT_DAYS` days."""
         files = []
         for path in (self.directory / "objects").glob("*/*"):
             try:
@@ -113,17 +139,26 @@ class Copies:
         for _, size, path in sorted(files, key=lambda f: f[0]):
             if total <= self.max_bytes * 3 // 4:
                 break
-            path.unlink(missing_ok=True)
+            _unlink(path)
             total -= size
+        old = time.time() - HINT_DAYS * 86400
+        for path in (self.directory / "hints").glob("*"):
+            try:
+                if path.stat().st_mtime < old:
+                    _unlink(path)
+            except OSError:
+                continue
 
     def checkpoint_hint(self, uri: str) -> int | None:
         """The version of the checkpoint the last replay of the table at `uri` started from (-1: from version 0,
         no checkpoint), or None when none is kept."""
         try:
             kept = json.loads(self._hint_path(uri).read_text())
-            return int(kept["checkpoint"]) if kept.get("uri") == uri else None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError):
             return None
+        if not isinstance(kept, dict) or kept.get("uri") != uri or type(kept.get("checkpoint")) is not int:
+            return None  # written by something else, or damaged: the pointer decides
+        return kept["checkpoint"]
 
     def set_checkpoint_hint(self, uri: str, version: int) -> None:
         if self.checkpoint_hint(uri) == version:
@@ -144,6 +179,13 @@ class Copies:
     def _count(self, what: str) -> None:
         with self._lock:
             self.stats[what] += 1
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # a folder this process may read but not change: the copy stays, the read goes to the store
+        pass
 
 
 _lock = threading.Lock()

@@ -4,6 +4,8 @@ bounded, and never the copy of another table at the same path."""
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from collections import Counter
 
 import pyarrow as pa
@@ -103,3 +105,38 @@ def test_a_table_recreated_at_the_path_is_replayed_as_itself_not_from_the_old_ta
     assert kept().checkpoint_hint(uri) == -1
     assert sorted(a["path"] for a in new.add_actions()) == sorted(
         p.rsplit("/", 1)[-1] for p in DeltaTable(uri, storage_options=storage.delta_options(uri)).file_uris())
+
+
+def test_a_process_that_writes_little_still_keeps_the_folder_within_its_bound(tmp_path):
+    """Each run the daemon launches is a new process writing a few commits: the folder is pruned at a process's
+    first write when no process did in the last ten minutes, not only after one process wrote an eighth of it."""
+    for i in range(30):  # thirty processes, 1 kB each, within ten minutes: one prune (the first, of nothing)
+        Copies(tmp_path, max_bytes=10_000).put(f"s3://b/t/{i}.json", "t", bytes(1_000))
+    assert sum(p.stat().st_size for p in (tmp_path / "objects").rglob("*") if p.is_file()) > 10_000
+    os.utime(tmp_path / "pruned", (0, 0))  # ten minutes later
+    Copies(tmp_path, max_bytes=10_000).put("s3://b/t/next.json", "t", bytes(1_000))
+    assert sum(p.stat().st_size for p in (tmp_path / "objects").rglob("*") if p.is_file()) <= 10_000
+
+
+@pytest.mark.parametrize("written", ["5", "[1]", '"x"', '{"uri": "s3://b/t", "checkpoint": "7"}', "{", ""])
+def test_a_hint_file_that_is_not_a_hint_is_no_hint(tmp_path, written):
+    copies = Copies(tmp_path)
+    copies.set_checkpoint_hint("s3://b/t", 3)
+    copies._hint_path("s3://b/t").write_text(written)
+    assert copies.checkpoint_hint("s3://b/t") is None
+
+
+def test_a_folder_the_process_cannot_change_costs_reads_not_runs(tmp_path, monkeypatch):
+    copies = Copies(tmp_path)
+    copies.put("s3://b/t/x.json", "1", b"bytes")
+    [path] = [p for p in (tmp_path / "objects").rglob("*") if p.is_file()]
+    path.write_bytes(b"damaged")
+
+    def refused(*args, **kwargs):
+        raise PermissionError("read-only folder")
+
+    monkeypatch.setattr(Path, "unlink", refused)  # what a folder shared read-only does (root may change any)
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    assert copies.get("s3://b/t/x.json", "1") is None  # the damaged copy stays (not deleted), unused
+    copies.put("s3://b/t/y.json", "1", b"more")  # not kept, no error
+    assert copies.get("s3://b/t/y.json", "1") is None

@@ -42,6 +42,9 @@ from laminar_assets import storage
 
 # The actions a replayed commit may hold; any other (e.g. a checkpoint-only `sidecar`, a feature's action this
 # reader does not know) leaves the table to `deltalake`.
+# Commits replayed after a checkpoint (or from version 0) at most: a log seldom checkpointed is opened by deltalake,
+# and a replay's commit files, kept for the run's history, stay bounded in memory.
+MAX_COMMITS = 200
 _KNOWN = frozenset({"add", "remove", "metaData", "protocol", "txn", "commitInfo", "cdc", "domainMetadata"})
 _OWN = frozenset({"_uri", "_replay", "_tag", "_lock", "_opened", "_made"})
 
@@ -117,8 +120,16 @@ class Replay:
 
 def _checkpoint(data: bytes, version: int) -> Replay | None:
     """The replay at a single-file checkpoint (its Parquet bytes); None when its add actions carry statistics
-    only as a struct (`stats_parsed`) or a deletion vector, or it lacks metaData or protocol."""
-    file = pq.ParquetFile(io.BytesIO(data))
+    only as a struct (`stats_parsed`) or a deletion vector, or it lacks metaData or protocol, or is not Parquet
+    (damaged: pyarrow raises `ArrowInvalid`, a `ValueError`, or an `OSError` for some footers; deltalake's reader
+    says what is wrong)."""
+    try:
+        return _checkpoint_of(pq.ParquetFile(io.BytesIO(data)), version)
+    except OSError:
+        return None
+
+
+def _checkpoint_of(file: pq.ParquetFile, version: int) -> Replay | None:
     names = set(file.schema_arrow.names)
     if not {"add", "metaData", "protocol"} <= names:
         return None
@@ -179,6 +190,8 @@ def _replay(uri: str, listed: Mapping[int, str], checkpoint: int | None) -> Repl
     start = checkpoint if checkpoint is not None else 0
     if latest < start or any(v not in listed for v in range(start + 1, latest + 1)):
         return None
+    if latest - start > MAX_COMMITS:  # a log that is seldom checkpointed: deltalake's open, as before
+        return None
     log = storage.join(uri, "_delta_log")
     if checkpoint is not None:
         versions = list(range(checkpoint + 1, latest + 1))
@@ -205,6 +218,8 @@ def _replay(uri: str, listed: Mapping[int, str], checkpoint: int | None) -> Repl
         return None
     if "v2Checkpoint" in (state.protocol.get("readerFeatures") or ()):
         return None  # its checkpoints may keep the file actions in sidecar files: deltalake's
+    if int(state.protocol.get("minReaderVersion", 1)) > 3:
+        return None  # a reader protocol after table features: deltalake refuses it, or knows it
     return state
 
 
@@ -244,9 +259,11 @@ class LogSnapshot(DeltaTable):
     def tag(self) -> str | None:
         return self._tag
 
-    def entries_read(self) -> dict[int, bytes]:
-        """The commit files the replay that made this snapshot read ({version: bytes})."""
-        return dict(self._replay.entries)
+    def take_entries_read(self) -> dict[int, bytes]:
+        """The commit files the replay that made this snapshot read ({version: bytes}), handed over once (the
+        snapshot keeps none of them after)."""
+        taken, self._replay.entries = self._replay.entries, {}
+        return taken
 
     def version(self) -> int:
         return self._replay.version

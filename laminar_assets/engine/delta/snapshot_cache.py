@@ -387,6 +387,7 @@ def _checkout(uri: str, opener, listed: dict[int, str] | None, *, derive: bool, 
     elif derive and (based := _from_checkpoint(uri, opener, listed)) is not None:
         return based
     elif replay and (replayed := _replayed(uri)) is not None:
+        replayed.take_entries_read()  # a table the run writes: no history of it is read
         _count("replayed")
         return Held(replayed, replayed.version(), replayed.version(), replayed.tag, (), {})
     table = opener(uri, None)
@@ -414,7 +415,7 @@ def _from_checkpoint(uri: str, opener, listed: dict[int, str] | None) -> Held | 
     if replayed is not None:
         _count("from_checkpoint")
         latest = replayed.version()
-        return Held(replayed, latest, latest, replayed.tag, (), replayed.entries_read())
+        return Held(replayed, latest, latest, replayed.tag, (), replayed.take_entries_read())
     pointer = storage.read(storage.join(uri, "_delta_log", "_last_checkpoint"))
     try:
         base = int(json.loads(pointer)["version"]) if pointer is not None else 0

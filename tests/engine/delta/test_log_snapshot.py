@@ -20,7 +20,7 @@ from deltalake.transaction import AddAction
 
 from bench.request_log import RequestLog
 from laminar_assets import storage
-from laminar_assets.engine.delta import snapshot_cache
+from laminar_assets.engine.delta import log_snapshot, snapshot_cache
 from laminar_assets.engine.delta.log import DataFile
 from laminar_assets.engine.delta.log_snapshot import LogSnapshot, replay
 from laminar_assets.engine.delta.tables import checkout_table, info_of, snapshot_files
@@ -263,3 +263,21 @@ def test_a_damaged_log_is_left_to_deltalake_and_the_replay_moves_as_deltalake_do
     assert table.version() == 6 and table.metadata().configuration["laminar.note"] == "x"
     assert table.to_pyarrow_table().num_rows == 10
     _same(uri, table)
+
+
+def test_a_log_seldom_checkpointed_or_a_damaged_checkpoint_is_left_to_deltalake(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    _history(uri)  # versions 0-5
+    monkeypatch.setattr(log_snapshot, "MAX_COMMITS", 4)  # more commits since the checkpoint than a replay reads
+    assert replay(uri, {v: "" for v in range(6)}, None) is None
+    monkeypatch.setattr(log_snapshot, "MAX_COMMITS", 200)
+    assert replay(uri, {v: "" for v in range(6)}, None) is not None
+    DeltaTable(uri).create_checkpoint()
+    checkpoint = Path(uri, "_delta_log", f"{5:020d}.checkpoint.parquet")
+    whole = checkpoint.read_bytes()
+    assert replay(uri, {5: ""}, 5) is not None
+    footer = int.from_bytes(whole[-8:-4], "little")
+    for damaged in (b"not parquet at all", whole[:len(whole) // 2], whole[:-8] + (10**9).to_bytes(4, "little") + b"PAR1",
+                    whole[:-8 - footer] + bytes(footer) + whole[-8:]):
+        checkpoint.write_bytes(damaged)  # pyarrow: ArrowInvalid (a ValueError), or an OSError for some footers
+        assert replay(uri, {5: ""}, 5) is None
