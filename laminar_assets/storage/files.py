@@ -170,20 +170,27 @@ def read_many_immutable(items: Sequence[tuple[str, str | None]]) -> list[bytes |
     kept = copies.kept() if uris and all(is_object_store(u) for u in uris) else None
     if kept is None:
         return read_many(uris)
-    out: list[bytes | None] = [kept.get(u, t) if t is not None else None for u, t in items]
+    keys = [_copy_key(u) for u in uris]
+    out: list[bytes | None] = [kept.get(k, t) if t is not None else None for k, (_u, t) in zip(keys, items)]
     missing = [i for i, data in enumerate(out) if data is None]
     for i, found in zip(missing, read_many_tagged([uris[i] for i in missing])):
         if found is not None:
             out[i] = found[0]
-            kept.put(uris[i], found[1], found[0])
+            kept.put(keys[i], found[1], found[0])
     return out
+
+
+def _copy_key(uri: str) -> str:
+    """What a copy of the object at `uri` is kept under (with its tag): the URI and the store that serves it, so the
+    same bucket and key on two endpoints (two emulators, a store and its mirror) are never taken for each other."""
+    return f"{store_for(uri).describe()}|{uri}"
 
 
 def keep_written(uri: str, tag: str | None, data: bytes) -> None:
     """Keep a copy of an object this process just wrote and will never rewrite (a Delta commit file) under the tag
     the write gave, for the next process on this machine that lists it (`read_many_immutable`)."""
     if tag is not None and is_object_store(uri) and (kept := copies.kept()) is not None:
-        kept.put(uri, tag, data)
+        kept.put(_copy_key(uri), tag, data)
 
 
 def read_tagged(uri: str) -> tuple[bytes, str] | None:

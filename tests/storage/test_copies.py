@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -140,3 +140,21 @@ def test_a_folder_the_process_cannot_change_costs_reads_not_runs(tmp_path, monke
     assert copies.get("s3://b/t/x.json", "1") is None  # the damaged copy stays (not deleted), unused
     copies.put("s3://b/t/y.json", "1", b"more")  # not kept, no error
     assert copies.get("s3://b/t/y.json", "1") is None
+
+
+def test_the_same_bucket_key_and_bytes_on_another_endpoint_is_read_from_that_endpoint(s3_server, second_s3_server):
+    """S3's ETag of a single-part upload is the MD5 of the bytes, so two stores give the same tag to the same bytes
+    at the same key: a copy is kept per store too, and a reader of the second store reads the second store."""
+    uri = "s3://same-name/t/_delta_log/00000000000000000000.json"
+    for server in (s3_server, second_s3_server):
+        server.options.client().create_bucket(Bucket="same-name")
+    with storage.mounted("s3://same-name", s3_server.options):
+        tag = storage.create_tagged(uri, b"commit zero")
+        storage.keep_written(uri, tag, b"commit zero")
+        assert storage.read_many_immutable([(uri, tag)]) == [b"commit zero"]
+    with storage.mounted("s3://same-name", second_s3_server.options):
+        assert storage.create_tagged(uri, b"commit zero") == tag  # the same tag on the other store
+        log = RequestLog(second_s3_server.endpoint)
+        log.start()
+        assert storage.read_many_immutable([(uri, tag)]) == [b"commit zero"]
+        assert [r.kind for r in log.requests()] == ["GET"]  # read there, not taken from the first store's copy
