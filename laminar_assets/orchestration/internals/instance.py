@@ -25,9 +25,10 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 import yaml
-from dagster import DagsterInstance
+from dagster import DagsterInstance, QueuedRunCoordinator
 from dagster._core.event_api import EventHandlerFn
 from dagster._core.instance.ref import InstanceRef
+from dagster._core.run_coordinator import RunCoordinator
 from dagster._core.storage.event_log.polling_event_watcher import SqlPollingEventWatcher
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.runs import SqliteRunStorage
@@ -171,6 +172,11 @@ class LaminarSqliteStorage(DagsterSqliteStorage):
 # average, 5 s at worst, before a sensor with a 1 s minimum interval even looked. A Laminar instance
 # loops every second; each sensor still keeps its own minimum interval.
 SENSOR_LOOP_SECONDS = 1
+# Dagster's run-queue daemon looks at the queue every `dequeue_interval_seconds` (an integer in dagster.yaml, so at
+# least 1 s; its loop waits in steps of half a second), so a run a sensor requested sat in the queue 0.5 s on average
+# before its launch. A Laminar instance's queue daemon looks every half second, its loop's own step; a larger
+# setting in dagster.yaml is lowered to it, a smaller one cannot be written.
+QUEUE_LOOP_SECONDS = 0.5
 
 
 class LaminarInstance(DagsterInstance):
@@ -183,6 +189,14 @@ class LaminarInstance(DagsterInstance):
         import dagster._daemon.sensor as sensor_daemon
 
         sensor_daemon.MIN_INTERVAL_LOOP_TIME = min(sensor_daemon.MIN_INTERVAL_LOOP_TIME, SENSOR_LOOP_SECONDS)
+
+    @property
+    def run_coordinator(self) -> RunCoordinator:  # noqa: D102  (Dagster's, with the queue loop above)
+        coordinator = super().run_coordinator
+        if isinstance(coordinator, QueuedRunCoordinator) and coordinator.dequeue_interval_seconds > QUEUE_LOOP_SECONDS:
+            # private: the daemon reads the interval from this attribute's property (dagster._daemon.controller)
+            coordinator._dequeue_interval_seconds = QUEUE_LOOP_SECONDS  # type: ignore[assignment]
+        return coordinator
 
     @classmethod
     def config_schema(cls) -> Mapping:
