@@ -178,7 +178,7 @@ def test_every_asset_has_its_own_pool_and_the_instance_limits_pools(tmp_path):
         config = inst.get_concurrency_config()
         assert config.pool_config.default_pool_limit == 1
         assert config.run_queue_config.max_concurrent_runs == 2
-        assert inst.run_coordinator.dequeue_interval_seconds == 1  # requested runs start within ~1 s
+        assert inst.run_coordinator.dequeue_interval_seconds == 0.5  # requested runs start within ~0.5 s (instance.py)
     defs = build_definitions(load_specs(), LaminarSettings())
     graph = defs.resolve_asset_graph()
     for spec in load_specs():
