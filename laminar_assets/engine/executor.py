@@ -111,6 +111,7 @@ class Engine:
         self.storage: Store = storage.store_for(root)
         self._buckets: set[str] = set()  # buckets whose Spark settings this engine set (its root's, its sources')
         if self.storage.object_store:
+            storage.copies.kept()  # a wrong LAMINAR_CACHE_* setting: one line here, not a failure in each reader
             use_object_store(spark, root)
             self._buckets.add(root.split("/", 3)[2])
         self.ctx = RunContext(spark, Layout(root), CheckpointStore(root, lease_seconds=options.lease_seconds),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -36,6 +37,7 @@ from pathlib import Path
 from laminar_assets.errors import StorageError
 
 _DIGEST = 32  # bytes of blake2b before each copy's bytes
+log = logging.getLogger(__name__)
 DEFAULT_MAX_MB = 512
 PRUNE_EVERY_SECONDS = 600  # at a process's first write, unless some process pruned this recently
 HINT_DAYS = 30
@@ -65,8 +67,8 @@ class Copies:
             self._count("misses")
             return None
         data = raw[_DIGEST:]
-        if len(raw) < _DIGEST or hashlib.blake2b(data, digest_size=_DIGEST).digest() != raw[:_DIGEST]:
-            _unlink(path)  # torn or damaged: read from the store
+        if len(raw) < _DIGEST or _digest(uri, tag, data) != raw[:_DIGEST]:
+            _unlink(path)  # torn, damaged, or another object's copy moved here: read from the store
             self._count("misses")
             return None
         try:
@@ -88,13 +90,14 @@ class Copies:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    fh.write(hashlib.blake2b(data, digest_size=_DIGEST).digest())
+                    fh.write(_digest(uri, tag, data))
                     fh.write(data)
                 os.replace(tmp, path)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-        except OSError:
+        except OSError as exc:
+            _warn_once(self.directory, exc)
             return
         self._count("kept")
         with self._lock:
@@ -181,6 +184,25 @@ class Copies:
             self.stats[what] += 1
 
 
+def _digest(uri: str, tag: str, data: bytes) -> bytes:
+    """The check kept before a copy's bytes: of the object's URI and tag as well, so a copy moved or swapped by hand
+    under another object's name fails it."""
+    h = hashlib.blake2b(digest_size=_DIGEST)
+    h.update(f"{uri}\0{tag}\0".encode())
+    h.update(data)
+    return h.digest()
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(directory: Path, exc: OSError) -> None:
+    if str(directory) not in _warned:
+        _warned.add(str(directory))
+        log.warning("no local copies of Delta log files are kept in %s (%s): runs read them from the store; set "
+                    "LAMINAR_CACHE_DIR to a folder this process may write, or to off", directory, exc)
+
+
 def _unlink(path: Path) -> None:
     try:
         path.unlink(missing_ok=True)
@@ -199,16 +221,19 @@ def kept() -> Copies | None:
     if setting is not None and setting.strip().lower() in ("off", "none", "0", "false", ""):
         return None
     if setting:
-        directory = setting
+        directory = os.path.expanduser(setting)
     else:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         directory = os.path.join(base, "laminar")
     limit = os.environ.get("LAMINAR_CACHE_MAX_MB", str(DEFAULT_MAX_MB))
     try:
         max_bytes = int(float(limit) * (1 << 20))
-    except ValueError:
-        raise StorageError(f"LAMINAR_CACHE_MAX_MB is {limit!r}: expected a number of megabytes for the local copies "
-                           f"of Delta logs in {directory} (e.g. {DEFAULT_MAX_MB})") from None
+        if max_bytes < 0:
+            raise ValueError(limit)
+    except (ValueError, OverflowError):  # not a number, negative, or infinite
+        raise StorageError(f"LAMINAR_CACHE_MAX_MB is {limit!r}: expected a number of megabytes (0 or more) for the "
+                           f"local copies of Delta logs in {directory} (e.g. {DEFAULT_MAX_MB}; LAMINAR_CACHE_DIR=off "
+                           "keeps none)") from None
     key = (os.path.abspath(directory), max_bytes)
     with _lock:
         found = _by_dir.get(key)

@@ -158,3 +158,29 @@ def test_the_same_bucket_key_and_bytes_on_another_endpoint_is_read_from_that_end
         log.start()
         assert storage.read_many_immutable([(uri, tag)]) == [b"commit zero"]
         assert [r.kind for r in log.requests()] == ["GET"]  # read there, not taken from the first store's copy
+
+
+@pytest.mark.parametrize("limit", ["inf", "1e400", "-5", "nan"])
+def test_a_bound_that_is_no_size_is_named(tmp_path, monkeypatch, limit):
+    monkeypatch.setenv("LAMINAR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LAMINAR_CACHE_MAX_MB", limit)
+    with pytest.raises(StorageError, match=f"LAMINAR_CACHE_MAX_MB is '{limit}': expected a number of megabytes"):
+        kept()
+
+
+def test_a_copy_moved_under_another_objects_name_is_not_served(tmp_path):
+    copies = Copies(tmp_path)
+    copies.put("s3://b/t/_delta_log/00000000000000000001.json", "1", b"commit one")
+    copies.put("s3://b/t/_delta_log/00000000000000000002.json", "2", b"commit two")
+    one = copies._path("s3://b/t/_delta_log/00000000000000000001.json", "1")
+    two = copies._path("s3://b/t/_delta_log/00000000000000000002.json", "2")
+    a, b = one.read_bytes(), two.read_bytes()
+    one.write_bytes(b), two.write_bytes(a)  # swapped by hand (a careless cp or rsync)
+    assert copies.get("s3://b/t/_delta_log/00000000000000000001.json", "1") is None
+    assert copies.get("s3://b/t/_delta_log/00000000000000000002.json", "2") is None
+
+
+def test_the_folder_setting_expands_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("LAMINAR_CACHE_DIR", "~/lamcache")
+    assert kept().directory == tmp_path / "lamcache"

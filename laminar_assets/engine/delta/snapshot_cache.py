@@ -164,7 +164,9 @@ def _adopt(uri: str, version: int | None, listed: Listed | None) -> tuple[DeltaT
     since (13-15 requests for a table a few commits past its checkpoint). The handle leaves the pool for good:
     shared readers may hold it, so no run moves it again; a process that runs again later opens its own (each
     run the daemon launches is a process of its own)."""
-    held = _take(uri)
+    # the handle the run committed through, when the run held more than one of the table (a stage's intent and
+    # its pass each check one out)
+    held = _take(uri, prefer=lambda h: transactions.made_on(h.table))
     if held is None:
         return None
     if held.base != held.version or held.tag is None or not transactions.made_on(held.table):
@@ -321,9 +323,12 @@ _pool: OrderedDict[int, tuple[str, Held]] = OrderedDict()  # id -> (uri, held)
 _pool_stats = {"moved": 0, "opened": 0, "reused": 0, "appended": 0, "from_checkpoint": 0, "replayed": 0}
 
 
-def _take(uri: str) -> Held | None:
+def _take(uri: str, prefer: Callable[[Held], bool] | None = None) -> Held | None:
+    """The pooled handle of `uri` at the newest version (among those `prefer` accepts, when some are), taken out."""
     with _lock:
         mine = [k for k, (u, _held) in _pool.items() if u == uri]
+        if prefer is not None and (preferred := [k for k in mine if prefer(_pool[k][1])]):
+            mine = preferred
         return _pool.pop(max(mine, key=lambda k: _pool[k][1].version))[1] if mine else None
 
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from ..aggregates.algebra import EVENT_TS
-from ..delta.tables import is_delta_table, open_delta
+from ..delta.tables import TableInfo
 from ..output.commit import replace_ranges
 from ..output.uncommitted import UncommittedFiles, collect_rows, write_uncommitted, write_uncommitted_rows
 from ..run.context import RunContext
@@ -62,21 +61,22 @@ def with_metrics(meta: dict, read: dict, files: UncommittedFiles) -> dict:
     return {**meta, "laminar.metrics": json.dumps({**read, "sink_rows": files.rows})}
 
 
-def schema_matches(uri: str, out: DataFrame) -> bool:
-    """Whether the output table at `uri` (if any) can hold `out`'s rows as it is or by adding columns."""
-    if not is_delta_table(uri):
+def schema_matches(output: TableInfo | None, out: DataFrame) -> bool:
+    """Whether the output table (None: there is none yet) can hold `out`'s rows as it is or by adding columns."""
+    if output is None:
         return True
-    return schema_change(pa.schema(open_delta(uri).schema().to_arrow()), arrow_schema_of(out)) != "differs"
+    return schema_change(output.schema, arrow_schema_of(out)) != "differs"
 
 
 def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new_ref: DataFrame,
                   new_inc: DataFrame, seqs: dict[str, int], run_id: str, metrics: dict[str, RunMetrics], *,
-                  small: bool, in_bytes: int, single: bool) -> None:
+                  small: bool, in_bytes: int, single: bool, output: TableInfo | None) -> None:
     """Commit a run with refilled partitions: `new_ref` holds their recomputed rows, `new_inc` the
     new rows of its incremental ones (both with `__p` and the event time). `metrics`: per
     partition, updated with sink_rows, rows_inserted and rows_deleted. `small`: the rows may go
     through the driver; `in_bytes`: what the pass read (the kept rows are added to it for the
-    one-job path); `single`: one task, no shuffle."""
+    one-job path); `single`: one task, no shuffle. `output`: the output table as the run checked it out (None:
+    there is none yet): its rows are read, and its commit made, on that snapshot (a commit since conflicts)."""
     uri = ctx.layout.sink_uri(spec)
     refill = [p for p in plans if p.refill]  # recomputed whole (keyed plans: their keys only)
     txns, meta = transactions(ctx, spec, plans, seqs), commit_meta(spec, plans, run_id)
@@ -84,19 +84,20 @@ def commit_refill(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], 
     ids = {partition_id(p.partition, spec.granularity): p.partition for p in plans}
     data_cols = [c for c in new_ref.columns if c != EVENT_TS]
     new_ref, new_inc = new_ref.select(*named(data_cols)), new_inc.select(*named(data_cols))
-    reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not schema_matches(uri, new_ref.drop(PART))
+    reset = any(p.reason is Reason.SPEC_CHANGED for p in plans) or not schema_matches(output, new_ref.drop(PART))
     if reset and len(refill) < len(plans):  # the reset drops every row: incremental partitions recompute too
         raise OutputReset([p.partition for p in plans if not p.refill])
-    old, old_bytes = (None, 0) if reset else kept_rows(ctx, spec, refill)
+    old, old_bytes = (None, 0) if reset else kept_rows(ctx, spec, refill, output)
     ranges = [p.interval for p in refill]
-    touched = None if reset else touched_rows(ctx, spec, plans)
+    touched = None if reset else touched_rows(ctx, spec, plans, output)
     rows = new_ref.unionByName(new_inc)
     if touched is not None:  # the keys' old rows are compared; the files' other rows are written again
         old = touched.old if old is None else old.unionByName(touched.old, allowMissingColumns=True)
         old_bytes += touched.bytes
         rows = rows.unionByName(with_columns_of(touched.rest, new_ref).select(*named(data_cols)))
     # replace_ranges' keywords every commit below passes (of several types: Any, not the join mypy infers)
-    common: dict[str, Any] = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id, owner=spec.name)
+    common: dict[str, Any] = dict(table_uri=uri, column=spec.event_time, transactions=txns, run_id=run_id, owner=spec.name,
+                                  opened=output.table if output is not None else None)
     if old is None:  # nothing kept in the refilled partitions (or a new schema): every row is new
         files = write_uncommitted(new_ref if reset else new_ref.unionByName(new_inc), uri, run_id, by=PART, through_driver=small)
         if reset:

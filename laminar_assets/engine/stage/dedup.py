@@ -4,13 +4,11 @@ kept one means its partition must refill)."""
 
 from __future__ import annotations
 
-from typing import cast
-
 from pyspark.sql import DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
 from ..aggregates.algebra import EVENT_TS
-from ..delta.tables import is_delta_table, snapshot_files, table_info
+from ..delta.tables import TableInfo, snapshot_files
 from ..run.context import RunContext
 from ..run.plan import PartitionPlan
 from ..run.reading import PART, with_partition
@@ -53,14 +51,15 @@ def deduped(spec: StageSpec, good: DataFrame) -> DataFrame:
     return out
 
 
-def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> tuple[DataFrame | None, int]:
-    """The rows the output table holds now in the plans' partitions (with `__p` and the event
-    time), and the bytes of the files holding them; (None, 0) when it holds none."""
-    uri = ctx.layout.sink_uri(spec)
-    if not plans or not is_delta_table(uri):
+def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
+              output: TableInfo | None) -> tuple[DataFrame | None, int]:
+    """The rows the output table (`output`: as the run checked it out; None: there is none yet) holds in the
+    plans' partitions (with `__p` and the event time), and the bytes of the files holding them; (None, 0) when it
+    holds none."""
+    if not plans or output is None:
         return None, 0
     parts = [p.interval for p in plans]
-    info = table_info(cast(str, spec.sink), uri)  # __post_init__ set it (the name when none was given)
+    info = output
     files = snapshot_files(info, spec.event_time, parts)
     if not files:
         return None, 0
@@ -81,12 +80,12 @@ def with_columns_of(kept: DataFrame, new: DataFrame) -> DataFrame:
     return kept
 
 
-def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame, *,
-                        lost: Observation | None = None) -> DataFrame:
+def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame,
+                       output: TableInfo | None, *, lost: Observation | None = None) -> DataFrame:
     """`new` without the rows whose key the output keeps already. A new row that sorts before the
     kept one would replace it: raises `DedupReplaced` (one Spark job), or, given `lost`, counts such
     rows per partition in the job that consumes the result (see `replaced`)."""
-    existing, _ = kept_rows(ctx, spec, plans)
+    existing, _ = kept_rows(ctx, spec, plans, output)
     if existing is None:  # nothing kept in these partitions: nothing to replace (still observed, as 0)
         return new if lost is None else observe(new, lost, *_lost_counts(spec, plans, "false"))
     existing = with_columns_of(existing, new)

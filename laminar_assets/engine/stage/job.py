@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from ..aggregates.algebra import EVENT_TS, SIGN
-from ..delta.tables import snapshot_files
+from ..delta.tables import TableInfo, info_of, snapshot_files
 from ..output.commit import replace_ranges
 from ..output.uncommitted import write_uncommitted
 from ..quarantine import records as qr
@@ -50,6 +50,11 @@ class PassResult:
 def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs: dict[str, int],
              inputs: RunInputs, run_id: str) -> PassResult:
     out = PassResult()
+    # the output as the run checked it out (its owner check): its rows are read and its commit made on this one
+    # snapshot, where each reader opened the table again (on an object store a replay of its log each)
+    uri = ctx.layout.sink_uri(spec)
+    opened = inputs.own_table(uri)
+    output = info_of(spec.sink_name, uri, opened) if opened is not None else None
     reads = read_set(spec, plans, inputs)
     with interpreted(ctx.spark, reads.total_bytes < ctx.options.interpreted_below_bytes):  # see flow_job
         rows = prepare_query(spec, rows_query(ctx.spark, spec, reads, inputs), inputs).where(qr.assigned_sql(spec))
@@ -67,7 +72,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
         if single:  # small inputs: every row in one task, so the dedup and the diff plan no shuffle
             joined = joined.coalesce(1)
         if not any(p.mode is Mode.REFILL for p in plans) and _appends(ctx, spec, plans, joined, obs, seqs, run_id, out,
-                                                                     small=small):
+                                                                     small=small, output=output):
             ctx.hook("after_state_commit")
             ctx.hook("after_sink_commit")
             return out
@@ -82,7 +87,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
             in_keys = F.expr(in_keys_sql(spec, plans, EVENT_TS))
             new_inc = new.where(_in_partitions(spec, incremental) & ~in_keys)
             if incremental and spec.dedup_key:
-                new_inc = dedup_against_kept(ctx, spec, incremental, new_inc)
+                new_inc = dedup_against_kept(ctx, spec, incremental, new_inc, output)
             new_ref = new.where(_in_partitions(spec, whole) | in_keys)
             _count_metrics(out, counts, plans)
             for p in plans:  # what the refill of changed keys saves shows here (files skipped by key)
@@ -93,7 +98,7 @@ def run_pass(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], seqs:
             ctx.hook("after_read")
             t1 = time.perf_counter()
             commit_refill(ctx, spec, plans, new_ref, new_inc, seqs, run_id, out.metrics, small=small,
-                          in_bytes=in_bytes, single=single)
+                          in_bytes=in_bytes, single=single, output=output)
             out.seconds = {"read": t1 - t0, "write": time.perf_counter() - t1}
         finally:
             joined.unpersist()
@@ -123,7 +128,7 @@ def _count_metrics(out: PassResult, counts: dict, plans: list[PartitionPlan]) ->
 
 
 def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joined: DataFrame, obs: Observation,
-             seqs: dict[str, int], run_id: str, out: PassResult, *, small: bool) -> bool:
+             seqs: dict[str, int], run_id: str, out: PassResult, *, small: bool, output: TableInfo | None) -> bool:
     """Incremental partitions only: one Spark job reads, joins, dedups against the kept rows and
     writes the new rows; the run's counts and any kept row a new one would replace are observed
     by it (nothing is cached or collected). False, with nothing done, when the output's schema
@@ -131,11 +136,11 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     new = deduped(spec, joined.where(F.col(RULE).isNull()))
     cols = [c for c in new.columns if c != EVENT_TS]
     uri = ctx.layout.sink_uri(spec)
-    if not schema_matches(uri, new.select(*named(cols)).drop(PART)):
+    if not schema_matches(output, new.select(*named(cols)).drop(PART)):
         return False
     lost = Observation() if spec.dedup_key else None
     if lost is not None:
-        new = dedup_against_kept(ctx, spec, plans, new, lost=lost)
+        new = dedup_against_kept(ctx, spec, plans, new, output, lost=lost)
     t0 = time.perf_counter()
     files = write_uncommitted(new.select(*named(cols)), uri, run_id, by=PART, through_driver=small)  # the one Spark job
     lost_in = replaced(spec, plans, lost.get) if lost is not None else []
@@ -152,7 +157,7 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     replace_ranges(ctx.spark, files, table_uri=uri, column=spec.event_time, ranges=[],
                    transactions=transactions(ctx, spec, plans, seqs),
                    metadata=with_metrics(commit_meta(spec, plans, run_id), read, files), run_id=run_id,
-                   append_only=True, owner=spec.name)
+                   append_only=True, owner=spec.name, opened=output.table if output is not None else None)
     written = files.rows_by_partition()
     for p in plans:
         n = written.get(partition_id(p.partition, spec.granularity), 0)

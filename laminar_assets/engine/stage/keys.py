@@ -21,7 +21,7 @@ from ..aggregates.algebra import EVENT_TS
 from ..aggregates.base import q
 from ..delta.file_ranges import KeyProbe
 from ..delta.log import DataFile
-from ..delta.tables import is_delta_table, snapshot_files, table_info
+from ..delta.tables import TableInfo, is_delta_table, snapshot_files, table_info
 from ..quarantine import records as qr
 from ..run.context import RunContext
 from ..run.inputs import RunInputs
@@ -125,19 +125,20 @@ class TouchedRows:
         return sum(f.size for f in self.files)
 
 
-def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan]) -> TouchedRows | None:
+def touched_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
+                 output: TableInfo | None) -> TouchedRows | None:
     """The output rows of the keys the plans recompute alone, and the files holding them (one Spark
     job finds the files, and whether each holds rows of other partitions, unless the statistics
     leave one file per partition inside it: `_one_file_each`); None when the output
     holds none. Raises `KeysNotSeparable` when a file cannot be rewritten alone: it holds rows of
-    a partition not recomputed by key (another hour, one the pass recomputes whole)."""
+    a partition not recomputed by key (another hour, one the pass recomputes whole). `output`: the output table as
+    the run checked it out (None: there is none yet)."""
     mine = keyed(plans)
-    uri = ctx.layout.sink_uri(spec)
-    if not mine or not is_delta_table(uri):
+    if not mine or output is None:
         return None
     from ..run.validate import event_time_column
 
-    info = table_info(spec.sink_name, uri)
+    info = output
     parts = [p.interval for p in mine]
     files = snapshot_files(info, spec.event_time, parts, bounds_of=spec.dedup_key)
     if all(p.group_keys for p in mine):  # files whose key statistics exclude every key keep their rows
