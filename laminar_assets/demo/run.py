@@ -89,13 +89,16 @@ class Driver:
 def run_rows(request: dg.RunRequest, outcome: dg.ExecuteInProcessResult) -> list[RunRow]:
     """One row per asset of the run, from its materialization metadata (a range run sums its partitions)."""
     failures = {e.step_key: e for e in outcome.all_events if e.is_step_failure}
+    # a run that failed outside any step (its executor could not start, a pool slot given up on) failed every asset
+    # it holds: each row says why, not that an upstream step failed
+    failed_run = not outcome.success and not failures
     rows = []
     assert request.asset_selection is not None, request  # Laminar's sensors name the assets of every request
     for key in request.asset_selection:
         name = key.to_user_string()
         mats = outcome.asset_materializations_for_node(name)
         if not mats:
-            failure = failures.get(name)
+            failure = failures.get(name) is not None or failed_run
             message = failure_message(outcome) if failure else "skipped: an upstream step or blocking check failed"
             rows.append(RunRow(name, request.partition_key or "range", "FAILED" if failure else "SKIPPED", "-", "-",
                                0, 0, 0.0, 0, False, message))
