@@ -646,7 +646,12 @@ class Engine:
         return sink_read.sink_table(self.ctx, spec, partitions, max_bytes=limit)
 
     def preview(self, spec: Spec, partition: str, *, limit: int = 5):
-        """A few sink rows of one partition, as pandas (for run metadata and the CLI)."""
+        """A few sink rows of one partition (the first by time), as pandas (for run metadata and the CLI). A
+        partition under `driver_write_below_bytes` is read by the driver (`sink_tables`: a GET per file, no Spark
+        job: the step that shows the preview ends sooner, and the steps after it start sooner), else by Spark."""
+        tables = self.sink_tables(spec, [partition])
+        if tables is not None:
+            return sink_read.first_rows(tables[partition], sink_read.time_column(spec), limit)
         df, size = sink_read.sink_frame(self.ctx, spec, [partition])
         with interpreted(self.spark, size < self.ctx.options.interpreted_below_bytes):
             return df.orderBy(sink_read.time_column(spec)).limit(limit).toPandas()

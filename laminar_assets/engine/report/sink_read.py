@@ -67,6 +67,12 @@ def _within(column: pa.ChunkedArray, part: Interval) -> pa.ChunkedArray:
     return pc.fill_null(pc.and_(pc.greater_equal(column, at(part.start)), pc.less(column, at(part.end))), False)
 
 
+def first_rows(table: pa.Table, column: str, limit: int):
+    """The first `limit` rows of `table` by `column` (nulls first, as Spark's ascending order), as `to_pandas`."""
+    order = pc.sort_indices(table, sort_keys=[(column, "ascending")], null_placement="at_start")
+    return to_pandas(table.take(order[:limit]))
+
+
 def to_pandas(table: pa.Table, *, timezone: str = "UTC"):
     """`table` as the pandas frame Spark's `toPandas()` gives for the same rows (its own Arrow to
     pandas conversion: naive timestamps in the session's time zone, dates as objects)."""

@@ -95,3 +95,16 @@ def test_a_column_mapped_sink_is_left_to_spark(spark, lake):
     engine = Engine(spark, lake.root)
     assert engine.sink_tables(SPEC, [P0]) is None
     assert "x2" in spark_fetch(engine, P0).columns
+
+
+def test_the_preview_read_by_the_driver_is_the_one_spark_gives(spark, lake):
+    """`Engine.preview` (a step's metadata, `laminar` CLI): the first rows by time, read by the driver when small
+    (no Spark job on the step's path), the same frame as Spark's `orderBy(time).limit(n)`."""
+    write_deltalake(lake.path("wide"), wide(ROWS))
+    engine = Engine(spark, lake.root)
+    for p in (P0, P1):
+        for limit in (1, 5):
+            driver = engine.preview(SPEC, p, limit=limit)
+            by_spark = engine.sink_frame(SPEC, p).orderBy("window_start").limit(limit).toPandas()
+            assert len(driver) == min(limit, 2)
+            same(driver, by_spark)
