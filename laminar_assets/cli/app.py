@@ -56,6 +56,7 @@ class CliContext:
         yet) instead of reporting an empty lake; commands that create one (demo, generate) do not call this."""
         if storage.is_object_store(self.root):
             storage.check_reachable(self.root)  # the store answers and the bucket exists: one line if not
+            storage.copies.kept()  # a wrong LAMINAR_CACHE_* setting: one line, not an ERROR in each flow's row
             if storage.list_dirs(self.root):
                 return
             found = "holds nothing"

@@ -81,3 +81,14 @@ def test_check_names_a_damaged_sink_log_and_goes_on_with_the_other_checks(spark,
         assert not rows[key]["passed"] and "is damaged" in rows[key]["details"] and entry.name in rows[key]["details"]
     assert rows[("runs", PART)]["passed"]  # the other checks ran
     assert cli(tmp_path, lake, "status", "--json").exit_code == 0
+
+
+@pytest.mark.parametrize("command", [["status"], ["check"]])
+def test_a_wrong_local_copies_setting_is_one_line_before_anything_is_read(s3_lake, tmp_path, monkeypatch, command):
+    """A careless `LAMINAR_CACHE_MAX_MB=abc` on a lake in a bucket: `laminar status` showed every flow as ERROR
+    (the reason only in --json); now both commands stop at once, naming the setting."""
+    s3_lake.create("trades", ROWS)
+    monkeypatch.setenv("LAMINAR_CACHE_MAX_MB", "abc")
+    out = cli(tmp_path, s3_lake, *command)
+    assert out.exit_code != 0 and isinstance(out.exception, LaminarError), out.output
+    assert "LAMINAR_CACHE_MAX_MB is 'abc': expected a number of megabytes" in str(out.exception)
