@@ -69,18 +69,52 @@ def _stop_group(process: subprocess.Popen, timeout: float) -> None:
     """Stop a process group: SIGINT first (what Ctrl-C sends; `dagster dev` shuts its webserver, daemon and
     code servers down on it in seconds, while on SIGTERM it sat out the whole timeout), then SIGTERM,
     then SIGKILL. A group that ignored SIGINT for `timeout` seconds gets at most 15 s more on SIGTERM,
-    so a stop that hangs ends within `timeout` + 25 s."""
+    so a stop that hangs ends within `timeout` + 25 s.
+
+    The group, not only its leader: `dagster dev` can exit while a code server it started is still
+    loading and has not acted on the signal yet; that server would be left running as an orphan."""
+    pgid = process.pid
     for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, min(15.0, timeout)), (signal.SIGKILL, 10.0)):
-        if process.poll() is not None:
+        if process.poll() is not None and not _group_alive(pgid):
             return
         try:
-            os.killpg(process.pid, sig)
-            process.wait(wait)
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            process.poll()
             return
+        deadline = time.monotonic() + wait
+        try:
+            process.wait(wait)
         except subprocess.TimeoutExpired:
             continue
-        except ProcessLookupError:
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _group_alive(pgid):
             return
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a process of group `pgid` is running (zombies, waiting for whoever adopted them to reap
+    them, do not count)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:  # ended while listed
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after its last ")"
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 def start(options: ServeOptions, *, stop: threading.Event | None = None) -> Deployment:
