@@ -20,7 +20,7 @@ from laminar_assets import storage
 
 from ..delta.log import CommitKind, CommitSummary
 from ..delta.tables import SourceHistory
-from ..spec.specs import FlowSpec, Spec
+from ..spec.specs import Spec
 from ..windows import Interval
 from .plan import Mode, PartitionPlan
 from .result import RunResult
@@ -74,19 +74,11 @@ def _changed_files(commit: CommitSummary):
 
 def refilled(spec: Spec, plan: PartitionPlan) -> tuple[float, int | None]:
     """(share of the partition recomputed, windows recomputed for a flow)."""
-    if plan.mode is not Mode.REFILL:
-        return 0.0, (0 if isinstance(spec, FlowSpec) else None)
     part = plan.interval
-    if not plan.refill and not plan.refill_all:  # groups or keys alone (or none): no whole window or partition;
-        return 0.0, (0 if isinstance(spec, FlowSpec) else None)  # `refilled_groups` / `refilled_keys` say how many
-    ranges = [part] if plan.refill_all or not plan.refill else [r for r in plan.refill]
-    if isinstance(spec, FlowSpec):
-        slide = spec.shape.slide
-        windows = sum(max(1, -(-(r.end - r.start) // slide)) for r in ranges)
-        return min(1.0, windows / max(1, (part.end - part.start) // slide)), windows
-    inside = [r.intersect(part) for r in ranges]
-    covered = sum(((r.end - r.start) for r in inside if r is not None), start=part.start - part.start)
-    return min(1.0, covered / (part.end - part.start)), None
+    if plan.mode is not Mode.REFILL or (not plan.refill and not plan.refill_all):
+        return spec.refilled_share(part, [])  # groups or keys alone (or none): no whole window or partition;
+    #                                           `refilled_groups` / `refilled_keys` say how many
+    return spec.refilled_share(part, [part] if plan.refill_all or not plan.refill else list(plan.refill))
 
 
 def outcome_of(spec: Spec, result: RunResult, histories: dict[str, SourceHistory]) -> PartitionOutcome:

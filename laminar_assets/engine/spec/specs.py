@@ -354,6 +354,13 @@ class BaseSpec:
         """The event times a refill of `refill` reads."""
         return [part] if refill else []
 
+    def refilled_share(self, part: Interval, ranges: list[Interval]) -> tuple[float, int | None]:
+        """(share of partition `part` that a refill of `ranges` recomputes, windows recomputed or None): a run's
+        outcome reports it. A stage recomputes the event times of `ranges` inside `part`, and has no windows."""
+        inside = [r.intersect(part) for r in ranges]
+        covered = sum(((r.end - r.start) for r in inside if r is not None), start=part.start - part.start)
+        return min(1.0, covered / (part.end - part.start)), None
+
     @property
     def spec_hash(self) -> str:
         """Stable hash of everything that changes results; a new hash invalidates state."""
@@ -493,6 +500,12 @@ class FlowSpec(BaseSpec):
 
     def refill_events(self, part: Interval, refill: tuple[Interval, ...]) -> list[Interval]:
         return [self.shape.events_of_starts(r) for r in refill]
+
+    def refilled_share(self, part: Interval, ranges: list[Interval]) -> tuple[float, int | None]:
+        """A flow recomputes whole windows: `ranges` are window starts, each range at least one window."""
+        slide = self.shape.slide
+        windows = sum(max(1, -(-(r.end - r.start) // slide)) for r in ranges)
+        return min(1.0, windows / max(1, (part.end - part.start) // slide)), windows
 
     def _hash_payload(self) -> dict[str, Any]:
         return {
