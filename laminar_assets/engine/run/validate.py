@@ -21,7 +21,7 @@ from ..quarantine.records import rule_kept_sql
 from ..spark.frames import has_variant, spark_schema, variant_fields
 from ..spec.kinds import KINDS
 from ..spec.reads import expression_columns
-from ..spec.specs import FlowSpec, Spec, StageSpec
+from ..spec.specs import FlowSpec, Spec
 
 TIME_TYPES = (TimestampType, TimestampNTZType, DateType, StringType)
 
@@ -121,8 +121,7 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
                 "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
     if info.name == spec.sources[0]:  # a fan-in flow reads its other sources under the first one's names
         _check_names(spec, base.columns, facts)
-        if isinstance(spec, StageSpec):  # (kind "stage")
-            _check_dimension_names(spec, base.columns, facts)
+        _check_dimension_names(spec, base.columns, facts)
     df = _row_logic_checked(spec, info, base, facts)
     for col in spec.input_columns:
         if col not in df.columns and col not in dict(spec.derived):
@@ -286,20 +285,20 @@ def _check_shadowed(spec: FlowSpec, columns: list[str], facts: dict) -> None:
                     field=f"aggregates.{agg.name}", **facts)
 
 
-def _check_dimension_names(spec: StageSpec, columns: list[str], facts: dict) -> None:
-    """A stage's dimension joins add their columns beside the row's: none may share a name (in any
-    case) with a source or derived column or another join's column, or the stage's row would hold
+def _check_dimension_names(spec: Spec, columns: list[str], facts: dict) -> None:
+    """A stage's dimension joins (`dimension_joins`) add their columns beside the row's: none may share a name
+    (in any case) with a source or derived column or another join's column, or the stage's row would hold
     two columns Spark cannot tell apart."""
     seen = {c.lower(): f"source column {c!r}" for c in columns}
     seen.update({n.lower(): f"derived column {n!r}" for n, _expr in spec.derived_pairs})
-    for i, join in enumerate(spec.joins):
+    for i, join in enumerate(spec.dimension_joins):
         on = {c.lower() for c in join.on}
         for col in join.columns:
             if col.lower() in on:
                 continue
             if col.lower() in seen:
                 raise SpecError(
-                    f"stage '{spec.name}': dimension '{join.table}' adds column {col!r} beside the "
+                    f"{spec.kind} '{spec.name}': dimension '{join.table}' adds column {col!r} beside the "
                     f"{seen[col.lower()]} (Spark resolves names regardless of case, so the row would hold two columns "
                     "of one name); leave it out of the join's columns or rename the other",
                     field=f"joins[{i}].columns", **facts)

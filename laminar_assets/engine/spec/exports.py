@@ -24,7 +24,7 @@ from laminar_assets.errors import SpecError
 
 from .parts import as_pairs, as_tuple
 from .problems import catalog_problem
-from .specs import Spec, StageSpec
+from .specs import Spec
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PG_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")  # a Postgres identifier (at most 63 bytes)
@@ -33,13 +33,10 @@ COMMON_FIELDS = ("name", "source", "connection", "description", "owners", "tags"
 
 
 def export_key(source: Spec) -> tuple[str, ...]:
-    """The columns that identify a row of `source`'s table, as exports upsert and delete it: a flow's window
-    start and group keys (its window end follows from the start), a stage's dedup key and event time. A stage
-    keeps one row per dedup key and partition, so the same key can hold a row in two partitions: the event
-    time tells them apart. Empty for a stage without a dedup key (its rows have no identity)."""
-    if source.kind == "flow":
-        return ("window_start", *source.key_columns)
-    return (*source.key_columns, source.output_time_column) if source.key_columns else ()
+    """The columns that identify a row of `source`'s table, as exports upsert and delete it (`BaseSpec.row_key`):
+    a flow's window start and group keys, a stage's dedup key and event time. Empty for a stage without a dedup
+    key (its rows have no identity)."""
+    return source.row_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +119,7 @@ class ExportSpec:
         if self.needs_key and not export_key(source):
             return "source", (f"{source.kind} '{source.name}' has no dedup key, so its rows have no identity to upsert "
                               f"and delete by; give the stage a dedup_key, or deliver its rows with a WebhookExport")
-        kept = source.columns if isinstance(source, StageSpec) else ()  # a stage's output columns (empty: all)
+        kept = source.kept_columns  # the output columns a stage names (empty: all, or a flow's)
         missing = [c for c in export_key(source) if kept and c not in kept]
         if self.needs_key and missing:
             return "source", (f"stage '{source.name}' keeps columns {list(kept)}, without its key column(s) "

@@ -46,13 +46,12 @@ def columns_read(spec, source: str, columns: Iterable[str]) -> dict[str, str]:
         add([c for c in (agg.column, agg.by) if c], f"aggregate {agg.name}", after_derived)
         if agg.expr:
             add(expression_columns(agg.expr), f"aggregate {agg.name}", after_derived)
-    if spec.kind == "stage":
-        joined = {c.lower() for j in spec.joins for c in j.columns}
-        add([c for j in spec.joins for c in j.on], "a dimension join", after_derived)
-        if spec.reads_all_columns:
-            add(sorted(present - after_derived), "passed through")
-        else:
-            add([c for c in spec.columns if c.lower() not in joined], "an output column", after_derived)
+    joined = {c.lower() for j in spec.dimension_joins for c in j.columns}
+    add([c for j in spec.dimension_joins for c in j.on], "a dimension join", after_derived)
+    if spec.reads_all_columns:
+        add(sorted(present - after_derived), "passed through")
+    else:
+        add([c for c in spec.kept_columns if c.lower() not in joined], "an output column", after_derived)
     return found
 
 

@@ -302,6 +302,11 @@ class BaseSpec:
         return ()
 
     @property
+    def dimension_joins(self) -> tuple[DimensionJoin, ...]:
+        """Dimension tables joined beside each row, adding their columns to it (stages only)."""
+        return ()
+
+    @property
     def dimension_tables(self) -> tuple[str, ...]:
         """Tables read whole at a pinned version; a change to one refills every partition."""
         return ()
@@ -315,6 +320,18 @@ class BaseSpec:
     def reads_all_columns(self) -> bool:
         """Whether the spec passes every source column through (a stage without `columns`)."""
         return False
+
+    @property
+    def kept_columns(self) -> tuple[str, ...]:
+        """The row's columns it names as its output's (a stage's `columns`); empty when it names none: a stage
+        without `columns` passes all through (`reads_all_columns`), a flow writes its keys and aggregates."""
+        return ()
+
+    @property
+    def row_key(self) -> tuple[str, ...]:
+        """The columns that identify a row of its output table (what exports upsert and delete by); empty when
+        its rows have no identity."""
+        raise NotImplementedError
 
     def joined_columns(self, table: str) -> set[str]:
         """The columns the spec reads from the joined table `table`."""
@@ -457,6 +474,11 @@ class FlowSpec(BaseSpec):
         return "window_start"
 
     @property
+    def row_key(self) -> tuple[str, ...]:
+        """The window start and the group keys (the window end follows from the start)."""
+        return ("window_start", *self.keys)
+
+    @property
     def input_columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([self.event_time, *self.keys,
                                     *[c for a in self.aggregates for c in (a.column, a.by) if c]]))
@@ -582,6 +604,20 @@ class StageSpec(BaseSpec):
     @property
     def output_time_column(self) -> str:
         return self.event_time
+
+    @property
+    def row_key(self) -> tuple[str, ...]:
+        """The dedup key and the event time: a stage keeps one row per dedup key and partition, so one key can
+        hold a row in two partitions, told apart by the event time. Empty without a dedup key."""
+        return (*self.dedup_key, self.event_time) if self.dedup_key else ()
+
+    @property
+    def dimension_joins(self) -> tuple[DimensionJoin, ...]:
+        return self.joins
+
+    @property
+    def kept_columns(self) -> tuple[str, ...]:
+        return self.columns
 
     @property
     def why_not_retractable(self) -> str:
