@@ -23,7 +23,7 @@ from laminar_assets.errors import LaminarError, SpecError, SqlDefinitionError
 
 from .delta.layout import SYSTEM_FOLDER, place_of
 from .spec.exports import ExportSpec, PostgresExport, RedisExport
-from .spec.specs import FlowSpec, Spec, StageSpec
+from .spec.specs import SPEC_KINDS, Spec
 from .sql.views import read_sql_file
 
 
@@ -64,7 +64,7 @@ def collect(package: ModuleType | str | os.PathLike) -> Catalog:
             if found[value.name][0] is value:
                 return
             raise SpecError(
-                f"duplicate {'flow' if isinstance(value, (FlowSpec, StageSpec)) else 'export'} name '{value.name}' in "
+                f"duplicate {value.duplicate_noun} name '{value.name}' in "
                 f"{where} and {found[value.name][1]}; names of flows, stages and exports must be unique across Python "
                 "modules and .sql files", flow=value.name, field="name",
             )
@@ -84,7 +84,7 @@ def collect(package: ModuleType | str | os.PathLike) -> Catalog:
         module = _loaded(load, folder)
         file = module_name if folder else _shown(getattr(module, "__file__", None) or module_name)
         for value in vars(module).values():
-            if isinstance(value, (FlowSpec, StageSpec, ExportSpec)):
+            if isinstance(value, (*SPEC_KINDS, ExportSpec)):
                 add(value, module_name, file)
     for where in places:
         for path in sorted(glob.glob(os.path.join(where, "*.sql"))):

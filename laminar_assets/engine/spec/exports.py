@@ -50,6 +50,7 @@ class ExportSpec:
     # whether the target holds rows a backfill of partitions can replace (a webhook's receiver holds none: a
     # partition's rows sent again would be new alerts under new keys, so it delivers only what is pending)
     repairs_partitions: ClassVar[bool] = True
+    duplicate_noun: ClassVar[str] = "export"  # what an error about its name among all definitions calls it
 
     name: str
     source: str

@@ -63,6 +63,8 @@ class BaseSpec:
     group_name: ClassVar[str]  # the group of its asset in the Dagster UI ("flows", "stages")
     recompute_checked: ClassVar[bool]  # its sink is compared with a recompute (the equivalence check): merged
     #   state can drift from what the source holds; an output written from the rows read cannot
+    # what an error about its name among all definitions calls it: "duplicate flow name" for a stage's too
+    duplicate_noun: ClassVar[str] = "flow"
 
     name: str
     source: str | tuple[str, ...]
@@ -647,6 +649,7 @@ class StageSpec(BaseSpec):
 
 
 Spec = FlowSpec | StageSpec  # the one name for "a flow or a stage" in annotations
+SPEC_KINDS = (FlowSpec, StageSpec)  # the classes of `Spec`, for finding definitions among a module's values
 
 
 def _datetime(value: Any) -> datetime:
