@@ -498,9 +498,9 @@ class Engine:
                     rederive.append((k, s.seq, s.input_schema))
                 mark = s.mark
             marks[k] = mark
-        if rederive:
-            assert isinstance(spec, FlowSpec), spec  # a sink to re-derive from state: a flow's
-            flow_state.rederive_sinks(self.ctx, spec, rederive, f"{run_id}-recovered")
+        if rederive:  # settle asks it only of a spec that keeps state
+            flow_state.rederive_sinks(self.ctx, spec.aggregation_for("re-deriving a sink from state"), rederive,
+                                      f"{run_id}-recovered")
         for k, ok in zip(settled, claims.write_many([(k, s.mark, True) for k, s in settled.items()])):
             if not ok:
                 raise claims.taken(k)

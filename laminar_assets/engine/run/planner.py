@@ -14,7 +14,7 @@ from datetime import datetime
 from laminar_assets.checkpoints.watermark import Watermark
 
 from ..delta.tables import CommitKind, CommitSummary, SourceHistory
-from ..spec.specs import FlowSpec, RefreshPolicy, Spec
+from ..spec.specs import RefreshPolicy, Spec
 from ..windows import PARTITION_SPAN, Interval, coalesce, partition_interval, partitions_overlapping, share_inside
 from .context import EngineOptions
 from .plan import Mode, PartitionPlan, Reason
@@ -219,8 +219,7 @@ def _extremes_up_front(plan: PartitionPlan, inp: PlannerInput) -> PartitionPlan:
             windows.extend(_scope(inp.spec, plan.interval, c))
     if not windows:
         return plan
-    assert isinstance(inp.spec, FlowSpec), inp.spec  # a stage holds no extremes (`held_extremes`)
-    slide = inp.spec.shape.slide
+    slide = inp.spec.aggregation_for("pricing the refill of held extremes").shape.slide  # a stage holds none
     in_part = max(1, -(-(plan.interval.end - plan.interval.start) // slide))
     touched = min(in_part, max(1, sum(-(-(w.end - w.start) // slide) for w in coalesce(windows))))
     if how == "windows":
@@ -436,8 +435,8 @@ def _group_scope(inp: PlannerInput, part: Interval, scope: tuple[Interval, ...])
     """The refill of `scope` as its changed groups alone, or as whole windows when those groups are at
     least `group_refill_share` of the groups the windows hold (estimated from the partition's state:
     its groups spread evenly over its windows)."""
-    assert isinstance(inp.spec, FlowSpec), inp.spec  # refill_unit "groups": a flow's
-    groups, slide = inp.changed_groups, inp.spec.shape.slide
+    groups = inp.changed_groups
+    slide = inp.spec.aggregation_for("refilling changed groups").shape.slide  # refill_unit "groups": a flow's
     windows = sum(-(-(w.end - w.start) // slide) for w in scope)
     held = (inp.state_groups or 0) * windows / max(1, (part.end - part.start) // slide)
     if not groups:  # every changed row is one the flow leaves out (its filter): nothing to recompute

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, NoReturn, cast
 
-from laminar_assets.errors import SpecError
+from laminar_assets.errors import LaminarError, SpecError
 
 from ..windows import Granularity, Interval, WindowShape, parse_duration, partition_interval, partition_key, to_utc
 from .kinds import KINDS
@@ -265,6 +265,20 @@ class BaseSpec:
         raise NotImplementedError
 
     # --- what differs between flows and stages --------------------------------------------
+    def aggregation(self) -> FlowSpec | None:
+        """The spec as an aggregation of rows into windows, for what only one has (its window, keys, aggregates,
+        `post` and state: their checks, descriptions and queries); None for a kind that passes rows through."""
+        return None
+
+    def aggregation_for(self, use: str) -> FlowSpec:
+        """`aggregation()` on a path that only an aggregation takes (`use`: "re-deriving a sink from state"); a
+        spec of another kind there is a bug in the caller, raised instead of running the path with it."""
+        found = self.aggregation()
+        if found is None:
+            raise LaminarError(f"{use} needs the windows and state of a flow; {self.kind} '{self.name}' has none",
+                               flow=self.name)
+        return found
+
     @property
     def key_columns(self) -> tuple[str, ...]:
         """Columns a row must have (a NULL one is quarantined as key_missing): a flow's group keys,
@@ -420,6 +434,9 @@ class FlowSpec(BaseSpec):
     described_as: ClassVar[str] = "time-window rollup"
     group_name: ClassVar[str] = "flows"
     recompute_checked: ClassVar[bool] = True
+
+    def aggregation(self) -> FlowSpec:
+        return self
 
     def _validate_flow(self) -> None:
         problem = flow_problem(self, RESERVED_COLUMNS)
