@@ -18,7 +18,7 @@ from ..aggregates.algebra import implementation
 from ..delta.tables import CommitKind, resolve_uri, snapshot_files, source_history, table_info
 from ..run.validate import apply_row_logic
 from ..spark.read import read_source
-from ..spec.specs import FlowSpec, RefreshPolicy, Spec
+from ..spec.specs import RefreshPolicy, Spec
 from .staleness import inspect_partition, is_stale
 
 
@@ -47,24 +47,7 @@ def logical(spec: Spec) -> dict:
            "event_time": spec.event_time, "filter": spec.filter, "derived": dict(spec.derived),
            "partitioning": spec.granularity.value, "refresh": RefreshPolicy(spec.refresh).value, "sink": spec.sink,
            "spec_hash": spec.spec_hash, "origin": spec.origin or None, "sql": spec.definition or None}
-    if isinstance(spec, FlowSpec):
-        out["keys"] = list(spec.keys)
-        out["window"] = {"kind": "hopping" if spec.shape.is_hopping else "tumbling",
-                         "size_seconds": spec.shape.size.total_seconds(),
-                         "slide_seconds": spec.shape.slide.total_seconds()}
-        out["aggregates"] = [implementation(a).describe() for a in spec.aggregates]
-        out["post"] = dict(spec.post)
-        out["hidden"] = list(spec.hidden)
-        out["retractable"] = spec.retractable
-        out["not_incrementalizable"] = list(spec.not_incrementalizable)
-        out["joins"] = [{"table": j.table, "alias": j.alias, "on": j.on, "columns": [j.column(c) for c in j.columns],
-                         "how": j.how} for j in spec.joins]
-    else:
-        out["dedup_key"] = list(spec.dedup_key)
-        out["joins"] = [{"table": j.table, "on": list(j.on), "columns": list(j.columns), "how": j.how}
-                        for j in spec.joins]
-        out["columns"] = list(spec.columns)
-    return out
+    return {**out, **spec.logical_facts(lambda agg: implementation(agg).describe())}
 
 
 def _formatted(df) -> str:
@@ -77,8 +60,9 @@ def _formatted(df) -> str:
 def explain(engine, spec: Spec, partition: str) -> dict:
     """Logical (the spec), physical (Spark's plan of the query a run would execute), strategy (the plan)."""
     mark = engine.store.load(spec.name, partition)
-    if isinstance(spec, FlowSpec):
-        plan, query = engine.state_query(spec, partition)
+    flow = spec.aggregation()
+    if flow is not None:  # a run builds its state; the sink follows from it
+        plan, query = engine.state_query(flow, partition)
         physical = _formatted(query)
     else:
         plan = engine.plan(spec, partition)

@@ -140,20 +140,21 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
         )
     if variant_fields(info.delta_schema):  # a variant computed from other columns: `check_aggregation` says why
         _refuse_variants(spec, info, df, facts)
-    if isinstance(spec, FlowSpec):
-        _check_shadowed(spec, df.columns, facts)
-        for agg in spec.aggregates:
+    flow = spec.aggregation()
+    if flow is not None:  # its aggregates over the source's columns
+        _check_shadowed(flow, df.columns, facts)
+        for agg in flow.aggregates:
             if agg.expr:
-                _check_expression(df, spec, agg, facts)
+                _check_expression(df, flow, agg, facts)
             if KINDS[agg.kind].numeric and agg.column:
                 t = df.schema[agg.column].dataType
                 if not is_numeric(t):
                     raise SchemaMismatchError(
-                        f"aggregate {agg.kind}({agg.column}) of flow '{spec.name}' needs a numeric column, "
+                        f"aggregate {agg.kind}({agg.column}) of flow '{flow.name}' needs a numeric column, "
                         f"found {t.simpleString()} in '{info.name}' at version {info.version}",
                         column=agg.column, **facts,
                     )
-        check_aggregation(df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)), spec, facts)
+        check_aggregation(df.withColumn(EVENT_TS, event_time_column(df, flow.event_time)), flow, facts)
     schema = df.schema
     return CheckedSource({c: schema[c].dataType.simpleString() for c in spec.input_columns}, schema)
 
@@ -179,10 +180,11 @@ def _refuse_variants(spec: Spec, info: TableInfo, df: DataFrame, facts: dict) ->
         if column and column in df.columns and has_variant(df.schema[column].dataType):
             fail(column, role, df.schema[column].dataType, field)
 
-    if isinstance(spec, FlowSpec):
-        for key in spec.keys:
+    flow = spec.aggregation()
+    if flow is not None:
+        for key in flow.keys:
             used(key, "a group key", "keys")
-        for agg in spec.aggregates:
+        for agg in flow.aggregates:
             used(agg.column, f"the input of aggregate {agg.name!r}", f"aggregates.{agg.name}")
             used(agg.by, f"the ordering column of aggregate {agg.name!r}", f"aggregates.{agg.name}")
             if agg.expr:
@@ -196,7 +198,7 @@ def _refuse_variants(spec: Spec, info: TableInfo, df: DataFrame, facts: dict) ->
     else:
         for key in spec.key_columns:
             used(key, "its dedup key", "dedup_key")
-        for column in spec.columns or df.columns:
+        for column in spec.kept_columns or df.columns:
             used(column, "an output column (the stage's table cannot hold a variant)", "columns")
 
 

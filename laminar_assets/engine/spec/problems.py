@@ -214,9 +214,11 @@ def expression_problem(spec) -> tuple[str, str] | None:
 
     from .sql_dialect import DIALECT
 
-    fields = [*[(f"derived.{c}", e) for c, e in spec.derived], *[(f"post.{c}", e) for c, e in getattr(spec, "post", ())],
+    flow = spec.aggregation()  # post expressions and SQL aggregates: an aggregation's only
+    post, aggregates = (flow.post, flow.aggregates) if flow is not None else ((), ())
+    fields = [*[(f"derived.{c}", e) for c, e in spec.derived], *[(f"post.{c}", e) for c, e in post],
               *[(f"rules.{r.name}", r.check) for r in spec.rules], *([("filter", spec.filter)] if spec.filter else [])]
-    sql_aggs = [(f"aggregates.{a.name}", a.expr) for a in getattr(spec, "aggregates", ()) if getattr(a, "expr", None)]
+    sql_aggs = [(f"aggregates.{a.name}", a.expr) for a in aggregates if getattr(a, "expr", None)]
     for field, expr in [*fields, *sql_aggs]:
         if isinstance(expr, str) and FRAME_PLACEHOLDER.search(expr):
             return (field, f"expected an expression without a name between two NUL characters (how the pass "

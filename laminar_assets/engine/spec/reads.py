@@ -42,7 +42,8 @@ def columns_read(spec, source: str, columns: Iterable[str]) -> dict[str, str]:
         earlier.add(name)
     if spec.filter:
         add(expression_columns(spec.filter), "the filter", after_derived)
-    for agg in getattr(spec, "aggregates", ()):
+    flow = spec.aggregation()
+    for agg in flow.aggregates if flow is not None else ():
         add([c for c in (agg.column, agg.by) if c], f"aggregate {agg.name}", after_derived)
         if agg.expr:
             add(expression_columns(agg.expr), f"aggregate {agg.name}", after_derived)

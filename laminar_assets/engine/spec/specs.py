@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, NoReturn, cast
@@ -373,6 +373,11 @@ class BaseSpec:
         """What its definition says, for the asset's metadata: (name, text, whether the text is Markdown)."""
         return []
 
+    def logical_facts(self, describe: Callable[[Agg], dict]) -> dict[str, Any]:
+        """The fields of its kind in `laminar explain`'s logical plan (after the fields every spec has);
+        `describe` gives an aggregate's Spark SQL (the aggregates package's, above this module)."""
+        raise NotImplementedError
+
     def refill_scope(self, part: Interval, touched: Interval) -> Interval | None:
         """What of partition `part` rows with event times in `touched` affect (window starts of a flow,
         event times of a stage); None when nothing."""
@@ -532,6 +537,17 @@ class FlowSpec(BaseSpec):
         return [("window", f"{self.shape.size} every {self.shape.slide}", False),
                 ("keys", ", ".join(self.keys) or "(none)", False), ("aggregates", aggregates, True)]
 
+    def logical_facts(self, describe: Callable[[Agg], dict]) -> dict[str, Any]:
+        return {"keys": list(self.keys),
+                "window": {"kind": "hopping" if self.shape.is_hopping else "tumbling",
+                           "size_seconds": self.shape.size.total_seconds(),
+                           "slide_seconds": self.shape.slide.total_seconds()},
+                "aggregates": [describe(a) for a in self.aggregates], "post": dict(self.post),
+                "hidden": list(self.hidden), "retractable": self.retractable,
+                "not_incrementalizable": list(self.not_incrementalizable),
+                "joins": [{"table": j.table, "alias": j.alias, "on": j.on, "columns": [j.column(c) for c in j.columns],
+                           "how": j.how} for j in self.joins]}
+
     def refill_scope(self, part: Interval, touched: Interval) -> Interval | None:
         starts = self.shape.starts_overlapping(touched)
         return starts.intersect(part) if starts else None
@@ -619,6 +635,12 @@ class StageSpec(BaseSpec):
     def definition_facts(self) -> list[tuple[str, str, bool]]:
         return [("dedup_key", ", ".join(self.dedup_key) or "(none)", False),
                 ("joins", ", ".join(j.table for j in self.joins) or "(none)", False)]
+
+    def logical_facts(self, describe: Callable[[Agg], dict]) -> dict[str, Any]:
+        return {"dedup_key": list(self.dedup_key),
+                "joins": [{"table": j.table, "on": list(j.on), "columns": list(j.columns), "how": j.how}
+                          for j in self.joins],
+                "columns": list(self.columns)}
 
     @property
     def output_time_column(self) -> str:
