@@ -138,3 +138,10 @@ def test_the_dagster_layer_asks_a_specs_kind_instead_of_testing_its_class():
     assert not offenders, f"ask the spec (a BaseSpec attribute or method) instead: {offenders}"
     assert _kind_tests("if isinstance(s, (FlowSpec, int)) or isinstance(s, StageSpec): pass") == \
         ["FlowSpec", "StageSpec"]  # the check sees what it looks for
+
+
+def test_the_engine_asks_a_specs_kind_instead_of_testing_its_class():
+    """The engine too (#64): the executor, planner, checks and reports ask the spec (`aggregation()`,
+    `refilled_share`, `row_key`, ...), so the flow/stage decisions live in the spec classes alone."""
+    offenders = {str(p.relative_to(ROOT)): names for p in ENGINE.rglob("*.py") if (names := _kind_tests(p))}
+    assert not offenders, f"ask the spec (a BaseSpec attribute or method) instead: {offenders}"
