@@ -53,7 +53,7 @@ from .workload import TABLE, Lake, commit_table, trades, uniform_times, write_ba
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAP = (0.5, 1.5)  # commits arrive this many sensor intervals apart (uniformly at random)
 
-DAEMON_LOOP_S = 1.0  # the Laminar instance's sensor loop (instance.py SENSOR_LOOP_SECONDS; Dagster's own: 5 s)
+DAEMON_LOOP_S = 0.25  # the Laminar instance's sensor loop (instance.py SENSOR_LOOP_SECONDS; Dagster's own: 5 s)
 
 
 @dataclass

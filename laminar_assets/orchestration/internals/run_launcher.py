@@ -14,8 +14,12 @@ milliseconds and no imports, so a run never waits for a worker to warm up again,
 start warm. When no worker is ready (the first launch starts them), the run goes the default way, through
 the code server. Every run is an ordinary Dagster run in the UI either way.
 
-Only third-party libraries are imported ahead of time: Laminar's engine and the flows load with
-the run (in the child), so an edited flow or engine module is what the next run executes. The worker
+Laminar's own library (engine, contracts, the Dagster layer) is imported ahead of time too, but never
+the flows or `laminar_assets.definitions`: those load with the run (in the child), so an edited flow is
+what the next run executes. Before each fork the worker checks that none of the Laminar files it
+imported changed since (size and modification time): a worker holding an edited engine module says
+so, refuses the run (which then goes the default way, loading everything afresh) and retires once
+the runs it forked have ended, while a new worker warms up in its place. The worker
 stays single-threaded (it forks; no Dagster instance, Spark session or gRPC channel is opened in it), so
 each child starts from a clean copy.
 
@@ -54,11 +58,20 @@ ACCEPT_SECONDS = 30.0
 WARM_IMPORTS = ("dagster._cli.api", "pandas", "pyarrow.dataset", "pyspark.sql", "pyspark.sql.connect.session",
                 "deltalake", "sqlglot", "great_expectations")
 """What a worker imports before it says it is ready: the third-party libraries every Laminar run
-imports. Laminar's own modules are not among them (see the module docstring)."""
+imports."""
+
+LAMINAR_WARM_IMPORTS = ("laminar_assets.orchestration.builder", "laminar_assets.pipeline.settings")
+"""Laminar's library modules a worker imports ahead too (a quarter of a second of each run's launch on two cores,
+docs/PERFORMANCE.md): what `laminar_assets.definitions` imports, but not the flows (the user's code), which
+each run loads itself. Guarded against edits (`_stale`)."""
+
+WARM_PACKAGE = "laminar_assets"
+"""The package whose files a worker checks before each fork (`_loaded_files`)."""
 
 _READY = "ready"
 _ACCEPTED = "accepted"  # + run id and the pid of the process executing it
 _EXITED = "exited"  # + that pid and its exit code (negative: the signal that ended it)
+_STALE = "stale"  # [+ a run id it refuses]: a Laminar file it imported changed; it takes no more runs
 
 
 class _Worker:
@@ -67,7 +80,7 @@ class _Worker:
 
     def __init__(self, instance_ref_json: str, env: Mapping[str, str],
                  on_exit: Callable[[int, int], None], on_gone: Callable[[], None]) -> None:
-        self._accepts: queue.Queue[tuple[str, int] | None] = queue.Queue()
+        self._accepts: queue.Queue[tuple[str, int | None] | None] = queue.Queue()
         self._hand_lock = threading.Lock()  # one hand-off at a time: accepts come back in order
         self._on_exit, self._on_gone = on_exit, on_gone
         self.process = subprocess.Popen(
@@ -78,7 +91,10 @@ class _Worker:
         self.process.stdin.flush()
         self._ready = threading.Event()
         self.gone = False
-        threading.Thread(target=self._read, name=f"laminar-warm-worker-{self.process.pid}", daemon=True).start()
+        self.stale = False  # it said a Laminar file it imported changed: it takes no more runs
+        self._reader = threading.Thread(target=self._read, name=f"laminar-warm-worker-{self.process.pid}",
+                                        daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -90,6 +106,12 @@ class _Worker:
                 self._accepts.put((rest[0], int(rest[1])))
             elif word == _EXITED and len(rest) == 2:
                 self._on_exit(int(rest[0]), int(rest[1]))
+            elif word == _STALE:
+                self.stale = True
+                self._ready.clear()
+                if rest:
+                    self._accepts.put((rest[0], None))  # the hand-off it refused
+                self._on_gone()  # warm another in its place now
         self.gone = True  # the worker closed its control pipe: it exited (poll() may not say so yet)
         self._ready.clear()
         self._accepts.put(None)
@@ -98,16 +120,19 @@ class _Worker:
     @property
     def idle(self) -> bool:
         """Ready for a run (a worker takes any number, one after the other)."""
-        return self._ready.is_set() and not self.gone and self.process.poll() is None
+        return self._ready.is_set() and not self.gone and not self.stale and self.process.poll() is None
 
     def hand(self, run_id: str, timeout: float) -> int | None:
-        """Send the run id; the pid of the process executing the run once the worker confirms, else None."""
+        """Send the run id; the pid of the process executing the run once the worker confirms, else None
+        (`stale` then says whether it refused the run because a Laminar file it imported changed)."""
         assert self.process.stdin is not None
         with self._hand_lock:
             try:
                 self.process.stdin.write(run_id + "\n")
                 self.process.stdin.flush()
             except (BrokenPipeError, OSError):
+                # it exited: if it retired as stale, its reader has that line before the end of its output
+                self._reader.join(timeout=5)
                 return None
             try:
                 accepted = self._accepts.get(timeout=timeout)
@@ -132,6 +157,7 @@ class WarmRunLauncher(DefaultRunLauncher):
         super().__init__(inst_data=inst_data)
         self.warm_workers = warm_workers
         self._workers: list[_Worker] = []
+        self._retired: list[_Worker] = []  # stale workers whose forked runs have not all ended yet
         self._runs: dict[int, str] = {}  # pid of a process a worker forked -> the run it executes
         self._early_exits: dict[int, int] = {}  # pid -> exit code, of a process that ended before its pid was recorded
         self._runs_lock = threading.Lock()
@@ -156,7 +182,9 @@ class WarmRunLauncher(DefaultRunLauncher):
         """Start workers until `warm_workers` are alive and not yet handed a run (lock held)."""
         if self._closed:
             return
-        self._workers = [w for w in self._workers if not w.gone and w.process.poll() is None]
+        retiring = [w for w in self._workers if w.stale]
+        self._retired = [w for w in (*self._retired, *retiring) if not w.gone and w.process.poll() is None]
+        self._workers = [w for w in self._workers if not w.gone and not w.stale and w.process.poll() is None]
         ref = serialize_value(self._instance.get_ref())
         while len(self._workers) < self.warm_workers:
             self._workers.append(_Worker(ref, os.environ, self._exited, self._worker_gone))
@@ -225,9 +253,9 @@ class WarmRunLauncher(DefaultRunLauncher):
     def dispose(self) -> None:
         with self._lock:
             self._closed = True
-            for worker in self._workers:
+            for worker in (*self._workers, *self._retired):
                 worker.release()
-            self._workers = []
+            self._workers, self._retired = [], []
 
     # -- RunLauncher ----------------------------------------------------------------------------
 
@@ -238,6 +266,9 @@ class WarmRunLauncher(DefaultRunLauncher):
             super().launch_run(context)
             return
         pid = worker.hand(run.run_id, ACCEPT_SECONDS)
+        if pid is None and worker.stale:  # an edited Laminar module: this run loads everything afresh
+            super().launch_run(context)
+            return
         if pid is not None:
             with self._runs_lock:
                 code = self._early_exits.pop(pid, None)
@@ -303,9 +334,11 @@ def _serve_runs() -> int:
     from dagster._utils.interrupts import setup_interrupt_handlers
 
     setup_interrupt_handlers()  # SIGTERM (terminate) becomes an interrupt, as in `dagster api execute_run`
-    for module in WARM_IMPORTS:
+    for module in (*WARM_IMPORTS, *LAMINAR_WARM_IMPORTS):
         importlib.import_module(module)
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    imported = _loaded_files(WARM_PACKAGE)
+    stale = False
     lines = _Lines(0)
     instance_ref = deserialize_value(lines.next(timeout=None) or "", InstanceRef)
     _say(control, _READY)
@@ -317,9 +350,17 @@ def _serve_runs() -> int:
             if done:
                 running.discard(pid)
                 _say(control, f"{_EXITED} {pid} {os.waitstatus_to_exitcode(status)}")
+        if not stale and _stale(imported):
+            stale = True
+            _say(control, _STALE)
+        if stale and not running:
+            return 0  # retired: a new worker imports the edited files
         if run_id is None:
             if lines.ended:
                 return 0  # released: the launcher is gone or closed (the runs go on)
+            continue
+        if stale:
+            _say(control, f"{_STALE} {run_id}")
             continue
         pid = os.fork()
         if pid == 0:  # the run's process: nothing of the worker's pipes, then the run
@@ -332,6 +373,34 @@ def _serve_runs() -> int:
             run_then_exit(functools.partial(_execute_opened, run_id, instance_ref))
         running.add(pid)
         _say(control, f"{_ACCEPTED} {run_id} {pid}")
+
+
+def _loaded_files(package: str) -> dict[str, tuple[int, int]]:
+    """(size, modification time in ns) of the file of every module of `package` this process imported."""
+    files = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and (name == package or name.startswith(package + ".")):
+            try:
+                st = os.stat(path)
+            except OSError:
+                files[path] = (-1, -1)
+                continue
+            files[path] = (st.st_size, st.st_mtime_ns)
+    return files
+
+
+def _stale(imported: dict[str, tuple[int, int]]) -> bool:
+    """Whether a file of `imported` (`_loaded_files`) changed or went away since: a hundred and fifty stats,
+    well under a millisecond."""
+    for path, seen in imported.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True
+        if (st.st_size, st.st_mtime_ns) != seen:
+            return True
+    return False
 
 
 def _say(fd: int, line: str) -> None:

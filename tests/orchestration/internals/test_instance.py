@@ -301,7 +301,7 @@ def test_both_templates_name_the_instance_class(name):
     assert config["instance_class"] == {"module": "laminar_assets.orchestration.internals.instance", "class": "LaminarInstance"}
 
 
-def test_the_daemons_look_at_sensors_every_second_and_at_the_run_queue_every_half_second(tmp_path):
+def test_the_daemons_look_at_sensors_every_quarter_second_and_at_the_run_queue_every_half_second(tmp_path):
     """Both loops are Dagster's private settings (`dagster._daemon`): a Dagster release that renames or moves them
     fails here, not silently back to 5 s loops."""
     import dagster._daemon.sensor as sensor_daemon
@@ -310,7 +310,7 @@ def test_the_daemons_look_at_sensors_every_second_and_at_the_run_queue_every_hal
 
     with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
         assert isinstance(inst, li.LaminarInstance)
-        assert sensor_daemon.MIN_INTERVAL_LOOP_TIME == li.SENSOR_LOOP_SECONDS == 1
+        assert sensor_daemon.MIN_INTERVAL_LOOP_TIME == li.SENSOR_LOOP_SECONDS == 0.25
         assert inst.run_coordinator.dequeue_interval_seconds == li.QUEUE_LOOP_SECONDS == 0.5  # dagster.yaml says 1
         daemon = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), inst)
         assert daemon.interval_seconds == 0.5

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +18,9 @@ import dagster as dg
 import pytest
 from dagster._core.definitions.reconstruct import ReconstructableJob
 from dagster._core.launcher import LaunchRunContext
+from dagster._serdes import serialize_value
 
-from laminar_assets.orchestration.internals.run_launcher import WORKER_TAG, WarmRunLauncher
+from laminar_assets.orchestration.internals.run_launcher import WORKER_TAG, WarmRunLauncher, _Worker
 
 pytestmark = pytest.mark.process
 
@@ -30,7 +33,8 @@ import dagster as dg
 def _probe(context):
     cfg = context.op_config
     # what this process had imported when the run's first step began
-    warm = {m: m in sys.modules for m in ("great_expectations", "pandas", "pyspark.sql")}
+    warm = {m: m in sys.modules for m in ("great_expectations", "pandas", "pyspark.sql", "laminar_assets.engine",
+                                          "laminar_assets.orchestration.builder", "laminar_assets.flows")}
     with open(cfg["out"], "w") as f:
         json.dump({"pid": os.getpid(), "parent": os.getppid(), "warm": warm}, f)
     if cfg["exit_code"]:
@@ -141,7 +145,10 @@ def test_runs_execute_in_processes_a_warm_worker_forks(shared, tmp_path):
         probe = json.loads((tmp_path / f"probe{i}.json").read_text())
         worker = json.loads(done.tags[WORKER_TAG])
         assert probe["pid"] == worker["pid"] != os.getpid() and probe["parent"] in workers, (probe, workers)
-        assert probe["warm"] == {"great_expectations": True, "pandas": True, "pyspark.sql": True}, probe
+        # Laminar's library too, but never the flows: each run loads the user's code itself
+        assert probe["warm"] == {"great_expectations": True, "pandas": True, "pyspark.sql": True,
+                                 "laminar_assets.engine": True, "laminar_assets.orchestration.builder": True,
+                                 "laminar_assets.flows": False}, probe
         started = [e.message for e in instance.all_logs(run.run_id) if "Started process for run" in (e.message or "")]
         assert started == [f"Started process for run (pid: {worker['pid']})."]
         pids.append(probe["pid"])
@@ -237,3 +244,55 @@ def test_a_re_executions_copied_tag_never_signals_its_parents_worker(shared, tmp
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def _laminar_copy(tmp_path: Path) -> Path:
+    """A copy of the package for workers to import (PYTHONPATH, and PYTHONSAFEPATH so `-m` does not put the
+    checkout first), so a test can edit a file a worker imported without touching the checkout."""
+    copy = tmp_path / "src"
+    shutil.copytree(REPO / "laminar_assets", copy / "laminar_assets", ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def _edit(path: Path) -> None:
+    """What saving a file in an editor does to what a worker checks: a new modification time."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_a_worker_whose_engine_files_changed_refuses_the_run_and_retires(tmp_path):
+    """A worker imported Laminar's engine ahead of the runs; after an edit of one of those files it forks no run
+    (which would execute the old code), says so, and exits once its runs have ended."""
+    copy = _laminar_copy(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}
+    replaced = threading.Event()
+    with _open(tmp_path) as inst:
+        worker = _Worker(serialize_value(inst.get_ref()), env, lambda pid, code: None, replaced.set)
+        try:
+            _wait(lambda: worker.idle, 120, "the worker to warm up")
+            _edit(copy / "laminar_assets" / "engine" / "executor.py")
+            assert worker.hand("a-run-id", timeout=30) is None
+            assert worker.stale and not worker.idle
+            assert worker.process.wait(30) == 0
+            assert replaced.wait(10), "the launcher was not told to warm a worker in its place"
+        finally:
+            worker.process.kill()
+            worker.process.wait()
+
+
+def test_after_an_edit_the_run_goes_the_default_way_and_a_fresh_worker_warms_up(instance, tmp_path, monkeypatch):
+    """The launcher's side: the run a stale worker refused goes through the code server (which, without a
+    workspace, is DefaultRunLauncher's own error), and new workers with the edited file take its place."""
+    copy = _laminar_copy(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(copy))
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    launcher = _warm(instance)
+    _wait(lambda: launcher.idle_workers() == 2, 120, "both warm workers")
+    stale = {w.process.pid for w in launcher._workers}
+    _edit(copy / "laminar_assets" / "contracts" / "expectations.py")
+    run = _run(instance, tmp_path, tmp_path / "probe.json")
+    with pytest.raises(dg.DagsterInvariantViolationError, match="requires a workspace"):
+        launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+    assert WORKER_TAG not in instance.get_run_by_id(run.run_id).tags
+    _wait(lambda: launcher.idle_workers() == 2 and not stale & {w.process.pid for w in launcher._workers}, 120,
+          "two new warm workers in place of the stale ones")
