@@ -95,6 +95,24 @@ def test_runs_events_and_checks_round_trip_and_engines_are_reused(tmp_path, monk
     assert len(made) == 1 + len(runs), made
 
 
+def test_kept_connections_sync_at_checkpoints_only_in_wal_mode(tmp_path):
+    """Dagster makes each event database in WAL mode; the kept connections commit with synchronous=NORMAL (1) there,
+    and a database in rollback-journal mode keeps SQLite's default (FULL, 2), where NORMAL risks the file."""
+    with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
+        run = _run(inst, "a")
+        storage = inst.event_log_storage
+        for shard in ("index", run):
+            with storage.engine_for(shard).connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+                assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1, shard
+    legacy = tmp_path / "legacy.db"
+    engine = li._engine(f"sqlite:///{legacy}")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "delete"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+    engine.dispose()
+
+
 def test_at_most_keep_engines_stay_open(tmp_path):
     with dg.DagsterInstance.from_config(_home(tmp_path)) as inst:
         runs = [_run(inst, "abc"[i % 3]) for i in range(li.KEEP_ENGINES + 3)]
