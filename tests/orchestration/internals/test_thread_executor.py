@@ -302,3 +302,37 @@ def test_dagster_log_capture_helpers_do_not_hear_ctrl_c():
     assert result.success
     assert any("watch_orphans" in cmd for cmd in blocked) and any(cmd.startswith("tail") for cmd in blocked), blocked
     assert all(blocked.values()), blocked
+
+
+def test_success_and_failure_hooks_fire_as_in_process():
+    """The executor fires a step's hooks through Dagster's private `_trigger_hook`: a Dagster release that moves or
+    changes it fails here, instead of hooks (a team's Slack alert on a failed step) silently never firing."""
+    fired: list[tuple[str, str]] = []
+
+    @dg.success_hook
+    def on_success(context):
+        fired.append(("success", context.step_key))
+
+    @dg.failure_hook
+    def on_failure(context):
+        fired.append(("failure", context.step_key))
+
+    @dg.asset
+    def fine():
+        return dg.MaterializeResult()
+
+    @dg.asset
+    def broken():
+        raise ValueError("boom")
+
+    outcomes = {}
+    for name, executor in (("threads", thread_executor), ("in_process", dg.in_process_executor)):
+        fired.clear()
+        job = dg.Definitions(jobs=[dg.define_asset_job("j", executor_def=executor, hooks={on_success, on_failure})],
+                             assets=[fine, broken]).resolve_job_def("j")
+        with dg.instance_for_test() as instance:
+            result = execute_job_here(job, instance=instance, partition_key=None, tags={}, run_config={})
+            hook_events = sorted(e.step_key for e in result.all_events if e.event_type_value == "HOOK_COMPLETED")
+        outcomes[name] = (sorted(fired), hook_events)
+    assert outcomes["threads"] == outcomes["in_process"]
+    assert outcomes["threads"][0] == [("failure", "broken"), ("success", "fine")]
