@@ -5,7 +5,7 @@ external Delta tables under one schema the user names (default `laminar`), at th
 their description, owners and tags as table properties; it resolves a source's catalog name
 (`raw.trades`) to its location. One implementation per catalog kind (`hive.py`: Spark's own Hive
 metastore); another catalog (Unity, Glue) is one more module with the same three methods and its
-entry in `KINDS`.
+entry in `choose.KINDS`.
 
 Registration never drops a table of a removed flow: `sync` reports such entries as `left`, and
 only ever repoints an entry of the wanted name (an external table: its data is never touched).
@@ -29,26 +29,6 @@ DESCRIPTION = "laminar.description"
 OWNERS = "laminar.owners"
 TAGS = "laminar.tags"
 KIND = "laminar.kind"
-
-
-@dataclass(frozen=True)
-class CatalogOptions:
-    """Which catalog Laminar registers its tables in. `kind`: "hive" (Spark's own metastore: embedded
-    Derby or a metastore database, `SparkOptions.metastore`); `schema`: the schema (database) its tables
-    are registered under."""
-
-    schema: str = DEFAULT_SCHEMA
-    kind: str = "hive"
-
-    def __post_init__(self) -> None:
-        from laminar_assets.errors import EnvironmentProblem
-
-        if not IDENTIFIER.match(self.schema):
-            raise EnvironmentProblem(f"catalog schema must be a plain identifier (letters, digits, _), got "
-                                     f"{self.schema!r}", field="catalog_schema")
-        if self.kind not in KINDS:
-            raise EnvironmentProblem(f"catalog kind must be one of {', '.join(sorted(KINDS))}, got {self.kind!r}",
-                                     field="catalog")
 
 
 @dataclass(frozen=True)
@@ -106,17 +86,3 @@ class TableCatalog(Protocol):
 
     def resolve(self, name: str) -> str | None:
         """The location of the table `name` (`schema.table`), None when the catalog has no such table."""
-
-
-def make_catalog(spark, options: CatalogOptions) -> TableCatalog:
-    """The catalog of `options` on `spark`."""
-    return KINDS[options.kind](spark, options.schema)
-
-
-def _hive(spark, schema: str) -> TableCatalog:
-    from .hive import HiveCatalog
-
-    return HiveCatalog(spark, schema)
-
-
-KINDS = {"hive": _hive}
