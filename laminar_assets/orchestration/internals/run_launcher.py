@@ -48,9 +48,7 @@ from dagster._core.launcher import LaunchRunContext
 from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
 from dagster._serdes import ConfigurableClassData, deserialize_value, serialize_value
 
-WORKER_TAG = "laminar/run_worker"
-"""Run tag naming the warm worker that executes a run: {"pid": ..., "host": ..., "run_id": ...}. The run
-id is checked: Dagster copies a run's tags to its re-executions, which may go another way."""
+from laminar_assets.orchestration.internals.run_processes import WORKER_TAG, free_slots
 
 ACCEPT_SECONDS = 30.0
 """How long `launch_run` waits for a warm worker to confirm it took the run id before failing the launch."""
@@ -231,8 +229,6 @@ class WarmRunLauncher(DefaultRunLauncher):
             return  # the instance is going away (the daemon stops): nothing to report on
 
         def report() -> None:
-            from laminar_assets.orchestration.internals.run_processes import free_slots
-
             free_slots(self._instance, run_id)
             run = self._instance.get_run_by_id(run_id)
             if run is not None and not run.is_finished:

@@ -26,10 +26,13 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from laminar_assets.orchestration.internals.run_launcher import WORKER_TAG
-
 PROCESS_TAG = "laminar/process"
 """Run tag naming the process that executes the run: {"pid": ..., "host": ..., "start": ...}."""
+
+WORKER_TAG = "laminar/run_worker"
+"""Run tag naming the warm worker that executes a run (run_launcher.py writes it when it hands the run to
+one): {"pid": ..., "host": ..., "run_id": ...}. The run id is checked: Dagster copies a run's tags to its
+re-executions, which may go another way."""
 
 IN_PROGRESS = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
                dg.DagsterRunStatus.CANCELING)
