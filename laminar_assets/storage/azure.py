@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from laminar_assets.errors import StorageError, StoreUnavailableError
 
-from .failures import plain
+from .messages import plain
 from .options import ObjectStoreOptions, TimeBounds, _ms
 
 # The hosts of Azure's public cloud; sovereign clouds (…core.chinacloudapi.cn, …) keep their own suffix.

@@ -7,8 +7,9 @@ codes), pyarrow ("AWS Error NETWORK_CONNECTION ... curlCode: 28") and Spark's s3
 such as `SocketTimeoutException` or `AWSApiCallTimeoutException` about an s3a:// path, behind a
 Py4J or Spark error). `recognize` reads those texts (the caller collects them: this package imports
 no Spark) and finds the object and the endpoint; `unavailable` makes the one-line
-`StoreUnavailableError` the engine raises instead. Nothing here ever prints an option's secret: the
-endpoint comes from a URL in the message or from the store's `describe()`.
+`StoreUnavailableError` the engine raises instead (its words: `messages.unanswered`, which the stores use
+too). Nothing here ever prints an option's secret: the endpoint comes from a URL in the message or from the
+store's `describe()` (the registry's store for the object: this module sits above the stores).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from urllib.parse import unquote, urlsplit
 
 from laminar_assets.errors import StoreUnavailableError
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+from .azure import canonical
+from .messages import plain, unanswered
+from .registry import mounts, store_for
 
 # What each client says when a store does not answer (a timeout) ...
 # (specific phrases only: Spark's own "Futures timed out" about a plan over s3a:// paths is no store's)
@@ -47,11 +50,6 @@ _GS_URI = re.compile(r"gs://[^\s\"'<>,;)]+")
 _ARROW_KEY = re.compile(r"key '(?P<key>[^']*)' in bucket '(?P<bucket>[^']+)'")
 
 
-def plain(text: str) -> str:
-    """`text` without terminal colour codes, on one line."""
-    return " ".join(_ANSI.sub("", text).split())
-
-
 @dataclass(frozen=True)
 class StoreFailure:
     """A store that did not answer (`kind` 'timeout') or refused the connection ('unreachable')."""
@@ -66,15 +64,11 @@ class StoreFailure:
         if self.endpoint:
             return self.endpoint
         if self.uri:
-            from .registry import store_for
-
             try:
                 return store_for(self.uri).describe()
             except Exception:  # noqa: BLE001  (a message must not fail for want of an endpoint)
                 pass
         if self.client == "abfs":  # ABFS names no path nor host: the Azure store mounted, when just one is
-            from .registry import mounts
-
             found = {s.describe() for s in mounts().values() if type(s).__name__ == "AzureStore"}
             if len(found) == 1:
                 return found.pop()
@@ -123,8 +117,6 @@ def recognize(texts: Iterable[str]) -> StoreFailure | None:
 def _azure_uri(text: str) -> str | None:
     """The Azure object a client's text names: an abfs[s]:// path (Spark), else a blob URL (deltalake:
     `https://<account>.blob.core.windows.net/<container>/<blob>`, or an emulator's `<endpoint>/<account>/...`)."""
-    from .azure import canonical
-
     found = _AZURE_URI.search(text)
     if found is not None:
         return canonical(found.group(0).rstrip(".:"))
@@ -147,18 +139,4 @@ def unavailable(failure: StoreFailure, *, then: str = "", bounds: str | None = N
                 **facts) -> StoreUnavailableError:
     """The one line for `failure`: the object, the endpoint, what happened, what to do, and `then`
     (what the caller left behind, e.g. that no watermark moved)."""
-    what = failure.uri or "a request"
-    where = failure.where()
-    if failure.kind == "timeout":
-        within = f" within its time bounds ({bounds})" if bounds else " within its time bounds"
-        happened = (f"{what}: the object store at {where} did not answer{within}: check that it runs and is "
-                    "reachable (or raise ObjectStoreOptions.call_timeout_s / the resource's s3_call_timeout_s)")
-    else:
-        happened = (f"{what}: cannot connect to the object store at {where}: check that it runs and that the "
-                    f"endpoint ({_endpoint_variable(failure.uri)}, or the resource's endpoint) is right")
-    return StoreUnavailableError(f"{happened}{'; ' + then if then else ''}", uri=failure.uri, **facts)
-
-
-def _endpoint_variable(uri: str | None) -> str:
-    """The environment variable that sets the endpoint of `uri`'s store."""
-    return "AZURE_STORAGE_ENDPOINT" if (uri or "").startswith(("abfs", "az://", "wasb")) else "AWS_ENDPOINT_URL"
+    return unanswered(failure.kind, failure.uri, failure.where(), then=then, bounds=bounds, **facts)

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 from laminar_assets.errors import StorageError, StoreUnavailableError
 
-from .failures import plain
+from .messages import plain
 from .options import ObjectStoreOptions, TimeBounds, _ms
 
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"

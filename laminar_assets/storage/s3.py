@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from laminar_assets.errors import StorageError, StoreUnavailableError
 
-from .failures import StoreFailure, plain, unavailable
+from .messages import plain, unanswered
 from .options import ObjectStoreOptions
 
 _HADOOP = "spark.hadoop.fs.s3a."
@@ -274,8 +274,7 @@ class S3Store:
                                "AWS_PROFILE, or the resource's credentials", uri=uri) from None
         except (ReadTimeoutError, ConnectTimeoutError):  # (ConnectTimeoutError is an EndpointConnectionError)
             self.not_answering()
-            raise unavailable(StoreFailure("timeout", uri, where),
-                              bounds=self.options.resolved().budget()) from None
+            raise unanswered("timeout", uri, where, bounds=self.options.resolved().budget()) from None
         except EndpointConnectionError:  # refused at once: nothing to wait out
             raise StoreUnavailableError(
                 f"{uri}: cannot connect to {where}: check that the store runs and that the endpoint "
