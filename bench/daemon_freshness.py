@@ -20,7 +20,7 @@ Commits arrive 0.5-1.5 sensor intervals after the previous run has finished.
 With --s3-latency-ms MS the lake lives in a bucket of a local S3 server (moto on 127.0.0.1,
 laminar_assets.deploy.local_s3) that sleeps MS before every request (20: S3's first-byte latency in
 its region): `laminar serve`, its runs and this process reach it through LAMINAR_ROOT and the AWS
-variables, as `python -m laminar_assets.deploy.local_s3 -- laminar serve` points them. This process
+variables, as `python -m laminar_assets.deploy.local_store s3 -- laminar serve` points them. This process
 polls the lake through the same server, so each poll pays the latency too (`mean_poll_s`: how long
 one poll took, the resolution of the samples).
 """

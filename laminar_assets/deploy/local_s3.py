@@ -1,8 +1,8 @@
 """The local S3 server: moto's, on 127.0.0.1, in memory, with a request recorder and a latency.
 
 `LocalS3` is what the tests, the benchmark and `make demo-s3` / `make ui-s3` run
-(`python -m laminar_assets.deploy.local_store s3 -- COMMAND`, deploy/local_store.py; this module's own
-`python -m laminar_assets.deploy.local_s3 [--bucket NAME] [--seconds N] [--latency-ms MS] -- COMMAND` is the same).
+(`python -m laminar_assets.deploy.local_store s3 [--bucket NAME] [--seconds N] [--latency-ms MS] -- COMMAND`,
+deploy/local_store.py, the runner of the three local stores, which imports this module).
 moto[server] comes with the project's dev extras. A latency (`latency_ms`) is slept before each S3
 request: an in-memory server answers in about a millisecond, S3 in the same region in about 20 to the
 first byte (local_s3_server.py does the waiting).
@@ -27,7 +27,7 @@ from laminar_assets.storage import ObjectStoreOptions
 from .local_s3_server import LATENCY_PATH, NO_LATENCY_HEADER
 from .ports import ends_with_this_process, free_port, stop_group, wait_listening
 
-__all__ = ["KEY", "LATENCY_PATH", "NO_LATENCY_HEADER", "SECRET", "LocalS3", "main"]
+__all__ = ["KEY", "LATENCY_PATH", "NO_LATENCY_HEADER", "SECRET", "LocalS3"]
 
 KEY, SECRET = "laminar-local", "laminar-local-secret"
 
@@ -142,14 +142,3 @@ def _check_latency(ms: float) -> None:
     if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms >= 0):
         raise LaminarError(f"the local S3 server's latency must be a number of milliseconds >= 0, not {ms!r}",
                            latency_ms=ms)
-
-
-def main(argv: list[str]) -> int:
-    """`python -m laminar_assets.deploy.local_store s3 ...` (this module's usage, kept for scripts that use it)."""
-    from .local_store import main as run
-
-    return run(["s3", *argv])
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
