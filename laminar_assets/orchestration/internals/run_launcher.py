@@ -330,8 +330,17 @@ def _serve_runs() -> int:
     from dagster._utils.interrupts import setup_interrupt_handlers
 
     setup_interrupt_handlers()  # SIGTERM (terminate) becomes an interrupt, as in `dagster api execute_run`
-    for module in (*WARM_IMPORTS, *LAMINAR_WARM_IMPORTS):
+    for module in WARM_IMPORTS:
         importlib.import_module(module)
+    for module in LAMINAR_WARM_IMPORTS:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - see below
+            # an edited Laminar file that does not import (a syntax error mid-edit): the worker stays warm with the
+            # rest, and each run imports the file itself and fails with its error, as through the code server; a
+            # worker that died of it would be replaced by one that dies the same way, over and over
+            print(f"laminar warm worker {os.getpid()}: {module} not imported ahead ({type(exc).__name__}: {exc}); "
+                  "runs import it themselves", file=sys.stderr, flush=True)
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
     imported = _loaded_files(WARM_PACKAGE)
     stale = False

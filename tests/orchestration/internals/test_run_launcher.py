@@ -296,3 +296,20 @@ def test_after_an_edit_the_run_goes_the_default_way_and_a_fresh_worker_warms_up(
     assert WORKER_TAG not in instance.get_run_by_id(run.run_id).tags
     _wait(lambda: launcher.idle_workers() == 2 and not stale & {w.process.pid for w in launcher._workers}, 120,
           "two new warm workers in place of the stale ones")
+
+
+def test_a_laminar_file_that_does_not_import_leaves_the_worker_warm(tmp_path):
+    """A syntax error mid-edit in an engine file: the worker skips what it cannot import ahead and is ready (runs then
+    import the file themselves and fail with its error); a worker that died of it would be replaced in a loop."""
+    copy = _laminar_copy(tmp_path)
+    broken = copy / "laminar_assets" / "engine" / "executor.py"
+    broken.write_text(broken.read_text() + "\ndef half_typed(:\n")
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}
+    with _open(tmp_path) as inst:
+        worker = _Worker(serialize_value(inst.get_ref()), env, lambda pid, code: None, lambda: None)
+        try:
+            _wait(lambda: worker.idle or worker.process.poll() is not None, 120, "the worker to warm up")
+            assert worker.idle, f"the worker exited with code {worker.process.poll()}"
+        finally:
+            worker.release()
+            worker.process.wait(30)
