@@ -1,7 +1,9 @@
 """Project settings that shape the Dagster definitions, from `[tool.laminar]` in pyproject.toml.
 
-Runtime settings (storage root, Spark master) are resource config instead, so
-nothing here reads environment variables.
+`LaminarSettings` is the one declaration of these settings (name, type, default, description, check):
+`LaminarComponent` makes its attributes of the same names from it, so a defs.yaml and a pyproject.toml
+take the same settings, described and checked alike. Runtime settings (storage root, Spark master) are
+resource config instead, so nothing here reads environment variables.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ import pathlib
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from laminar_assets.engine import EngineOptions, parse_duration
 from laminar_assets.errors import EnvironmentProblem
 
 FUTURE_HORIZON = timedelta(days=1)  # the default of `future_horizon`
@@ -38,9 +40,27 @@ def resolve_start(value: datetime | str, now: datetime | None = None) -> datetim
         raise ValueError(f"expected an ISO date like '2026-11-01' or 'today - 2 days', found {value!r}") from None
 
 
+@dataclass(frozen=True)
+class SettingsSource:
+    """Where settings are written, in the words of their error messages: `engine` names the table of
+    engine options there, `horizon` says where future_horizon goes instead. Passed as the validation
+    context (`LaminarSettings.model_validate(..., context=...)`); none: a pyproject.toml's `[tool.laminar]`."""
+
+    engine: str = "[tool.laminar.engine]"
+    horizon: str = "set on [tool.laminar] itself, not in [tool.laminar.engine]"
+
+
+PYPROJECT = SettingsSource()
+
+
 class LaminarSettings(BaseModel):
     """Definition-time settings; defaults suit the demo. A key that is no setting is refused (a misspelt one would
-    otherwise leave its default in place without a word)."""
+    otherwise leave its default in place without a word).
+
+    The single declaration of the project-wide settings: `[tool.laminar]` sets them for a project, and
+    `LaminarComponent` has an attribute for each (`component.settings_attributes`), with these descriptions
+    and checks. Descriptions therefore name no file. The engine is imported only when a value is checked, so
+    `dg list components` does not pay for it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -54,27 +74,41 @@ class LaminarSettings(BaseModel):
     sensor_interval_seconds: int = Field(default=1, ge=1, description=(
         "The least time between two ticks of a Delta-version sensor (Dagster's daemon evaluates sensors at most "
         "once every 5 s)."))
-    schedules: dict[str, str] = Field(default_factory=dict, description="Flow name -> cron schedule of its latest partition.")
+    schedules: dict[str, str] = Field(default_factory=dict, description=(
+        "Flow name -> cron schedule that brings its latest partition up to date."))
     retries: int = Field(default=2, ge=0, description="Retries of an asset step that failed for a transient reason "
                          "(a Delta commit conflict, a partition lease held, a lost Spark connection).")
     retry_delay_seconds: float = Field(default=10.0, ge=0, description="Wait before the first retry; doubles after.")
     alert: str = Field(default="log", description="Where failed runs are reported: 'log', a webhook URL "
                        "(http:// or https://, a JSON POST), or 'package.module:function' called with the alert.")
     engine: dict[str, Any] = Field(default_factory=dict, description=(
-        "`[tool.laminar.engine]`: any `EngineOptions` field (refill_ratio, key_refill_min_bytes, ...) for every "
-        "run of the project, Dagster's and the CLI's; a resource's `engine_options` override it. future_horizon "
-        "is set on [tool.laminar] itself."))
+        "Engine options by name for every run and check: any `EngineOptions` field (refill_ratio, "
+        "key_refill_min_bytes, ...) but future_horizon, a setting of its own. A project's `[tool.laminar.engine]` "
+        "is read by the CLI's runs too; a resource's `engine_options` override these."))
 
     @field_validator("engine")
     @classmethod
-    def _engine(cls, value):
+    def _engine(cls, value, info: ValidationInfo):
+        from laminar_assets.engine import EngineOptions
+
+        source = info.context if isinstance(info.context, SettingsSource) else PYPROJECT
         if "future_horizon" in value:
-            raise ValueError("future_horizon is set on [tool.laminar] itself, not in [tool.laminar.engine]")
+            raise ValueError(f"future_horizon is {source.horizon}")
         try:
-            EngineOptions.of(value, where="[tool.laminar.engine]")  # a name or a value it refuses: one line
+            EngineOptions.of(value, where=source.engine)  # a name or a value it refuses: one line
         except EnvironmentProblem as exc:
             raise ValueError(exc.message) from None
         return dict(value)
+
+    @classmethod
+    def check(cls, name: str, value: Any, source: SettingsSource = PYPROJECT) -> None:
+        """Check one setting as these settings check it (its type, bounds and validator), for a place that
+        takes settings one at a time (a component's attributes): a ValueError with the message, the field
+        being named by the caller."""
+        try:
+            cls.__pydantic_validator__.validate_assignment(cls.model_construct(), name, value, context=source)
+        except ValidationError as exc:
+            raise ValueError("; ".join(_message(e) for e in exc.errors())) from None
 
     def engine_options(self) -> dict[str, Any]:
         """The `EngineOptions` these settings decide, by name (what `LaminarResource.engine` and the CLI take)."""
@@ -88,6 +122,8 @@ class LaminarSettings(BaseModel):
     @field_validator("future_horizon", mode="before")
     @classmethod
     def _horizon(cls, value):
+        from laminar_assets.engine import parse_duration
+
         horizon = parse_duration(value)
         if horizon < timedelta(0):
             raise ValueError(f"expected a duration of 0 or more like '1d', found {value!r}")
