@@ -11,11 +11,13 @@ same assets, checks and sensors.
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
-from typing import Annotated, Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any
 
 import dagster as dg
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, create_model, field_validator
+
+from laminar_assets.pipeline.settings import LaminarSettings, SettingsSource
 
 EXAMPLE_FLOW = """-- An example flow: per-minute volume and VWAP of a Delta table `raw_trades`
 -- (columns event_time TIMESTAMP, symbol STRING, price DOUBLE, quantity BIGINT) under the lake root.
@@ -91,11 +93,59 @@ class S3Attributes(dg.Model):
     path_style: bool | None = None
 
 
-@dg.scaffold_with(LaminarScaffolder)
-class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
-    """Laminar: incremental time-window rollups over Delta tables, computed by Spark. One partitioned
-    asset per flow and stage, their contract, equivalence and lag checks, a sensor per connected part
-    of the graph watching Delta versions, and the schedules named here."""
+COMPONENT = SettingsSource(engine="engine", horizon="this component's own attribute, not one of its engine options")
+_WRITTEN_AS = {datetime: str, timedelta: str}  # settings a defs.yaml writes as text, parsed by the settings' check
+
+
+def settings_attributes(base: type[dg.Model] = dg.Model) -> type[dg.Model]:
+    """The component's attributes for the project settings, made from `LaminarSettings`, their one declaration:
+    an optional attribute per setting, of the type a defs.yaml writes (a date or a duration as text), with the
+    setting's description and its default named; checked by `LaminarSettings.check` when the component loads,
+    so a wrong value is an error naming the attribute. Unset (None): Laminar's default, as in a project
+    without `[tool.laminar]`."""
+    fields: dict[str, Any] = {}
+    for name, info in LaminarSettings.model_fields.items():
+        described = f"{info.description} Unset: {_shown(info.get_default(call_default_factory=True))}."
+        written: Any = _WRITTEN_AS.get(info.annotation, info.annotation)  # type: ignore[arg-type]
+        fields[name] = (Annotated[written | None, _described(described, written | None)],
+                        Field(default=None, description=described))
+
+    def check(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            LaminarSettings.check(info.field_name or "", value, COMPONENT)
+        return value  # as written: the definitions resolve 'today - N days' when they load
+
+    validators: dict[str, Any] = {"_check": field_validator(*fields)(classmethod(check))}
+    return create_model("LaminarSettingsAttributes", __base__=base, __doc__=settings_attributes.__doc__,
+                        __validators__=validators, **fields)
+
+
+def _described(description: str, written: Any) -> dg.Resolver:
+    """An attribute's description where `dg` shows it (the component's schema, `dg docs`): Dagster derives
+    that schema keeping a Resolver's description, not a pydantic Field's. `written`: the attribute's type in a
+    defs.yaml. Resolved as Dagster's default resolver does (templates rendered); not that resolver itself,
+    whose description would drop `written` and split a wrong value's error in two lines."""
+    return dg.Resolver(lambda context, value: context.resolve_value(value), model_field_type=written,
+                       description=description, inject_before_resolve=False)
+
+
+def _shown(default: Any) -> str:
+    """A setting's default as a defs.yaml would write it."""
+    if isinstance(default, datetime):
+        return f"'{default:%Y-%m-%d}'" if default == default.replace(hour=0, minute=0, second=0, microsecond=0) \
+            else f"'{default.isoformat()}'"
+    if isinstance(default, timedelta):
+        seconds = int(default.total_seconds())
+        unit, size = next((u, n) for u, n in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)) if seconds % n == 0)
+        return f"'{seconds // size}{unit}'"
+    if isinstance(default, str):
+        return f"'{default}'"
+    return "none" if default in ({}, [], None) else f"{default:g}" if isinstance(default, float) else str(default)
+
+
+class _LocationAttributes(dg.Model):
+    """Where the flows, the contracts and the lake are, and the Spark and store that reach them: the
+    attributes a defs.yaml writes first (the base of the settings' attributes, so they come first in the schema)."""
 
     flows: Annotated[str, dg.Resolver(
         lambda ctx, v: v if _is_module_name(v) else _relative_to_defs(ctx, v), model_field_type=str,
@@ -105,83 +155,51 @@ class LaminarComponent(dg.Component, dg.Model, dg.Resolvable):
         _relative_to_defs, model_field_type=str,
         description="Folder of the sources' data contracts (Great Expectations suites as YAML), relative to "
                     "this defs.yaml; none: no contract checks.")] = None
-    lake_root: str | None = Field(default=None, description=(
+    lake_root: Annotated[str | None, _described(
         'Storage root of the Delta tables: a path (relative to the project root) or s3://bucket/prefix. None:'
-        ' LAMINAR_ROOT when a run starts, else .laminar/lake.'))
-    spark: SparkAttributes = Field(default_factory=SparkAttributes, description=(
+        ' LAMINAR_ROOT when a run starts, else .laminar/lake.', str | None)] = None
+    spark: Annotated[SparkAttributes, _described(
         "The run's Spark: `remote: sc://host:15002` for a Connect server, `master: spark://host:7077` for a "
-        "cluster, `conf: {...}`; default: a local JVM per run."))
-    s3: S3Attributes = Field(default_factory=S3Attributes, description=(
+        "cluster, `conf: {...}`; default: a local JVM per run.", SparkAttributes)] = Field(default_factory=SparkAttributes)
+    s3: Annotated[S3Attributes, _described(
         "Object-store fields (endpoint, region, access_key_id, secret_access_key, path_style) for an s3:// "
-        "root; unset ones come from the AWS environment."))
-    catalog_schema: str | None = Field(default=None, description=(
+        "root; unset ones come from the AWS environment.", S3Attributes)] = Field(default_factory=S3Attributes)
+    catalog_schema: Annotated[str | None, _described(
         "The catalog schema every table a run writes is registered in (Spark's Hive metastore), e.g. 'laminar'; "
-        "sources named schema.table are found there. None: LAMINAR_CATALOG, else no catalog."))
-    partitions_start: str | None = Field(default=None, description=(
-        "First partition of every flow without its own `start`: an ISO date or 'today - N days'."))
-    future_horizon: str | None = Field(default=None, description=(
-        "How far past now a partition may start, a duration like '6h' (default '1d'): the sensor searches no "
-        "later partition, and runs quarantine later rows."))
-    schedules: dict[str, str] = Field(default_factory=dict, description=(
-        'Flow name -> cron schedule that brings its latest partition up to date.'))
-    sensor_interval_seconds: int | None = Field(default=None, description=(
-        "Least seconds between two ticks of a Delta-version sensor (default 1)."))
-    retries: int | None = Field(default=None, description=(
-        "Retries of a step that failed for a transient reason (default 2)."))
-    alert: str | None = Field(default=None, description=(
-        "Where failed runs are reported: 'log', a webhook URL, or 'package.module:function'."))
-    engine: dict[str, Any] = Field(default_factory=dict, description=(
-        "Engine options by name (refill_ratio, key_refill_min_bytes, ...; any EngineOptions field but "
-        "future_horizon): over the project's [tool.laminar.engine] for every run and check of this component."))
-    thread_executor: bool = Field(default=True, description=(
+        "sources named schema.table are found there. None: LAMINAR_CATALOG, else no catalog.", str | None)] = None
+
+
+if TYPE_CHECKING:  # made at import: the type checker sees the attributes written out here, not the settings'
+    _Attributes = _LocationAttributes
+else:
+    _Attributes = settings_attributes(_LocationAttributes)  # location first, then the settings, in a defs.yaml's order
+
+
+@dg.scaffold_with(LaminarScaffolder)
+class LaminarComponent(dg.Component, _Attributes, dg.Resolvable):
+    """Laminar: incremental time-window rollups over Delta tables, computed by Spark. One partitioned
+    asset per flow and stage, their contract, equivalence and lag checks, a sensor per connected part
+    of the graph watching Delta versions, and the schedules named here.
+
+    Its project-settings attributes (partitions_start, future_horizon, schedules, retries, ...) are
+    `LaminarSettings`' fields (`settings_attributes`), so they are declared and checked in one place."""
+
+    thread_executor: Annotated[bool, _described(
         "Run a run's steps as threads of one process sharing one Spark session (Laminar's executor). It "
         "becomes the code location's default executor, so set false when the project's own jobs need "
-        "Dagster's multiprocess executor."))
+        "Dagster's multiprocess executor.", bool)] = True
 
-    @field_validator("partitions_start")
-    @classmethod
-    def _start(cls, value: str | None) -> str | None:
-        if value is not None:
-            from laminar_assets.pipeline.settings import resolve_start
-
-            resolve_start(value)  # a ValueError here names the field, the file and the line
-        return value
-
-    @field_validator("future_horizon")
-    @classmethod
-    def _horizon(cls, value: str | None) -> str | None:
-        if value is not None:
-            from laminar_assets.engine import parse_duration
-
-            parse_duration(value)  # a ValueError here names the field, the file and the line
-        return value
-
-    @field_validator("engine")
-    @classmethod
-    def _engine(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from laminar_assets.engine import EngineOptions
-        from laminar_assets.errors import EnvironmentProblem
-
-        if "future_horizon" in value:
-            raise ValueError("future_horizon is this component's own attribute, not one of its engine options")
-        try:
-            EngineOptions.of(value, where="engine")  # a name or a value it refuses: the field, the file and the line
-        except EnvironmentProblem as exc:
-            raise ValueError(exc.message) from None
-        return value
+    def settings(self) -> LaminarSettings:
+        """The project settings this component's attributes give (unset ones: Laminar's defaults)."""
+        given = {name: getattr(self, name) for name in LaminarSettings.model_fields}
+        return LaminarSettings.model_validate({k: v for k, v in given.items() if v is not None}, context=COMPONENT)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from laminar_assets.engine import LaminarError, collect
         from laminar_assets.orchestration.builder import build_definitions
-        from laminar_assets.pipeline.settings import LaminarSettings
         from laminar_assets.resources import LaminarResource, SparkResource
 
-        given: dict[str, Any] = {  # the settings this component sets (None: the project's)
-            "partitions_start": self.partitions_start, "future_horizon": self.future_horizon,
-            "schedules": self.schedules or None,
-            "sensor_interval_seconds": self.sensor_interval_seconds, "retries": self.retries,
-            "alert": self.alert, "engine": self.engine or None}
-        settings = LaminarSettings(**{k: v for k, v in given.items() if v is not None})
+        settings = self.settings()
         root = self.lake_root
         if root and "://" not in root and not os.path.isabs(root):
             root = str(context.project_root / root)  # runs and the daemon may start elsewhere

@@ -72,3 +72,23 @@ def test_the_engine_attribute_becomes_the_settings_engine_options():
     settings = LaminarSettings(engine=component.engine, future_horizon=component.future_horizon)
     options = EngineOptions.of(settings.engine_options())
     assert (options.refill_ratio, options.precision_guard, options.future_horizon.total_seconds()) == (0.3, False, 21600)
+
+
+def test_the_settings_attributes_are_the_settings_fields_described_and_checked_alike():
+    """LaminarSettings is the one declaration of the project settings: the component has an attribute for
+    each, with its description (which `dg` shows: every attribute is described in the component's schema),
+    and refuses what the settings refuse when it loads, naming the attribute."""
+    schema = LaminarComponent.model().model_json_schema()["properties"]
+    assert not [name for name, field in schema.items() if not field.get("description")]
+    for name, field in LaminarSettings.model_fields.items():
+        assert LaminarComponent.model_fields[name].default is None
+        assert schema[name]["description"].startswith(field.description)
+    for attributes, where in (({"retries": -1}, r"retries\n.*greater than or equal to 0"),
+                              ({"sensor_interval_seconds": 0}, r"sensor_interval_seconds\n.*greater than or equal to 1"),
+                              ({"future_horizon": "-1h"}, r"future_horizon\n.*expected a duration")):
+        with pytest.raises(ValidationError, match=where):
+            LaminarComponent(**attributes)
+    component = LaminarComponent(partitions_start="2025-01-01", retry_delay_seconds=3, schedules={"vwap_1m": "@daily"})
+    settings = component.settings()
+    assert (settings.partitions_start.year, settings.retry_delay_seconds, settings.retries) == (2025, 3.0, 2)
+    assert settings.schedules == {"vwap_1m": "@daily"} and LaminarComponent().settings() == LaminarSettings()
