@@ -161,3 +161,34 @@ def test_the_warm_up_runs_the_graph_on_a_scratch_lake_and_leaves_nothing_behind(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "warm-up done" in done.stdout and "batch 2" in done.stdout and "checks" in done.stdout, done.stdout
     assert not list(scratch.iterdir()), "the warm-up left its scratch folder"
+
+
+TO_ARROW = r"""
+import json, sys
+from pyspark.sql import SparkSession
+from laminar_assets.engine.spark.frames import to_arrow
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+SQL = ("SELECT TIMESTAMP'2024-01-02 03:04:05.123456' AS ts, TIMESTAMP_NTZ'2024-01-02 03:04:05' AS ntz, "
+       "DATE'2024-01-02' AS d, CAST(1.25 AS DECIMAL(10, 2)) AS dec, named_struct('a', 1, 'b', 'x') AS st, "
+       "map('k', 1.5) AS m, array(1, NULL) AS arr, CAST('bin' AS BINARY) AS b, CAST(NULL AS STRING) AS n, "
+       "id FROM range(3)")
+asked = []
+schema = spark.client.schema
+spark.client.schema = lambda *a, **k: (asked.append(1), schema(*a, **k))[1]
+ours = to_arrow(spark.sql(SQL))
+ours_asked = len(asked)
+theirs = spark.sql(SQL).toArrow()
+print(json.dumps({"equal": ours.equals(theirs), "schema": str(ours.schema) == str(theirs.schema),
+                  "rows": ours.num_rows, "ours_asked": ours_asked, "theirs_asked": len(asked) - ours_asked}))
+"""
+
+
+def test_to_arrow_over_connect_is_toarrow_without_its_schema_round_trip(server):
+    """Connect's `toArrow` asks the server for the schema (a whole analysis) before executing; `to_arrow` takes it
+    from the execution's answer: the same table (timestamps, decimals, nested types, nulls), one request fewer."""
+    proc = subprocess.run([sys.executable, "-c", TO_ARROW, server.url], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"equal": True, "schema": True, "rows": 3, "ours_asked": 0, "theirs_asked": 1}, out

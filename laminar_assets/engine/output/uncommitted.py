@@ -54,7 +54,7 @@ from laminar_assets import storage
 from laminar_assets.errors import InjectedCrash, LaminarError
 
 from ..delta.log import read_log_entry
-from ..spark.frames import arrow_schema_of, empty_frame, spark_schema
+from ..spark.frames import arrow_schema_of, empty_frame, spark_schema, to_arrow
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ def write_uncommitted(df: DataFrame, table_uri: str, run_id: str, *, by: str | N
     consecutive ids of `by` (adjacent partitions) go into one file (`_write_table`)."""
     rel_dir, target = _target(table_uri, folder, run_id)
     if through_driver:
-        table = df.toArrow()
+        table = to_arrow(df)
         written = _write_table(table, target, by, partitions_per_file=partitions_per_file)
         return _uncommitted(target, rel_dir, partition_values, lambda: _plain_types(_without(table, by).schema), written)
     writer = (df.write.partitionBy(by) if by else (df.coalesce(max_files) if max_files else df).write)
@@ -287,7 +287,7 @@ def write_uncommitted_table(table: pa.Table, table_uri: str, run_id: str, *, fol
 
 def collect_rows(df: DataFrame) -> pa.Table:
     """The rows of a small output, sent to the driver as Arrow batches (one Spark job)."""
-    return df.toArrow()
+    return to_arrow(df)
 
 
 def write_uncommitted_rows(table: pa.Table, outputs: list[tuple[str, str, list[str]]], *, by: str,

@@ -39,6 +39,7 @@ from ..delta.arrow_reads import read_arrow
 from ..delta.tables import DataFile, TableInfo, is_delta_table, open_delta, snapshot_files, table_info
 from ..output.commit import CHECKPOINT_EVERY, with_user_metadata
 from ..output.uncommitted import committed, write_uncommitted, write_uncommitted_table
+from ..spark.frames import to_arrow
 from ..spark.read import read_source
 from ..spec.specs import Spec
 from ..windows import PARTITION_SPAN, Interval, later, partition_span, sql_timestamp
@@ -226,9 +227,9 @@ def _new_in_driver(rejects: DataFrame, files: list, run_id: str, now: datetime) 
     """`_new_in_spark`'s rows, computed in the driver: the rejects (few: the caller read few bytes) sent as
     Arrow by a Spark job without a shuffle, grouped by pyarrow, less the recorded rows of `files` (plain
     Parquet files, read by pyarrow). The same rows: a NULL partition matches a NULL one, as `eqNullSafe`."""
-    rows = rejects.select(F.col(PARTITION_KEY).cast("string").alias("partition"), F.col(RULE).alias("rule"),
+    rows = to_arrow(rejects.select(F.col(PARTITION_KEY).cast("string").alias("partition"), F.col(RULE).alias("rule"),
                           F.col(ROW).alias("row"), F.col(VERSION).cast("long").alias("source_version"),
-                          F.col(EVENT_TS).alias("event_time")).toArrow()
+                          F.col(EVENT_TS).alias("event_time")))
     rows = rows.cast(pa.schema([("partition", pa.string()), ("rule", pa.string()), ("row", pa.string()),
                                 ("source_version", pa.int64()), ("event_time", pa.timestamp("us", tz="UTC"))]))
     grouped = rows.group_by(["partition", "rule", "row"], use_threads=False).aggregate(

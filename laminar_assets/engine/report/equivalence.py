@@ -29,7 +29,7 @@ from ..flow.job import state_query
 from ..flow.state import finalize
 from ..run.plan import Mode, PartitionPlan, Reason
 from ..run.reading import PART, read_set
-from ..spark.frames import interpreted
+from ..spark.frames import interpreted, to_arrow
 from ..spec.specs import FlowSpec
 from ..windows import Interval, in_ranges, partition_interval, partition_key, partition_key_column, to_utc
 
@@ -148,9 +148,9 @@ def _check_group(engine, spec: FlowSpec, partitions: list[str], marks, sample: i
         sink = engine.sink_tables(spec, partitions)
         with interpreted(engine.spark, small):  # one job
             if sink is not None:  # the sink's rows are read by the driver: Spark only recomputes
-                recomputed_rows = recomputed.select(*keys, *values, *[
+                recomputed_rows = to_arrow(recomputed.select(*keys, *values, *[
                     b.alias(f"{n}__{c}") for c in sketches for b, n in zip(_quantile_bounds(
-                        F.col(sketches[c]), quantiles[c]), ("lo", "hi"))]).toArrow()
+                        F.col(sketches[c]), quantiles[c]), ("lo", "hi"))]))
                 rows = _compare_in_driver(pa.concat_tables(list(sink.values())), recomputed_rows, picked_ranges,
                                           keys, values, floats, set(quantiles), rel)
             else:

@@ -62,6 +62,20 @@ def arrow_schema_of(df: DataFrame) -> pa.Schema:
     return to_arrow_schema(df.schema, timezone="UTC")
 
 
+def to_arrow(df: DataFrame) -> pa.Table:
+    """`df.toArrow()` in one round trip to a Spark Connect server. Connect's `toArrow` first asks the server for
+    the frame's schema (an analysis of its whole plan, tens of milliseconds for a flow's statement) and then
+    executes the plan, which analyses it again; the execution's answer carries the same schema, which is
+    taken from there instead (pyspark's `_to_table`, what `toArrow` and `collect` call). The same table,
+    cast as `toArrow` casts it. Classic PySpark's frames: their own `toArrow` (one analysis)."""
+    execute = getattr(df, "_to_table", None)
+    if execute is None:
+        return df.toArrow()
+    table, schema = execute()
+    return table.cast(to_arrow_schema(schema if schema is not None else df.schema,
+                                      error_on_duplicated_field_names_in_struct=True, timezone="UTC"))
+
+
 def empty_frame(spark: SparkSession, schema: pa.Schema) -> DataFrame:
     return spark.createDataFrame([], spark_schema(schema))
 
