@@ -50,16 +50,17 @@ def send(target: str, alert: Alert) -> None:
                 response.read()
         except (urllib.error.URLError, TimeoutError) as exc:
             raise LaminarError(f"could not deliver the alert for run {alert.run_id} to {target}: {exc}; "
-                               "check [tool.laminar] alert") from exc
+                               "check the alert setting ([tool.laminar] alert, or a Laminar component's `alert`)") from exc
         return
     module, _, name = target.partition(":")
     if not module or not name:
         raise LaminarError(f"alert target {target!r} is not 'log', a URL or 'package.module:function'; "
-                           "fix [tool.laminar] alert")
+                           "fix the alert setting ([tool.laminar] alert, or a Laminar component's `alert`)")
     try:
         handler = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise LaminarError(f"alert target {target!r} cannot be imported: {exc}; fix [tool.laminar] alert") from exc
+        raise LaminarError(f"alert target {target!r} cannot be imported: {exc}; fix the alert setting "
+                           "([tool.laminar] alert, or a Laminar component's `alert`)") from exc
     handler(alert)
 
 

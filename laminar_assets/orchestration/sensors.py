@@ -195,9 +195,19 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
                                   tags={COMPONENT_TAG: component.name}, checks=checks, exports=with_source)
         new_cursor = format_cursor(plan.cursor)
         if not requests and new_cursor == (context.cursor or ""):
-            return dg.SkipReason(f"no new versions of {', '.join(component.tables)}")
+            return dg.SkipReason(f"no new versions of {', '.join(component.tables)}{_after_failure(context.instance)}")
         return dg.SensorResult(run_requests=requests, cursor=new_cursor,
                                asset_events=source_observations(component, cursor, plan.cursor))
+
+    def _after_failure(instance: dg.DagsterInstance) -> str:
+        """What a skip says when the part's last run did not succeed: its partitions are not requested again
+        until a new commit touches them (docs/known-limits.md), which "no new versions" alone hides."""
+        last = instance.get_runs(dg.RunsFilter(tags={COMPONENT_TAG: component.name}), limit=1)
+        if not last or last[0].status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+            return ""
+        return (f"; the last run of {component.name}, {last[0].run_id}, ended {last[0].status.value}: its partitions "
+                "wait for a new commit that touches them, a `laminar refill`, a re-execution in the UI, or the "
+                "stale_partitions sensor")
 
     return _sensor
 

@@ -114,6 +114,18 @@ class LaminarSettings(BaseModel):
         """The `EngineOptions` these settings decide, by name (what `LaminarResource.engine` and the CLI take)."""
         return {"future_horizon": self.future_horizon, **self.engine}
 
+    @field_validator("alert")
+    @classmethod
+    def _alert(cls, value: str) -> str:
+        """The target's form, so a wrong one fails where it is written, not when a run fails and the alert about
+        it is lost (`orchestration/alerts.py` delivers it; a function is imported then, not here)."""
+        module, _, function = value.partition(":")
+        if value == "log" or value.startswith(("http://", "https://")) or (
+                function and all(p.isidentifier() for p in module.split(".")) and function.isidentifier()):
+            return value
+        raise ValueError(f"expected 'log', a webhook URL (http:// or https://) or 'package.module:function', "
+                         f"found {value!r}")
+
     @field_validator("partitions_start", mode="before")
     @classmethod
     def _start(cls, value):

@@ -178,6 +178,25 @@ def test_the_sensor_waits_while_a_run_of_the_part_is_in_progress(lake, laminar, 
     assert isinstance(tick(laminar, instance, None), dg.SensorResult)
 
 
+def test_a_skip_after_a_failed_run_says_its_partitions_wait(lake, laminar, instance):
+    """After a failed run the sensor requests its partitions again only when a new commit touches them; a skip that
+    said only "no new versions" hid that partitions were behind."""
+    create_sources(lake, BASE)
+    result = tick(laminar, instance, None)
+    cursor = result.cursor
+    assert isinstance(tick(laminar, instance, cursor), dg.SkipReason)
+    assert "last run" not in tick(laminar, instance, cursor).skip_message
+    run = instance.create_run_for_job(dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(
+        assets=[dg.AssetSpec("x")]).resolve_asset_graph()), tags={"laminar/component": "raw_trades"},
+        status=dg.DagsterRunStatus.STARTED)
+    instance.report_run_failed(run)
+    skipped = tick(laminar, instance, cursor)
+    assert isinstance(skipped, dg.SkipReason)
+    assert skipped.skip_message.startswith("no new versions of raw_trades")
+    assert f"the last run of raw_trades, {run.run_id}, ended FAILURE" in skipped.skip_message
+    assert "laminar refill" in skipped.skip_message
+
+
 def test_a_run_of_the_part_whose_process_is_gone_is_failed_and_holds_the_sensor_no_longer(lake, laminar, instance):
     """A `laminar demo` (or a run worker) killed mid-run leaves its run STARTED: the sensor would skip
     forever. A real process stands for the run's: while it lives the sensor waits; once it is killed

@@ -48,6 +48,23 @@ def test_the_future_horizon_is_a_duration():
         LaminarSettings(future_horizon="soon")
 
 
+@pytest.mark.parametrize("target", ["log", "https://hooks.example.com/T0/B1", "http://127.0.0.1:9/x",
+                                    "my_team.alerts:page_on_call"])
+def test_an_alert_target_is_log_a_url_or_a_function(target):
+    assert LaminarSettings(alert=target).alert == target
+
+
+@pytest.mark.parametrize("target", ["not a url", "slack", "my_team.alerts", "my-team.alerts:page", "hooks.example.com/x",
+                                    ":page"])
+def test_a_wrong_alert_target_fails_where_it_is_written_not_when_a_run_fails(target):
+    """Checked when the settings load: found only when a run failed, the alert about it was lost."""
+    with pytest.raises(ValidationError, match=r"expected 'log', a webhook URL \(http:// or https://\) or "
+                                              rf"'package.module:function', found {re.escape(repr(target))}"):
+        LaminarSettings(alert=target)
+    with pytest.raises(ValueError, match="expected 'log', a webhook URL"):
+        LaminarSettings.check("alert", target)
+
+
 def test_an_installed_package_reads_the_project_file_of_the_folder_it_runs_in(tmp_path):
     """A checkout reads the pyproject.toml beside the package; an installed package (nothing beside it in
     site-packages) the nearest one with [tool.laminar] from the current folder up, or none."""

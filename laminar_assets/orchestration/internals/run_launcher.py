@@ -33,6 +33,7 @@ another host, the run's cancellation thread sees CANCELING and does the same.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import queue
@@ -332,6 +333,7 @@ def _serve_runs() -> int:
     setup_interrupt_handlers()  # SIGTERM (terminate) becomes an interrupt, as in `dagster api execute_run`
     for module in WARM_IMPORTS:
         importlib.import_module(module)
+    partial = False
     for module in LAMINAR_WARM_IMPORTS:
         try:
             importlib.import_module(module)
@@ -339,10 +341,13 @@ def _serve_runs() -> int:
             # an edited Laminar file that does not import (a syntax error mid-edit): the worker stays warm with the
             # rest, and each run imports the file itself and fails with its error, as through the code server; a
             # worker that died of it would be replaced by one that dies the same way, over and over
+            partial = True
             print(f"laminar warm worker {os.getpid()}: {module} not imported ahead ({type(exc).__name__}: {exc}); "
                   "runs import it themselves", file=sys.stderr, flush=True)
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
     imported = _loaded_files(WARM_PACKAGE)
+    if partial:  # every file of the package, so the fix of the one that failed retires this worker too
+        imported.update(_package_files(WARM_PACKAGE))
     stale = False
     lines = _Lines(0)
     instance_ref = deserialize_value(lines.next(timeout=None) or "", InstanceRef)
@@ -392,6 +397,22 @@ def _loaded_files(package: str) -> dict[str, tuple[int, int]]:
                 files[path] = (-1, -1)
                 continue
             files[path] = (st.st_size, st.st_mtime_ns)
+    return files
+
+
+def _package_files(package: str) -> dict[str, tuple[int, int]]:
+    """(size, modification time in ns) of every Python file under `package`'s folder, imported or not."""
+    root = os.path.dirname(importlib.util.find_spec(package).origin or "")  # type: ignore[union-attr]
+    files = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                files[path] = (st.st_size, st.st_mtime_ns)
     return files
 
 

@@ -298,18 +298,25 @@ def test_after_an_edit_the_run_goes_the_default_way_and_a_fresh_worker_warms_up(
           "two new warm workers in place of the stale ones")
 
 
-def test_a_laminar_file_that_does_not_import_leaves_the_worker_warm(tmp_path):
+def test_a_laminar_file_that_does_not_import_leaves_the_worker_warm_until_it_is_fixed(tmp_path):
     """A syntax error mid-edit in an engine file: the worker skips what it cannot import ahead and is ready (runs then
-    import the file themselves and fail with its error); a worker that died of it would be replaced in a loop."""
+    import the file themselves and fail with its error; a worker that died of it would be replaced in a loop). Once
+    the file is fixed the worker retires, or it would stay without Laminar's library for good."""
     copy = _laminar_copy(tmp_path)
     broken = copy / "laminar_assets" / "engine" / "executor.py"
-    broken.write_text(broken.read_text() + "\ndef half_typed(:\n")
+    good = broken.read_text()
+    broken.write_text(good + "\ndef half_typed(:\n")
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}
     with _open(tmp_path) as inst:
         worker = _Worker(serialize_value(inst.get_ref()), env, lambda pid, code: None, lambda: None)
         try:
             _wait(lambda: worker.idle or worker.process.poll() is not None, 120, "the worker to warm up")
             assert worker.idle, f"the worker exited with code {worker.process.poll()}"
+            # the file fixed: this worker, which holds none of what failed, retires so a new one imports it all
+            broken.write_text(good)
+            _edit(broken)
+            _wait(lambda: worker.stale, 30, "the worker to see the fix and retire")
+            assert worker.process.wait(30) == 0
         finally:
             worker.release()
             worker.process.wait(30)
