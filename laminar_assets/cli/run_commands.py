@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import typer
@@ -308,7 +309,23 @@ def serve(
         console.print("stopped: Dagster and the Spark Connect server are down"
                       + (" (and the exports' embedded targets)" if embedded else ""))
     if code:
-        raise LaminarError(f"a process of the deployment exited unexpectedly (code {code}); see {logs}/")
+        why = _last_exit_line(os.path.join(logs, "dagster.log"))
+        raise LaminarError(f"a process of the deployment exited unexpectedly (code {code})"
+                           + (f": {why}" if why else "") + f"; see {logs}/")
+
+
+def _last_exit_line(log: str) -> str:
+    """The last line of `dagster dev`'s log saying which of its processes ended (the daemon, the webserver, a code
+    server: `dagster dev` then stops the rest), without its timestamp and level; "" when there is none."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(log) - 65536))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", tail)  # its colours
+    found = [line for line in plain.splitlines() if "shut down unexpectedly" in line]
+    return found[-1].split(" - ", 2)[-1].removeprefix("Exception: ").strip() if found else ""
 
 
 def next_steps(root: str, local_store: str | None = None) -> str:
