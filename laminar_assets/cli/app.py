@@ -175,6 +175,9 @@ def pool_wait_notes(status, doing: str, wait_seconds: float, option: str = "") -
     return notify
 
 
+_TOP_LEVEL_OPTIONS = ("--root", "--flows", "--debug")  # the options `app`'s callback takes, before any command
+
+
 def usage_error(exc) -> NoReturn:
     """A bad command line: typer's message (it names the option or argument) as one red line with where to
     find help, and typer's exit code (2 for usage errors). `laminar` alone shows the help instead."""
@@ -185,6 +188,11 @@ def usage_error(exc) -> NoReturn:
     else:
         ctx = getattr(exc, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else " (see --help)"
+        option = getattr(exc, "option_name", None)
+        if ctx is not None and ctx.parent is not None and option in _TOP_LEVEL_OPTIONS:
+            # `laminar serve --root X`: an option of `laminar` itself, written after the command
+            hint = f"; {option} is an option of `laminar` itself and goes before the command: " \
+                   f"`laminar {option} ... {ctx.info_name} ...` (see `laminar --help`)"
         err_console.print(f"[red]error:[/red] {lit(message + hint)}", soft_wrap=True)
     sys.exit(exc.exit_code)
 

@@ -272,6 +272,16 @@ def test_usage_errors_exit_2_naming_the_option(tmp_path, args, named):
     assert "--help" in line, line  # where to look next
 
 
+@pytest.mark.parametrize("option", ["--root", "--flows"])
+def test_a_laminar_option_after_the_command_says_where_it_goes(tmp_path, option):
+    """`laminar serve --root X`: typer's "No such option" alone sent the user to `laminar serve --help`, which does
+    not list it."""
+    proc = cli("serve", option, str(tmp_path), home=tmp_path / "dh")
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert f"{option} is an option of `laminar` itself and goes before the command: `laminar {option} ... serve" in line
+
+
 def test_no_arguments_shows_help_without_an_error_line(tmp_path):
     proc = cli(home=tmp_path / "dh")
     assert proc.returncode == 2
