@@ -5,6 +5,7 @@ import os
 from typing import Any, TypedDict
 
 import dagster as dg
+from pydantic import Field
 
 from laminar_assets import storage
 from laminar_assets.checkpoints import CheckpointStore
@@ -40,17 +41,27 @@ class LaminarResource(dg.ConfigurableResource):
     root: str | None = None
     spark: SparkResource
     lease_seconds: float = 6 * 3600
-    # An S3 or S3-compatible store (a root s3://bucket/prefix). Unset fields come from the AWS
-    # environment variables or profile when a client is made.
-    s3_endpoint: str | None = None
-    s3_region: str | None = None
-    s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = None
-    s3_path_style: bool | None = None
-    # Time bounds of every call on the store (`ObjectStoreOptions`; None: its defaults, 10 s without an
-    # answer abandons an attempt, 30 s in all fails the call and so the run)
-    s3_request_timeout_s: float | None = None
-    s3_call_timeout_s: float | None = None
+    # An S3 or S3-compatible store (a root s3://bucket/prefix); the time bounds apply to a gs:// or Azure root
+    # too. The `s3_*` fields are also the dg component's `s3` attributes, without the prefix (`S3Attributes`, made
+    # from these fields): a field added here is one there, with this description and default.
+    s3_endpoint: str | None = Field(default=None, description=(
+        "The store's URL, e.g. http://127.0.0.1:9000 for a local or S3-compatible one. Unset: AWS_ENDPOINT_URL_S3 "
+        "or AWS_ENDPOINT_URL, else AWS S3."))
+    s3_region: str | None = Field(default=None, description=(
+        "The store's region. Unset: AWS_REGION or AWS_DEFAULT_REGION, else us-east-1."))
+    s3_access_key_id: str | None = Field(default=None, description=(
+        "The access key's id. Unset: AWS_ACCESS_KEY_ID, else the AWS SDKs' chain (a profile, an instance role)."))
+    s3_secret_access_key: str | None = Field(default=None, description=(
+        "The access key's secret (never logged). Unset: AWS_SECRET_ACCESS_KEY, else the AWS SDKs' chain."))
+    s3_path_style: bool | None = Field(default=None, description=(
+        "Path-style addressing (http://host/bucket/key), what S3-compatible servers need. Unset: on exactly "
+        "when an endpoint is set."))
+    s3_request_timeout_s: float | None = Field(default=None, description=(
+        "Seconds one attempt of a call on the store may go without an answer before it is abandoned. Unset: "
+        f"{ObjectStoreOptions.request_timeout_s:g}."))
+    s3_call_timeout_s: float | None = Field(default=None, description=(
+        "Seconds one call on the store may take in all, its attempts included, before it fails (and so the run). "
+        f"Unset: {ObjectStoreOptions.call_timeout_s:g}."))
     # A Google Cloud Storage bucket (a root gs://bucket/prefix): an endpoint (an emulator; else
     # STORAGE_EMULATOR_HOST, else GCS itself), a JSON key file's path (else GOOGLE_APPLICATION_CREDENTIALS,
     # else Google's default chain) and a project. The s3_*_timeout_s bounds apply to it too.
