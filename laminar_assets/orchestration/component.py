@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import dagster as dg
 from pydantic import BaseModel, Field, ValidationInfo, create_model, field_validator
 
+from laminar_assets.engine.spark import JIT_OPTIONS
 from laminar_assets.pipeline.settings import LaminarSettings, SettingsSource
+from laminar_assets.resources import LaminarResource, SparkResource
 
 EXAMPLE_FLOW = """-- An example flow: per-minute volume and VWAP of a Delta table `raw_trades`
 -- (columns event_time TIMESTAMP, symbol STRING, price DOUBLE, quantity BIGINT) under the lake root.
@@ -68,29 +70,45 @@ class LaminarScaffolder(dg.Scaffolder[LaminarScaffoldParams]):
             example.write_text(EXAMPLE_FLOW)
 
 
-class SparkAttributes(dg.Model):
-    """The run's Spark (`SparkResource`): unset fields fall back to LAMINAR_SPARK_* when a run starts."""
-
-    master: str | None = Field(default=None, description="A cluster's master URL (spark://host:7077).")
-    remote: str | None = Field(default=None, description="A Spark Connect endpoint (sc://host:15002).")
-    shuffle_partitions: int = 4
-    driver_memory: str = "2g"
-    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
-    jit: str | None = Field(default=None, description="'tiered', 'hot' or 'quick' for a JVM Laminar starts.")
-    metastore: str | None = Field(default=None, description=(
-        "The Hive metastore of a JVM Laminar starts: a folder (embedded Derby), a postgresql:// URL (a database "
-        "on Postgres, shared by every process) or a jdbc: URL; unset: "
-        "LAMINAR_METASTORE, or .laminar/metastore with a catalog schema (docs/catalog.md)."))
+S3_PREFIX = "s3_"  # LaminarResource's fields of an S3 store: the component's `s3` attributes without it
 
 
-class S3Attributes(dg.Model):
-    """An S3 or S3-compatible store for an s3:// lake root; unset fields come from the AWS environment."""
+def resource_attributes(resource: type[BaseModel], name: str, doc: str, *, prefix: str = "",
+                        leave_out: tuple[str, ...] = (), validators: dict[str, Any] | None = None) -> type[dg.Model]:
+    """A nested attribute of the component (`spark`, `s3`) made from a resource's fields, their one declaration:
+    each field whose name starts with `prefix` (dropped from the attribute's name), but those in `leave_out`, with
+    the field's type, default and description. `validators`: checks of the attributes when the component loads."""
+    fields: dict[str, Any] = {}
+    for field, info in resource.model_fields.items():
+        if field.startswith(prefix) and field not in leave_out:
+            default: Any = ({"default_factory": info.default_factory} if info.default_factory is not None
+                            else {"default": info.default})
+            fields[field.removeprefix(prefix)] = (info.annotation, Field(description=info.description, **default))
+    return create_model(name, __base__=dg.Model, __doc__=doc, __validators__=validators or {}, **fields)
 
-    endpoint: str | None = None
-    region: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = None
-    path_style: bool | None = None
+
+def _check_jit(cls, value: str | None) -> str | None:
+    """`spark.jit` is one the engine knows (`JIT_OPTIONS`), checked when the defs.yaml loads, not when a run starts."""
+    if value is not None and value not in JIT_OPTIONS:
+        raise ValueError(f"expected one of {', '.join(sorted(JIT_OPTIONS))}, not {value!r}")
+    return value
+
+
+if TYPE_CHECKING:  # made at import: the type checker sees models without fields, not the resources' fields
+    class SparkAttributes(dg.Model):
+        """The run's Spark: `SparkResource`'s fields."""
+
+    class S3Attributes(dg.Model):
+        """An S3 store: `LaminarResource`'s `s3_*` fields."""
+else:
+    SparkAttributes = resource_attributes(
+        SparkResource, "SparkAttributes", leave_out=("stop_at_end",),  # a dg run always stops its session at its end
+        validators={"_check_jit": field_validator("jit")(classmethod(_check_jit))},
+        doc="The run's Spark: `SparkResource`'s fields (but stop_at_end), with their defaults and descriptions.")
+    S3Attributes = resource_attributes(
+        LaminarResource, "S3Attributes", prefix=S3_PREFIX,
+        doc="An S3 or S3-compatible store for an s3:// lake root: `LaminarResource`'s s3_* fields without the "
+            "prefix, with their defaults and descriptions; unset fields come from the AWS environment.")
 
 
 COMPONENT = SettingsSource(engine="engine", horizon="this component's own attribute, not one of its engine options")
@@ -162,8 +180,8 @@ class _LocationAttributes(dg.Model):
         "The run's Spark: `remote: sc://host:15002` for a Connect server, `master: spark://host:7077` for a "
         "cluster, `conf: {...}`; default: a local JVM per run.", SparkAttributes)] = Field(default_factory=SparkAttributes)
     s3: Annotated[S3Attributes, _described(
-        "Object-store fields (endpoint, region, access_key_id, secret_access_key, path_style) for an s3:// "
-        "root; unset ones come from the AWS environment.", S3Attributes)] = Field(default_factory=S3Attributes)
+        f"Object-store fields ({', '.join(S3Attributes.model_fields)}) for an s3:// root (the time bounds: for "
+        "any object-store root); unset ones come from the AWS environment.", S3Attributes)] = Field(default_factory=S3Attributes)
     catalog_schema: Annotated[str | None, _described(
         "The catalog schema every table a run writes is registered in (Spark's Hive metastore), e.g. 'laminar'; "
         "sources named schema.table are found there. None: LAMINAR_CATALOG, else no catalog.", str | None)] = None
@@ -197,7 +215,6 @@ class LaminarComponent(dg.Component, _Attributes, dg.Resolvable):
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from laminar_assets.engine import LaminarError, collect
         from laminar_assets.orchestration.builder import build_definitions
-        from laminar_assets.resources import LaminarResource, SparkResource
 
         settings = self.settings()
         root = self.lake_root
@@ -208,7 +225,7 @@ class LaminarComponent(dg.Component, _Attributes, dg.Resolvable):
                                "YAML files; create it, or drop `contracts` for no contract checks", field="contracts")
         laminar = LaminarResource(root=root, spark=SparkResource(**self.spark.model_dump()),
                                   catalog_schema=self.catalog_schema,
-                                  **{f"s3_{k}": v for k, v in self.s3.model_dump().items()})
+                                  **{f"{S3_PREFIX}{k}": v for k, v in self.s3.model_dump().items()})
         catalog = collect(self.flows)
         return build_definitions(catalog.specs, settings, resources={"laminar": laminar}, contracts_dir=self.contracts,
                                  thread_executor=self.thread_executor, exports=catalog.exports)

@@ -8,6 +8,7 @@ from .jars import installed as installed_jars
 from .java import MIN_JAVA, check_java, java_major_version
 from .metastore import check_metastore, metastore_env, postgres_metastore
 from .session import (
+    JIT_OPTIONS,
     SparkOptions,
     build_session,
     jvm_conf,
@@ -21,5 +22,5 @@ __all__ = [
     "archive_path", "build_session", "check_java", "dump_options", "installed_jars", "Jar", "jar_dir",
     "JAR_GROUPS", "java_major_version", "jvm_conf", "MIN_JAVA", "session_conf", "SparkOptions",
     "stale_archives", "start_session", "metastore_conf", "metastore_from_env", "check_metastore", "metastore_env",
-    "postgres_metastore",
+    "postgres_metastore", "JIT_OPTIONS",
 ]
