@@ -59,6 +59,9 @@ WARM_IMPORTS = ("dagster._cli.api", "pandas", "pyarrow.dataset", "pyspark.sql", 
 """What a worker imports before it says it is ready: the third-party libraries every Laminar run
 imports."""
 
+INSTANCE_IMPORTS = ("upath",)
+"""What opening an instance imports besides its classes (its definitions-state storage's paths)."""
+
 LAMINAR_WARM_IMPORTS = ("laminar_assets.orchestration.builder", "laminar_assets.pipeline.settings")
 """Laminar's library modules a worker imports ahead too (a quarter of a second of each run's launch on two cores,
 docs/PERFORMANCE.md): what `laminar_assets.definitions` imports, but not the flows (the user's code), which
@@ -345,12 +348,13 @@ def _serve_runs() -> int:
             print(f"laminar warm worker {os.getpid()}: {module} not imported ahead ({type(exc).__name__}: {exc}); "
                   "runs import it themselves", file=sys.stderr, flush=True)
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    lines = _Lines(0)
+    instance_ref = deserialize_value(lines.next(timeout=None) or "", InstanceRef)
+    _import_instance_classes(instance_ref)
     imported = _loaded_files(WARM_PACKAGE)
     if partial:  # every file of the package, so the fix of the one that failed retires this worker too
         imported.update(_package_files(WARM_PACKAGE))
     stale = False
-    lines = _Lines(0)
-    instance_ref = deserialize_value(lines.next(timeout=None) or "", InstanceRef)
     _say(control, _READY)
     running: set[int] = set()
     while True:
@@ -383,6 +387,25 @@ def _serve_runs() -> int:
             run_then_exit(functools.partial(_execute_opened, run_id, instance_ref))
         running.add(pid)
         _say(control, f"{_ACCEPTED} {run_id} {pid}")
+
+
+def _import_instance_classes(instance_ref) -> None:
+    """Import the classes the instance a run opens is made of (its storages, coordinator, launcher, compute
+    logs, the instance class itself: Laminar's, or dagster-postgres'), without making any: a run's process
+    opens the instance with `DagsterInstance.from_ref`, which imported them there on every run (0.13 s of each
+    launch for Laminar's instance module alone on two cores). Opening connections is left to the run's process
+    (nothing that holds a socket or a file is made before a fork); a class that does not import is left to
+    the run, which reports it as the code server would."""
+    from dagster._serdes.config_class import class_from_code_pointer
+
+    for data in instance_ref._asdict().values():
+        if isinstance(data, ConfigurableClassData):
+            try:
+                class_from_code_pointer(data.module_name, data.class_name)
+            except Exception:  # noqa: BLE001,S112 - the run's own from_ref raises it, with Dagster's message
+                continue
+    for module in INSTANCE_IMPORTS:
+        importlib.import_module(module)
 
 
 def _loaded_files(package: str) -> dict[str, tuple[int, int]]:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -320,3 +321,34 @@ def test_a_laminar_file_that_does_not_import_leaves_the_worker_warm_until_it_is_
         finally:
             worker.release()
             worker.process.wait(30)
+
+
+PRELOAD = r"""
+import json, os, sys
+from dagster._core.instance import InstanceRef
+from dagster._serdes import deserialize_value
+from laminar_assets.orchestration.internals.run_launcher import _import_instance_classes
+
+ref = deserialize_value(sys.stdin.read(), InstanceRef)
+home = sys.argv[1]
+before, files = set(sys.modules), sorted(os.listdir(home))
+_import_instance_classes(ref)
+print(json.dumps({"imported": sorted(set(sys.modules) - before), "files_before": files,
+                  "files_after": sorted(os.listdir(home))}))
+"""
+
+
+def test_a_worker_imports_the_instance_classes_a_run_opens_without_opening_them(tmp_path):
+    """Each forked run opens the instance (`DagsterInstance.from_ref`), which imported the instance's classes there,
+    every run; the worker imports them ahead from the instance's ref (the storages, the coordinator, Laminar's
+    instance class), and opens nothing: no database file appears in the instance's folder."""
+    with _open(tmp_path) as instance:
+        ref = serialize_value(instance.get_ref())
+        home = instance.root_directory
+    proc = subprocess.run([sys.executable, "-c", PRELOAD, home], input=ref, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "laminar_assets.orchestration.internals.instance" in out["imported"], out["imported"]
+    assert "dagster._core.storage.runs.sqlite.sqlite_run_storage" in out["imported"], out["imported"]
+    assert out["files_after"] == out["files_before"], out
