@@ -192,3 +192,41 @@ def test_to_arrow_over_connect_is_toarrow_without_its_schema_round_trip(server):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"equal": True, "schema": True, "rows": 3, "ours_asked": 0, "theirs_asked": 1}, out
+
+
+SELECT_FRAME = r"""
+import json, sys
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+from laminar_assets.engine.spark.frames import select_frame, to_arrow
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+rows = spark.range(10).selectExpr("id", "id % 3 AS g")
+SQL = "SELECT g, SUM(id) AS total, map('{{k}}', 1) AS braces FROM {rows} WHERE id > 2 GROUP BY g ORDER BY g"
+commands = []
+execute_command = spark.client.execute_command
+spark.client.execute_command = lambda command, *a, **k: (commands.append(command.WhichOneof("command_type")),
+                                                         execute_command(command, *a, **k))[1]
+ours = to_arrow(select_frame(spark, SQL, {"rows": rows}))
+ours_commands = list(commands)
+theirs = to_arrow(spark.sql(SQL, rows=rows))
+broken = select_frame(spark, "SELECT no_such_column FROM {rows}", {"rows": rows})  # no error yet: nothing analysed
+try:
+    to_arrow(broken)
+    error = None
+except AnalysisException as exc:
+    error = type(exc).__name__
+print(json.dumps({"equal": ours.equals(theirs), "rows": ours.num_rows, "ours": ours_commands,
+                  "theirs": commands[len(ours_commands):], "error": error}))
+"""
+
+
+def test_a_laminar_select_over_connect_is_analysed_once_when_it_runs(server):
+    """Connect's `spark.sql` executes a command on the server (an analysis of the whole statement) before it returns
+    a frame, which the action analyses again; `select_frame` makes the same frame without that command: the same
+    rows, no command sent, and an error in the text raised by the action, as Spark's AnalysisException."""
+    proc = subprocess.run([sys.executable, "-c", SELECT_FRAME, server.url], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"equal": True, "rows": 3, "ours": [], "theirs": ["sql_command"], "error": "AnalysisException"}, out

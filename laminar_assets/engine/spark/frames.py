@@ -9,6 +9,7 @@ import json
 import threading
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -74,6 +75,37 @@ def to_arrow(df: DataFrame) -> pa.Table:
     table, schema = execute()
     return table.cast(to_arrow_schema(schema if schema is not None else df.schema,
                                       error_on_duplicated_field_names_in_struct=True, timezone="UTC"))
+
+
+def select_frame(spark: SparkSession, text: str, frames: dict[str, Any]) -> DataFrame:
+    """`spark.sql(text, **frames)` for a SELECT, as a frame that is analysed when it runs, not before
+    (`frames`: DataFrames by name; typed Any as `sql`'s keywords are).
+
+    Over Spark Connect `spark.sql` is a command the server executes at once, to learn whether the text is
+    a command to run now (`INSERT`, `CREATE`): for a SELECT that is a whole analysis of the statement
+    (its files listed, the plan resolved), and the server answers with the same SQL relation, which the
+    execution analyses again (a quarter of a flow pass's time over a local server, docs/PERFORMANCE.md).
+    Laminar's queries are SELECTs, so their frame is made as `spark.sql` makes it when the server's answer
+    holds no result: the SQL relation with the frames as named subqueries (pyspark's own plan classes).
+    An error in the text then comes from the first action on the frame, where every caller already
+    expects Spark's errors. Classic PySpark: `spark.sql` itself (lazy there)."""
+    if not _connect(spark):
+        return spark.sql(text, **frames) if frames else spark.sql(text)
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectFrame
+    from pyspark.sql.connect.plan import SQL, SubqueryAlias
+    from pyspark.sql.connect.sql_formatter import SQLStringFormatter
+
+    views: list[SubqueryAlias] = []
+    if frames:  # as spark.sql formats them: each frame a named subquery of the statement
+        formatter = SQLStringFormatter(spark)  # type: ignore[arg-type]
+        text = formatter.format(text, **frames)
+        views = [SubqueryAlias(frame._plan, name) for frame, name in formatter._temp_views]  # type: ignore[attr-defined]
+    return ConnectFrame(SQL(text, [], {}, views), spark)  # type: ignore[arg-type]
+
+
+def _connect(spark: SparkSession) -> bool:
+    """Whether `spark` is a Spark Connect session (pyspark's `is_remote` answers for the process, not a session)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect.")
 
 
 def empty_frame(spark: SparkSession, schema: pa.Schema) -> DataFrame:

@@ -3,7 +3,7 @@
 In classic PySpark every DataFrame call is an analysis of the whole plan so far and a few Py4J
 round trips per Column; a flow pass built call by call took dozens of analyses and hundreds of
 round trips. A `Query` is built as text instead and handed to
-Spark once (`spark.sql(text, **frames)`, which over Spark Connect also embeds the frames' plans).
+Spark once (`frames.select_frame`: `spark.sql(text, **frames)`, which over Spark Connect also embeds the frames' plans).
 Steps that only add columns or filter share one SELECT where they can: Spark's analyzer iterates
 about once per nested SELECT, so depth costs more than width.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from ..aggregates.base import q
 from ..spec.problems import FRAME_PLACEHOLDER
+from .frames import select_frame
 
 _REF = FRAME_PLACEHOLDER
 
@@ -56,12 +56,10 @@ class Query:
     def run(self, spark: SparkSession) -> DataFrame:
         """The query as a DataFrame (one analysis; no job runs)."""
         if not self.frames:
-            return spark.sql(self.text)
+            return select_frame(spark, self.text, {})
         # spark.sql formats the text (str.format): braces of the SQL itself are doubled
         text = _REF.sub(r"{\1}", self.text.replace("{", "{{").replace("}", "}}"))
-        # the frames as keyword arguments (Any: mypy would match the unpacking against `args` as well)
-        frames: dict[str, Any] = self.frames
-        return spark.sql(text, **frames)
+        return select_frame(spark, text, self.frames)
 
     @property
     def _open(self) -> bool:  # a SELECT of `*` plus added columns: more columns or filters may join it
