@@ -12,6 +12,7 @@ from typing import cast
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from laminar_assets.errors import SpecError
 
@@ -33,10 +34,13 @@ def spark_message(exc: Exception) -> str:
     return re.sub(r";?\s*line \d+ pos \d+;?$", "", text).rstrip(" ;")
 
 
-def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
+def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict, *, input_schema: StructType | None = None) -> None:
     """`rows`: an empty source row with the flow's joined and derived columns and its event time as
-    `__ts`. Raises a `SpecError` naming `aggregates.<name>` or `post.<name>`."""
-    impls = implementations(spec, rows.schema)
+    `__ts`. Raises a `SpecError` naming `aggregates.<name>` or `post.<name>`. `input_schema`: a schema holding
+    the types of the aggregates' input columns, when the caller has it (else `rows` is analysed for it).
+    The happy path is one analysis of the whole sink (aggregates and post columns); a failure is analysed again
+    piece by piece to name the piece."""
+    impls = implementations(spec, input_schema if input_schema is not None else rows.schema)
     keys = [q(k) for k in spec.keys]
 
     def state(chosen: list[AggImpl]) -> DataFrame:
@@ -44,6 +48,28 @@ def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
         source = rows.selectExpr("*", *before) if before else rows
         return source.groupBy(*[F.expr(k) for k in keys]).agg(*[F.expr(e) for i in chosen for e in i.partial("1")])
 
+    posts = cast(tuple[tuple[str, str], ...], spec.post)  # __post_init__ made them (name, expression) pairs
+    try:  # the whole sink at once: the aggregates, then each post column over them
+        sink = state(impls).selectExpr(*keys, *WINDOW_BOUNDS, *[i.finalize() for i in impls])
+        for name, expr in posts:
+            sink = sink.withColumn(name, F.expr(user_sql(expr)))
+        _ = sink.schema
+    except (AnalysisException, PySparkException):
+        sink = _named_failure(rows, state, impls, spec, facts)
+    for f in sink.schema.fields:  # Delta tables hold no intervals: the state and sink commits would fail
+        if "interval" in f.dataType.simpleString():
+            field = ("keys" if f.name in spec.keys else f"post.{f.name}" if f.name in dict(spec.post)
+                     else f"aggregates.{f.name}")
+            raise SpecError(
+                f"flow '{spec.name}': output column {f.name!r} is of type {f.dataType.simpleString()}, which a Delta "
+                "table cannot store; convert it, e.g. to seconds with unix_seconds(a) - unix_seconds(b)",
+                field=field, **facts)
+
+
+def _named_failure(rows: DataFrame, state, impls: list[AggImpl], spec: FlowSpec, facts: dict) -> DataFrame:
+    """The analysis of a flow's sink failed: analyse it again piece by piece and raise the `SpecError` naming the
+    first piece that does not compile (the keys, an aggregate, the aggregates together, a post column)."""
+    keys = [q(k) for k in spec.keys]
     try:
         sink = state(impls).selectExpr(*keys, *WINDOW_BOUNDS, *[i.finalize() for i in impls])
         _ = sink.schema
@@ -54,7 +80,7 @@ def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
         raise SpecError(f"flow '{spec.name}': its aggregates do not compile together over source "
                         f"'{facts['table']}' at version {facts['version']}: {spark_message(exc)}",
                         field="aggregates", **facts) from None
-    for name, expr in cast(tuple[tuple[str, str], ...], spec.post):  # __post_init__ made them (name, expression) pairs
+    for name, expr in cast(tuple[tuple[str, str], ...], spec.post):
         try:
             sink = sink.withColumn(name, F.expr(user_sql(expr)))
             _ = sink.schema
@@ -64,14 +90,7 @@ def check_aggregation(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:
                 f"{sink.columns}: {spark_message(exc)}. A post column may use the keys, window_start, window_end, "
                 "the aggregates and the post columns before it (source columns are gone after aggregation)",
                 field=f"post.{name}", **facts) from None
-    for f in sink.schema.fields:  # Delta tables hold no intervals: the state and sink commits would fail
-        if "interval" in f.dataType.simpleString():
-            field = ("keys" if f.name in spec.keys else f"post.{f.name}" if f.name in dict(spec.post)
-                     else f"aggregates.{f.name}")
-            raise SpecError(
-                f"flow '{spec.name}': output column {f.name!r} is of type {f.dataType.simpleString()}, which a Delta "
-                "table cannot store; convert it, e.g. to seconds with unix_seconds(a) - unix_seconds(b)",
-                field=field, **facts)
+    return sink  # every piece compiled alone: the whole did too, on a second look
 
 
 def _check_keys(rows: DataFrame, spec: FlowSpec, facts: dict) -> None:

@@ -101,27 +101,16 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
                         f"the source column of that name in '{info.name}' (its file statistics would locate rows "
                         "wrongly); derive a new name and use it as event_time",
                         field=f"derived.{spec.event_time}", **facts)
-    base = spark.createDataFrame([], spark_schema(info.schema, info.delta_schema))
+    source_schema = spark_schema(info.schema, info.delta_schema)
+    base = spark.createDataFrame([], source_schema)
     if spec.fact_joins:
         base = _with_joined_columns(spark, spec, base, joined or {})
-    for rule in spec.rules_for(info.name):
-        try:
-            kind = base.select(F.expr(rule.check)).schema[0].dataType
-        except (AnalysisException, PySparkException) as exc:
-            raise SpecError(
-                f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) does not compile against source "
-                f"'{info.name}' at version {info.version}: {spark_message(exc)}. Fix the rule in the source's "
-                "contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
-        try:  # as the pass uses it: Spark casts what it can (a string 'true'/'N') to a condition
-            _ = base.select(F.expr(f"NOT {rule_kept_sql(rule)}")).schema
-        except (AnalysisException, PySparkException):
-            raise SpecError(
-                f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) must be a condition, true for the rows to "
-                f"keep; on source '{info.name}' at version {info.version} it gives {kind.simpleString()}. Fix the "
-                "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
+    if not _rules_compile(spec, info, base):  # each rule alone, to name the one that does not
+        _check_rules(spec, info, base, facts)
     if info.name == spec.sources[0]:  # a fan-in flow reads its other sources under the first one's names
-        _check_names(spec, base.columns, facts)
-        _check_dimension_names(spec, base.columns, facts)
+        columns = base.columns if spec.fact_joins else source_schema.fieldNames()  # known without an analysis
+        _check_names(spec, columns, facts)
+        _check_dimension_names(spec, columns, facts)
     df = _row_logic_checked(spec, info, base, facts)
     for col in spec.input_columns:
         if col not in df.columns and col not in dict(spec.derived):
@@ -154,9 +143,43 @@ def check_source(spark: SparkSession, spec: Spec, info: TableInfo,
                         f"found {t.simpleString()} in '{info.name}' at version {info.version}",
                         column=agg.column, **facts,
                     )
-        check_aggregation(df.withColumn(EVENT_TS, event_time_column(df, flow.event_time)), flow, facts)
+        # the aggregates' input columns are source or derived ones, typed in df's schema (analysed above)
+        check_aggregation(df.withColumn(EVENT_TS, event_time_column(df, flow.event_time)), flow, facts,
+                          input_schema=df.schema)
     schema = df.schema
     return CheckedSource({c: schema[c].dataType.simpleString() for c in spec.input_columns}, schema)
+
+
+def _rules_compile(spec: Spec, info: TableInfo, base: DataFrame) -> bool:
+    """Whether every quarantine rule of `info` compiles to a condition, from one analysis of them all (Spark
+    casts what it can, a string 'true'/'N', to a condition, as the pass uses them)."""
+    rules = spec.rules_for(info.name)
+    if not rules:
+        return True
+    try:
+        _ = base.select(*[F.expr(f"NOT {rule_kept_sql(r)}").alias(f"__rule_{i}") for i, r in enumerate(rules)]).schema
+    except (AnalysisException, PySparkException):
+        return False
+    return True
+
+
+def _check_rules(spec: Spec, info: TableInfo, base: DataFrame, facts: dict) -> None:
+    """Raise the `SpecError` naming the first rule of `info` that does not compile, or that is no condition."""
+    for rule in spec.rules_for(info.name):
+        try:
+            kind = base.select(F.expr(rule.check)).schema[0].dataType
+        except (AnalysisException, PySparkException) as exc:
+            raise SpecError(
+                f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) does not compile against source "
+                f"'{info.name}' at version {info.version}: {spark_message(exc)}. Fix the rule in the source's "
+                "contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
+        try:  # as the pass uses it: Spark casts what it can (a string 'true'/'N') to a condition
+            _ = base.select(F.expr(f"NOT {rule_kept_sql(rule)}")).schema
+        except (AnalysisException, PySparkException):
+            raise SpecError(
+                f"flow '{spec.name}': rule {rule.name!r} ({rule.check}) must be a condition, true for the rows to "
+                f"keep; on source '{info.name}' at version {info.version} it gives {kind.simpleString()}. Fix the "
+                "rule in the source's contract (quarantine.rules)", field=f"rules.{rule.name}", **facts) from None
 
 
 def _refuse_variants(spec: Spec, info: TableInfo, df: DataFrame, facts: dict) -> None:
@@ -238,7 +261,16 @@ def _check_expression(df: DataFrame, spec: FlowSpec, agg, facts: dict) -> None:
 
 
 def _row_logic_checked(spec, info: TableInfo, base: DataFrame, facts: dict) -> DataFrame:
-    """`apply_row_logic`, one field at a time, so an error names the derived column or the filter."""
+    """`apply_row_logic`, analysed once; when that fails, again one field at a time, so the error names the
+    derived column or the filter."""
+    try:  # (classic PySpark analyses each step as it is made; Connect, at `schema`)
+        whole = base
+        for name, expr in [*spec.derived, *([("", spec.filter)] if spec.filter else [])]:
+            whole = whole.withColumn(name, F.expr(expr)) if name else whole.where(F.expr(expr))
+        _ = whole.schema
+        return whole
+    except (AnalysisException, PySparkException):
+        pass
     df, field, expr = base, "", ""
     try:
         for name, expr in [*spec.derived, *([("", spec.filter)] if spec.filter else [])]:
