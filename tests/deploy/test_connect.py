@@ -230,3 +230,56 @@ def test_a_laminar_select_over_connect_is_analysed_once_when_it_runs(server):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"equal": True, "rows": 3, "ours": [], "theirs": ["sql_command"], "error": "AnalysisException"}, out
+
+
+SOURCE_CHECK = r"""
+import json, sys
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from laminar_assets.engine import Agg, FlowSpec, RowRule, SchemaMismatchError, SpecError, Tumbling
+from laminar_assets.engine.delta.tables import TableInfo
+from laminar_assets.engine.run.validate import check_source
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+info = TableInfo("trades", "file:///nowhere/trades", 7, pa.schema([("ts", pa.timestamp("us", "UTC")), ("sym", pa.string()),
+                                                                   ("px", pa.float64()), ("qty", pa.int64())]), ())
+common = dict(name="f", source="trades", event_time="ts", window=Tumbling("10m"), keys=("sym",),
+              rules=(RowRule("positive", "px > 0"), RowRule("sized", "qty IS NOT NULL")),
+              derived={"notional": "px * qty", "lot": "qty DIV 100"}, filter="lot >= 0")
+good = FlowSpec(aggregates=(Agg.count(), Agg.sum("notional"), Agg.max("px")), post={"avg": "sum_notional / count"},
+                **common)
+bad = FlowSpec(aggregates=(Agg.count(), Agg.sum("notional")), post={"avg": "sum_notional / count", "x": "nosuch + 1"},
+               **common)
+asked = []
+schema = spark.client.schema
+spark.client.schema = lambda *a, **k: (asked.append(1), schema(*a, **k))[1]
+checked = check_source(spark, good, info)
+good_asked = len(asked)
+try:
+    check_source(spark, bad, info)
+    field = None
+except SpecError as exc:
+    field = exc.field
+derived = FlowSpec(aggregates=(Agg.count(),), **{**common, "derived": {"notional": "px * qty", "lot": "nosuch DIV 100"}})
+try:
+    check_source(spark, derived, info)
+    derived_field = None
+except SchemaMismatchError as exc:  # a column the source lacks: named with the field that uses it
+    derived_field = exc.facts.get("field")
+print(json.dumps({"good_asked": good_asked, "types": checked.types, "bad_field": field,
+                  "derived_field": derived_field}))
+"""
+
+
+def test_a_source_check_over_connect_asks_three_analyses_and_still_names_a_bad_field(server):
+    """A daemon-launched run checks each spec against its source afresh, each analysis a request to the server: the
+    rules, the derived columns with the filter, and the aggregates with the post columns are analysed once each
+    (they were one request per rule twice, per derived column, per post column, plus the source's columns); a
+    field that does not compile is still named, from a second look piece by piece."""
+    proc = subprocess.run([sys.executable, "-c", SOURCE_CHECK, server.url], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["good_asked"] == 3, out
+    assert out["types"]["notional"] == "double" and out["bad_field"] == "post.x", out
+    assert out["derived_field"] == "derived.lot", out  # its message names the columns before it, no raw Spark error

@@ -81,9 +81,10 @@ def _named_failure(rows: DataFrame, state, impls: list[AggImpl], spec: FlowSpec,
                         f"'{facts['table']}' at version {facts['version']}: {spark_message(exc)}",
                         field="aggregates", **facts) from None
     for name, expr in cast(tuple[tuple[str, str], ...], spec.post):
-        try:
-            sink = sink.withColumn(name, F.expr(user_sql(expr)))
-            _ = sink.schema
+        try:  # `sink` stays the columns before this one (its message names them; Connect analyses at `schema`)
+            with_post = sink.withColumn(name, F.expr(user_sql(expr)))
+            _ = with_post.schema
+            sink = with_post
         except (AnalysisException, PySparkException) as exc:
             raise SpecError(
                 f"flow '{spec.name}': post column {name!r} ({expr}) does not compile over the sink's columns "

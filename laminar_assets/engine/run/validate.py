@@ -275,8 +275,9 @@ def _row_logic_checked(spec, info: TableInfo, base: DataFrame, facts: dict) -> D
     try:
         for name, expr in [*spec.derived, *([("", spec.filter)] if spec.filter else [])]:
             field = f"derived.{name}" if name else "filter"
-            df = df.withColumn(name, F.expr(expr)) if name else df.where(F.expr(expr))
-            _ = df.schema
+            step = df.withColumn(name, F.expr(expr)) if name else df.where(F.expr(expr))
+            _ = step.schema
+            df = step  # (the frame before a failing step: its columns are named; Connect analyses at `schema`)
     except (AnalysisException, PySparkException) as exc:
         col = _unresolved(exc)
         if col:
