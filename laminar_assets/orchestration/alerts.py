@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass
 import dagster as dg
 
 from laminar_assets.errors import LaminarError
-from laminar_assets.orchestration.assets import PARTITION_TAG
-from laminar_assets.orchestration.internals.run_processes import COMPONENT_TAG
+from laminar_assets.orchestration.assets import COMPONENT_TAG, PARTITION_TAG
 from laminar_assets.pipeline.settings import LaminarSettings
 
 SENSOR_NAME = "laminar_run_failures"

@@ -23,6 +23,7 @@ from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.resources import LaminarResource
 
 PARTITION_TAG = "laminar/partition"
+COMPONENT_TAG = "laminar/component"  # runs of one connected part of the graph queue behind each other
 FORCE_TAG = "laminar/force_refill"  # "true": recompute the partitions (reason FORCED_BY_USER)
 
 

@@ -11,8 +11,7 @@ table's, at the version delivered. `laminar/force_refill=true` replaces every ro
 import dagster as dg
 
 from laminar_assets.engine import DeliveryResult, ExportSpec, LaminarError, Spec
-from laminar_assets.orchestration.assets import FORCE_TAG, _failure, partitions_def
-from laminar_assets.orchestration.internals.run_processes import COMPONENT_TAG
+from laminar_assets.orchestration.assets import COMPONENT_TAG, FORCE_TAG, _failure, partitions_def
 from laminar_assets.orchestration.internals.thread_executor import WITHOUT_SPARK_TAG
 from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.resources import LaminarResource

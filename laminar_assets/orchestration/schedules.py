@@ -4,9 +4,8 @@
 import dagster as dg
 
 from laminar_assets.engine import Spec, partition_key
-from laminar_assets.orchestration.assets import PARTITION_TAG
+from laminar_assets.orchestration.assets import COMPONENT_TAG, PARTITION_TAG
 from laminar_assets.orchestration.internals.private_names import UnresolvedAssetJobDefinition
-from laminar_assets.orchestration.internals.run_processes import COMPONENT_TAG
 from laminar_assets.pipeline.settings import LaminarSettings
 
 

@@ -19,9 +19,9 @@ import dagster as dg
 
 from laminar_assets.engine import ExportSpec, LaminarError
 from laminar_assets.engine.report import inspect_partition, is_stale
-from laminar_assets.orchestration.assets import partitions_def
+from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
 from laminar_assets.orchestration.internals.private_names import DATA_VERSION_TAG, AssetCheckExecutionRecordStatus
-from laminar_assets.orchestration.internals.run_processes import COMPONENT_TAG, fail_dead_runs
+from laminar_assets.orchestration.internals.run_processes import fail_dead_runs
 from laminar_assets.pipeline.graph import Component, Spec, components
 from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.pipeline.tick import Cursor, pending_exports, plan_tick

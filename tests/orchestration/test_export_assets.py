@@ -15,12 +15,11 @@ from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.engine import Agg, FlowSpec, PostgresExport, StageSpec, Tumbling, WebhookExport
 from laminar_assets.engine.export import load_record
 from laminar_assets.flows import load_specs
-from laminar_assets.orchestration.assets import build_asset
+from laminar_assets.orchestration.assets import COMPONENT_TAG, build_asset
 from laminar_assets.orchestration.builder import build_definitions
 from laminar_assets.orchestration.checks import build_equivalence_check
 from laminar_assets.orchestration.exports import build_export_asset
 from laminar_assets.orchestration.internals.in_process import execute_job_here
-from laminar_assets.orchestration.internals.run_processes import COMPONENT_TAG
 from laminar_assets.orchestration.internals.thread_executor import thread_executor
 from laminar_assets.orchestration.sensors import build_pipeline_sensor
 from laminar_assets.pipeline.graph import components

@@ -28,7 +28,6 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-import dagster as dg
 import sqlalchemy as sa
 import yaml
 from dagster import DagsterInstance, QueuedRunCoordinator
@@ -42,8 +41,6 @@ from dagster._core.storage.schedules import SqliteScheduleStorage
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
 from dagster._serdes import ConfigurableClassData
 from sqlalchemy.engine import Connection, Engine
-
-from laminar_assets.orchestration.internals.run_processes import COMPONENT_TAG
 
 KEEP_ENGINES = 8  # the index and the few runs a process writes or shows at a time
 BUSY_TIMEOUT_S = 15  # Dagster's own SQLite busy timeout
@@ -187,9 +184,6 @@ SENSOR_LOOP_SECONDS = 0.25
 # before its launch. A Laminar instance's queue daemon looks every half second, its loop's own step; a larger
 # setting in dagster.yaml is lowered to it, a smaller one cannot be written.
 QUEUE_LOOP_SECONDS = 0.5
-IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
-             dg.DagsterRunStatus.CANCELING]
-"""Runs that hold a Laminar sensor's run in the queue (`LaminarInstance.submit_run`)."""
 
 
 class LaminarInstance(DagsterInstance):
@@ -203,31 +197,6 @@ class LaminarInstance(DagsterInstance):
 
         # typed int by Dagster, used as seconds to sleep (`shutdown_event.wait`), which a float is too
         sensor_daemon.MIN_INTERVAL_LOOP_TIME = min(sensor_daemon.MIN_INTERVAL_LOOP_TIME, SENSOR_LOOP_SECONDS)  # type: ignore[assignment]
-
-    def submit_run(self, run_id: str, workspace) -> dg.DagsterRun:
-        """Dagster's `submit_run`, but a Laminar sensor's or schedule's run (tagged `COMPONENT_TAG`) submitted while
-        no other run is queued or in progress is launched at once, as Dagster's default coordinator launches every
-        run, instead of waiting for the queue daemon's next look (0.3 s on average: its loop sleeps in half
-        seconds). With nothing else queued or running no limit of the queue can hold it back (a run limit or a tag
-        limit of 0, which holds every run, sends it to the queue), and its steps still take their pools' slots.
-        Every other run, and any run while others are in flight, is queued as configured."""
-        if self._starts_at_once(run_id):
-            return self.launch_run(run_id, workspace)
-        return super().submit_run(run_id, workspace)
-
-    def _starts_at_once(self, run_id: str) -> bool:
-        coordinator = self.run_coordinator
-        if not isinstance(coordinator, QueuedRunCoordinator):
-            return False  # another coordinator decides for itself
-        run = self.get_run_by_id(run_id)
-        if run is None or run.status != dg.DagsterRunStatus.NOT_STARTED or COMPONENT_TAG not in run.tags:
-            return False
-        limits = coordinator.get_run_queue_config()
-        if limits.max_concurrent_runs == 0 or any(
-                limit.get("limit") == 0 for limit in limits.tag_concurrency_limits or []):
-            return False
-        busy = self.get_run_ids(dg.RunsFilter(statuses=IN_FLIGHT), limit=2)
-        return not [other for other in busy if other != run_id]
 
     @property
     def run_coordinator(self) -> RunCoordinator:  # noqa: D102  (Dagster's, with the queue loop above)

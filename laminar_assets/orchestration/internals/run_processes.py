@@ -26,10 +26,6 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-COMPONENT_TAG = "laminar/component"
-"""Run tag of a run a Laminar sensor or schedule launched: the connected part of the graph it materializes (runs of
-one part queue behind each other: dagster.yaml's tag limit)."""
-
 PROCESS_TAG = "laminar/process"
 """Run tag naming the process that executes the run: {"pid": ..., "host": ..., "start": ...}."""
 

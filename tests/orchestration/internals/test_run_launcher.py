@@ -352,30 +352,3 @@ def test_a_worker_imports_the_instance_classes_a_run_opens_without_opening_them(
     assert "laminar_assets.orchestration.internals.instance" in out["imported"], out["imported"]
     assert "dagster._core.storage.runs.sqlite.sqlite_run_storage" in out["imported"], out["imported"]
     assert out["files_after"] == out["files_before"], out
-
-
-def test_a_sensor_run_submitted_while_nothing_else_runs_starts_at_once(shared, tmp_path):
-    """A Laminar sensor's run (tagged laminar/component) submitted while no run is queued or in flight is launched by
-    `submit_run` itself, not left for the queue daemon's next look; a run without the tag, or one submitted while
-    another is in flight, waits in the queue as dagster.yaml configures (its limits apply there)."""
-    from laminar_assets.orchestration.internals.run_processes import COMPONENT_TAG
-
-    instance, job_dir = shared
-    _warm(instance)
-
-    def tagged(name: str, **kw):
-        run = _run(instance, job_dir, tmp_path / f"{name}.json", job="unpooled_probe_job", **kw)
-        instance.add_run_tags(run.run_id, {COMPONENT_TAG: "probe"})
-        return run
-
-    first = tagged("first", sleep=3.0)
-    untagged = _run(instance, job_dir, tmp_path / "untagged.json", job="unpooled_probe_job")
-    assert not instance._starts_at_once(untagged.run_id)  # a run of the UI or a backfill: the queue's
-    submitted = instance.submit_run(first.run_id, workspace=None)  # the warm path needs no code server
-    assert submitted.status in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED), submitted.status
-    second = tagged("second")
-    assert not instance._starts_at_once(second.run_id), "another run is in flight: the queue decides"
-    assert _finished(instance, first.run_id).status == dg.DagsterRunStatus.SUCCESS
-    assert instance._starts_at_once(second.run_id)
-    for run in (second, untagged):  # nothing queued them: they never ran
-        instance.delete_run(run.run_id)
