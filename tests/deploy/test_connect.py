@@ -283,3 +283,46 @@ def test_a_source_check_over_connect_asks_three_analyses_and_still_names_a_bad_f
     assert out["good_asked"] == 3, out
     assert out["types"]["notional"] == "double" and out["bad_field"] == "post.x", out
     assert out["derived_field"] == "derived.lot", out  # its message names the columns before it, no raw Spark error
+
+
+STAGE_APPENDS = """
+import json, sys, tempfile
+from laminar_assets.definitions import specs_with_contracts
+from laminar_assets.demo.generator import BatchOptions, write_batch
+from laminar_assets.engine import Engine, FlowSpec, SparkOptions, build_session
+from laminar_assets.flows import load_specs
+
+spark = build_session(SparkOptions(remote=sys.argv[1], shuffle_partitions=2))
+root = sys.argv[2]
+stages = [s for s in specs_with_contracts(load_specs())[0] if not isinstance(s, FlowSpec)]
+engine = Engine(spark, root)
+keys = ["2024-01-02-09:00", "2024-01-02-10:00", "2024-01-02-11:00"]
+write_batch(root, BatchOptions(rows=300, seed=5), batch=0)
+for stage in stages:
+    engine.run_many(stage, keys)
+write_batch(root, BatchOptions(rows=60, seed=6, late_share=1.0, duplicate_share=0.1, update_share=0.0,
+                               delete_share=0.0, bad_share=0.0), batch=1)
+asked = []
+analyze = spark.client._analyze
+spark.client._analyze = lambda *a, **k: (asked.append(k.get("method")), analyze(*a, **k))[1]
+out = {}
+for stage in stages:
+    asked.clear()
+    runs = engine.run_many(stage, keys)
+    out[stage.name] = {"asked": list(asked), "runs": sorted({f"{r.mode.value}/{r.reason.value}" for r in runs})}
+print(json.dumps(out))
+"""
+
+
+def test_a_stage_appending_over_connect_asks_one_analysis(server, tmp_path):
+    """A stage's run of appends only is one Spark job; before it, the schemas of its new rows, of the rows the
+    output keeps and of what the output can hold come from one analysis of the joined rows (they were five
+    requests to the server, a quarter of the stage's pass)."""
+    proc = subprocess.run([sys.executable, "-c", STAGE_APPENDS, server.url, str(tmp_path / "lake")], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["normalized_trades"]["runs"] == ["INCREMENTAL/APPEND_ONLY"], out  # the one-job path
+    for name, stage in out.items():
+        assert stage["asked"] == ["schema"], (name, stage)

@@ -59,8 +59,20 @@ def has_variant(t) -> bool:
     return False
 
 
-def arrow_schema_of(df: DataFrame) -> pa.Schema:
-    return to_arrow_schema(df.schema, timezone="UTC")
+def arrow_schema_of(df: DataFrame | StructType) -> pa.Schema:
+    """The Arrow schema of a frame's rows (an analysis of its plan) or of a Spark schema already known."""
+    return to_arrow_schema(df if isinstance(df, StructType) else df.schema, timezone="UTC")
+
+
+def selected_schema(schema: StructType, names) -> StructType | None:
+    """The schema of `frame.select(*named(names))` for a frame of `schema`, without asking Spark (over Spark
+    Connect each schema is an analysis of the whole plan, a request to the server): each field as the frame has
+    it. None when a name is not exactly one of the frame's fields (Spark may match it regardless of case, or
+    find it ambiguous, or missing): the caller asks Spark then."""
+    fields = {f.name: f for f in schema.fields}
+    if len(fields) != len(schema.fields) or any(n not in fields for n in names):
+        return None
+    return StructType([fields[n] for n in names])
 
 
 def to_arrow(df: DataFrame) -> pa.Table:

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from ..aggregates.algebra import EVENT_TS
 from ..delta.tables import TableInfo
@@ -61,8 +62,9 @@ def with_metrics(meta: dict, read: dict, files: UncommittedFiles) -> dict:
     return {**meta, "laminar.metrics": json.dumps({**read, "sink_rows": files.rows})}
 
 
-def schema_matches(output: TableInfo | None, out: DataFrame) -> bool:
-    """Whether the output table (None: there is none yet) can hold `out`'s rows as it is or by adding columns."""
+def schema_matches(output: TableInfo | None, out: DataFrame | StructType) -> bool:
+    """Whether the output table (None: there is none yet) can hold `out`'s rows (a frame, or their schema when
+    known) as it is or by adding columns."""
     if output is None:
         return True
     return schema_change(output.schema, arrow_schema_of(out)) != "differs"

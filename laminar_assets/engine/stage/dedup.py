@@ -4,8 +4,11 @@ kept one means its partition must refill)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import DataFrame, Observation, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from ..aggregates.algebra import EVENT_TS
 from ..delta.tables import TableInfo, snapshot_files
@@ -13,7 +16,7 @@ from ..run.context import RunContext
 from ..run.plan import PartitionPlan
 from ..run.reading import PART, with_partition
 from ..spark import stable_sql
-from ..spark.frames import named, observe
+from ..spark.frames import named, observe, spark_schema
 from ..spark.read import read_source
 from ..spec.specs import StageSpec
 from ..windows import partition_id
@@ -41,14 +44,20 @@ def order_key(spec: StageSpec, cols: list[str]) -> list[str]:
     return [EVENT_TS] + [c for c in cols if c not in spec.dedup_key]
 
 
-def deduped(spec: StageSpec, good: DataFrame) -> DataFrame:
-    """Output rows (plus `__p` and the event time) with one row per dedup key and partition."""
-    cols = output_columns(spec, good.columns)
-    out = good.select(PART, *named(cols), EVENT_TS)
+def deduped(spec: StageSpec, good: DataFrame, columns: Sequence[str] | None = None) -> DataFrame:
+    """Output rows (plus `__p` and the event time) with one row per dedup key and partition, in the order of
+    `deduped_columns`. `columns`: `good`'s columns when known (else Spark is asked)."""
+    names = deduped_columns(spec, good.columns if columns is None else columns)
+    out, cols = good.select(*named(names)), names[1:-1]  # the output columns between `__p` and the event time
     if spec.dedup_key:
         w = Window.partitionBy(PART, *named(spec.dedup_key)).orderBy(*named(order_key(spec, cols)))
         out = out.withColumn("__rk", F.row_number().over(w)).where(F.col("__rk") == 1).drop("__rk")
     return out
+
+
+def deduped_columns(spec: StageSpec, columns: Sequence[str]) -> list[str]:
+    """The columns of `deduped`'s rows (in its order), given those of the rows it dedups."""
+    return [PART, *output_columns(spec, columns), EVENT_TS]
 
 
 def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
@@ -67,29 +76,43 @@ def kept_rows(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan],
 
     df = read_source(ctx.spark, files, info)
     inside = F.expr(stable_sql.in_ranges_sql(EVENT_TS, parts, spec.granularity))  # same code every run
-    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time)).where(inside)
+    read = read_schema(info)  # the frame's schema, as read_source reads the table (no analysis)
+    dtype = read[spec.event_time].dataType if spec.event_time in read.names else None
+    df = df.withColumn(EVENT_TS, event_time_column(df, spec.event_time, dtype)).where(inside)
     return with_partition(df, spec, EVENT_TS), sum(f.size for f in files)
 
 
-def with_columns_of(kept: DataFrame, new: DataFrame) -> DataFrame:
+def kept_columns(output: TableInfo) -> list[str]:
+    """The columns of `kept_rows`' frame, known without asking Spark: the output table's as `read_source`
+    reads them, the event time and `__p`."""
+    return list(dict.fromkeys([*read_schema(output).names, EVENT_TS, PART]))
+
+
+def with_columns_of(kept: DataFrame, new: DataFrame | StructType, kept_names: Sequence[str] | None = None) -> DataFrame:
     """`kept` (rows of the output table) with the columns `new` rows have and it lacks, as NULL: a
-    column the source gained reads NULL in rows written before it existed."""
-    for f in new.schema.fields:
-        if f.name not in kept.columns:
+    column the source gained reads NULL in rows written before it existed. `new`: the new rows, or their
+    schema when known; `kept_names`: `kept`'s columns when known (else Spark is asked)."""
+    have = set(kept.columns if kept_names is None else kept_names)
+    for f in (new if isinstance(new, StructType) else new.schema).fields:
+        if f.name not in have:
             kept = kept.withColumn(f.name, F.lit(None).cast(f.dataType))
     return kept
 
 
 def dedup_against_kept(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], new: DataFrame,
-                       output: TableInfo | None, *, lost: Observation | None = None) -> DataFrame:
+                       output: TableInfo | None, *, lost: Observation | None = None,
+                       new_schema: StructType | None = None) -> DataFrame:
     """`new` without the rows whose key the output keeps already. A new row that sorts before the
     kept one would replace it: raises `DedupReplaced` (one Spark job), or, given `lost`, counts such
-    rows per partition in the job that consumes the result (see `replaced`)."""
+    rows per partition in the job that consumes the result (see `replaced`). `new_schema`: `new`'s schema
+    when known (else Spark is asked)."""
     existing, _ = kept_rows(ctx, spec, plans, output)
     if existing is None:  # nothing kept in these partitions: nothing to replace (still observed, as 0)
         return new if lost is None else observe(new, lost, *_lost_counts(spec, plans, "false"))
-    existing = with_columns_of(existing, new)
-    cols = [c for c in new.columns if c not in (PART, EVENT_TS)]
+    assert output is not None  # rows are kept in it
+    new_schema = new_schema or new.schema
+    existing = with_columns_of(existing, new_schema, kept_columns(output))
+    cols = [c for c in new_schema.names if c not in (PART, EVENT_TS)]
     order = order_key(spec, cols)
     key = [PART, *spec.dedup_key]
     old = existing.select(*named(key), F.struct(*named(order)).alias("__old"))
@@ -114,7 +137,12 @@ def replaced(spec: StageSpec, plans: list[PartitionPlan], counts: dict) -> list[
     return [p.partition for p in plans if counts.get(f"lost@{p.partition}")]
 
 
-def output_columns(spec: StageSpec, columns: list[str]) -> list[str]:
+def read_schema(info: TableInfo) -> StructType:
+    """The Spark schema `read_source` reads `info`'s rows with (its logical columns, variants as variants)."""
+    return spark_schema(info.schema, info.delta_schema)
+
+
+def output_columns(spec: StageSpec, columns: Sequence[str]) -> list[str]:
     """The stage's output columns, given the columns of its joined rows."""
     if spec.columns:
         return list(spec.columns)

@@ -17,6 +17,7 @@ from typing import cast
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from ..aggregates.algebra import EVENT_TS, SIGN
 from ..delta.tables import TableInfo, info_of, snapshot_files
@@ -30,13 +31,13 @@ from ..run.metrics import RunMetrics
 from ..run.plan import Mode, PartitionPlan
 from ..run.reading import PART, group_values_sql, read_set, rows_query
 from ..run.row_prep import keep_sql, prepare_query
-from ..spark.frames import interpreted, named, observe
+from ..spark.frames import interpreted, named, observe, selected_schema
 from ..spark.read import read_source
 from ..spark.stable_sql import bigint
 from ..spec.specs import StageSpec
 from ..windows import partition_id, partition_id_sql, partition_key_column
 from .commit import commit_meta, commit_refill, schema_matches, transactions, with_metrics
-from .dedup import DedupReplaced, dedup_against_kept, deduped, replaced
+from .dedup import DedupReplaced, dedup_against_kept, deduped, deduped_columns, replaced
 from .keys import in_keys_sql, key_hash_sql
 
 
@@ -133,14 +134,17 @@ def _appends(ctx: RunContext, spec: StageSpec, plans: list[PartitionPlan], joine
     writes the new rows; the run's counts and any kept row a new one would replace are observed
     by it (nothing is cached or collected). False, with nothing done, when the output's schema
     changes (the general path resets the table)."""
-    new = deduped(spec, joined.where(F.col(RULE).isNull()))
-    cols = [c for c in new.columns if c != EVENT_TS]
+    # the one analysis before the job: the schemas below follow from it (over Spark Connect each is a request)
+    known = joined.schema
+    new = deduped(spec, joined.where(F.col(RULE).isNull()), known.names)
+    new_schema = selected_schema(known, deduped_columns(spec, known.names)) or new.schema
+    cols = [c for c in new_schema.names if c != EVENT_TS]
     uri = ctx.layout.sink_uri(spec)
-    if not schema_matches(output, new.select(*named(cols)).drop(PART)):
+    if not schema_matches(output, StructType([f for f in new_schema.fields if f.name not in (PART, EVENT_TS)])):
         return False
     lost = Observation() if spec.dedup_key else None
     if lost is not None:
-        new = dedup_against_kept(ctx, spec, plans, new, output, lost=lost)
+        new = dedup_against_kept(ctx, spec, plans, new, output, lost=lost, new_schema=new_schema)
     t0 = time.perf_counter()
     files = write_uncommitted(new.select(*named(cols)), uri, run_id, by=PART, through_driver=small)  # the one Spark job
     lost_in = replaced(spec, plans, lost.get) if lost is not None else []
