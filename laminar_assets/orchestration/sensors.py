@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -24,11 +25,15 @@ from laminar_assets.orchestration.internals.private_names import DATA_VERSION_TA
 from laminar_assets.orchestration.internals.run_processes import fail_dead_runs
 from laminar_assets.pipeline.graph import Component, Spec, components
 from laminar_assets.pipeline.settings import LaminarSettings
-from laminar_assets.pipeline.tick import Cursor, pending_exports, plan_tick
+from laminar_assets.pipeline.tick import Cursor, pending_exports, plan_tick, watch_for_commits
 from laminar_assets.resources import LaminarResource
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
+# Whether a tick that finds nothing to do watches its sources for a commit (`sensor_watch_seconds`). A tick the
+# daemon runs does; one run in this process by a caller that ticks again on its own schedule (the demo, the
+# in-process bench: `in_process.evaluate_sensor`) does not, so it never waits.
+WATCHING: ContextVar[bool] = ContextVar("laminar_sensor_watching", default=True)
 ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
@@ -168,6 +173,18 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         if active:
             return dg.SkipReason(f"run {active[0]} of {component.name} is in progress; the next tick covers "
                                  "what lands meanwhile")
+        result = _requests(context, laminar)
+        watch = settings.sensor_watch_seconds if WATCHING.get() else 0
+        if isinstance(result, dg.SkipReason) and watch > 0:
+            seen = parse_cursor(context.cursor).versions
+            if not watch_for_commits(laminar.resolved_root(), component.external, seen, seconds=watch,
+                                     poll_seconds=settings.sensor_poll_seconds):
+                return dg.SkipReason(f"{result.skip_message} (watched for {watch:g} s)")
+            result = _requests(context, laminar)  # a commit landed while this tick watched: request it now
+        return result
+
+    def _requests(context: dg.SensorEvaluationContext, laminar: LaminarResource) -> dg.SensorResult | dg.SkipReason:
+        """The tick's run requests and cursor for the tables' current versions; a skip when nothing changed."""
         cursor = parse_cursor(context.cursor)
         plan = plan_tick(component, laminar.resolved_root(), laminar.checkpoints(), cursor,
                          lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking,

@@ -72,8 +72,16 @@ class LaminarSettings(BaseModel):
         "partitions from the flow's first partition to now + this, so a row dated 9999 costs nothing; runs refuse later "
         "partitions, and a run's sweep quarantines rows later than that as event_time_outside_partitions."))
     sensor_interval_seconds: int = Field(default=1, ge=1, description=(
-        "The least time between two ticks of a Delta-version sensor (Dagster's daemon evaluates sensors at most "
-        "once every 5 s)."))
+        "The least time between two ticks of a Delta-version sensor (a Laminar instance's daemon looks every "
+        "quarter second; Dagster's own, every 5 s)."))
+    sensor_watch_seconds: float = Field(default=0.9, ge=0, le=30, description=(
+        "How long a sensor tick that finds no new commit keeps watching its source tables for one before it "
+        "skips: a commit seen meanwhile is requested by that same tick, instead of waiting for the next (0: "
+        "skip at once). Keep it under the sensor interval, so the next tick follows this one without a gap; a "
+        "tick takes at most 60 s in Dagster's daemon."))
+    sensor_poll_seconds: float | None = Field(default=None, gt=0, description=(
+        "How often a watching tick looks for a source's next commit file; each look is one request per source "
+        "table on an object store. Unset: every 0.05 s on a local disk, every 0.25 s on an object store."))
     schedules: dict[str, str] = Field(default_factory=dict, description=(
         "Flow name -> cron schedule that brings its latest partition up to date."))
     retries: int = Field(default=2, ge=0, description="Retries of an asset step that failed for a transient reason "

@@ -22,13 +22,14 @@ horizon (`event_time_outside_partitions`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from laminar_assets.checkpoints import CheckpointStore
 from laminar_assets.engine import ExportSpec, Interval, LaminarError, later, partition_interval, partition_span
-from laminar_assets.engine.delta import is_delta_table, open_table, resolve_uri
+from laminar_assets.engine.delta import is_delta_table, last_commit_after, looks_cost_requests, open_table, resolve_uri
 from laminar_assets.engine.export import load_record
 from laminar_assets.engine.report import beyond, dirty_partitions, new_commits, reach, touches
 from laminar_assets.pipeline.graph import Component, Spec, inputs_of
@@ -85,6 +86,40 @@ def table_versions(root: str, tables: tuple[str, ...]) -> tuple[dict[str, int], 
             # str(): deltalake's Metadata.id says int, but the id is the table's UUID as a string
             versions[table], ids[table] = dt.version(), str(dt.metadata().id)
     return versions, ids
+
+
+LOCAL_POLL_SECONDS = 0.05  # a file check on a local disk: microseconds
+OBJECT_STORE_POLL_SECONDS = 0.25  # one request per table a look: 4 a second while the watch lasts
+
+
+def watch_for_commits(root: str, tables: tuple[str, ...], versions: dict[str, int], *, seconds: float,
+                      poll_seconds: float | None = None, sleep: Callable[[float], None] = time.sleep,
+                      clock: Callable[[], float] = time.monotonic) -> dict[str, int]:
+    """Wait up to `seconds` for a commit of any of `tables` after its version in `versions` (a table not in
+    it: its first commit), looking every `poll_seconds` (None: `LOCAL_POLL_SECONDS`, or
+    `OBJECT_STORE_POLL_SECONDS` when a table is on an object store) at the next commit's entry only, not
+    opening the table. Once one is there it looks once more after `poll_seconds`, and again while it finds
+    more, so a writer's burst (an append, then its updates and deletes, milliseconds apart) is answered as
+    one, within the time allowed. Returns each table that moved -> the last version seen; empty when none
+    did. A sensor's tick calls it when it found nothing to do, so a commit does not wait for the next tick."""
+    uris = {t: resolve_uri(root, t) for t in tables}
+    if poll_seconds is None:
+        poll_seconds = OBJECT_STORE_POLL_SECONDS if any(looks_cost_requests(u) for u in uris.values()) \
+            else LOCAL_POLL_SECONDS
+    deadline = clock() + seconds
+    seen = {t: versions.get(t) for t in tables}
+    moved: dict[str, int] = {}
+    while True:
+        found = False
+        for table, uri in uris.items():
+            last = last_commit_after(uri, seen[table])
+            if last is not None and last != seen[table]:
+                seen[table] = moved[table] = last
+                found = True
+        left = deadline - clock()
+        if (moved and not found) or left <= 0:
+            return moved
+        sleep(min(poll_seconds, left))
 
 
 def reads_of(consumer: Spec, producer: Spec, key: str) -> set[str]:

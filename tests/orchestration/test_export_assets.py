@@ -30,7 +30,7 @@ from tests.orchestration.pipeline import BASE, create_sources
 
 SPECS, _ = specs_with_contracts(load_specs())
 BY_NAME = {s.name: s for s in SPECS}
-SETTINGS = LaminarSettings(retry_delay_seconds=0, retries=0)
+SETTINGS = LaminarSettings(retry_delay_seconds=0, retries=0, sensor_watch_seconds=0)
 [PART] = components(SPECS)
 VWAP_PG = PostgresExport(name="vwap_1m_pg", source="vwap_1m", connection="analytics", table="vwap_1m")
 P9 = "2024-01-02-09:00"

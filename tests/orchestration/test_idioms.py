@@ -179,6 +179,8 @@ def test_every_asset_has_its_own_pool_and_the_instance_limits_pools(tmp_path):
         assert config.pool_config.default_pool_limit == 1
         assert config.run_queue_config.max_concurrent_runs == 2
         assert inst.run_coordinator.dequeue_interval_seconds == 0.5  # requested runs start within ~0.5 s (instance.py)
+        # a pipeline sensor's tick watches its sources for most of a second: other sensors tick beside it
+        assert inst.get_settings("sensors") == {"use_threads": True, "num_workers": 4}
     defs = build_definitions(load_specs(), LaminarSettings())
     graph = defs.resolve_asset_graph()
     for spec in load_specs():

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -15,6 +17,7 @@ import dagster as dg
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
 from laminar_assets.flows import load_specs
+from laminar_assets.orchestration import sensors
 from laminar_assets.orchestration.assets import partitions_def
 from laminar_assets.orchestration.internals.run_processes import RunProcess
 from laminar_assets.orchestration.schedules import build_schedule
@@ -25,14 +28,14 @@ from tests.orchestration.pipeline import BASE, create_sources, trades
 
 SPECS, _ = specs_with_contracts(load_specs())
 BY_NAME = {s.name: s for s in SPECS}
-SETTINGS = LaminarSettings()
+SETTINGS = LaminarSettings(sensor_watch_seconds=0)  # each tick answers at once; the watch has tests of its own
 [PART] = components(SPECS)
 FLOWS = {"vwap_1m", "ohlc_5m", "positions_1h", "large_trades", "sector_stats_1h", "symbol_activity_15m",
          "sector_median_1h"}
 
 
-def tick(laminar, instance, cursor, blocking=frozenset()):
-    sensor = build_pipeline_sensor(PART, SETTINGS, blocking=set(blocking), contracts={"normalized_trades"})
+def tick(laminar, instance, cursor, blocking=frozenset(), settings=SETTINGS):
+    sensor = build_pipeline_sensor(PART, settings, blocking=set(blocking), contracts={"normalized_trades"})
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"laminar": laminar}) as ctx:
         return sensor(ctx)
 
@@ -176,6 +179,48 @@ def test_the_sensor_waits_while_a_run_of_the_part_is_in_progress(lake, laminar, 
     assert isinstance(skipped, dg.SkipReason) and run.run_id in skipped.skip_message
     instance.report_run_failed(run)
     assert isinstance(tick(laminar, instance, None), dg.SensorResult)
+
+
+def test_a_commit_landing_while_a_tick_watches_is_requested_by_that_tick(lake, laminar, instance):
+    """A tick that finds nothing new watches the sources for `sensor_watch_seconds` (as the daemon runs it): a commit
+    then is requested at once, not by the next tick a second later."""
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    late = trades([(11, "2024-01-02 07:15:00", "XOM", "ACC-1", "SELL", 109.0, 100)])
+    writer = threading.Thread(target=lambda: (time.sleep(0.3), lake.append("raw_trades", frame=late)))
+    writer.start()
+    try:
+        result = tick(laminar, instance, cursor, settings=LaminarSettings(sensor_watch_seconds=20))
+    finally:
+        writer.join()
+    assert isinstance(result, dg.SensorResult), result
+    [request] = result.run_requests
+    assert span(request) == ("2024-01-02-06:00", "2024-01-02-07:00")
+    assert parse_cursor(result.cursor).versions["raw_trades"] == 1
+
+
+def test_a_tick_with_nothing_new_skips_after_its_watch_and_says_so(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    skipped = tick(laminar, instance, cursor, settings=LaminarSettings(sensor_watch_seconds=0.2))
+    assert isinstance(skipped, dg.SkipReason)
+    assert skipped.skip_message == "no new versions of raw_trades, symbols, normalized_trades (watched for 0.2 s)"
+
+
+def test_a_tick_run_in_this_process_by_a_caller_that_ticks_again_itself_never_watches(lake, laminar, instance,
+                                                                                     monkeypatch):
+    def watch(*_, **__):
+        raise AssertionError("watched")
+
+    monkeypatch.setattr(sensors, "watch_for_commits", watch)
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    token = sensors.WATCHING.set(False)
+    try:
+        skipped = tick(laminar, instance, cursor, settings=LaminarSettings(sensor_watch_seconds=20))
+    finally:
+        sensors.WATCHING.reset(token)
+    assert isinstance(skipped, dg.SkipReason) and "watched" not in skipped.skip_message
 
 
 def test_a_skip_after_a_failed_run_says_its_partitions_wait(lake, laminar, instance):

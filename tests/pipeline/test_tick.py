@@ -17,7 +17,7 @@ from laminar_assets.engine import Agg, FlowSpec, Hopping
 from laminar_assets.engine.report import staleness
 from laminar_assets.pipeline.graph import components
 from laminar_assets.pipeline.settings import LaminarSettings
-from laminar_assets.pipeline.tick import Cursor, plan_tick
+from laminar_assets.pipeline.tick import LOCAL_POLL_SECONDS, Cursor, plan_tick, watch_for_commits
 
 NOW = datetime(2026, 12, 1, 16, 40, tzinfo=UTC)
 SETTINGS = LaminarSettings(partitions_start="2026-11-30", future_horizon="6h")
@@ -116,3 +116,48 @@ def test_a_source_whose_checkpoint_is_gone_fails_the_tick_naming_table_version_a
     with pytest.raises(SourceError, match="whose file is missing") as info:
         tick(root)
     assert info.value.facts == {"table": "trades", "version": 1, "file": checkpoint}
+
+
+class Clock:
+    """A clock that moves only when the watch sleeps, and runs `on_sleep[i]` at its i-th sleep (a commit
+    landing while the watch waits), so the watch's looks are counted, not timed."""
+
+    def __init__(self, *on_sleep) -> None:
+        self.now, self.slept, self.on_sleep = 0.0, [], list(on_sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.on_sleep:
+            self.on_sleep.pop(0)()
+
+    def watch(self, root: str, versions: dict[str, int], seconds: float = 0.9):
+        return watch_for_commits(root, ("trades",), versions, seconds=seconds, sleep=self.sleep, clock=lambda: self.now)
+
+
+def test_a_watch_with_no_commit_looks_until_its_time_is_up_and_finds_nothing(tmp_path):
+    root = str(tmp_path)
+    write(root, NOW)
+    clock = Clock()
+    assert clock.watch(root, {"trades": 0}) == {}
+    assert sum(clock.slept) == pytest.approx(0.9) and max(clock.slept) == LOCAL_POLL_SECONDS
+
+
+def test_a_watch_answers_a_burst_of_commits_once_the_log_is_quiet(tmp_path):
+    """An append then its corrections, milliseconds apart: the watch looks again after each find, and answers
+    with the last, so one run covers the burst instead of the first commit alone."""
+    root = str(tmp_path)
+    write(root, NOW)
+    one = lambda: write(root, NOW, mode="append")  # noqa: E731
+    clock = Clock(lambda: None, lambda: (one(), one()), one, lambda: None)
+    assert clock.watch(root, {"trades": 0}) == {"trades": 3}
+    assert len(clock.slept) == 4  # nothing, two commits, one more, then a quiet look ends it
+
+
+def test_a_watch_sees_a_source_created_while_it_waits_and_stops_at_its_deadline_in_a_burst(tmp_path):
+    root = str(tmp_path)
+    keep_writing = [lambda: write(root, NOW, mode="append")] * 50
+    clock = Clock(lambda: write(root, NOW), *keep_writing)
+    # created during its first wait, a commit during each of the others, the last one seen by the look at the deadline
+    assert clock.watch(root, {}, seconds=0.5) == {"trades": len(clock.slept) - 1} and len(clock.slept) >= 10
+    assert sum(clock.slept) == pytest.approx(0.5)  # a writer that never pauses does not hold the tick past its time

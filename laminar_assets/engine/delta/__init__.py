@@ -4,7 +4,7 @@ where tables live under a root (`layout`), and whether every file a table names 
 
 from .integrity import TableIntegrity, check_table
 from .layout import Layout
-from .log import CommitKind, CommitSummary, DataFile
+from .log import CommitKind, CommitSummary, DataFile, last_commit_after, looks_cost_requests
 from .tables import (
     SourceHistory,
     TableInfo,
@@ -20,6 +20,6 @@ from .tables import (
 
 __all__ = [
     "CommitKind", "CommitSummary", "DataFile", "Layout", "SourceHistory", "TableInfo", "TableIntegrity",
-    "check_table", "checkout_info", "is_delta_table", "open_delta", "open_table", "resolve_uri", "snapshot_files",
-    "source_history", "table_info",
+    "check_table", "checkout_info", "is_delta_table", "last_commit_after", "looks_cost_requests", "open_delta",
+    "open_table", "resolve_uri", "snapshot_files", "source_history", "table_info",
 ]

@@ -277,6 +277,22 @@ def entry_path(uri: str, version: int) -> str:
     return f"{uri}/_delta_log/{version:020d}.json"
 
 
+def last_commit_after(uri: str, version: int | None) -> int | None:
+    """The last of the commits right after `version` whose entries exist (None: the table's first is
+    version 0), or `version` when the next one is not there: one existence check per commit found plus
+    one, so a sensor can look for new commits without opening the table (and on an object store with
+    one request when there is none). A checkpoint never stands without its commit's entry."""
+    while storage.exists(entry_path(uri, 0 if version is None else version + 1)):
+        version = 0 if version is None else version + 1
+    return version
+
+
+def looks_cost_requests(uri: str) -> bool:
+    """Whether each look for a commit (`last_commit_after`) is a request to an object store, not a local
+    file check: how often to look is the caller's trade between requests and latency."""
+    return storage.is_object_store(uri)
+
+
 def damaged_entry(table: str, uri: str, version: int, line: int, exc: Exception) -> SourceError:
     """The error of a commit entry that is not JSON: a Delta writer never leaves one (it writes the
     entry whole, or not at all), so it was cut short or edited by hand."""

@@ -132,8 +132,16 @@ def _first_line(text: str) -> str:
 
 def evaluate_sensor(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, cursor: str | None,
                     resources: dict | None = None):
-    """One tick of a sensor, exactly as the daemon evaluates it."""
+    """One tick of a sensor, as the daemon evaluates it, except that a Laminar pipeline sensor that finds
+    nothing to do skips at once instead of watching its sources for a while: the caller ticks again when
+    it wants to (`sensors.WATCHING`)."""
+    from laminar_assets.orchestration.sensors import WATCHING
+
     sensor = defs.resolve_sensor_def(name)
-    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources or dict(defs.resources or {}),
-                                 definitions=defs) as ctx:
-        return sensor(ctx)
+    token = WATCHING.set(False)
+    try:
+        with dg.build_sensor_context(instance=instance, cursor=cursor,
+                                     resources=resources or dict(defs.resources or {}), definitions=defs) as ctx:
+            return sensor(ctx)
+    finally:
+        WATCHING.reset(token)
