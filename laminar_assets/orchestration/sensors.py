@@ -11,6 +11,7 @@ the next tick then covers every commit that landed meanwhile.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from datetime import datetime
@@ -34,6 +35,9 @@ RANGE_END = "dagster/asset_partition_range_end"
 # daemon runs does; one run in this process by a caller that ticks again on its own schedule (the demo, the
 # in-process bench: `in_process.evaluate_sensor`) does not, so it never waits.
 WATCHING: ContextVar[bool] = ContextVar("laminar_sensor_watching", default=True)
+# How often a watching tick asks the instance whether its part's run is still in progress: one query of the run
+# storage each time, while a run lasts.
+RUN_POLL_SECONDS = 0.1
 ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
@@ -165,19 +169,24 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
             return context.instance.get_run_ids(dg.RunsFilter(tags={COMPONENT_TAG: component.name}, statuses=ACTIVE),
                                                 limit=1)
 
+        watch = settings.sensor_watch_seconds if WATCHING.get() else 0
+        deadline = time.monotonic() + watch
         active = in_progress()
         if active:  # a run whose process was killed would hold the part forever: fail such runs, look again
             for note in fail_dead_runs(context.instance):
                 context.log.warning(note)
             active = in_progress()
+        while active and time.monotonic() + RUN_POLL_SECONDS < deadline:  # the run may end while this tick watches
+            time.sleep(RUN_POLL_SECONDS)
+            active = in_progress()
         if active:
             return dg.SkipReason(f"run {active[0]} of {component.name} is in progress; the next tick covers "
                                  "what lands meanwhile")
         result = _requests(context, laminar)
-        watch = settings.sensor_watch_seconds if WATCHING.get() else 0
-        if isinstance(result, dg.SkipReason) and watch > 0:
+        left = deadline - time.monotonic()
+        if isinstance(result, dg.SkipReason) and left > 0:
             seen = parse_cursor(context.cursor).versions
-            if not watch_for_commits(laminar.resolved_root(), component.external, seen, seconds=watch,
+            if not watch_for_commits(laminar.resolved_root(), component.external, seen, seconds=left,
                                      poll_seconds=settings.sensor_poll_seconds):
                 return dg.SkipReason(f"{result.skip_message} (watched for {watch:g} s)")
             result = _requests(context, laminar)  # a commit landed while this tick watched: request it now

@@ -199,6 +199,25 @@ def test_a_commit_landing_while_a_tick_watches_is_requested_by_that_tick(lake, l
     assert parse_cursor(result.cursor).versions["raw_trades"] == 1
 
 
+def test_a_tick_that_finds_its_parts_run_in_progress_requests_what_landed_once_the_run_ends(lake, laminar, instance):
+    """The run's end is watched too: a commit that landed during a run is requested by the tick watching it end,
+    not by the next tick."""
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    lake.append("raw_trades", frame=trades([(11, "2024-01-02 07:15:00", "XOM", "ACC-1", "SELL", 109.0, 100)]))
+    run = instance.create_run_for_job(dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(
+        assets=[dg.AssetSpec("x")]).resolve_asset_graph()), tags={"laminar/component": "raw_trades"},
+        status=dg.DagsterRunStatus.STARTED)
+    ender = threading.Thread(target=lambda: (time.sleep(0.3), instance.report_run_failed(run)))
+    ender.start()
+    try:
+        result = tick(laminar, instance, cursor, settings=LaminarSettings(sensor_watch_seconds=20))
+    finally:
+        ender.join()
+    assert isinstance(result, dg.SensorResult), result
+    assert [span(r) for r in result.run_requests] == [("2024-01-02-06:00", "2024-01-02-07:00")]
+
+
 def test_a_tick_with_nothing_new_skips_after_its_watch_and_says_so(lake, laminar, instance):
     create_sources(lake, BASE)
     cursor = tick(laminar, instance, None).cursor
