@@ -234,7 +234,7 @@ def _measure(commits: int, work: str, root: str, store_env: dict[str, str], *, l
     log = open(os.path.join(work, "serve.log"), "wb")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     rng = np.random.default_rng(seed)
-    samples, with_checks, runs_per_commit, errors = [], [], [], []
+    samples, with_checks, runs_per_commit, errors, to_created = [], [], [], [], []
     pg_samples, pg_check, polls = [], None, []
     delivered = _Delivered(work, root)
     try:
@@ -267,6 +267,7 @@ def _measure(commits: int, work: str, root: str, store_env: dict[str, str], *, l
             sink_before = delivered.sink_version()
             at = time.monotonic()
             append_trades(root, max(rows // 20, 20), tip - timedelta(minutes=5), tip, seed=seed + i)
+            committed = time.time()  # wall clock, as the instance's run records
             first_delivery: list[tuple[float, int]] = []  # (seconds, version): the first delivery of a newer vwap_1m
 
             def fresh() -> bool:
@@ -294,6 +295,9 @@ def _measure(commits: int, work: str, root: str, store_env: dict[str, str], *, l
             _wait(lambda: _caught_up(component, root, instance), 600)  # the run's checks, before the next commit
             with_checks.append(time.monotonic() - at)
             runs_per_commit.append(sorted(set(instance.get_run_ids()) - before))
+            created = [instance.get_run_record_by_id(r).create_timestamp.timestamp() for r in runs_per_commit[-1]]
+            if created:  # the sensor's part: its tick seeing the commit, planning, the run's creation
+                to_created.append(min(created) - committed)
             tip += timedelta(minutes=1)
         breakdown = _run_breakdown(instance, [r for rs in runs_per_commit for r in rs], [s.name for s in component.specs])
         pg_check = delivered.check()
@@ -327,6 +331,7 @@ def _measure(commits: int, work: str, root: str, store_env: dict[str, str], *, l
             "postgres_p95_s": round(float(np.percentile(pg_samples, 95)), 2) if pg_samples else None,
             "postgres_check": pg_check,
             "mean_poll_s": round(float(np.mean(polls)), 3) if polls else None,
+            "mean_commit_to_run_created_s": round(float(np.mean(to_created)), 2) if to_created else None,
             "until_checks_done_p50_s": round(float(np.percentile(with_checks, 50)), 2) if with_checks else None,
             "runs_per_commit": [len(r) for r in runs_per_commit],
             "mean_queue_wait_s": mean("queue_wait_s"), "mean_launch_overhead_s": mean("launch_overhead_s"),
