@@ -13,6 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from laminar_assets.deploy.ports import ends_with_this_process
 from tests.deploy.processes import free_port
 
 START_SECONDS = 20
@@ -60,7 +61,8 @@ def start_redis() -> RedisServer:
         port = free_port()
         process = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                     "--dir", folder, "--logfile", f"{folder}/redis.log"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   preexec_fn=ends_with_this_process())  # a worker killed hard takes it along
         server = RedisServer(port, folder, process)
         deadline = time.monotonic() + START_SECONDS
         while process.poll() is None and time.monotonic() < deadline:
