@@ -333,3 +333,33 @@ def test_a_written_tables_handle_is_moved_over_its_own_commits_and_its_app_trans
     assert moved == {"LIST": 1, "GET": 2}  # both commits read once
     assert got == {a: table.transaction_version(a) for a in apps}
     release()
+
+
+def test_a_sensor_watching_a_source_in_a_bucket_makes_one_request_a_look(s3_server, s3_lake):
+    """A watching tick looks at the next commit's entry only (a HEAD), never lists or reads the log: one request per
+    source table and look while nothing happens, one more per commit found, every 0.25 s by default on a store."""
+    from laminar_assets.pipeline.tick import OBJECT_STORE_POLL_SECONDS, watch_for_commits
+
+    uri = f"{s3_lake.root}/trades"
+    _append(uri, [1])
+    log = RequestLog(s3_server.endpoint)
+
+    def commit():  # the append's own requests, made while the watch sleeps, in a phase of their own
+        log.mark("writer")
+        _append(uri, [2])
+        log.mark("watch")
+
+    slept, now, on_sleep = [], [0.0], [lambda: None, commit, lambda: None]
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+        on_sleep.pop(0)()
+
+    log.start()
+    log.mark("watch")
+    moved = watch_for_commits(s3_lake.root, ("trades",), {"trades": 0}, seconds=5, sleep=sleep, clock=lambda: now[0])
+    watched = Counter(r.kind for r in log.requests() if r.phase == "watch")
+    assert moved == {"trades": 1}
+    assert slept == [OBJECT_STORE_POLL_SECONDS] * 3
+    assert watched == {"HEAD": 5}  # looks: nothing, nothing, commit 1 there and 2 not, nothing newer
