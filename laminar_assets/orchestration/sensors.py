@@ -222,7 +222,14 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         new_cursor = format_cursor(plan.cursor)
         if not requests and new_cursor == (context.cursor or ""):
             return dg.SkipReason(f"no new versions of {', '.join(component.tables)}{_after_failure(context.instance)}")
-        return dg.SensorResult(run_requests=requests, cursor=new_cursor,
+        # a tick that only moves the cursor (the part's own run wrote the stage's table, or a commit changed no
+        # partition that was not up to date) says so, instead of Dagster's "empty result"
+        moved = [f"{t} {_or_dash(cursor.since(t, v, plan.cursor.ids.get(t)))}..{v}"
+                 for t, v in sorted(plan.cursor.versions.items())
+                 if cursor.since(t, v, plan.cursor.ids.get(t)) != v] if not requests else []
+        skip = f"nothing to run for the new versions ({', '.join(moved)}): every partition they touch is up to " \
+            "date" if moved else None
+        return dg.SensorResult(run_requests=requests, cursor=new_cursor, skip_reason=skip,
                                asset_events=source_observations(component, cursor, plan.cursor))
 
     def _after_failure(instance: dg.DagsterInstance) -> str:

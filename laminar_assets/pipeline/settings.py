@@ -77,8 +77,8 @@ class LaminarSettings(BaseModel):
     sensor_watch_seconds: float = Field(default=0.9, ge=0, le=30, description=(
         "How long a sensor tick that finds no new commit keeps watching its source tables for one before it "
         "skips: a commit seen meanwhile is requested by that same tick, instead of waiting for the next (0: "
-        "skip at once). Keep it under the sensor interval, so the next tick follows this one without a gap; a "
-        "tick takes at most 60 s in Dagster's daemon."))
+        "skip at once). Near the sensor interval the next tick follows this one without a gap; a longer watch "
+        "only makes each tick last that long (Dagster's daemon gives a tick at most 60 s)."))
     sensor_poll_seconds: float | None = Field(default=None, gt=0, description=(
         "How often a watching tick looks for a source's next commit file; each look is one request per source "
         "table on an object store. Unset: every 0.05 s on a local disk, every 0.25 s on an object store."))

@@ -201,9 +201,14 @@ def plan_tick(component: Component, root: str, store: CheckpointStore, cursor: C
                     predicted |= reads_of(spec, producer, key)
             if table not in versions:
                 continue
+            since = cursor.since(table, versions[table], ids[table])
+            if since is None:
+                # a first look, or a table the cursor cannot place (recreated): its snapshot holds no trace of
+                # rows deleted or moved since a partition's run, so every materialized partition is a candidate
+                # too (one whose rows are all gone would be missed); is_current drops what is done
+                found |= set(store.partitions(spec.name))
             try:
-                # a table the cursor cannot place (recreated): all its commits; is_current drops what is done
-                changes = touched(table, spec.event_time, cursor.since(table, versions[table], ids[table]))
+                changes = touched(table, spec.event_time, since)
             except LaminarError as exc:
                 notes.append(f"cannot read {table}: {exc.message}")
                 continue

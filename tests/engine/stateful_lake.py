@@ -55,6 +55,9 @@ from laminar_assets.engine.delta import is_delta_table, open_delta
 from laminar_assets.engine.executor import STEPS
 from laminar_assets.engine.sql.views import compile_sql
 from laminar_assets.errors import ConcurrentRunError, InjectedCrash, RunFailedError, SchemaMismatchError, SourceNotFoundError
+from laminar_assets.pipeline.graph import components
+from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.pipeline.tick import Cursor, plan_tick, watch_for_commits
 from tests.engine.new_process import as_a_new_process, on_a_new_machine
 from tests.engine.stateful_exports import PARTITIONS, ExportRules, export_plans
 from tests.lake_invariants import LakeView, assert_lake_intact, laminar_tables, latest_frame, orphan_files, writers
@@ -85,6 +88,9 @@ minute = st.one_of(st.integers(-15, 179), st.integers(0, 179), st.just(None))
 price = st.sampled_from([-1.0, 0.0, 0.25, 1.5, 2.75, 10.0, 99.5])  # quarters: float sums stay exact
 new_row = st.tuples(minute, st.sampled_from(["a", "b", "c"]), st.sampled_from(VENUES),
                     st.sampled_from(["acc1", "acc2", None]), price, st.integers(0, 4))
+# the sensor's tick: partitions from the day before the rows (hopping windows reach back) to an hour past them
+TICK_SETTINGS = LaminarSettings(partitions_start="2023-12-31", future_horizon="1h")
+TICK_NOW = DAY.to_pydatetime() + pd.Timedelta(hours=3).to_pytimedelta()
 partition_sets = st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=3, unique=True)
 ids_where = st.tuples(st.integers(2, 4), st.integers(0, 3))  # rows with id % m == r
 # event times far from every partition: before any start, near the year 10000, past the future horizon
@@ -141,6 +147,8 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         self.allowed_orphans: set[str] = set()  # uncommitted files a kill left behind
         self.with_note = False
         self.ran: set[str] = set()  # the specs a step ran or killed mid-run (`_spec`)
+        self.tick_cursor = Cursor()  # the pipeline sensor's (`sensor_tick`)
+        self.ticked = False  # the teardown then checks the sensor's catch-up too
 
     # --- set-up -----------------------------------------------------------------
     @initialize(names=spec_sets, bound=bounds, partitioned=st.booleans(), cdf=st.booleans(), opts=options,
@@ -161,6 +169,8 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         try:
             if sys.exc_info()[0] is None and hasattr(self, "engine"):
                 self._deliver_exports()  # from wherever the history left them: then again after the runs below
+                if self.ticked:
+                    self._sensor_catches_up()
                 self._catch_up()
                 self._catch_up_exports()
         finally:
@@ -291,6 +301,70 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
         with self._unless_missing(spec):
             Engine(self.spark, self.root, options=self.engine.ctx.options).run_many(spec, keys)
         self._deliver_exports_of(data, spec)
+
+    @rule(data=st.data(), during=st.sampled_from([None, None, "append", "delete"]))
+    def sensor_tick(self, data, during):
+        """The pipeline sensor's tick as the daemon runs it: it watches the source while nothing is new (a user's
+        commit may land meanwhile: `watch_for_commits`), plans every spec's dirty partitions from its cursor
+        (`plan_tick`), and its one run materializes them in graph order."""
+        def user(_seconds):  # the watch's first look found nothing: the commit lands while it waits
+            if during == "append":
+                self.append(data.draw(st.lists(new_row, min_size=1, max_size=3)))
+            elif during == "delete":
+                self.delete(data.draw(ids_where))
+
+        watch_for_commits(self.root, self._part().external, self.tick_cursor.versions, seconds=0.1,
+                          poll_seconds=0.1, sleep=user, clock=iter([0.0, 0.0, 0.1, 0.1]).__next__)
+        self.tick_cursor = self._tick(self.tick_cursor)
+        self.ticked = True
+
+    def _part(self):
+        [part] = components(self.specs)  # every spec reads `trades` or the stage on it: one part
+        return part
+
+    def _tick(self, cursor: Cursor) -> Cursor:
+        """One tick's plan from `cursor` and its run (in graph order; a refused flow as `run` refuses it); the
+        next cursor."""
+        plan = plan_tick(self._part(), self.root, self.engine.store, cursor, lambda *_: set(), set(), TICK_SETTINGS,
+                         TICK_NOW)
+        for spec in self.specs:
+            if plan.dirty.get(spec.name):
+                self.ran.add(spec.name)
+                with self._unless_missing(spec):
+                    self.engine.run_many(spec, list(plan.dirty[spec.name]))
+        return plan.cursor
+
+    def _sensor_catches_up(self) -> None:
+        """Liveness of the sensor: ticks of a sensor without a cursor (a new Dagster instance on this lake) bring
+        every partition up to date within a bounded number of ticks and then ask for nothing, and every partition
+        they left alone equals a recompute at the inputs' latest versions: no change was missed."""
+        for _ in range(3 + len(self.snapshots)):
+            plan = plan_tick(self._part(), self.root, self.engine.store, Cursor(), lambda *_: set(), set(),
+                             TICK_SETTINGS, TICK_NOW)
+            if not any(plan.dirty.values()):
+                break
+            self._tick(Cursor())
+        else:
+            raise AssertionError(f"the sensor still asks for {dict(plan.dirty)} after {3 + len(self.snapshots)} ticks")
+        for spec in self.specs:
+            if not is_delta_table(storage.join(self.root, spec.sink)):
+                continue
+            latest = {s: open_delta(storage.join(self.root, s)).version() for s in spec.sources}
+            sink = latest_frame(storage.join(self.root, spec.sink))
+            for key in PARTITIONS:
+                mark = self.engine.store.load(spec.name, key)
+                if mark is None or not mark.committed or mark.pending is not None:
+                    continue
+                actual, expected = self._partition(spec, key, latest, sink)
+                try:
+                    if isinstance(spec, StageSpec):
+                        pd.testing.assert_frame_equal(actual, expected, check_dtype=False)
+                    else:
+                        assert_frames_match(actual, expected, spec.keys)
+                except AssertionError as exc:
+                    raise AssertionError(f"{spec.name} {key}, at {mark.source_versions} where the sources are at "
+                                         f"{latest}, differs from a recompute at those and the sensor asks for nothing: "
+                                         f"{exc}") from None
 
     @rule(data=st.data(), keys=partition_sets, step=st.sampled_from(STEPS), lease=left_leases)
     def kill(self, data, keys, step, lease):

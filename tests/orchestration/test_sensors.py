@@ -13,6 +13,7 @@ import time
 from datetime import UTC, datetime
 
 import dagster as dg
+from deltalake import DeltaTable
 
 from laminar_assets.checkpoints import CheckpointStore, Watermark
 from laminar_assets.definitions import specs_with_contracts
@@ -131,9 +132,27 @@ def test_a_sensor_without_cursor_skips_what_the_watermarks_already_cover(lake, l
                              {"raw_trades": 0, "symbols": 0}, 1))
     result = tick(laminar, instance, None)
     assert isinstance(result, dg.SensorResult) and result.run_requests == []  # e.g. `dagster dev` after the demo
+    # what the tick's line in the UI says, instead of Dagster's "Sensor function returned an empty result"
+    assert result.skip_reason.skip_message == ("nothing to run for the new versions (raw_trades -..0, symbols -..0): "
+                                               "every partition they touch is up to date")
     lake.append("raw_trades", frame=trades([(10, "2024-01-02 10:06:00", "MSFT", "ACC-3", "BUY", 411.0, 100)]))
     [request] = tick(laminar, instance, result.cursor).run_requests
     assert span(request) == ("2024-01-02-09:00", "2024-01-02-10:00")
+
+
+def test_a_sensor_without_cursor_requests_a_partition_whose_rows_were_all_deleted_since_its_run(lake, laminar, instance):
+    """The tables' snapshots hold no trace of a partition whose rows are gone, so a tick that has no cursor to read
+    the commits since (a new Dagster instance on an existing lake) takes every materialized partition as a candidate.
+    Found by the random stateful test's sensor (tests/engine/stateful_lake.py): the partition stayed stale."""
+    create_sources(lake, BASE)
+    store = CheckpointStore(lake.root)
+    for key in ("2024-01-02-09:00", "2024-01-02-10:00"):
+        store.save(Watermark("normalized_trades", key, BY_NAME["normalized_trades"].spec_hash,
+                             {"raw_trades": 0, "symbols": 0}, 1))
+    DeltaTable(f"{lake.root}/raw_trades").delete("trade_id = 4")  # 10:05, the 10:00 partition's only row
+    [request] = tick(laminar, instance, None).run_requests  # none before: 09:00 is current, 10:00 not in the snapshot
+    assert span(request) == ("2024-01-02-09:00", "2024-01-02-10:00")  # the flows reading 10:00 go with it
+    assert int(request.tags["laminar/dirty_partitions"]) >= 1 and dg.AssetKey("normalized_trades") in request.asset_selection
 
 
 def test_a_watermark_of_a_table_since_recreated_is_not_current(lake):
