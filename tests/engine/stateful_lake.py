@@ -7,7 +7,8 @@ centuries away) with what the scheduler does (`run` and `run_many` over any part
 other watermarks or brand new, under work bounds, `force`, a kill at any step of a run followed
 by more runs, the kill leaving its holds behind as kill -9 does, runs of partitions another live run
 holds, in this process or on another machine, refused without writing anything, runs in a new process as the
-daemon launches them, knowing nothing an earlier run in this process learned), on a source
+daemon launches them, knowing nothing an earlier run in this process learned, the pipeline sensor's ticks, a
+commit landing while one watches, and the runs of what they plan), on a source
 partitioned by a column or not, with change data on or off. After every step:
 
 - every materialized partition of every spec equals a recompute, by pandas and without the
@@ -24,7 +25,9 @@ a bounded number of runs (a failure that repeats on every run is a bug): every s
 (or killed mid-run) and the specs it reads, or every spec when the history ran none. A spec the
 history never ran would only get a first run there, which a `run` step tests at any point of a
 history (two shards, alternating runs: 3-13 % fewer CPU seconds). Most histories run no spec at all
-(Hypothesis leaves some rules out of each history): their teardown still runs every spec.
+(Hypothesis leaves some rules out of each history): their teardown still runs every spec. Before that, in a
+history with a sensor tick, ticks of a sensor without a cursor (a new Dagster instance on the lake) and their runs
+stop asking within a bounded number, and leave every partition equal to a recompute at the latest versions.
 
 The reference keeps the source's content at every version as read right after the commit,
 because vacuum makes older versions unreadable later.
