@@ -358,16 +358,9 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
                 mark = self.engine.store.load(spec.name, key)
                 if mark is None or not mark.committed or mark.pending is not None:
                     continue
-                actual, expected = self._partition(spec, key, latest, sink)
-                try:
-                    if isinstance(spec, StageSpec):
-                        pd.testing.assert_frame_equal(actual, expected, check_dtype=False)
-                    else:
-                        assert_frames_match(actual, expected, spec.keys)
-                except AssertionError as exc:
-                    raise AssertionError(f"{spec.name} {key}, at {mark.source_versions} where the sources are at "
-                                         f"{latest}, differs from a recompute at those and the sensor asks for nothing: "
-                                         f"{exc}") from None
+                self._assert_recomputed(spec, key, latest, sink, f"{spec.name} {key}, at {mark.source_versions} where "
+                                        f"the sources are at {latest}, differs from a recompute at those and the "
+                                        "sensor asks for nothing")
 
     @rule(data=st.data(), keys=partition_sets, step=st.sampled_from(STEPS), lease=left_leases)
     def kill(self, data, keys, step, lease):
@@ -431,15 +424,20 @@ class LakeMachine(ExportRules, RuleBasedStateMachine):
                     continue  # nothing materialized, or a killed run's intent the next run settles
                 if sink is None:
                     sink = latest_frame(storage.join(self.root, spec.sink), view)
-                actual, expected = self._partition(spec, key, mark.source_versions, sink)
-                try:
-                    if isinstance(spec, StageSpec):
-                        pd.testing.assert_frame_equal(actual, expected, check_dtype=False)
-                    else:
-                        assert_frames_match(actual, expected, spec.keys)
-                except AssertionError as exc:
-                    raise AssertionError(f"{spec.name} {key} at {mark.source_versions} ({mark.last_mode} "
-                                         f"{mark.last_reason}) differs from a recompute: {exc}") from None
+                self._assert_recomputed(spec, key, mark.source_versions, sink, f"{spec.name} {key} at "
+                                        f"{mark.source_versions} ({mark.last_mode} {mark.last_reason}) differs "
+                                        "from a recompute")
+
+    def _assert_recomputed(self, spec, key: str, versions: dict[str, int], sink: pd.DataFrame, what: str) -> None:
+        """Partition `key` of `sink` equals a recompute from the inputs at `versions`; else `what`, and why."""
+        actual, expected = self._partition(spec, key, versions, sink)
+        try:
+            if isinstance(spec, StageSpec):
+                pd.testing.assert_frame_equal(actual, expected, check_dtype=False)
+            else:
+                assert_frames_match(actual, expected, spec.keys)
+        except AssertionError as exc:
+            raise AssertionError(f"{what}: {exc}") from None
 
     def every_file_a_table_names_exists(self, view: LakeView | None = None):
         assert_lake_intact(self.root, view)

@@ -41,6 +41,16 @@ def tick(laminar, instance, cursor, blocking=frozenset(), settings=SETTINGS):
         return sensor(ctx)
 
 
+def watching_tick(laminar, instance, cursor, *, meanwhile):
+    """A tick as the daemon runs it (watching up to 20 s), while another thread does `meanwhile` 0.3 s into it."""
+    other = threading.Thread(target=lambda: (time.sleep(0.3), meanwhile()))
+    other.start()
+    try:
+        return tick(laminar, instance, cursor, settings=LaminarSettings(sensor_watch_seconds=20))
+    finally:
+        other.join()
+
+
 def span(request):
     if request.partition_key:
         return request.partition_key, request.partition_key
@@ -206,12 +216,7 @@ def test_a_commit_landing_while_a_tick_watches_is_requested_by_that_tick(lake, l
     create_sources(lake, BASE)
     cursor = tick(laminar, instance, None).cursor
     late = trades([(11, "2024-01-02 07:15:00", "XOM", "ACC-1", "SELL", 109.0, 100)])
-    writer = threading.Thread(target=lambda: (time.sleep(0.3), lake.append("raw_trades", frame=late)))
-    writer.start()
-    try:
-        result = tick(laminar, instance, cursor, settings=LaminarSettings(sensor_watch_seconds=20))
-    finally:
-        writer.join()
+    result = watching_tick(laminar, instance, cursor, meanwhile=lambda: lake.append("raw_trades", frame=late))
     assert isinstance(result, dg.SensorResult), result
     [request] = result.run_requests
     assert span(request) == ("2024-01-02-06:00", "2024-01-02-07:00")
@@ -227,12 +232,7 @@ def test_a_tick_that_finds_its_parts_run_in_progress_requests_what_landed_once_t
     run = instance.create_run_for_job(dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(
         assets=[dg.AssetSpec("x")]).resolve_asset_graph()), tags={"laminar/component": "raw_trades"},
         status=dg.DagsterRunStatus.STARTED)
-    ender = threading.Thread(target=lambda: (time.sleep(0.3), instance.report_run_failed(run)))
-    ender.start()
-    try:
-        result = tick(laminar, instance, cursor, settings=LaminarSettings(sensor_watch_seconds=20))
-    finally:
-        ender.join()
+    result = watching_tick(laminar, instance, cursor, meanwhile=lambda: instance.report_run_failed(run))
     assert isinstance(result, dg.SensorResult), result
     assert [span(r) for r in result.run_requests] == [("2024-01-02-06:00", "2024-01-02-07:00")]
 
