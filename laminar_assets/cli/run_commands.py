@@ -304,7 +304,8 @@ def serve(
     # deliveries go on from the demo's): set in this process's environment, which `dagster dev` and its runs inherit
     with start_embedded_targets(c.exports(), embedded_folder(c.root, machine_folder=os.path.dirname(logs))) as targets:
         embedded = "".join(f"\n  export connection '{t.connection}': {t.where}" for t in targets.targets)
-        code = run_serve(options, on_ready=lambda d: ready(d, embedded))
+        code = run_serve(options, on_ready=lambda d: ready(d, embedded),
+                         say=lambda line: console.print(line, markup=False, highlight=False))
     if not code:
         console.print("stopped: Dagster and the Spark Connect server are down"
                       + (" (and the exports' embedded targets)" if embedded else ""))

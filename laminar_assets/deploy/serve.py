@@ -21,6 +21,7 @@ from typing import Any
 
 from laminar_assets.errors import EnvironmentProblem
 
+from .code_location_watch import CodeLocationWatch, graphql
 from .connect_server import ConnectServer, ConnectServerOptions, start_connect_server
 from .ports import port_in_use
 
@@ -45,6 +46,8 @@ class ServeOptions:
     # Once the UI is up, send a scratch run of the demo graph through a Connect server started here
     # (deploy/warm_up.py), so the first real run finds its JVM warm. Never on an endpoint given.
     warm_up: bool = True
+    # Reload a code location whose code server stopped answering (deploy/code_location_watch.py)
+    watch_code_locations: bool = True
 
 
 @dataclass
@@ -177,8 +180,9 @@ def _start_warm_up(remote: str, env: dict, log_dir: str) -> subprocess.Popen:
 
 
 def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | None = None,
-          stop: threading.Event | None = None) -> int:
+          say: Callable[[str], None] = print, stop: threading.Event | None = None) -> int:
     """Run until Ctrl-C/SIGINT, SIGTERM, SIGHUP, `stop` is set, or a process dies; always stop both.
+    Meanwhile a code location whose code server stopped answering is reloaded, and `say` tells so.
     Returns an exit code. Call it from the main thread (it installs signal handlers)."""
     stop = stop or threading.Event()
     previous = _stop_on_signals(stop)
@@ -187,7 +191,10 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
         try:
             if on_ready and not stop.is_set():
                 on_ready(deployment)
+            watch = CodeLocationWatch(graphql(deployment.ui_url), say) if options.watch_code_locations else None
             while not stop.wait(1.0):
+                if watch is not None and watch.due():
+                    watch.look()
                 if deployment.warm_up is not None and deployment.warm_up.poll() is not None:
                     deployment.warm_up = None  # finished (and reaped)
                 if deployment.dagster.poll() is not None:

@@ -9,16 +9,18 @@ server is stopped by the same code path) and check what is left afterwards.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.processes import free_port, kill_tagged, listening, wait_for
+from tests.deploy.processes import free_port, kill_tagged, listening, tagged, wait_for
 
 pytestmark = pytest.mark.deployment
 
@@ -81,6 +83,48 @@ def test_a_closed_terminal_or_sigterm_stops_everything(tmp_path, sig):
     try:
         os.kill(proc.pid, sig)
         _stopped_cleanly(proc, ui, home, tmp_path / "serve.log")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_tagged("DAGSTER_HOME", str(home))
+
+
+def _location(ui: int) -> str:
+    """The code location's state in the UI: its __typename (RepositoryLocation when loaded) or its error."""
+    query = b'{"query": "{ workspaceOrError { ... on Workspace { locationEntries { locationOrLoadError { ' \
+            b'__typename ... on PythonError { message } } } } } }"}'
+    request = urllib.request.Request(f"http://127.0.0.1:{ui}/graphql", data=query,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        answer = json.loads(urllib.request.urlopen(request, timeout=10).read())
+    except OSError as exc:
+        return f"no answer: {exc}"
+    [entry] = answer["data"]["workspaceOrError"]["locationEntries"]
+    loaded = entry["locationOrLoadError"]
+    return loaded["__typename"] if loaded["__typename"] == "RepositoryLocation" else loaded["message"]
+
+
+def test_a_code_server_killed_under_it_is_restarted_without_a_human(tmp_path):
+    """`dagster dev` restarts a dead code-server proxy but not the process under it that runs the user's code;
+    left alone, every sensor tick failed until someone pressed Reload in the UI."""
+    proc, ui, home = _start(tmp_path, ignored=())
+    log = tmp_path / "serve.log"
+
+    def code_servers() -> set[int]:
+        return {pid for pid, cmd in tagged("DAGSTER_HOME", str(home)).items() if "dagster api grpc" in cmd}
+
+    try:
+        wait_for(lambda: _location(ui) == "RepositoryLocation" and code_servers(), 120, "the code location to load")
+        [first] = code_servers()
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: "loads again" in log.read_text(), 90, "serve to restart the code server",
+                 alive=lambda: proc.poll() is None)
+        assert _location(ui) == "RepositoryLocation"
+        assert code_servers() - {first}, "no new code server"
+        said = log.read_text()
+        assert "code location 'laminar': its code server stopped answering; restarting it (reload 1;" in said, said
+        os.kill(proc.pid, signal.SIGINT)
+        _stopped_cleanly(proc, ui, home, log)
     finally:
         if proc.poll() is None:
             proc.kill()
