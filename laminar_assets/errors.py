@@ -6,6 +6,8 @@ what was found, where (flow, table, column, version, field) and how to fix it.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -174,3 +176,11 @@ class CatalogError(EnvironmentProblem):
 
 class CatalogNameError(SourceNotFoundError):
     """A source named by its catalog name (`raw.trades`) that the catalog does not know; nothing was written."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """"did you mean 'x'? " for the known names closest to a misspelled `name` (at most two), to put in front of
+    the list of every known name; "" when none is close."""
+    close = difflib.get_close_matches(str(name), sorted(map(str, known)), n=2, cutoff=0.6)
+    return f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+

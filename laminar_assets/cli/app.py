@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from laminar_assets import storage
-from laminar_assets.errors import LakeNotFoundError, LaminarError
+from laminar_assets.errors import LakeNotFoundError, LaminarError, did_you_mean
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Incremental time-window rollups over Delta tables (Spark + Dagster).")
@@ -96,7 +96,8 @@ class CliContext:
     def spec(self, name: str):
         specs = {s.name: s for s in self.specs()}
         if name not in specs:
-            raise LaminarError(f"unknown flow {name!r}; known flows: {', '.join(sorted(specs))}", flow=name)
+            raise LaminarError(f"unknown flow {name!r}; {did_you_mean(name, specs)}known flows: "
+                               f"{', '.join(sorted(specs))}", flow=name)
         return specs[name]
 
     def engine(self):

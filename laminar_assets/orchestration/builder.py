@@ -12,6 +12,7 @@ import dagster as dg
 from laminar_assets import storage
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
 from laminar_assets.engine import ExportSpec, LaminarError, Spec, SpecError, check_exports, check_tables
+from laminar_assets.errors import did_you_mean
 from laminar_assets.orchestration.alerts import build_failure_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
@@ -96,7 +97,8 @@ def _build_definitions(specs, settings, resources, contracts_dir, use_threads, e
     part_of = {s.name: c.name for c in components(specs) for s in c.specs}
     for name, cron in settings.schedules.items():
         if name not in by_name:
-            raise LaminarError(f"schedule for unknown flow {name!r}: expected one of {', '.join(sorted(by_name))}; "
+            raise LaminarError(f"schedule for unknown flow {name!r}: {did_you_mean(name, by_name)}expected one of "
+                               f"{', '.join(sorted(by_name))}; "
                                "fix the name under `schedules`", flow=name, field="schedules")
         job, schedule = build_schedule(by_name[name], cron, settings, part_of[name])
         jobs.append(job)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from laminar_assets.errors import EnvironmentProblem
+from laminar_assets.errors import EnvironmentProblem, did_you_mean
 
 FUTURE_HORIZON = timedelta(days=1)  # the default of `future_horizon`
 _RELATIVE = re.compile(r"^today(?:\s*-\s*(\d+)\s*days?)?$")
@@ -168,7 +168,8 @@ def load_settings(path: str | pathlib.Path | None = None) -> LaminarSettings:
 
 def _message(error: Mapping[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
-        return f"not a setting (the settings: {', '.join(LaminarSettings.model_fields)})"
+        hint = did_you_mean(str(error["loc"][-1]), LaminarSettings.model_fields) if error["loc"] else ""
+        return f"not a setting ({hint}the settings: {', '.join(LaminarSettings.model_fields)})"
     return error["msg"].removeprefix("Value error, ")
 
 

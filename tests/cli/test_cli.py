@@ -87,7 +87,8 @@ def refill_killed_holding_its_slot(root, home, flow: str) -> str:
 @pytest.mark.process
 def test_errors_are_one_red_line_and_nonzero(tmp_path):
     (tmp_path / "_laminar").mkdir()  # a lake, so each command gets as far as its own error
-    for args, text in [(["explain", "nope"], "unknown flow 'nope'"),
+    for args, text in [(["explain", "nope"], "unknown flow 'nope'; known flows: large_trades"),
+                       (["explain", "vwap-1m"], "unknown flow 'vwap-1m'; did you mean 'vwap_1m'? known flows: "),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02...2024-01-03"],
                         "bad partition in --partition-range"),

@@ -99,7 +99,7 @@ def test_unknown_table_and_syntax_error_are_one_line(lake, tmp_path):
     proc = run_cli("--root", lake, "sql", "SELECT * FROM vwap_5m", home=tmp_path / "dh")
     assert proc.returncode == 1
     line = one_error_line(proc)
-    assert "unknown table 'vwap_5m'" in line and "vwap_1m" in line and "laminar_system.runs" in line, line
+    assert "unknown table 'vwap_5m' in the query; did you mean 'vwap_1m'?" in line and "laminar_system.runs" in line, line
     proc = run_cli("--root", lake, "sql", "SELECT * FROM vwap_1m WHERE symbol =", home=tmp_path / "dh")
     assert proc.returncode == 1
     line = one_error_line(proc)

@@ -23,7 +23,8 @@ from laminar_assets.pipeline.settings import LaminarSettings
     ({"s3": {"endpont": "http://127.0.0.1:9000"}}, "endpont"),
     ({"partitions_start": "2026-13-01"}, "expected an ISO date"),
     ({"partition_start": "2026-11-01"}, "partition_start"),
-    ({"engine": {"refil_ratio": 0.3}}, "engine: 'refil_ratio' is not an engine option; the options are refill_ratio"),
+    ({"engine": {"refil_ratio": 0.3}},
+     "engine: 'refil_ratio' is not an engine option; did you mean 'refill_ratio'\\? the options are refill_ratio"),
     ({"engine": {"refill_ratio": "most"}}, "engine: refill_ratio: Input should be a valid number"),
     ({"engine": {"future_horizon": "2d"}}, "future_horizon is this component's own attribute"),
 ])
@@ -39,7 +40,8 @@ def test_typed_spark_and_s3_attributes_reach_the_resource():
 
 
 def test_a_schedule_of_an_unknown_flow_names_the_known_ones():
-    with pytest.raises(LaminarError, match=r"schedule for unknown flow 'vwap_1mm': expected one of .*vwap_1m"):
+    with pytest.raises(LaminarError, match=r"schedule for unknown flow 'vwap_1mm': did you mean 'vwap_1m'\? "
+                                             r"expected one of .*vwap_1m"):
         build_definitions(load_specs(), LaminarSettings(schedules={"vwap_1mm": "*/15 * * * *"}))
 
 

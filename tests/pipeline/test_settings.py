@@ -99,8 +99,9 @@ def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(t
     assert options.future_horizon == timedelta(hours=6) and options.lease_seconds == EngineOptions().lease_seconds
     with pytest.raises(EnvironmentProblem, match="extreme_refill: expected one of 'cost', 'merge', 'windows', found 'cheap'"):
         EngineOptions(extreme_refill="cheap")  # in code too, not only from settings
-    for table, found in (("[tool.laminar.engine]\nrefil_ratio = 0.25", "engine: [tool.laminar.engine]: 'refil_ratio' is "
-                                                                        "not an engine option; the options are refill_ratio"),
+    for table, found in (("[tool.laminar.engine]\nrefil_ratio = 0.25",
+                          "engine: [tool.laminar.engine]: 'refil_ratio' is not an engine option; did you mean "
+                          "'refill_ratio'? the options are refill_ratio"),
                          ("[tool.laminar.engine]\nrefill_ratio = 'lots'", "refill_ratio: Input should be a valid number"),
                          ("[tool.laminar.engine]\nrefill_ratio = -0.5", "refill_ratio: expected 0 or more (found -0.5)"),
                          ("[tool.laminar.engine]\nrefill_ratio = nan", "refill_ratio: expected a finite number"),
@@ -113,8 +114,11 @@ def test_engine_options_come_from_the_project_file_and_a_wrong_one_is_one_line(t
                          ("[tool.laminar.engine]\nextreme_refill_share = 0.5", "'extreme_refill_share' is now extreme_refill"),
                          ("[tool.laminar.engine]\nscan_bytes_per_second = 0", "scan_bytes_per_second: expected more than 0"),
                          ("[tool.laminar.engine]\nfuture_horizon = '1d'", "future_horizon is set on [tool.laminar] itself"),
-                         ("[tool.laminar.engin]\nrefill_ratio = 0.2", "engin: not a setting (the settings: partitions_start"),
-                         ("[tool.laminar]\nfuture_horizont = '2d'", "future_horizont: not a setting"),
+                         ("[tool.laminar.engin]\nrefill_ratio = 0.2",
+                          "engin: not a setting (did you mean 'engine'? the settings: partitions_start"),
+                         ("[tool.laminar]\nfuture_horizont = '2d'",
+                          "future_horizont: not a setting (did you mean 'future_horizon'? "),
+                         ("[tool.laminar]\nwatch = 1", "watch: not a setting (the settings: "),
                          ("[tool]\nlaminar = 1", "[tool.laminar] must be a table of settings, found 1")):
         path.write_text(f"{table}\n")
         with pytest.raises(EnvironmentProblem, match=re.escape(found)) as caught:

@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 )
 
 from laminar_assets.checkpoints import CheckpointStore
-from laminar_assets.errors import LaminarError
+from laminar_assets.errors import LaminarError, did_you_mean
 
 from ..catalog import busy_metastore
 from ..delta.tables import is_delta_table, open_delta, resolve_uri, snapshot_files, table_info
@@ -357,7 +357,8 @@ def run_query(session: SparkSession | Callable[[], SparkSession], root: str, spe
         if catalog and name.count(".") == 1 and name.split(".", 1)[0] == catalog.lower():
             continue  # a table of the catalog: the session's metastore resolves it (or Spark says it has none)
         if name not in data and name not in system:
-            raise LaminarError(f"unknown table {name!r} in the query; known tables: {', '.join(known)}", table=name)
+            raise LaminarError(f"unknown table {name!r} in the query; {did_you_mean(name, known)}known tables: "
+                               f"{', '.join(known)}", table=name)
     if hasattr(session, "sql"):  # a session (local or Connect), or its factory
         spark: SparkSession = cast(SparkSession, session)
     else:

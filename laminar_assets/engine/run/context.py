@@ -118,7 +118,7 @@ class EngineOptions:
         that is no option or a value of the wrong type is one `EnvironmentProblem` naming it and `where`."""
         from pydantic import TypeAdapter, ValidationError
 
-        from laminar_assets.errors import EnvironmentProblem
+        from laminar_assets.errors import EnvironmentProblem, did_you_mean
 
         from ..windows import parse_duration
 
@@ -131,7 +131,8 @@ class EngineOptions:
             raise EnvironmentProblem(f"{where}: {'; '.join(renamed)} (docs/engine.md, 'EngineOptions')",
                                      options=sorted(k for k in RENAMED if k in values))
         if unknown:
-            raise EnvironmentProblem(f"{where}: {', '.join(unknown)} is not an engine option; the options "
+            hints = "".join(did_you_mean(name, names) for name in sorted(set(values) - set(names)))
+            raise EnvironmentProblem(f"{where}: {', '.join(unknown)} is not an engine option; {hints}the options "
                                      f"are {', '.join(names)} (docs/dagster.md, 'Engine options')", options=unknown)
         given = dict(values)
         if isinstance(given.get("future_horizon"), (int, float)):  # seconds? days? say which
