@@ -102,16 +102,25 @@ class RunFailedError(LaminarError):
     # imports neither pyspark, grpc nor py4j). SQL errors over Connect subclass SparkConnectGrpcException,
     # so only that exact class with an UNAVAILABLE status counts, never its subclasses.
     _LOST_CONNECTION = {"RetriesExceeded", "_InactiveRpcError", "_MultiThreadedRendezvous", "Py4JNetworkError"}
+    # A Spark Connect server that restarted while the client retried answers with a new session id; the client
+    # then closes its session and raises `[NO_ACTIVE_SESSION]` (from None: the gRPC error is only its context).
+    # A new session works (SparkResource.get_session starts one when the run's was closed).
+    _LOST_SESSION = ("[NO_ACTIVE_SESSION]", "[INVALID_HANDLE.SESSION_CHANGED]", "[INVALID_HANDLE.SESSION_NOT_FOUND]",
+                     "[INVALID_HANDLE.SESSION_CLOSED]")
 
     @property
     def retryable(self) -> bool:  # type: ignore[override]
+        seen: set[int] = set()
         cause = self.__cause__
-        while cause is not None:
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
             name = type(cause).__name__
             if isinstance(cause, ConnectionError) or name in self._LOST_CONNECTION or (
-                    name == "SparkConnectGrpcException" and "UNAVAILABLE" in str(cause)):
+                    name == "SparkConnectGrpcException" and "UNAVAILABLE" in str(cause)) or (
+                    name in ("SparkConnectException", "PySparkRuntimeError")
+                    and str(cause).lstrip().startswith(self._LOST_SESSION)):
                 return True
-            cause = cause.__cause__
+            cause = cause.__cause__ or cause.__context__
         return False
 
 

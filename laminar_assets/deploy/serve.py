@@ -48,6 +48,10 @@ class ServeOptions:
     warm_up: bool = True
     # Reload a code location whose code server stopped answering (deploy/code_location_watch.py)
     watch_code_locations: bool = True
+    # A Spark Connect server started here that exits is started again on its port, at most this many times
+    # within `spark_restart_window_seconds` (more is a crash loop a restart does not cure: serve then stops)
+    spark_restarts: int = 3
+    spark_restart_window_seconds: float = 600.0
 
 
 @dataclass
@@ -192,6 +196,7 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
             if on_ready and not stop.is_set():
                 on_ready(deployment)
             watch = CodeLocationWatch(graphql(deployment.ui_url), say) if options.watch_code_locations else None
+            spark_exits: list[float] = []
             while not stop.wait(1.0):
                 if watch is not None and watch.due():
                     watch.look()
@@ -200,13 +205,42 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
                 if deployment.dagster.poll() is not None:
                     return deployment.dagster.returncode or 1
                 if deployment.spark is not None and not deployment.spark.running():
-                    return 1
+                    if not _restart_spark(deployment, options, spark_exits, say):
+                        return 1
             return 0
         finally:
             deployment.stop()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[float],
+                   say: Callable[[str], None]) -> bool:
+    """Start the Connect server that exited (a JVM killed, out of memory) again on its port, so the runs that
+    lost it succeed on their retries (a lost connection is retryable: docs/dagster.md, 'Retries') and the next
+    runs find it, instead of the whole deployment going down. False when it exited too often to try again."""
+    assert deployment.spark is not None
+    log = deployment.spark.options.log_path
+    code = deployment.spark.process.returncode
+    now = time.monotonic()
+    exits[:] = [t for t in exits if now - t < options.spark_restart_window_seconds] + [now]
+    if len(exits) > options.spark_restarts:
+        say(f"the Spark Connect server exited (code {code}): {len(exits)} exits within "
+            f"{options.spark_restart_window_seconds:.0f} s, more than the {options.spark_restarts} restarts serve "
+            f"makes, so a restart does not cure it; stopping (see {log})")
+        return False
+    if deployment.warm_up is not None:  # it warmed the server that is gone
+        _stop_group(deployment.warm_up, timeout=10)
+        deployment.warm_up = None
+    say(f"the Spark Connect server exited (code {code}; see {log}); starting a new one on "
+        f"{deployment.spark.url} (restart {len(exits)} of at most {options.spark_restarts} within "
+        f"{options.spark_restart_window_seconds:.0f} s)")
+    started = time.monotonic()
+    deployment.spark = start_connect_server(deployment.spark.options)
+    say(f"the Spark Connect server is up again on {deployment.spark.url} after {time.monotonic() - started:.0f} s; "
+        "runs that lost it retry")
+    return True
 
 
 def _stop_on_signals(stop: threading.Event) -> dict[int, SignalHandler]:

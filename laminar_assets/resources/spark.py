@@ -9,6 +9,11 @@ from pydantic import Field, PrivateAttr
 
 from laminar_assets.engine import SparkOptions, build_session
 
+# Sessions a Spark Connect client closed (its server restarted), kept referenced: dropping the last reference runs
+# the session's __del__, which closes its gRPC channel and waited there, in the step's thread, for calls to the
+# server that is gone. A run's process ends with os._exit (laminar_assets/process_exit.py), which runs no __del__.
+_CLOSED_SESSIONS: list[Any] = []
+
 
 class SparkResource(dg.ConfigurableResource):
     """A SparkSession for the run: `local[*]` by default, a cluster via `master`, or a Spark Connect endpoint
@@ -52,8 +57,13 @@ class SparkResource(dg.ConfigurableResource):
                                      metastore=self.metastore)
 
     def get_session(self):
-        """The run's session, started on first use."""
+        """The run's session, started on first use, and started again when a Spark Connect client closed it (its
+        server restarted under `laminar serve`: the step that lost it fails as retryable, and its retry gets a
+        session on the new server)."""
         with self._lock:
+            if self._session is not None and getattr(self._session, "is_stopped", False):
+                _CLOSED_SESSIONS.append(self._session)
+                self._session = None
             if self._session is None:
                 self._session = build_session(self.options())
             return self._session

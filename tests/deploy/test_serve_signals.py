@@ -27,8 +27,10 @@ pytestmark = pytest.mark.deployment
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _start(tmp_path: Path, ignored: tuple[int, ...]) -> tuple[subprocess.Popen, int, Path]:
-    """`laminar serve` with `ignored` signals ignored from the start, as a shell's background job has them."""
+def _start(tmp_path: Path, ignored: tuple[int, ...], spark: list[str] | None = None
+           ) -> tuple[subprocess.Popen, int, Path]:
+    """`laminar serve` with `ignored` signals ignored from the start, as a shell's background job has them;
+    without a Spark Connect server unless `spark` gives its options."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
@@ -44,7 +46,7 @@ def _start(tmp_path: Path, ignored: tuple[int, ...]) -> tuple[subprocess.Popen, 
 
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "laminar_assets.cli", "--root", str(tmp_path / "lake"), "serve",
-                             "--ui-port", str(ui), "--local-spark", "--no-warm-up"], cwd=REPO, env=env,
+                             "--ui-port", str(ui), *(spark or ["--local-spark"]), "--no-warm-up"], cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=ignore)
     log.close()
     wait_for(lambda: listening(ui), 180, "the Dagster UI", alive=lambda: proc.poll() is None)
@@ -126,6 +128,69 @@ def test_a_code_server_killed_under_it_is_restarted_without_a_human(tmp_path):
         os.kill(proc.pid, signal.SIGINT)
         _stopped_cleanly(proc, ui, home, log)
     finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_tagged("DAGSTER_HOME", str(home))
+
+
+# What a step of a daemon-launched run does with its SparkResource: a query, then (the server killed and started
+# again meanwhile) a query that fails, wrapped as the engine wraps it, and the retry's query on `get_session()`.
+RUN_SESSION = """
+import os
+import sys
+from laminar_assets.errors import RunFailedError
+from laminar_assets.resources import SparkResource
+spark = SparkResource(remote=sys.argv[1])
+print(spark.get_session().range(3).count(), flush=True)
+sys.stdin.readline()
+try:
+    spark.get_session().range(3).count()
+    print("no error", flush=True)
+except Exception as exc:
+    try:
+        raise RunFailedError("run failed") from exc
+    except RunFailedError as failed:
+        print("retryable" if failed.retryable else f"not-retryable {exc!r}", flush=True)
+print(spark.get_session().range(7).count(), flush=True)
+os._exit(0)  # as a run's process ends (laminar_assets/process_exit.py): no __del__ of the closed session
+"""
+
+
+def test_a_spark_connect_server_that_dies_is_started_again_on_its_port(tmp_path):
+    """A Connect server killed under `laminar serve` (out of memory, `kill -9`) took the whole deployment down;
+    now a new one listens on the same port, so the runs that lost it succeed on their retries."""
+    spark_port = free_port()
+    proc, ui, home = _start(tmp_path, ignored=(), spark=["--spark-port", str(spark_port), "--driver-memory", "1g"])
+    log = tmp_path / "serve.log"
+
+    def servers() -> set[int]:  # the deployment's only JVM (runs connect to it; no warm-up)
+        return {pid for pid, cmd in tagged("DAGSTER_HOME", str(home)).items() if cmd.split(" ", 1)[0].endswith("/java")}
+
+    client = None
+    try:
+        wait_for(lambda: "Laminar is up" in log.read_text() and listening(spark_port), 180, "the deployment")
+        # a run's session on the server, as a daemon-launched run holds one
+        client = subprocess.Popen([sys.executable, "-c", RUN_SESSION, f"sc://127.0.0.1:{spark_port}"], cwd=REPO,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert client.stdout is not None and client.stdin is not None
+        assert client.stdout.readline().strip() == "3"
+        [first] = servers()
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: "is up again" in log.read_text(), 180, "serve to start Spark again",
+                 alive=lambda: proc.poll() is None)
+        assert listening(spark_port) and listening(ui)
+        assert servers() - {first}, "no new Spark Connect server"
+        said = log.read_text()
+        assert "the Spark Connect server exited (code -9" in said or "the Spark Connect server exited (code 137" \
+            in said, said[-1500:]
+        # the run's next query fails as a retryable error, and its retry's session works on the new server
+        out, err = client.communicate("go\n", timeout=120)
+        assert out.split() == ["retryable", "7"], err[-1500:]
+        os.kill(proc.pid, signal.SIGINT)
+        _stopped_cleanly(proc, ui, home, log)
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
         if proc.poll() is None:
             proc.kill()
         kill_tagged("DAGSTER_HOME", str(home))

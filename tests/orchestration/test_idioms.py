@@ -8,6 +8,7 @@ import json
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from unittest.mock import patch
 
 import dagster as dg
 import pytest
@@ -18,7 +19,7 @@ from laminar_assets.flows import load_specs
 from laminar_assets.orchestration.alerts import Alert, build_failure_sensor, send
 from laminar_assets.orchestration.assets import build_asset
 from laminar_assets.pipeline.settings import LaminarSettings
-from laminar_assets.resources import LaminarResource
+from laminar_assets.resources import LaminarResource, SparkResource
 from tests.orchestration.pipeline import BASE, create_sources
 from tests.reference import assert_frames_match, full_recompute
 
@@ -64,6 +65,49 @@ def test_retryable_errors_are_only_the_transient_ones():
             raise RunFailedError("run failed") from cause
     except RunFailedError as exc:
         assert not exc.retryable
+
+
+def test_a_spark_connect_session_lost_to_a_restarted_server_is_retryable_and_the_retry_gets_a_new_session():
+    """What the Connect client raises when its server restarted while it retried (measured: a server killed under
+    `laminar serve`): the session closed, `[NO_ACTIVE_SESSION]` raised from None over the gRPC error."""
+    from pyspark.errors.exceptions.connect import SparkConnectException
+
+    def lost() -> None:
+        try:
+            raise RuntimeError("INVALID_HANDLE.SESSION_CHANGED")  # stands for the gRPC error, its context
+        except RuntimeError:
+            raise SparkConnectException(errorClass="NO_ACTIVE_SESSION", messageParameters={}) from None
+
+    for raising in (lost, lambda: (_ for _ in ()).throw(SparkConnectException(errorClass="NO_ACTIVE_SESSION",
+                                                                               messageParameters={}))):
+        try:
+            try:
+                raising()
+            except SparkConnectException as cause:
+                raise RunFailedError("run of 'vwap' failed") from cause
+        except RunFailedError as exc:
+            assert exc.retryable
+    try:
+        try:
+            raise SparkConnectException("[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column with name `x` cannot be "
+                                        "resolved. Did you mean one of the following? [`y`].")
+        except SparkConnectException as cause:
+            raise RunFailedError("run of 'vwap' failed") from cause
+    except RunFailedError as exc:
+        assert not exc.retryable
+
+    class Session:  # the one attribute get_session asks a Connect session
+        is_stopped = False
+
+    spark = SparkResource(remote="sc://127.0.0.1:1")
+    first = Session()
+    spark._session = first
+    assert spark.get_session() is first
+    first.is_stopped = True
+    built = []
+    with patch("laminar_assets.resources.spark.build_session", lambda options: built.append(options) or Session()):
+        renewed = spark.get_session()
+    assert renewed is not first and spark.get_session() is renewed and built[0].remote == "sc://127.0.0.1:1"
 
 
 class FlakyLaminar(LaminarResource):
