@@ -48,23 +48,29 @@ def test_owners_tags_and_freshness_come_from_the_spec():
                                       aggregates=FLOW.aggregates).spec_hash  # catalog facts do not refill
 
 
+def _run_failed(raising) -> RunFailedError:
+    """The error the engine raises for a failure inside a run: a RunFailedError from the exception `raising` raises."""
+    try:
+        try:
+            raising()
+        except Exception as cause:
+            raise RunFailedError("run of 'vwap' failed") from cause
+    except RunFailedError as exc:
+        return exc
+    raise AssertionError("nothing was raised")
+
+
+def _raise(exc: BaseException):
+    def raising() -> None:
+        raise exc
+    return raising
+
+
 def test_retryable_errors_are_only_the_transient_ones():
     assert CommitConflictError("conflict").retryable and ConcurrentRunError("held").retryable
     assert not SchemaMismatchError("gone").retryable and not LaminarError("x").retryable
-    try:
-        try:
-            raise ConnectionResetError("peer reset")
-        except ConnectionResetError as cause:
-            raise RunFailedError("run failed") from cause
-    except RunFailedError as exc:
-        assert exc.retryable
-    try:
-        try:
-            raise ValueError("bad expression")
-        except ValueError as cause:
-            raise RunFailedError("run failed") from cause
-    except RunFailedError as exc:
-        assert not exc.retryable
+    assert _run_failed(_raise(ConnectionResetError("peer reset"))).retryable
+    assert not _run_failed(_raise(ValueError("bad expression"))).retryable
 
 
 def test_a_spark_connect_session_lost_to_a_restarted_server_is_retryable_and_the_retry_gets_a_new_session():
@@ -78,23 +84,11 @@ def test_a_spark_connect_session_lost_to_a_restarted_server_is_retryable_and_the
         except RuntimeError:
             raise SparkConnectException(errorClass="NO_ACTIVE_SESSION", messageParameters={}) from None
 
-    for raising in (lost, lambda: (_ for _ in ()).throw(SparkConnectException(errorClass="NO_ACTIVE_SESSION",
-                                                                               messageParameters={}))):
-        try:
-            try:
-                raising()
-            except SparkConnectException as cause:
-                raise RunFailedError("run of 'vwap' failed") from cause
-        except RunFailedError as exc:
-            assert exc.retryable
-    try:
-        try:
-            raise SparkConnectException("[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column with name `x` cannot be "
-                                        "resolved. Did you mean one of the following? [`y`].")
-        except SparkConnectException as cause:
-            raise RunFailedError("run of 'vwap' failed") from cause
-    except RunFailedError as exc:
-        assert not exc.retryable
+    assert _run_failed(lost).retryable
+    assert _run_failed(_raise(SparkConnectException(errorClass="NO_ACTIVE_SESSION", messageParameters={}))).retryable
+    assert not _run_failed(_raise(SparkConnectException(
+        "[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column with name `x` cannot be resolved. Did you mean one of the "
+        "following? [`y`]."))).retryable
 
     class Session:  # the one attribute get_session asks a Connect session
         is_stopped = False
