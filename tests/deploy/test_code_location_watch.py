@@ -1,5 +1,5 @@
 """The watch's decisions, one GraphQL answer at a time: when it reloads a code location, how often, and what it
-says. The real thing, a code server killed under `laminar serve` and brought back, is in test_serve_signals.py."""
+says. The real thing, a code server killed under `laminar serve` and brought back, is in test_serve_recovery.py."""
 
 from __future__ import annotations
 
