@@ -27,10 +27,10 @@ LONGEST_RETRY_SECONDS = 60.0
 REQUEST_TIMEOUT_SECONDS = 10.0
 
 _STATES = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
-  locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
+  locationOrLoadError { __typename ... on PythonError { message errorChain { error { message } } } } } } } }"""
 _RELOAD = """mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) {
-  __typename ... on WorkspaceLocationEntry { locationOrLoadError { __typename ... on PythonError { message } } }
-  ... on PythonError { message } } }"""
+  __typename ... on WorkspaceLocationEntry { locationOrLoadError { __typename ... on PythonError { message
+  errorChain { error { message } } } } } ... on PythonError { message } } }"""
 
 # what GraphQL answered: variables in, the response's "data" out
 Query = Callable[[str, dict], dict]
@@ -94,10 +94,10 @@ class CodeLocationWatch:
             return
         if not _unreachable(error):
             if error != state.reported_error:  # the user's code: a restart does not cure it
-                self.say(f"code location '{name}' does not load: {_first_line(error)}; fix it and press Reload "
-                         "in the UI (Deployment > Code locations)")
+                self.say(f"code location '{name}' does not load: {_one_line(error)}; fix it and press Reload in "
+                         "the UI (Deployment > Code locations)")
                 state.reported_error = error
-            state.unreachable_looks = 0
+            state.unreachable_looks = state.reloads = 0
             return
         state.unreachable_looks += 1
         if state.unreachable_looks < 2 or self.clock() < state.next_reload_at:
@@ -123,11 +123,20 @@ class CodeLocationWatch:
 
 
 def _error_of(entry: dict) -> str | None:
-    """The message of a location entry's load error; None when it loaded."""
+    """The message of a location entry's load error, then the messages of the errors it came from (where the
+    user's mistake is: a SyntaxError and its file and line, a setting that is no setting); None when it loaded."""
     loaded = entry.get("locationOrLoadError") or {}
-    if loaded.get("__typename") == "PythonError":
-        return str(loaded.get("message") or "").strip() or "PythonError"
-    return None
+    if loaded.get("__typename") != "PythonError":
+        return None
+    messages = [str(loaded.get("message") or "").strip()]
+    messages += [str((link.get("error") or {}).get("message") or "").strip() for link in loaded.get("errorChain") or []]
+    return " <- ".join(m for m in messages if m) or "PythonError"
+
+
+def _one_line(message: str, limit: int = 600) -> str:
+    """A message on one line (Dagster's span several), at most `limit` characters."""
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _unreachable(message: str) -> bool:

@@ -140,10 +140,7 @@ def start(options: ServeOptions, *, stop: threading.Event | None = None) -> Depl
     if remote is None and not options.local_spark:
         spark = start_connect_server(options.spark)
         remote = spark.url
-    env = {k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}
-    env.update(DAGSTER_HOME=options.dagster_home, LAMINAR_ROOT=options.root)
-    if remote:
-        env["LAMINAR_SPARK_REMOTE"] = remote
+    env = _environment(options, remote)
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", options.workspace, "-h", options.host,
            "-p", str(options.ui_port)]
     log = open(os.path.join(options.log_dir, "dagster.log"), "ab")
@@ -172,6 +169,15 @@ def start(options: ServeOptions, *, stop: threading.Event | None = None) -> Depl
     if spark is not None and options.warm_up and not (stop is not None and stop.is_set()):
         deployment.warm_up = _start_warm_up(spark.url, env, options.log_dir)
     return deployment
+
+
+def _environment(options: ServeOptions, remote: str | None) -> dict[str, str]:
+    """The environment of `dagster dev` (and so of its runs) and of the warm-up."""
+    env = {k: v for k, v in os.environ.items() if k != "LAMINAR_SPARK_REMOTE"}
+    env.update(DAGSTER_HOME=options.dagster_home, LAMINAR_ROOT=options.root)
+    if remote:
+        env["LAMINAR_SPARK_REMOTE"] = remote
+    return env
 
 
 def _start_warm_up(remote: str, env: dict, log_dir: str) -> subprocess.Popen:
@@ -205,8 +211,7 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
                 if deployment.dagster.poll() is not None:
                     return deployment.dagster.returncode or 1
                 if deployment.spark is not None and not deployment.spark.running():
-                    if not _restart_spark(deployment, options, spark_exits, say):
-                        return 1
+                    _restart_spark(deployment, options, spark_exits, say)
             return 0
         finally:
             deployment.stop()
@@ -216,31 +221,43 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
 
 
 def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[float],
-                   say: Callable[[str], None]) -> bool:
+                   say: Callable[[str], None]) -> None:
     """Start the Connect server that exited (a JVM killed, out of memory) again on its port, so the runs that
     lost it succeed on their retries (a lost connection is retryable: docs/dagster.md, 'Retries') and the next
-    runs find it, instead of the whole deployment going down. False when it exited too often to try again."""
+    runs find it, instead of the whole deployment going down. A server that dies while starting counts as one
+    more exit. More than `spark_restarts` exits within the window: an EnvironmentProblem saying so (a crash loop
+    that restarting does not cure; serve then stops everything)."""
     assert deployment.spark is not None
-    log = deployment.spark.options.log_path
-    code = deployment.spark.process.returncode
-    now = time.monotonic()
-    exits[:] = [t for t in exits if now - t < options.spark_restart_window_seconds] + [now]
-    if len(exits) > options.spark_restarts:
-        say(f"the Spark Connect server exited (code {code}): {len(exits)} exits within "
-            f"{options.spark_restart_window_seconds:.0f} s, more than the {options.spark_restarts} restarts serve "
-            f"makes, so a restart does not cure it; stopping (see {log})")
-        return False
-    if deployment.warm_up is not None:  # it warmed the server that is gone
-        _stop_group(deployment.warm_up, timeout=10)
+    spark_options = deployment.spark.options
+    log = spark_options.log_path
+    why = f"code {deployment.spark.process.returncode}"
+    if deployment.warm_up is not None:  # it warmed the server that is gone: scratch work, stopped at once
+        _stop_group(deployment.warm_up, timeout=2)
         deployment.warm_up = None
-    say(f"the Spark Connect server exited (code {code}; see {log}); starting a new one on "
-        f"{deployment.spark.url} (restart {len(exits)} of at most {options.spark_restarts} within "
-        f"{options.spark_restart_window_seconds:.0f} s)")
-    started = time.monotonic()
-    deployment.spark = start_connect_server(deployment.spark.options)
+    while True:
+        now = time.monotonic()
+        exits[:] = [t for t in exits if now - t < options.spark_restart_window_seconds] + [now]
+        if len(exits) > options.spark_restarts:
+            raise EnvironmentProblem(
+                f"the Spark Connect server exited ({why}): {len(exits)} exits within "
+                f"{options.spark_restart_window_seconds:.0f} s, more than the {options.spark_restarts} restarts "
+                f"`laminar serve` makes, so a restart does not cure it; stopped everything (see {log})", log=log)
+        say(f"the Spark Connect server exited ({why}; see {log}); starting a new one on {spark_options.url} "
+            f"(restart {len(exits)} of at most {options.spark_restarts} within "
+            f"{options.spark_restart_window_seconds:.0f} s)")
+        started = time.monotonic()
+        try:
+            deployment.spark = start_connect_server(spark_options)
+        except EnvironmentProblem as exc:  # died while starting (killed again, out of memory): one more exit
+            say(f"the new Spark Connect server did not start: {exc.message}")
+            why = "while starting"
+            continue
+        break
     say(f"the Spark Connect server is up again on {deployment.spark.url} after {time.monotonic() - started:.0f} s; "
         "runs that lost it retry")
-    return True
+    if options.warm_up:
+        deployment.warm_up = _start_warm_up(deployment.spark.url, _environment(options, deployment.spark.url),
+                                            options.log_dir)
 
 
 def _stop_on_signals(stop: threading.Event) -> dict[int, SignalHandler]:

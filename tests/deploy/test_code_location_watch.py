@@ -17,8 +17,14 @@ UNREACHABLE = ("dagster._core.errors.DagsterUserCodeUnreachableError: Could not 
 BROKEN = "dagster._core.errors.DagsterImportError: Encountered ImportError: `No module named 'nothing'`\n  at ..."
 
 
-def _entry(error: str | None) -> dict:
-    loaded = {"__typename": "PythonError", "message": error} if error else {"__typename": "RepositoryLocation"}
+CUT_SHORT = ("dagster._core.errors.DagsterUserCodeLoadError: Error occurred during the loading of Dagster definitions "
+             "in\nexecutable_path=/venv/bin/python, module_name=laminar_assets.definitions\n")
+SYNTAX = "SyntaxError: invalid syntax (ohlc_5m.py, line 23)\n"
+
+
+def _entry(error: str | None, chain: tuple[str, ...] = ()) -> dict:
+    loaded = {"__typename": "PythonError", "message": error,
+              "errorChain": [{"error": {"message": m}} for m in chain]} if error else {"__typename": "RepositoryLocation"}
     return {"name": "laminar", "loadStatus": "LOADED", "locationOrLoadError": loaded}
 
 
@@ -33,8 +39,13 @@ class Webserver:
         if text.lstrip().startswith("mutation"):
             self.reloads += 1
             return {"reloadRepositoryLocation": {"__typename": "WorkspaceLocationEntry",
-                                                 **_entry(self.after_reload.pop(0))}}
-        return {"workspaceOrError": {"__typename": "Workspace", "locationEntries": [_entry(self.states.pop(0))]}}
+                                                 **_answer(self.after_reload.pop(0))}}
+        return {"workspaceOrError": {"__typename": "Workspace", "locationEntries": [_answer(self.states.pop(0))]}}
+
+
+def _answer(state) -> dict:
+    """A state is an error message, None (loaded) or (message, chain)."""
+    return _entry(*state) if isinstance(state, tuple) else _entry(state)
 
 
 class Clock:
@@ -89,8 +100,27 @@ def test_a_location_whose_code_does_not_load_is_reported_once_and_not_reloaded()
     _looks(watch, clock, 6)
     assert server.reloads == 0
     assert said == ["code location 'laminar' does not load: dagster._core.errors.DagsterImportError: Encountered "
-                    "ImportError: `No module named 'nothing'`; fix it and press Reload in the UI (Deployment > Code "
-                    "locations)", "code location 'laminar' loads again"]
+                    "ImportError: `No module named 'nothing'` at ...; fix it and press Reload in the UI (Deployment > "
+                    "Code locations)", "code location 'laminar' loads again"]
+
+
+def test_a_load_error_is_told_with_the_errors_it_came_from_on_one_line():
+    """Dagster's message alone was cut at its first line ('... definitions in') and hid the user's mistake."""
+    server, clock, said = Webserver([(CUT_SHORT, (SYNTAX,))] * 2), Clock(), []
+    _looks(CodeLocationWatch(server, said.append, clock=clock), clock, 2)
+    assert said == ["code location 'laminar' does not load: dagster._core.errors.DagsterUserCodeLoadError: Error "
+                    "occurred during the loading of Dagster definitions in executable_path=/venv/bin/python, "
+                    "module_name=laminar_assets.definitions <- SyntaxError: invalid syntax (ohlc_5m.py, line 23); fix "
+                    "it and press Reload in the UI (Deployment > Code locations)"]
+
+
+def test_the_reload_count_starts_again_after_the_users_code_was_reported():
+    states = [UNREACHABLE, UNREACHABLE, BROKEN, UNREACHABLE, UNREACHABLE, None]
+    server, clock, said = Webserver(states, [UNREACHABLE, None]), Clock(), []
+    _looks(CodeLocationWatch(server, said.append, clock=clock), clock, len(states))
+    assert [line for line in said if "restarting" in line] == [
+        f"code location 'laminar': its code server stopped answering; restarting it (reload 1; next try in "
+        f"{FIRST_RETRY_SECONDS:.0f} s if it does not answer)"] * 2
 
 
 def test_a_reload_that_finds_the_users_code_broken_says_so_and_stops_reloading():

@@ -122,3 +122,46 @@ def test_a_spark_connect_server_that_dies_is_started_again_on_its_port(tmp_path)
         if proc.poll() is None:
             proc.kill()
         kill_tagged("DAGSTER_HOME", str(home))
+
+
+def _dead_server(options, code: int = 9):
+    """A ConnectServer whose process has exited with `code` (a real process; no JVM needed for the count)."""
+    from laminar_assets.deploy.connect_server import ConnectServer
+
+    process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+    process.wait()
+    return ConnectServer(options, process)
+
+
+def test_a_server_that_dies_while_restarting_counts_as_one_more_exit_up_to_the_limit(tmp_path, monkeypatch):
+    """A new server killed before it listened made serve exit at once, restarts left unused (a careless-user
+    review killed it 2 s into its start)."""
+    from laminar_assets.deploy import serve as serve_module
+    from laminar_assets.deploy.connect_server import ConnectServerOptions
+    from laminar_assets.deploy.serve import Deployment, ServeOptions, _restart_spark
+    from laminar_assets.errors import EnvironmentProblem
+
+    spark_options = ConnectServerOptions(port=free_port(), log_path=str(tmp_path / "spark-connect.log"))
+    options = ServeOptions(root=str(tmp_path / "lake"), dagster_home=str(tmp_path), warm_up=False, spark=spark_options)
+    outcomes = ["dies", "dies", "starts"]
+
+    def start(given):
+        assert given is spark_options
+        if outcomes.pop(0) == "dies":
+            raise EnvironmentProblem("the Spark Connect server exited with code -9 before listening")
+        return _dead_server(given, 0)  # stands for a server that started (its process is not asked again here)
+
+    monkeypatch.setattr(serve_module, "start_connect_server", start)
+    deployment = Deployment(dagster=None, spark=_dead_server(spark_options), remote=spark_options.url,  # type: ignore[arg-type]
+                            ui_url="http://127.0.0.1:1")
+    said: list[str] = []
+    exits: list[float] = []
+    _restart_spark(deployment, options, exits, said.append)
+    assert len(exits) == 3 and not outcomes
+    assert [line.split(" (restart ")[1][:1] for line in said if "(restart " in line] == ["1", "2", "3"]
+    assert sum("did not start" in line for line in said) == 2 and said[-1].startswith("the Spark Connect server is up")
+    # one more exit within the window is one past the limit: serve stops, saying why, in one error
+    deployment.spark = _dead_server(spark_options)
+    with pytest.raises(EnvironmentProblem, match=r"4 exits within 600 s, more than the 3 restarts `laminar serve` "
+                                                 r"makes, so a restart does not cure it; stopped everything"):
+        _restart_spark(deployment, options, exits, said.append)
