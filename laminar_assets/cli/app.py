@@ -143,6 +143,9 @@ def _options(
                               "project's component folder, e.g. defs/trades/flows) or a module (default: this "
                               "project's laminar_assets.flows)."),
 ) -> None:
+    from laminar_assets.pipeline.settings import load_settings
+
+    load_settings()  # a misspelled or bad [tool.laminar] setting: one error line for every command, before it runs
     root = storage.resolve_root(root or os.environ.get("LAMINAR_ROOT") or ".laminar/lake")
     home = os.path.abspath(os.environ.get("DAGSTER_HOME") or ".dagster_home")
     ctx.obj = CliContext(root=root, dagster_home=home, debug=debug, flows=flows)

@@ -461,3 +461,18 @@ def test_demo_then_status_explain_refill_generate(spark, demo_base):
     assert os.path.basename(lost) in bad["details"]
     last = broken.stderr.strip().splitlines()[-1]
     assert "checks failed" in last and "integrity on vwap_1m" in last and "Traceback" not in broken.stderr
+
+
+def test_a_misspelled_setting_stops_every_command_before_it_runs(tmp_path, monkeypatch):
+    """`status`, `dag`, `sql` and `generate` read no setting of their own and ran (generate even committed) with
+    a misspelled `[tool.laminar]` key that every Dagster run would then refuse (a careless-user review)."""
+    project = tmp_path / "pyproject.toml"
+    project.write_text("[tool.laminar]\nfuture_horizion = '1d'\n")
+    monkeypatch.setattr("laminar_assets.pipeline.settings.project_file", lambda *a, **k: project)
+    lake = tmp_path / "lake"
+    for args in (["status"], ["dag"], ["sql", "SELECT 1"], ["generate", "--batch", "1", "--rows", "50"]):
+        proc = cli("--root", str(lake), *args, home=tmp_path / "dh")
+        assert proc.returncode == 1, (args, proc.stdout)
+        assert f"{project} [tool.laminar]: future_horizion: not a setting (did you mean 'future_horizon'? " \
+            in one_error_line(proc), (args, proc.stderr)
+    assert not lake.exists()  # nothing was written
