@@ -190,6 +190,7 @@ class CatalogNameError(SourceNotFoundError):
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """"did you mean 'x'? " for the known names closest to a misspelled `name` (at most two), to put in front of
     the list of every known name; "" when none is close."""
-    close = difflib.get_close_matches(str(name), sorted(map(str, known)), n=2, cutoff=0.6)
-    return f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    by_lower = {str(k).lower(): str(k) for k in sorted(map(str, known))}  # OHLC_5M is ohlc_5m
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=2, cutoff=0.6)
+    return f"did you mean {' or '.join(repr(by_lower[c]) for c in close)}? " if close else ""
 

@@ -89,6 +89,7 @@ def test_errors_are_one_red_line_and_nonzero(tmp_path):
     (tmp_path / "_laminar").mkdir()  # a lake, so each command gets as far as its own error
     for args, text in [(["explain", "nope"], "unknown flow 'nope'; known flows: large_trades"),
                        (["explain", "vwap-1m"], "unknown flow 'vwap-1m'; did you mean 'vwap_1m'? known flows: "),
+                       (["explain", "OHLC_5M"], "unknown flow 'OHLC_5M'; did you mean 'ohlc_5m'? known flows: "),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02"], "must look like A...B"),
                        (["refill", "vwap_1m", "--partition-range", "2024-01-02...2024-01-03"],
                         "bad partition in --partition-range"),
