@@ -15,12 +15,14 @@ import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from datetime import datetime
+from math import inf
 from typing import Any
 
 import dagster as dg
 
 from laminar_assets.engine import ExportSpec, LaminarError
 from laminar_assets.engine.report import inspect_partition, is_stale
+from laminar_assets.orchestration import resume
 from laminar_assets.orchestration.assets import COMPONENT_TAG, partitions_def
 from laminar_assets.orchestration.internals.private_names import DATA_VERSION_TAG, AssetCheckExecutionRecordStatus
 from laminar_assets.orchestration.internals.run_processes import fail_dead_runs
@@ -29,8 +31,8 @@ from laminar_assets.pipeline.settings import LaminarSettings
 from laminar_assets.pipeline.tick import Cursor, pending_exports, plan_tick, watch_for_commits
 from laminar_assets.resources import LaminarResource
 
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
+RANGE_START = resume.RANGE_START
+RANGE_END = resume.RANGE_END
 # Whether a tick that finds nothing to do watches its sources for a commit (`sensor_watch_seconds`). A tick the
 # daemon runs does; one run in this process by a caller that ticks again on its own schedule (the demo, the
 # in-process bench: `in_process.evaluate_sensor`) does not, so it never waits.
@@ -51,10 +53,10 @@ def parse_cursor(text: str | None) -> Cursor:
                   ids={k: str(v) for k, v in (data.get("ids") or {}).items()})  # absent in older cursors
 
 
-def format_cursor(cursor: Cursor) -> str:
+def format_cursor(cursor: Cursor, *, failures: resume.Failures | None = None) -> str:
     held = {k: sorted(v) for k, v in cursor.held.items() if v}
-    return json.dumps({"versions": cursor.versions, "ids": cursor.ids, **({"held": held} if held else {})},
-                      sort_keys=True)
+    return json.dumps({"versions": cursor.versions, "ids": cursor.ids, **({"held": held} if held else {}),
+                       **({"failures": failures.to_json()} if failures else {})}, sort_keys=True)
 
 
 def failed_check_partitions(instance: dg.DagsterInstance, producer: Spec, keys: set[str]) -> set[str]:
@@ -193,14 +195,23 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         return result
 
     def _requests(context: dg.SensorEvaluationContext, laminar: LaminarResource) -> dg.SensorResult | dg.SkipReason:
-        """The tick's run requests and cursor for the tables' current versions; a skip when nothing changed."""
+        """The tick's run requests and cursor for the tables' current versions, with the partitions of failed runs
+        whose pause ended (resume.py); a skip when nothing changed."""
         cursor = parse_cursor(context.cursor)
+        now = time.time()
+        seen = resume.Failures.parse(json.loads(context.cursor).get("failures") if context.cursor else None, now=now)
+        failed = resume.failed_runs(context.instance, component.name, seen, first=settings.resume_seconds,
+                                    longest=settings.resume_max_seconds)
+        due, seen = resume.advance(seen, failed, now)
         plan = plan_tick(component, laminar.resolved_root(), laminar.checkpoints(), cursor,
                          lambda producer, keys: failed_check_partitions(context.instance, producer, keys), blocking,
                          settings)
         for note in plan.notes:
             context.log.info(note)
         by_spec = {s: list(plan.dirty.get(s.name, ())) for s in component.specs}
+        again = _resumed_partitions(due)
+        for spec in component.specs:
+            by_spec[spec] = sorted(set(by_spec[spec]) | set(again.get(spec.name, ())))
         for name, (keys, start) in outside_partitions(by_spec, settings).items():
             context.log.warning(outside_message(name, keys, start))
         # the run key names each table's id too: a lake rebuilt at the same path reaches the same
@@ -210,37 +221,67 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         # each export runs with its source's dirty partitions; one behind its source with nothing dirty to carry
         # it (never delivered, or its source materialized alone) runs with its source's latest partition, once
         # per version of that source (the run key names it)
-        with_source = {e.name: (names[e.source], by_spec[names[e.source]]) for e in exports if by_spec[names[e.source]]}
+        with_source = {e.name: (names[e.source], sorted(set(by_spec[names[e.source]]) | set(again.get(e.name, ()))))
+                       for e in exports if by_spec[names[e.source]] or again.get(e.name)}
         pending = pending_exports(laminar.resolved_root(), [e for e in exports if e.name not in with_source],
                                   component.specs, laminar.checkpoints())
         span += "".join(f"+{name}@{version}" for name, (version, _) in sorted(pending.items()))
         for e in exports:
             if e.name in pending:
                 with_source[e.name] = (names[e.source], [pending[e.name][1]])
-        requests = range_requests(by_spec, settings, run_key=f"{component.name}@{span}",
-                                  tags={COMPONENT_TAG: component.name}, checks=checks, exports=with_source)
-        new_cursor = format_cursor(plan.cursor)
-        if not requests and new_cursor == (context.cursor or ""):
-            return dg.SkipReason(f"no new versions of {', '.join(component.tables)}{_after_failure(context.instance)}")
-        # a tick that only moves the cursor (the part's own run wrote the stage's table, or a commit changed no
-        # partition that was not up to date) says so, instead of Dagster's "empty result"
+        span += "".join(f"+again:{r.run_id}" for r in due)
+        tags = {COMPONENT_TAG: component.name, **(max(due, key=lambda r: r.attempt).resume_tags() if due else {})}
+        for run in due:
+            context.log.info(f"runs the partitions of failed run {run.run_id} again (attempt {run.attempt}): {run.why}")
+        requests = range_requests(by_spec, settings, run_key=f"{component.name}@{span}", tags=tags, checks=checks,
+                                  exports=with_source)
+        new_cursor = format_cursor(plan.cursor, failures=seen)
+        # a tick that only moves the cursor (the part's own run wrote the stage's table, a commit changed no
+        # partition that was not up to date, a failed run was found not to run again) says so, instead of
+        # Dagster's "empty result"
         moved = [f"{t} {_or_dash(cursor.since(t, v, plan.cursor.ids.get(t)))}..{v}"
                  for t, v in sorted(plan.cursor.versions.items())
                  if cursor.since(t, v, plan.cursor.ids.get(t)) != v] if not requests else []
-        skip = f"nothing to run for the new versions ({', '.join(moved)}): every partition they touch is up to " \
-            "date" if moved else None
+        skip = None if requests else \
+            f"nothing to run for the new versions ({', '.join(moved)}): every partition they touch is up to date" \
+            if moved else f"no new versions of {', '.join(component.tables)}{_after_failure(context.instance, failed, now)}"
+        if skip and not moved and new_cursor == (context.cursor or ""):
+            return dg.SkipReason(skip)
         return dg.SensorResult(run_requests=requests, cursor=new_cursor, skip_reason=skip,
                                asset_events=source_observations(component, cursor, plan.cursor))
 
-    def _after_failure(instance: dg.DagsterInstance) -> str:
-        """What a skip says when the part's last run did not succeed: its partitions are not requested again
-        until a new commit touches them (docs/known-limits.md), which "no new versions" alone hides."""
-        last = instance.get_runs(dg.RunsFilter(tags={COMPONENT_TAG: component.name}), limit=1)
-        if not last or last[0].status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+    def _after_failure(instance: dg.DagsterInstance, failed: list[resume.FailedRun], now: float) -> str:
+        """What a skip says when the part's last run did not succeed: when its partitions run again, or that they
+        wait for a new commit that touches them (docs/known-limits.md), which "no new versions" alone hides."""
+        records = instance.get_run_records(dg.RunsFilter(tags={COMPONENT_TAG: component.name}), limit=1)
+        if not records or records[0].dagster_run.status not in (dg.DagsterRunStatus.FAILURE,
+                                                                dg.DagsterRunStatus.CANCELED):
             return ""
-        return (f"; the last run of {component.name}, {last[0].run_id}, ended {last[0].status.value}: its partitions "
-                "wait for a new commit that touches them, a `laminar refill`, a re-execution in the UI, or the "
-                "stale_partitions sensor")
+        last = records[0]
+        run = last.dagster_run
+        found = next((r for r in failed if r.run_id == run.run_id), None)  # not yet handled by this sensor
+        about = found or (resume.failed_run(instance, last, first=0, longest=settings.resume_max_seconds)
+                          if run.status is dg.DagsterRunStatus.FAILURE else None)
+        return resume.after_failure_message(component.name, run.run_id, run.status.value, about,
+                                            waiting=found is not None and found.retryable and now < found.due < inf,
+                                            now=now)
+
+    def _resumed_partitions(due: list[resume.FailedRun]) -> dict[str, set[str]]:
+        """Asset name -> the partitions the failed runs `due` ran, for the assets of this part."""
+        out: dict[str, set[str]] = {}
+        for run in due:
+            for name in run.assets:
+                spec = names.get(name) or next((names[e.source] for e in exports if e.name == name), None)
+                if spec is None:  # an asset no longer in this part
+                    continue
+                pdef = partitions_def(spec, settings)
+                tags = run.partition_tags
+                if resume.PARTITION_TAG in tags:
+                    out.setdefault(name, set()).add(tags[resume.PARTITION_TAG])
+                elif resume.RANGE_START in tags and resume.RANGE_END in tags:
+                    out.setdefault(name, set()).update(pdef.get_partition_keys_in_range(
+                        dg.PartitionKeyRange(tags[resume.RANGE_START], tags[resume.RANGE_END])))
+        return out
 
     return _sensor
 

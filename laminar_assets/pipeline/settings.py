@@ -87,6 +87,13 @@ class LaminarSettings(BaseModel):
     retries: int = Field(default=2, ge=0, description="Retries of an asset step that failed for a transient reason "
                          "(a Delta commit conflict, a partition lease held, a lost Spark connection).")
     retry_delay_seconds: float = Field(default=10.0, ge=0, description="Wait before the first retry; doubles after.")
+    resume_seconds: float = Field(default=30.0, ge=0, description=(
+        "When a sensor-launched run fails after its retries with an error a retry may fix (a store, database or "
+        "Spark server down for longer than the retries wait), its partitions run again this long after it ended, "
+        "the pause doubling with every failed attempt up to resume_max_seconds (0: never; they wait for a new "
+        "commit, a refill or the stale_partitions sensor)."))
+    resume_max_seconds: float = Field(default=600.0, gt=0, description=(
+        "The longest pause before a failed run's partitions run again."))
     alert: str = Field(default="log", description="Where failed runs are reported: 'log', a webhook URL "
                        "(http:// or https://, a JSON POST), or 'package.module:function' called with the alert.")
     engine: dict[str, Any] = Field(default_factory=dict, description=(

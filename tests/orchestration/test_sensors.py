@@ -261,8 +261,8 @@ def test_a_tick_run_in_this_process_by_a_caller_that_ticks_again_itself_never_wa
     assert isinstance(skipped, dg.SkipReason) and "watched" not in skipped.skip_message
 
 
-def test_a_skip_after_a_failed_run_says_its_partitions_wait(lake, laminar, instance):
-    """After a failed run the sensor requests its partitions again only when a new commit touches them; a skip that
+def test_a_skip_after_a_failed_run_says_when_its_partitions_run_again(lake, laminar, instance):
+    """A run failed outside its steps (its process found dead) runs again after a pause (test_resume.py); a skip that
     said only "no new versions" hid that partitions were behind."""
     create_sources(lake, BASE)
     result = tick(laminar, instance, None)
@@ -276,8 +276,8 @@ def test_a_skip_after_a_failed_run_says_its_partitions_wait(lake, laminar, insta
     skipped = tick(laminar, instance, cursor)
     assert isinstance(skipped, dg.SkipReason)
     assert skipped.skip_message.startswith("no new versions of raw_trades")
-    assert f"the last run of raw_trades, {run.run_id}, ended FAILURE" in skipped.skip_message
-    assert "laminar refill" in skipped.skip_message
+    assert f"the last run of raw_trades, {run.run_id}, failed (" in skipped.skip_message
+    assert skipped.skip_message.endswith("its partitions run again in 30 s (attempt 1; the pause doubles)")
 
 
 def test_a_run_of_the_part_whose_process_is_gone_is_failed_and_holds_the_sensor_no_longer(lake, laminar, instance):

@@ -1,0 +1,197 @@
+"""A failed run's partitions run again without a human: the pipeline sensor requests them after a pause that
+doubles with every failed attempt, for as long as the failure is one a retry may fix (resume.py).
+
+The failed runs are real Dagster runs of the part's assets: an asset named like the part's flow raises the
+failure Laminar's own assets raise (`assets._failure`), so the step failure and its metadata are Dagster's."""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+import pytest
+
+from laminar_assets.definitions import specs_with_contracts
+from laminar_assets.engine import CommitConflictError, Engine, EngineOptions, SpecError
+from laminar_assets.flows import load_specs
+from laminar_assets.orchestration import resume
+from laminar_assets.orchestration.assets import _failure, build_asset, partitions_def
+from laminar_assets.orchestration.checks import build_equivalence_check
+from laminar_assets.orchestration.internals.in_process import execute_request
+from laminar_assets.orchestration.sensors import RANGE_END, RANGE_START, build_pipeline_sensor, range_requests
+from laminar_assets.pipeline.graph import components
+from laminar_assets.pipeline.settings import LaminarSettings
+from laminar_assets.resources import LaminarResource
+from tests.orchestration.pipeline import BASE, create_sources, trades
+from tests.reference import assert_frames_match, full_recompute
+
+SPECS, _ = specs_with_contracts(load_specs())
+BY_NAME = {s.name: s for s in SPECS}
+[PART] = components(SPECS)
+PAUSE = 0.6
+SETTINGS = LaminarSettings(sensor_watch_seconds=0, resume_seconds=PAUSE)
+P9, P10 = "2024-01-02-09:00", "2024-01-02-10:00"
+
+
+def tick(laminar, instance, cursor, settings=SETTINGS):
+    sensor = build_pipeline_sensor(PART, settings, blocking=set(), contracts={"normalized_trades"})
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"laminar": laminar}) as ctx:
+        return sensor(ctx)
+
+
+def failed_run(instance, error, *, tags=None, partitions=(P9,)) -> str:
+    """A run of the part's `vwap_1m` that fails as Laminar's asset fails on `error`, after its retries."""
+    @dg.asset(name="vwap_1m", partitions_def=partitions_def(BY_NAME["vwap_1m"], SETTINGS))
+    def _broken():
+        raise _failure(error, {}, last=True)
+
+    span = {"partition_key": partitions[0]} if len(partitions) == 1 else \
+        {"tags": {RANGE_START: partitions[0], RANGE_END: partitions[-1]}}
+    job = dg.Definitions(assets=[_broken]).resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=instance, raise_on_error=False, asset_selection=[_broken.key],
+                                    tags={"laminar/component": PART.name, **(tags or {}), **span.pop("tags", {})},
+                                    **span)
+    assert not result.success
+    return result.run_id
+
+
+def skipped(result) -> str:
+    """A tick's skip message (a skip that also moves the cursor is a result with a skip reason); fails on requests."""
+    assert not getattr(result, "run_requests", None), result
+    return result.skip_message if isinstance(result, dg.SkipReason) else result.skip_reason.skip_message
+
+
+def test_a_run_that_failed_for_a_transient_reason_runs_again_after_a_pause_that_doubles(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor  # the first run's request (not launched here)
+    first = failed_run(instance, CommitConflictError("injected: the store stopped answering"),
+                       partitions=(P9, P10))
+    waiting = skipped(tick(laminar, instance, cursor))
+    assert f"the last run of raw_trades, {first}, failed (injected: the store stopped answering" in waiting
+    assert "its partitions run again in 1 s (attempt 1" in waiting
+    time.sleep(PAUSE + 0.2)
+    again = tick(laminar, instance, cursor)
+    [request] = again.run_requests
+    assert {k.to_user_string() for k in request.asset_selection} == {"vwap_1m"}
+    assert (request.tags[RANGE_START], request.tags[RANGE_END]) == (P9, P10)
+    assert request.tags[resume.RESUME_OF_TAG] == first and request.tags[resume.RESUME_ATTEMPT_TAG] == "1"
+    assert f"+again:{first}" in request.run_key
+    assert {c.name for c in request.asset_check_keys} == {"equivalence"}
+    cursor = again.cursor
+    assert "run again" not in skipped(tick(laminar, instance, cursor))  # once: the cursor handled it
+
+    # the run again fails too: the next attempt waits twice as long, and names the first run of the chain
+    second = failed_run(instance, CommitConflictError("injected: still down"), tags=request.tags | {},
+                        partitions=(P9, P10))
+    assert "run again in 1 s (attempt 2" in skipped(tick(laminar, instance, cursor))
+    time.sleep(PAUSE + 0.2)  # one pause: not yet
+    assert "run again in 0 s (attempt 2" in skipped(tick(laminar, instance, cursor))
+    time.sleep(PAUSE)
+    [request] = tick(laminar, instance, cursor).run_requests
+    assert request.tags[resume.RESUME_OF_TAG] == first and request.tags[resume.RESUME_ATTEMPT_TAG] == "2"
+    assert f"+again:{second}" in request.run_key
+
+
+def test_a_failed_run_joins_the_run_a_new_commit_requests(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    failed = failed_run(instance, CommitConflictError("injected"), partitions=(P9,))
+    time.sleep(PAUSE + 0.2)
+    lake.append("raw_trades", frame=trades([(9, "2024-01-02 10:30:00", "MSFT", "ACC-3", "BUY", 411.0, 10)]))
+    [request] = tick(laminar, instance, cursor).run_requests  # one run: the commit's partitions and the failed one's
+    assert request.tags[RANGE_START] <= P9 and request.tags[RANGE_END] == P10
+    assert request.tags[resume.RESUME_OF_TAG] == failed
+
+
+def test_a_failure_a_retry_does_not_fix_waits_for_a_human(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    failed = failed_run(instance, SpecError("column 'prize' not found", flow="vwap_1m", field="aggregates"))
+    time.sleep(PAUSE + 0.2)
+    message = skipped(tick(laminar, instance, cursor))
+    assert f"the last run of raw_trades, {failed}, failed with an error a retry does not fix (column 'prize' not " \
+           "found" in message
+    assert "laminar refill" in message
+
+
+def test_a_canceled_run_is_not_run_again_and_resume_seconds_0_turns_it_off(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    failed = failed_run(instance, CommitConflictError("injected"))
+    off = LaminarSettings(sensor_watch_seconds=0, resume_seconds=0)
+    time.sleep(PAUSE + 0.2)
+    result = tick(laminar, instance, cursor, settings=off)
+    assert f"{failed}, ended FAILURE" in skipped(result)
+    cursor = result.cursor  # handled: turning resume on later does not run it again
+    job = dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(assets=[dg.AssetSpec("x")]).resolve_asset_graph())
+    run = instance.create_run_for_job(job, tags={"laminar/component": PART.name}, status=dg.DagsterRunStatus.STARTED)
+    instance.report_run_canceled(run)
+    assert f"{run.run_id}, ended CANCELED" in skipped(tick(laminar, instance, cursor))
+
+
+@pytest.mark.parametrize(("attempt", "seconds"), [(1, 30), (2, 60), (5, 480), (6, 600), (40, 600)])
+def test_the_pause_doubles_up_to_its_longest(attempt, seconds):
+    assert resume.pause_seconds(attempt, first=30, longest=600) == seconds
+
+
+def test_the_cursor_keeps_a_run_that_waits_and_forgets_what_its_time_covers():
+    def run(run_id, ended, due, retryable=True):
+        return resume.FailedRun(run_id=run_id, ended=ended, retryable=retryable, why="x", attempt=1,
+                                first_run_id=run_id, due=due, assets=("a",), partition_tags={})
+
+    seen = resume.Failures(after=100.0)
+    waiting, done, fixed = run("w", 110, due=200), run("d", 120, due=150), run("f", 130, due=float("inf"), retryable=False)
+    due, seen = resume.advance(seen, [waiting, done, fixed], now=160)
+    assert due == [done]
+    assert seen.after == 100 and set(seen.handled) == {"d", "f"}  # 'w' is looked at again
+    due, seen = resume.advance(seen, [waiting], now=210)
+    assert due == [waiting] and seen.after == 130 and not seen.handled
+    assert resume.advance(seen, [], now=300) == ([], seen)
+    assert resume.Failures.parse(seen.to_json(), now=0) == seen
+    assert resume.Failures.parse(None, now=5.0) == resume.Failures(after=5.0)
+
+
+class StoreDown(LaminarResource):
+    """Every run fails as one does while the lake's store does not answer, until the store is back."""
+
+    def engine(self, **options) -> Engine:
+        def hook(step: str) -> None:
+            if DOWN:
+                raise CommitConflictError(f"injected at {step}: the store does not answer")
+
+        return Engine(self.spark.get_session(), self.resolved_root(), hook=hook,
+                      options=EngineOptions(lease_seconds=self.lease_seconds, **options))
+
+
+DOWN: list[bool] = []
+
+
+@pytest.mark.spark
+def test_a_run_whose_retries_ran_out_is_run_again_by_the_sensor_and_catches_up(spark, lake, laminar, instance):
+    """The whole path on real assets: a sensor's run fails on every retry while the store is down; once the pause
+    ends the sensor asks for its partitions again, and that run (the store back) brings them up to date."""
+    create_sources(lake, BASE)
+    settings = LaminarSettings(sensor_watch_seconds=0, resume_seconds=PAUSE, retries=1, retry_delay_seconds=0)
+    stage, flow = BY_NAME["normalized_trades"], BY_NAME["vwap_1m"]
+    defs = dg.Definitions(assets=[build_asset(stage, settings), build_asset(flow, settings)],
+                          asset_checks=[build_equivalence_check(flow, settings)],
+                          resources={"laminar": StoreDown(root=laminar.root, spark=laminar.spark)})
+    [stage_run] = range_requests({stage: [P9]}, settings, run_key="stage", tags={"laminar/component": PART.name})
+    assert execute_request(defs, stage_run, instance).success
+    cursor = tick(laminar, instance, None, settings).cursor  # its requests stand for runs that succeeded
+    [request] = range_requests({flow: [P9]}, settings, run_key="first", tags={"laminar/component": PART.name})
+    DOWN[:] = [True]
+    failed = execute_request(defs, request, instance)
+    assert not failed.success
+    assert len([e for e in failed.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 1
+    DOWN.clear()
+    time.sleep(PAUSE + 0.2)
+    [again] = tick(laminar, instance, cursor, settings).run_requests
+    assert {k.to_user_string() for k in again.asset_selection} == {"vwap_1m"}
+    assert again.partition_key == P9 and again.tags[resume.RESUME_OF_TAG] == failed.run_id
+    outcome = execute_request(defs, again, instance)
+    assert outcome.success
+    [check] = outcome.get_asset_check_evaluations()
+    assert check.passed  # the run again equals a full recompute at its watermark
+    expected = full_recompute(spark, flow, lake.table("normalized_trades").to_pyarrow_table())
+    assert_frames_match(lake.read("vwap_1m"), expected, flow.keys)
