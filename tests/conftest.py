@@ -95,7 +95,7 @@ def shard_size(total: int, count: int, shard: int) -> int:
 
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`, except that each shard of a sharded test is a unit of its own (the random
-    stateful test's 200 histories would otherwise keep one process busy for a quarter of an hour), and
+    stateful test's histories would otherwise keep one process busy for a quarter of an hour), and
     the files sharing a dear server (`SHARED_SERVERS`) are one unit, placed where the first of them is."""
     if config.getoption("dist") != "loadfile":
         return None

@@ -18,7 +18,7 @@ from tests.engine.stateful_lake import LakeMachine
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("LAMINAR_STATEFUL_EXAMPLES", "160"))
 STEPS = int(os.environ.get("LAMINAR_STATEFUL_STEPS", "10"))
 SHARDS = 8
 
