@@ -266,6 +266,10 @@ def serve(
     warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Once the UI is up, warm the new Spark "
                                  "Connect server with a scratch run of the demo graph (about a minute in the "
                                  "background), so the first real run is not slowed by a cold JVM."),
+    spark_probe_seconds: float = typer.Option(30.0, "--spark-probe-seconds", min=0, help="Ask the Spark Connect "
+                                              "server started here for its version this often; one that leaves three "
+                                              "questions in a row unanswered (each awaited this long) is hung, and is "
+                                              "killed and started again. 0: never ask."),
 ) -> None:
     """Start the deployment: a Spark Connect server and `dagster dev` (UI + daemon) on 127.0.0.1.
     Sensors launch runs that connect to the warm Spark; Ctrl-C stops everything."""
@@ -281,7 +285,8 @@ def serve(
     lake_dir = os.path.join(".laminar", "lake") if storage.is_object_store(c.root) else c.root
     logs = os.path.abspath(log_dir) if log_dir else os.path.join(os.path.dirname(os.path.abspath(lake_dir)), "logs")
     options = ServeOptions(root=c.root, dagster_home=c.dagster_home, ui_port=ui_port, spark_remote=spark_remote,
-                           local_spark=local_spark, log_dir=logs, warm_up=warm_up, spark=ConnectServerOptions(
+                           local_spark=local_spark, log_dir=logs, warm_up=warm_up,
+                           spark_probe_seconds=spark_probe_seconds, spark=ConnectServerOptions(
                                port=spark_port, log_path=os.path.join(logs, "spark-connect.log"),
                                spark=SparkOptions(driver_memory=driver_memory, jit=jit,
                                                   metastore=metastore_from_env())))

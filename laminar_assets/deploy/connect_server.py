@@ -87,6 +87,17 @@ class ConnectServer:
         except ProcessLookupError:
             pass
 
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL the server's process group at once: a hung JVM (stopped, deadlocked) answers no SIGTERM."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
     def __enter__(self) -> ConnectServer:
         return self
 

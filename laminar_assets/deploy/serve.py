@@ -22,6 +22,7 @@ from typing import Any
 from laminar_assets.errors import EnvironmentProblem
 
 from .code_location_watch import CodeLocationWatch, graphql
+from .connect_probe import ConnectProbe
 from .connect_server import ConnectServer, ConnectServerOptions, start_connect_server
 from .ports import port_in_use
 
@@ -52,6 +53,11 @@ class ServeOptions:
     # within `spark_restart_window_seconds` (more is a crash loop a restart does not cure: serve then stops)
     spark_restarts: int = 3
     spark_restart_window_seconds: float = 600.0
+    # A Connect server started here is asked a question every this many seconds; one that leaves
+    # `spark_probe_misses` in a row unanswered is hung: killed, and started again as one that exited
+    # (deploy/connect_probe.py). 0: never asked.
+    spark_probe_seconds: float = 30.0
+    spark_probe_misses: int = 3
 
 
 @dataclass
@@ -203,6 +209,8 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
                 on_ready(deployment)
             watch = CodeLocationWatch(graphql(deployment.ui_url), say) if options.watch_code_locations else None
             spark_exits: list[float] = []
+            probe: ConnectProbe | None = None
+            probed: ConnectServer | None = None
             while not stop.wait(1.0):
                 if watch is not None and watch.due():
                     watch.look()
@@ -210,10 +218,25 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
                     deployment.warm_up = None  # finished (and reaped)
                 if deployment.dagster.poll() is not None:
                     return deployment.dagster.returncode or 1
+                if deployment.spark is not probed and options.spark_probe_seconds > 0:  # a new server: a new probe
+                    if probe is not None:
+                        probe.stop()
+                    probed = deployment.spark
+                    probe = None if probed is None else ConnectProbe(
+                        probed.url, every=options.spark_probe_seconds, misses=options.spark_probe_misses)
+                why = None
+                if probe is not None and probe.hung.is_set() and deployment.spark is not None \
+                        and deployment.spark.running():
+                    say(f"the Spark Connect server on {deployment.spark.url} has not answered for "
+                        f"{probe.silent_seconds():.0f} s ({probe.why}); killing it to start a new one")
+                    deployment.spark.kill()
+                    why = f"hung {probe.silent_seconds():.0f} s, killed"
                 if deployment.spark is not None and not deployment.spark.running():
-                    _restart_spark(deployment, options, spark_exits, say)
+                    _restart_spark(deployment, options, spark_exits, say, why=why)
             return 0
         finally:
+            if probe is not None:
+                probe.stop()
             deployment.stop()
     finally:
         for sig, handler in previous.items():
@@ -221,7 +244,7 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
 
 
 def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[float],
-                   say: Callable[[str], None]) -> None:
+                   say: Callable[[str], None], *, why: str | None = None) -> None:
     """Start the Connect server that exited (a JVM killed, out of memory) again on its port, so the runs that
     lost it succeed on their retries (a lost connection is retryable: docs/dagster.md, 'Retries') and the next
     runs find it, instead of the whole deployment going down. A server that dies while starting counts as one
@@ -230,7 +253,7 @@ def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[fl
     assert deployment.spark is not None
     spark_options = deployment.spark.options
     log = spark_options.log_path
-    why = f"code {deployment.spark.process.returncode}"
+    why = why or f"code {deployment.spark.process.returncode}"
     if deployment.warm_up is not None:  # it warmed the server that is gone: scratch work, stopped at once
         _stop_group(deployment.warm_up, timeout=2)
         deployment.warm_up = None

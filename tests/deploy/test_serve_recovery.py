@@ -84,11 +84,13 @@ os._exit(0)  # as a run's process ends (laminar_assets/process_exit.py): no __de
 """
 
 
-def test_a_spark_connect_server_that_dies_is_started_again_on_its_port(tmp_path):
+def test_a_spark_connect_server_that_dies_or_hangs_is_started_again_on_its_port(tmp_path):
     """A Connect server killed under `laminar serve` (out of memory, `kill -9`) took the whole deployment down;
-    now a new one listens on the same port, so the runs that lost it succeed on their retries."""
+    now a new one listens on the same port, so the runs that lost it succeed on their retries. A server that hangs
+    (`kill -STOP`) held every run's step without a bound; now serve finds it silent, kills it and starts another."""
     spark_port = free_port()
-    proc, ui, home = start_serve(tmp_path, ignored=(), spark=["--spark-port", str(spark_port), "--driver-memory", "1g"])
+    proc, ui, home = start_serve(tmp_path, ignored=(), spark=["--spark-port", str(spark_port), "--driver-memory", "1g",
+                                                              "--spark-probe-seconds", "2"])
     log = tmp_path / "serve.log"
 
     def servers() -> set[int]:  # the deployment's only JVM (runs connect to it; no warm-up)
@@ -114,6 +116,15 @@ def test_a_spark_connect_server_that_dies_is_started_again_on_its_port(tmp_path)
         # the run's next query fails as a retryable error, and its retry's session works on the new server
         out, err = client.communicate("go\n", timeout=120)
         assert out.split() == ["retryable", "7"], err[-1500:]
+
+        [second] = servers()
+        os.kill(second, signal.SIGSTOP)  # hung: its port still accepts, nothing answers
+        wait_for(lambda: log.read_text().count("is up again") == 2, 180, "serve to replace the hung server",
+                 alive=lambda: proc.poll() is None)
+        said = log.read_text()
+        assert f"the Spark Connect server on sc://127.0.0.1:{spark_port} has not answered for " in said, said[-1500:]
+        assert "(DEADLINE_EXCEEDED" in said and "the Spark Connect server exited (hung " in said, said[-1500:]
+        assert second not in servers() and servers() and listening(spark_port)
         os.kill(proc.pid, signal.SIGINT)
         stopped_cleanly(proc, ui, home, log)
     finally:
