@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from datetime import UTC, datetime
 
 import typer
 from rich.table import Table
@@ -310,7 +311,10 @@ def serve(
     with start_embedded_targets(c.exports(), embedded_folder(c.root, machine_folder=os.path.dirname(logs))) as targets:
         embedded = "".join(f"\n  export connection '{t.connection}': {t.where}" for t in targets.targets)
         code = run_serve(options, on_ready=lambda d: ready(d, embedded),
-                         say=lambda line: console.print(line, markup=False, highlight=False))
+                         # what serve does on its own (a server restarted, a location reloaded), with the time (UTC)
+                         # it happened: read after an incident, beside dagster.log's times
+                         say=lambda line: console.print(f"{datetime.now(UTC):%H:%M:%S} {line}", markup=False,
+                                                        highlight=False))
     if not code:
         console.print("stopped: Dagster and the Spark Connect server are down"
                       + (" (and the exports' embedded targets)" if embedded else ""))
