@@ -517,6 +517,8 @@ def main() -> int:
         return _serve_runs()
     except KeyboardInterrupt:  # Ctrl-C to `dagster dev` reaches its whole process group; a run interrupted
         return 0               # mid-way has already been marked CANCELED by Dagster's own handling
+    except BrokenPipeError:  # the launcher is gone (the daemon stopped while this worker warmed up): nothing to
+        return 0             # serve, and the runs it forked go on in their own processes
 
 
 if __name__ == "__main__":

@@ -352,3 +352,19 @@ def test_a_worker_imports_the_instance_classes_a_run_opens_without_opening_them(
     assert "laminar_assets.orchestration.internals.instance" in out["imported"], out["imported"]
     assert "dagster._core.storage.runs.sqlite.sqlite_run_storage" in out["imported"], out["imported"]
     assert out["files_after"] == out["files_before"], out
+
+
+def test_a_worker_whose_launcher_is_gone_before_it_is_ready_exits_quietly(tmp_path):
+    """The daemon stopped while a new worker warmed up (a replacement started just before Ctrl-C): its `ready`
+    met a closed pipe, and every shutdown of `laminar serve` left a BrokenPipeError traceback in dagster.log."""
+    with _open(tmp_path) as inst:
+        worker = subprocess.Popen([sys.executable, "-m", "laminar_assets.orchestration.internals.run_launcher"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  cwd=REPO)
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdin.write(serialize_value(inst.get_ref()) + "\n")
+        worker.stdin.close()
+        worker.stdout.close()  # the launcher's end of the control pipe, gone
+        err = worker.stderr.read() if worker.stderr is not None else ""
+        worker.wait(120)
+    assert worker.returncode == 0 and "Traceback" not in err, err[-2000:]
