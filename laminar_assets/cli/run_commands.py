@@ -267,10 +267,10 @@ def serve(
     warm_up: bool = typer.Option(True, "--warm-up/--no-warm-up", help="Once the UI is up, warm the new Spark "
                                  "Connect server with a scratch run of the demo graph (about a minute in the "
                                  "background), so the first real run is not slowed by a cold JVM."),
-    spark_probe_seconds: float = typer.Option(30.0, "--spark-probe-seconds", min=0, help="Ask the Spark Connect "
+    spark_probe_seconds: float = typer.Option(10.0, "--spark-probe-seconds", min=0, help="Ask the Spark Connect "
                                               "server started here for its version this often; one that leaves three "
-                                              "questions in a row unanswered (each awaited this long) is hung, and is "
-                                              "killed and started again. 0: never ask."),
+                                              "questions in a row unanswered (each awaited at most 10 s) is hung, and "
+                                              "is killed and started again. 0: never ask."),
 ) -> None:
     """Start the deployment: a Spark Connect server and `dagster dev` (UI + daemon) on 127.0.0.1.
     Sensors launch runs that connect to the warm Spark; Ctrl-C stops everything."""
@@ -314,7 +314,7 @@ def serve(
                          # what serve does on its own (a server restarted, a location reloaded), with the time (UTC)
                          # it happened: read after an incident, beside dagster.log's times
                          say=lambda line: console.print(f"{datetime.now(UTC):%H:%M:%S} {line}", markup=False,
-                                                        highlight=False))
+                                                        highlight=False, soft_wrap=True))
     if not code:
         console.print("stopped: Dagster and the Spark Connect server are down"
                       + (" (and the exports' embedded targets)" if embedded else ""))

@@ -56,7 +56,7 @@ class ServeOptions:
     # A Connect server started here is asked a question every this many seconds; one that leaves
     # `spark_probe_misses` in a row unanswered is hung: killed, and started again as one that exited
     # (deploy/connect_probe.py). 0: never asked.
-    spark_probe_seconds: float = 30.0
+    spark_probe_seconds: float = 10.0
     spark_probe_misses: int = 3
 
 
@@ -224,15 +224,16 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
                     probed = deployment.spark
                     probe = None if probed is None else ConnectProbe(
                         probed.url, every=options.spark_probe_seconds, misses=options.spark_probe_misses)
-                why = None
+                gone = None
                 if probe is not None and probe.hung.is_set() and deployment.spark is not None \
                         and deployment.spark.running():
-                    say(f"the Spark Connect server on {deployment.spark.url} has not answered for "
-                        f"{probe.silent_seconds():.0f} s ({probe.why}); killing it to start a new one")
+                    silent = probe.silent_seconds()
+                    say(f"the Spark Connect server on {deployment.spark.url} has not answered for {silent:.0f} s "
+                        f"({probe.misses} questions in a row; the last: {probe.why}); killing it to start a new one")
                     deployment.spark.kill()
-                    why = f"hung {probe.silent_seconds():.0f} s, killed"
+                    gone = f"was killed after {silent:.0f} s without an answer"
                 if deployment.spark is not None and not deployment.spark.running():
-                    _restart_spark(deployment, options, spark_exits, say, why=why)
+                    _restart_spark(deployment, options, spark_exits, say, gone=gone)
             return 0
         finally:
             if probe is not None:
@@ -244,7 +245,7 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
 
 
 def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[float],
-                   say: Callable[[str], None], *, why: str | None = None) -> None:
+                   say: Callable[[str], None], *, gone: str | None = None) -> None:
     """Start the Connect server that exited (a JVM killed, out of memory) again on its port, so the runs that
     lost it succeed on their retries (a lost connection is retryable: docs/dagster.md, 'Retries') and the next
     runs find it, instead of the whole deployment going down. A server that dies while starting counts as one
@@ -253,7 +254,7 @@ def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[fl
     assert deployment.spark is not None
     spark_options = deployment.spark.options
     log = spark_options.log_path
-    why = why or f"code {deployment.spark.process.returncode}"
+    gone = gone or f"exited (code {deployment.spark.process.returncode})"
     if deployment.warm_up is not None:  # it warmed the server that is gone: scratch work, stopped at once
         _stop_group(deployment.warm_up, timeout=2)
         deployment.warm_up = None
@@ -262,10 +263,10 @@ def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[fl
         exits[:] = [t for t in exits if now - t < options.spark_restart_window_seconds] + [now]
         if len(exits) > options.spark_restarts:
             raise EnvironmentProblem(
-                f"the Spark Connect server exited ({why}): {len(exits)} exits within "
+                f"the Spark Connect server {gone}: {len(exits)} exits within "
                 f"{options.spark_restart_window_seconds:.0f} s, more than the {options.spark_restarts} restarts "
                 f"`laminar serve` makes, so a restart does not cure it; stopped everything (see {log})", log=log)
-        say(f"the Spark Connect server exited ({why}; see {log}); starting a new one on {spark_options.url} "
+        say(f"the Spark Connect server {gone} (see {log}); starting a new one on {spark_options.url} "
             f"(restart {len(exits)} of at most {options.spark_restarts} within "
             f"{options.spark_restart_window_seconds:.0f} s)")
         started = time.monotonic()
@@ -273,7 +274,7 @@ def _restart_spark(deployment: Deployment, options: ServeOptions, exits: list[fl
             deployment.spark = start_connect_server(spark_options)
         except EnvironmentProblem as exc:  # died while starting (killed again, out of memory): one more exit
             say(f"the new Spark Connect server did not start: {exc.message}")
-            why = "while starting"
+            gone = "exited while starting"
             continue
         break
     say(f"the Spark Connect server is up again on {deployment.spark.url} after {time.monotonic() - started:.0f} s; "

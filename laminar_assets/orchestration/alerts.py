@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass
 import dagster as dg
 
 from laminar_assets.errors import LaminarError
+from laminar_assets.orchestration import resume
 from laminar_assets.orchestration.assets import COMPONENT_TAG, PARTITION_TAG
 from laminar_assets.pipeline.settings import LaminarSettings
 
@@ -33,11 +35,17 @@ class Alert:
     assets: tuple[str, ...]
     partition_range: str | None
     component: str | None
+    # when its part's sensor runs its partitions again (orchestration/resume.py), seconds after the alert, and as
+    # which attempt; None when it does not (an error a retry does not fix, a run of no part, resume off)
+    runs_again_in_seconds: float | None = None
+    attempt: int | None = None
 
     @property
     def text(self) -> str:
         where = f" partitions {self.partition_range}" if self.partition_range else ""
-        return f"Laminar run {self.run_id} ({', '.join(self.assets) or self.job}{where}) failed: {self.message}"
+        again = "" if self.runs_again_in_seconds is None else \
+            f" (its partitions run again in {self.runs_again_in_seconds:.0f} s, attempt {self.attempt})"
+        return f"Laminar run {self.run_id} ({', '.join(self.assets) or self.job}{where}) failed: {self.message}{again}"
 
 
 def send(target: str, alert: Alert) -> None:
@@ -64,6 +72,20 @@ def send(target: str, alert: Alert) -> None:
     handler(alert)
 
 
+def _runs_again(instance: dg.DagsterInstance, run: dg.DagsterRun, settings: LaminarSettings) -> dict:
+    """When the part's sensor runs the failed run's partitions again: an alert on each failed attempt of a long
+    outage then says that no one needs to act yet."""
+    if COMPONENT_TAG not in run.tags or not settings.resume_seconds:
+        return {}
+    records = instance.get_run_records(dg.RunsFilter(run_ids=[run.run_id]), limit=1)
+    if not records:
+        return {}
+    failed = resume.failed_run(instance, records[0], first=settings.resume_seconds, longest=settings.resume_max_seconds)
+    if not failed.retryable:
+        return {}
+    return {"runs_again_in_seconds": round(max(0.0, failed.due - time.time()), 1), "attempt": failed.attempt}
+
+
 def build_failure_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
     target = settings.alert
 
@@ -84,6 +106,7 @@ def build_failure_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
             partition_range=f"{start}..{end}" if start else (run.tags.get("dagster/partition") or
                                                             run.tags.get(PARTITION_TAG)),
             component=run.tags.get(COMPONENT_TAG),
+            **_runs_again(context.instance, run, settings),
         )
         if target == "log":
             context.log.error(alert.text)

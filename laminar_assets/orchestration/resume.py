@@ -1,7 +1,7 @@
 """Failed runs the pipeline sensor runs again: a transient fault never needs a human to unstick a flow.
 
-A step retries a retryable failure (`retries`, `retry_delay_seconds`: about 30 s in all); a fault that lasts
-longer (a Postgres, a store or a Spark server down for minutes) fails the run. The sensor has already moved its
+A step retries a retryable failure (`retries`, `retry_delay_seconds`: 10 s, then 30 s, by default); a fault that
+lasts longer (a Postgres, a store or a Spark server down for minutes) fails the run. The sensor has already moved its
 cursor past the commits that run was for, so its partitions would wait for a new commit that touches them. This
 module finds such runs of one connected part and says when their partitions run again: after
 `resume_seconds`, doubling with every failed attempt up to `resume_max_seconds`, for as long as the failure is
@@ -81,15 +81,21 @@ def failed_runs(instance: dg.DagsterInstance, part: str, seen: Failures, *, firs
         dg.RunsFilter(tags={"laminar/component": part}, statuses=[dg.DagsterRunStatus.FAILURE],
                       updated_after=datetime.fromtimestamp(seen.after, tz=UTC)),
         limit=LOOKED_AT)
+    # a run updated after it ended (a tag added, as Dagster's run retries add one) is found again by the query,
+    # but its end is what the cursor counts: one that ended before `after` was handled
     return [failed_run(instance, record, first=first, longest=longest)
-            for record in sorted(records, key=lambda r: r.update_timestamp.timestamp())
-            if record.dagster_run.run_id not in seen.handled]
+            for record in sorted(records, key=_ended_at)
+            if record.dagster_run.run_id not in seen.handled and _ended_at(record) > seen.after]
+
+
+def _ended_at(record: RunRecord) -> float:
+    return record.end_time or record.update_timestamp.timestamp()
 
 
 def failed_run(instance: dg.DagsterInstance, record: RunRecord, *, first: float, longest: float) -> FailedRun:
     """What becomes of one failed run's partitions (`first` = 0: never run again)."""
     run = record.dagster_run
-    ended = record.end_time or record.update_timestamp.timestamp()
+    ended = _ended_at(record)
     retryable, why = _retryable(instance, run.run_id)
     attempt = int(run.tags.get(RESUME_ATTEMPT_TAG, "0")) + 1
     due = ended + pause_seconds(attempt, first=first, longest=longest) if retryable and first > 0 else float("inf")
@@ -131,9 +137,12 @@ def _retryable(instance: dg.DagsterInstance, run_id: str) -> tuple[bool, str]:
     return retryable, _one_line(why or "a step failed")
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: str, limit: int = 300) -> str:
+    """The first line of `text`; a long one without its trailing `[facts]` (the error's table, export, host), or cut."""
     line = text.strip().splitlines()[0] if text.strip() else text
-    return line if len(line) <= 200 else line[:197] + "..."
+    if len(line) > limit and " [" in line:
+        line = line[:line.rindex(" [")]
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def advance(seen: Failures, runs: list[FailedRun], now: float) -> tuple[list[FailedRun], Failures]:
@@ -146,14 +155,22 @@ def advance(seen: Failures, runs: list[FailedRun], now: float) -> tuple[list[Fai
     return due, Failures(after=after, handled={k: v for k, v in handled.items() if v > after})
 
 
-def after_failure_message(part: str, run_id: str, status: str, failed: FailedRun | None, *, waiting: bool,
-                          now: float) -> str:
-    """What a skip says when the part's last run did not succeed (`failed`: that run, when it failed; `waiting`:
-    its partitions run again once its pause ends)."""
-    if failed is not None and waiting:
-        return (f"; the last run of {part}, {run_id}, failed ({failed.why}): its partitions run again in "
-                f"{max(0.0, failed.due - now):.0f} s (attempt {failed.attempt}; the pause doubles)")
-    cause = f"failed with an error a retry does not fix ({failed.why})" if failed is not None and not failed.retryable \
-        else f"ended {status}"
+def waiting_message(part: str, waiting: list[FailedRun], now: float) -> str:
+    """What a skip says about the part's failed runs whose partitions run again once their pause ends."""
+    soonest = sorted(waiting, key=lambda r: r.due)
+    told = "; ".join(f"{r.run_id} ({r.why}) in {max(0.0, r.due - now):.0f} s, attempt {r.attempt}" for r in soonest[:2])
+    more = f"; and {len(soonest) - 2} more" if len(soonest) > 2 else ""
+    return f"; failed runs of {part} whose partitions run again (the pause doubles): {told}{more}"
+
+
+def after_failure_message(part: str, run_id: str, status: str, failed: FailedRun | None, *, resume_off: bool) -> str:
+    """What a skip says when the part's last run did not succeed and nothing of it waits to run again (`failed`:
+    that run, when it failed)."""
+    if failed is not None and not failed.retryable:
+        cause = f"failed with an error a retry does not fix ({failed.why})"
+    elif failed is not None and resume_off:
+        cause = f"failed ({failed.why}), and resume_seconds is 0 (failed runs do not run again)"
+    else:
+        cause = f"ended {status}"
     return (f"; the last run of {part}, {run_id}, {cause}: its partitions wait for a new commit that touches them, a "
             "`laminar refill`, a re-execution in the UI, or the stale_partitions sensor")

@@ -251,20 +251,21 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
                                asset_events=source_observations(component, cursor, plan.cursor))
 
     def _after_failure(instance: dg.DagsterInstance, failed: list[resume.FailedRun], now: float) -> str:
-        """What a skip says when the part's last run did not succeed: when its partitions run again, or that they
-        wait for a new commit that touches them (docs/known-limits.md), which "no new versions" alone hides."""
+        """What a skip says about the part's failed runs: when those whose pause has not ended run again, or, when
+        none waits and the last run did not succeed, that its partitions wait for a new commit that touches them
+        (docs/known-limits.md), which "no new versions" alone hides."""
+        waiting = [r for r in failed if r.retryable and now < r.due < inf]
+        if waiting:
+            return resume.waiting_message(component.name, waiting, now)
         records = instance.get_run_records(dg.RunsFilter(tags={COMPONENT_TAG: component.name}), limit=1)
         if not records or records[0].dagster_run.status not in (dg.DagsterRunStatus.FAILURE,
                                                                 dg.DagsterRunStatus.CANCELED):
             return ""
-        last = records[0]
-        run = last.dagster_run
-        found = next((r for r in failed if r.run_id == run.run_id), None)  # not yet handled by this sensor
-        about = found or (resume.failed_run(instance, last, first=0, longest=settings.resume_max_seconds)
-                          if run.status is dg.DagsterRunStatus.FAILURE else None)
+        run = records[0].dagster_run
+        about = resume.failed_run(instance, records[0], first=0, longest=settings.resume_max_seconds) \
+            if run.status is dg.DagsterRunStatus.FAILURE else None
         return resume.after_failure_message(component.name, run.run_id, run.status.value, about,
-                                            waiting=found is not None and found.retryable and now < found.due < inf,
-                                            now=now)
+                                            resume_off=settings.resume_seconds == 0)
 
     def _resumed_partitions(due: list[resume.FailedRun]) -> dict[str, set[str]]:
         """Asset name -> the partitions the failed runs `due` ran, for the assets of this part."""

@@ -86,7 +86,9 @@ class LaminarSettings(BaseModel):
         "Flow name -> cron schedule that brings its latest partition up to date."))
     retries: int = Field(default=2, ge=0, description="Retries of an asset step that failed for a transient reason "
                          "(a Delta commit conflict, a partition lease held, a lost Spark connection).")
-    retry_delay_seconds: float = Field(default=10.0, ge=0, description="Wait before the first retry; doubles after.")
+    retry_delay_seconds: float = Field(default=10.0, ge=0, description=(
+        "Wait before the first retry; Dagster's exponential backoff then waits 3 times as long before the second "
+        "(10 s, then 30 s), 7 times before the third."))
     resume_seconds: float = Field(default=30.0, ge=0, description=(
         "When a sensor-launched run fails after its retries with an error a retry may fix (a store, database or "
         "Spark server down for longer than the retries wait), its partitions run again this long after it ended, "
@@ -128,6 +130,15 @@ class LaminarSettings(BaseModel):
     def engine_options(self) -> dict[str, Any]:
         """The `EngineOptions` these settings decide, by name (what `LaminarResource.engine` and the CLI take)."""
         return {"future_horizon": self.future_horizon, **self.engine}
+
+    @field_validator("resume_max_seconds")
+    @classmethod
+    def _resume_max(cls, value: float, info: ValidationInfo) -> float:
+        first = info.data.get("resume_seconds")
+        if first is not None and value < first:
+            raise ValueError(f"expected at least resume_seconds ({first:g} s), found {value:g} s: every pause would be "
+                             f"{value:g} s")
+        return value
 
     @field_validator("alert")
     @classmethod

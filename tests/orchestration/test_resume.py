@@ -67,8 +67,10 @@ def test_a_run_that_failed_for_a_transient_reason_runs_again_after_a_pause_that_
     first = failed_run(instance, CommitConflictError("injected: the store stopped answering"),
                        partitions=(P9, P10))
     waiting = skipped(tick(laminar, instance, cursor))
-    assert f"the last run of raw_trades, {first}, failed (injected: the store stopped answering" in waiting
-    assert "its partitions run again in 1 s (attempt 1" in waiting
+    assert waiting.startswith("no new versions of raw_trades, symbols, normalized_trades; failed runs of raw_trades "
+                              f"whose partitions run again (the pause doubles): {first} (injected: the store "
+                              "stopped answering"), waiting
+    assert waiting.endswith(") in 1 s, attempt 1"), waiting
     time.sleep(PAUSE + 0.2)
     again = tick(laminar, instance, cursor)
     [request] = again.run_requests
@@ -83,13 +85,31 @@ def test_a_run_that_failed_for_a_transient_reason_runs_again_after_a_pause_that_
     # the run again fails too: the next attempt waits twice as long, and names the first run of the chain
     second = failed_run(instance, CommitConflictError("injected: still down"), tags=request.tags | {},
                         partitions=(P9, P10))
-    assert "run again in 1 s (attempt 2" in skipped(tick(laminar, instance, cursor))
+    assert skipped(tick(laminar, instance, cursor)).endswith("in 1 s, attempt 2")
     time.sleep(PAUSE + 0.2)  # one pause: not yet
-    assert "run again in 0 s (attempt 2" in skipped(tick(laminar, instance, cursor))
+    assert skipped(tick(laminar, instance, cursor)).endswith("in 0 s, attempt 2")
     time.sleep(PAUSE)
-    [request] = tick(laminar, instance, cursor).run_requests
+    again = tick(laminar, instance, cursor)
+    [request] = again.run_requests
     assert request.tags[resume.RESUME_OF_TAG] == first and request.tags[resume.RESUME_ATTEMPT_TAG] == "2"
     assert f"+again:{second}" in request.run_key
+
+    # a handled run written to later (a tag added, as Dagster's run retries add one) is not run again
+    instance.add_run_tags(first, {"note": "looked at"})
+    instance.add_run_tags(second, {"note": "looked at"})
+    assert "run again" not in skipped(tick(laminar, instance, again.cursor))
+
+
+def test_every_failed_run_that_waits_is_told_not_only_the_last_run(lake, laminar, instance):
+    create_sources(lake, BASE)
+    cursor = tick(laminar, instance, None).cursor
+    first = failed_run(instance, CommitConflictError("injected: one"), partitions=(P9,))
+    second = failed_run(instance, CommitConflictError("injected: two"), partitions=(P10,))
+    job = dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(assets=[dg.AssetSpec("x")]).resolve_asset_graph())
+    later = instance.create_run_for_job(job, tags={"laminar/component": PART.name}, status=dg.DagsterRunStatus.SUCCESS)
+    message = skipped(tick(laminar, instance, cursor))
+    assert later.run_id not in message and "failed runs of raw_trades whose partitions run again" in message
+    assert f"{first} (injected: one" in message and f"{second} (injected: two" in message
 
 
 def test_a_failed_run_joins_the_run_a_new_commit_requests(lake, laminar, instance):
@@ -121,12 +141,24 @@ def test_a_canceled_run_is_not_run_again_and_resume_seconds_0_turns_it_off(lake,
     off = LaminarSettings(sensor_watch_seconds=0, resume_seconds=0)
     time.sleep(PAUSE + 0.2)
     result = tick(laminar, instance, cursor, settings=off)
-    assert f"{failed}, ended FAILURE" in skipped(result)
+    assert f"{failed}, failed (injected (after the retries this error allows)), and resume_seconds is 0 (failed runs " \
+           "do not run again): its partitions wait for a new commit" in skipped(result)
     cursor = result.cursor  # handled: turning resume on later does not run it again
     job = dg.define_asset_job("j").resolve(asset_graph=dg.Definitions(assets=[dg.AssetSpec("x")]).resolve_asset_graph())
     run = instance.create_run_for_job(job, tags={"laminar/component": PART.name}, status=dg.DagsterRunStatus.STARTED)
     instance.report_run_canceled(run)
     assert f"{run.run_id}, ended CANCELED" in skipped(tick(laminar, instance, cursor))
+
+
+def test_a_longest_pause_shorter_than_the_first_is_refused():
+    with pytest.raises(ValueError, match=r"expected at least resume_seconds \(60 s\), found 10 s"):
+        LaminarSettings(resume_seconds=60, resume_max_seconds=10)
+
+
+def test_a_long_reason_loses_its_facts_before_it_is_cut():
+    why = "could not reach Postgres at 127.0.0.1:55432: " + "x" * 250 + " [export=vwap_1m_pg, host=127.0.0.1]"
+    assert resume._one_line(why) == why[:why.rindex(" [")]
+    assert resume._one_line("y" * 400).endswith("...") and len(resume._one_line("y" * 400)) == 300
 
 
 @pytest.mark.parametrize(("attempt", "seconds"), [(1, 30), (2, 60), (5, 480), (6, 600), (40, 600)])
@@ -195,3 +227,18 @@ def test_a_run_whose_retries_ran_out_is_run_again_by_the_sensor_and_catches_up(s
     assert check.passed  # the run again equals a full recompute at its watermark
     expected = full_recompute(spark, flow, lake.table("normalized_trades").to_pyarrow_table())
     assert_frames_match(lake.read("vwap_1m"), expected, flow.keys)
+
+
+def test_the_alert_of_a_failed_run_says_when_its_partitions_run_again(instance):
+    """Each failed attempt of a long outage is alerted: the alert says no one needs to act yet."""
+    from laminar_assets.orchestration.alerts import Alert, _runs_again
+
+    transient = instance.get_run_by_id(failed_run(instance, CommitConflictError("injected")))
+    again = _runs_again(instance, transient, SETTINGS)
+    assert again["attempt"] == 1 and 0 < again["runs_again_in_seconds"] <= PAUSE
+    alert = Alert(transient.run_id, "job", "boom", ("vwap_1m",), P9, PART.name, **again)
+    assert alert.text.endswith(f"failed: boom (its partitions run again in {again['runs_again_in_seconds']:.0f} s, "
+                               "attempt 1)")
+    fixed = instance.get_run_by_id(failed_run(instance, SpecError("bad", flow="vwap_1m", field="aggregates")))
+    assert _runs_again(instance, fixed, SETTINGS) == {}
+    assert _runs_again(instance, transient, LaminarSettings(resume_seconds=0)) == {}

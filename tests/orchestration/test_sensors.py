@@ -276,8 +276,9 @@ def test_a_skip_after_a_failed_run_says_when_its_partitions_run_again(lake, lami
     skipped = tick(laminar, instance, cursor)
     assert isinstance(skipped, dg.SkipReason)
     assert skipped.skip_message.startswith("no new versions of raw_trades")
-    assert f"the last run of raw_trades, {run.run_id}, failed (" in skipped.skip_message
-    assert skipped.skip_message.endswith("its partitions run again in 30 s (attempt 1; the pause doubles)")
+    assert f"failed runs of raw_trades whose partitions run again (the pause doubles): {run.run_id} (" \
+        in skipped.skip_message
+    assert skipped.skip_message.endswith(") in 30 s, attempt 1")
 
 
 def test_a_run_of_the_part_whose_process_is_gone_is_failed_and_holds_the_sensor_no_longer(lake, laminar, instance):
