@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -83,7 +82,7 @@ def _runs_again(instance: dg.DagsterInstance, run: dg.DagsterRun, settings: Lami
     failed = resume.failed_run(instance, records[0], first=settings.resume_seconds, longest=settings.resume_max_seconds)
     if not failed.retryable:
         return {}
-    return {"runs_again_in_seconds": round(max(0.0, failed.due - time.time()), 1), "attempt": failed.attempt}
+    return {"runs_again_in_seconds": round(max(0.0, failed.due - resume.now()), 1), "attempt": failed.attempt}
 
 
 def build_failure_sensor(settings: LaminarSettings) -> dg.SensorDefinition:

@@ -15,6 +15,7 @@ that carries the `resume_of` tag, whose own failure starts the next attempt.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -174,3 +175,8 @@ def after_failure_message(part: str, run_id: str, status: str, failed: FailedRun
         cause = f"ended {status}"
     return (f"; the last run of {part}, {run_id}, {cause}: its partitions wait for a new commit that touches them, a "
             "`laminar refill`, a re-execution in the UI, or the stale_partitions sensor")
+
+
+def now() -> float:
+    """The time the sensor and the alerts measure pauses against (epoch seconds); tests move it forward."""
+    return time.time()

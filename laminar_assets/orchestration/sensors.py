@@ -198,7 +198,7 @@ def build_pipeline_sensor(component: Component, settings: LaminarSettings, *, bl
         """The tick's run requests and cursor for the tables' current versions, with the partitions of failed runs
         whose pause ended (resume.py); a skip when nothing changed."""
         cursor = parse_cursor(context.cursor)
-        now = time.time()
+        now = resume.now()
         seen = resume.Failures.parse(json.loads(context.cursor).get("failures") if context.cursor else None, now=now)
         failed = resume.failed_runs(context.instance, component.name, seen, first=settings.resume_seconds,
                                     longest=settings.resume_max_seconds)

@@ -6,7 +6,7 @@ failure Laminar's own assets raise (`assets._failure`), so the step failure and 
 
 from __future__ import annotations
 
-import time
+import re
 
 import dagster as dg
 import pytest
@@ -28,7 +28,7 @@ from tests.reference import assert_frames_match, full_recompute
 SPECS, _ = specs_with_contracts(load_specs())
 BY_NAME = {s.name: s for s in SPECS}
 [PART] = components(SPECS)
-PAUSE = 0.6
+PAUSE = 30.0  # the default: the tests move the sensor's clock (`later`), so a loaded machine changes nothing
 SETTINGS = LaminarSettings(sensor_watch_seconds=0, resume_seconds=PAUSE)
 P9, P10 = "2024-01-02-09:00", "2024-01-02-10:00"
 
@@ -55,13 +55,30 @@ def failed_run(instance, error, *, tags=None, partitions=(P9,)) -> str:
     return result.run_id
 
 
+@pytest.fixture
+def later(monkeypatch):
+    """later(seconds): the sensor's clock (and the alerts') that many seconds ahead of the real one from now on."""
+    ahead = [0.0]
+    real = resume.now
+    monkeypatch.setattr(resume, "now", lambda: real() + ahead[0])
+
+    def move(seconds: float) -> None:
+        ahead[0] = seconds
+
+    return move
+
+
+WAITS = r"in (29|30) s, attempt {}$"  # 30 s less the time since the run ended (well under a second)
+
+
 def skipped(result) -> str:
     """A tick's skip message (a skip that also moves the cursor is a result with a skip reason); fails on requests."""
     assert not getattr(result, "run_requests", None), result
     return result.skip_message if isinstance(result, dg.SkipReason) else result.skip_reason.skip_message
 
 
-def test_a_run_that_failed_for_a_transient_reason_runs_again_after_a_pause_that_doubles(lake, laminar, instance):
+def test_a_run_that_failed_for_a_transient_reason_runs_again_after_a_pause_that_doubles(lake, laminar, instance,
+                                                                                        later):
     create_sources(lake, BASE)
     cursor = tick(laminar, instance, None).cursor  # the first run's request (not launched here)
     first = failed_run(instance, CommitConflictError("injected: the store stopped answering"),
@@ -70,8 +87,8 @@ def test_a_run_that_failed_for_a_transient_reason_runs_again_after_a_pause_that_
     assert waiting.startswith("no new versions of raw_trades, symbols, normalized_trades; failed runs of raw_trades "
                               f"whose partitions run again (the pause doubles): {first} (injected: the store "
                               "stopped answering"), waiting
-    assert waiting.endswith(") in 1 s, attempt 1"), waiting
-    time.sleep(PAUSE + 0.2)
+    assert re.search(WAITS.format(1), waiting), waiting
+    later(PAUSE + 1)
     again = tick(laminar, instance, cursor)
     [request] = again.run_requests
     assert {k.to_user_string() for k in request.asset_selection} == {"vwap_1m"}
@@ -85,10 +102,11 @@ def test_a_run_that_failed_for_a_transient_reason_runs_again_after_a_pause_that_
     # the run again fails too: the next attempt waits twice as long, and names the first run of the chain
     second = failed_run(instance, CommitConflictError("injected: still down"), tags=request.tags | {},
                         partitions=(P9, P10))
-    assert skipped(tick(laminar, instance, cursor)).endswith("in 1 s, attempt 2")
-    time.sleep(PAUSE + 0.2)  # one pause: not yet
-    assert skipped(tick(laminar, instance, cursor)).endswith("in 0 s, attempt 2")
-    time.sleep(PAUSE)
+    later(0)
+    assert re.search(r"in (59|60) s, attempt 2$", skipped(tick(laminar, instance, cursor)))
+    later(PAUSE + 1)  # one pause: not yet
+    assert re.search(WAITS.format(2), skipped(tick(laminar, instance, cursor)))
+    later(2 * PAUSE + 1)
     again = tick(laminar, instance, cursor)
     [request] = again.run_requests
     assert request.tags[resume.RESUME_OF_TAG] == first and request.tags[resume.RESUME_ATTEMPT_TAG] == "2"
@@ -112,11 +130,11 @@ def test_every_failed_run_that_waits_is_told_not_only_the_last_run(lake, laminar
     assert f"{first} (injected: one" in message and f"{second} (injected: two" in message
 
 
-def test_a_failed_run_joins_the_run_a_new_commit_requests(lake, laminar, instance):
+def test_a_failed_run_joins_the_run_a_new_commit_requests(lake, laminar, instance, later):
     create_sources(lake, BASE)
     cursor = tick(laminar, instance, None).cursor
     failed = failed_run(instance, CommitConflictError("injected"), partitions=(P9,))
-    time.sleep(PAUSE + 0.2)
+    later(PAUSE + 1)
     lake.append("raw_trades", frame=trades([(9, "2024-01-02 10:30:00", "MSFT", "ACC-3", "BUY", 411.0, 10)]))
     [request] = tick(laminar, instance, cursor).run_requests  # one run: the commit's partitions and the failed one's
     assert request.tags[RANGE_START] <= P9 and request.tags[RANGE_END] == P10
@@ -127,19 +145,18 @@ def test_a_failure_a_retry_does_not_fix_waits_for_a_human(lake, laminar, instanc
     create_sources(lake, BASE)
     cursor = tick(laminar, instance, None).cursor
     failed = failed_run(instance, SpecError("column 'prize' not found", flow="vwap_1m", field="aggregates"))
-    time.sleep(PAUSE + 0.2)
     message = skipped(tick(laminar, instance, cursor))
     assert f"the last run of raw_trades, {failed}, failed with an error a retry does not fix (column 'prize' not " \
            "found" in message
     assert "laminar refill" in message
 
 
-def test_a_canceled_run_is_not_run_again_and_resume_seconds_0_turns_it_off(lake, laminar, instance):
+def test_a_canceled_run_is_not_run_again_and_resume_seconds_0_turns_it_off(lake, laminar, instance, later):
     create_sources(lake, BASE)
     cursor = tick(laminar, instance, None).cursor
     failed = failed_run(instance, CommitConflictError("injected"))
     off = LaminarSettings(sensor_watch_seconds=0, resume_seconds=0)
-    time.sleep(PAUSE + 0.2)
+    later(PAUSE + 1)
     result = tick(laminar, instance, cursor, settings=off)
     assert f"{failed}, failed (injected (after the retries this error allows)), and resume_seconds is 0 (failed runs " \
            "do not run again): its partitions wait for a new commit" in skipped(result)
@@ -199,7 +216,8 @@ DOWN: list[bool] = []
 
 
 @pytest.mark.spark
-def test_a_run_whose_retries_ran_out_is_run_again_by_the_sensor_and_catches_up(spark, lake, laminar, instance):
+def test_a_run_whose_retries_ran_out_is_run_again_by_the_sensor_and_catches_up(spark, lake, laminar, instance,
+                                                                                later):
     """The whole path on real assets: a sensor's run fails on every retry while the store is down; once the pause
     ends the sensor asks for its partitions again, and that run (the store back) brings them up to date."""
     create_sources(lake, BASE)
@@ -217,7 +235,7 @@ def test_a_run_whose_retries_ran_out_is_run_again_by_the_sensor_and_catches_up(s
     assert not failed.success
     assert len([e for e in failed.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 1
     DOWN.clear()
-    time.sleep(PAUSE + 0.2)
+    later(PAUSE + 1)
     [again] = tick(laminar, instance, cursor, settings).run_requests
     assert {k.to_user_string() for k in again.asset_selection} == {"vwap_1m"}
     assert again.partition_key == P9 and again.tags[resume.RESUME_OF_TAG] == failed.run_id
