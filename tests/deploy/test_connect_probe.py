@@ -78,10 +78,10 @@ def test_questions_start_every_interval_whatever_their_answers_take():
         time.sleep(timeout)
         return "no answer"
 
-    probe = ConnectProbe("sc://127.0.0.1:1", every=0.3, ask=slow)
+    probe = ConnectProbe("sc://127.0.0.1:1", every=1.0, ask=slow)
     try:
-        wait_for(probe.hung.is_set, 10, "the probe to find the server hung")
+        wait_for(probe.hung.is_set, 20, "the probe to find the server hung")
     finally:
         probe.stop()
     gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert len(starts) == 3 and all(0.25 < g < 0.45 for g in gaps), gaps
+    assert len(starts) == 3 and all(0.9 < g < 1.6 for g in gaps), gaps  # a wait after each answer: 2 s

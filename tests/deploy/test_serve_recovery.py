@@ -90,7 +90,7 @@ def test_a_spark_connect_server_that_dies_or_hangs_is_started_again_on_its_port(
     (`kill -STOP`) held every run's step without a bound; now serve finds it silent, kills it and starts another."""
     spark_port = free_port()
     proc, ui, home = start_serve(tmp_path, ignored=(), spark=["--spark-port", str(spark_port), "--driver-memory", "1g",
-                                                              "--spark-probe-seconds", "2"])
+                                                              "--spark-probe-seconds", "3"])
     log = tmp_path / "serve.log"
 
     def servers() -> set[int]:  # the deployment's only JVM (runs connect to it; no warm-up)
@@ -123,7 +123,7 @@ def test_a_spark_connect_server_that_dies_or_hangs_is_started_again_on_its_port(
                  alive=lambda: proc.poll() is None)
         said = log.read_text()
         assert f"the Spark Connect server on sc://127.0.0.1:{spark_port} has not answered for " in said, said[-1500:]
-        assert "(3 questions in a row; the last: no answer within 2 s); killing it" in said, said[-1500:]
+        assert "(3 questions in a row; the last: no answer within 3 s); killing it" in said, said[-1500:]
         assert "the Spark Connect server was killed after " in said and " without an answer (see " in said, said[-1500:]
         assert second not in servers() and servers() and listening(spark_port)
         os.kill(proc.pid, signal.SIGINT)
