@@ -228,7 +228,7 @@ def serve(options: ServeOptions, *, on_ready: Callable[[Deployment], None] | Non
                 if probe is not None and probe.hung.is_set() and deployment.spark is not None \
                         and deployment.spark.running():
                     silent = probe.silent_seconds()
-                    say(f"the Spark Connect server on {deployment.spark.url} has not answered for {silent:.0f} s "
+                    say(f"the Spark Connect server on {deployment.spark.url} has not answered for at least {silent:.0f} s "
                         f"({probe.misses} questions in a row; the last: {probe.why}); killing it to start a new one")
                     deployment.spark.kill()
                     gone = f"was killed after {silent:.0f} s without an answer"
