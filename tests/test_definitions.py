@@ -17,7 +17,8 @@ def test_definitions_load_and_validate():
     assert {s.name for s in specs} <= keys
     assert {"raw_trades", "symbols"} <= keys
     # one pipeline sensor per connected part
-    assert {s.name for s in defs.sensors} == {"raw_trades_pipeline", "stale_partitions", "laminar_run_failures"}
+    assert {s.name for s in defs.sensors} == {"raw_trades_pipeline", "stale_partitions", "laminar_run_failures",
+                                                "laminar_run_recoveries"}
     graph = defs.resolve_asset_graph()
     vwap = graph.get(dg.AssetKey("vwap_1m"))
     assert vwap.parent_keys == {dg.AssetKey("normalized_trades")}

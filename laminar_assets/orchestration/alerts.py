@@ -1,4 +1,6 @@
-"""A run-failure sensor: every failed run is reported to the alert target in `[tool.laminar] alert`.
+"""A run-failure sensor: every failed run is reported to the alert target in `[tool.laminar] alert`; and a
+run-success sensor: a run that ran a failed run's partitions again (orchestration/resume.py) and succeeded is
+reported too, so the people its failure alerts told of an outage hear that it is over.
 
 Targets: "log" (the sensor's log, shown on its tick in the UI), a webhook URL (an
 HTTP POST of the alert as JSON, e.g. a Slack or Teams incoming webhook), or
@@ -22,6 +24,7 @@ from laminar_assets.orchestration.assets import COMPONENT_TAG, PARTITION_TAG
 from laminar_assets.pipeline.settings import LaminarSettings
 
 SENSOR_NAME = "laminar_run_failures"
+RECOVERY_SENSOR_NAME = "laminar_run_recoveries"
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,14 @@ class Alert:
     # which attempt; None when it does not (an error a retry does not fix, a run of no part, resume off)
     runs_again_in_seconds: float | None = None
     attempt: int | None = None
+    # set on the notice that a run again succeeded: the first failed run of the chain (`message` says the rest)
+    recovered_from: str | None = None
 
     @property
     def text(self) -> str:
         where = f" partitions {self.partition_range}" if self.partition_range else ""
+        if self.recovered_from:
+            return f"Laminar run {self.run_id} ({', '.join(self.assets) or self.job}{where}) succeeded: {self.message}"
         again = "" if self.runs_again_in_seconds is None else \
             f" (its partitions run again in {self.runs_again_in_seconds:.0f} s, attempt {self.attempt})"
         return f"Laminar run {self.run_id} ({', '.join(self.assets) or self.job}{where}) failed: {self.message}{again}"
@@ -111,5 +118,35 @@ def build_failure_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
             context.log.error(alert.text)
         else:
             send(target, alert)
+
+    return _report
+
+
+def build_recovery_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
+    target = settings.alert
+
+    @dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, name=RECOVERY_SENSOR_NAME,
+                          default_status=dg.DefaultSensorStatus.RUNNING,
+                          description=f"Tells the alert target ({target}) when a run that ran a failed run's "
+                                      "partitions again succeeded: the outage its failure alerts told of is over.")
+    def _report(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
+        run = context.dagster_run
+        first = run.tags.get(resume.RESUME_OF_TAG)
+        if not first:
+            return dg.SkipReason(f"run {run.run_id} ran no failed run's partitions again")
+        start, end = run.tags.get("dagster/asset_partition_range_start"), run.tags.get("dagster/asset_partition_range_end")
+        attempt = run.tags.get(resume.RESUME_ATTEMPT_TAG, "1")
+        alert = Alert(
+            run_id=run.run_id, job=run.job_name,
+            message=f"the partitions of failed run {first} are up to date again (attempt {attempt})",
+            assets=tuple(sorted(k.to_user_string() for k in (run.asset_selection or ()))),
+            partition_range=f"{start}..{end}" if start else run.tags.get("dagster/partition"),
+            component=run.tags.get(COMPONENT_TAG), attempt=int(attempt), recovered_from=first,
+        )
+        if target == "log":
+            context.log.info(alert.text)
+        else:
+            send(target, alert)
+        return None
 
     return _report

@@ -13,7 +13,7 @@ from laminar_assets import storage
 from laminar_assets.contracts import CONTRACTS, load_contracts, with_contract_rules
 from laminar_assets.engine import ExportSpec, LaminarError, Spec, SpecError, check_exports, check_tables
 from laminar_assets.errors import did_you_mean
-from laminar_assets.orchestration.alerts import build_failure_sensor
+from laminar_assets.orchestration.alerts import build_failure_sensor, build_recovery_sensor
 from laminar_assets.orchestration.assets import build_asset, build_source_asset, source_tables
 from laminar_assets.orchestration.checks import build_contract_check, build_equivalence_check, build_lag_check
 from laminar_assets.orchestration.exports import build_export_asset
@@ -93,6 +93,7 @@ def _build_definitions(specs, settings, resources, contracts_dir, use_threads, e
                                      contracts={s.name for s in specs if s.sink in contracts}, exports=exports)
     sensors.append(build_stale_sensor(specs, settings))
     sensors.append(build_failure_sensor(settings))
+    sensors.append(build_recovery_sensor(settings))
     jobs, schedules = [], []
     part_of = {s.name: c.name for c in components(specs) for s in c.specs}
     for name, cron in settings.schedules.items():

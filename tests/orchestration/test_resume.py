@@ -260,3 +260,35 @@ def test_the_alert_of_a_failed_run_says_when_its_partitions_run_again(instance):
     fixed = instance.get_run_by_id(failed_run(instance, SpecError("bad", flow="vwap_1m", field="aggregates")))
     assert _runs_again(instance, fixed, SETTINGS) == {}
     assert _runs_again(instance, transient, LaminarSettings(resume_seconds=0)) == {}
+
+
+RECEIVED: list = []
+
+
+def receive(alert) -> None:
+    """An alert target ('package.module:function')."""
+    RECEIVED.append(alert)
+
+
+def test_a_run_again_that_succeeds_is_told_to_the_alert_target(instance):
+    """Its failure alerts told of an outage; the success of the run that ran its partitions again says it is over."""
+    from laminar_assets.orchestration.alerts import build_recovery_sensor
+
+    @dg.asset(name="vwap_1m", partitions_def=partitions_def(BY_NAME["vwap_1m"], SETTINGS))
+    def _fine():
+        return None
+
+    job = dg.Definitions(assets=[_fine]).resolve_implicit_global_asset_job_def()
+    sensor = build_recovery_sensor(LaminarSettings(alert="tests.orchestration.test_resume:receive"))
+    RECEIVED.clear()
+    for tags in ({"laminar/component": PART.name},
+                 {"laminar/component": PART.name, resume.RESUME_OF_TAG: "first-run", resume.RESUME_ATTEMPT_TAG: "3"}):
+        result = job.execute_in_process(instance=instance, asset_selection=[_fine.key], partition_key=P9, tags=tags)
+        [success] = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)
+        context = dg.build_run_status_sensor_context(sensor_name=sensor.name, dagster_instance=instance,
+                                                     dagster_run=result.dagster_run, dagster_event=success.dagster_event)
+        sensor(context)
+    [alert] = RECEIVED  # the plain run's success is not told
+    assert alert.recovered_from == "first-run" and alert.attempt == 3 and alert.assets == ("vwap_1m",)
+    assert alert.text.endswith(f"(vwap_1m partitions {P9}) succeeded: the partitions of failed run first-run are up "
+                               "to date again (attempt 3)")
