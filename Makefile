@@ -28,6 +28,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev]"
+	@# the project's own packages too (an editable install leaves them out): 0.17 s less for each
+	@# `laminar` command where bytecode is never written; a .pyc checked by its source's hash, so an
+	@# edited file is compiled afresh, never read stale
+	@$(BIN)/python -m compileall -q --invalidation-mode checked-hash laminar_assets bench > /dev/null
 	@$(BIN)/python -c "from laminar_assets.engine import check_java; check_java()" || \
 		(echo "Laminar needs Java 17+ for Spark (see the message above)"; exit 1)
 	touch $@
