@@ -220,7 +220,10 @@ def _threaded_plan_iterator(job_context: PlanExecutionContext, execution_plan: E
                         if concurrency.has_pending_claims():
                             time.sleep(SLEEP_SECONDS)  # Dagster's sleep_til_ready would not sleep at all
                         else:
-                            active.sleep_til_ready()
+                            # a step waiting out its retry delay (10-30 s): woken every POLL_SECONDS, so a
+                            # termination request ends the run now, not when the delay is over (Dagster's
+                            # sleep_til_ready sleeps the whole delay)
+                            time.sleep(max(0.0, min(active.sleep_interval(), POLL_SECONDS)))
                         continue
                     try:  # a timeout, so interrupts, delayed retries and freed pool slots are seen
                         key, item = events.get(timeout=POLL_SECONDS)

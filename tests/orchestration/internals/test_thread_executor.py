@@ -267,6 +267,29 @@ def test_a_termination_request_starts_no_new_step(tmp_path):
     assert ("STEP_SUCCESS", "first") in events
 
 
+def test_a_termination_request_ends_a_run_whose_step_waits_for_its_retry():
+    """Nothing runs while a step waits out its retry delay: a stop ends the run then, not after the delay."""
+    import os
+
+    @dg.asset
+    def flaky():
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        raise dg.RetryRequested(max_retries=1, seconds_to_wait=120)
+
+    job = dg.Definitions(jobs=[dg.define_asset_job("j", executor_def=thread_executor)],
+                         assets=[flaky]).resolve_job_def("j")
+    with dg.instance_for_test() as instance:
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="was interrupted"):
+            execute_job_here(job, instance=instance, partition_key=None, tags={}, run_config={})
+        waited = time.monotonic() - started
+        [record] = instance.get_runs()
+        events = [e.dagster_event.event_type_value for e in instance.all_logs(record.run_id) if e.dagster_event]
+    assert waited < 60, f"the run waited {waited:.0f} s of the step's 120-s retry delay after the stop"
+    assert record.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+    assert events.count("STEP_START") == 1 and "STEP_UP_FOR_RETRY" in events
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(dg.DagsterInvalidConfigError, match="max_concurrent must be at least 1, got 0"):
         ThreadExecutor(max_concurrent=0, retries=None)
