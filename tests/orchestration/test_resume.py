@@ -292,3 +292,34 @@ def test_a_run_again_that_succeeds_is_told_to_the_alert_target(instance):
     assert alert.recovered_from == "first-run" and alert.attempt == 3 and alert.assets == ("vwap_1m",)
     assert alert.text.endswith(f"(vwap_1m partitions {P9}) succeeded: the partitions of failed run first-run are up "
                                "to date again (attempt 3)")
+
+
+def test_a_long_outage_is_told_before_attempts_1_2_4_8(instance):
+    """Every failed attempt of a chain runs again, but the alert target hears of the failures before attempts 1, 2,
+    4 and 8 only (an hour's outage: four alerts, not nine); a failure that does not run again is always told."""
+    from laminar_assets.orchestration.alerts import build_failure_sensor
+
+    sensor = build_failure_sensor(LaminarSettings(alert="tests.orchestration.test_resume:receive"))
+    RECEIVED.clear()
+    skipped = []
+    chain = [{}] + [{resume.RESUME_OF_TAG: "first-run", resume.RESUME_ATTEMPT_TAG: str(k)} for k in range(1, 9)]
+    for tags in chain:
+        run_id = failed_run(instance, CommitConflictError("injected"), tags=tags)
+        [entry] = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        context = dg.build_run_status_sensor_context(
+            sensor_name=sensor.name, dagster_instance=instance, dagster_run=instance.get_run_by_id(run_id),
+            dagster_event=entry.dagster_event).for_run_failure()
+        outcome = sensor(context)
+        if isinstance(outcome, dg.SkipReason):
+            skipped.append(outcome.skip_message)
+    assert [a.attempt for a in RECEIVED] == [1, 2, 4, 8]
+    assert len(skipped) == 5 and re.search(r"failed again; its partitions run again as attempt 3 in \d+ s", skipped[0])
+    RECEIVED.clear()
+    fixed = failed_run(instance, SpecError("bad", flow="vwap_1m", field="aggregates"),
+                       tags={resume.RESUME_OF_TAG: "first-run", resume.RESUME_ATTEMPT_TAG: "2"})
+    [entry] = instance.all_logs(fixed, of_type=dg.DagsterEventType.RUN_FAILURE)
+    sensor(dg.build_run_status_sensor_context(sensor_name=sensor.name, dagster_instance=instance,
+                                              dagster_run=instance.get_run_by_id(fixed),
+                                              dagster_event=entry.dagster_event).for_run_failure())
+    [alert] = RECEIVED  # an error a run again does not fix: told, whatever the attempt
+    assert alert.attempt is None and "bad" in alert.message
