@@ -95,7 +95,7 @@ def _runs_again(instance: dg.DagsterInstance, run: dg.DagsterRun, settings: Lami
 def told(attempt: int | None) -> bool:
     """Whether a failed run is told to the alert target: every failure that does not run again, and in a chain of
     runs again (a long outage) the failures before attempts 1, 2, 4, 8, ...: an hour's outage is four alerts instead of
-    nine, a day's seven instead of about 150, and the recovery is told in any case."""
+    nine, a day's eight instead of about 140, and the recovery is told in any case."""
     return attempt is None or attempt & (attempt - 1) == 0
 
 
