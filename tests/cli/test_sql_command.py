@@ -82,9 +82,9 @@ def test_table_output_keeps_brackets_and_says_when_truncated(lake, tmp_path):
     assert "showing the first 2 rows" in text and "--limit" in text
 
 
-# What the JVM itself prints on stderr when Spark starts (every Spark command of the CLI shows these).
-JVM_NOISE = ("WARNING: Using incubator modules", "Setting default log level", "To adjust logging level",
-             "Warning: Java versions")
+# What the JVM itself prints on stderr when Spark starts (every Spark command of the CLI shows these; Spark's
+# "Setting default log level" lines no longer: engine/spark/log4j2.properties, and the tests below fail on them).
+JVM_NOISE = ("WARNING: Using incubator modules", "Warning: Java versions")
 
 
 def one_error_line(proc) -> str:
