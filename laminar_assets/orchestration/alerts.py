@@ -106,11 +106,13 @@ def build_failure_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
                            description=f"Reports failed runs to the alert target ({target}): every one, except that "
                                        "of a failed run's partitions run again and again in a long outage, the "
                                        "failures before attempts 1, 2, 4, 8, ... (the recovery is told too).")
-    def _report(context: dg.RunFailureSensorContext) -> dg.SkipReason | None:
+    def _report(context: dg.RunFailureSensorContext) -> None:
+        # None for every run, told or not: Dagster fails a tick whose runs return both a SkipReason and None (a
+        # reaction), and a failed tick keeps its cursor, so the next one told the same run again, forever
         run = context.dagster_run
         steps = context.get_step_failure_events()
         # the failed steps' own errors (Laminar's one-line messages), else Dagster's run-level summary
-        errors = [e.step_failure_data.error.message.strip() for e in steps if e.step_failure_data.error]
+        errors = [_step_error(e) for e in steps if e.step_failure_data.error or e.step_failure_data.user_failure_data]
         failed = sorted({e.step_key for e in steps if e.step_key})
         selection = sorted(k.to_user_string() for k in (run.asset_selection or ())) or failed
         start, end = run.tags.get("dagster/asset_partition_range_start"), run.tags.get("dagster/asset_partition_range_end")
@@ -124,16 +126,26 @@ def build_failure_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
             **_runs_again(context.instance, run, settings),
         )
         if not told(alert.attempt):
-            return dg.SkipReason(f"run {run.run_id} failed again; its partitions run again as attempt {alert.attempt} "
-                                 f"in {alert.runs_again_in_seconds:.0f} s (the failures before attempts 1, 2, 4, 8, ... "
-                                 "are told): {alert.message}")
-        if target == "log":
+            context.log.info(f"not told: run {run.run_id} failed again; its partitions run again as attempt "
+                             f"{alert.attempt} in {alert.runs_again_in_seconds:.0f} s (of a chain of runs again, the "
+                             f"failures before attempts 1, 2, 4, 8, ... are told): {alert.message}")
+        elif target == "log":
             context.log.error(alert.text)
         else:
             send(target, alert)
-        return None
 
     return _report
+
+
+def _step_error(event) -> str:
+    """A failed step's own message: the `dagster.Failure`'s description Laminar's assets give (its one line), else
+    the error's message without the exception's class in front."""
+    data = event.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return data.user_failure_data.description.strip()
+    message = data.error.message.strip()
+    head, sep, rest = message.partition(": ")
+    return rest if sep and data.error.cls_name and head.endswith(data.error.cls_name) else message
 
 
 def build_recovery_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
@@ -143,11 +155,11 @@ def build_recovery_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
                           default_status=dg.DefaultSensorStatus.RUNNING,
                           description=f"Tells the alert target ({target}) when a run that ran a failed run's "
                                       "partitions again succeeded: the outage its failure alerts told of is over.")
-    def _report(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
+    def _report(context: dg.RunStatusSensorContext) -> None:
         run = context.dagster_run
         first = run.tags.get(resume.RESUME_OF_TAG)
-        if not first:
-            return dg.SkipReason(f"run {run.run_id} ran no failed run's partitions again")
+        if not first:  # not a SkipReason: a tick whose runs return both fails (see the failure sensor)
+            return
         start, end = run.tags.get("dagster/asset_partition_range_start"), run.tags.get("dagster/asset_partition_range_end")
         attempt = run.tags.get(resume.RESUME_ATTEMPT_TAG, "1")
         alert = Alert(
@@ -161,6 +173,5 @@ def build_recovery_sensor(settings: LaminarSettings) -> dg.SensorDefinition:
             context.log.info(alert.text)
         else:
             send(target, alert)
-        return None
 
     return _report
